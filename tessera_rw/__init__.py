@@ -1,0 +1,15 @@
+"""tessera_rw: tensor programs in plain Python, rewritten by an e-graph into fused GPU kernels.
+
+>>> from tessera_rw import op
+"""
+
+from tessera_rw import op
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import (
+    ArgumentError, AttributeValueError, AxisError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
+from tessera_rw.algebra.graph import Graph
+
+__version__ = "0.1.0"
+
+__all__ = ["op", "DType", "Graph", "TesseraError", "ShapeError", "AxisError", "DTypeError",
+           "AttributeValueError", "ArgumentError", "ResultError", "VerifyError", "__version__"]

@@ -1,0 +1,114 @@
+"""Op functions for the heavy ops: matmul, conv1d/conv2d, the fft family, flash_attention."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import AttributeValueError
+from tessera_rw.algebra.ops.spectral import NORMS
+from tessera_rw.algebra.shapes import normalize_axis
+
+
+def matmul(a, b, accum_dtype=None):
+    """a @ b with numpy semantics; `accum_dtype="fp32"` sets the kernels' accumulator."""
+    with op_context("matmul", (a, b), ("a", "b")):
+        accum = None if accum_dtype is None else DType.parse(accum_dtype)
+    return apply("matmul", (a, b), accum_dtype=accum)
+
+
+def _per_axis(value, spatial: int, what: str) -> tuple[int, ...]:
+    values = (value,) * spatial if isinstance(value, numbers.Integral) else tuple(value)
+    if len(values) != spatial or not all(isinstance(v, numbers.Integral) for v in values):
+        raise AttributeValueError(f"{what} must be an int or {spatial} ints, got {value!r}")
+    return tuple(int(v) for v in values)
+
+
+def conv_padding(padding, kernel: tuple[int, ...], stride: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Normalize conv padding to one (low, high) pair per spatial axis.
+
+    int: both sides of every axis; "valid": none; "same": the output keeps the input's size
+    (stride 1 only; an odd total puts the extra element on the high side, as torch does);
+    conv1d (left, right); conv2d (ph, pw) or ((top, bottom), (left, right)).
+    """
+    spatial = len(kernel)
+    if isinstance(padding, str):
+        if padding == "valid":
+            return ((0, 0),) * spatial
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise AttributeValueError(f"padding='same' needs stride 1, got stride {stride}",
+                                          hint="give explicit padding for strided convolutions")
+            totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+            return tuple((t // 2, t - t // 2) for t in totals)
+        raise AttributeValueError(f"padding must be an int, 'same', 'valid' or pairs, got {padding!r}")
+    if isinstance(padding, numbers.Integral):
+        return ((int(padding), int(padding)),) * spatial
+    items = tuple(padding)
+    if spatial == 1 and len(items) == 2 and all(isinstance(v, numbers.Integral) for v in items):
+        return ((int(items[0]), int(items[1])),)
+    if len(items) == spatial and all(isinstance(v, numbers.Integral) for v in items):
+        return tuple((int(v), int(v)) for v in items)
+    if len(items) == spatial and all(len(tuple(p)) == 2 for p in items):
+        return tuple((int(lo), int(hi)) for lo, hi in items)
+    raise AttributeValueError(f"padding {padding!r} does not fit a {spatial}-d convolution")
+
+
+def _conv(name: str, spatial: int, x, w, stride, padding, dilation, groups):
+    with op_context(name, (x, w), ("x", "w")):
+        wt = type_of(w)
+        strides = _per_axis(stride, spatial, "stride")
+        dilations = _per_axis(dilation, spatial, "dilation")
+        kernel = wt.shape[2:] if wt.ndim == spatial + 2 else (1,) * spatial
+        pads = conv_padding(padding, kernel, strides, dilations)
+        if not isinstance(groups, numbers.Integral) or groups < 1:
+            raise AttributeValueError(f"groups must be an int >= 1, got {groups!r}")
+    return apply(name, (x, w), stride=strides, padding=pads, dilation=dilations, groups=int(groups))
+
+
+def conv1d(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Cross-correlation of x (N, C, L) with w (O, C/groups, K), as torch.nn.functional.conv1d."""
+    return _conv("conv1d", 1, x, w, stride, padding, dilation, groups)
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), as torch's conv2d."""
+    return _conv("conv2d", 2, x, w, stride, padding, dilation, groups)
+
+
+def _fft(name: str, x, n, axis, norm):
+    with op_context(name, (x,), ("x",)):
+        t = type_of(x)
+        ax = normalize_axis(axis, t.ndim)
+        norm = "backward" if norm is None else norm
+        if norm not in NORMS:
+            raise AttributeValueError(f"norm must be one of {NORMS} or None, got {norm!r}")
+        if n is None:
+            n = 2 * (t.shape[ax] - 1) if name == "irfft" else t.shape[ax]
+        if not isinstance(n, numbers.Integral) or n < 1:
+            raise AttributeValueError(f"n must be an int >= 1, got {n!r}")
+    return apply(name, (x,), n=int(n), axis=ax, norm=norm)
+
+
+def fft(x, n=None, axis=-1, norm=None): return _fft("fft", x, n, axis, norm)
+def ifft(x, n=None, axis=-1, norm=None): return _fft("ifft", x, n, axis, norm)
+def rfft(x, n=None, axis=-1, norm=None): return _fft("rfft", x, n, axis, norm)
+def irfft(x, n=None, axis=-1, norm=None): return _fft("irfft", x, n, axis, norm)
+
+
+def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
+    """softmax(scale · q kᵀ [+ mask]) v without the score matrix in memory.
+
+    scale defaults to 1/sqrt(head_dim); a bool mask keeps where True, a float mask is added;
+    causal keeps the lower triangle. K/V may have fewer heads than Q on axis -3 (GQA).
+    """
+    operands = (q, k, v) if mask is None else (q, k, v, mask)
+    with op_context("flash_attention", operands, ("q", "k", "v", "mask")):
+        head_dim = type_of(q).shape[-1] if type_of(q).ndim else 1
+        scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        if not isinstance(scale, numbers.Real):
+            raise AttributeValueError(f"scale must be a number, got {scale!r}")
+    return apply("flash_attention", operands, scale=float(scale), causal=bool(causal), has_mask=mask is not None)

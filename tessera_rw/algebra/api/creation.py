@@ -1,0 +1,46 @@
+"""Creation op functions as numpy has them: ones, zeros, full, arange, tril, triu."""
+
+from __future__ import annotations
+
+import numbers
+
+from tessera_rw.algebra.api.dispatch import apply, op_context
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import AttributeValueError
+from tessera_rw.algebra.tensor import TensorSpec
+
+
+def full(shape, fill_value, dtype="float32"):
+    """A tensor of one value; inside a traced function it is a graph constant."""
+    with op_context("full", ()):
+        spec = TensorSpec(shape, dtype)
+        if not isinstance(fill_value, (numbers.Number,)):
+            raise AttributeValueError(f"fill_value must be a number, got {fill_value!r}")
+    value = bool(fill_value) if spec.dtype is DType.bool else int(fill_value) if spec.dtype.is_integer \
+        else float(fill_value)
+    return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
+
+
+def ones(shape, dtype="float32"): return full(shape, 1, dtype)
+def zeros(shape, dtype="float32"): return full(shape, 0, dtype)
+
+
+def arange(start, stop=None, step=1, dtype=None):
+    """numpy.arange; the dtype defaults to int64 for int bounds, float32 otherwise."""
+    if stop is None:
+        start, stop = 0, start
+    with op_context("arange", ()):
+        if not all(isinstance(v, numbers.Real) for v in (start, stop, step)):
+            raise AttributeValueError(f"arange bounds must be numbers, got {start!r}, {stop!r}, {step!r}")
+        integral = all(isinstance(v, numbers.Integral) for v in (start, stop, step))
+        dt = DType.parse(dtype) if dtype is not None else DType.int64 if integral else DType.float32
+    return apply("arange", (), start=start, stop=stop, step=step, dtype=dt)
+
+
+def tril(x, k: int = 0):
+    """Zero the elements above the k-th diagonal of the last two axes (numpy.tril)."""
+    return apply("tril", (x,), k=int(k))
+
+
+def triu(x, k: int = 0):
+    return apply("triu", (x,), k=int(k))

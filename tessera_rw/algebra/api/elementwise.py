@@ -1,0 +1,67 @@
+"""Elementwise op functions: numpy names (add, multiply, ...) plus the activations torch has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera_rw.algebra.api.dispatch import apply, op_context
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import AttributeValueError
+
+
+def add(a, b): return apply("add", (a, b))
+def subtract(a, b): return apply("sub", (a, b))
+def multiply(a, b): return apply("mul", (a, b))
+def divide(a, b): return apply("div", (a, b))
+def power(a, b): return apply("pow", (a, b))
+def maximum(a, b): return apply("maximum", (a, b))
+def minimum(a, b): return apply("minimum", (a, b))
+def equal(a, b): return apply("eq", (a, b))
+def not_equal(a, b): return apply("ne", (a, b))
+def less(a, b): return apply("lt", (a, b))
+def less_equal(a, b): return apply("le", (a, b))
+def greater(a, b): return apply("gt", (a, b))
+def greater_equal(a, b): return apply("ge", (a, b))
+def logical_and(a, b): return apply("logical_and", (a, b))
+def logical_or(a, b): return apply("logical_or", (a, b))
+def logical_not(x): return apply("logical_not", (x,))
+
+def negative(x): return apply("neg", (x,))
+def abs(x): return apply("abs", (x,))  # noqa: A001  (numpy's name)
+def exp(x): return apply("exp", (x,))
+def log(x): return apply("log", (x,))
+def sqrt(x): return apply("sqrt", (x,))
+def rsqrt(x): return apply("rsqrt", (x,))
+def reciprocal(x): return apply("reciprocal", (x,))
+def tanh(x): return apply("tanh", (x,))
+def sin(x): return apply("sin", (x,))
+def cos(x): return apply("cos", (x,))
+def erf(x): return apply("erf", (x,))
+def sigmoid(x): return apply("sigmoid", (x,))
+def relu(x): return apply("relu", (x,))
+def silu(x): return apply("silu", (x,))
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU, exact (erf) or with torch's tanh approximation: `op.gelu(x, approximate="tanh")`."""
+    with op_context("gelu", (x,), ("x",)):
+        if approximate not in ("none", "tanh"):
+            raise AttributeValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return apply("gelu", (x,), approximate=approximate)
+
+
+def where(cond, x, y):
+    """x where cond is True, else y (broadcast), as numpy.where: `op.where(mask, s, -float("inf"))`."""
+    return apply("where", (cond, x, y))
+
+
+def cast(x, dtype: Any):
+    """Convert to `dtype` (a name such as "bf16", a DType, or a numpy dtype)."""
+    with op_context("cast", (x,), ("x",)):
+        target = DType.parse(dtype)
+    return apply("cast", (x,), dtype=target)
+
+
+def complex_mul(a, b):
+    """Elementwise complex product (a spectrum times a filter's spectrum)."""
+    return apply("mul", (a, b))

@@ -1,0 +1,148 @@
+"""Layout op functions: transpose, swapaxes, reshape, broadcast_to, pad, concatenate, indexing."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
+
+
+def _ints(values, what: str) -> tuple[int, ...]:
+    values = (values,) if isinstance(values, numbers.Integral) else tuple(values)
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+        raise AttributeValueError(f"{what} must be ints, got {values!r}")
+    return tuple(int(v) for v in values)
+
+
+def transpose(x, axes=None):
+    """Permute axes (numpy: None reverses them all): `op.transpose(x, (0, 2, 1, 3))`."""
+    with op_context("transpose", (x,), ("x",)):
+        ndim = type_of(x).ndim
+        perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in _ints(axes, "axes"))
+        if sorted(perm) != list(range(ndim)):
+            raise AttributeValueError(f"axes {axes} are not a permutation of {ndim} axes")
+    if perm == tuple(range(ndim)):
+        return x
+    return apply("transpose", (x,), axes=perm)
+
+
+def swapaxes(x, axis1: int, axis2: int):
+    with op_context("swapaxes", (x,), ("x",)):
+        ndim = type_of(x).ndim
+        a, b = normalize_axis(axis1, ndim), normalize_axis(axis2, ndim)
+    perm = list(range(ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, perm)
+
+
+def reshape(x, shape):
+    """numpy.reshape, one -1 allowed: `op.reshape(x, (B, S, H, -1))`."""
+    with op_context("reshape", (x,), ("x",)):
+        t = type_of(x)
+        dims = _ints(shape, "shape")
+        if dims.count(-1) > 1 or any(d < -1 for d in dims):
+            raise ShapeError(f"invalid target shape {dims}: at most one -1 and no other negative sizes")
+        if -1 in dims:
+            known = math.prod(d for d in dims if d != -1)
+            if known == 0 or t.numel % known:
+                raise ShapeError(f"cannot reshape {t.numel} elements {fmt_shape(t.shape)} into {dims}")
+            dims = tuple(t.numel // known if d == -1 else d for d in dims)
+    if dims == t.shape:
+        return x
+    return apply("reshape", (x,), shape=dims)
+
+
+def expand_dims(x, axis: int):
+    with op_context("expand_dims", (x,), ("x",)):
+        shape = type_of(x).shape
+        ax = normalize_axis(axis, len(shape) + 1)
+    return reshape(x, shape[:ax] + (1,) + shape[ax:])
+
+
+def squeeze(x, axis=None):
+    with op_context("squeeze", (x,), ("x",)):
+        shape = type_of(x).shape
+        axes = [i for i, d in enumerate(shape) if d == 1] if axis is None else normalize_axes(axis, len(shape))
+        if any(shape[a] != 1 for a in axes):
+            raise ShapeError(f"cannot squeeze axes {tuple(axes)} of shape {fmt_shape(shape)}: not all of size 1")
+    return reshape(x, tuple(d for i, d in enumerate(shape) if i not in axes))
+
+
+def broadcast_to(x, shape):
+    with op_context("broadcast_to", (x,), ("x",)):
+        dims = _ints(shape, "shape")
+    if dims == type_of(x).shape:
+        return x
+    return apply("broadcast_to", (x,), shape=dims)
+
+
+def pad(x, pad_width, constant_values: float = 0):
+    """numpy.pad in constant mode: an int, (before, after), or one pair per axis."""
+    with op_context("pad", (x,), ("x",)):
+        ndim = type_of(x).ndim
+        if isinstance(pad_width, numbers.Integral):
+            pairs = ((int(pad_width), int(pad_width)),) * ndim
+        else:
+            items = tuple(pad_width)
+            if len(items) == 2 and all(isinstance(v, numbers.Integral) for v in items):
+                pairs = (tuple(_ints(items, "pad_width")),) * ndim
+            else:
+                pairs = tuple(tuple(_ints(p, "pad_width")) for p in items)
+            if len(pairs) != ndim or any(len(p) != 2 for p in pairs):
+                raise AttributeValueError(f"pad_width {pad_width!r} must give (before, after) for each of {ndim} axes")
+    return apply("pad", (x,), pads=pairs, value=float(constant_values))
+
+
+def concatenate(xs, axis: int = 0):
+    xs = tuple(xs)
+    with op_context("concatenate", xs, ("xs",)):
+        if not xs:
+            raise ShapeError("concatenate needs at least one tensor")
+        ax = normalize_axis(axis, type_of(xs[0]).ndim)
+    return apply("concatenate", xs, axis=ax)
+
+
+def getitem(x, index):
+    """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
+    with op_context("getitem", (x,), ("x",)):
+        shape = type_of(x).shape
+        items = index if isinstance(index, tuple) else (index,)
+        if sum(i is Ellipsis for i in items) > 1:
+            raise ShapeError("an index can only have a single ellipsis ('...')")
+        used = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if used > len(shape):
+            raise ShapeError(f"too many indices ({used}) for a tensor of rank {len(shape)}")
+        at = next((k for k, i in enumerate(items) if i is Ellipsis), None)
+        if at is not None:
+            items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
+        items = items + (slice(None),) * (len(shape) - sum(1 for i in items if i is not None))
+        starts, stops, steps, out_shape = [], [], [], []
+        axis = 0
+        for item in items:
+            if item is None:
+                out_shape.append(1)
+                continue
+            size = shape[axis]
+            if isinstance(item, slice):
+                start, stop, step = item.indices(size)
+                if step <= 0:
+                    raise ShapeError(f"negative or zero slice steps are not supported (got {item.step})")
+                stop = max(stop, start)
+                starts.append(start); stops.append(stop); steps.append(step)
+                out_shape.append(len(range(start, stop, step)))
+            elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
+                i = int(item)
+                if not -size <= i < size:
+                    raise ShapeError(f"index {i} is out of bounds for axis {axis} with size {size}")
+                i %= size
+                starts.append(i); stops.append(i + 1); steps.append(1)
+            else:
+                raise ShapeError(f"unsupported index {item!r}", hint="use ints, slices, None and ...")
+            axis += 1
+    sliced = x
+    if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * len(shape), shape, (1,) * len(shape)):
+        sliced = apply("slice", (x,), starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+    return reshape(sliced, tuple(out_shape))

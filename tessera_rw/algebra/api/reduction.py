@@ -1,0 +1,65 @@
+"""Reductions and row-wise normalizations: sum/mean/max/min, softmax, layernorm, rmsnorm."""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.errors import AttributeValueError
+from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
+
+
+def _reduce(name: str, x, axis, keepdims: bool):
+    with op_context(name, (x,), ("x",)):
+        axes = normalize_axes(axis, type_of(x).ndim if type_of(x) else 0)
+    return apply(name, (x,), axes=axes, keepdims=bool(keepdims))
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001  (numpy's name)
+    """Sum over `axis` (None: all axes), as numpy.sum: `op.sum(x, axis=-1, keepdims=True)`."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    return _reduce("mean", x, axis, keepdims)
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001
+    return _reduce("max", x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):  # noqa: A001
+    return _reduce("min", x, axis, keepdims)
+
+
+def _row(name: str, x, axis: int):
+    with op_context(name, (x,), ("x",)):
+        ax = normalize_axis(axis, type_of(x).ndim)
+    return apply(name, (x,), axis=ax)
+
+
+def softmax(x, axis: int = -1):
+    """exp(x - max) / sum(exp(x - max)) along `axis`: `op.softmax(scores, axis=-1)`."""
+    return _row("softmax", x, axis)
+
+
+def log_softmax(x, axis: int = -1):
+    return _row("log_softmax", x, axis)
+
+
+def _norm(name: str, x, weight, bias, axis, eps: float):
+    operands = [x] + [p for p in (weight, bias) if p is not None]
+    with op_context(name, operands, ("x", "weight", "bias")):
+        axes = normalize_axes(axis, type_of(x).ndim)
+        if not isinstance(eps, (int, float)) or eps < 0:
+            raise AttributeValueError(f"eps must be a number >= 0, got {eps!r}")
+    return apply(name, operands, axes=axes, eps=float(eps),
+                 has_weight=weight is not None, has_bias=bias is not None)
+
+
+def layernorm(x, weight=None, bias=None, axis=-1, eps: float = 1e-5):
+    """(x - mean) / sqrt(var + eps) over trailing `axis`, then * weight + bias (each optional)."""
+    return _norm("layernorm", x, weight, bias, axis, eps)
+
+
+def rmsnorm(x, weight=None, bias=None, axis=-1, eps: float = 1e-6):
+    """x / sqrt(mean(x²) + eps) over trailing `axis`, then * weight + bias (each optional)."""
+    return _norm("rmsnorm", x, weight, bias, axis, eps)

@@ -1,0 +1,69 @@
+"""Node construction with the op's shape rule applied and errors given their context.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = make_input("x", (2, 3), DType.float32)
+>>> make("exp", x).type.shape
+(2, 3)
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import Any, Sequence
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.ops import opdef
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_site(skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)) -> str | None:
+    """'file:line in function: source' of the innermost frame outside tessera_rw, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(skip_dirs) and not filename.startswith("<frozen"):
+            source = linecache.getline(filename, frame.f_lineno).strip()
+            where = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            return f"{where}: {source}" if source else where
+        frame = frame.f_back
+    return None
+
+
+def describe_operands(names: Sequence[str], types: Sequence[TensorType]) -> str:
+    if len(names) < len(types):  # variadic: name them by position
+        names = [f"{names[0] if names else 'x'}{i}" for i in range(len(types))]
+    return ", ".join(f"{n}: {t}" for n, t in zip(names, types))
+
+
+def make(op_name: str, *args: Node, **attrs: Any) -> Node:
+    """Apply an op: check its operands against its shape rule and return the (interned) node."""
+    op = opdef(op_name)
+    types = tuple(a.type for a in args)
+    try:
+        result = op.infer(*types, **attrs)
+    except TesseraError as e:
+        raise e.with_context(op=op_name, operands=describe_operands(op.operands, types),
+                             site=user_site()) from None
+    return Node(op_name, args, attrs, result)
+
+
+def make_input(name: str, shape: tuple[int, ...], dtype: DType) -> Node:
+    return make("input", name=name, shape=tuple(shape), dtype=dtype)
+
+
+def make_constant(value: float | int | bool, dtype: DType) -> Node:
+    """A 0-d constant; the value is stored in the Python type matching the dtype."""
+    if dtype is DType.bool:
+        value = bool(value)
+    elif dtype.is_integer:
+        value = int(value)
+    elif dtype.is_complex:
+        value = complex(value)
+    else:
+        value = float(value)
+    return make("constant", value=value, dtype=dtype)

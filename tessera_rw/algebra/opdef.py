@@ -1,0 +1,65 @@
+"""An op is declared once, here, as an OpDef; everything else is derived from the declaration.
+
+The shape rule, numpy reference and FLOP count take the operands positionally and the attributes
+as keywords, so a declaration reads like the op's signature:
+
+>>> from tessera_rw.algebra.ops import OPS
+>>> OPS["matmul"].operands
+('a', 'b')
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tessera_rw.algebra.node import TensorType
+
+
+class OpKind(enum.Enum):
+    """How an op moves data; lowering and the cost model group ops by it."""
+    SOURCE = "source"              # graph inputs, constants, literals, creation ops
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    NORMALIZATION = "normalization"   # row-wise softmax / layernorm / rmsnorm
+    LAYOUT = "layout"              # transposes, reshapes, slices, pads: no arithmetic
+    MATMUL = "matmul"
+    CONV = "conv"
+    SPECTRAL = "spectral"
+    ATTENTION = "attention"
+
+
+InferFn = Callable[..., TensorType]
+ReferenceFn = Callable[..., np.ndarray]
+FlopsFn = Callable[..., int]
+
+
+def no_flops(out: TensorType, *operands: TensorType, **attrs) -> int:
+    return 0
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    """One op: its operands, shape/dtype rule (which is also its verifier), reference and cost.
+
+    `infer(*operand_types, **attrs)` returns the result type or raises a TesseraError naming what
+    is wrong; `reference(*arrays, **attrs)` computes the result on the host from arrays already in
+    their compute type (float32 for 16- and 8-bit floats); `flops(out, *operand_types, **attrs)`
+    counts a multiply-add as 2. `variadic` ops (concatenate) take any number of operands.
+    `exact` ops only move or select values, so they run in the storage type.
+    """
+    name: str
+    operands: tuple[str, ...]
+    kind: OpKind
+    infer: InferFn
+    reference: ReferenceFn
+    flops: FlopsFn = no_flops
+    variadic: bool = False
+    exact: bool = False
+    doc: str = ""
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name})"

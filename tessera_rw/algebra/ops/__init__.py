@@ -1,0 +1,17 @@
+"""The op registry: every OpDef of every op module, by name."""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.opdef import OpDef
+from tessera_rw.algebra.ops import attention, conv, creation, elementwise, layout, linalg, reduction, spectral
+
+OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, linalg, conv,
+                                              spectral, attention) for d in m.DEFS}
+
+
+def opdef(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise TesseraError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None

@@ -1,0 +1,105 @@
+"""flash_attention as an explicit op: softmax(scale · Q Kᵀ [+ mask] [causal]) V.
+
+q (..., Sq, D), k (..., Sk, D), v (..., Sk, Dv). Batch dims broadcast; on the head axis (-3) K/V
+may have fewer heads than Q when they divide it (grouped-query / multi-query attention). A bool
+mask keeps where True (torch semantics); a float mask is added to the scores. `causal` keeps the
+lower triangle aligned top-left, as torch's SDPA does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import DType, promote
+from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
+
+
+def _kv_batch(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """kv's batch dims as seen by q: the head axis may divide q's (GQA) instead of broadcasting."""
+    if len(q_batch) >= 1 and len(kv_batch) >= 1:
+        hq, hk = q_batch[-1], kv_batch[-1]
+        if hk not in (1, hq) and hq % hk == 0:
+            kv_batch = kv_batch[:-1] + (hq,)
+    try:
+        return broadcast_shapes(q_batch, kv_batch)
+    except ShapeError:
+        raise ShapeError(f"{name}'s batch dims {fmt_shape(kv_batch)} do not fit q's {fmt_shape(q_batch)}",
+                         hint="K/V heads must equal Q heads, divide them (GQA), or be 1") from None
+
+
+def _infer(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+           scale: float, causal: bool, has_mask: bool) -> TensorType:
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        raise ShapeError("q, k and v need rank >= 2 (..., seq, head_dim)")
+    for t in (q, k, v):
+        if not t.dtype.is_float:
+            raise DTypeError(f"takes floating-point q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"q head_dim {q.shape[-1]} differs from k head_dim {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ShapeError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]} values")
+    batch = _kv_batch(q.shape[:-2], k.shape[:-2], "k")
+    batch = _kv_batch(batch, v.shape[:-2], "v")
+    sq, sk = q.shape[-2], k.shape[-2]
+    if len(mask) != has_mask:
+        raise ShapeError("the mask operand and has_mask disagree")
+    if mask:
+        m = mask[0]
+        if not (m.dtype is DType.bool or m.dtype.is_float):
+            raise DTypeError(f"the mask must be bool (keep where True) or float (added), got {m.dtype}")
+        try:
+            full = broadcast_shapes(m.shape, batch + (sq, sk))
+        except ShapeError:
+            full = None
+        if full != batch + (sq, sk):
+            raise ShapeError(f"mask {fmt_shape(m.shape)} does not broadcast to the scores "
+                             f"{fmt_shape(batch + (sq, sk))}")
+    return TensorType(batch + (sq, v.shape[-1]), promote(promote(q.dtype, k.dtype), v.dtype))
+
+
+def expand_kv_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """Repeat each K/V head for the Q heads that share it (GQA)."""
+    if x.ndim >= 3 and x.shape[-3] not in (1, heads):
+        return np.repeat(x, heads // x.shape[-3], axis=-3)
+    return x
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
+                        scale: float, causal: bool, has_mask: bool) -> np.ndarray:
+    """The materialized form: every score in memory at once."""
+    if q.ndim >= 3:
+        k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
+    sq, sk = s.shape[-2:]
+    keep = np.ones((sq, sk), dtype=bool)
+    if causal:
+        keep = np.tril(keep)
+    if mask:
+        if mask[0].dtype == np.bool_:
+            keep = keep & mask[0]
+        else:
+            s = s + mask[0]
+    s = np.where(keep, s, -np.inf)
+    s = s - np.max(s, axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= np.sum(p, axis=-1, keepdims=True)
+    return np.matmul(p, v)
+
+
+def _flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+           scale: float, causal: bool, has_mask: bool) -> int:
+    batch = math.prod(out.shape[:-2])
+    sq, sk = q.shape[-2], k.shape[-2]
+    pairs = batch * sq * sk * (0.5 if causal else 1.0)
+    return int(pairs * (2 * q.shape[-1] + 2 * v.shape[-1] + 5))
+
+
+DEFS = (
+    OpDef("flash_attention", ("q", "k", "v", "mask"), OpKind.ATTENTION, _infer, attention_reference, _flops,
+          variadic=True),
+)

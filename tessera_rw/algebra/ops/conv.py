@@ -1,0 +1,77 @@
+"""conv1d / conv2d (cross-correlation, as torch): x (N, C, *spatial), w (O, C/groups, *kernel).
+
+Attributes are normalized: `stride` and `dilation` hold one int per spatial axis, `padding` one
+(low, high) pair per spatial axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import promote
+from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.shapes import fmt_shape
+
+
+def conv_output_size(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int) -> int:
+    return (size + pad[0] + pad[1] - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _conv_infer(spatial: int):
+    def infer(x: TensorType, w: TensorType, stride, padding, dilation, groups) -> TensorType:
+        rank = spatial + 2
+        if x.ndim != rank or w.ndim != rank:
+            raise ShapeError(f"expects x of rank {rank} (N, C, {'H, W' if spatial == 2 else 'L'}) and w of "
+                             f"rank {rank} (O, C/groups, kernel), got {fmt_shape(x.shape)} and {fmt_shape(w.shape)}")
+        if not (x.dtype.is_float and w.dtype.is_float):
+            raise DTypeError(f"takes floating-point operands, got {x.dtype} and {w.dtype}")
+        if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
+            raise AttributeValueError(f"groups={groups} must divide the {x.shape[1]} input and "
+                                      f"{w.shape[0]} output channels")
+        if w.shape[1] * groups != x.shape[1]:
+            raise ShapeError(f"w has {w.shape[1]} input channels per group; x has {x.shape[1]} channels "
+                             f"in {groups} group(s), so w.shape[1] must be {x.shape[1] // groups}")
+        if min(stride) < 1 or min(dilation) < 1 or min(min(p) for p in padding) < 0:
+            raise AttributeValueError(f"stride {stride} and dilation {dilation} must be >= 1, padding {padding} >= 0")
+        out = tuple(conv_output_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                    for i in range(spatial))
+        if min(out) < 1:
+            raise ShapeError(f"the dilated kernel {fmt_shape(w.shape[2:])} is larger than the padded input "
+                             f"{fmt_shape(x.shape[2:])}", hint="pad more or use a smaller kernel")
+        return TensorType((x.shape[0], w.shape[0]) + out, promote(x.dtype, w.dtype))
+    return infer
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups) -> np.ndarray:
+    """Direct convolution: one channel contraction per kernel offset."""
+    spatial = x.ndim - 2
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple(padding))
+    out_sizes = [conv_output_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                 for i in range(spatial)]
+    xg = xp.reshape((n, groups, c // groups) + xp.shape[2:])
+    wg = w.reshape((groups, o // groups) + w.shape[1:])
+    out = np.zeros((n, groups, o // groups) + tuple(out_sizes), dtype=np.result_type(x, w))
+    for offset in itertools.product(*(range(k) for k in w.shape[2:])):
+        window = tuple(slice(offset[i] * dilation[i], offset[i] * dilation[i] + (out_sizes[i] - 1) * stride[i] + 1,
+                             stride[i]) for i in range(spatial))
+        patch = xg[(slice(None), slice(None), slice(None)) + window]          # (n, g, c/g, *out)
+        taps = wg[(slice(None), slice(None), slice(None)) + offset]          # (g, o/g, c/g)
+        out += np.einsum("ngc...,goc->ngo...", patch, taps)
+    return out.reshape((n, o) + tuple(out_sizes))
+
+
+def _conv_flops(out: TensorType, x: TensorType, w: TensorType, **attrs) -> int:
+    return 2 * out.numel * w.shape[1] * math.prod(w.shape[2:])
+
+
+DEFS = (
+    OpDef("conv1d", ("x", "w"), OpKind.CONV, _conv_infer(1), conv_reference, _conv_flops),
+    OpDef("conv2d", ("x", "w"), OpKind.CONV, _conv_infer(2), conv_reference, _conv_flops),
+)

@@ -1,0 +1,55 @@
+"""matmul: numpy semantics (1-d operands, broadcast batch dims), any float or complex dtype.
+
+`accum_dtype` is the accumulator the kernels use (float32 unless set); the host reference always
+accumulates at least in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import DType, promote
+from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
+
+
+def matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
+    """(batch shape, M, N, K) of a @ b, with numpy's treatment of 1-d operands."""
+    if not a or not b:
+        raise ShapeError("matmul needs operands of rank >= 1", hint="use * for scalars")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"contraction dims differ: {fmt_shape(a)} @ {fmt_shape(b)} contracts "
+                         f"{a2[-1]} with {b2[-2]}",
+                         hint="the last axis of a must equal the second-to-last of b; transpose with .mT?")
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    return batch, a2[-2], b2[-1], a2[-1]
+
+
+def _infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
+    for t in (a, b):
+        if not (t.dtype.is_float or t.dtype.is_complex):
+            raise DTypeError(f"matmul takes floating-point operands, got {a.dtype} @ {b.dtype}",
+                             hint="cast integer operands with op.cast")
+    batch, m, n, _ = matmul_dims(a.shape, b.shape)
+    shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
+    dtype = promote(a.dtype, b.dtype)
+    if dtype in (DType.float8_e4m3, DType.float8_e5m2):
+        dtype = DType.bfloat16  # an fp8 GEMM writes bf16, as cuBLASLt does by default
+    return TensorType(shape, dtype)
+
+
+def _flops_matmul(out: TensorType, a: TensorType, b: TensorType, accum_dtype) -> int:
+    batch, m, n, k = matmul_dims(a.shape, b.shape)
+    return 2 * math.prod(batch) * m * n * k
+
+
+DEFS = (
+    OpDef("matmul", ("a", "b"), OpKind.MATMUL, _infer_matmul,
+          lambda a, b, accum_dtype: np.matmul(a, b), _flops_matmul),
+)

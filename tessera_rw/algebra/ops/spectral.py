@@ -1,0 +1,72 @@
+"""The fft family along one axis, as numpy.fft: fft, ifft, rfft, irfft with n, axis and norm.
+
+Real signals' spectra are complex64 (complex128 for float64); complex multiply is `mul` on complex
+operands.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import complex_of, real_of
+from tessera_rw.algebra.errors import AttributeValueError, AxisError, DTypeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+
+NORMS = ("backward", "ortho", "forward")
+
+
+def _check(x: TensorType, n: int, axis: int, norm: str) -> None:
+    if not 0 <= axis < x.ndim:
+        raise AxisError(f"axis {axis} does not fit a tensor of rank {x.ndim}")
+    if n < 1:
+        raise AttributeValueError(f"n must be >= 1, got {n}")
+    if norm not in NORMS:
+        raise AttributeValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if not (x.dtype.is_float or x.dtype.is_complex):
+        raise DTypeError(f"takes a floating-point or complex operand, got {x.dtype}", hint="cast first")
+
+
+def _with_axis(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
+    return shape[:axis] + (size,) + shape[axis + 1:]
+
+
+def _infer_complex_fft(x: TensorType, n: int, axis: int, norm: str) -> TensorType:
+    _check(x, n, axis, norm)
+    return TensorType(_with_axis(x.shape, axis, n), complex_of(x.dtype))
+
+
+def _infer_rfft(x: TensorType, n: int, axis: int, norm: str) -> TensorType:
+    _check(x, n, axis, norm)
+    if x.dtype.is_complex:
+        raise DTypeError("rfft takes a real signal", hint="use fft for complex signals")
+    return TensorType(_with_axis(x.shape, axis, n // 2 + 1), complex_of(x.dtype))
+
+
+def _infer_irfft(x: TensorType, n: int, axis: int, norm: str) -> TensorType:
+    _check(x, n, axis, norm)
+    return TensorType(_with_axis(x.shape, axis, n), real_of(complex_of(x.dtype)))
+
+
+def _fft_flops(real: bool):
+    def flops(out: TensorType, x: TensorType, n: int, axis: int, norm: str) -> int:
+        transforms = math.prod(x.shape) // max(x.shape[axis], 1)
+        per = 5 * n * max(math.log2(n), 1)
+        return int(transforms * per / (2 if real else 1))
+    return flops
+
+
+def _numpy(fn):
+    return lambda x, n, axis, norm: fn(x, n=n, axis=axis, norm=norm)
+
+
+DEFS = (
+    OpDef("fft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.fft), _fft_flops(False)),
+    OpDef("ifft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.ifft), _fft_flops(False)),
+    OpDef("rfft", ("x",), OpKind.SPECTRAL, _infer_rfft, _numpy(np.fft.rfft), _fft_flops(True)),
+    OpDef("irfft", ("x",), OpKind.SPECTRAL, _infer_irfft, _numpy(np.fft.irfft), _fft_flops(True)),
+)
+
+

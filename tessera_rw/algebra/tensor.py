@@ -1,0 +1,143 @@
+"""What user code holds: SymbolicTensor (a node being traced) and TensorSpec (a data-less placeholder).
+
+Both support Python's operators and the numpy-style methods; the operators forward to the op
+functions in `api`, so every operator goes through the same shape rules and errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.node import Node, TensorType
+
+
+class TensorMethods:
+    """Operators and methods shared by symbolic tensors and placeholders."""
+    __slots__ = ()
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def T(self):
+        return api.transpose(self)
+
+    @property
+    def mT(self):
+        return api.swapaxes(self, -1, -2)
+
+    def __add__(self, other): return api.add(self, other)
+    def __radd__(self, other): return api.add(other, self)
+    def __sub__(self, other): return api.subtract(self, other)
+    def __rsub__(self, other): return api.subtract(other, self)
+    def __mul__(self, other): return api.multiply(self, other)
+    def __rmul__(self, other): return api.multiply(other, self)
+    def __truediv__(self, other): return api.divide(self, other)
+    def __rtruediv__(self, other): return api.divide(other, self)
+    def __pow__(self, other): return api.power(self, other)
+    def __rpow__(self, other): return api.power(other, self)
+    def __matmul__(self, other): return api.matmul(self, other)
+    def __rmatmul__(self, other): return api.matmul(other, self)
+    def __neg__(self): return api.negative(self)
+    def __pos__(self): return self
+    def __abs__(self): return api.abs(self)
+    def __invert__(self): return api.logical_not(self)
+    def __and__(self, other): return api.logical_and(self, other)
+    def __rand__(self, other): return api.logical_and(other, self)
+    def __or__(self, other): return api.logical_or(self, other)
+    def __ror__(self, other): return api.logical_or(other, self)
+    def __lt__(self, other): return api.less(self, other)
+    def __le__(self, other): return api.less_equal(self, other)
+    def __gt__(self, other): return api.greater(self, other)
+    def __ge__(self, other): return api.greater_equal(self, other)
+    def __eq__(self, other): return api.equal(self, other)  # type: ignore[override]
+    def __ne__(self, other): return api.not_equal(self, other)  # type: ignore[override]
+    __hash__ = object.__hash__
+
+    def __getitem__(self, index): return api.getitem(self, index)
+    def reshape(self, *shape): return api.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def transpose(self, *axes): return api.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
+    def swapaxes(self, a: int, b: int): return api.swapaxes(self, a, b)
+    def astype(self, dtype): return api.cast(self, dtype)
+    def sum(self, axis=None, keepdims=False): return api.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return api.mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return api.max(self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return api.min(self, axis, keepdims)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        raise ArgumentError(f"the truth value of a {type(self).__name__} {TensorType(self.shape, self.dtype)} "
+                            "is not known while tracing",
+                            hint="use op.where(cond, a, b) instead of Python if/and/or on tensors")
+
+    def __iter__(self):
+        raise ArgumentError("iterating over a traced tensor is not supported",
+                            hint="index it (x[i]) or use op.reshape / slicing")
+
+
+class SymbolicTensor(TensorMethods):
+    """A tensor inside a trace: a handle on the graph node that computes it."""
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.node.dtype
+
+    def __array__(self, *args: Any, **kwargs: Any):
+        raise ArgumentError(f"a traced tensor {self.node.type} has no value yet",
+                            hint="use tessera_rw.op functions instead of numpy inside @op.kernel")
+
+    def __repr__(self) -> str:
+        return f"SymbolicTensor({self.node.op} -> {self.node.type})"
+
+
+class TensorSpec(TensorMethods):
+    """A placeholder: a shape and dtype, no data. `op.tensor((4, 16), "bf16")` makes one.
+
+    Accepted wherever arrays are, to trace, explain and compile without data; ops applied to
+    placeholders give placeholders of the result's shape and dtype.
+    """
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype: Any = "float32"):
+        try:
+            dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        except TypeError:
+            raise ArgumentError(f"a tensor shape must be a tuple of ints, got {shape!r}") from None
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ArgumentError(f"a tensor shape must be a tuple of ints >= 0, got {shape!r}")
+        self.shape = dims
+        self.dtype = DType.parse(dtype)
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.shape, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"tensor({self.shape}, {self.dtype})"
+
+
+from tessera_rw.algebra import api  # noqa: E402  (api builds on these classes)

@@ -1,0 +1,62 @@
+"""Tracing: call a Python function on symbolic tensors and collect the Graph it builds.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.node import TensorType
+>>> t = trace(lambda x: x * 2.0, {"x": TensorType((3,), DType.float32)}, {}, name="double")
+>>> print(t.graph)
+def double(x: f32[3]):
+    t0 = x * 2.0                                 # f32[3]
+    return t0
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from tessera_rw.algebra.api.dispatch import tracing
+from tessera_rw.algebra.builder import make_input
+from tessera_rw.algebra.errors import ResultError
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.tensor import SymbolicTensor
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A traced function: its graph and how its outputs were structured (one, tuple or list)."""
+    graph: Graph
+    structure: type | None  # None: a single tensor; tuple or list: a sequence of tensors
+
+
+def _definition_site(fn: Callable) -> str:
+    try:
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]} in {fn.__name__}"
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", repr(fn))
+
+
+def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], type | None]:
+    items, structure = ((result,), None) if not isinstance(result, (tuple, list)) else (tuple(result), type(result))
+    bad = [type(r).__name__ for r in items if not isinstance(r, SymbolicTensor)]
+    if bad or not items:
+        got = type(result).__name__ if structure is None else f"a {structure.__name__} holding {', '.join(bad) or 'nothing'}"
+        raise ResultError(f"{getattr(fn, '__name__', 'the function')} returned {got}, not tensors",
+                          site=_definition_site(fn),
+                          hint="return the result of tessera_rw ops on the inputs (one tensor, or a tuple of them)")
+    return items, structure
+
+
+def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str, Any],
+          name: str | None = None) -> Traced:
+    """Trace `fn` with symbolic tensors for `tensors` and Python values for `statics` (by name)."""
+    inputs = tuple(make_input(n, t.shape, t.dtype) for n, t in tensors.items())
+    values = {n: SymbolicTensor(node) for n, node in zip(tensors, inputs)} | dict(statics)
+    signature = inspect.signature(fn)
+    bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
+    with tracing():
+        result = fn(*bound.args, **bound.kwargs)
+    items, structure = _collect(fn, result)
+    graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs, tuple(r.node for r in items))
+    return Traced(graph, structure)

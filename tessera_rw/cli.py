@@ -1,0 +1,121 @@
+"""`tessera-rewrite`: explain what tessera_rw does with a function in a Python file.
+
+    tessera-rewrite --explain examples/attention.py:attention --input q=4x16x2048x64:bf16 ...
+
+A target module may define `example_inputs()` returning a dict of arrays or op.tensor
+placeholders, so `--input` can be left out. Bad invocations print one line and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.tensor import TensorSpec
+from tessera_rw.report import graph_summary
+from tessera_rw.kernel import Kernel
+
+USAGE_HINT = "usage: tessera-rewrite --explain FILE.py:FUNCTION [--input NAME=4x16x64:bf16 ...]"
+
+
+class UsageError(Exception):
+    """A bad invocation: one line on stderr, exit status 2."""
+
+
+def parse_input(text: str) -> tuple[str, TensorSpec]:
+    """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32."""
+    name, eq, spec = text.partition("=")
+    if not eq or not name.isidentifier():
+        raise UsageError(f"malformed --input {text!r}: expected NAME=DIMS[:DTYPE], e.g. q=4x16x2048x64:bf16")
+    dims, _, dtype = spec.partition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        return name, TensorSpec(shape, dtype or "float32")
+    except (ValueError, TesseraError) as e:
+        detail = e.detail if isinstance(e, TesseraError) else "dimensions must be integers joined by 'x'"
+        raise UsageError(f"malformed --input {text!r}: {detail}") from None
+
+
+def load_target(target: str) -> tuple[Kernel, Any]:
+    """'path.py:func' -> (the function as a Kernel, the module)."""
+    path, colon, func = target.rpartition(":")
+    if not colon or not path or not func:
+        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION")
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except TesseraError:
+        raise
+    except Exception as e:  # the user's module failed to import: say so in one line
+        raise UsageError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, func, None)
+    if fn is None or not callable(fn):
+        raise UsageError(f"{path} has no function {func!r}")
+    return (fn if isinstance(fn, Kernel) else Kernel(fn)), module
+
+
+def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
+    if given:
+        inputs = dict(parse_input(t) for t in given)
+    elif callable(getattr(module, "example_inputs", None)):
+        inputs = module.example_inputs()
+    else:
+        raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
+                         "in its module)")
+    return {n: (v if isinstance(v, TensorSpec) else TensorSpec(v.shape, v.dtype)) for n, v in inputs.items()}
+
+
+def explain(target: str, given: Sequence[str], console: Console) -> None:
+    kernel, module = load_target(target)
+    inputs = target_inputs(kernel, module, given)
+    graph = kernel.trace(**inputs).verify()
+    console.print(graph_summary(graph))
+    console.file.write(f"{graph}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tessera-rewrite", description=__doc__.split("\n\n")[0])
+    p.add_argument("--explain", metavar="FILE.py:FUNCTION", action="append", required=True,
+                   help="trace the function and print its graph (repeat for several targets)")
+    p.add_argument("--input", metavar="NAME=DIMS:DTYPE", action="append", default=[],
+                   help="an input placeholder, e.g. q=4x16x2048x64:bf16")
+    return p
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, no usage dump
+        raise UsageError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    parser.__class__ = _Parser
+    console = Console()
+    try:
+        args = parser.parse_args(argv)
+        for target in args.explain:
+            explain(target, args.input, console)
+    except UsageError as e:
+        print(f"tessera-rewrite: {e}\n{USAGE_HINT}", file=sys.stderr)
+        return 2
+    except TesseraError as e:
+        print(f"tessera-rewrite: {str(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

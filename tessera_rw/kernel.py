@@ -1,0 +1,122 @@
+"""The kernel object `@op.kernel` returns: traced once per (shapes, dtypes) signature, then run.
+
+>>> import numpy as np
+>>> from tessera_rw import op
+>>> @op.kernel
+... def scaled(x, s=2.0):
+...     return x * s
+>>> scaled(np.ones(3, np.float32))
+array([2., 2., 2.], dtype=float32)
+>>> scaled(op.tensor((8, 4), "bf16"))
+tensor((8, 4), bfloat16)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from tessera_rw.algebra.api.dispatch import type_of
+from tessera_rw.algebra.builder import user_site
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
+from tessera_rw.algebra.trace import Traced, trace
+
+Signature = tuple[tuple[str, Hashable], ...]
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """One call's arguments sorted out: tensor types, their values (if any), and static scalars."""
+    tensors: dict[str, TensorType]
+    values: dict[str, Any]
+    statics: dict[str, Any]
+    placeholders: bool
+
+    @property
+    def signature(self) -> Signature:
+        return tuple((n, t) for n, t in self.tensors.items()) + tuple(
+            (n, ("static", type(v).__name__, v)) for n, v in self.statics.items())
+
+
+class Kernel:
+    """A traced tensor function. Call it on arrays to run it, on op.tensor placeholders to get
+    the result's shape and dtype; `graphs` holds one Graph per signature seen so far."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._params = inspect.signature(fn).parameters
+        variadic = [p.name for p in self._params.values()
+                    if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        if variadic:
+            raise ArgumentError(f"@op.kernel function {fn.__name__} takes *{variadic[0]}; kernels need "
+                                "named parameters so each input can be named in graphs and reports")
+        self._traces: dict[Signature, Traced] = {}
+        functools.update_wrapper(self, fn)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    @property
+    def graphs(self) -> dict[Signature, Graph]:
+        return {sig: t.graph for sig, t in self._traces.items()}
+
+    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise ArgumentError(f"kernel {self.name}: {e}", site=user_site()) from None
+        tensors, values, statics, placeholders = {}, {}, {}, False
+        for name, value in bound.arguments.items():
+            if isinstance(value, bool) or (isinstance(value, numbers.Number) and not isinstance(value, np.generic)):
+                statics[name] = value
+                continue
+            try:
+                t = type_of(value)
+            except TesseraError as e:
+                raise ArgumentError(f"kernel {self.name}: argument {name!r} is not a tensor ({e.detail})",
+                                    hint=e.hint, site=user_site()) from None
+            tensors[name] = t
+            if isinstance(value, TensorSpec):
+                placeholders = True
+            else:
+                values[name] = value
+        return BoundCall(tensors, values, statics, placeholders)
+
+    def traced(self, call: BoundCall) -> Traced:
+        found = self._traces.get(call.signature)
+        if found is None:
+            found = self._traces[call.signature] = trace(self.fn, call.tensors, call.statics, name=self.name)
+        return found
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""
+        return self.traced(self.bind(*args, **kwargs)).graph
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
+            return self.fn(*args, **kwargs)  # called from another traced function: inline
+        call = self.bind(*args, **kwargs)
+        traced = self.traced(call)
+        if call.placeholders:
+            outputs = tuple(TensorSpec(o.shape, o.dtype) for o in traced.graph.outputs)
+        else:
+            outputs = evaluate(traced.graph, {n: np.asarray(v) for n, v in call.values.items()})
+        return outputs[0] if traced.structure is None else traced.structure(outputs)
+
+    def __repr__(self) -> str:
+        return f"<tessera_rw kernel {self.name}: {len(self._traces)} traced signature(s)>"
+
+
+def kernel(fn: Callable) -> Kernel:
+    """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature."""
+    return Kernel(fn)

@@ -1,0 +1,28 @@
+"""Human summaries of graphs: op counts, FLOPs and bytes moved, as a rich table."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.ops import OPS
+
+
+def graph_flops(graph: Graph) -> int:
+    """Total FLOPs of the graph's ops as written (a multiply-add counts 2)."""
+    return sum(OPS[n.op].flops(n.type, *(a.type for a in n.args), **n.attr_map) for n in graph.nodes)
+
+
+def graph_summary(graph: Graph) -> Table:
+    table = Table(title=f"{graph.name}: input graph", show_header=True)
+    table.add_column("op")
+    table.add_column("count", justify="right")
+    table.add_column("GFLOP", justify="right")
+    flops: dict[str, int] = {}
+    for n in graph.nodes:
+        flops[n.op] = flops.get(n.op, 0) + OPS[n.op].flops(n.type, *(a.type for a in n.args), **n.attr_map)
+    for op, count in sorted(graph.op_counts().items(), key=lambda kv: -flops.get(kv[0], 0)):
+        table.add_row(op, str(count), f"{flops.get(op, 0) / 1e9:.3f}")
+    table.add_section()
+    table.add_row("total", str(sum(graph.op_counts().values())), f"{graph_flops(graph) / 1e9:.3f}")
+    return table
