@@ -11,6 +11,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import sysconfig
 from typing import Any, Sequence
 
 from tessera_rw.algebra.dtypes import DType
@@ -19,9 +20,11 @@ from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops import opdef
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in tessera_rw itself and in the standard library (contextlib, functools) are not the user's.
+_NOT_USER = (_PACKAGE_DIR + os.sep, os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
-def user_site(skip_dirs: tuple[str, ...] = (_PACKAGE_DIR,)) -> str | None:
+def user_site(skip_dirs: tuple[str, ...] = _NOT_USER) -> str | None:
     """'file:line in function: source' of the innermost frame outside tessera_rw, if any."""
     frame = sys._getframe(1)
     while frame is not None:

@@ -1,0 +1,47 @@
+"""Dtype names, aliases, host twins and promotion."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera_rw import DType, DTypeError
+from tessera_rw.algebra.dtypes import promote
+
+
+@pytest.mark.parametrize("name, dtype", [
+    ("float64", DType.float64), ("fp64", DType.float64), ("float32", DType.float32), ("fp32", DType.float32),
+    ("float16", DType.float16), ("fp16", DType.float16), ("bfloat16", DType.bfloat16), ("bf16", DType.bfloat16),
+    ("float8_e4m3", DType.float8_e4m3), ("fp8_e4m3", DType.float8_e4m3), ("float8_e5m2", DType.float8_e5m2),
+    ("fp8_e5m2", DType.float8_e5m2), ("int32", DType.int32), ("int64", DType.int64), ("bool", DType.bool),
+    (np.float32, DType.float32), (np.dtype("int64"), DType.int64), (ml_dtypes.bfloat16, DType.bfloat16),
+    (ml_dtypes.float8_e4m3fn, DType.float8_e4m3), (ml_dtypes.float8_e5m2, DType.float8_e5m2), (bool, DType.bool),
+])
+def test_parse(name, dtype):
+    assert DType.parse(name) is dtype
+
+
+def test_host_twins_round_trip():
+    for d in DType:
+        assert DType.parse(d.numpy) is d
+
+
+def test_unknown_dtypes_are_named():
+    with pytest.raises(DTypeError, match="float13"):
+        DType.parse("float13")
+    with pytest.raises(DTypeError, match="uint8"):
+        DType.parse(np.uint8)
+
+
+@pytest.mark.parametrize("a, b, want", [
+    ("bf16", "fp32", "fp32"), ("fp16", "bf16", "fp32"), ("fp8_e4m3", "bf16", "bf16"),
+    ("fp8_e4m3", "fp8_e5m2", "fp16"), ("int32", "fp16", "fp16"), ("int32", "int64", "int64"),
+    ("bool", "int32", "int32"), ("fp32", "fp64", "fp64"), ("complex64", "float64", "complex128"),
+])
+def test_promotion_is_symmetric(a, b, want):
+    a, b, want = DType.parse(a), DType.parse(b), DType.parse(want)
+    assert promote(a, b) is want and promote(b, a) is want
+
+
+def test_limits():
+    assert DType.bfloat16.eps == 2 ** -7 and DType.float8_e4m3.lowest == -448
+    assert DType.float32.lowest == float(np.finfo(np.float32).min)

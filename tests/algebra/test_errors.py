@@ -1,0 +1,113 @@
+"""Every bad-input case raises a TesseraError subclass naming op, shapes, dtypes and the user's line."""
+
+import numpy as np
+import pytest
+
+from tessera_rw import (ArgumentError, AxisError, DTypeError, ResultError, ShapeError, TesseraError, op)
+
+X = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+
+
+def test_shape_mismatch_names_op_shapes_dtypes_and_line():
+    @op.kernel
+    def f(a, b):
+        return a @ b  # the offending line
+
+    with pytest.raises(ShapeError) as info:
+        f(X, X)
+    msg = str(info.value)
+    assert msg.startswith("matmul:")
+    assert "f32[2,3]" in msg and "(2, 3) @ (2, 3)" in msg
+    assert "test_errors.py" in msg and "return a @ b  # the offending line" in msg
+    assert info.value.op == "matmul"
+
+
+def test_broadcast_mismatch_in_eager_call():
+    with pytest.raises(ShapeError) as info:
+        op.add(X, np.ones((4,), np.float32))
+    msg = str(info.value)
+    assert msg.startswith("add:") and "f32[2,3]" in msg and "f32[4]" in msg and "broadcast" in msg
+    assert "test_errors.py" in msg
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: op.sum(x, axis=2),
+    lambda x: op.softmax(x, axis=-3),
+    lambda x: op.swapaxes(x, 0, 5),
+    lambda x: op.layernorm(x, axis=7),
+])
+def test_bad_axis(call):
+    with pytest.raises(AxisError) as info:
+        call(op.tensor((2, 3), "bf16"))
+    msg = str(info.value)
+    assert "bf16[2,3]" in msg and "axis" in msg and "test_errors.py" in msg
+
+
+def test_unknown_dtype():
+    with pytest.raises(DTypeError) as info:
+        op.tensor((2,), "float13")
+    assert "float13" in str(info.value) and "bfloat16" in str(info.value)
+    with pytest.raises(DTypeError) as info:
+        op.cast(X, "int7")
+    assert str(info.value).startswith("cast:") and "f32[2,3]" in str(info.value)
+
+
+def test_op_rejects_a_dtype():
+    with pytest.raises(DTypeError) as info:
+        op.matmul(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))
+    assert "matmul" in str(info.value) and "i32[2,2]" in str(info.value)
+
+
+@pytest.mark.parametrize("bad, kind", [("text", "str"), ([1.0, 2.0], "list"), (None, "NoneType"), ({"a": 1}, "dict")])
+def test_non_tensor_argument(bad, kind):
+    @op.kernel
+    def f(x, y):
+        return x + y
+
+    with pytest.raises(ArgumentError) as info:
+        f(X, bad)
+    msg = str(info.value)
+    assert "'y'" in msg and kind in msg and "kernel f" in msg and "test_errors.py" in msg
+
+
+def test_non_tensor_operand_in_eager_op():
+    with pytest.raises(ArgumentError) as info:
+        op.exp("x")
+    assert "str" in str(info.value)
+
+
+@pytest.mark.parametrize("result, says", [(None, "NoneType"), (3.0, "float"), (("x", 1), "tuple")])
+def test_function_returning_a_non_tensor(result, says):
+    def g(x):
+        _ = x + 1
+        return result
+
+    with pytest.raises(ResultError) as info:
+        op.kernel(g)(X)
+    msg = str(info.value)
+    assert says in msg and "g returned" in msg and "test_errors.py" in msg
+
+
+def test_python_control_flow_on_tensors_is_explained():
+    @op.kernel
+    def f(x):
+        return x if x > 0 else -x
+
+    with pytest.raises(ArgumentError) as info:
+        f(X)
+    assert "op.where" in str(info.value)
+
+
+def test_wrong_number_of_arguments():
+    @op.kernel
+    def f(x, y):
+        return x + y
+
+    with pytest.raises(ArgumentError) as info:
+        f(X)
+    assert "kernel f" in str(info.value) and "y" in str(info.value)
+
+
+def test_every_error_is_a_tessera_error():
+    for cls in (ArgumentError, AxisError, DTypeError, ResultError, ShapeError):
+        assert issubclass(cls, TesseraError)

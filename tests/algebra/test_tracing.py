@@ -1,0 +1,150 @@
+"""@op.kernel: one trace per (shapes, dtypes) signature, placeholders, keyword arguments, inlining."""
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.tensor import TensorSpec
+
+RNG = np.random.default_rng(1)
+
+
+def counting_kernel():
+    calls = []
+
+    @op.kernel
+    def f(x, w, *, scale=1.0):
+        calls.append(x.shape)
+        return op.relu(x @ w) * scale
+
+    return f, calls
+
+
+def test_traces_once_per_signature_and_retraces_on_a_new_one():
+    f, calls = counting_kernel()
+    x, w = RNG.standard_normal((4, 8)).astype(np.float32), RNG.standard_normal((8, 3)).astype(np.float32)
+    f(x, w)
+    f(x + 1, w)
+    assert len(calls) == 1 and len(f.graphs) == 1
+    f(x.astype(np.float64), w.astype(np.float64))          # new dtypes
+    f(RNG.standard_normal((5, 8)).astype(np.float32), w)    # new shape
+    assert len(calls) == 3 and len(f.graphs) == 3
+
+
+def test_static_scalars_are_part_of_the_signature():
+    f, calls = counting_kernel()
+    x, w = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+    np.testing.assert_allclose(f(x, w, scale=3.0), np.full((2, 2), 6.0))
+    np.testing.assert_allclose(f(x, w, scale=0.5), np.full((2, 2), 1.0))
+    assert len(calls) == 2
+
+
+def test_positional_and_keyword_arguments_give_the_same_graph():
+    f, _ = counting_kernel()
+    x, w = op.tensor((4, 8), "bf16"), op.tensor((8, 3), "bf16")
+    assert f.trace(x, w) is f.trace(w=w, x=x)
+
+
+def test_placeholders_give_placeholders_and_graphs_without_data():
+    f, _ = counting_kernel()
+    out = f(op.tensor((4, 16, 64), "bf16"), op.tensor((64, 32), "bf16"))
+    assert isinstance(out, TensorSpec) and out.shape == (4, 16, 32) and str(out.dtype) == "bfloat16"
+    graph = f.trace(op.tensor((4, 16, 64), "bf16"), op.tensor((64, 32), "bf16"))
+    assert graph.input_names == ("x", "w") and graph.outputs[0].shape == (4, 16, 32)
+
+
+def test_placeholders_mix_with_arrays():
+    f, _ = counting_kernel()
+    out = f(op.tensor((4, 8), "float32"), np.ones((8, 3), np.float32))
+    assert out.shape == (4, 3)
+
+
+def test_structurally_equal_expressions_are_one_node():
+    @op.kernel
+    def f(x):
+        a = op.exp(x) + 1.0
+        b = op.exp(x) + 1.0
+        return a * b
+
+    g = f.trace(op.tensor((3,), "float32"))
+    mul = g.outputs[0]
+    assert mul.args[0] is mul.args[1]
+    assert g.op_counts() == {"exp": 1, "add": 1, "mul": 1}
+
+
+def test_tuple_and_list_results_keep_their_structure():
+    @op.kernel
+    def f(x):
+        return x + 1, x * 2
+
+    @op.kernel
+    def g(x):
+        return [x - 1]
+
+    a, b = f(np.ones(2, np.float32))
+    assert isinstance(f(np.ones(2, np.float32)), tuple)
+    np.testing.assert_allclose(b, [2, 2])
+    assert isinstance(g(np.ones(2, np.float32)), list)
+
+
+def test_kernels_inline_into_other_kernels():
+    @op.kernel
+    def inner(x):
+        return op.tanh(x)
+
+    @op.kernel
+    def outer(x):
+        return inner(x) * 2.0
+
+    g = outer.trace(op.tensor((3,), "float32"))
+    assert g.op_counts() == {"tanh": 1, "mul": 1}
+    x = RNG.standard_normal(3).astype(np.float32)
+    np.testing.assert_allclose(outer(x), np.tanh(x) * 2, rtol=1e-6)
+
+
+def test_creation_ops_inside_a_trace_build_nodes():
+    @op.kernel
+    def f(x):
+        n = x.shape[-1]
+        return op.where(op.tril(op.ones((n, n), "bool")), x, 0.0) + op.arange(n, dtype="float32")
+
+    x = RNG.standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(f(x), np.where(np.tril(np.ones((4, 4), bool)), x, np.float32(0)) + np.arange(4, dtype=np.float32))
+
+
+def test_numpy_arrays_captured_in_a_trace_become_literals():
+    bias = RNG.standard_normal(3).astype(np.float32)
+
+    @op.kernel
+    def f(x):
+        return x + bias
+
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(f(x), x + bias)
+    assert f.trace(x).op_counts()["literal"] == 1
+
+
+def test_scalars_keep_the_tensor_dtype():
+    @op.kernel
+    def f(x):
+        return x * 0.5 / np.sqrt(4.0) + 1
+
+    assert str(f(op.tensor((2,), "bf16")).dtype) == "bfloat16"
+
+
+def test_variadic_functions_are_refused_with_a_reason():
+    with pytest.raises(Exception, match="named parameters"):
+        op.kernel(lambda *xs: xs[0])
+
+
+def test_graph_prints_like_source():
+    @op.kernel
+    def attention(q, k, v):
+        s = (q @ k.mT) * 0.125
+        return op.softmax(s, axis=-1) @ v
+
+    t = op.tensor((2, 8, 16), "float32")
+    text = str(attention.trace(t, t, t))
+    assert text.splitlines()[0] == "def attention(q: f32[2,8,16], k: f32[2,8,16], v: f32[2,8,16]):"
+    assert "q @ t0" in text and "t1 * 0.125" in text and "softmax(t2, axis=2)" in text
+    assert text.splitlines()[-1] == "    return t4"

@@ -1,0 +1,48 @@
+"""`tessera-rewrite`: explain runs on the examples; bad invocations give one line and exit 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera_rw.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_explain_with_example_inputs(capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention")]) == 0
+    out = capsys.readouterr().out
+    assert "def attention(q: bf16[4,16,2048,64]" in out and "softmax" in out
+
+
+def test_explain_with_inputs(capsys):
+    shape = "2x4x128x64:fp32"
+    assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention"),
+                 "--input", f"q={shape}", "--input", f"k={shape}", "--input", f"v={shape}"]) == 0
+    assert "f32[2,4,128,64]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--explain", "nope.py:f"], "no such file"),
+    (["--explain", "examples/attention.py:missing"], "no function 'missing'"),
+    (["--explain", "examples/attention.py"], "FILE.py:FUNCTION"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4xZ"], "malformed --input"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4x4:float13"], "float13"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4x8"], "kernel attention"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4x8", "--input", "k=5x8",
+      "--input", "v=4x8"], "matmul"),
+    ([], "--explain"),
+])
+def test_bad_invocations_print_one_line_and_exit_2(args, says, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_console_script_is_installed():
+    done = subprocess.run([sys.executable, "-m", "tessera_rw.cli", "--explain", "missing.py:f"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "no such file" in done.stderr
