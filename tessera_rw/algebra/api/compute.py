@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.ops.spectral import NORMS
@@ -80,6 +80,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
 
 
 def _fft(name: str, x, n, axis, norm):
+    x = tensor_operand(x)
     with op_context(name, (x,), ("x",)):
         t = type_of(x)
         ax = normalize_axis(axis, t.ndim)

@@ -78,6 +78,11 @@ def _dtype_of(value: Any) -> DType:
     return DType.parse(dtype)
 
 
+def tensor_operand(value: Any) -> Any:
+    """A scalar given where an op needs a tensor's shape (reshape, sum, ...) becomes a 0-d array."""
+    return np.asarray(value) if is_scalar(value) else value
+
+
 def mode_of(operands: Sequence[Any]) -> Mode:
     if any(isinstance(v, SymbolicTensor) for v in operands) or is_tracing():
         return Mode.SYMBOLIC
@@ -90,11 +95,11 @@ def scalar_dtype(value: Any, tensor_dtypes: Sequence[DType]) -> DType:
     """A Python scalar's dtype: that of the tensors it meets, widened only across kinds."""
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, bool):
+        return DType.bool  # a condition or mask; arithmetic with it promotes as numpy does
     like = None
     for d in tensor_dtypes:
         like = d if like is None else promote(like, d)
-    if isinstance(value, bool):
-        return like or DType.bool
     if isinstance(value, numbers.Integral):
         return like if like not in (None, DType.bool) else DType.int64
     if isinstance(value, numbers.Real):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import numbers
 
-from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+import numpy as np
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
@@ -19,6 +21,7 @@ def _ints(values, what: str) -> tuple[int, ...]:
 
 def transpose(x, axes=None):
     """Permute axes (numpy: None reverses them all): `op.transpose(x, (0, 2, 1, 3))`."""
+    x = tensor_operand(x)
     with op_context("transpose", (x,), ("x",)):
         ndim = type_of(x).ndim
         perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in _ints(axes, "axes"))
@@ -30,6 +33,7 @@ def transpose(x, axes=None):
 
 
 def swapaxes(x, axis1: int, axis2: int):
+    x = tensor_operand(x)
     with op_context("swapaxes", (x,), ("x",)):
         ndim = type_of(x).ndim
         a, b = normalize_axis(axis1, ndim), normalize_axis(axis2, ndim)
@@ -40,6 +44,7 @@ def swapaxes(x, axis1: int, axis2: int):
 
 def reshape(x, shape):
     """numpy.reshape, one -1 allowed: `op.reshape(x, (B, S, H, -1))`."""
+    x = tensor_operand(x)
     with op_context("reshape", (x,), ("x",)):
         t = type_of(x)
         dims = _ints(shape, "shape")
@@ -56,6 +61,7 @@ def reshape(x, shape):
 
 
 def expand_dims(x, axis: int):
+    x = tensor_operand(x)
     with op_context("expand_dims", (x,), ("x",)):
         shape = type_of(x).shape
         ax = normalize_axis(axis, len(shape) + 1)
@@ -63,6 +69,7 @@ def expand_dims(x, axis: int):
 
 
 def squeeze(x, axis=None):
+    x = tensor_operand(x)
     with op_context("squeeze", (x,), ("x",)):
         shape = type_of(x).shape
         axes = [i for i, d in enumerate(shape) if d == 1] if axis is None else normalize_axes(axis, len(shape))
@@ -72,6 +79,7 @@ def squeeze(x, axis=None):
 
 
 def broadcast_to(x, shape):
+    x = tensor_operand(x)
     with op_context("broadcast_to", (x,), ("x",)):
         dims = _ints(shape, "shape")
     if dims == type_of(x).shape:
@@ -81,6 +89,7 @@ def broadcast_to(x, shape):
 
 def pad(x, pad_width, constant_values: float = 0):
     """numpy.pad in constant mode: an int, (before, after), or one pair per axis."""
+    x = tensor_operand(x)
     with op_context("pad", (x,), ("x",)):
         ndim = type_of(x).ndim
         if isinstance(pad_width, numbers.Integral):
@@ -93,11 +102,14 @@ def pad(x, pad_width, constant_values: float = 0):
                 pairs = tuple(tuple(_ints(p, "pad_width")) for p in items)
             if len(pairs) != ndim or any(len(p) != 2 for p in pairs):
                 raise AttributeValueError(f"pad_width {pad_width!r} must give (before, after) for each of {ndim} axes")
-    return apply("pad", (x,), pads=pairs, value=float(constant_values))
+    value = constant_values.item() if isinstance(constant_values, np.generic) else constant_values
+    if not isinstance(value, (int, float)):
+        raise AttributeValueError(f"pad: constant_values must be a number, got {constant_values!r}")
+    return apply("pad", (x,), pads=pairs, value=value)
 
 
 def concatenate(xs, axis: int = 0):
-    xs = tuple(xs)
+    xs = tuple(tensor_operand(x) for x in xs)
     with op_context("concatenate", xs, ("xs",)):
         if not xs:
             raise ShapeError("concatenate needs at least one tensor")
@@ -107,6 +119,7 @@ def concatenate(xs, axis: int = 0):
 
 def getitem(x, index):
     """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
+    x = tensor_operand(x)
     with op_context("getitem", (x,), ("x",)):
         shape = type_of(x).shape
         items = index if isinstance(index, tuple) else (index,)
@@ -127,9 +140,10 @@ def getitem(x, index):
                 continue
             size = shape[axis]
             if isinstance(item, slice):
+                if item.step is not None and item.step <= 0:
+                    raise ShapeError(f"negative or zero slice steps are not supported (got {item.step})",
+                                     hint="reverse with a separate op, or slice forwards")
                 start, stop, step = item.indices(size)
-                if step <= 0:
-                    raise ShapeError(f"negative or zero slice steps are not supported (got {item.step})")
                 stop = max(stop, start)
                 starts.append(start); stops.append(stop); steps.append(step)
                 out_shape.append(len(range(start, stop, step)))

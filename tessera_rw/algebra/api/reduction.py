@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
 
 
 def _reduce(name: str, x, axis, keepdims: bool):
+    x = tensor_operand(x)
     with op_context(name, (x,), ("x",)):
         axes = normalize_axes(axis, type_of(x).ndim if type_of(x) else 0)
     return apply(name, (x,), axes=axes, keepdims=bool(keepdims))
@@ -31,6 +32,7 @@ def min(x, axis=None, keepdims=False):  # noqa: A001
 
 
 def _row(name: str, x, axis: int):
+    x = tensor_operand(x)
     with op_context(name, (x,), ("x",)):
         ax = normalize_axis(axis, type_of(x).ndim)
     return apply(name, (x,), axis=ax)
@@ -46,9 +48,9 @@ def log_softmax(x, axis: int = -1):
 
 
 def _norm(name: str, x, weight, bias, axis, eps: float):
-    operands = [x] + [p for p in (weight, bias) if p is not None]
+    operands = [tensor_operand(x)] + [p for p in (weight, bias) if p is not None]
     with op_context(name, operands, ("x", "weight", "bias")):
-        axes = normalize_axes(axis, type_of(x).ndim)
+        axes = normalize_axes(axis, type_of(operands[0]).ndim)
         if not isinstance(eps, (int, float)) or eps < 0:
             raise AttributeValueError(f"eps must be a number >= 0, got {eps!r}")
     return apply(name, operands, axes=axes, eps=float(eps),

@@ -46,6 +46,8 @@ def _infer_pad(x: TensorType, pads: tuple[tuple[int, int], ...], value: float) -
 
 
 def _pad(x: np.ndarray, pads, value) -> np.ndarray:
+    if x.ndim == 0:  # numpy.pad refuses an empty pad_width
+        return x.copy()
     return np.pad(x, pads, mode="constant", constant_values=np.asarray(value).astype(x.dtype))
 
 
