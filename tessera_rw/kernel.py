@@ -13,6 +13,7 @@ tensor((8, 4), bfloat16)
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import numbers
@@ -31,6 +32,15 @@ from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
 
 Signature = tuple[tuple[str, Hashable], ...]
+
+
+def is_static(value: Any) -> bool:
+    """Python values a kernel bakes into its trace (part of the signature): numbers, strings,
+    None, enums and tuples of them. Tensors, arrays and placeholders are inputs."""
+    if isinstance(value, (numbers.Number, np.generic)) and not hasattr(value, "shape") or \
+            isinstance(value, (np.generic, str, type(None), enum.Enum)):
+        return True
+    return isinstance(value, tuple) and all(is_static(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -77,8 +87,8 @@ class Kernel:
             raise ArgumentError(f"kernel {self.name}: {e}", site=user_site()) from None
         tensors, values, statics, placeholders = {}, {}, {}, False
         for name, value in bound.arguments.items():
-            if isinstance(value, bool) or (isinstance(value, numbers.Number) and not isinstance(value, np.generic)):
-                statics[name] = value
+            if is_static(value):
+                statics[name] = value.item() if isinstance(value, np.generic) else value
                 continue
             try:
                 t = type_of(value)

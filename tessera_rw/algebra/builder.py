@@ -20,16 +20,25 @@ from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops import opdef
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Frames in tessera_rw itself and in the standard library (contextlib, functools) are not the user's.
-_NOT_USER = (_PACKAGE_DIR + os.sep, os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
+# Frames in tessera_rw itself and in the standard library (contextlib, functools) are not the user's;
+# installed libraries (site-packages, often inside the stdlib folder) are.
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_INSTALLED = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
 
 
-def user_site(skip_dirs: tuple[str, ...] = _NOT_USER) -> str | None:
+def _is_user_file(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep) or filename.startswith("<frozen"):
+        return False
+    return not path.startswith(_STDLIB) or path.startswith(_INSTALLED)
+
+
+def user_site() -> str | None:
     """'file:line in function: source' of the innermost frame outside tessera_rw, if any."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(skip_dirs) and not filename.startswith("<frozen"):
+        if _is_user_file(filename):
             source = linecache.getline(filename, frame.f_lineno).strip()
             where = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
             return f"{where}: {source}" if source else where
@@ -59,14 +68,17 @@ def make_input(name: str, shape: tuple[int, ...], dtype: DType) -> Node:
     return make("input", name=name, shape=tuple(shape), dtype=dtype)
 
 
-def make_constant(value: float | int | bool, dtype: DType) -> Node:
-    """A 0-d constant; the value is stored in the Python type matching the dtype."""
+def python_scalar(value: float | int | bool, dtype: DType) -> float | int | bool | complex:
+    """`value` as the Python type that holds `dtype` exactly, so equal constants intern together."""
     if dtype is DType.bool:
-        value = bool(value)
-    elif dtype.is_integer:
-        value = int(value)
-    elif dtype.is_complex:
-        value = complex(value)
-    else:
-        value = float(value)
-    return make("constant", value=value, dtype=dtype)
+        return bool(value)
+    if dtype.is_integer:
+        return int(value)
+    if dtype.is_complex:
+        return complex(value)
+    return float(value)
+
+
+def make_constant(value: float | int | bool, dtype: DType) -> Node:
+    """A 0-d constant of `dtype`."""
+    return make("constant", value=python_scalar(value, dtype), dtype=dtype)

@@ -41,8 +41,10 @@ def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
     op = OPS[node.op]
     if not op.exact:
         args = [a.astype(np.float32) if a.dtype.name in _LOW_PRECISION else a for a in args]
-    result = op.reference(*args, **node.attr_map)
-    return np.asarray(result).astype(node.dtype.numpy, copy=False)
+    result = np.asarray(op.reference(*args, **node.attr_map))
+    if node.op == "constant":
+        return result  # a Python scalar stays in its compute type (float32), as in a kernel's literal
+    return result.astype(node.dtype.numpy, copy=False)
 
 
 def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
@@ -62,4 +64,4 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[np.ndarray,
             uses[a] -= 1
             if uses[a] == 0 and a not in keep:
                 values.pop(a, None)
-    return tuple(values[o] for o in graph.outputs)
+    return tuple(values[o].astype(o.dtype.numpy, copy=False) for o in graph.outputs)

@@ -11,7 +11,9 @@ as keywords, so a declaration reads like the op's signature:
 from __future__ import annotations
 
 import enum
+import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -60,6 +62,15 @@ class OpDef:
     variadic: bool = False
     exact: bool = False
     doc: str = ""
+
+    @cached_property
+    def attr_names(self) -> tuple[str, ...]:
+        """The attributes the shape rule takes after its operands, sorted by name."""
+        params = list(inspect.signature(self.infer).parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        attrs = positional[len(self.operands):] if not self.variadic else []
+        attrs += [p for p in params if p.kind is p.KEYWORD_ONLY]
+        return tuple(sorted(p.name for p in attrs))
 
     def __repr__(self) -> str:
         return f"OpDef({self.name})"

@@ -24,7 +24,8 @@ _HIDDEN_ATTRS = {"has_weight", "has_bias", "has_mask"}
 
 def _constant_text(node: Node) -> str:
     value = node.attr("value")
-    return repr(value) if node.dtype.is_float or node.dtype.is_complex else str(value)
+    text = repr(value) if node.dtype.is_float or node.dtype.is_complex else str(value)
+    return f"({text})" if text.startswith("-") else text
 
 
 def print_graph(graph: Graph) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable
+
+import numpy as np
 
 from tessera_rw.algebra.errors import AxisError, ShapeError
 
@@ -23,8 +26,9 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def normalize_axis(axis: int, ndim: int) -> int:
-    if not isinstance(axis, int) or isinstance(axis, bool):
+    if not isinstance(axis, numbers.Integral) or isinstance(axis, (bool, np.bool_)):
         raise AxisError(f"axis must be an int, got {axis!r}")
+    axis = int(axis)
     if not -ndim <= axis < ndim:
         raise AxisError(f"axis {axis} is out of range for a tensor of rank {ndim}",
                         hint=f"use an axis in [{-ndim}, {ndim - 1}]" if ndim else "a 0-d tensor has no axes")
@@ -35,7 +39,12 @@ def normalize_axes(axis: int | Iterable[int] | None, ndim: int) -> tuple[int, ..
     """None means every axis; the result is sorted and free of repeats."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if isinstance(axis, numbers.Integral):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:
+        raise AxisError(f"axis must be an int, a tuple of ints or None, got {axis!r}")
     norm = tuple(normalize_axis(a, ndim) for a in axes)
     if len(set(norm)) != len(norm):
         raise AxisError(f"axis {axes} repeats an axis")

@@ -6,6 +6,7 @@ functions in `api`, so every operator goes through the same shape rules and erro
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from tessera_rw.algebra.dtypes import DType
@@ -18,6 +19,7 @@ class TensorMethods:
     __slots__ = ()
     shape: tuple[int, ...]
     dtype: DType
+    __array_ufunc__ = None  # `np.ones(3) * t` defers to t.__rmul__ instead of iterating over t
 
     @property
     def ndim(self) -> int:
@@ -124,12 +126,12 @@ class TensorSpec(TensorMethods):
 
     def __init__(self, shape, dtype: Any = "float32"):
         try:
-            dims = (shape,) if isinstance(shape, int) else tuple(shape)
+            dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
         except TypeError:
             raise ArgumentError(f"a tensor shape must be a tuple of ints, got {shape!r}") from None
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in dims):
             raise ArgumentError(f"a tensor shape must be a tuple of ints >= 0, got {shape!r}")
-        self.shape = dims
+        self.shape = tuple(int(d) for d in dims)
         self.dtype = DType.parse(dtype)
 
     @property
@@ -140,4 +142,12 @@ class TensorSpec(TensorMethods):
         return f"tensor({self.shape}, {self.dtype})"
 
 
-from tessera_rw.algebra import api  # noqa: E402  (api builds on these classes)
+class _LazyApi:
+    """The op functions, imported on first use: `api` builds on these classes, not the reverse."""
+
+    def __getattr__(self, name: str):
+        import importlib
+        return getattr(importlib.import_module("tessera_rw.algebra.api"), name)
+
+
+api = _LazyApi()

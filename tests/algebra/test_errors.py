@@ -58,7 +58,7 @@ def test_op_rejects_a_dtype():
     assert "matmul" in str(info.value) and "i32[2,2]" in str(info.value)
 
 
-@pytest.mark.parametrize("bad, kind", [("text", "str"), ([1.0, 2.0], "list"), (None, "NoneType"), ({"a": 1}, "dict")])
+@pytest.mark.parametrize("bad, kind", [([1.0, 2.0], "list"), ({"a": 1}, "dict"), ({1, 2}, "set")])
 def test_non_tensor_argument(bad, kind):
     @op.kernel
     def f(x, y):
@@ -68,6 +68,18 @@ def test_non_tensor_argument(bad, kind):
         f(X, bad)
     msg = str(info.value)
     assert "'y'" in msg and kind in msg and "kernel f" in msg and "test_errors.py" in msg
+
+
+@pytest.mark.parametrize("bad, kind", [("text", "str"), (None, "NoneType")])
+def test_static_argument_used_as_a_tensor(bad, kind):
+    @op.kernel
+    def f(x, y):
+        return x + y  # y is baked in as a Python value, then used as a tensor
+
+    with pytest.raises(ArgumentError) as info:
+        f(X, bad)
+    msg = str(info.value)
+    assert msg.startswith("add:") and kind in msg and "f32[2,3]" in msg and "return x + y" in msg
 
 
 def test_non_tensor_operand_in_eager_op():

@@ -210,3 +210,16 @@ def test_design_attention_example_matches_float64():
 
     q, k, v = rand(2, 4, 64, 32), rand(2, 4, 64, 32), rand(2, 4, 64, 32)
     assert rel_err(attention(q, k, v), attention64(q, k, v, 32 ** -0.5)) < 1e-5
+
+
+def test_python_scalars_are_not_rounded_to_the_tensor_dtype_first():
+    x = np.full(4, 100, BF16)
+    np.testing.assert_array_equal(op.multiply(x, 1.006), (np.float32(100) * np.float32(1.006)).astype(BF16))
+    e4m3 = np.full(2, 0.25, ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(op.multiply(e4m3, 1000.0), np.full(2, 250, ml_dtypes.float8_e4m3fn))
+
+
+def test_integer_inputs_of_float_ops():
+    np.testing.assert_allclose(op.gelu(np.array([1, -2], np.int32)),
+                               [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in (1, -2)], rtol=1e-6)
+    assert op.sum(np.full(3, 2 ** 30, np.int32)) == 3 * 2 ** 30

@@ -205,7 +205,7 @@ def reduction_case(draw, positive=False):
 
 
 REDUCE_DTYPE = {  # (op, input dtype) -> result dtype
-    ("sum", "float32"): "float32", ("sum", "int32"): "int32", ("sum", "bool"): "int64",
+    ("sum", "float32"): "float32", ("sum", "int32"): "int64", ("sum", "bool"): "int64",
     ("sum", "bfloat16"): "bfloat16",
     ("mean", "float32"): "float32", ("mean", "int32"): "float32", ("mean", "bfloat16"): "bfloat16",
     ("max", "float32"): "float32", ("max", "int32"): "int32", ("min", "bfloat16"): "bfloat16",

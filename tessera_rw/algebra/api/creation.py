@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 
 from tessera_rw.algebra.api.dispatch import apply, op_context
+from tessera_rw.algebra.builder import python_scalar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.tensor import TensorSpec
@@ -16,9 +17,7 @@ def full(shape, fill_value, dtype="float32"):
         spec = TensorSpec(shape, dtype)
         if not isinstance(fill_value, (numbers.Number,)):
             raise AttributeValueError(f"fill_value must be a number, got {fill_value!r}")
-    value = bool(fill_value) if spec.dtype is DType.bool else int(fill_value) if spec.dtype.is_integer \
-        else float(fill_value)
-    return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
+    return apply("full", (), shape=spec.shape, value=python_scalar(fill_value, spec.dtype), dtype=spec.dtype)
 
 
 def ones(shape, dtype="float32"): return full(shape, 1, dtype)
@@ -34,7 +33,8 @@ def arange(start, stop=None, step=1, dtype=None):
             raise AttributeValueError(f"arange bounds must be numbers, got {start!r}, {stop!r}, {step!r}")
         integral = all(isinstance(v, numbers.Integral) for v in (start, stop, step))
         dt = DType.parse(dtype) if dtype is not None else DType.int64 if integral else DType.float32
-    return apply("arange", (), start=start, stop=stop, step=step, dtype=dt)
+    bounds = {k: python_scalar(v, dt) for k, v in (("start", start), ("stop", stop), ("step", step))}
+    return apply("arange", (), dtype=dt, **bounds)
 
 
 def tril(x, k: int = 0):

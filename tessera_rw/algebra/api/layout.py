@@ -8,6 +8,7 @@ import numbers
 import numpy as np
 
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.builder import python_scalar
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
@@ -105,7 +106,7 @@ def pad(x, pad_width, constant_values: float = 0):
     value = constant_values.item() if isinstance(constant_values, np.generic) else constant_values
     if not isinstance(value, (int, float)):
         raise AttributeValueError(f"pad: constant_values must be a number, got {constant_values!r}")
-    return apply("pad", (x,), pads=pairs, value=value)
+    return apply("pad", (x,), pads=pairs, value=python_scalar(value, type_of(x).dtype))
 
 
 def concatenate(xs, axis: int = 0):
@@ -140,6 +141,8 @@ def getitem(x, index):
                 continue
             size = shape[axis]
             if isinstance(item, slice):
+                if not all(v is None or isinstance(v, numbers.Integral) for v in (item.start, item.stop, item.step)):
+                    raise ShapeError(f"slice bounds must be ints or None, got {item}")
                 if item.step is not None and item.step <= 0:
                     raise ShapeError(f"negative or zero slice steps are not supported (got {item.step})",
                                      hint="reverse with a separate op, or slice forwards")

@@ -86,6 +86,8 @@ LOGIC = (
 # ---- unary math -----------------------------------------------------------------------
 
 def _infer_same(x: TensorType) -> TensorType:
+    if x.dtype is DType.bool:
+        raise DTypeError("bool operands have no negation", hint="use ~x (logical_not) for bool masks")
     return x
 
 
@@ -112,6 +114,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    x = x if x.dtype.kind == "f" else x.astype(np.float32)
     if approximate == "tanh":
         c = np.sqrt(2.0 / np.pi).astype(x.dtype)
         return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))

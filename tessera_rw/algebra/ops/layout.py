@@ -30,7 +30,7 @@ def _infer_reshape(x: TensorType, shape: tuple[int, ...]) -> TensorType:
 
 def _infer_broadcast_to(x: TensorType, shape: tuple[int, ...]) -> TensorType:
     lead = len(shape) - x.ndim
-    if lead < 0 or any(d not in (1, t) for d, t in zip(x.shape, shape[lead:])):
+    if any(d < 0 for d in shape) or lead < 0 or any(d not in (1, t) for d, t in zip(x.shape, shape[lead:])):
         raise ShapeError(f"cannot broadcast {fmt_shape(x.shape)} to {fmt_shape(shape)}",
                          hint="each axis must be 1 or equal the target size (aligned from the right)")
     return TensorType(shape, x.dtype)

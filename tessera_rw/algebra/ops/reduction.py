@@ -32,7 +32,7 @@ def _reduction(name: str, fn, result_dtype) -> OpDef:
         _check_axes(x, axes)
         if x.dtype.is_complex and name in ("max", "min"):
             raise DTypeError("complex values have no order")
-        if name in ("max", "min") and x.numel and any(x.shape[a] == 0 for a in axes):
+        if name in ("max", "min") and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name} over an empty axis has no identity")
         return TensorType(reduced_shape(x.shape, axes, keepdims), result_dtype(x.dtype))
 
@@ -46,7 +46,7 @@ def _reduction(name: str, fn, result_dtype) -> OpDef:
 
 
 def _sum_dtype(dtype: DType) -> DType:
-    return DType.int64 if dtype is DType.bool else dtype
+    return DType.int64 if dtype in (DType.bool, DType.int32) else dtype  # as numpy: no silent overflow
 
 
 def _mean_dtype(dtype: DType) -> DType:

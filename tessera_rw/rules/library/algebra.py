@@ -1,0 +1,114 @@
+"""The `algebra` ruleset: identities that bring differently written programs to one form.
+
+Each rule keeps the type of what it rewrites; new intermediate terms get their types from the
+`shp` / `dt` analyses and the shape helpers in `tables`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule, Ruleset
+from tessera_rw.rules.tables import rank, swapped_last, with_dim
+
+t = TermBuilder()
+a, b, x, m, c, cd, s, d, sa, da, acc, ax, axes, s1, s2, dx = t.vars("a b x m c cd s d sa da acc ax axes s1 s2 dx")
+T = (s, d)                          # "of the rewritten term's type"
+NEG_INF = float("-inf")
+
+
+def const(value=c, dtype=cd) -> Expr:
+    return t.constant(value=value, dtype=dtype, of=((), dtype))
+
+
+def rand(rng: np.random.Generator, *shape: int, dtype=np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def mT(term: Expr) -> Expr:
+    """`term.mT`, typed from the `shp` / `dt` analyses."""
+    shape = f"(shp {term})"
+    return t.transpose(term, axes=Expr(f"(swap-last {rank(shape)})"),
+                       of=(Expr(swapped_last(shape)), Expr(f"(dt {term})")))
+
+
+def _reduced(shape: str, axis: str) -> Expr:
+    return Expr(with_dim(shape, axis, "1"))
+
+
+def _explicit_softmax(x: Expr, axis: Expr) -> Expr:
+    keep = dict(axes=Expr(f"(vec-of {axis})"), keepdims=True, of=(_reduced("s", axis.text), d))
+    shifted = t.exp(t.sub(x, t.max(x, **keep), of=T), of=T)
+    return t.div(shifted, t.sum(shifted, **keep), of=T)
+
+
+RULES = (
+    Rule("div-by-constant", "x / c = x · (1/c)",
+         lhs=t.div(x, const(), of=T),
+         rhs=t.mul(x, const(value=Expr("(/ 1.0 c)")), of=T),
+         when=("(= cd d)", "(!= c 0.0)"),
+         example=lambda rng: (lambda x: x / 3.0, {"x": rand(rng, 3, 4)})),
+    Rule("constant-to-the-right", "c · x = x · c",
+         lhs=t.mul(const(), x, of=T),
+         rhs=t.mul(x, const(), of=T),
+         example=lambda rng: (lambda x: 0.5 * x, {"x": rand(rng, 2, 5)})),
+    Rule("scale-out-of-matmul-lhs", "(sA)B = s(AB)",
+         lhs=t.matmul(t.mul(a, const(), of=(sa, da)), b, accum_dtype=acc, of=T),
+         rhs=t.mul(t.matmul(a, b, accum_dtype=acc, of=T), const(), of=T),
+         when=("(= (dt a) da)", "(= cd da)"),
+         example=lambda rng: (lambda a, b: (a * 0.25) @ b, {"a": rand(rng, 2, 3, 4), "b": rand(rng, 4, 5)})),
+    Rule("scale-out-of-matmul-rhs", "A(sB) = s(AB)",
+         lhs=t.matmul(a, t.mul(b, const(), of=(sa, da)), accum_dtype=acc, of=T),
+         rhs=t.mul(t.matmul(a, b, accum_dtype=acc, of=T), const(), of=T),
+         when=("(= (dt b) da)", "(= cd da)"),
+         example=lambda rng: (lambda a, b: a @ (b * 0.25), {"a": rand(rng, 3, 4), "b": rand(rng, 2, 4, 5)})),
+    Rule("mT-of-mT", "(Aᵀ)ᵀ = A",
+         lhs=t.transpose(t.transpose(x, axes=m, of=(s1, None)), axes=m),
+         rhs=x,
+         when=(f"(= m (swap-last {rank('s1')}))",),
+         example=lambda rng: (lambda x: x.mT.mT + 1.0, {"x": rand(rng, 2, 3, 4)})),
+    Rule("mT-of-matmul", "(AB)ᵀ = BᵀAᵀ",
+         lhs=t.transpose(t.matmul(a, b, accum_dtype=acc, of=(s1, None)), axes=m, of=T),
+         rhs=t.matmul(mT(b), mT(a), accum_dtype=acc, of=T),
+         when=(f"(= m (swap-last {rank('s1')}))", "(>= (vec-length (shp a)) 2)",
+               "(= (vec-length (shp a)) (vec-length (shp b)))"),
+         example=lambda rng: (lambda a, b: (a @ b).mT, {"a": rand(rng, 2, 3, 4), "b": rand(rng, 2, 4, 5)})),
+    Rule("softmax-from-exp-max-sum", "exp(x − max x) / Σ exp(x − max x) = softmax(x)",
+         lhs=t.div(t.exp(t.sub(x, t.max(x, axes=axes, keepdims=True))),
+                   t.sum(t.exp(t.sub(x, t.max(x, axes=axes, keepdims=True))), axes=axes, keepdims=True), of=T),
+         rhs=t.softmax(x, axis=ax, of=T),
+         when=("(= (vec-length axes) 1)", "(= ax (vec-get axes 0))", "(= (dt x) d)"),
+         example=lambda rng: (lambda x: op.exp(x - x.max(-1, keepdims=True))
+                              / op.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
+                              {"x": rand(rng, 3, 6)})),
+    Rule("softmax-to-exp-max-sum", "softmax(x) = exp(x − max x) / Σ exp(x − max x)",
+         lhs=t.softmax(x, axis=ax, of=T),
+         rhs=_explicit_softmax(x, ax),
+         example=lambda rng: (lambda x: op.softmax(x, axis=0), {"x": rand(rng, 4, 3)})),
+    Rule("where-neg-inf-is-additive-mask", "where(m, x, −∞) = x + where(m, 0, −∞)",
+         lhs=t.where(m, x, const(value=NEG_INF), of=T),
+         rhs=t.add(x, t.where(m, const(value=0.0, dtype=d), const(value=NEG_INF, dtype=d),
+                              of=(Expr("(shp m)"), d)), of=T),
+         when=("(= (dt x) d)", "(= cd d)"),
+         example=lambda rng: (lambda x, m: op.where(m > 0, x, -math.inf),
+                              {"x": rand(rng, 3, 4), "m": rand(rng, 1, 4)})),
+    Rule("where-lowest-is-additive-mask", "where(m, x, finfo.min) = x + where(m, 0, finfo.min)",
+         lhs=t.where(m, x, const(), of=T),
+         rhs=t.add(x, t.where(m, const(value=0.0, dtype=d), const(), of=(Expr("(shp m)"), d)), of=T),
+         when=("(= (dt x) d)", "(= cd d)", "(= c (lowest d))"),
+         example=lambda rng: (lambda x, m: op.where(m > 0, x, float(np.finfo(np.float32).min)),
+                              {"x": rand(rng, 3, 4), "m": rand(rng, 3, 1)})),
+    Rule("softmax-in-wider-type", "cast(softmax(cast(x, f32)), d) = softmax(x) when x is d",
+         lhs=t.cast(t.softmax(t.cast(x, dtype="float32"), axis=ax), dtype=dx, of=T),
+         rhs=t.softmax(x, axis=ax, of=T),
+         when=("(= (dt x) d)",),
+         example=lambda rng: (lambda x: op.cast(op.softmax(op.cast(x, "float32"), axis=-1), "bf16"),
+                              {"x": rand(rng, 3, 8, dtype=ml_dtypes.bfloat16)})),
+)
+
+ALGEBRA = Ruleset("algebra", RULES, doc="scalars, divisions, transposes, softmax forms, masks, casts")

@@ -1,0 +1,72 @@
+"""A small builder for egglog terms over our constructors, so rules read like the math.
+
+    t = TermBuilder()
+    a, b, s = t.vars("a b s")
+    t.matmul(t.mul(a, t.constant(value=s)), b)     # (Matmul (Mul a (Constant w0 s w1 w2) w3 w4) b w5 w6 w7)
+    t.mul(a, b, of=("s", "d"))                     # a term of shape s and dtype d
+
+Attributes and the type (`of=(shape, dtype)`) left out of a pattern become fresh wildcards; in a
+rule's right-hand side they must be given. Attribute values are Python values (encoded like the
+encoder does), variables, or raw egglog expressions (`Expr("(/ 1.0 c)")`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.rules.schema import attr_names, codec, constructor_name
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Raw egglog text: a term, a variable or an expression over them."""
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class TermBuilder:
+    """`t.<op>(*operands, **attrs, shape=, dtype=)` builds the egglog text of a term."""
+
+    def __init__(self) -> None:
+        self._fresh = itertools.count()
+
+    def vars(self, names: str) -> list[Expr]:
+        return [Expr(n) for n in names.split()]
+
+    def wildcard(self) -> Expr:
+        return Expr(f"w{next(self._fresh)}")
+
+    def _value(self, op: str, attr: str, value: Any) -> str:
+        if isinstance(value, Expr):
+            return value.text
+        return codec(op, attr).encode(value)
+
+    def term(self, op: str, *operands: Expr, of: tuple[Any, Any] = (None, None), **attrs: Any) -> Expr:
+        """`of=(shape, dtype)` is the term's type; attributes go by name (reshape's `shape=`...)."""
+        shape, dtype = of
+        if op not in OPS:
+            raise TesseraError(f"pattern uses unknown op {op!r}")
+        unknown = set(attrs) - set(attr_names(op))
+        if unknown:
+            raise TesseraError(f"pattern gives {op} attributes {sorted(unknown)}; it has {attr_names(op)}")
+        parts = [constructor_name(op, len(operands)), *(o.text for o in operands)]
+        for attr in attr_names(op):
+            parts.append(self._value(op, attr, attrs[attr]) if attr in attrs else self.wildcard().text)
+        parts.append(shape.text if isinstance(shape, Expr) else self.wildcard().text if shape is None
+                     else codec("input", "shape").encode(shape))
+        parts.append(dtype.text if isinstance(dtype, Expr) else self.wildcard().text if dtype is None
+                     else codec("input", "dtype").encode(dtype))
+        return Expr("(" + " ".join(parts) + ")")
+
+    def __getattr__(self, op: str):
+        if op.startswith("_") or op not in OPS:
+            raise AttributeError(op)
+        return lambda *operands, **kw: self.term(op, *operands, **kw)
+
+

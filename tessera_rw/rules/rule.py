@@ -1,0 +1,56 @@
+"""Rules and rulesets: small declarative units, each with a one-line comment of its algebra.
+
+A Rule is a rewrite `lhs -> rhs` (egglog text built with `pattern.TermBuilder`) under optional
+side conditions; `example` builds a small program the rule applies to, which the soundness
+checker evaluates before and after rewriting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.rules.pattern import Expr
+
+# An example: from a random generator, a function to trace and its inputs (numpy arrays by name).
+Example = Callable[[np.random.Generator], tuple[Callable, dict[str, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    algebra: str                    # the identity, e.g. "(sA)B = s(AB)"
+    lhs: Expr
+    rhs: Expr
+    when: tuple[str, ...] = ()      # egglog facts, e.g. "(= ax (- (vec-length s) 1))"
+    example: Example | None = None
+
+    def egglog(self, ruleset: str) -> str:
+        when = f" :when ({' '.join(self.when)})" if self.when else ""
+        return f'(rewrite {self.lhs} {self.rhs}{when} :ruleset {ruleset} :name "{ruleset}/{self.name}")'
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """A named group of rules run together. `explosive` rulesets (associativity, commutativity)
+    are backed off by the saturation driver when they match too much."""
+    name: str
+    rules: tuple[Rule, ...]
+    explosive: bool = False
+    doc: str = ""
+    facts: str = ""                 # egglog declarations / tables the rules rely on
+    origin: str = "tessera_rw"      # the distribution that provides it
+    requires: tuple[str, ...] = field(default=())   # rulesets whose facts this one uses
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise TesseraError(f"ruleset name {self.name!r} must be an identifier")
+        names = [r.name for r in self.rules]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise TesseraError(f"ruleset {self.name!r} has repeated rule names {dupes}")
+
+    def egglog(self) -> str:
+        return "\n".join([f"(ruleset {self.name})", self.facts] + [r.egglog(self.name) for r in self.rules])

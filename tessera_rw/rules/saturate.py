@@ -1,0 +1,155 @@
+"""The saturation driver: run rulesets over an encoded graph under iteration, e-node and time limits.
+
+egglog has no e-node limit of its own, so the driver runs one iteration at a time (types first,
+then one pass of each active ruleset) and checks the limits between iterations. Explosive rulesets
+(associativity, commutativity) are banned for exponentially growing stretches after an iteration
+in which they matched more than their budget, as egg's BackoffScheduler does.
+
+>>> from tessera_rw import op
+>>> g = op.kernel(lambda x: x * 1.0).trace(op.tensor((2,), "float32"))
+>>> rewrite(g, ()).report.stop_reason
+<StopReason.saturated: 'saturated'>
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
+
+from egglog import bindings
+
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.rules.egraph import EGraphView
+from tessera_rw.rules.encode import Encoding, all_arities, encode
+from tessera_rw.rules.rule import Ruleset
+from tessera_rw.rules.schema import PRELUDE, declaration, type_rule
+
+from tessera_rw.rules.tables import TABLE_FUNCTIONS, TABLES
+
+
+@dataclass(frozen=True)
+class Limits:
+    iterations: int = 16
+    enodes: int = 50_000
+    seconds: float = 10.0
+    backoff_matches: int = 1_000     # an explosive ruleset matching more than this is banned a while
+
+
+class StopReason(enum.Enum):
+    saturated = "saturated"
+    iteration_limit = "iteration_limit"
+    node_limit = "node_limit"
+    time_limit = "time_limit"
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    index: int
+    enodes: int
+    seconds: float
+    matches: dict[str, int]
+    banned: tuple[str, ...] = ()
+
+
+@dataclass
+class RewriteReport:
+    """What --explain prints of a rewrite: rules fired, e-graph growth, why it stopped."""
+    stop_reason: StopReason
+    iterations: list[IterationStats]
+    matches: dict[str, int] = field(default_factory=dict)       # "ruleset/rule" -> total matches
+    seconds_per_rule: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def enodes(self) -> int:
+        return self.iterations[-1].enodes if self.iterations else 0
+
+    def fired(self) -> list[tuple[str, str, int]]:
+        """(rule, ruleset, matches) for every rule that matched, most matches first."""
+        rows = [(name.split("/", 1)[1], name.split("/", 1)[0], n) for name, n in self.matches.items() if n]
+        return sorted(rows, key=lambda r: (-r[2], r[1], r[0]))
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph
+    encoding: Encoding
+    egraph: bindings.EGraph
+    report: RewriteReport
+
+    @cached_property
+    def view(self) -> EGraphView:
+        serialized = self.egraph.serialize([], max_functions=None, max_calls_per_function=None,
+                                           include_temporary_functions=False)
+        return EGraphView(serialized.to_json(), self.encoding.literals)
+
+    def output_classes(self) -> tuple[str, ...]:
+        return tuple(self.view.root(o) for o in self.encoding.outputs)
+
+
+def _setup_program(encoding: Encoding, rulesets: Sequence[Ruleset]) -> str:
+    constructors = {(op, n) for op in OPS for n in all_arities(op)} | encoding.constructors
+    lines = [PRELUDE, TABLES, "(ruleset types)"]
+    lines += [declaration(op, n) for op, n in sorted(constructors)]
+    lines += [type_rule(op, n) for op, n in sorted(constructors)]
+    lines += [rs.egglog() for rs in rulesets]
+    return "\n".join(lines)
+
+
+def _run(egraph: bindings.EGraph, program: str) -> list:
+    return egraph.run_program(*egraph.parse_program(program))
+
+
+def enode_count(egraph: bindings.EGraph) -> int:
+    sizes = _run(egraph, "(print-size)")[0].sizes
+    return sum(n for name, n in sizes if name not in TABLE_FUNCTIONS)
+
+
+def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()) -> RewriteResult:
+    """Saturate `graph` with `rulesets` under `limits`; the result holds the e-graph and the report."""
+    start = time.perf_counter()
+    encoding = encode(graph)
+    egraph = bindings.EGraph()
+    _run(egraph, _setup_program(encoding, rulesets))
+    _run(egraph, encoding.program)
+    _run(egraph, "(run-schedule (saturate (run types)))")
+    iterations: list[IterationStats] = []
+    totals: dict[str, int] = {f"{rs.name}/{r.name}": 0 for rs in rulesets for r in rs.rules}
+    rule_seconds: dict[str, float] = {name: 0.0 for name in totals}
+    banned_until: dict[str, int] = {}
+    ban_length: dict[str, int] = {rs.name: 1 for rs in rulesets}
+    stop = StopReason.iteration_limit
+    for index in range(limits.iterations):
+        if time.perf_counter() - start > limits.seconds:
+            stop = StopReason.time_limit
+            break
+        active = [rs for rs in rulesets if banned_until.get(rs.name, -1) < index]
+        banned = tuple(rs.name for rs in rulesets if rs not in active)
+        schedule = " ".join(f"(run {rs.name})" for rs in active)
+        tick = time.perf_counter()
+        report = _run(egraph, f"(run-schedule {schedule} (saturate (run types)))")[-1].report if active else None
+        matches = dict(report.num_matches_per_rule) if report else {}
+        for name, n in matches.items():
+            if name in totals:
+                totals[name] += n
+                rule_seconds[name] += report.search_and_apply_time_per_rule[name].total_seconds()
+        for rs in active:
+            if rs.explosive and sum(matches.get(f"{rs.name}/{r.name}", 0) for r in rs.rules) > \
+                    limits.backoff_matches * ban_length[rs.name]:
+                banned_until[rs.name] = index + ban_length[rs.name]
+                ban_length[rs.name] *= 2
+        enodes = enode_count(egraph)
+        iterations.append(IterationStats(index, enodes, time.perf_counter() - tick,
+                                         {k: v for k, v in matches.items() if v}, banned))
+        if enodes > limits.enodes:
+            stop = StopReason.node_limit
+            break
+        if (report is None or not report.updated) and not banned:
+            stop = StopReason.saturated
+            break
+    report = RewriteReport(stop, iterations, totals, rule_seconds, time.perf_counter() - start)
+    return RewriteResult(graph, encoding, egraph, report)

@@ -1,0 +1,43 @@
+"""Lookup tables rules use in side conditions, and egglog text helpers for shape arithmetic.
+
+- `(swap-last n)`: the permutation of n axes that swaps the last two (`.mT`);
+- `(lowest d)`: the most negative finite value of dtype `d` (what masked_fill(finfo.min) writes).
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.rules.schema import egg_f64, egg_string
+
+MAX_RANK = 8
+
+
+def _swap_last(n: int) -> str:
+    perm = list(range(n - 2)) + [n - 1, n - 2]
+    return f"(set (swap-last {n}) (vec-of {' '.join(map(str, perm))}))"
+
+
+TABLES = "\n".join(
+    ["(function swap-last (i64) Dims :merge old)", "(function lowest (String) f64 :merge old)"]
+    + [_swap_last(n) for n in range(2, MAX_RANK + 1)]
+    + [f"(set (lowest {egg_string(d.value)}) {egg_f64(d.lowest)})" for d in DType if d.is_float])
+TABLE_FUNCTIONS = frozenset({"shp", "dt", "swap-last", "lowest"})
+
+
+def rank(shape: str) -> str:
+    return f"(vec-length {shape})"
+
+
+def last_axis(shape: str) -> str:
+    return f"(- (vec-length {shape}) 1)"
+
+
+def swapped_last(shape: str) -> str:
+    """egglog text of `shape` with its last two dims swapped."""
+    n = rank(shape)
+    return (f"(vec-set (vec-set {shape} (- {n} 1) (vec-get {shape} (- {n} 2))) "
+            f"(- {n} 2) (vec-get {shape} (- {n} 1)))")
+
+
+def with_dim(shape: str, axis: str, size: str) -> str:
+    return f"(vec-set {shape} {axis} {size})"
