@@ -34,6 +34,8 @@ class ENode:
     eclass: str
     operands: tuple[str, ...]       # e-class ids
     attrs: tuple[tuple[str, Any], ...]
+    shape: tuple[int, ...]          # the type the e-graph records for it
+    dtype: str
 
 
 def _primitive(nodes: Mapping[str, dict], node_id: str) -> Any:
@@ -76,9 +78,9 @@ class EGraphView:
             names = attr_names(op_name)
             values = [_primitive(nodes, c) for c in children[arity:arity + len(names)]]
             attrs = tuple((n, codec(op_name, n).decode(v)) for n, v in zip(names, values))
-            attrs += (("shape", tuple(_primitive(nodes, children[-2]))), ("dtype", _primitive(nodes, children[-1])))
             self.classes.setdefault(node["eclass"], []).append(
-                ENode(nid, op_name, node["eclass"], operand_classes, attrs))
+                ENode(nid, op_name, node["eclass"], operand_classes, attrs,
+                      tuple(_primitive(nodes, children[-2])), _primitive(nodes, children[-1])))
 
     @cached_property
     def enode_count(self) -> int:
@@ -113,7 +115,7 @@ class EGraphView:
 
 def decode_enode(enode: ENode, operands: list[Node], literals: Mapping[str, ArrayLiteral]) -> Node:
     attrs = dict(enode.attrs)
-    shape, dtype = attrs.pop("shape"), DType.parse(attrs.pop("dtype"))
+    shape, dtype = enode.shape, DType.parse(enode.dtype)
     op = enode.op
     if op == "literal":
         attrs["value"] = literals[attrs["value"]]

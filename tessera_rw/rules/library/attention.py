@@ -1,0 +1,83 @@
+"""The `attention` ruleset: softmax(c · Q Kᵀ [+ mask]) V → flash_attention(Q, K, V, c, mask).
+
+One fusion rule (with and without a mask) plus the `algebra` ruleset catch the ways attention is
+written: the scale on either side of the product or as a division, the softmax spelled out,
+where-masks, causal masks from tril, pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts.
+The remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, and a lower-
+triangular bool mask is `causal`. (A finfo.min mask is not a bool mask: a fully masked row averages
+V instead of giving NaN, so it stays an additive mask.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.rules.library.algebra import const, mT, rand
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule, Ruleset
+
+t = TermBuilder()
+q, kt, v, mask, m, c, cd, ss, sd, ax, acc, s, d, full_shape = t.vars("q kt v mask m c cd ss sd ax acc s d fs")
+T = (s, d)
+K, K_FACTS = mT(kt)
+SOFTMAX_ON_LAST_AXIS = ("(= ax (- (vec-length ss) 1))", "(>= (vec-length ss) 2)")
+
+
+def qkv(rng: np.random.Generator, lead: int = 2) -> dict[str, np.ndarray]:
+    batch = tuple(int(n) for n in rng.integers(1, 4, size=lead))
+    sq, sk, dh, dv = (int(n) for n in rng.integers(1, 9, size=4))
+    return {"q": rand(rng, *batch, sq, dh), "k": rand(rng, *batch, sk, dh), "v": rand(rng, *batch, sk, dv)}
+
+
+def with_mask(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    inputs = qkv(rng)
+    sq, sk = inputs["q"].shape[-2], inputs["k"].shape[-2]
+    return inputs | {"mask": rand(rng, 1, 1, sq, sk)}
+
+
+def square_qkv(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    inputs = qkv(rng)
+    seq = inputs["q"].shape[-2]
+    return {"q": inputs["q"], "k": rand(rng, *inputs["q"].shape), "v": rand(rng, *inputs["q"].shape[:-2], seq, 5)}
+
+
+def _causal(q_, k_, v_):
+    seq = q_.shape[-2]
+    keep = op.tril(op.ones((seq, seq), "bool"))
+    return op.softmax(op.where(keep, (q_ @ k_.mT) * 0.5, -math.inf), axis=-1) @ v_
+
+
+RULES = (
+    Rule("flash-attention", "softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)",
+         lhs=t.matmul(t.softmax(t.add(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), mask, of=(ss, sd)), axis=ax),
+                      v, accum_dtype=acc, of=T),
+         rhs=t.flash_attention(q, K, v, mask, scale=c, causal=False, has_mask=True, of=T),
+         when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
+         example=lambda rng: (lambda q, k, v, mask: op.softmax(q @ k.mT * 0.3 + mask, axis=-1) @ v, with_mask(rng))),
+    Rule("flash-attention-unmasked", "softmax(c · Q Kᵀ) V = flash_attention(Q, K, V, c)",
+         lhs=t.matmul(t.softmax(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), axis=ax), v, accum_dtype=acc, of=T),
+         rhs=t.flash_attention(q, K, v, scale=c, causal=False, has_mask=False, of=T),
+         when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
+         example=lambda rng: (lambda q, k, v: op.softmax(q @ k.mT * 0.3, axis=-1) @ v, qkv(rng))),
+    Rule("bool-mask-from-neg-inf", "flash(Q, K, V, where(m, 0, −∞)) = flash(Q, K, V, m)",
+         lhs=t.flash_attention(q, kt, v, t.where(m, const(value=0.0), const(value=float("-inf"), dtype=Expr("cd2"))),
+                               scale=c, causal=False, has_mask=True, of=T),
+         rhs=t.flash_attention(q, kt, v, m, scale=c, causal=False, has_mask=True, of=T),
+         when=('(= (dt m) "bool")',),
+         example=lambda rng: (lambda q, k, v, mask: op.flash_attention(
+             q, k, v, mask=op.where(mask > 0, 0.0, -math.inf)), with_mask(rng))),
+    Rule("causal-from-tril-mask", "flash(Q, K, V, tril(1)) = flash(Q, K, V, causal)",
+         lhs=t.flash_attention(q, kt, v, t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0),
+                               scale=c, causal=False, has_mask=True, of=T),
+         rhs=t.flash_attention(q, kt, v, scale=c, causal=True, has_mask=False, of=T),
+         when=("(= (vec-length fs) 2)",),
+         example=lambda rng: (lambda q, k, v: op.flash_attention(
+             q, k, v, mask=op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))), qkv(rng))),
+)
+
+ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
+
+EXAMPLES = {"causal": (_causal, square_qkv)}
