@@ -1,0 +1,110 @@
+"""Differently written attention programs all reach one flash_attention node, and it computes the same."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.rules.library import ALGEBRA, ATTENTION
+from tessera_rw.rules.saturate import rewrite
+
+D = 16
+
+
+def plain(q, k, v): return op.softmax((q @ k.mT) * D ** -0.5, axis=-1) @ v
+def scale_first(q, k, v): return op.softmax((q * D ** -0.5) @ k.mT, axis=-1) @ v
+def scale_on_k(q, k, v): return op.softmax(q @ (k.mT * D ** -0.5), axis=-1) @ v
+def scale_left(q, k, v): return op.softmax(D ** -0.5 * (q @ k.mT), axis=-1) @ v
+def divided(q, k, v): return op.softmax(q @ k.mT / math.sqrt(D), axis=-1) @ v
+def transposed_k(q, k, v): return op.softmax(q @ op.transpose(k, (0, 1, 3, 2)) * 0.25, axis=-1) @ v
+def swapaxes_k(q, k, v): return op.softmax(q @ op.swapaxes(k, -2, -1) * 0.25, axis=-1) @ v
+
+
+def explicit_softmax(q, k, v):
+    s = (q @ k.mT) * 0.25
+    e = op.exp(s - op.max(s, axis=-1, keepdims=True))
+    return (e / op.sum(e, axis=-1, keepdims=True)) @ v
+
+
+def additive_mask(q, k, v, mask): return op.softmax(q @ k.mT * 0.25 + mask, axis=-1) @ v
+def where_mask(q, k, v, keep): return op.softmax(op.where(keep, q @ k.mT * 0.25, -math.inf), axis=-1) @ v
+
+
+def finfo_mask(q, k, v, keep):
+    return op.softmax(op.where(keep, q @ k.mT * 0.25, float(np.finfo(np.float32).min)), axis=-1) @ v
+
+
+def causal(q, k, v):
+    seq = q.shape[-2]
+    keep = op.tril(op.ones((seq, seq), "bool"))
+    return op.softmax(op.where(keep, q @ k.mT / math.sqrt(D), -math.inf), axis=-1) @ v
+
+
+def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
+
+
+def permuted_bshd(q, k, v):  # inputs in (B, S, H, D), heads moved in front of the sequence
+    qh, kh, vh = (op.transpose(x, (0, 2, 1, 3)) for x in (q, k, v))
+    return op.softmax(qh @ op.transpose(k, (0, 2, 3, 1)) * 0.25, axis=-1) @ vh
+
+
+def fp32_softmax(q, k, v):
+    s = op.cast((q @ k.mT) * 0.25, "float32")
+    return op.cast(op.softmax(s, axis=-1), "bf16") @ v
+
+
+def bmm_3d(q, k, v): return op.softmax(q @ k.mT * 0.25, axis=-1) @ v
+
+
+RNG = np.random.default_rng(3)
+B, H, S = 2, 3, 8
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+QKV = {"q": rand(B, H, S, D), "k": rand(B, H, S, D), "v": rand(B, H, S, D)}
+FORMS = {
+    "plain": (plain, QKV), "scale-first": (scale_first, QKV), "scale-on-k": (scale_on_k, QKV),
+    "scale-left": (scale_left, QKV), "divided-by-sqrt-d": (divided, QKV), "transpose-k": (transposed_k, QKV),
+    "swapaxes-k": (swapaxes_k, QKV), "explicit-softmax": (explicit_softmax, QKV),
+    "additive-mask": (additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),
+    "where-mask": (where_mask, QKV | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
+    "finfo-min-mask": (finfo_mask, QKV | {"keep": RNG.random((B, 1, S, S)) > 0.2}),
+    "causal": (causal, QKV),
+    "pre-transposed-k": (pretransposed_k, {"q": QKV["q"], "kt": rand(B, H, D, S), "v": QKV["v"]}),
+    "permuted-bshd": (permuted_bshd, {n: rand(B, S, H, D) for n in "qkv"}),
+    "fp32-softmax-bf16": (fp32_softmax, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
+    "bmm-3d": (bmm_3d, {n: rand(B * H, S, D) for n in "qkv"}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_attention_form_reaches_flash_attention(form):
+    fn, inputs = FORMS[form]
+    graph = op.kernel(fn).trace(**inputs)
+    result = rewrite(graph, [ALGEBRA, ATTENTION])
+    view = result.view
+    root = result.output_classes()[0]
+    flash = [n for n in view.classes[root] if n.op == "flash_attention"]
+    assert flash, f"{form}: root class holds {view.ops_in(root)}; fired {result.report.fired()}"
+    choice = smallest_choice(view) | {root: flash[-1]}
+    fused = Graph(graph.name, graph.inputs, (view.decode(choice, root),)).verify()
+    assert fused.op_counts()["flash_attention"] == 1 and "softmax" not in fused.op_counts()
+    want, got = evaluate(graph, inputs)[0], evaluate(fused, inputs)[0]
+    tol = 3e-2 if form.startswith("fp32") else 2e-5
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
+
+
+def test_causal_form_becomes_a_causal_flag():
+    fn, inputs = FORMS["causal"]
+    result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])
+    root = result.output_classes()[0]
+    assert any(n.op == "flash_attention" and dict(n.attrs)["causal"] and not dict(n.attrs)["has_mask"]
+               for n in result.view.classes[root])
