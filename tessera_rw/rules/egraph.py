@@ -62,13 +62,12 @@ class EGraphView:
         data = json.loads(serialized_json)
         nodes = data["nodes"]
         self.literals = dict(literals)
-        self.lets: dict[str, str] = {}
-        for cid, info in data.get("class_data", {}).items():
-            for name in (info.get("let") or "").split(", "):
-                if name:
-                    self.lets[name] = cid
+        self.ids: dict[int, str] = {}          # encoder Id -> e-class
         self.classes: dict[str, list[ENode]] = {}
         for nid, node in nodes.items():
+            if node["op"] == "Id":
+                self.ids[_primitive(nodes, node["children"][0])] = node["eclass"]
+                continue
             found = _BY_CONSTRUCTOR.get(node["op"])
             if found is None or not nid.startswith("function-"):
                 continue
@@ -86,8 +85,9 @@ class EGraphView:
     def enode_count(self) -> int:
         return sum(len(ns) for ns in self.classes.values())
 
-    def root(self, let_name: str) -> str:
-        return self.lets[let_name]
+    def root(self, node_id: int) -> str:
+        """The e-class of the encoded graph's node number `node_id`."""
+        return self.ids[node_id]
 
     def ops_in(self, eclass: str) -> set[str]:
         return {n.op for n in self.classes[eclass]}

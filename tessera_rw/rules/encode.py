@@ -1,9 +1,12 @@
-"""Graph -> egglog program: declarations for the ops it uses, then one `let` per node.
+"""Graph -> egglog commands: one `(union (Id i) term)` per node, operands referring to `(Id j)`.
+
+Naming nodes through an `Id` constructor rather than global `let`s keeps insertion linear: egglog
+makes every global a function of its own, and each command then costs more than the last.
 
 >>> from tessera_rw import op
 >>> g = op.kernel(lambda x: op.exp(x) * 2.0).trace(op.tensor((3,), "float32"))
->>> print(encode(g).program.splitlines()[-1])
-(let $out0 $n3)
+>>> print(encode(g).unions[-1])
+(union (Id 3) (Mul (Id 1) (Id 2) (vec-of 3) "float32"))
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.schema import attr_names, codec, constructor_name, egg_dims, egg_string
 
 
+ID = "Id"
+
+
 @dataclass
 class Encoding:
-    """The program that builds a graph in an e-graph, and what decoding needs to come back."""
-    program: str
-    outputs: tuple[str, ...]                     # the `let` names of the graph's outputs
+    """The commands that build a graph in an e-graph, and what decoding needs to come back."""
+    unions: list[str]
+    outputs: tuple[int, ...]                     # the Ids of the graph's outputs
     literals: dict[str, ArrayLiteral] = field(default_factory=dict)
     constructors: set[tuple[str, int]] = field(default_factory=set)
 
@@ -42,14 +48,13 @@ def term_text(node: Node, names: dict[Node, str], literals: dict[str, ArrayLiter
 def encode(graph: Graph) -> Encoding:
     names: dict[Node, str] = {}
     literals: dict[str, ArrayLiteral] = {}
-    lines, constructors = [], set()
+    unions, constructors = [], set()
     for i, node in enumerate(graph.nodes):
-        names[node] = f"$n{i}"
+        names[node] = f"({ID} {i})"
         constructors.add((node.op, len(node.args)))
-        lines.append(f"(let {names[node]} {term_text(node, names, literals)})")
-    outputs = tuple(f"$out{i}" for i in range(len(graph.outputs)))
-    lines += [f"(let {o} {names[n]})" for o, n in zip(outputs, graph.outputs)]
-    return Encoding("\n".join(lines), outputs, literals, constructors)
+        unions.append(f"(union {names[node]} {term_text(node, names, literals)})")
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    return Encoding(unions, tuple(index[o] for o in graph.outputs), literals, constructors)
 
 
 def all_arities(op_name: str) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ PRELUDE = f"""
 (datatype {TERM_SORT})
 (function shp ({TERM_SORT}) Dims :merge old)
 (function dt ({TERM_SORT}) String :merge old)
+(constructor Id (i64) {TERM_SORT})
 """
 
 

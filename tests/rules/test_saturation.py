@@ -1,0 +1,93 @@
+"""The saturation driver: limits, back-off, per-iteration statistics, round trips."""
+
+import time
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.pattern import TermBuilder
+from tessera_rw.rules.rule import Rule, Ruleset
+from tessera_rw.rules.saturate import Limits, StopReason, rewrite
+
+t = TermBuilder()
+a, b, c, s, d = t.vars("a b c s d")
+# Associativity and commutativity of + on a long chain: the classic e-graph explosion.
+AC = Ruleset("ac", (
+    Rule("add-commutes", "a + b = b + a", lhs=t.add(a, b, of=(s, d)), rhs=t.add(b, a, of=(s, d))),
+    Rule("add-associates", "(a + b) + c = a + (b + c)",
+         lhs=t.add(t.add(a, b, of=(s, d)), c, of=(s, d)),
+         rhs=t.add(a, t.add(b, c, of=(s, d)), of=(s, d)), when=("(= (shp b) s)", "(= (shp c) s)")),
+), explosive=True)
+
+
+def chain(n: int) -> Graph:
+    def f(x):
+        total = x
+        for i in range(1, n):
+            total = total + x * float(i)
+        return total
+    return op.kernel(f).trace(op.tensor((4,), "float32"))
+
+
+def test_round_trip_without_rules_is_the_same_graph():
+    fn = lambda q, k, v: op.softmax(q @ k.mT / 8.0, axis=-1) @ v  # noqa: E731
+    g = op.kernel(fn).trace(*(op.tensor((2, 4, 16, 8), "bf16") for _ in range(3)))
+    result = rewrite(g, ())
+    assert result.report.stop_reason is StopReason.saturated
+    view = result.view
+    decoded = view.decode(smallest_choice(view), result.output_classes()[0])
+    assert decoded is g.outputs[0]  # interning: the very same node comes back
+
+
+def test_pathological_input_stops_at_the_node_limit_with_a_report():
+    start = time.perf_counter()
+    result = rewrite(chain(14), [AC], Limits(iterations=50, enodes=3_000, seconds=30, backoff_matches=10**9))
+    assert time.perf_counter() - start < 30
+    report = result.report
+    assert report.stop_reason is StopReason.node_limit
+    assert report.iterations[-1].enodes > 3_000
+    assert [it.enodes for it in report.iterations] == sorted(it.enodes for it in report.iterations)
+    assert report.matches["ac/add-commutes"] > 0
+
+
+def test_iteration_and_time_limits():
+    assert rewrite(chain(10), [AC], Limits(iterations=2)).report.stop_reason is StopReason.iteration_limit
+    assert rewrite(chain(10), [AC], Limits(seconds=0.0)).report.stop_reason is StopReason.time_limit
+
+
+def test_explosive_rulesets_are_backed_off():
+    report = rewrite(chain(10), [AC], Limits(iterations=12, enodes=200_000, backoff_matches=50)).report
+    banned = [it.banned for it in report.iterations if it.banned]
+    assert banned and all(b == ("ac",) for b in banned)
+
+
+def test_rewritten_terms_still_compute_the_same():
+    g = chain(6)
+    result = rewrite(g, [AC], Limits(iterations=3))
+    view = result.view
+    x = {"x": np.random.default_rng(0).standard_normal(4).astype(np.float32)}
+    got = evaluate(Graph("c", g.inputs, (view.decode(smallest_choice(view), result.output_classes()[0]),)), x)
+    np.testing.assert_allclose(got[0], evaluate(g, x)[0], rtol=1e-5)
+
+
+def test_report_lists_fired_rules_per_ruleset():
+    fn = lambda q, k, v: op.softmax(q @ k.mT / 4.0, axis=-1) @ v  # noqa: E731
+    report = rewrite(op.kernel(fn).trace(*(op.tensor((3, 8, 16), "float32") for _ in range(3))),
+                     BUILTIN_RULESETS).report
+    fired = {(rule, ruleset) for rule, ruleset, n in report.fired()}
+    assert ("flash-attention-unmasked", "attention") in fired and ("div-by-constant", "algebra") in fired
+    assert report.stop_reason is StopReason.saturated and report.seconds > 0
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_transformer_layers_fuse_every_attention(layers):
+    from bench import models
+    cfg = models.TransformerShape(layers=layers, hidden=64, heads=4, ffn=128, batch=2, seq=16, dtype="float32")
+    g = models.bert_encoder(cfg).trace(**models.placeholders(cfg, with_mask=True))
+    result = rewrite(g, BUILTIN_RULESETS)
+    assert result.report.matches["attention/flash-attention"] == layers
