@@ -1,12 +1,13 @@
 """Lookup tables rules use in side conditions, and egglog text helpers for shape arithmetic.
 
 - `(swap-last n)`: the permutation of n axes that swaps the last two (`.mT`);
-- `(lowest d)`: the most negative finite value of dtype `d` (what masked_fill(finfo.min) writes).
+- `(lowest d)`: the most negative finite value of dtype `d` (what masked_fill(finfo.min) writes);
+- `(spectrum d)` / `(real-of c)`: the complex type of a real signal's spectrum, and back.
 """
 
 from __future__ import annotations
 
-from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.dtypes import DType, complex_of, real_of
 from tessera_rw.rules.schema import egg_f64, egg_string
 
 MAX_RANK = 8
@@ -18,10 +19,13 @@ def _swap_last(n: int) -> str:
 
 
 TABLES = "\n".join(
-    ["(function swap-last (i64) Dims :merge old)", "(function lowest (String) f64 :merge old)"]
+    ["(function swap-last (i64) Dims :merge old)", "(function lowest (String) f64 :merge old)",
+     "(function spectrum (String) String :merge old)", "(function real-of (String) String :merge old)"]
     + [_swap_last(n) for n in range(2, MAX_RANK + 1)]
-    + [f"(set (lowest {egg_string(d.value)}) {egg_f64(d.lowest)})" for d in DType if d.is_float])
-TABLE_FUNCTIONS = frozenset({"shp", "dt", "swap-last", "lowest"})
+    + [f"(set (lowest {egg_string(d.value)}) {egg_f64(d.lowest)})" for d in DType if d.is_float]
+    + [f"(set (spectrum {egg_string(d.value)}) {egg_string(complex_of(d).value)})" for d in DType if d.is_float]
+    + [f"(set (real-of {egg_string(d.value)}) {egg_string(real_of(d).value)})" for d in DType if d.is_complex])
+TABLE_FUNCTIONS = frozenset({"shp", "dt", "swap-last", "lowest", "spectrum", "real-of"})
 
 
 def rank(shape: str) -> str:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tessera_rw.algebra.dtypes import complex_of, real_of
+from tessera_rw.algebra.dtypes import DType, complex_of, real_of
 from tessera_rw.algebra.errors import AttributeValueError, AxisError, DTypeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
@@ -70,3 +70,37 @@ DEFS = (
 )
 
 
+
+
+# ---- the frequency-domain half of a spectral convolution ----------------------------------
+
+def _infer_contract(x: TensorType, w: TensorType, groups: int) -> TensorType:
+    if not (x.dtype.is_complex and w.dtype.is_complex):
+        raise DTypeError(f"takes two spectra (complex), got {x.dtype} and {w.dtype}", hint="rfft both first")
+    if x.ndim < 3 or x.ndim != w.ndim:
+        raise AttributeValueError(f"expects x (N, C, *freq) and w (O, C/groups, *freq) of one rank, "
+                                  f"got ranks {x.ndim} and {w.ndim}")
+    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups or w.shape[1] * groups != x.shape[1]:
+        raise AttributeValueError(f"groups={groups} does not fit {x.shape[1]} input channels and w {w.shape[:2]}")
+    if x.shape[2:] != w.shape[2:]:
+        raise AttributeValueError(f"the spectra have different frequency shapes {x.shape[2:]} and {w.shape[2:]}")
+    return TensorType((x.shape[0], w.shape[0]) + x.shape[2:], x.dtype if x.dtype == w.dtype else DType.complex128)
+
+
+def spectral_contract_reference(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    """y[n, o, f] = Σ_c x[n, c, f] · conj(w[o, c, f]) within each group: a cross-correlation's
+    channel sum, done per frequency."""
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    xg = x.reshape((n, groups, c // groups) + x.shape[2:])
+    wg = np.conj(w).reshape((groups, o // groups) + w.shape[1:])
+    return np.einsum("ngc...,goc...->ngo...", xg, wg).reshape((n, o) + x.shape[2:])
+
+
+def _contract_flops(out: TensorType, x: TensorType, w: TensorType, groups: int) -> int:
+    return 8 * out.numel * w.shape[1]  # a complex multiply-add is 8 real FLOPs
+
+
+CONTRACT = OpDef("spectral_contract", ("x", "w"), OpKind.SPECTRAL, _infer_contract,
+                 spectral_contract_reference, _contract_flops)
+DEFS = DEFS + (CONTRACT,)

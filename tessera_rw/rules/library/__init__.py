@@ -2,7 +2,8 @@
 
 from tessera_rw.rules.library.algebra import ALGEBRA
 from tessera_rw.rules.library.attention import ATTENTION
+from tessera_rw.rules.library.spectral import SPECTRAL
 
-BUILTIN_RULESETS = (ALGEBRA, ATTENTION)
+BUILTIN_RULESETS = (ALGEBRA, ATTENTION, SPECTRAL)
 
-__all__ = ["ALGEBRA", "ATTENTION", "BUILTIN_RULESETS"]
+__all__ = ["ALGEBRA", "ATTENTION", "SPECTRAL", "BUILTIN_RULESETS"]
