@@ -19,8 +19,12 @@ from tessera_rw.algebra.node import ArrayLiteral, Node
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.schema import attr_names, codec, constructor_name
 
-_BY_CONSTRUCTOR = {constructor_name(op, n): (op.name, n)
-                   for op in OPS.values() for n in ((len(op.operands),) if not op.variadic else range(0, 33))}
+
+
+def _constructors() -> dict[str, tuple[str, int]]:
+    """egglog constructor name -> (op, arity), for the ops declared now (plugins add some)."""
+    return {constructor_name(op, n): (op.name, n)
+            for op in OPS.values() for n in ((len(op.operands),) if not op.variadic else range(0, 33))}
 
 
 class CycleError(TesseraError):
@@ -62,13 +66,14 @@ class EGraphView:
         data = json.loads(serialized_json)
         nodes = data["nodes"]
         self.literals = dict(literals)
+        by_constructor = _constructors()
         self.ids: dict[int, str] = {}          # encoder Id -> e-class
         self.classes: dict[str, list[ENode]] = {}
         for nid, node in nodes.items():
             if node["op"] == "Id":
                 self.ids[_primitive(nodes, node["children"][0])] = node["eclass"]
                 continue
-            found = _BY_CONSTRUCTOR.get(node["op"])
+            found = by_constructor.get(node["op"])
             if found is None or not nid.startswith("function-"):
                 continue
             op_name, arity = found

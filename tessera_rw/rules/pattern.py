@@ -18,7 +18,8 @@ from typing import Any
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.rules.schema import attr_names, codec, constructor_name
+from tessera_rw.algebra.opdef import OpDef
+from tessera_rw.rules.schema import codec, constructor_name
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class Expr:
 class TermBuilder:
     """`t.<op>(*operands, **attrs, shape=, dtype=)` builds the egglog text of a term."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_ops: tuple[OpDef, ...] = ()) -> None:
+        """`extra_ops`: ops declared by a plugin, usable in its patterns before they are registered."""
         self._fresh = itertools.count()
+        self._extra = {op.name: op for op in extra_ops}
 
     def vars(self, names: str) -> list[Expr]:
         return [Expr(n) for n in names.split()]
@@ -50,13 +53,14 @@ class TermBuilder:
     def term(self, op: str, *operands: Expr, of: tuple[Any, Any] = (None, None), **attrs: Any) -> Expr:
         """`of=(shape, dtype)` is the term's type; attributes go by name (reshape's `shape=`...)."""
         shape, dtype = of
-        if op not in OPS:
+        opdef = self._extra.get(op) or OPS.get(op)
+        if opdef is None:
             raise TesseraError(f"pattern uses unknown op {op!r}")
-        unknown = set(attrs) - set(attr_names(op))
+        unknown = set(attrs) - set(opdef.attr_names)
         if unknown:
-            raise TesseraError(f"pattern gives {op} attributes {sorted(unknown)}; it has {attr_names(op)}")
-        parts = [constructor_name(op, len(operands)), *(o.text for o in operands)]
-        for attr in attr_names(op):
+            raise TesseraError(f"pattern gives {op} attributes {sorted(unknown)}; it has {opdef.attr_names}")
+        parts = [constructor_name(opdef, len(operands)), *(o.text for o in operands)]
+        for attr in opdef.attr_names:
             parts.append(self._value(op, attr, attrs[attr]) if attr in attrs else self.wildcard().text)
         parts.append(shape.text if isinstance(shape, Expr) else self.wildcard().text if shape is None
                      else codec("input", "shape").encode(shape))
@@ -65,7 +69,7 @@ class TermBuilder:
         return Expr("(" + " ".join(parts) + ")")
 
     def __getattr__(self, op: str):
-        if op.startswith("_") or op not in OPS:
+        if op.startswith("_") or (op not in OPS and op not in self._extra):
             raise AttributeError(op)
         return lambda *operands, **kw: self.term(op, *operands, **kw)
 

@@ -10,6 +10,15 @@ OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, l
                                               spectral, attention) for d in m.DEFS}
 
 
+def register(op: OpDef) -> OpDef:
+    """Add an op declared outside tessera_rw (a rule plugin's fused op). Names are unique."""
+    existing = OPS.get(op.name)
+    if existing is not None and existing is not op:
+        raise TesseraError(f"op {op.name!r} is already declared", hint="choose another name for the plugin's op")
+    OPS[op.name] = op
+    return op
+
+
 def opdef(name: str) -> OpDef:
     try:
         return OPS[name]

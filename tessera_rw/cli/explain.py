@@ -1,4 +1,4 @@
-"""`tessera-rewrite`: explain what tessera_rw does with a function in a Python file.
+"""`tessera-rewrite --explain`: what tessera_rw does with a function in a Python file.
 
     tessera-rewrite --explain examples/attention.py:attention --input q=4x16x2048x64:bf16 ...
 
@@ -21,12 +21,7 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.report import graph_summary
 from tessera_rw.kernel import Kernel
 
-USAGE_HINT = "usage: tessera-rewrite --explain FILE.py:FUNCTION [--input NAME=4x16x64:bf16 ...]"
-
-
-class UsageError(Exception):
-    """A bad invocation: one line on stderr, exit status 2."""
-
+from tessera_rw.cli.usage import UsageError
 
 def parse_input(text: str) -> tuple[str, TensorSpec]:
     """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32."""
@@ -86,36 +81,14 @@ def explain(target: str, given: Sequence[str], console: Console) -> None:
     console.file.write(f"{graph}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tessera-rewrite", description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", metavar="FILE.py:FUNCTION", action="append", required=True,
                    help="trace the function and print its graph (repeat for several targets)")
     p.add_argument("--input", metavar="NAME=DIMS:DTYPE", action="append", default=[],
                    help="an input placeholder, e.g. q=4x16x2048x64:bf16")
-    return p
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, no usage dump
-        raise UsageError(message)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    parser.__class__ = _Parser
-    console = Console()
-    try:
-        args = parser.parse_args(argv)
-        for target in args.explain:
-            explain(target, args.input, console)
-    except UsageError as e:
-        print(f"tessera-rewrite: {e}\n{USAGE_HINT}", file=sys.stderr)
-        return 2
-    except TesseraError as e:
-        print(f"tessera-rewrite: {str(e)}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace, console: Console) -> int:
+    for target in args.explain:
+        explain(target, args.input, console)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

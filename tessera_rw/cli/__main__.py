@@ -1,0 +1,5 @@
+import sys
+
+from tessera_rw.cli import main
+
+sys.exit(main())

@@ -1,0 +1,141 @@
+"""Rule plugins: third-party rulesets (and the ops they fuse into) found through entry points.
+
+A distribution declares, in its pyproject.toml,
+
+    [project.entry-points."tessera_rw.rules"]
+    my_pack = "my_package:rule_pack"         # a RulePack, or a function returning one
+
+A plugin that fails to load, or is built for another tessera_rw, is skipped with a warning that
+names its distribution and the error; `strict=True` (or TESSERA_STRICT_PLUGINS=1) raises instead.
+TESSERA_DISABLE_PLUGINS=1 turns discovery off. Two rulesets (or ops) of one name are an error
+naming both providers, whatever the mode.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable, Iterable
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.opdef import OpDef
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.rules.rule import Ruleset
+
+ENTRY_POINT_GROUP = "tessera_rw.rules"
+TESSERA_RW_VERSION = "0.1.0"
+
+
+class PluginError(TesseraError):
+    """A plugin that cannot be used (in strict mode), or two providers of one name."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin was skipped; everything else keeps working."""
+
+
+class RulePack(BaseModel):
+    """What a plugin provides: validated metadata, its rulesets and any new ops they rewrite into."""
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    version: str
+    tessera_rw: str = ">=0.1"                 # the tessera_rw versions it supports (PEP 440 specifier)
+    rulesets: tuple[Ruleset, ...]
+    ops: tuple[OpDef, ...] = ()
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", value):
+            raise ValueError(f"pack name {value!r} must start with a letter and use letters, digits, _ . -")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        Version(value)
+        return value
+
+    @field_validator("tessera_rw")
+    @classmethod
+    def _specifier(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"{value!r} is not a version range such as '>=0.1,<0.2'") from None
+        return value
+
+    def supports(self, version: str = TESSERA_RW_VERSION) -> bool:
+        return Version(version) in SpecifierSet(self.tessera_rw)
+
+
+@dataclass(frozen=True)
+class LoadedPack:
+    pack: RulePack
+    distribution: str
+
+
+def _distribution(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if getattr(ep, "dist", None) is not None else ep.value.split(":")[0]
+
+
+def _load_one(ep: metadata.EntryPoint) -> RulePack:
+    provided = ep.load()
+    pack = provided() if callable(provided) and not isinstance(provided, RulePack) else provided
+    if not isinstance(pack, RulePack):
+        raise TypeError(f"entry point {ep.name!r} gave a {type(pack).__name__}, not a tessera_rw RulePack")
+    return pack
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def discover(strict: bool | None = None,
+             entry_points: Callable[[], Iterable[metadata.EntryPoint]] | None = None) -> tuple[LoadedPack, ...]:
+    """Load every installed rule pack. `entry_points` replaces discovery (tests inject packs)."""
+    if _env_flag("TESSERA_DISABLE_PLUGINS"):
+        return ()
+    strict = _env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict
+    found = entry_points() if entry_points else metadata.entry_points(group=ENTRY_POINT_GROUP)
+    loaded = []
+    for ep in found:
+        dist = _distribution(ep)
+        try:
+            pack = _load_one(ep)
+            if not pack.supports():
+                raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {TESSERA_RW_VERSION}",
+                                  hint="upgrade the plugin or tessera_rw")
+        except Exception as e:  # a broken plugin must not take the compiler down with it
+            message = f"rule plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}"
+            if strict:
+                raise PluginError(message) from e
+            warnings.warn(message, PluginWarning, stacklevel=2)
+            continue
+        loaded.append(LoadedPack(pack, dist))
+    return tuple(loaded)
+
+
+def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> None:
+    """Raise PluginError naming both providers of any repeated ruleset or op name."""
+    owners: dict[str, str] = {rs.name: "tessera_rw" for rs in builtin}
+    op_owners: dict[str, str] = {name: "tessera_rw" for name in OPS}
+    for lp in packs:
+        for rs in lp.pack.rulesets:
+            if rs.name in owners:
+                raise PluginError(f"ruleset {rs.name!r} is provided by both {owners[rs.name]!r} and {lp.distribution!r}",
+                                  hint="rename one of them or uninstall one package")
+            owners[rs.name] = lp.distribution
+        for op in lp.pack.ops:
+            if op.name in op_owners and OPS.get(op.name) is not op:
+                raise PluginError(f"op {op.name!r} is provided by both {op_owners[op.name]!r} and {lp.distribution!r}")
+            op_owners[op.name] = lp.distribution

@@ -1,0 +1,95 @@
+"""Rule plugins: discovery, the example package, broken and hostile packs, and `rules --check`."""
+
+from importlib import metadata
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from tessera_rw import op
+from tessera_rw.cli import main
+from tessera_rw.rules import plugins
+from tessera_rw.rules.plugins import PluginError, PluginWarning, RulePack, discover
+from tessera_rw.rules.registry import rulesets
+from tessera_rw.rules.saturate import rewrite
+from tessera_rw.rules.soundness import check_rule
+
+
+def fake(*targets: str):
+    eps = [metadata.EntryPoint(name=t.split(":")[1], value=t, group=plugins.ENTRY_POINT_GROUP) for t in targets]
+    return lambda: eps
+
+
+FIXTURES = "tests.rules.plugin_fixtures"
+
+
+def test_example_plugin_is_installed_and_fuses():
+    found = {rs.name: rs for rs in rulesets()}
+    assert found["rmsnorm_matmul"].origin == "tessera-rw-rmsnorm-matmul"
+    fn = lambda x, g, w: op.rmsnorm(x, g) @ w  # noqa: E731
+    graph = op.kernel(fn).trace(op.tensor((2, 8, 16), "float32"), op.tensor((16,), "float32"),
+                                op.tensor((16, 32), "float32"))
+    result = rewrite(graph, rulesets())
+    assert "rmsnorm_matmul" in result.view.ops_in(result.output_classes()[0])
+
+
+def test_example_plugin_rules_are_sound():
+    rs = {rs.name: rs for rs in rulesets()}["rmsnorm_matmul"]
+    for seed in range(3):
+        assert check_rule(rs.rules[0], rs, np.random.default_rng(seed)).ok
+
+
+def test_broken_plugins_warn_with_their_name_and_the_rest_works():
+    with pytest.warns(PluginWarning, match="this plugin is broken on purpose"):
+        loaded = discover(entry_points=fake(f"{FIXTURES}:broken_pack", f"{FIXTURES}:wrong_pack"))
+    assert [lp.pack.name for lp in loaded] == ["wrong-example"]
+    with pytest.warns(PluginWarning, match="int, not a tessera_rw RulePack"):
+        discover(entry_points=fake(f"{FIXTURES}:not_a_pack"))
+    with pytest.warns(PluginWarning, match="supports tessera_rw >=9"):
+        assert discover(entry_points=fake(f"{FIXTURES}:future_pack")) == ()
+
+
+def test_strict_mode_raises():
+    with pytest.raises(PluginError, match="broken on purpose"):
+        discover(strict=True, entry_points=fake(f"{FIXTURES}:broken_pack"))
+
+
+def test_discovery_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("TESSERA_DISABLE_PLUGINS", "1")
+    assert discover() == ()
+    assert "rmsnorm_matmul" not in {rs.name for rs in rulesets()}
+
+
+def test_duplicate_ruleset_names_name_both_providers():
+    with pytest.raises(PluginError) as info:
+        rulesets(entry_points=fake(f"{FIXTURES}:duplicate_pack"))
+    assert "'algebra'" in str(info.value) and "tessera_rw" in str(info.value) and FIXTURES in str(info.value)
+
+
+def test_pack_metadata_is_validated():
+    with pytest.raises(ValidationError):
+        RulePack(name="9bad", version="1.0", rulesets=())
+    with pytest.raises(ValidationError):
+        RulePack(name="ok", version="not a version", rulesets=())
+    with pytest.raises(ValidationError):
+        RulePack(name="ok", version="1.0", tessera_rw="whenever", rulesets=())
+
+
+def test_rules_check_catches_a_wrong_plugin_rule(monkeypatch, capsys):
+    monkeypatch.setattr(plugins.metadata, "entry_points",
+                        lambda group: fake(f"{FIXTURES}:wrong_pack")() if group == plugins.ENTRY_POINT_GROUP else [])
+    assert main(["rules", "--check", "wrong-example", "--seeds", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "exp-is-linear" in out and "UNSOUND" in out and "changes the result" in out and "x: f32[3,4]" in out
+
+
+def test_rules_check_passes_on_the_builtin_rules(capsys):
+    assert main(["rules", "--check", "tessera_rw", "--seeds", "1"]) == 0
+    assert "UNSOUND" not in capsys.readouterr().out
+
+
+def test_rules_listing_and_unknown_pack(capsys):
+    assert main(["rules"]) == 0
+    assert "rmsnorm_matmul" in capsys.readouterr().out
+    assert main(["rules", "--check", "no-such-pack"]) == 2
+    assert "no installed rule pack named no-such-pack" in capsys.readouterr().err
