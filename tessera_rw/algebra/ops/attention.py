@@ -85,9 +85,10 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.n
         else:
             s = s + mask[0]
     s = np.where(keep, s, -np.inf)
-    s = s - np.max(s, axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= np.sum(p, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # a fully masked row is NaN, as in torch's math SDPA
+        s = s - np.max(s, axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= np.sum(p, axis=-1, keepdims=True)
     return np.matmul(p, v)
 
 
