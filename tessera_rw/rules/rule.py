@@ -27,6 +27,7 @@ class Rule:
     rhs: Expr
     when: tuple[str, ...] = ()      # egglog facts, e.g. "(= ax (- (vec-length s) 1))"
     example: Example | None = None
+    needs: tuple[str, ...] = ()     # rules of the same ruleset that build what this one matches
 
     def egglog(self, ruleset: str) -> str:
         when = f" :when ({' '.join(self.when)})" if self.when else ""

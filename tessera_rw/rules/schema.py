@@ -78,9 +78,9 @@ ATTRS: dict[str, AttrCodec] = {
     "axes": DIMS, "starts": DIMS, "stops": DIMS, "steps": DIMS, "stride": DIMS, "dilation": DIMS,
     "pads": PAIRS, "padding": PAIRS,
     "axis": I64, "k": I64, "groups": I64, "n": I64,
-    "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL,
+    "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,
     "eps": F64, "scale": F64, "value": F64, "start": F64, "stop": F64, "step": F64,
-    "norm": STR, "approximate": STR,
+    "norm": STR, "approximate": STR, "activation": STR,
 }
 # Literal arrays are opaque leaves: the e-graph holds a key into the encoding's literal table.
 LITERAL_KEY = STR

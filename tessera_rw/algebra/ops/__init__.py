@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
-from tessera_rw.algebra.ops import attention, conv, creation, elementwise, layout, linalg, reduction, spectral
+from tessera_rw.algebra.ops import attention, conv, creation, elementwise, fused, layout, linalg, reduction, spectral
 
 OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, linalg, conv,
-                                              spectral, attention) for d in m.DEFS}
+                                              spectral, attention, fused) for d in m.DEFS}
 
 
 def register(op: OpDef) -> OpDef:

@@ -2,8 +2,9 @@
 
 from tessera_rw.rules.library.algebra import ALGEBRA
 from tessera_rw.rules.library.attention import ATTENTION
+from tessera_rw.rules.library.epilogue import EPILOGUE
 from tessera_rw.rules.library.spectral import SPECTRAL
 
-BUILTIN_RULESETS = (ALGEBRA, ATTENTION, SPECTRAL)
+BUILTIN_RULESETS = (ALGEBRA, ATTENTION, SPECTRAL, EPILOGUE)
 
-__all__ = ["ALGEBRA", "ATTENTION", "SPECTRAL", "BUILTIN_RULESETS"]
+__all__ = ["ALGEBRA", "ATTENTION", "EPILOGUE", "SPECTRAL", "BUILTIN_RULESETS"]

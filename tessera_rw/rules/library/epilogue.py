@@ -1,0 +1,141 @@
+"""The `epilogue` ruleset: a matmul and the elementwise work after it become one gemm.
+
+    act(scale · A B + bias) + residual, cast to d  =  gemm(A, B, bias, residual; scale, act, d)
+
+A matmul is a gemm with an empty epilogue; each rule then absorbs the next op, in epilogue order
+(scale before bias, bias before the activation, the residual after it, the cast last).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.rules.library.algebra import const, rand
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule, Ruleset
+
+t = TermBuilder()
+a, b, bias, res, c, c0, acc, act, s, d, d0 = t.vars("a b bias res c c0 acc act s d d0")
+T = (s, d)
+
+
+def gemm(*operands: Expr, scale=c0, activation=act, has_bias=False, has_residual=False, dtype=d, of=T) -> Expr:
+    return t.gemm(a, b, *operands, scale=scale, activation=activation, has_bias=has_bias,
+                  has_residual=has_residual, accum_dtype=acc, dtype=dtype, of=of)
+
+
+def _mm(rng: np.random.Generator, lead: int = 1):
+    m, k, n = (int(v) for v in rng.integers(1, 8, size=3))
+    batch = tuple(int(v) for v in rng.integers(1, 3, size=lead))
+    return rand(rng, *batch, m, k), rand(rng, k, n)
+
+
+def _example(body, with_bias: bool = False, with_residual: bool = False):
+    def example(rng: np.random.Generator):
+        x, w = _mm(rng)
+        inputs = {"x": x, "w": w}
+        if with_bias:
+            inputs["bias"] = rand(rng, w.shape[-1])
+        if with_residual:
+            inputs["res"] = rand(rng, *x.shape[:-1], w.shape[-1])
+        return body, inputs
+    return example
+
+
+# elementwise activation op -> (pattern attrs, gemm activation name)
+ACTIVATIONS = {"relu": ({}, "relu"), "silu": ({}, "silu"),
+               "gelu": ({"approximate": "none"}, "gelu"), "gelu_tanh": ({"approximate": "tanh"}, "gelu_tanh")}
+ACTIVATION_FN = {"relu": op.relu, "silu": op.silu, "gelu": op.gelu,
+                 "gelu_tanh": lambda y: op.gelu(y, approximate="tanh")}
+
+
+def _activation_rules():
+    for name, (attrs, fused) in ACTIVATIONS.items():
+        op_name = "gelu" if name.startswith("gelu") else name
+        fn = ACTIVATION_FN[name]
+        for with_bias in (False, True):
+            ops = (bias,) if with_bias else ()
+            yield Rule(f"{name}-into-gemm{'-with-bias' if with_bias else ''}",
+                       f"{name}(A B{' + b' if with_bias else ''}) = gemm(A, B; act={fused})",
+                       lhs=t.term(op_name, gemm(*ops, activation="none", has_bias=with_bias, dtype=d0,
+                                                of=(s, d0)), **attrs, of=T),
+                       rhs=gemm(*ops, activation=fused, has_bias=with_bias, dtype=d),
+                       when=("(= d0 d)",),
+                       example=_example((lambda x, w, bias, fn=fn: fn(x @ w + bias)) if with_bias else
+                                        (lambda x, w, fn=fn: fn(x @ w)), with_bias=with_bias),
+                       needs=NEEDS_GEMM + (("bias-into-gemm",) if with_bias else ()))
+
+
+NEEDS_GEMM = ("matmul-is-gemm",)
+
+
+def _cast_rules():
+    """The cast absorbs into a gemm whatever its epilogue operands (none, bias or residual, both)."""
+    operands = t.vars("e0 e1")
+    flags = dict(has_bias=Expr("hb"), has_residual=Expr("hr"))
+    for n in range(3):
+        yield Rule(f"cast-into-gemm{n + 2}", "cast(gemm(A, B, ...), d) = gemm(A, B, ...; dtype=d)",
+                   lhs=t.cast(gemm(*operands[:n], **flags, dtype=d0, of=(s, d0)), dtype=d, of=T),
+                   rhs=gemm(*operands[:n], **flags, dtype=d),
+                   example=_CAST_EXAMPLES[n], needs=NEEDS_GEMM + _CAST_NEEDS[n])
+
+
+def _bf16_example(body, n_extra: int):
+    def example(rng: np.random.Generator):
+        x, w = (v.astype(ml_dtypes.bfloat16) for v in _mm(rng))
+        shapes = [(w.shape[-1],), x.shape[:-1] + (w.shape[-1],)]       # a bias row, a full residual
+        extra = [rand(rng, *shape, dtype=ml_dtypes.bfloat16) for shape in shapes[:n_extra]]
+        return body, {"x": x, "w": w} | dict(zip(("bias", "res"), extra))
+    return example
+
+
+_CAST_EXAMPLES = (
+    _bf16_example(lambda x, w: op.cast(op.relu(x @ w), "float32"), 0),
+    _bf16_example(lambda x, w, bias: op.cast(x @ w + bias, "float32"), 1),
+    _bf16_example(lambda x, w, bias, res: op.cast(op.silu(x @ w + bias) + res, "float32"), 2),
+)
+_CAST_NEEDS = (("relu-into-gemm",), ("bias-into-gemm",),
+               ("bias-into-gemm", "silu-into-gemm-with-bias", "residual-after-bias-into-gemm"))
+
+RULES = (
+    Rule("matmul-is-gemm", "A B = gemm(A, B)",
+         lhs=t.matmul(a, b, accum_dtype=acc, of=T),
+         rhs=gemm(scale=1.0, activation="none", dtype=d),
+         when=("(>= (vec-length (shp a)) 2)", "(>= (vec-length (shp b)) 2)"),
+         example=_example(lambda x, w: x @ w)),
+    Rule("scale-into-gemm", "(A B) · c = gemm(A, B; scale=c)",
+         lhs=t.mul(gemm(activation="none", dtype=d, of=T), const(), of=T),
+         rhs=gemm(scale=Expr("(* c0 c)"), activation="none", dtype=d),
+         when=("(= cd d)",),
+         example=_example(lambda x, w: (x @ w) * 0.5), needs=NEEDS_GEMM),
+    Rule("bias-into-gemm", "A B + b = gemm(A, B, b)",
+         lhs=t.add(gemm(activation="none", dtype=d, of=T), bias, of=T),
+         rhs=gemm(bias, activation="none", has_bias=True, dtype=d),
+         when=("(= (dt bias) d)",),
+         example=_example(lambda x, w, bias: x @ w + bias, with_bias=True), needs=NEEDS_GEMM),
+    Rule("bias-first-into-gemm", "b + A B = gemm(A, B, b)",
+         lhs=t.add(bias, gemm(activation="none", dtype=d, of=T), of=T),
+         rhs=gemm(bias, activation="none", has_bias=True, dtype=d),
+         when=("(= (dt bias) d)",),
+         example=_example(lambda x, w, bias: bias + x @ w, with_bias=True), needs=NEEDS_GEMM),
+    *_activation_rules(),
+    Rule("residual-into-gemm", "gemm(A, B) + r = gemm(A, B, r; residual)",
+         lhs=t.add(gemm(dtype=d, of=T), res, of=T),
+         rhs=gemm(res, has_residual=True, dtype=d),
+         when=("(= (shp res) s)", "(= (dt res) d)", '(!= act "none")'),
+         example=_example(lambda x, w, res: op.relu(x @ w) + res, with_residual=True),
+         needs=NEEDS_GEMM + ("relu-into-gemm",)),
+    Rule("residual-after-bias-into-gemm", "gemm(A, B, b) + r = gemm(A, B, b, r)",
+         lhs=t.add(gemm(bias, has_bias=True, dtype=d, of=T), res, of=T),
+         rhs=gemm(bias, res, has_bias=True, has_residual=True, dtype=d),
+         when=("(= (shp res) s)", "(= (dt res) d)"),
+         example=_example(lambda x, w, bias, res: op.gelu(x @ w + bias) + res, with_bias=True, with_residual=True),
+         needs=NEEDS_GEMM + ("bias-into-gemm", "gelu-into-gemm-with-bias")),
+    *_cast_rules(),
+)
+
+EPILOGUE = Ruleset("epilogue", RULES, doc="matmul + scale / bias / activation / residual / cast → one gemm")
+
+

@@ -1,0 +1,43 @@
+"""A matmul and its epilogue reach one gemm node carrying everything it absorbed."""
+
+import ml_dtypes
+import numpy as np
+
+from tessera_rw import op
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.saturate import rewrite
+
+RNG = np.random.default_rng(9)
+
+
+def fused_forms(fn, inputs):
+    graph = op.kernel(fn).trace(**inputs)
+    result = rewrite(graph, BUILTIN_RULESETS)
+    view, root = result.view, result.output_classes()[0]
+    return graph, view, root, [n for n in view.classes[root] if n.op == "gemm"]
+
+
+def test_linear_bias_gelu_residual_cast_is_one_gemm():
+    x = RNG.standard_normal((2, 4, 16)).astype(ml_dtypes.bfloat16)
+    w = RNG.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
+    bias = RNG.standard_normal(8).astype(ml_dtypes.bfloat16)
+    res = RNG.standard_normal((2, 4, 8)).astype(ml_dtypes.bfloat16)
+    fn = lambda x, w, bias, res: op.cast(op.gelu((x @ w) * 0.5 + bias) + res, "float32")  # noqa: E731
+    graph, view, root, gemms = fused_forms(fn, {"x": x, "w": w, "bias": bias, "res": res})
+    full = [g for g in gemms if dict(g.attrs)["has_bias"] and dict(g.attrs)["has_residual"]]
+    assert full, view.ops_in(root)
+    attrs = dict(full[0].attrs)
+    assert attrs["activation"] == "gelu" and attrs["scale"] == 0.5 and str(attrs["dtype"]) == "float32"
+    fused = Graph("g", graph.inputs, (view.decode(smallest_choice(view) | {root: full[0]}, root),)).verify()
+    assert fused.op_counts() == {"gemm": 1}
+    feeds = {"x": x, "w": w, "bias": bias, "res": res}
+    np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=3e-2, atol=3e-2)
+
+
+def test_plain_matmul_is_a_gemm_with_an_empty_epilogue():
+    x, w = RNG.standard_normal((8, 4)).astype(np.float32), RNG.standard_normal((4, 3)).astype(np.float32)
+    _, _, _, gemms = fused_forms(lambda x, w: x @ w, {"x": x, "w": w})
+    assert [dict(g.attrs)["activation"] for g in gemms] == ["none"]
