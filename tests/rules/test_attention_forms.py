@@ -58,6 +58,17 @@ def fp32_softmax(q, k, v):
     return op.cast(op.softmax(s, axis=-1), "bf16") @ v
 
 
+def expand(x, groups):
+    b, h, seq, dim = x.shape
+    return op.reshape(op.broadcast_to(op.reshape(x, (b, h, 1, seq, dim)), (b, h, groups, seq, dim)),
+                      (b, h * groups, seq, dim))
+
+
+def gqa(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    return op.softmax(q @ expand(k, g).mT * 0.25, axis=-1) @ expand(v, g)
+
+
 def bmm_3d(q, k, v): return op.softmax(q @ k.mT * 0.25, axis=-1) @ v
 
 
@@ -82,6 +93,8 @@ FORMS = {
     "permuted-bshd": (permuted_bshd, {n: rand(B, S, H, D) for n in "qkv"}),
     "fp32-softmax-bf16": (fp32_softmax, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "bmm-3d": (bmm_3d, {n: rand(B * H, S, D) for n in "qkv"}),
+    "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
+    "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
 }
 
 
@@ -97,6 +110,8 @@ def test_attention_form_reaches_flash_attention(form):
     choice = smallest_choice(view) | {root: flash[-1]}
     fused = Graph(graph.name, graph.inputs, (view.decode(choice, root),)).verify()
     assert fused.op_counts()["flash_attention"] == 1 and "softmax" not in fused.op_counts()
+    if form in ("gqa", "mqa"):  # K and V reach the kernel unrepeated
+        assert "broadcast_to" not in fused.op_counts(), str(fused)
     want, got = evaluate(graph, inputs)[0], evaluate(fused, inputs)[0]
     tol = 3e-2 if form.startswith("fp32") else 2e-5
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)

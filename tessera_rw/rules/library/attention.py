@@ -78,6 +78,47 @@ RULES = (
              q, k, v, mask=op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))), qkv(rng))),
 )
 
+def expand_heads(x, groups: int):
+    """(B, Hkv, S, D) -> (B, Hkv·groups, S, D), each head repeated: how GQA is written by hand."""
+    b, h, seq, dim = x.shape
+    return op.reshape(op.broadcast_to(op.reshape(x, (b, h, 1, seq, dim)), (b, h, groups, seq, dim)),
+                      (b, h * groups, seq, dim))
+
+
+def gqa_inputs(rng: np.random.Generator, masked: bool) -> dict[str, np.ndarray]:
+    b, hkv, sq, sk, dh = (int(n) for n in rng.integers(1, 4, size=5))
+    g = int(rng.integers(2, 4))  # heads actually shared
+    inputs = {"q": rand(rng, b, hkv * g, sq, dh), "k": rand(rng, b, hkv, sk, dh), "v": rand(rng, b, hkv, sk, dh)}
+    return inputs | ({"mask": rand(rng, 1, 1, sq, sk)} if masked else {})
+
+
+def _gqa_rules():
+    """A K or V whose heads were repeated by reshape/broadcast_to is the unrepeated one (GQA, MQA)."""
+    kv, k0, s1, s2, s3, sk = t.vars("kv k0 s1 s2 s3 sk")
+    expanded = t.reshape(t.broadcast_to(t.reshape(k0, shape=s1), shape=s2), shape=s3)
+    facts = ("(= sk (shp k0))", "(= (vec-length sk) 4)",
+             "(= s1 (vec-of (vec-get sk 0) (vec-get sk 1) 1 (vec-get sk 2) (vec-get sk 3)))",
+             "(= (vec-length s2) 5)", "(= g (vec-get s2 2))",
+             "(= s2 (vec-of (vec-get sk 0) (vec-get sk 1) g (vec-get sk 2) (vec-get sk 3)))",
+             "(= s3 (vec-of (vec-get sk 0) (* (vec-get sk 1) g) (vec-get sk 2) (vec-get sk 3)))")
+    for masked in (False, True):
+        extra = (mask,) if masked else ()
+        flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, of=T)
+        for which in ("k", "v"):
+            before = (q, expanded, v) if which == "k" else (q, kv, expanded)
+            after = (q, k0, v) if which == "k" else (q, kv, k0)
+            body = (lambda q, k, v, mask=None, which=which: op.flash_attention(
+                q, expand_heads(k, q.shape[1] // k.shape[1]) if which == "k" else k,
+                expand_heads(v, q.shape[1] // v.shape[1]) if which == "v" else v, mask=mask))
+            yield Rule(f"grouped-{which}-heads{'-masked' if masked else ''}",
+                       f"flash(Q, repeat_heads({which.upper()})) = flash(Q, {which.upper()}) (GQA)",
+                       lhs=t.flash_attention(*before, *extra, **flags),
+                       rhs=t.flash_attention(*after, *extra, **flags), when=facts,
+                       example=lambda rng, body=body, masked=masked: (body, gqa_inputs(rng, masked)))
+
+
+RULES = RULES + tuple(_gqa_rules())
+
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
 EXAMPLES = {"causal": (_causal, square_qkv)}
