@@ -28,10 +28,12 @@ class Rule:
     when: tuple[str, ...] = ()      # egglog facts, e.g. "(= ax (- (vec-length s) 1))"
     example: Example | None = None
     needs: tuple[str, ...] = ()     # rules of the same ruleset that build what this one matches
+    explosive: bool = False         # matches grow with the e-graph (associativity): backed off
 
-    def egglog(self, ruleset: str) -> str:
+    def egglog(self, ruleset: str, run_as: str | None = None) -> str:
+        """The egglog rewrite, reported as "ruleset/rule" and run in egglog ruleset `run_as`."""
         when = f" :when ({' '.join(self.when)})" if self.when else ""
-        return f'(rewrite {self.lhs} {self.rhs}{when} :ruleset {ruleset} :name "{ruleset}/{self.name}")'
+        return f'(rewrite {self.lhs} {self.rhs}{when} :ruleset {run_as or ruleset} :name "{ruleset}/{self.name}")'
 
 
 @dataclass(frozen=True)
@@ -53,5 +55,23 @@ class Ruleset:
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise TesseraError(f"ruleset {self.name!r} has repeated rule names {dupes}")
 
+    def units(self) -> tuple[RunUnit, ...]:
+        """What the driver schedules: the ruleset, with its explosive rules split off to back off alone."""
+        if self.explosive:
+            return (RunUnit(self.name, self.rules, True),)
+        calm = tuple(r for r in self.rules if not r.explosive)
+        wild = tuple(r for r in self.rules if r.explosive)
+        return (RunUnit(self.name, calm, False),) + ((RunUnit(f"{self.name}__explosive", wild, True),) if wild else ())
+
     def egglog(self) -> str:
-        return "\n".join([f"(ruleset {self.name})", self.facts] + [r.egglog(self.name) for r in self.rules])
+        lines = [self.facts]
+        for unit in self.units():
+            lines += [f"(ruleset {unit.name})"] + [r.egglog(self.name, unit.name) for r in unit.rules]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RunUnit:
+    name: str                       # the egglog ruleset
+    rules: tuple[Rule, ...]
+    explosive: bool

@@ -133,16 +133,18 @@ def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()
     iterations: list[IterationStats] = []
     totals: dict[str, int] = {f"{rs.name}/{r.name}": 0 for rs in rulesets for r in rs.rules}
     rule_seconds: dict[str, float] = {name: 0.0 for name in totals}
+    units = [u for rs in rulesets for u in rs.units()]
+    names = {u.name: [f"{rs.name}/{r.name}" for r in u.rules] for rs in rulesets for u in rs.units()}
     banned_until: dict[str, int] = {}
-    ban_length: dict[str, int] = {rs.name: 1 for rs in rulesets}
+    ban_length: dict[str, int] = {u.name: 1 for u in units}
     stop = StopReason.iteration_limit
     for index in range(limits.iterations):
         if time.perf_counter() - start > limits.seconds:
             stop = StopReason.time_limit
             break
-        active = [rs for rs in rulesets if banned_until.get(rs.name, -1) < index]
-        banned = tuple(rs.name for rs in rulesets if rs not in active)
-        schedule = " ".join(f"(run {rs.name})" for rs in active)
+        active = [u for u in units if banned_until.get(u.name, -1) < index]
+        banned = tuple(u.name for u in units if u not in active)
+        schedule = " ".join(f"(run {u.name})" for u in active)
         tick = time.perf_counter()
         report = _run(egraph, f"(run-schedule {schedule} (saturate (run types)))")[-1].report if active else None
         matches = dict(report.num_matches_per_rule) if report else {}
@@ -150,11 +152,10 @@ def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()
             if name in totals:
                 totals[name] += n
                 rule_seconds[name] += report.search_and_apply_time_per_rule[name].total_seconds()
-        for rs in active:
-            if rs.explosive and sum(matches.get(f"{rs.name}/{r.name}", 0) for r in rs.rules) > \
-                    limits.backoff_matches * ban_length[rs.name]:
-                banned_until[rs.name] = index + ban_length[rs.name]
-                ban_length[rs.name] *= 2
+        for u in active:
+            if u.explosive and sum(matches.get(n, 0) for n in names[u.name]) > limits.backoff_matches * ban_length[u.name]:
+                banned_until[u.name] = index + ban_length[u.name]
+                ban_length[u.name] *= 2
         enodes = enode_count(egraph)
         iterations.append(IterationStats(index, enodes, time.perf_counter() - tick,
                                          {k: v for k, v in matches.items() if v}, banned))

@@ -91,3 +91,25 @@ def test_transformer_layers_fuse_every_attention(layers):
     g = models.bert_encoder(cfg).trace(**models.placeholders(cfg, with_mask=True))
     result = rewrite(g, BUILTIN_RULESETS)
     assert result.report.matches["attention/flash-attention"] == layers
+
+
+def test_matrix_chains_reach_every_parenthesization():
+    from tessera_rw.rules.library import ALGEBRA
+    shapes = [(3, 5), (5, 2), (2, 7), (7, 4), (4, 6), (6, 3)]
+    names = "abcdef"
+    fn = lambda a, b, c, d, e, f: ((((a @ b) @ c) @ d) @ e) @ f  # noqa: E731
+    graph = op.kernel(fn).trace(**{n: op.tensor(s, "float32") for n, s in zip(names, shapes)})
+    result = rewrite(graph, [ALGEBRA], Limits(iterations=30, enodes=20_000))
+    assert result.report.stop_reason is StopReason.saturated
+    view = result.view
+    root = result.output_classes()[0]
+    input_class = {dict(n.attrs)["name"]: cid for cid, ns in view.classes.items() for n in ns if n.op == "input"}
+    memo: dict[str, int] = {}
+
+    def count(cid):  # number of distinct parenthesizations an e-class holds
+        if cid not in memo:
+            memo[cid] = sum(count(n.operands[0]) * count(n.operands[1]) if n.op == "matmul" else 1
+                            for n in view.classes[cid])
+        return memo[cid]
+    assert count(root) == 42  # Catalan(5): every way to multiply six matrices
+    assert any(n.operands[0] == input_class["a"] for n in view.classes[root])

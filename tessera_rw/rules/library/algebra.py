@@ -56,6 +56,56 @@ def _explicit_softmax(x: Expr, axis: Expr) -> Expr:
     return t.div(shifted, t.sum(shifted, **keep), of=T)
 
 
+def _same_batch(*shapes: str) -> tuple[str, ...]:
+    """Facts: equal ranks and equal batch dims (everything but the last two axes)."""
+    first = shapes[0]
+    return tuple(f"(= (vec-pop (vec-pop {first})) (vec-pop (vec-pop {other})))" for other in shapes[1:]) + (
+        f"(>= (vec-length {first}) 2)",)
+
+
+def _with_last(shape: str, last: str) -> Expr:
+    return Expr(f"(vec-set {shape} (- (vec-length {shape}) 1) {last})")
+
+
+def _last(shape: str) -> str:
+    return f"(vec-get {shape} (- (vec-length {shape}) 1))"
+
+
+MATMUL_TYPES = ("(= sa (shp a))", "(= sb (shp b))", "(= sc (shp c2))",
+                "(= (dt a) d)", "(= (dt b) d)", "(= (dt c2) d)") + _same_batch("sa", "sb", "sc")
+c2 = Expr("c2")
+
+
+def _chain(rng: np.random.Generator):
+    m, k, n, p = (int(v) for v in rng.integers(1, 7, size=4))
+    batch = tuple(int(v) for v in rng.integers(1, 3, size=int(rng.integers(0, 2))))
+    return {"a": rand(rng, *batch, m, k), "b": rand(rng, *batch, k, n), "c": rand(rng, *batch, n, p)}
+
+
+def _permutations(rank: int):
+    def example(rng: np.random.Generator):
+        perms = []
+        while len(perms) < 2:  # identity permutations are dropped when traced: draw real ones
+            p = tuple(int(i) for i in rng.permutation(rank))
+            if p != tuple(range(rank)):
+                perms.append(p)
+        dims = tuple(int(v) for v in rng.integers(1, 4, size=rank))
+        return (lambda x: op.transpose(op.transpose(x, perms[0]), perms[1]) + 1.0), {"x": rand(rng, *dims)}
+    return example
+
+
+def _compose_rules():
+    """transpose∘transpose = one transpose, for each rank (egglog has no loops over a vector)."""
+    p, q = Expr("p"), Expr("q")
+    for n in range(2, 7):
+        composed = Expr("(vec-of " + " ".join(f"(vec-get p (vec-get q {i}))" for i in range(n)) + ")")
+        yield Rule(f"compose-permutations-{n}d", "transpose(transpose(x, p), q) = transpose(x, p∘q)",
+                   lhs=t.transpose(t.transpose(x, axes=p), axes=q, of=T),
+                   rhs=t.transpose(x, axes=composed, of=T),
+                   when=(f"(= (vec-length p) {n})",),
+                   example=_permutations(n))
+
+
 RULES = (
     Rule("div-by-constant", "x / c = x · (1/c)",
          lhs=t.div(x, const(), of=T),
@@ -81,6 +131,38 @@ RULES = (
          rhs=x,
          when=(f"(= m (swap-last {rank('s1')}))",),
          example=lambda rng: (lambda x: x.mT.mT + 1.0, {"x": rand(rng, 0, 0, 0)})),
+    *_compose_rules(),
+    Rule("identity-permutation", "transpose(x, id) = x",
+         lhs=t.transpose(x, axes=m, of=T), rhs=x,
+         when=("(= m (identity-perm (vec-length s)))",),
+         example=lambda rng: (lambda x: op.transpose(x.mT, (0, 2, 1)) * 2.0, {"x": rand(rng, 0, 0, 0)}),
+         needs=("compose-permutations-3d",)),
+    Rule("matmul-associates-right", "(AB)C = A(BC)",
+         lhs=t.matmul(t.matmul(a, b, accum_dtype=acc), c2, accum_dtype=acc, of=T),
+         rhs=t.matmul(a, t.matmul(b, c2, accum_dtype=acc, of=(_with_last("sb", _last("sc")), d)),
+                      accum_dtype=acc, of=T),
+         when=MATMUL_TYPES, explosive=True,
+         example=lambda rng: ((lambda a, b, c: (a @ b) @ c), _chain(rng))),
+    Rule("matmul-associates-left", "A(BC) = (AB)C",
+         lhs=t.matmul(a, t.matmul(b, c2, accum_dtype=acc), accum_dtype=acc, of=T),
+         rhs=t.matmul(t.matmul(a, b, accum_dtype=acc, of=(_with_last("sa", _last("sb")), d)), c2,
+                      accum_dtype=acc, of=T),
+         when=MATMUL_TYPES, explosive=True,
+         example=lambda rng: ((lambda a, b, c: a @ (b @ c)), _chain(rng))),
+    Rule("matmul-distributes", "AB + AC = A(B + C)",
+         lhs=t.add(t.matmul(a, b, accum_dtype=acc), t.matmul(a, c2, accum_dtype=acc), of=T),
+         rhs=t.matmul(a, t.add(b, c2, of=(Expr("sb"), d)), accum_dtype=acc, of=T),
+         when=("(= sb (shp b))", "(= (shp c2) sb)", "(= (dt b) d)", "(= (dt c2) d)", "(= (dt a) d)"),
+         example=lambda rng: ((lambda a, b, c: a @ b + a @ c),
+                              (lambda i: {"a": i["a"], "b": i["b"], "c": rand(rng, *i["b"].shape)})(_chain(rng)))),
+    Rule("times-one", "x · 1 = x (when the 1 broadcasts nothing)",
+         lhs=t.mul(x, const(value=1.0), of=T), rhs=x,
+         when=("(= (shp x) s)", "(= (dt x) d)"),
+         example=lambda rng: ((lambda x: x * 1.0 + 2.0), {"x": rand(rng, 0, 0)})),
+    Rule("plus-zero", "x + 0 = x (when the 0 broadcasts nothing)",
+         lhs=t.add(x, const(value=0.0), of=T), rhs=x,
+         when=("(= (shp x) s)", "(= (dt x) d)"),
+         example=lambda rng: ((lambda x: (x + 0.0) * 2.0), {"x": rand(rng, 0, 0)})),
     Rule("mT-of-matmul", "(AB)ᵀ = BᵀAᵀ",
          lhs=t.transpose(t.matmul(a, b, accum_dtype=acc, of=(s1, None)), axes=m, of=T),
          rhs=t.matmul(mT(b)[0], mT(a)[0], accum_dtype=acc, of=T),
