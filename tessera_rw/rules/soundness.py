@@ -58,7 +58,7 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
         return RuleCheck(rule.name, ruleset.name, False, detail="the rule has no example to check it on")
     graph, inputs = example_graph(rule, rng)
     expected = evaluate(graph, inputs)
-    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs)
+    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
     alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
     result = rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20))
     if result.report.matches[f"{ruleset.name}/{rule.name}"] == 0:

@@ -41,3 +41,18 @@ def test_plain_matmul_is_a_gemm_with_an_empty_epilogue():
     x, w = RNG.standard_normal((8, 4)).astype(np.float32), RNG.standard_normal((4, 3)).astype(np.float32)
     _, _, _, gemms = fused_forms(lambda x, w: x @ w, {"x": x, "w": w})
     assert [dict(g.attrs)["activation"] for g in gemms] == ["none"]
+
+
+def test_elementwise_chain_is_one_fused_node():
+    x, y = RNG.standard_normal((4, 6)).astype(np.float32), RNG.standard_normal((1, 6)).astype(np.float32)
+    fn = lambda x, y: op.tanh(x * op.sigmoid(x) + y) * 0.5  # noqa: E731
+    graph = op.kernel(fn).trace(x=x, y=y)
+    result = rewrite(graph, BUILTIN_RULESETS)
+    view, root = result.view, result.output_classes()[0]
+    whole = [n for n in view.classes[root] if n.op == "fused_elementwise"
+             and all(view.classes[c][0].op in ("input", "constant") for c in n.operands)]
+    assert whole, [dict(n.attrs) for n in view.classes[root]]
+    fused = Graph("f", graph.inputs, (view.decode(smallest_choice(view) | {root: whole[0]}, root),)).verify()
+    assert fused.op_counts() == {"fused_elementwise": 1}, str(fused)
+    np.testing.assert_allclose(evaluate(fused, {"x": x, "y": y})[0], evaluate(graph, {"x": x, "y": y})[0],
+                               rtol=1e-6)

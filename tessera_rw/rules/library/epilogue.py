@@ -13,6 +13,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
+from tessera_rw.rules.library.fusion import FUSION_RULES
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
@@ -136,6 +137,7 @@ RULES = (
     *_cast_rules(),
 )
 
-EPILOGUE = Ruleset("epilogue", RULES, doc="matmul + scale / bias / activation / residual / cast → one gemm")
+EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES,
+                   doc="matmul + scale / bias / activation / residual / cast → one gemm; elementwise chains → one node")
 
 

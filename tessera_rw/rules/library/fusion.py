@@ -1,0 +1,118 @@
+"""Elementwise fusion rules (part of the `epilogue` ruleset): chains of elementwise ops become one
+`fused_elementwise` node whose `expr` spells the chain over its inputs, e.g. `mul(relu($0),$1)`.
+
+Each fusible op lifts into a one-op fused node; a fused node that feeds input $k of another is
+substituted into it (its inputs taking the place of $k), up to MAX_FUSED_INPUTS inputs.
+Where an intermediate has other users the e-graph keeps both forms; extraction weighs the recompute.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.algebra.ops.fused import FUSIBLE, MAX_FUSED_INPUTS
+from tessera_rw.rules.library.algebra import rand
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule
+from tessera_rw.rules.schema import egg_string
+
+t = TermBuilder()
+s, d, e_in, e_out = t.vars("s d e_in e_out")
+T = (s, d)
+
+API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power}
+
+
+def _op_fn(name: str):
+    return API.get(name) or getattr(op, name)
+
+
+def _lift_example(name: str, arity: int):
+    def example(rng: np.random.Generator):
+        shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
+        inputs = {n: np.abs(rand(rng, *shape)) + 0.5 for n in "ab"[:arity]}  # in every op's domain
+        fn = _op_fn(name)
+        return ((lambda a, fn=fn: fn(a) * 1.5) if arity == 1 else (lambda a, b, fn=fn: fn(a, b) * 1.5)), inputs
+    return example
+
+
+def _lift_rules():
+    for arity, names in FUSIBLE.items():
+        xs = t.vars(" ".join(f"x{i}" for i in range(arity)))
+        for name in names:
+            expr = f"{name}({','.join(f'${i}' for i in range(arity))})"
+            yield Rule(f"fuse-{name}", f"{name}(…) = fused_elementwise(…, '{expr}')",
+                       lhs=t.term(name, *xs, of=T),
+                       rhs=t.fused_elementwise(*xs, expr=expr, of=T),
+                       example=_lift_example(name, arity))
+
+
+def _renumber(text: str, mapping: dict[int, str]) -> str:
+    """egglog text replacing each `$i` of `text` by mapping[i] (markers `#j` avoid collisions)."""
+    for i, replacement in mapping.items():
+        text = f"(replace {text} {egg_string(f'${i}')} {replacement})"
+    return text
+
+
+def _substituted(n: int, m: int, k: int) -> str:
+    """The merged expression: the inner inputs take the place of input k, so inputs stay in the
+    left-to-right order of the leaves they feed."""
+    inner = _renumber("e_in", {j: egg_string(f"#{k + j}") for j in range(m)})
+    outer = _renumber("e_out", {i: (inner if i == k else egg_string(f"#{i if i < k else i + m - 1}"))
+                                for i in range(n)})
+    return f'(replace {outer} "#" "$")'
+
+
+def _tree(args):
+    """An expression over `args` using each once: tanh(a), a·b, a·b + c, (a·b + c) − d."""
+    if len(args) == 1:
+        return op.tanh(args[0])
+    out = args[0] * args[1]
+    for i, extra in enumerate(args[2:]):
+        out = out + extra if i % 2 == 0 else out - extra
+    return out
+
+
+def _merge_example(n: int, m: int, k: int):
+    def example(rng: np.random.Generator):
+        shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
+        names = [f"x{i}" for i in range(n + m - 1)]
+        inputs = {name: rand(rng, *shape) for name in names}
+
+        def body(*args):
+            vals = list(args)
+            inner = op.exp(vals[n - 1]) if m == 1 else _tree(vals[n - 1:])
+            outer_args = vals[:k] + [inner] + vals[k:n - 1]
+            return _tree(outer_args) * 2.0
+        body.__signature__ = inspect.Signature(
+            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
+        return body, inputs
+    return example
+
+
+def _merge_rules():
+    for n in range(1, MAX_FUSED_INPUTS + 1):
+        for m in range(1, MAX_FUSED_INPUTS + 2 - n):
+            for k in range(n):
+                xs = t.vars(" ".join(f"x{i}" for i in range(n)))
+                ys = t.vars(" ".join(f"y{j}" for j in range(m)))
+                inner = t.fused_elementwise(*ys, expr=e_in)
+                outer_args = [inner if i == k else xs[i] for i in range(n)]
+                merged = [*xs[:k], *ys, *xs[k + 1:]]
+                yield Rule(f"fuse-into-input-{k}-of-{n}-from-{m}", "f(…, g(…), …) = (f∘g)(…)",
+                           lhs=t.fused_elementwise(*outer_args, expr=e_out, of=T),
+                           rhs=t.fused_elementwise(*merged, expr=Expr(_substituted(n, m, k)), of=T),
+                           example=_merge_example(n, m, k), needs=ALL_FUSION_RULE_NAMES)
+
+
+def _names() -> tuple[str, ...]:
+    names = [f"fuse-{name}" for names in FUSIBLE.values() for name in names]
+    return tuple(names + [f"fuse-into-input-{k}-of-{n}-from-{m}" for n in range(1, MAX_FUSED_INPUTS + 1)
+                          for m in range(1, MAX_FUSED_INPUTS + 2 - n) for k in range(n)])
+
+
+ALL_FUSION_RULE_NAMES = _names()
+FUSION_RULES = tuple(_lift_rules()) + tuple(_merge_rules())
