@@ -62,6 +62,6 @@ def all_arities(op_name: str) -> tuple[int, ...]:
     op = OPS[op_name]
     if not op.variadic:
         return (len(op.operands),)
-    if op.name in ("concatenate", "fused_elementwise"):  # a list of operands, not optional ones
+    if op.name in ("concatenate", "fused_elementwise", "fused_normalization"):  # operand lists
         return tuple(range(1, 9))
     return tuple(range(1, len(op.operands) + 1))

@@ -56,3 +56,20 @@ def test_elementwise_chain_is_one_fused_node():
     assert fused.op_counts() == {"fused_elementwise": 1}, str(fused)
     np.testing.assert_allclose(evaluate(fused, {"x": x, "y": y})[0], evaluate(graph, {"x": x, "y": y})[0],
                                rtol=1e-6)
+
+
+def test_normalizations_absorb_their_elementwise_prologue():
+    x, r = RNG.standard_normal((4, 8)).astype(np.float32), RNG.standard_normal((4, 8)).astype(np.float32)
+    w, b = RNG.standard_normal(8).astype(np.float32), RNG.standard_normal(8).astype(np.float32)
+    feeds = {"x": x, "r": r, "w": w, "b": b}
+    for fn in (lambda x, r, w, b: op.layernorm(x + r, w, b), lambda x, r, w, b: op.rmsnorm(op.relu(x) * r, w),
+               lambda x, r, w, b: op.softmax(x * r, axis=-1)):
+        graph = op.kernel(fn).trace(**feeds)
+        result = rewrite(graph, BUILTIN_RULESETS)
+        view, root = result.view, result.output_classes()[0]
+        fused_nodes = [n for n in view.classes[root] if n.op == "fused_normalization"
+                       and all(view.classes[c][0].op == "input" for c in n.operands)]
+        assert fused_nodes, view.ops_in(root)
+        fused = Graph("f", graph.inputs, (view.decode(smallest_choice(view) | {root: fused_nodes[0]}, root),))
+        assert set(fused.verify().op_counts()) == {"fused_normalization"}, str(fused)
+        np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -140,3 +140,49 @@ DEFS = DEFS + (
     OpDef("fused_elementwise", ("xs",), OpKind.ELEMENTWISE, _infer_fused, _fused, _fused_flops, variadic=True,
           doc="a tree of elementwise ops over its inputs in one pass, e.g. expr='mul(relu(add($0,$1)),$2)'"),
 )
+
+
+# ---- a row-wise normalization with its elementwise prologue ------------------------------
+
+NORMALIZATIONS = ("softmax", "log_softmax", "layernorm", "rmsnorm")
+
+
+def _split(xs: tuple, has_weight: bool, has_bias: bool) -> tuple[tuple, tuple]:
+    params = has_weight + has_bias
+    return (xs[:len(xs) - params], xs[len(xs) - params:]) if params else (xs, ())
+
+
+def _norm_attrs(norm: str, axes: tuple[int, ...], eps: float, has_weight: bool, has_bias: bool) -> dict:
+    if norm not in NORMALIZATIONS:
+        raise AttributeValueError(f"norm must be one of {NORMALIZATIONS}, got {norm!r}")
+    if norm in ("softmax", "log_softmax"):
+        if len(axes) != 1 or has_weight or has_bias:
+            raise AttributeValueError(f"{norm} normalizes one axis and takes no weight or bias")
+        return {"axis": axes[0]}
+    return {"axes": axes, "eps": eps, "has_weight": has_weight, "has_bias": has_bias}
+
+
+def _infer_fused_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float,
+                      has_weight: bool, has_bias: bool) -> TensorType:
+    from tessera_rw.algebra.ops import OPS
+    inputs, params = _split(xs, has_weight, has_bias)
+    row = _infer_fused(*inputs, expr=expr)
+    return OPS[norm].infer(row, *params, **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+
+
+def _fused_norm(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, has_bias) -> np.ndarray:
+    from tessera_rw.algebra.ops import OPS
+    inputs, params = _split(xs, has_weight, has_bias)
+    row = _fused(*inputs, expr=expr)
+    return OPS[norm].reference(row, *params, **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+
+
+def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, **attrs) -> int:
+    inputs, _ = _split(xs, attrs["has_weight"], attrs["has_bias"])
+    return _fused_flops(out, *inputs, expr=expr) + 7 * out.numel
+
+
+DEFS = DEFS + (
+    OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, _infer_fused_norm, _fused_norm, _fused_norm_flops,
+          variadic=True, doc="softmax / layernorm / rmsnorm of an elementwise expression, one pass per row"),
+)

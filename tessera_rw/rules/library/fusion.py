@@ -116,3 +116,47 @@ def _names() -> tuple[str, ...]:
 
 ALL_FUSION_RULE_NAMES = _names()
 FUSION_RULES = tuple(_lift_rules()) + tuple(_merge_rules())
+
+
+# ---- row-wise normalizations absorb their elementwise prologue ----------------------------
+
+def _norm_example(norm: str, n: int, params: int):
+    """norm(prologue(x0..x{n-1}), *params) with a prologue over exactly n tensors."""
+    def example(rng: np.random.Generator):
+        rows, width = (int(v) for v in rng.integers(1, 6, size=2))
+        names = [f"x{i}" for i in range(n)] + ["w", "c"][:params]
+        inputs = {nm: rand(rng, rows, width) for nm in names[:n]} | {nm: rand(rng, width) for nm in names[n:]}
+
+        def body(*args):
+            row = _tree(list(args[:n]))
+            if norm in ("softmax", "log_softmax"):
+                return getattr(op, norm)(row, axis=-1)
+            return getattr(op, norm)(row, *args[n:])
+        body.__signature__ = inspect.Signature(
+            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
+        return body, inputs
+    return example
+
+
+def _normalization_rules():
+    ax, eps, hw, hb = t.vars("ax eps hw hb")
+    for n in range(1, MAX_FUSED_INPUTS + 1):
+        xs = t.vars(" ".join(f"x{i}" for i in range(n)))
+        prologue = t.fused_elementwise(*xs, expr=e_in)
+        for norm in ("softmax", "log_softmax"):
+            yield Rule(f"{norm}-of-fused-{n}", f"{norm}(f(…)) = fused_normalization(…; f, {norm})",
+                       lhs=t.term(norm, prologue, axis=ax, of=T),
+                       rhs=t.fused_normalization(*xs, expr=e_in, norm=norm, axes=Expr("(vec-of ax)"), eps=0.0,
+                                                 has_weight=False, has_bias=False, of=T),
+                       example=_norm_example(norm, n, 0), needs=ALL_FUSION_RULE_NAMES)
+        for norm in ("layernorm", "rmsnorm"):
+            for params in range(3):
+                ps = t.vars("p0 p1")[:params]
+                yield Rule(f"{norm}-of-fused-{n}-{params}", f"{norm}(f(…), …) = fused_normalization(…; f, {norm})",
+                           lhs=t.term(norm, prologue, *ps, axes=ax, eps=eps, has_weight=hw, has_bias=hb, of=T),
+                           rhs=t.fused_normalization(*xs, *ps, expr=e_in, norm=norm, axes=ax, eps=eps,
+                                                     has_weight=hw, has_bias=hb, of=T),
+                           example=_norm_example(norm, n, params), needs=ALL_FUSION_RULE_NAMES)
+
+
+FUSION_RULES = FUSION_RULES + tuple(_normalization_rules())
