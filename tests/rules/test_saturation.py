@@ -113,3 +113,18 @@ def test_matrix_chains_reach_every_parenthesization():
         return memo[cid]
     assert count(root) == 42  # Catalan(5): every way to multiply six matrices
     assert any(n.operands[0] == input_class["a"] for n in view.classes[root])
+
+
+def test_head_split_and_merge_round_trip_is_the_input():
+    from tessera_rw.rules.library import ALGEBRA
+
+    def heads(x):  # (B, S, D) -> (B, H, S, Dh) -> back to (B, S, D)
+        b, s, d = x.shape
+        h = op.transpose(op.reshape(x, (b, s, 4, d // 4)), (0, 2, 1, 3))
+        return op.reshape(op.transpose(h, (0, 2, 1, 3)), (b, s, d)) + 1.0
+
+    g = op.kernel(heads).trace(op.tensor((2, 8, 32), "float32"))
+    result = rewrite(g, [ALGEBRA])
+    view = result.view
+    out = view.decode(smallest_choice(view), result.output_classes()[0])
+    assert Graph("h", g.inputs, (out,)).op_counts() == {"add": 1}

@@ -44,8 +44,9 @@ def conv1d_example(dtype):
         cin, cout = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
         length, kernel = int(rng.integers(4, 24)), int(rng.integers(1, 9))
         padding = [0, "same", (int(rng.integers(0, 4)), int(rng.integers(0, 4)))][int(rng.integers(0, 3))]
-        if kernel > length and padding == 0:
-            padding = "same"
+        extra = sum(padding) if isinstance(padding, tuple) else 0
+        if padding != "same" and kernel > length + extra:
+            padding = "same"  # the kernel must fit the padded input
         inputs = {"x": rand(rng, int(rng.integers(1, 3)), cin, length, dtype=dtype),
                   "w": rand(rng, cout, cin // groups, kernel, dtype=dtype)}
         return (lambda x, w: op.conv1d(x, w, padding=padding, groups=groups)), inputs
