@@ -6,6 +6,7 @@ from rich.table import Table
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.rules.saturate import RewriteReport
 
 
 def graph_flops(graph: Graph) -> int:
@@ -25,4 +26,17 @@ def graph_summary(graph: Graph) -> Table:
         table.add_row(op, str(count), f"{flops.get(op, 0) / 1e9:.3f}")
     table.add_section()
     table.add_row("total", str(sum(graph.op_counts().values())), f"{graph_flops(graph) / 1e9:.3f}")
+    return table
+
+
+def rewrite_summary(report: RewriteReport) -> Table:
+    """Rules fired (per ruleset, with matches) and how the e-graph grew, with the stop reason."""
+    table = Table(title=f"rewrite: {report.stop_reason.value} after {len(report.iterations)} iteration(s), "
+                        f"{report.enodes} e-nodes, {report.seconds * 1e3:.0f} ms")
+    table.add_column("ruleset")
+    table.add_column("rule")
+    table.add_column("matches", justify="right")
+    for rule, ruleset, matches in report.fired():
+        table.add_row(ruleset, rule, str(matches))
+    table.caption = "e-nodes per iteration: " + " → ".join(str(it.enodes) for it in report.iterations)
     return table

@@ -46,3 +46,10 @@ def test_console_script_is_installed():
     done = subprocess.run([sys.executable, "-m", "tessera_rw.cli", "--explain", "missing.py:f"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_explain_shows_the_rewrite(capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention")]) == 0
+    out = capsys.readouterr().out
+    assert "rewrite: saturated" in out and "flash-attention" in out and "causal-from-tril-mask" in out
+    assert "flash_attention(q, k, v, causal=True" in out

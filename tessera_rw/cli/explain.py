@@ -18,7 +18,11 @@ from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.tensor import TensorSpec
-from tessera_rw.report import graph_summary
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.report import graph_summary, rewrite_summary
+from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.rules.registry import rulesets
+from tessera_rw.rules.saturate import rewrite
 from tessera_rw.kernel import Kernel
 
 from tessera_rw.cli.usage import UsageError
@@ -79,6 +83,13 @@ def explain(target: str, given: Sequence[str], console: Console) -> None:
     graph = kernel.trace(**inputs).verify()
     console.print(graph_summary(graph))
     console.file.write(f"{graph}\n")
+    result = rewrite(graph, rulesets())
+    console.print(rewrite_summary(result.report))
+    view = result.view
+    choice = smallest_choice(view)
+    smallest = Graph(graph.name, graph.inputs, tuple(view.decode(choice, c) for c in result.output_classes()))
+    console.print("[bold]smallest rewritten program[/] (cost-model extraction comes with the cost model):")
+    console.file.write(f"{smallest.verify()}\n")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
