@@ -73,3 +73,17 @@ def test_normalizations_absorb_their_elementwise_prologue():
         fused = Graph("f", graph.inputs, (view.decode(smallest_choice(view) | {root: fused_nodes[0]}, root),))
         assert set(fused.verify().op_counts()) == {"fused_normalization"}, str(fused)
         np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_normalization_absorbs_the_elementwise_ops_on_both_sides():
+    x, r = RNG.standard_normal((4, 8)).astype(np.float32), RNG.standard_normal((4, 8)).astype(np.float32)
+    feeds = {"x": x, "r": r}
+    graph = op.kernel(lambda x, r: op.tanh(op.softmax(x * r, axis=-1)) * r).trace(**feeds)
+    result = rewrite(graph, BUILTIN_RULESETS)
+    view, root = result.view, result.output_classes()[0]
+    whole = [n for n in view.classes[root] if n.op == "fused_normalization"
+             and all(view.classes[c][0].op == "input" for c in n.operands)]
+    assert whole, view.ops_in(root)
+    fused = Graph("f", graph.inputs, (view.decode(smallest_choice(view) | {root: whole[0]}, root),)).verify()
+    assert fused.op_counts() == {"fused_normalization": 1}, str(fused)
+    np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-5, atol=1e-6)

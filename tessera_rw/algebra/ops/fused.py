@@ -142,14 +142,28 @@ DEFS = DEFS + (
 )
 
 
-# ---- a row-wise normalization with its elementwise prologue ------------------------------
+# ---- a row-wise normalization with its elementwise neighbours ----------------------------
+#
+# fused_normalization(prologue inputs…, weight?, bias?, epilogue inputs…; expr, norm, post):
+# post(norm(expr(prologue inputs), weight, bias), epilogue inputs), where in `post` $0 is the
+# normalized row and $1… the epilogue inputs. post="$0" is no epilogue.
 
 NORMALIZATIONS = ("softmax", "log_softmax", "layernorm", "rmsnorm")
+NO_EPILOGUE = "$0"
 
 
-def _split(xs: tuple, has_weight: bool, has_bias: bool) -> tuple[tuple, tuple]:
+def _leaves(tree) -> set[int]:
+    return {tree} if isinstance(tree, int) else set().union(*(_leaves(a) for a in tree[1:]))
+
+
+def _split(xs: tuple, has_weight: bool, has_bias: bool, post: str) -> tuple[tuple, tuple, tuple]:
+    """(prologue inputs, weight/bias, epilogue inputs) of a fused_normalization's operands."""
+    after = max(_leaves(parse_expr(post)))
     params = has_weight + has_bias
-    return (xs[:len(xs) - params], xs[len(xs) - params:]) if params else (xs, ())
+    before = len(xs) - params - after
+    if before < 1:
+        raise ShapeError(f"{len(xs)} operands cannot hold a prologue, {params} parameter(s) and {after} epilogue input(s)")
+    return xs[:before], xs[before:before + params], xs[before + params:]
 
 
 def _norm_attrs(norm: str, axes: tuple[int, ...], eps: float, has_weight: bool, has_bias: bool) -> dict:
@@ -163,26 +177,28 @@ def _norm_attrs(norm: str, axes: tuple[int, ...], eps: float, has_weight: bool, 
 
 
 def _infer_fused_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float,
-                      has_weight: bool, has_bias: bool) -> TensorType:
+                      has_weight: bool, has_bias: bool, post: str) -> TensorType:
     from tessera_rw.algebra.ops import OPS
-    inputs, params = _split(xs, has_weight, has_bias)
-    row = _infer_fused(*inputs, expr=expr)
-    return OPS[norm].infer(row, *params, **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+    before, params, after = _split(xs, has_weight, has_bias, post)
+    row = _infer_fused(*before, expr=expr)
+    normed = OPS[norm].infer(row, *params, **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+    return _infer_fused(normed, *after, expr=post)
 
 
-def _fused_norm(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, has_bias) -> np.ndarray:
+def _fused_norm(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, has_bias, post) -> np.ndarray:
     from tessera_rw.algebra.ops import OPS
-    inputs, params = _split(xs, has_weight, has_bias)
-    row = _fused(*inputs, expr=expr)
-    return OPS[norm].reference(row, *params, **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+    before, params, after = _split(xs, has_weight, has_bias, post)
+    normed = OPS[norm].reference(_fused(*before, expr=expr), *params,
+                                 **_norm_attrs(norm, axes, eps, has_weight, has_bias))
+    return _fused(normed, *after, expr=post)
 
 
-def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, **attrs) -> int:
-    inputs, _ = _split(xs, attrs["has_weight"], attrs["has_bias"])
-    return _fused_flops(out, *inputs, expr=expr) + 7 * out.numel
+def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, post: str, **attrs) -> int:
+    before, _, after = _split(xs, attrs["has_weight"], attrs["has_bias"], post)
+    return _fused_flops(out, *before, expr=expr) + 7 * out.numel + _fused_flops(out, out, *after, expr=post)
 
 
 DEFS = DEFS + (
     OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, _infer_fused_norm, _fused_norm, _fused_norm_flops,
-          variadic=True, doc="softmax / layernorm / rmsnorm of an elementwise expression, one pass per row"),
+          variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row"),
 )

@@ -13,7 +13,7 @@ import inspect
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused import FUSIBLE, MAX_FUSED_INPUTS
+from tessera_rw.algebra.ops.fused import FUSIBLE, MAX_FUSED_INPUTS, NO_EPILOGUE
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
@@ -147,7 +147,7 @@ def _normalization_rules():
             yield Rule(f"{norm}-of-fused-{n}", f"{norm}(f(…)) = fused_normalization(…; f, {norm})",
                        lhs=t.term(norm, prologue, axis=ax, of=T),
                        rhs=t.fused_normalization(*xs, expr=e_in, norm=norm, axes=Expr("(vec-of ax)"), eps=0.0,
-                                                 has_weight=False, has_bias=False, of=T),
+                                                 has_weight=False, has_bias=False, post=NO_EPILOGUE, of=T),
                        example=_norm_example(norm, n, 0), needs=ALL_FUSION_RULE_NAMES)
         for norm in ("layernorm", "rmsnorm"):
             for params in range(3):
@@ -155,8 +155,52 @@ def _normalization_rules():
                 yield Rule(f"{norm}-of-fused-{n}-{params}", f"{norm}(f(…), …) = fused_normalization(…; f, {norm})",
                            lhs=t.term(norm, prologue, *ps, axes=ax, eps=eps, has_weight=hw, has_bias=hb, of=T),
                            rhs=t.fused_normalization(*xs, *ps, expr=e_in, norm=norm, axes=ax, eps=eps,
-                                                     has_weight=hw, has_bias=hb, of=T),
+                                                     has_weight=hw, has_bias=hb, post=NO_EPILOGUE, of=T),
                            example=_norm_example(norm, n, params), needs=ALL_FUSION_RULE_NAMES)
 
 
 FUSION_RULES = FUSION_RULES + tuple(_normalization_rules())
+
+
+# ---- ... and the elementwise ops after them -----------------------------------------------
+
+def _epilogue_example(n: int, k: int, p: int):
+    """post(x…, softmax(prologue(y0..y{p-1})) at position k, …x) with the norm feeding input k."""
+    def example(rng: np.random.Generator):
+        rows, width = (int(v) for v in rng.integers(1, 6, size=2))
+        names = [f"y{i}" for i in range(p)] + [f"x{i}" for i in range(n - 1)]
+        inputs = {nm: rand(rng, rows, width) for nm in names}
+
+        def body(*args):
+            normed = op.softmax(_tree(list(args[:p])), axis=-1)
+            rest = list(args[p:])
+            return _tree(rest[:k] + [normed] + rest[k:])
+        body.__signature__ = inspect.Signature(
+            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
+        return body, inputs
+    return example
+
+
+def _epilogue_rules():
+    """fused_elementwise(…, fused_normalization(…) at input k, …) = fused_normalization(…; post)."""
+    ax, eps, hw, hb, norm = t.vars("ax eps hw hb norm")
+    for n in range(1, MAX_FUSED_INPUTS + 1):
+        for k in range(n):
+            post = _renumber("e_out", {i: egg_string("#0" if i == k else f"#{i + 1 if i < k else i}")
+                                       for i in range(n)})
+            for p in range(1, MAX_FUSED_INPUTS + 1):
+                xs = t.vars(" ".join(f"x{i}" for i in range(n)))
+                ys = t.vars(" ".join(f"y{j}" for j in range(p)))
+                normed = t.fused_normalization(*ys, expr=e_in, norm=norm, axes=ax, eps=eps, has_weight=hw,
+                                               has_bias=hb, post=NO_EPILOGUE)
+                outer = [normed if i == k else xs[i] for i in range(n)]
+                yield Rule(f"normalization-into-input-{k}-of-{n}-from-{p}", "f(…, norm(…), …) = norm(…; post=f)",
+                           lhs=t.fused_elementwise(*outer, expr=e_out, of=T),
+                           rhs=t.fused_normalization(*ys, *(xs[i] for i in range(n) if i != k), expr=e_in, norm=norm,
+                                                     axes=ax, eps=eps, has_weight=hw, has_bias=hb,
+                                                     post=Expr(f'(replace {post} "#" "$")'), of=T),
+                           example=_epilogue_example(n, k, p),
+                           needs=ALL_FUSION_RULE_NAMES + tuple(f"softmax-of-fused-{q}" for q in range(1, 5)))
+
+
+FUSION_RULES = FUSION_RULES + tuple(_epilogue_rules())
