@@ -3,7 +3,9 @@
     def attention(q: f32[2,8,16], k: f32[2,8,16], v: f32[2,8,16]):
         t0 = transpose(k, axes=(0, 2, 1))      # f32[2,16,8]
         t1 = q @ t0                            # f32[2,8,8]
-        ...
+        t2 = softmax(t1, axis=2)               # f32[2,8,8]
+        t3 = t2 @ v                            # f32[2,8,16]
+        return t3
 """
 
 from __future__ import annotations
