@@ -37,8 +37,7 @@ Signature = tuple[tuple[str, Hashable], ...]
 def is_static(value: Any) -> bool:
     """Python values a kernel bakes into its trace (part of the signature): numbers, strings,
     None, enums and tuples of them. Tensors, arrays and placeholders are inputs."""
-    if isinstance(value, (numbers.Number, np.generic)) and not hasattr(value, "shape") or \
-            isinstance(value, (np.generic, str, type(None), enum.Enum)):
+    if isinstance(value, (numbers.Number, np.generic, str, type(None), enum.Enum)):
         return True
     return isinstance(value, tuple) and all(is_static(v) for v in value)
 

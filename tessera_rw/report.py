@@ -5,13 +5,14 @@ from __future__ import annotations
 from rich.table import Table
 
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.saturate import RewriteReport
 
 
-def graph_flops(graph: Graph) -> int:
-    """Total FLOPs of the graph's ops as written (a multiply-add counts 2)."""
-    return sum(OPS[n.op].flops(n.type, *(a.type for a in n.args), **n.attr_map) for n in graph.nodes)
+def node_flops(node: Node) -> int:
+    """FLOPs of one node as written (a multiply-add counts 2)."""
+    return OPS[node.op].flops(node.type, *(a.type for a in node.args), **node.attr_map)
 
 
 def graph_summary(graph: Graph) -> Table:
@@ -21,11 +22,11 @@ def graph_summary(graph: Graph) -> Table:
     table.add_column("GFLOP", justify="right")
     flops: dict[str, int] = {}
     for n in graph.nodes:
-        flops[n.op] = flops.get(n.op, 0) + OPS[n.op].flops(n.type, *(a.type for a in n.args), **n.attr_map)
+        flops[n.op] = flops.get(n.op, 0) + node_flops(n)
     for op, count in sorted(graph.op_counts().items(), key=lambda kv: -flops.get(kv[0], 0)):
         table.add_row(op, str(count), f"{flops.get(op, 0) / 1e9:.3f}")
     table.add_section()
-    table.add_row("total", str(sum(graph.op_counts().values())), f"{graph_flops(graph) / 1e9:.3f}")
+    table.add_row("total", str(sum(graph.op_counts().values())), f"{sum(flops.values()) / 1e9:.3f}")
     return table
 
 

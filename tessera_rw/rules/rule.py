@@ -7,7 +7,7 @@ checker evaluates before and after rewriting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -46,7 +46,6 @@ class Ruleset:
     doc: str = ""
     facts: str = ""                 # egglog declarations / tables the rules rely on
     origin: str = "tessera_rw"      # the distribution that provides it
-    requires: tuple[str, ...] = field(default=())   # rulesets whose facts this one uses
 
     def __post_init__(self):
         if not self.name.isidentifier():

@@ -70,8 +70,6 @@ PAIRS = AttrCodec("Dims", _flat_pairs, _pairs)
 DTYPE = AttrCodec("String", lambda v: egg_string(DType.parse(v).value), DType.parse)
 OPT_DTYPE = AttrCodec("String", lambda v: egg_string("" if v is None else DType.parse(v).value),
                       lambda s: None if s == "" else DType.parse(s))
-# A number that keeps its int-ness through the e-graph: ints are encoded exactly as i64.
-NUMBER_AS_F64 = F64
 
 ATTRS: dict[str, AttrCodec] = {
     "name": STR, "shape": DIMS, "dtype": DTYPE, "accum_dtype": OPT_DTYPE,

@@ -38,18 +38,6 @@ def with_mask(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return inputs | {"mask": rand(rng, 1, 1, sq, sk)}
 
 
-def square_qkv(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    inputs = qkv(rng)
-    seq = inputs["q"].shape[-2]
-    return {"q": inputs["q"], "k": rand(rng, *inputs["q"].shape), "v": rand(rng, *inputs["q"].shape[:-2], seq, 5)}
-
-
-def _causal(q_, k_, v_):
-    seq = q_.shape[-2]
-    keep = op.tril(op.ones((seq, seq), "bool"))
-    return op.softmax(op.where(keep, (q_ @ k_.mT) * 0.5, -math.inf), axis=-1) @ v_
-
-
 RULES = (
     Rule("flash-attention", "softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)",
          lhs=t.matmul(t.softmax(t.add(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), mask, of=(ss, sd)), axis=ax),
@@ -121,4 +109,3 @@ RULES = RULES + tuple(_gqa_rules())
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
-EXAMPLES = {"causal": (_causal, square_qkv)}
