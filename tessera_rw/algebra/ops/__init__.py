@@ -8,6 +8,7 @@ from tessera_rw.algebra.ops import attention, conv, creation, elementwise, fused
 
 OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, linalg, conv,
                                               spectral, attention, fused) for d in m.DEFS}
+BUILTIN_OPS: frozenset[str] = frozenset(OPS)    # the ops tessera_rw declares itself; plugins add others
 
 
 def register(op: OpDef) -> OpDef:

@@ -1,0 +1,111 @@
+"""NVRTC compilation through cuda.core, with the facts ptxas reports about each kernel.
+
+Compiling needs no GPU, so every generated kernel's registers, spills and shared memory are known
+on any machine:
+
+>>> k = compile_cuda(KernelSource("twice", 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2; }'), "sm_90")
+>>> (k.registers > 0, k.spill_bytes)
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen.prelude import PRELUDE
+
+
+class CompileError(TesseraError):
+    """NVRTC rejected a generated kernel; the message shows the source lines around the error."""
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A generated kernel: its entry-point name and CUDA C++ text (without the prelude)."""
+    name: str
+    source: str
+    threads: int = 0           # block size it was written for (0: set at launch)
+
+    @property
+    def full_source(self) -> str:
+        return PRELUDE + "\n" + self.source
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str
+    arch: str
+    cubin: bytes
+    registers: int
+    spill_stores: int           # bytes per thread
+    spill_loads: int
+    stack_bytes: int
+    smem_bytes: int             # static shared memory
+    log: str
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+_FUNCTION = re.compile(r"Function properties for (\S+)")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def ptxas_facts(log: str, name: str) -> dict[str, int]:
+    """Registers, spills, stack and static smem of kernel `name` from a `ptxas -v` log."""
+    facts = {"registers": 0, "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0, "smem_bytes": 0}
+    current = None
+    for line in log.splitlines():
+        if m := _FUNCTION.search(line):
+            current = m.group(1)
+        elif "Compiling entry function" in line:
+            current = line.split("'")[1]
+        if current != name:
+            continue
+        if m := _STACK.search(line):
+            facts.update(stack_bytes=int(m[1]), spill_stores=int(m[2]), spill_loads=int(m[3]))
+        if m := _USED.search(line):
+            facts["registers"] = int(m[1])
+        if m := _SMEM.search(line):
+            facts["smem_bytes"] = int(m[1])
+    return facts
+
+
+def _excerpt(source: str, log: str, context: int = 3) -> str:
+    """The source lines the first NVRTC error points at, numbered."""
+    m = re.search(r"\((\d+)\): error", log)
+    if not m:
+        return ""
+    lines = source.splitlines()
+    at = int(m[1]) - 1
+    window = range(max(0, at - context), min(len(lines), at + context + 1))
+    return "\n".join(f"{'>' if i == at else ' '}{i + 1:5d} | {lines[i]}" for i in window)
+
+
+@lru_cache(maxsize=512)
+def _compile(full_source: str, name: str, arch: str, options: tuple[str, ...]) -> CompiledKernel:
+    from cuda.core import Program, ProgramOptions
+    log = io.StringIO()
+    opts = ProgramOptions(name=f"{name}.cu", arch=arch, ptxas_options=["-v"], std="c++17",
+                          use_fast_math="fast_math" in options)
+    try:
+        cubin = Program(full_source, "c++", opts).compile("cubin", logs=log)
+    except Exception as e:
+        text = str(e)
+        raise CompileError(f"NVRTC could not compile kernel {name} for {arch}:\n{text.strip()}\n"
+                           f"{_excerpt(full_source, text)}",
+                           hint="this is a code generator bug; please report it with the lines above") from None
+    text = log.getvalue().replace("\x00", "")
+    return CompiledKernel(name, arch, bytes(cubin.code), log=text, **ptxas_facts(text, name))
+
+
+def compile_cuda(kernel: KernelSource, arch: str, *, fast_math: bool = False) -> CompiledKernel:
+    """Compile one generated kernel to a cubin for `arch` ('sm_80', 'sm_90', ...)."""
+    return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if fast_math else ())
