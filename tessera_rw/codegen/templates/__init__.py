@@ -1,0 +1,1 @@
+"""Kernel templates: one per kernel kind (schedule space, resource model, CUDA emitter)."""

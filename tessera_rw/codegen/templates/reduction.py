@@ -1,0 +1,289 @@
+"""Reductions (sum, mean, max, min over any axes): a row reduce or a column reduce.
+
+Adjacent axes that are both reduced or both kept are coalesced, leaving alternating groups.
+When the innermost group is reduced (a "row reduce", e.g. sum over the last axis), `split`
+threads (a warp, or the whole block for long rows) stride along one output's reduced elements
+with vector loads and combine through warp shuffles (and shared memory across warps). When the
+innermost group is kept (a "column reduce", e.g. sum over axis 0), consecutive threads own
+consecutive outputs, so every load of the walk down the reduced axis is coalesced; `split` rows
+of threads walk interleaved parts of the reduced axis and meet in shared memory.
+
+Shapes are baked into the source. 16-bit inputs accumulate in fp32; int32/bool sums in int64,
+as numpy (and the op's declared dtype) does.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = TensorType((4096, 4096), DType.bfloat16)
+>>> op = KernelOp.of("sum", (x,), TensorType((4096,), DType.bfloat16), axes=(0,), keepdims=False)
+>>> ReductionTemplate().strategy(op)
+'column'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.elementwise import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
+                                                      contiguous_strides, ctype, kernel_name, load, offset_expr,
+                                                      store, words)
+
+WARP = 32
+MAX_INDEX = 2**31        # row and offset math is 32-bit
+UNROLL = 4                # loads of the reduced-axis walk in flight per thread
+WARP_ROW_MAX = 2048       # reduced elements up to which one warp per output is enough
+
+
+@dataclass(frozen=True)
+class ReductionSchedule(Schedule):
+    threads: int = 256
+    vec: int = 4          # row: elements per load; column: consecutive outputs per thread
+    split: int = 32       # threads that share one output (row: 32 or threads; column: rows of threads)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The input seen as coalesced kept and reduced groups, with their strides."""
+    kept: tuple[int, ...]
+    kept_strides: tuple[int, ...]
+    red: tuple[int, ...]
+    red_strides: tuple[int, ...]
+    row: bool             # the innermost group is reduced
+
+    @property
+    def n_out(self) -> int:
+        return math.prod(self.kept)
+
+    @property
+    def n_red(self) -> int:
+        return math.prod(self.red)
+
+
+def layout(x: TensorType, axes: tuple[int, ...]) -> Layout:
+    groups: list[list] = []                     # [size, reduced]
+    for axis, size in enumerate(x.shape):
+        if size == 1:
+            continue
+        if groups and groups[-1][1] == (axis in axes):
+            groups[-1][0] *= size
+        else:
+            groups.append([size, axis in axes])
+    strides = contiguous_strides(tuple(g[0] for g in groups))
+    kept = [(g[0], s) for g, s in zip(groups, strides) if not g[1]] or [(1, 0)]
+    red = [(g[0], s) for g, s in zip(groups, strides) if g[1]] or [(1, 0)]
+    row = not groups or groups[-1][1]
+    return Layout(tuple(k for k, _ in kept), tuple(s for _, s in kept),
+                  tuple(r for r, _ in red), tuple(s for _, s in red), row)
+
+
+class ReductionTemplate(Template):
+    """sum / mean / max / min over any axes, keepdims or not."""
+
+    kind = "reduction"
+    ops = frozenset({"sum", "mean", "max", "min"})
+
+    def accepts(self, op: KernelOp) -> bool:
+        x = op.operands[0] if op.operands else None
+        return (op.op in self.ops and x is not None and x.dtype in SUPPORTED and op.result.dtype in SUPPORTED
+                and 0 < x.numel < MAX_INDEX)
+
+    def fused(self, op: KernelOp) -> tuple[str, ...]:
+        return ()
+
+    def strategy(self, op: KernelOp) -> str:
+        return "row" if self._layout(op).row else "column"
+
+    def _layout(self, op: KernelOp) -> Layout:
+        return layout(op.operands[0], tuple(op.attr_map["axes"]))
+
+    def _vecs(self, op: KernelOp, lay: Layout) -> list[int]:
+        inner = lay.red[-1] if lay.row else lay.kept[-1]
+        contiguous = (lay.red_strides if lay.row else lay.kept_strides)[-1] == 1
+        size = op.operands[0].dtype.itemsize
+        return [v for v in (8, 4, 2, 1) if v == 1 or (contiguous and inner % v == 0 and v * size <= MAX_ACCESS_BYTES)]
+
+    def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:
+        lay = self._layout(op)
+        vecs = self._vecs(op, lay)
+        if lay.row:
+            warp = ReductionSchedule(256, vecs[0], WARP)
+            block = ReductionSchedule(512, vecs[0], 512)
+            return (warp, block) if lay.n_red <= WARP_ROW_MAX else (block, warp)
+        # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks.
+        narrow = [v for v in vecs if v <= 2][0]
+        return tuple(dict.fromkeys((ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))))
+
+    # -- resources ----------------------------------------------------------------------------
+
+    def _acc(self, op: KernelOp) -> DType:
+        x, out = op.operands[0].dtype, op.result.dtype
+        if op.op == "sum":
+            return out if out is not DType.bool else DType.int32
+        if op.op == "mean":
+            return DType.int64 if not x.is_float else out
+        return DType.int32 if x is DType.bool else x
+
+    def resources(self, op: KernelOp, schedule: ReductionSchedule, arch: ArchSpec) -> Resources:
+        lay = self._layout(op)
+        if lay.row:
+            blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split))
+        else:
+            blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split * schedule.vec))
+        return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, schedule, lay, arch),
+                         smem_bytes=self._smem(op, schedule, lay),
+                         hbm_bytes=op.operands[0].nbytes + op.result.nbytes,   # every element read once
+                         flops=op.flops, unit=MathUnit.FP32)
+
+    def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
+        acc = words(self._acc(op)) * 4
+        if lay.row:
+            return acc * (s.threads // WARP) if s.split > WARP else 0
+        return acc * s.threads * s.vec
+
+    def _registers(self, op: KernelOp, s: ReductionSchedule, lay: Layout, arch: ArchSpec) -> int:
+        # Calibrated against ptxas on samples(): the walk keeps UNROLL loads in flight, a column
+        # reduce also keeps `vec` accumulators; 64-bit accumulation doubles the adds' registers.
+        x = op.operands[0].dtype
+        acc = words(self._acc(op))
+        loaded = max(1, s.vec * x.itemsize // 4)
+        wide = REG_WIDE_ACC if acc == 2 else 0
+        if lay.row:
+            trips = math.ceil(lay.n_red / (s.split * s.vec))
+            return REG_ROW_BASE + min(trips, UNROLL) * loaded + wide // 2
+        trips = math.ceil(lay.n_red / s.split)
+        index_math = sum(1 for st in lay.red_strides[:-1] + lay.kept_strides[:-1] if st)
+        return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc + wide
+                + REG_INDEX_AXIS * index_math)
+
+    # -- emission -----------------------------------------------------------------------------
+
+    def emit(self, op: KernelOp, schedule: ReductionSchedule, arch: ArchSpec) -> KernelSource:
+        lay = self._layout(op)
+        x, out = op.operands[0].dtype, op.result.dtype
+        acc = self._acc(op)
+        a = ctype(acc)
+        name = kernel_name(self.kind, op, schedule)
+        ident, combine = self._monoid(op.op, acc)
+        value = "acc" if op.op != "mean" else f"(({ctype(out)})acc / ({ctype(out)}){lay.n_red})"
+        body = (self._row if lay.row else self._column)(op, schedule, lay, a, ident, combine, value)
+        blocks = self.resources(op, schedule, arch).blocks
+        source = f"""// {op}
+// reduction ({'row' if lay.row else 'column'} reduce) of {lay.n_red} elements into each of {lay.n_out} outputs,
+// schedule {schedule.describe()}; accumulates in {a}.
+// launch: {name}<<<{blocks}, {schedule.threads}>>>(x, out)
+{VEC_STRUCT}
+
+__device__ __forceinline__ {a} reduction_combine({a} a, {a} b) {{ return {combine}; }}
+
+extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {STORAGE[x]}* __restrict__ x, {STORAGE[out]}* __restrict__ out) {{
+{body}
+}}
+"""
+        return KernelSource(name, source, schedule.threads)
+
+    @staticmethod
+    def _monoid(name: str, acc: DType) -> tuple[str, str]:
+        c = ctype(acc)
+        if name in ("sum", "mean"):
+            return f"({c})0", "a + b"
+        is_float = c in ("float", "double")
+        big = {"float": "__int_as_float(0x7f800000)", "double": "__longlong_as_double(0x7ff0000000000000ll)",
+               "int": "2147483647", "long long": "9223372036854775807ll"}[c]
+        pick = ">" if name == "max" else "<"
+        nan = " || a != a" if is_float else ""    # numpy propagates NaN
+        ident = f"-{big}" if name == "max" else big
+        if name == "max" and not is_float:
+            ident = f"(-{big} - 1)"
+        return f"({c})({ident})", f"(a {pick} b{nan}) ? a : b"
+
+    def _row(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value) -> str:
+        x = op.operands[0].dtype
+        v, tpr, rpb = s.vec, s.split, s.threads // s.split
+        kept_off = offset_expr("row", lay.kept, lay.kept_strides)
+        red_off = offset_expr("r", lay.red, lay.red_strides)
+        lines = [f"    const unsigned row = blockIdx.x * {rpb}u + threadIdx.x / {tpr}u;",
+                 f"    const unsigned lane = threadIdx.x % {tpr}u;",
+                 f"    {a} acc = {ident};",
+                 f"    if (row < {lay.n_out}u) {{",
+                 f"        const {STORAGE[x]}* base = x + ({kept_off});",
+                 f"        #pragma unroll {UNROLL}",
+                 f"        for (unsigned r = lane * {v}u; r < {lay.n_red}u; r += {tpr * v}u) {{",
+                 f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
+                 "            #pragma unroll",
+                 f"            for (int j = 0; j < {v}; ++j) acc = reduction_combine(acc, ({a}){load(x, 'c.v[j]')});",
+                 "        }",
+                 "    }",
+                 f"    for (int o = {WARP // 2}; o > 0; o >>= 1) acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"]
+        if tpr > WARP:   # one block per output: the warps meet in shared memory
+            warps = tpr // WARP
+            lines += [f"    __shared__ {a} partial[{warps}];",
+                      f"    if (lane % {WARP}u == 0) partial[lane / {WARP}u] = acc;",
+                      "    __syncthreads();",
+                      f"    if (lane >= {WARP}u) return;",
+                      f"    acc = lane < {warps}u ? partial[lane] : {ident};",
+                      f"    for (int o = {WARP // 2}; o > 0; o >>= 1) acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"]
+        lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
+        return "\n".join(lines)
+
+    def _column(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value) -> str:
+        x = op.operands[0].dtype
+        v, ry = s.vec, s.split
+        tx = s.threads // ry
+        kept_off = offset_expr("o", lay.kept, lay.kept_strides)
+        red_off = offset_expr("r", lay.red, lay.red_strides)
+        return "\n".join([
+            f"    const unsigned tx = threadIdx.x % {tx}u, ty = threadIdx.x / {tx}u;",
+            f"    const unsigned o = (blockIdx.x * {tx}u + tx) * {v}u;",
+            f"    {a} acc[{v}];",
+            "    #pragma unroll",
+            f"    for (int j = 0; j < {v}; ++j) acc[j] = {ident};",
+            f"    if (o < {lay.n_out}u) {{",
+            f"        const {STORAGE[x]}* base = x + ({kept_off});",
+            f"        #pragma unroll {UNROLL}",
+            f"        for (unsigned r = ty; r < {lay.n_red}u; r += {ry}u) {{",
+            f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
+            "            #pragma unroll",
+            f"            for (int j = 0; j < {v}; ++j) acc[j] = reduction_combine(acc[j], ({a}){load(x, 'c.v[j]')});",
+            "        }",
+            "    }",
+            f"    __shared__ {a} partial[{ry}][{tx * v}];",
+            "    #pragma unroll",
+            f"    for (int j = 0; j < {v}; ++j) partial[ty][tx * {v}u + j] = acc[j];",
+            "    __syncthreads();",
+            f"    if (ty != 0 || o >= {lay.n_out}u) return;",
+            "    #pragma unroll",
+            f"    for (int j = 0; j < {v}; ++j) {{",
+            f"        for (int k = 1; k < {ry}; ++k) acc[j] = reduction_combine(acc[j], partial[k][tx * {v}u + j]);",
+            f"        const {a} acc_j = acc[j];",
+            f"        out[o + j] = {store(op.result.dtype, value.replace('acc', 'acc_j'))};",
+            "    }",
+        ])
+
+    def samples(self) -> tuple[KernelOp, ...]:
+        bf, f32 = DType.bfloat16, DType.float32
+
+        def red(name, shape, dtype, axes, keepdims=False):
+            x = TensorType(shape, dtype)
+            return KernelOp.of(name, (x,), OPS[name].infer(x, axes, keepdims), axes=axes, keepdims=keepdims)
+
+        return (
+            red("sum", (4096, 4096), bf, (1,)),               # row reduce, block per row
+            red("mean", (8192, 512), f32, (1,), True),        # row reduce, warp per row, keepdims
+            red("max", (4096, 4096), bf, (0,)),               # column reduce
+            red("sum", (1024, 1024), DType.int32, (0,)),      # int64 accumulation
+            red("sum", (16, 1024, 256), f32, (0, 2)),         # two reduced groups
+            red("min", (64, 128, 256), f32, (1,), True),      # column reduce under a batch axis
+        )
+
+
+# The register model (fit to ptxas 12.x on samples(), within 21% on sm_80 and sm_90).
+REG_ROW_BASE = 10         # row, lane, bounds, base address, the accumulator
+REG_COL_BASE = 14         # ... plus the shared-memory combine's addresses
+REG_WIDE_ACC = 8          # int64 / fp64 accumulation: register pairs and carries
+REG_INDEX_AXIS = 1        # each extra coalesced axis needs a division and a multiply

@@ -1,0 +1,48 @@
+"""The kernel templates tessera_rw generates code from, found by the op a kernel computes.
+
+Lazy and explicit: the table names each template's module and class; modules load on first use.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.node import TensorType
+>>> t = TensorType((64, 64), DType.bfloat16)
+>>> softmax = KernelOp.of("softmax", (t,), t, axis=1)
+>>> [tpl.kind_of(softmax) for tpl in templates_for(softmax)]
+['softmax']
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Template
+
+# Ops that launch nothing: graph inputs and constants are already in memory, and these layout ops
+# are strided views that the consuming kernel reads through (a copy kernel materializes them only
+# when a plan asks for it).
+NO_KERNEL_OPS = frozenset({"input", "constant", "literal", "reshape", "transpose", "broadcast_to", "slice"})
+
+BUILTIN = (
+    ("gemm", "GemmTemplate"),
+    ("attention", "FlashAttentionTemplate"),
+    ("rowwise", "RowwiseTemplate"),
+    ("reduction", "ReductionTemplate"),
+    ("elementwise", "ElementwiseTemplate"),
+    ("copy", "CopyTemplate"),
+    ("conv", "DirectConvTemplate"),
+    ("spectral", "SpectralContractTemplate"),
+    ("spectral", "FFTTemplate"),
+)
+
+
+@cache
+def templates() -> tuple[Template, ...]:
+    """One instance of every built-in template."""
+    return tuple(getattr(importlib.import_module(f"tessera_rw.codegen.templates.{module}"), name)()
+                 for module, name in BUILTIN)
+
+
+def templates_for(op: KernelOp) -> list[Template]:
+    """The templates that can implement `op` (usually one)."""
+    return [t for t in templates() if op.op in t.ops and t.accepts(op)]

@@ -1,0 +1,411 @@
+"""Row-wise normalizations: softmax, log_softmax, layernorm, rmsnorm, and fused_normalization.
+
+A row is the trailing normalized axes (accepts() refuses any other axes). One warp owns a row
+when the row is short, one block when it is long (warps meet through shared memory). When a
+thread's share of the row (`elements_per_thread`) fits MAX_RESIDENT values, the row is read from
+HBM once into registers, the statistics are reduced over the registers and the result is written
+from them. A longer row is walked in passes instead (softmax: an online max/sum pass then the
+write; layernorm: mean, variance, write; rmsnorm: mean square, write), each pass re-reading the
+row; the re-reads hit L2 while the rows in flight fit in it.
+
+fused_normalization adds a prologue expression over its leading inputs (applied as the row is
+loaded) and an epilogue `post` ($0 the normalized value) applied as it is written. Operands
+broadcast to the row; one constant per row is loaded once. Statistics are fp32.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = TensorType((8192, 8192), DType.bfloat16)
+>>> op = KernelOp.of("softmax", (x,), x, axis=1)
+>>> s = RowwiseTemplate().schedules(op, arch_named("h100"))[0]
+>>> (s.describe(), RowwiseTemplate().elements_per_thread(op, s))
+('threads=1024 vec=8 rows_per_block=1', 8)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused import parse_expr
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.elementwise import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
+                                                      broadcast_strides, coalesce, emit_tree, expr_ops,
+                                                      index_type, kernel_name, load, offset_expr, store)
+
+WARP = 32
+MAX_INDEX = 2**31        # row and offset math is 32-bit
+MAX_RESIDENT = 32         # fp32 row values a thread may hold in registers (beyond: the looped variant)
+NORMS = {"softmax": "softmax", "log_softmax": "softmax", "layernorm": "layernorm", "rmsnorm": "layernorm"}
+RESIDENT_PASSES = 1
+LOOPED_PASSES = {"softmax": 2, "log_softmax": 2, "layernorm": 3, "rmsnorm": 2}
+
+
+@dataclass(frozen=True)
+class RowwiseSchedule(Schedule):
+    threads: int = 256
+    vec: int = 4
+    rows_per_block: int = 1     # threads // 32: one warp per row; 1: the block shares a row
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """What any of the ops computes, as one shape: prologue -> norm -> affine -> epilogue."""
+    norm: str
+    prologue: tuple[TensorType, ...]
+    expr: object
+    weight: TensorType | None
+    bias: TensorType | None
+    epilogue: tuple[TensorType, ...]
+    post: object
+    eps: float
+    k: int                      # trailing axes normalized
+
+
+def row_spec(op: KernelOp) -> RowSpec:
+    a, xs = op.attr_map, op.operands
+    if op.op in ("softmax", "log_softmax"):
+        return RowSpec(op.op, xs, 0, None, None, (), 0, 0.0, 1 if a["axis"] == xs[0].ndim - 1 else 0)
+    if op.op in ("layernorm", "rmsnorm"):
+        params = iter(xs[1:])
+        w = next(params) if a["has_weight"] else None
+        b = next(params) if a["has_bias"] else None
+        return RowSpec(op.op, xs[:1], 0, w, b, (), 0, float(a["eps"]), len(a["axes"]))
+    post = parse_expr(a["post"])
+    after = max(_leaves(post))
+    n_params = a["has_weight"] + a["has_bias"]
+    before = len(xs) - n_params - after
+    params = iter(xs[before:before + n_params])
+    w = next(params) if a["has_weight"] else None
+    b = next(params) if a["has_bias"] else None
+    axes = tuple(a["axes"])
+    trailing = axes == tuple(range(op.result.ndim - len(axes), op.result.ndim))
+    return RowSpec(a["norm"], xs[:before], parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
+                   float(a.get("eps", 0.0)), len(axes) if trailing else 0)
+
+
+def _leaves(tree) -> set[int]:
+    return {tree} if isinstance(tree, int) else set().union(*(_leaves(t) for t in tree[1:]))
+
+
+class RowwiseTemplate(Template):
+    """softmax / log_softmax (kind 'softmax'), layernorm / rmsnorm (kind 'layernorm'), fused_normalization."""
+
+    kind = "softmax"
+    ops = frozenset({"softmax", "log_softmax", "layernorm", "rmsnorm", "fused_normalization"})
+
+    def kind_of(self, op: KernelOp) -> str:
+        return NORMS[row_spec(op).norm]
+
+    def accepts(self, op: KernelOp) -> bool:
+        if op.op not in self.ops or not all(t.dtype in SUPPORTED for t in op.operands + (op.result,)):
+            return False
+        spec = row_spec(op)
+        return spec.k > 0 and 0 < op.result.numel < MAX_INDEX and all(t.numel < MAX_INDEX for t in op.operands)
+
+    def fused(self, op: KernelOp) -> tuple[str, ...]:
+        if op.op != "fused_normalization":
+            return ()
+        spec = row_spec(op)
+        return tuple(dict.fromkeys(expr_ops(spec.expr) + expr_ops(spec.post)))
+
+    # -- geometry -----------------------------------------------------------------------------
+
+    def _row(self, op: KernelOp) -> tuple[int, int]:
+        k = row_spec(op).k
+        length = math.prod(op.result.shape[op.result.ndim - k:])
+        return op.result.numel // length, length
+
+    def elements_per_thread(self, op: KernelOp, s: RowwiseSchedule) -> int:
+        _, length = self._row(op)
+        return math.ceil(length / (s.threads // s.rows_per_block * s.vec)) * s.vec
+
+    def resident(self, op: KernelOp, s: RowwiseSchedule) -> bool:
+        return self.elements_per_thread(op, s) <= MAX_RESIDENT
+
+    def _vec_ok(self, op: KernelOp, v: int) -> bool:
+        _, length = self._row(op)
+        widest = max(t.dtype.itemsize for t in op.operands + (op.result,))
+        return length % v == 0 and v * widest <= MAX_ACCESS_BYTES and all(
+            acc[0] != "vector" or acc[2][-1] % v == 0 for acc in self._accesses(op))
+
+    def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
+        _, length = self._row(op)
+        v = next(v for v in (8, 4, 2, 1) if self._vec_ok(op, v))
+        warp = [RowwiseSchedule(t, v, t // WARP) for t in (256, 128)]
+        block = [RowwiseSchedule(t, v, 1) for t in (256, 512, 1024)]
+        if length <= WARP * MAX_RESIDENT and length >= WARP * v:
+            return tuple(warp)
+        fits = [s for s in block if self.resident(op, s) and length >= s.threads * v]
+        if fits:
+            return tuple(fits[-2:][::-1])     # the widest blocks first: fewer values per thread
+        return (block[2], block[1])           # looped: a row does not fit in registers
+
+    # -- resources ----------------------------------------------------------------------------
+
+    def resources(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> Resources:
+        rows, length = self._row(op)
+        spec = row_spec(op)
+        blocks = math.ceil(rows / s.rows_per_block)
+        reads = sum(t.nbytes for t in spec.prologue)
+        hbm = op.operand_bytes + op.result.nbytes
+        if not self.resident(op, s):
+            # Each extra pass re-reads the row; rows in flight (one per resident warp or block)
+            # that fit in L2 are re-read from there, otherwise from HBM.
+            in_flight = min(rows, arch.sm_count * (arch.max_warps_per_sm * WARP // s.threads) * s.rows_per_block)
+            row_bytes = reads // rows
+            if in_flight * row_bytes > arch.l2_bytes:
+                hbm += (LOOPED_PASSES[spec.norm] - 1) * reads
+        # block mode: one fp32 partial per warp for each statistic reduced across the block
+        smem = 4 * (s.threads // WARP) * (2 if spec.norm in ("softmax", "log_softmax") else 1) \
+            if s.rows_per_block == 1 else 0
+        heavy = spec.norm in ("softmax", "log_softmax") or "exp" in expr_ops(spec.post)
+        regs = self._registers(op, s, arch)
+        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        return Resources(threads=s.threads, blocks=blocks, registers=regs, smem_bytes=smem, hbm_bytes=hbm,
+                         flops=op.flops, unit=MathUnit.FP32, efficiency=0.9 if heavy else 1.0,
+                         spill_bytes=4 * max(0, regs - limit))
+
+    def _registers(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> int:
+        # Calibrated against ptxas on samples(): the row's values held live, the loaded (still
+        # packed) vectors, and a pointer plus index per operand beyond x.
+        loaded = sum(max(1, s.vec * op.operands[i].dtype.itemsize // 4)
+                     for i, acc in enumerate(self._accesses(op)) if acc[0] == "vector")
+        regs = REG_PER_LOADED_WORD * loaded + REG_PER_OPERAND * (len(op.operands) - 1)
+        if self.resident(op, s):
+            return round(REG_BASE + REG_PER_VALUE * self.elements_per_thread(op, s) + regs)
+        return round(REG_LOOPED_BASE + regs)
+
+    # -- emission -----------------------------------------------------------------------------
+
+    def _accesses(self, op: KernelOp) -> list[tuple]:
+        """Per operand: (how it is read, row offset in `row`, col sizes, col strides)."""
+        spec = row_spec(op)
+        out = op.result.shape
+        lead = out[:len(out) - spec.k]
+        found = []
+        for t in op.operands:
+            st = broadcast_strides(out, t.shape)
+            rs, (rst,) = coalesce(lead, [st[:len(lead)]])
+            cs, (cst,) = coalesce(out[len(lead):], [st[len(lead):]])
+            rs, rst, cs, cst = rs or (1,), rst or (0,), cs or (1,), cst or (0,)
+            how = "vector" if cst[-1] == 1 else "row" if not any(cst) else "gather"
+            found.append((how, offset_expr("row", rs, rst), cs, cst))
+        return found
+
+    def emit(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> KernelSource:
+        spec = row_spec(op)
+        rows, length = self._row(op)
+        v, tpr = s.vec, s.threads // s.rows_per_block
+        name = kernel_name(self.kind_of(op), op, s)
+        acc = self._accesses(op)
+        params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
+        params.append(f"{STORAGE[op.result.dtype]}* __restrict__ out")
+        n_pro, has_w = len(spec.prologue), spec.weight is not None
+        w_i = n_pro if has_w else None
+        b_i = n_pro + has_w if spec.bias is not None else None
+        epi = list(range(n_pro + has_w + (spec.bias is not None), len(op.operands)))
+        block = s.rows_per_block == 1
+        red_sum, red_max = ("rowwise_block_sum", "rowwise_block_max") if block else ("warp_sum", "warp_max")
+        idx = index_type(op.result.numel)
+        hoisted = [f"const float r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
+                   for i, t in enumerate(op.operands) if acc[i][0] == "row"]
+
+        def gather(i: int, which: str) -> tuple[list[str], str]:
+            """Lines loading operand i's vector at column c, and its lane-j value expression."""
+            how, row_off, cs, cst = acc[i]
+            t = op.operands[i].dtype
+            if how == "row":
+                return [], f"r{i}"
+            if how == "gather":
+                return [], load(t, f"in{i}[{row_off} + {offset_expr('(c + j)', cs, cst)}]")
+            col = offset_expr("c", cs, cst)
+            vt = f"vec_t<{STORAGE[t]}, {v}>"
+            return [f"const {vt} {which}{i} = *reinterpret_cast<const {vt}*>(in{i} + {row_off} + {col});"], \
+                load(t, f"{which}{i}.v[j]")
+
+        def prologue(target: str) -> list[str]:
+            lines, lanes = [], []
+            for i in range(n_pro):
+                pre, val = gather(i, "p")
+                lines += pre
+                lanes.append((val, spec.prologue[i].dtype))
+            body = [f"const float x{i} = {val};" for i, (val, _) in enumerate(lanes)]
+            var, _ = emit_tree(spec.expr, [(f"x{i}", d) for i, (_, d) in enumerate(lanes)], body, "u")
+            return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{",
+                            *("    " + b for b in body), f"    {target} = {var};", "}"]
+
+        def epilogue(value: str) -> list[str]:
+            lines, body = [], [f"float y = {value};"]
+            if has_w:
+                pre, val = gather(w_i, "w")
+                lines += pre
+                body.append(f"y = y * {val};")
+            if b_i is not None:
+                pre, val = gather(b_i, "b")
+                lines += pre
+                body.append(f"y = y + {val};")
+            normed = (OPS["fused_elementwise"].infer(*spec.prologue, expr=op.attr_map["expr"]).dtype
+                      if op.op == "fused_normalization" else op.operands[0].dtype)
+            leaves = [("y", normed)]
+            for i in epi:
+                pre, val = gather(i, "e")
+                lines += pre
+                body.append(f"const float z{i} = {val};")
+                leaves.append((f"z{i}", op.operands[i].dtype))
+            var, _ = emit_tree(spec.post, leaves, body, "q")
+            ot = f"vec_t<{STORAGE[op.result.dtype]}, {v}>"
+            return lines + [f"{ot} o;", "#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{",
+                            *("    " + b for b in body), f"    o.v[j] = {store(op.result.dtype, var)};", "}",
+                            f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
+
+        stats = (self._resident if self.resident(op, s) else self._looped)(
+            spec, length, v, tpr, red_sum, red_max, prologue, epilogue)
+        helpers = _block_helpers(s.threads // WARP) if block else ""
+        guard = "" if block or rows % s.rows_per_block == 0 else f"    if (row >= {rows}u) return;  // whole warps\n"
+        mode = "resident (one read)" if self.resident(op, s) else f"looped ({LOOPED_PASSES[spec.norm]} passes)"
+        body = "\n".join("    " + line for line in hoisted + stats)
+        source = f"""// {op}
+// {spec.norm} over rows of {length}, {rows} rows; {'one block' if block else 'one warp'} per row, {mode};
+// schedule {s.describe()}, {self.elements_per_thread(op, s)} elements per thread.
+// launch: {name}<<<{math.ceil(rows / s.rows_per_block)}, {s.threads}>>>({', '.join(f'in{i}' for i in range(len(op.operands)))}, out)
+{VEC_STRUCT}
+{helpers}
+extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(params)}) {{
+    const unsigned row = blockIdx.x * {s.rows_per_block}u + threadIdx.x / {tpr}u;
+    const unsigned lane = threadIdx.x % {tpr}u;
+{guard}{body}
+}}
+"""
+        return KernelSource(name, source, s.threads)
+
+    @staticmethod
+    def _resident(spec, length, v, tpr, red_sum, red_max, prologue, epilogue) -> list[str]:
+        chunks = math.ceil(length / (tpr * v))
+        ragged = length % (tpr * v) != 0
+        inf = "__int_as_float(0x7f800000)"
+        neutral = f"-{inf}" if spec.norm in ("softmax", "log_softmax") else "0.0f"
+
+        def each(lines: list[str], guarded: bool = True) -> list[str]:
+            inner = []
+            if (ragged and guarded) or any("c" in x.replace("continue", "") for x in lines if "c]" in x or "+ c" in x):
+                inner = [f"const unsigned c = (k * {tpr}u + lane) * {v}u;"]
+            if ragged and guarded:
+                inner += [f"if (c >= {length}u) continue;"]
+            return ["#pragma unroll", f"for (int k = 0; k < {chunks}; ++k) {{", *("    " + x for x in inner + lines), "}"]
+
+        out = [f"float v[{chunks}][{v}];"]
+        load = prologue("v[k][j]")
+        if ragged:
+            load = [f"if (c >= {length}u) {{ for (int j = 0; j < {v}; ++j) v[k][j] = {neutral}; continue; }}"] + load
+        out += each(load, guarded=False)
+        def lanes(stmt: str) -> list[str]:
+            return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
+        if spec.norm in ("softmax", "log_softmax"):
+            out += [f"float m = -{inf};"] + each(lanes("m = fmaxf(m, v[k][j]);"), False) + [f"m = {red_max}(m);"]
+            shift = "v[k][j] = v[k][j] - m; s += expf(v[k][j]);" if spec.norm == "log_softmax" else \
+                "v[k][j] = expf(v[k][j] - m); s += v[k][j];"
+            out += ["float s = 0.0f;"] + each(lanes("{ " + shift + " }")) + [f"s = {red_sum}(s);"]
+            value = "v[k][j] - logf(s)" if spec.norm == "log_softmax" else "v[k][j] * inv"
+            out += ["const float inv = 1.0f / s;"]
+        elif spec.norm == "layernorm":
+            out += ["float s = 0.0f;"] + each(lanes("s += v[k][j];"), False)
+            out += [f"const float mean = {red_sum}(s) * (1.0f / {length}.0f);", "float q = 0.0f;"]
+            out += each(lanes("{ v[k][j] -= mean; q += v[k][j] * v[k][j]; }"))
+            out += [f"const float rstd = rsqrtf({red_sum}(q) * (1.0f / {length}.0f) + {spec.eps!r}f);"]
+            value = "v[k][j] * rstd"
+        else:
+            out += ["float q = 0.0f;"] + each(lanes("q += v[k][j] * v[k][j];"), False)
+            out += [f"const float rstd = rsqrtf({red_sum}(q) * (1.0f / {length}.0f) + {spec.eps!r}f);"]
+            value = "v[k][j] * rstd"
+        return out + each(epilogue(value))
+
+    @staticmethod
+    def _looped(spec, length, v, tpr, red_sum, red_max, prologue, epilogue) -> list[str]:
+        def walk(lines: list[str]) -> list[str]:
+            return [f"for (unsigned c = lane * {v}u; c < {length}u; c += {tpr * v}u) {{",
+                    f"    float x[{v}];", *("    " + x for x in prologue("x[j]") + lines), "}"]
+
+        def lanes(stmt: str) -> list[str]:
+            return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
+
+        inv_len = f"(1.0f / {length}.0f)"
+        eps = f"{spec.eps!r}f"
+        if spec.norm in ("softmax", "log_softmax"):
+            inf = "__int_as_float(0x7f800000)"
+            # Online softmax, rescaled once per vector: the running sum moves to the new maximum.
+            online = [f"float cm = x[0];", *lanes("cm = fmaxf(cm, x[j]);"), "const float n = fmaxf(m, cm);",
+                      f"if (n != -{inf}) {{", f"    s *= expf(m - n);",
+                      f"    for (int j = 0; j < {v}; ++j) s += expf(x[j] - n);", "    m = n;", "}"]
+            out = [f"float m = -{inf}, s = 0.0f;"] + walk(online)
+            out += [f"const float mx = {red_max}(m);",
+                    f"s = {red_sum}(m == -{inf} ? 0.0f : s * expf(m - mx));"]
+            value = "x[j] - mx - logf(s)" if spec.norm == "log_softmax" else "expf(x[j] - mx) * inv"
+            out += ["const float inv = 1.0f / s;"]
+        elif spec.norm == "layernorm":
+            out = ["float s = 0.0f;"] + walk(lanes("s += x[j];"))
+            out += [f"const float mean = {red_sum}(s) * {inv_len};", "float q = 0.0f;"]
+            out += walk(lanes("q += (x[j] - mean) * (x[j] - mean);"))
+            out += [f"const float rstd = rsqrtf({red_sum}(q) * {inv_len} + {eps});"]
+            value = "(x[j] - mean) * rstd"
+        else:
+            out = ["float q = 0.0f;"] + walk(lanes("q += x[j] * x[j];"))
+            out += [f"const float rstd = rsqrtf({red_sum}(q) * {inv_len} + {eps});"]
+            value = "x[j] * rstd"
+        return out + walk(epilogue(value))
+
+    def samples(self) -> tuple[KernelOp, ...]:
+        bf, f32 = DType.bfloat16, DType.float32
+        x = TensorType((8192, 8192), bf)
+        ln = TensorType((4096, 768), bf)
+        w = TensorType((768,), bf)
+        rms = TensorType((4096, 4096), bf)
+        short = TensorType((4096, 512), f32)
+        long_row = TensorType((64, 65536), f32)
+        mask = TensorType((1, 512), f32)
+        resid = TensorType((4096, 512), f32)
+        fused_attrs = dict(expr="add(mul($0,$1),$2)", norm="softmax", axes=(1,), eps=0.0, has_weight=False,
+                           has_bias=False, post="$0")
+        scale = TensorType((), f32)
+        fused_ln = dict(expr="add($0,$1)", norm="layernorm", axes=(1,), eps=1e-5, has_weight=True, has_bias=True,
+                        post="mul($0,sigmoid($1))")
+        hid = TensorType((4096, 768), bf)
+        return (
+            KernelOp.of("softmax", (x,), x, axis=1),                                   # long rows, block per row
+            KernelOp.of("log_softmax", (short,), short, axis=1),                       # short rows, warp per row
+            KernelOp.of("layernorm", (ln, w, w), ln, axes=(1,), eps=1e-5, has_weight=True, has_bias=True),
+            KernelOp.of("rmsnorm", (rms, TensorType((4096,), bf)), rms, axes=(1,), eps=1e-6, has_weight=True,
+                        has_bias=False),
+            KernelOp.of("softmax", (long_row,), long_row, axis=1),                     # looped: row > registers
+            KernelOp.of("fused_normalization", (short, scale, mask), short, **fused_attrs),   # scale + mask prologue
+            KernelOp.of("fused_normalization", (hid, hid, w, w, hid), hid, **fused_ln),      # residual -> LN -> gate
+            KernelOp.of("layernorm", (TensorType((2048, 65536), bf),), TensorType((2048, 65536), bf), axes=(1,),
+                        eps=1e-5, has_weight=False, has_bias=False),                  # looped three-pass
+        )
+
+
+def _block_helpers(warps: int) -> str:
+    """Block-wide sum / max: warp shuffles, then the warps' partials through shared memory."""
+    fns = []
+    for name, warp_fn, ident in (("sum", "warp_sum", "0.0f"), ("max", "warp_max", "-__int_as_float(0x7f800000)")):
+        fns.append(f"""__device__ __forceinline__ float rowwise_block_{name}(float x) {{
+    __shared__ float partial[{warps}];
+    x = {warp_fn}(x);
+    __syncthreads();                      // the previous reduction may still be reading `partial`
+    if (threadIdx.x % 32u == 0) partial[threadIdx.x / 32u] = x;
+    __syncthreads();
+    return {warp_fn}(threadIdx.x % 32u < {warps}u ? partial[threadIdx.x % 32u] : {ident});
+}}""")
+    return "\n".join(fns)
+
+
+# The register model (fit to ptxas 12.x on samples(), within 23% on sm_80 and sm_90).
+REG_BASE = 13             # row, lane, row address, statistics, reduction temporaries
+REG_PER_VALUE = 1.25      # a row value held in registers, with its share of the expression temporaries
+REG_PER_LOADED_WORD = 0.25
+REG_PER_OPERAND = 3       # a 64-bit pointer and an offset per operand beyond x
+REG_LOOPED_BASE = 29      # the looped walk: online statistics, one vector in flight, loop state

@@ -1,0 +1,112 @@
+"""FlashAttentionTemplate: every sample compiles without spills at every default schedule, the
+register model tracks ptxas, and the resource model accounts for the work and traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import MathUnit, arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.attention import AttentionSchedule, FlashAttentionTemplate, batch_offsets
+
+TEMPLATE = FlashAttentionTemplate()
+ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
+REGISTER_TOLERANCE = 0.25
+CASES = [pytest.param(op, s, arch, id=f"{arch.sm}-{i}-{s.describe().replace(' ', '-')}")
+         for arch in ARCHS for i, op in enumerate(TEMPLATE.samples()) for s in TEMPLATE.schedules(op, arch)]
+
+
+def attention(q_shape, kv_shape, dtype=DType.bfloat16, v_dim=None, mask=None, causal=False, kv_dtype=None):
+    q = TensorType(q_shape, dtype)
+    k = TensorType(kv_shape, kv_dtype or dtype)
+    v = TensorType(kv_shape[:-1] + (v_dim or kv_shape[-1],), kv_dtype or dtype)
+    out = TensorType(q_shape[:-1] + (v.shape[-1],), dtype)
+    return KernelOp.of("flash_attention", (q, k, v) + ((mask,) if mask else ()), out,
+                       scale=q_shape[-1] ** -0.5, causal=causal, has_mask=mask is not None)
+
+
+@pytest.mark.parametrize("op, schedule, arch", CASES)
+def test_compiles_without_spills_and_registers_match_ptxas(op, schedule, arch):
+    res = TEMPLATE.resources(op, schedule, arch)
+    compiled = compile_cuda(TEMPLATE.emit(op, schedule, arch), arch.sm)
+    assert compiled.spill_bytes == 0 and res.spill_bytes == 0
+    error = abs(res.registers - compiled.registers) / compiled.registers
+    assert error <= REGISTER_TOLERANCE, f"estimated {res.registers}, ptxas {compiled.registers}"
+    assert res.smem_bytes <= arch.smem_per_block
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.sm)
+def test_every_sample_has_schedules_and_sound_resources(arch):
+    for op in TEMPLATE.samples():
+        assert TEMPLATE.accepts(op)
+        schedules = TEMPLATE.schedules(op, arch)
+        assert schedules, op
+        sq = op.operands[0].shape[-2]
+        heads = op.result.numel // (sq * op.result.shape[-1])
+        for s in schedules:
+            res = TEMPLATE.resources(op, s, arch)
+            assert res.threads == 32 * s.warps and res.unit is MathUnit.BF16
+            assert res.blocks * s.bm >= heads * sq              # query blocks cover every row of every head
+            assert res.flops >= op.flops
+            if not op.attr_map["causal"]:                      # causal never reads the masked-off half
+                assert res.hbm_bytes >= op.operand_bytes + op.result.nbytes
+            assert 0.2 < res.efficiency < 0.8
+
+
+def test_long_sequences_reread_kv_only_beyond_l2():
+    arch = arch_named("H100-SXM")
+    short = attention((4, 16, 4096, 64), (4, 16, 4096, 64))
+    long = attention((1, 32, 262144, 128), (1, 32, 262144, 128))
+    for op, rereads in ((short, False), (long, True)):
+        s = TEMPLATE.schedules(op, arch)[0]
+        once = op.operand_bytes + op.result.nbytes
+        assert (TEMPLATE.resources(op, s, arch).hbm_bytes > once) == rereads
+
+
+def test_causal_executes_about_half_the_flops():
+    arch = arch_named("A100-SXM")
+    full, causal = (attention((2, 8, 4096, 64), (2, 8, 4096, 64), causal=c) for c in (False, True))
+    s = TEMPLATE.schedules(full, arch)[0]
+    ratio = TEMPLATE.resources(causal, s, arch).flops / TEMPLATE.resources(full, s, arch).flops
+    assert 0.5 < ratio < 0.55
+
+
+def test_short_sequences_shrink_the_tiles():
+    op = attention((1, 2, 16, 128), (1, 2, 16, 128))
+    assert TEMPLATE.schedules(op, arch_named("h100")) == (AttentionSchedule(16, 16, 1, 2),)
+
+
+@pytest.mark.parametrize("op, why", [
+    (attention((2, 4, 128, 64), (2, 4, 128, 64), DType.float32), "fp32 stays unfused"),
+    (attention((2, 4, 128, 256), (2, 4, 128, 256)), "head_dim 256 spills"),
+    (attention((2, 4, 128, 96), (2, 4, 128, 96)), "head_dim 96"),
+    (attention((2, 4, 128, 64), (2, 4, 128, 64), v_dim=128), "Dv != D"),
+    (attention((2, 4, 128, 64), (2, 4, 128, 64), kv_dtype=DType.float16), "mixed dtypes"),
+    (attention((2, 4, 128, 64), (2, 4, 128, 64), mask=TensorType((128, 128), DType.int32)), "int mask"),
+])
+def test_rejects_what_it_cannot_do(op, why):
+    assert not TEMPLATE.accepts(op), why
+
+
+def test_source_names_the_op_schedule_and_launch():
+    op = TEMPLATE.samples()[2]
+    s = TEMPLATE.schedules(op, arch_named("h100"))[0]
+    src = TEMPLATE.emit(op, s, arch_named("h100"))
+    head = src.source.splitlines()[:3]
+    assert head[0] == f"// {op}" and s.describe() in head[1]
+    assert f"<<<{TEMPLATE.resources(op, s, arch_named('h100')).blocks}, {32 * s.warps}" in head[2]
+    assert "(q, k, v, mask, out)" in head[2] and src.threads == 32 * s.warps
+    assert TEMPLATE.fused(op) == ("scale", "mask", "softmax")
+
+
+def test_batch_offsets_broadcast_and_group_heads():
+    q = TensorType((2, 8, 64, 64), DType.bfloat16)
+    kv = TensorType((2, 2, 64, 64), DType.bfloat16)
+    code, strides = batch_offsets((2, 8), q, kv, kv, (1, 1, 64, 1))   # a per-query mask, broadcast over keys
+    assert "k_off += (long long)(i / 4) * 4096;" in code              # 4 query heads share a kv head
+    assert "k_off += (long long)i * 8192;" in code                    # batch stride: 2 heads · 64 · 64
+    assert "m_off" in code.splitlines()[0] and "m_off +=" not in code
+    assert strides == (1, 0)

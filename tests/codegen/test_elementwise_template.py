@@ -1,0 +1,83 @@
+"""The elementwise template: every sample compiles for sm_80 and sm_90 without spills, its register
+estimate is within 25% of ptxas, its resources are sane, and accepts() refuses what it cannot do."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.elementwise import ElementwiseTemplate, coalesce, offset_expr
+
+T = ElementwiseTemplate()
+SAMPLES = T.samples()
+ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
+CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
+REGISTER_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{a.sm}-{SAMPLES[i].op}{i}-{s.describe().replace(' ', ',')}"
+                                             for a, i, s in CASES])
+def test_compiles_without_spills_and_register_estimate_holds(case):
+    arch, i, s = case
+    op = SAMPLES[i]
+    source = T.emit(op, s, arch)
+    assert "#include" not in source.source and str(op) in source.source
+    k = compile_cuda(source, arch.sm)
+    r = T.resources(op, s, arch)
+    assert k.spill_bytes == 0 and r.spill_bytes == 0
+    assert abs(r.registers - k.registers) / k.registers <= REGISTER_TOLERANCE, (r.registers, k.registers)
+    assert k.smem_bytes <= arch.smem_per_block
+
+
+@pytest.mark.parametrize("i", range(len(SAMPLES)), ids=[op.op for op in SAMPLES])
+def test_resources_cover_the_result_and_read_every_operand_once(i):
+    op, arch = SAMPLES[i], ARCHS[1]
+    for s in T.schedules(op, arch):
+        r = T.resources(op, s, arch)
+        assert r.flops >= op.flops
+        assert r.hbm_bytes == op.operand_bytes + op.result.nbytes
+        assert op.result.numel % s.vec == 0 and r.threads == s.threads
+        # grid-stride: any grid covers the result; the model's grid is never larger than the work
+        assert 1 <= r.blocks <= math.ceil(op.result.numel / s.vec / s.threads)
+
+
+def test_samples_cover_each_path():
+    names = {op.op for op in SAMPLES}
+    assert {"add", "where", "cast", "tril", "fused_elementwise", "full", "arange", "gelu"} <= names
+    dtypes = {t.dtype for op in SAMPLES for t in op.operands + (op.result,)}
+    assert {DType.bfloat16, DType.float32, DType.bool} <= dtypes
+    vecs = {s.vec for op in SAMPLES for s in T.schedules(op, ARCHS[1])}
+    assert {8, 4, 2} <= vecs
+
+
+def test_broadcast_axes_coalesce_and_index_with_constants():
+    sizes, (out, bias) = coalesce((8, 64, 64), [(4096, 64, 1), (0, 0, 1)])
+    assert sizes == (512, 64) and bias == (0, 1)
+    assert offset_expr("i", sizes, bias) == "(i) % 64u"
+    assert offset_expr("i", (4096, 4096), (1, 0)) == "i / 4096u"
+
+
+def test_vector_width_follows_the_inner_axis():
+    odd, row = TensorType((1024, 1001), DType.bfloat16), TensorType((1001,), DType.bfloat16)
+    op = KernelOp.of("add", (odd, row), odd)
+    assert {s.vec for s in T.schedules(op, ARCHS[1])} == {1}
+    op = KernelOp.of("exp", (odd,), odd)          # no broadcast: one contiguous run of 1024 * 1001
+    assert max(s.vec for s in T.schedules(op, ARCHS[1])) == 8
+    f32 = TensorType((1024, 1024), DType.float32)
+    op = KernelOp.of("exp", (f32,), f32)
+    assert max(s.vec for s in T.schedules(op, ARCHS[1])) == 4     # 16-byte accesses
+
+
+def test_accepts_refuses_what_it_cannot_do():
+    fp8 = TensorType((64, 64), DType.float8_e4m3)
+    assert not T.accepts(KernelOp.of("exp", (fp8,), fp8))
+    x = TensorType((64, 64), DType.float32)
+    assert not T.accepts(KernelOp.of("softmax", (x,), x, axis=1))
+    assert T.accepts(KernelOp.of("exp", (x,), x))
+    assert T.fused(SAMPLES[[op.op for op in SAMPLES].index("fused_elementwise")]) == ("mul", "relu", "add")

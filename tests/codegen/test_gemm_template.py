@@ -1,0 +1,119 @@
+"""The GEMM template: every sample under every default schedule compiles for sm_80 and sm_90 without
+spills, its register estimate is within 25% of ptxas, and its resource model is sane."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, GemmTemplate
+
+T = GemmTemplate()
+ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
+CASES = [(arch, op, s) for arch in ARCHS for op in T.samples() for s in T.schedules(op, arch)]
+REGISTER_TOLERANCE = 0.25
+
+
+def _id(case) -> str:
+    arch, op, s = case
+    return f"{arch.sm}-{T.samples().index(op)}-{s.describe().replace(' ', ',')}"
+
+
+def mm(a, b, dtype=DType.bfloat16, **attrs) -> KernelOp:
+    from tessera_rw.algebra.ops.linalg import matmul_dims
+    batch, m, n, _ = matmul_dims(a, b)
+    return KernelOp.of("matmul", (TensorType(a, dtype), TensorType(b, dtype)),
+                       TensorType(batch + (m, n), dtype), accum_dtype=attrs.get("accum_dtype"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_compiles_without_spills_and_register_estimate_holds(case):
+    arch, op, s = case
+    source = T.emit(op, s, arch)
+    assert "#include" not in source.source and str(op) in source.source
+    k = compile_cuda(source, arch.sm)
+    r = T.resources(op, s, arch)
+    assert k.spill_bytes == 0 and r.spill_bytes == 0
+    assert abs(r.registers - k.registers) / k.registers <= REGISTER_TOLERANCE, (r.registers, k.registers)
+    assert k.smem_bytes == r.smem_bytes <= arch.smem_per_block
+    assert source.threads == r.threads
+
+
+@pytest.mark.parametrize("op", T.samples(), ids=str)
+def test_resources_cover_the_work(op):
+    for arch in KNOWN_ARCHS:
+        schedules = T.schedules(op, arch)
+        assert schedules, arch.name
+        for s in schedules:
+            r = T.resources(op, s, arch)
+            assert r.flops >= op.flops
+            assert r.hbm_bytes >= op.operand_bytes + op.result.nbytes
+            *batch, m, n = op.result.shape
+            assert r.blocks * s.bm * s.bn >= math.prod(batch) * m * n
+            assert r.blocks == math.prod(batch) * -(-m // s.bm) * -(-n // s.bn)
+            assert 0 < r.efficiency <= 1
+
+
+def test_math_unit_and_schedule_kind_follow_the_dtype():
+    bf16, fp32 = mm((256, 256), (256, 256)), mm((256, 256), (256, 256), DType.float32)
+    h100 = arch_named("h100")
+    assert all(isinstance(s, GemmSchedule) for s in T.schedules(bf16, h100))
+    assert all(isinstance(s, GemmSimtSchedule) for s in T.schedules(fp32, h100))
+    assert T.resources(bf16, T.schedules(bf16, h100)[0], h100).unit is MathUnit.BF16
+    assert T.resources(fp32, T.schedules(fp32, h100)[0], h100).unit is MathUnit.FP32
+
+
+def test_hbm_traffic_grows_with_the_problem():
+    h100 = arch_named("h100")
+    s = GemmSchedule()
+    sizes = [T.resources(mm((n, n), (n, n)), s, h100).hbm_bytes for n in (1024, 2048, 4096, 8192)]
+    assert sizes == sorted(sizes)
+    small = mm((1024, 1024), (1024, 1024))
+    assert T.resources(small, s, h100).hbm_bytes == small.operand_bytes + small.result.nbytes
+
+
+def test_unaligned_rows_take_the_element_wise_copy():
+    h100 = arch_named("h100")
+    aligned, unaligned = mm((64, 64), (64, 64)), mm((64, 60), (60, 61))
+    assert "gemm_copy8" not in T.emit(aligned, GemmSchedule(), h100).source
+    source = T.emit(unaligned, GemmSchedule(), h100).source
+    assert "gemm_copy8(" in source and "cp_async_16(" not in source.split("gemm_copy8", 1)[1]
+
+
+def test_fused_names_the_epilogue():
+    plain, bias_gelu, residual_cast, *_ = T.samples()
+    assert T.fused(plain) == ()
+    assert T.fused(bias_gelu) == ("bias", "gelu")
+    assert T.fused(residual_cast) == ("scale", "residual", "cast")
+
+
+def test_accepts_what_it_can_do_and_rejects_the_rest():
+    assert all(T.accepts(op) for op in T.samples())
+    assert T.accepts(mm((3, 5), (5, 7), DType.float32))             # SIMT path has no alignment need
+    assert T.accepts(mm((2, 1, 64, 64), (3, 64, 64)))               # broadcast batch dims
+    assert T.accepts(mm((64, 64), (64, 64), accum_dtype=DType.float32))
+    assert T.accepts(mm((64, 60), (60, 64)))                        # K*2 bytes not a multiple of 16
+    assert T.accepts(mm((64, 64), (64, 61)))                        # odd N
+    assert not T.accepts(mm((64,), (64, 64)))                       # rank-1 operand
+    assert not T.accepts(mm((64, 64), (64, 64), accum_dtype=DType.float16))
+    for dtype in (DType.float64, DType.complex64, DType.float8_e4m3):
+        assert not T.accepts(mm((64, 64), (64, 64), dtype)), dtype
+    mixed = KernelOp.of("matmul", (TensorType((64, 64), DType.bfloat16), TensorType((64, 64), DType.float32)),
+                        TensorType((64, 64), DType.float32), accum_dtype=None)
+    assert not T.accepts(mixed)
+    assert T.accepts(mm((70000, 8, 8), (8, 8)))                     # a flat grid has room for any batch
+
+
+def test_emit_refuses_what_it_does_not_accept():
+    from tessera_rw.algebra.errors import TesseraError
+    h100 = arch_named("h100")
+    with pytest.raises(TesseraError, match="rank >= 2"):
+        T.emit(mm((64,), (64, 64)), GemmSchedule(), h100)
+    with pytest.raises(TesseraError, match="GemmSimtSchedule"):
+        T.emit(mm((64, 64), (64, 64), DType.float32), GemmSchedule(), h100)

@@ -1,0 +1,69 @@
+"""The reduction template: row and column reduces compile for sm_80 and sm_90 without spills, the
+register estimate is within 25% of ptxas, resources are sane, and accepts() refuses what it cannot do."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.reduction import ReductionTemplate, layout
+
+T = ReductionTemplate()
+SAMPLES = T.samples()
+ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
+CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
+REGISTER_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{a.sm}-{SAMPLES[i].op}{i}-{s.describe().replace(' ', ',')}"
+                                             for a, i, s in CASES])
+def test_compiles_without_spills_and_register_estimate_holds(case):
+    arch, i, s = case
+    op = SAMPLES[i]
+    source = T.emit(op, s, arch)
+    assert "#include" not in source.source and str(op) in source.source
+    k = compile_cuda(source, arch.sm)
+    r = T.resources(op, s, arch)
+    assert k.spill_bytes == 0 and r.spill_bytes == 0
+    assert abs(r.registers - k.registers) / k.registers <= REGISTER_TOLERANCE, (r.registers, k.registers)
+    assert k.smem_bytes <= r.smem_bytes <= arch.smem_per_block
+
+
+@pytest.mark.parametrize("i", range(len(SAMPLES)), ids=[op.op for op in SAMPLES])
+def test_resources_cover_every_output_and_read_the_input_once(i):
+    op, arch = SAMPLES[i], ARCHS[1]
+    lay = T._layout(op)
+    for s in T.schedules(op, arch):
+        r = T.resources(op, s, arch)
+        assert r.flops >= op.flops and r.hbm_bytes == op.operands[0].nbytes + op.result.nbytes
+        per_block = s.threads // s.split * (1 if lay.row else s.vec)
+        assert r.blocks * per_block >= op.result.numel == lay.n_out
+
+
+def test_strategy_follows_the_innermost_axis():
+    strategies = [T.strategy(op) for op in SAMPLES]
+    assert strategies == ["row", "row", "column", "column", "row", "column"]
+    lay = layout(TensorType((16, 1024, 256), DType.float32), (0, 2))
+    assert (lay.kept, lay.red, lay.red_strides) == ((1024,), (16, 256), (262144, 1))
+    splits = {s.split for op in SAMPLES[:2] for s in T.schedules(op, ARCHS[1])}
+    assert {32, 512} <= splits                        # a warp per row and a block per row
+
+
+def test_integer_sums_accumulate_in_int64():
+    op = SAMPLES[3]
+    source = T.emit(op, T.schedules(op, ARCHS[1])[0], ARCHS[1]).source
+    assert op.result.dtype is DType.int64 and "long long acc" in source
+
+
+def test_accepts_refuses_what_it_cannot_do():
+    fp8 = TensorType((64, 64), DType.float8_e4m3)
+    assert not T.accepts(KernelOp.of("sum", (fp8,), TensorType((64,), fp8.dtype), axes=(1,), keepdims=False))
+    x = TensorType((64, 64), DType.float32)
+    assert not T.accepts(KernelOp.of("softmax", (x,), x, axis=1))
+    assert T.accepts(KernelOp.of("max", (x,), TensorType((64,), x.dtype), axes=(0,), keepdims=False))

@@ -1,0 +1,77 @@
+"""The row-wise template (softmax, log_softmax, layernorm, rmsnorm, fused_normalization): every
+sample compiles for sm_80 and sm_90 without spills, the register estimate is within 25% of ptxas,
+resources are sane, and accepts() refuses non-trailing axes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.rowwise import MAX_RESIDENT, RowwiseTemplate
+
+T = RowwiseTemplate()
+SAMPLES = T.samples()
+ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
+CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
+REGISTER_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{a.sm}-{SAMPLES[i].op}{i}-{s.describe().replace(' ', ',')}"
+                                             for a, i, s in CASES])
+def test_compiles_without_spills_and_register_estimate_holds(case):
+    arch, i, s = case
+    op = SAMPLES[i]
+    source = T.emit(op, s, arch)
+    assert "#include" not in source.source and str(op) in source.source
+    k = compile_cuda(source, arch.sm)
+    r = T.resources(op, s, arch)
+    assert k.spill_bytes == 0 and r.spill_bytes == 0
+    assert abs(r.registers - k.registers) / k.registers <= REGISTER_TOLERANCE, (r.registers, k.registers)
+    assert k.smem_bytes <= r.smem_bytes <= arch.smem_per_block
+
+
+@pytest.mark.parametrize("i", range(len(SAMPLES)), ids=[op.op for op in SAMPLES])
+def test_resources_cover_every_row_and_read_each_operand_once(i):
+    op, arch = SAMPLES[i], ARCHS[1]
+    rows, length = T._row(op)
+    for s in T.schedules(op, arch):
+        r = T.resources(op, s, arch)
+        assert r.flops >= op.flops and r.hbm_bytes >= op.operand_bytes + op.result.nbytes
+        assert r.blocks * s.rows_per_block >= rows
+        assert T.elements_per_thread(op, s) * (s.threads // s.rows_per_block) >= length
+
+
+def test_samples_cover_each_path():
+    h100 = ARCHS[1]
+    paths = {(T.kind_of(op), T.resident(op, s), s.rows_per_block == 1) for op in SAMPLES for s in T.schedules(op, h100)}
+    assert {("softmax", True, True), ("softmax", True, False), ("softmax", False, True),
+            ("layernorm", True, True), ("layernorm", True, False), ("layernorm", False, True)} <= paths
+    softmax = SAMPLES[0]
+    assert all(T.elements_per_thread(softmax, s) <= MAX_RESIDENT for s in T.schedules(softmax, h100))
+
+
+def test_a_long_row_is_re_read_from_l2_when_it_fits():
+    op, h100 = SAMPLES[4], ARCHS[1]                 # softmax over 65536 fp32 columns: 256 KiB a row
+    s = T.schedules(op, h100)[0]
+    assert not T.resident(op, s)
+    assert T.resources(op, s, h100).hbm_bytes == op.operand_bytes + op.result.nbytes
+
+
+def test_kind_and_fusion_names():
+    assert [T.kind_of(op) for op in SAMPLES[:4]] == ["softmax", "softmax", "layernorm", "layernorm"]
+    assert T.fused(SAMPLES[5]) == ("add", "mul")
+    assert T.fused(SAMPLES[6]) == ("add", "mul", "sigmoid")
+
+
+def test_accepts_refuses_non_trailing_axes():
+    x = TensorType((64, 128), DType.float32)
+    assert not T.accepts(KernelOp.of("softmax", (x,), x, axis=0))
+    assert T.accepts(KernelOp.of("softmax", (x,), x, axis=1))
+    fp8 = TensorType((64, 128), DType.float8_e4m3)
+    assert not T.accepts(KernelOp.of("softmax", (fp8,), fp8, axis=1))
+    fused = dict(expr="$0", norm="softmax", axes=(0,), eps=0.0, has_weight=False, has_bias=False, post="$0")
+    assert not T.accepts(KernelOp.of("fused_normalization", (x,), x, **fused))
