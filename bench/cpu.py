@@ -9,10 +9,12 @@ from rich.table import Table
 
 from bench import models
 from bench.timing import time_call
-from tessera_rw.algebra.graph import Graph
-from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.codegen.arch import arch_named
 from tessera_rw.rules.library import BUILTIN_RULESETS
 from tessera_rw.rules.saturate import rewrite
+from tessera_rw.tune.extract import extract_candidates
+
+H100 = arch_named("H100-SXM")
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,11 @@ def tracing_figures() -> list[Figure]:
 
 
 def saturate_and_extract(graph) -> tuple[int, int]:
-    """Rewrite with every built-in ruleset and pick the smallest term; (e-nodes, fused attentions)."""
+    """Rewrite with every built-in ruleset and extract the cost model's candidates (all fusion depths);
+    (e-nodes, fused attentions in the chosen program)."""
     result = rewrite(graph, BUILTIN_RULESETS)
-    view = result.view
-    out = view.decode(smallest_choice(view), result.output_classes()[0])
-    fused = Graph(graph.name, graph.inputs, (out,)).op_counts().get("flash_attention", 0)
-    return result.report.enodes, fused
+    chosen = extract_candidates(result, H100)[0]
+    return result.report.enodes, chosen.graph.op_counts().get("flash_attention", 0)
 
 
 def rewrite_figures() -> list[Figure]:

@@ -14,9 +14,12 @@ from tessera_rw.cli.usage import USAGE, Parser, UsageError
 SUBCOMMANDS = {"rules": rules}
 
 
+WIDE_OUTPUT = 200
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)  # piped: do not wrap at 80
     try:
         command = SUBCOMMANDS.get(argv[0]) if argv else None
         parser = Parser(prog="tessera-rewrite" + (f" {argv[0]}" if command else ""))

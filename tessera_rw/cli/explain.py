@@ -18,12 +18,12 @@ from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.tensor import TensorSpec
-from tessera_rw.algebra.graph import Graph
-from tessera_rw.report import graph_summary, rewrite_summary
-from tessera_rw.rules.choice import smallest_choice
+from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
+from tessera_rw.kernel import Kernel
+from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
 from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import rewrite
-from tessera_rw.kernel import Kernel
+from tessera_rw.tune.extract import extract_candidates
 
 from tessera_rw.cli.usage import UsageError
 
@@ -77,7 +77,7 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     return {n: (v if isinstance(v, TensorSpec) else TensorSpec(v.shape, v.dtype)) for n, v in inputs.items()}
 
 
-def explain(target: str, given: Sequence[str], console: Console) -> None:
+def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console) -> None:
     kernel, module = load_target(target)
     inputs = target_inputs(kernel, module, given)
     graph = kernel.trace(**inputs).verify()
@@ -85,11 +85,13 @@ def explain(target: str, given: Sequence[str], console: Console) -> None:
     console.file.write(f"{graph}\n")
     result = rewrite(graph, rulesets())
     console.print(rewrite_summary(result.report))
-    view = result.view
-    choice = smallest_choice(view)
-    smallest = Graph(graph.name, graph.inputs, tuple(view.decode(choice, c) for c in result.output_classes()))
-    console.print("[bold]smallest rewritten program[/] (cost-model extraction comes with the cost model):")
-    console.file.write(f"{smallest.verify()}\n")
+    candidates = extract_candidates(result, arch)
+    console.print(candidates_table(candidates, arch))
+    for rank, candidate in enumerate(candidates):
+        console.print(kernels_table(candidate, f"candidate {rank}: {candidate.fusion_depth.label}"))
+        if rank == 0:
+            console.file.write(f"{candidate.graph}\n")
+    console.print(f"[bold]{choice_reason(candidates)}[/]")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,9 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trace the function and print its graph (repeat for several targets)")
     p.add_argument("--input", metavar="NAME=DIMS:DTYPE", action="append", default=[],
                    help="an input placeholder, e.g. q=4x16x2048x64:bf16")
+    p.add_argument("--arch", metavar="NAME", default=None,
+                   help="plan for this GPU (default: TESSERA_ARCH, else this machine's GPU, else H100-SXM)")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    arch = arch_named(args.arch) if args.arch else target_arch()
     for target in args.explain:
-        explain(target, args.input, console)
+        explain(target, args.input, arch, console)
     return 0

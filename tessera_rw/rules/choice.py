@@ -1,19 +1,30 @@
-"""Choosing one e-node per e-class: the smallest terms, and single-node variations of a choice.
+"""Choosing one e-node per e-class: the cheapest terms under a per-e-node cost, and single-node
+variations of a choice.
 
-The cost-model extraction lives in `tune`; these choices serve decoding and the soundness checker.
+The cost model and DAG-aware extraction live in `tune`; the smallest choice serves decoding and
+the soundness checker.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Iterator
+import math
+from typing import Callable, Iterator
 
 from tessera_rw.rules.egraph import EGraphView, ENode
 
 
 def smallest_choice(view: EGraphView) -> dict[str, ENode]:
-    """Per class the e-node of least tree size: Knuth's generalization of Dijkstra to e-graphs,
-    settling classes cheapest first, O(e-nodes · log classes). Ties keep the earlier e-node."""
+    """Per class the e-node of least tree size."""
+    return cheapest_choice(view, lambda enode: 1.0)
+
+
+def cheapest_choice(view: EGraphView, cost: Callable[[ENode], float]) -> dict[str, ENode]:
+    """Per class the e-node of least tree cost (its own cost plus its operands' tree costs):
+    Knuth's generalization of Dijkstra to e-graphs, settling classes cheapest first, O(e-nodes · log
+    classes). Cycles are harmless: a class is settled once, by an e-node whose operands were settled
+    before it. An e-node of infinite cost is never chosen; a class with no finite e-node is absent
+    from the result. Ties keep the earlier e-node."""
     users: dict[str, list[ENode]] = {}
     waiting: dict[str, int] = {}
     heap: list[tuple[float, int, str, ENode]] = []
@@ -23,23 +34,24 @@ def smallest_choice(view: EGraphView) -> dict[str, ENode]:
             waiting[enode.id] = len(set(enode.operands))
             for c in set(enode.operands):
                 users.setdefault(c, []).append(enode)
-            if not enode.operands:
-                heap.append((1.0, order, enode.eclass, enode))
+            if not enode.operands and math.isfinite(own := cost(enode)):
+                heap.append((own, order, enode.eclass, enode))
                 order += 1
     heapq.heapify(heap)
     size: dict[str, float] = {}
     best: dict[str, ENode] = {}
     while heap:
-        cost, _, cid, enode = heapq.heappop(heap)
+        total, _, cid, enode = heapq.heappop(heap)
         if cid in size:
             continue
-        size[cid], best[cid] = cost, enode
+        size[cid], best[cid] = total, enode
         for user in users.get(cid, ()):
             waiting[user.id] -= 1
             if waiting[user.id] == 0 and user.eclass not in size:
-                total = 1 + sum(size[c] for c in user.operands)
-                heapq.heappush(heap, (total, order, user.eclass, user))
-                order += 1
+                total = cost(user) + sum(size[c] for c in user.operands)
+                if math.isfinite(total):
+                    heapq.heappush(heap, (total, order, user.eclass, user))
+                    order += 1
     return best
 
 

@@ -1,0 +1,257 @@
+"""Candidate extraction: from a saturated e-graph, the cheapest program at each fusion depth.
+
+Each e-node is one kernel (views and inputs launch none) whose cost is the cost model's time. At
+each depth — unfused, epilogue-fused, fully fused — only the e-nodes of that depth or below may be
+chosen; the cheapest tree under that restriction comes first (exact when nothing is shared, and
+safe with cycles), then a DAG pass re-chooses e-nodes whose operands are already paid for elsewhere,
+scoring every change by the cost of the whole program (a shared subexpression is paid once).
+Programs that come out alike at two depths are kept once. Everything is deterministic: ties keep
+the e-node the e-graph listed first.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import BUILTIN_OPS
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.rules.choice import cheapest_choice
+from tessera_rw.rules.egraph import CycleError, EGraphView, ENode
+from tessera_rw.rules.saturate import RewriteResult
+from tessera_rw.tune.cost import KernelCost, kernel_cost
+
+# A view or input costs nothing, but a term with fewer of them reads better: this tie-breaker (µs)
+# is far below any kernel's cost.
+VIEW_COST = 1e-6
+DAG_SWEEPS = 3
+
+
+class Objective(enum.Enum):
+    """What extraction minimizes: the cost model's time (the default), or FLOPs alone."""
+    TIME = "time"
+    FLOPS = "flops"
+
+
+class FusionDepth(enum.IntEnum):
+    """How much a program fuses; a candidate is labelled by its deepest fused op."""
+    UNFUSED = 0
+    EPILOGUE = 1        # GEMM epilogues, elementwise chains, normalizations with their neighbours
+    FULL = 2            # whole subgraphs as one kernel: flash attention, plugin fusions
+
+    @property
+    def label(self) -> str:
+        return {0: "unfused", 1: "epilogue-fused", 2: "fully fused"}[self.value]
+
+
+FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "fused_elementwise": FusionDepth.EPILOGUE,
+                  "fused_normalization": FusionDepth.EPILOGUE, "flash_attention": FusionDepth.FULL}
+
+
+def fusion_depth(op: str) -> FusionDepth:
+    """The depth of one op: built-in plain ops are unfused; a plugin's op is a fusion of its own."""
+    if op in FUSED_OP_DEPTH:
+        return FUSED_OP_DEPTH[op]
+    return FusionDepth.UNFUSED if op in BUILTIN_OPS else FusionDepth.FULL
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One program the e-graph holds, with its kernels' costs in execution order."""
+    fusion_depth: FusionDepth
+    graph: Graph
+    kernels: tuple[KernelCost, ...]
+
+    @property
+    def hbm_bytes(self) -> int:
+        return sum(k.hbm_bytes for k in self.kernels)
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    @property
+    def est_us(self) -> float:
+        return sum(k.est_us for k in self.kernels)
+
+
+def candidate_of(graph: Graph, arch: ArchSpec) -> Candidate:
+    """A program as it stands, costed kernel by kernel."""
+    kernels = []
+    depth = FusionDepth.UNFUSED
+    for node in graph.nodes:
+        depth = max(depth, fusion_depth(node.op))
+        cost = kernel_cost(KernelOp.from_node(node), arch, fused_op=fusion_depth(node.op) > 0)
+        if cost is not None:
+            kernels.append(cost)
+    return Candidate(depth, graph, tuple(kernels))
+
+
+class _Costs:
+    """Per-e-node cost (µs, or FLOPs) under a depth limit, from the e-graph's own types."""
+
+    def __init__(self, view: EGraphView, arch: ArchSpec, objective: Objective):
+        self.view, self.arch, self.objective = view, arch, objective
+        self.types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
+        self._memo: dict[str, float] = {}
+
+    def __call__(self, enode: ENode) -> float:
+        cost = self._memo.get(enode.id)
+        if cost is None:
+            op = KernelOp(enode.op, tuple(self.types[c] for c in enode.operands), enode.attrs, self.types[enode.eclass])
+            kc = kernel_cost(op, self.arch, fused_op=fusion_depth(enode.op) > 0)
+            if kc is None:
+                cost = VIEW_COST
+            elif self.objective is Objective.FLOPS:
+                cost = kc.flops + VIEW_COST if math.isfinite(kc.est_us) else math.inf
+            else:
+                cost = kc.est_us
+            self._memo[enode.id] = cost
+        return cost
+
+    def limited(self, depth: FusionDepth, forbid: frozenset[str]) -> Callable[[ENode], float]:
+        return lambda enode: self(enode) if fusion_depth(enode.op) <= depth and enode.op not in forbid else math.inf
+
+
+def dag_cost(choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float]) -> float:
+    """The cost of the program `choice` spells from `roots`, each class paid once; inf on a cycle."""
+    try:
+        return sum(cost(choice[c]) for c in _Program(choice, roots).post)
+    except CycleError:
+        return math.inf
+
+
+class _Program:
+    """The classes a choice reaches from the roots: their DFS post-order and how many chosen e-nodes
+    (or roots) reference each, so the effect of re-choosing one class is found by walking only the
+    part of the program that changes."""
+
+    def __init__(self, choice: dict[str, ENode], roots: Sequence[str]):
+        self.choice = choice
+        self.post: dict[str, int] = {}
+        self.refs: dict[str, int] = {}
+        for root in dict.fromkeys(roots):
+            self.refs[root] = self.refs.get(root, 0) + 1
+            self._visit(root)
+
+    def _visit(self, root: str) -> None:
+        if root in self.post:
+            return
+        path = {root}
+        stack = [(root, iter(dict.fromkeys(self.choice[root].operands)))]
+        while stack:
+            cid, operands = stack[-1]
+            for x in operands:
+                if x in path:
+                    raise CycleError(f"the chosen e-nodes form a cycle through e-class {x}")
+                first = x not in self.refs
+                self.refs[x] = self.refs.get(x, 0) + 1
+                if first:
+                    path.add(x)
+                    stack.append((x, iter(dict.fromkeys(self.choice[x].operands))))
+                    break
+            else:
+                stack.pop()
+                path.discard(cid)
+                self.post[cid] = len(self.post)
+
+    def _reaches(self, start: str, target: str) -> bool:
+        """Whether `start` depends on `target` in the current program (post-order prunes the search)."""
+        floor = self.post[target]
+        stack, seen = [start], {start}
+        while stack:
+            cid = stack.pop()
+            if cid == target:
+                return True
+            for x in self.choice[cid].operands:
+                if x not in seen and self.post.get(x, -1) >= floor:
+                    seen.add(x)
+                    stack.append(x)
+        return False
+
+    def delta(self, cid: str, enode: ENode, cost: Callable[[ENode], float]) -> float:
+        """How much the program's cost changes if class `cid` computes `enode` instead; inf on a cycle."""
+        old = self.choice[cid]
+        removed: set[str] = set()
+        dropped: dict[str, int] = {}
+        stack = list(dict.fromkeys(old.operands))
+        while stack:  # classes only the old e-node kept alive
+            x = stack.pop()
+            dropped[x] = dropped.get(x, 0) + 1
+            if dropped[x] == self.refs[x]:
+                removed.add(x)
+                stack.extend(dict.fromkeys(self.choice[x].operands))
+        change = cost(enode) - cost(old)
+        seen: set[str] = set()
+        stack = list(dict.fromkeys(enode.operands))
+        while stack:  # classes the new e-node needs that the program would no longer have
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x == cid:
+                return math.inf
+            if x in self.post and x not in removed:
+                if self.post[x] > self.post[cid] and self._reaches(x, cid):
+                    return math.inf
+                continue
+            if x in removed:
+                removed.discard(x)
+            else:
+                change += cost(self.choice[x])
+            stack.extend(self.choice[x].operands)
+        return change - sum(cost(self.choice[x]) for x in removed)
+
+
+def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+               cost: Callable[[ENode], float]) -> dict[str, ENode]:
+    """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
+    program computes anyway whenever the whole program gets cheaper."""
+    choice = dict(choice)
+    program = _Program(choice, roots)
+    for _ in range(DAG_SWEEPS):
+        improved = False
+        for cid in sorted(program.post, key=program.post.__getitem__):
+            if cid not in program.post:
+                continue  # dropped by an earlier switch in this sweep
+            current = choice[cid]
+            for enode in view.classes[cid]:
+                if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
+                    continue
+                if not any(c in program.post and c not in current.operands for c in enode.operands):
+                    continue  # reads nothing already paid for: the tree choice stands
+                if program.delta(cid, enode, cost) < -1e-9:
+                    choice[cid] = current = enode
+                    program = _Program(choice, roots)
+                    improved = True
+        if not improved:
+            break
+    return choice
+
+
+def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, objective: Objective = Objective.TIME,
+                       forbid: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
+    """Up to `k` programs of distinct fusion depths from a saturated e-graph, cheapest first.
+    Ops in `forbid` are never chosen (e.g. {"rfft"} for the best program without the FFT path)."""
+    view = result.view
+    roots = result.output_classes()
+    costs = _Costs(view, arch, objective)
+    graph = result.graph
+    found: dict[tuple, Candidate] = {}
+    for depth in FusionDepth:
+        limited = costs.limited(depth, frozenset(forbid))
+        tree = cheapest_choice(view, limited)
+        if any(r not in tree for r in roots):
+            continue  # the program needs fused ops deeper than this
+        choice = share_more(view, tree, roots, limited)
+        program = Graph(graph.name, graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
+        found.setdefault(program.outputs, candidate_of(program, arch))
+    primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
+    ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
+    return tuple(ranked[:k])

@@ -1,0 +1,135 @@
+"""The cost model picks the right program: fused attention at long sequences, direct or FFT convolution
+by kernel size, shared work paid once, the same answer every time."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera_rw import op
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.rules.registry import rulesets
+from tessera_rw.rules.saturate import rewrite
+from tessera_rw.tune.extract import FusionDepth, extract_candidates
+
+H100 = arch_named("H100-SXM")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ATTENTION = load_example("attention")
+
+
+def candidates_of(fn, arch=H100, **inputs):
+    graph = op.kernel(fn).trace(**inputs) if not hasattr(fn, "trace") else fn.trace(**inputs)
+    return extract_candidates(rewrite(graph, rulesets()), arch)
+
+
+def qkv(seq, head_dim=64, dtype="bf16"):
+    return {n: op.tensor((4, 16, seq, head_dim), dtype) for n in "qkv"}
+
+
+def moves_square(candidate, seq) -> bool:
+    """Whether some kernel reads or writes a (…, seq, seq) tensor: the scores through HBM."""
+    return any(t.shape[-2:] == (seq, seq) for k in candidate.kernels for t in (*k.op.operands, k.op.result))
+
+
+@pytest.mark.parametrize("fn", [ATTENTION.attention, ATTENTION.causal_attention], ids=["plain", "causal"])
+def test_long_attention_fuses_and_never_moves_the_scores_through_hbm(fn):
+    candidates = candidates_of(fn, **qkv(4096))
+    depths = [c.fusion_depth for c in candidates]
+    assert len(set(depths)) >= 2 and FusionDepth.UNFUSED in depths
+    best = candidates[0]
+    assert best.fusion_depth is FusionDepth.FULL
+    assert [k.kind for k in best.kernels] == ["flash_attention"]
+    assert not moves_square(best, 4096)
+    unfused = next(c for c in candidates if c.fusion_depth is FusionDepth.UNFUSED)
+    assert moves_square(unfused, 4096)
+    assert unfused.hbm_bytes > 10 * best.hbm_bytes
+    assert unfused.est_us > 3 * best.est_us
+
+
+def test_short_attention_is_launch_bound_and_the_model_says_so():
+    """At S=16 every kernel of every candidate costs about its launch: fusion only saves launches,
+    a close call left to on-device timing. At S=4096 the unfused kernels are bound by the S×S
+    scores going through HBM."""
+    short = candidates_of(ATTENTION.attention, **qkv(16))
+    assert len({c.fusion_depth for c in short}) >= 2
+    launch = H100.launch_us
+    for c in short:
+        assert all(k.bound == "launch" and "launch-bound" in k.why() for k in c.kernels)
+        assert c.est_us == pytest.approx(len(c.kernels) * launch, rel=0.3)
+    long_ = candidates_of(ATTENTION.attention, **qkv(4096))
+    unfused = next(c for c in long_ if c.fusion_depth is FusionDepth.UNFUSED)
+    assert {k.bound for k in unfused.kernels if k.kind != "gemm"} == {"memory"}
+
+
+def conv1d_candidates(length, kernel, dtype="float32", channels=64, groups=1):
+    x = op.tensor((16, channels, length), dtype)
+    w = op.tensor((channels, channels // groups, kernel), dtype)
+    return candidates_of(lambda x, w: op.conv1d(x, w, padding=(kernel - 1, 0), groups=groups), x=x, w=w)
+
+
+def kinds(candidate):
+    return {k.kind for k in candidate.kernels}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("channels, groups", [(64, 1), (256, 1), (768, 768)])
+def test_a_short_convolution_stays_direct(dtype, channels, groups):
+    assert kinds(conv1d_candidates(4096, 3, dtype, channels, groups)[0]) == {"conv"}
+
+
+@pytest.mark.parametrize("dtype, length, kernel, channels, groups", [
+    ("float32", 2048, 64, 64, 1), ("float32", 8192, 64, 64, 1), ("float32", 2048, 256, 64, 1),
+    ("bfloat16", 2048, 64, 256, 1), ("bfloat16", 8192, 128, 256, 1),
+    ("bfloat16", 2048, 64, 768, 768), ("bfloat16", 8192, 8192, 768, 768),   # depthwise, Hyena-style
+])
+def test_a_long_convolution_goes_through_the_fft(dtype, length, kernel, channels, groups):
+    best = conv1d_candidates(length, kernel, dtype, channels, groups)[0]
+    assert "conv" not in kinds(best) and {"fft", "ifft", "spectral_contract"} <= kinds(best), kinds(best)
+
+
+def test_few_bf16_channels_keep_a_64_tap_convolution_direct_on_tensor_cores():
+    """16 x 64 channels in bf16: the tensor-core direct conv (17 GFLOP) beats six FFT-path kernels
+    whose weight spectrum alone is 35 MB; the model says so rather than always taking the FFT."""
+    best = conv1d_candidates(2048, 64, "bfloat16", 64)[0]
+    assert kinds(best) == {"conv"}
+
+
+def test_a_large_2d_kernel_goes_through_the_fft_and_a_3x3_does_not():
+    def conv2d(kernel):
+        x, w = op.tensor((8, 32, 64, 64), "float32"), op.tensor((32, 32, kernel, kernel), "float32")
+        return candidates_of(lambda x, w: op.conv2d(x, w, padding="same"), x=x, w=w)[0]
+    assert {"fft", "ifft"} <= kinds(conv2d(31)) and "conv" not in kinds(conv2d(31))
+    assert kinds(conv2d(3)) == {"conv"}
+
+
+def test_a_shared_product_is_computed_once():
+    """y = x @ w + b feeds both outputs: paying its GEMM twice (once fused with gelu) is dearer than
+    one GEMM and an elementwise gelu over its result."""
+    x, w, b = op.tensor((4096, 4096), "bf16"), op.tensor((4096, 4096), "bf16"), op.tensor((4096,), "bf16")
+
+    def two_heads(x, w, b):
+        y = x @ w + b
+        return op.gelu(y), y
+    best = candidates_of(two_heads, x=x, w=w, b=b)[0]
+    assert [k.kind for k in best.kernels].count("gemm") == 1
+
+
+def test_extraction_is_deterministic_and_survives_cycles():
+    """x.mT.mT is x: the e-graph holds a cycle through the transposes, and extraction still
+    decodes a program, the same one each time."""
+    x, w = op.tensor((256, 512), "bf16"), op.tensor((512, 128), "bf16")
+    fn = lambda x, w: op.relu(x.mT.mT @ w)  # noqa: E731
+    runs = [candidates_of(fn, x=x, w=w) for _ in range(2)]
+    assert [c.graph.outputs for c in runs[0]] == [c.graph.outputs for c in runs[1]]
+    assert [n.op for n in runs[0][0].graph.nodes if n.op not in ("input",)] == ["gemm"]
