@@ -53,3 +53,22 @@ def test_explain_shows_the_rewrite(capsys):
     out = capsys.readouterr().out
     assert "rewrite: saturated" in out and "flash-attention" in out and "causal-from-tril-mask" in out
     assert "flash_attention(q, k, v, causal=True" in out
+
+
+def test_explain_weighs_candidates_and_says_why_one_won(capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention"), "--arch", "A100"]) == 0
+    out = capsys.readouterr().out
+    assert "candidates on A100-SXM (sm_80" in out
+    for label in ("fully fused", "epilogue-fused", "unfused"):
+        assert f"candidate {['fully fused', 'epilogue-fused', 'unfused'].index(label)}: {label}" in out
+    for column in ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "compute µs", "memory µs", "est µs", "bound"):
+        assert column in out
+    assert "chosen: fully fused" in out and "faster than the epilogue-fused runner-up" in out
+
+
+def test_explain_plans_for_the_arch_in_tessera_arch(capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_ARCH", "L4")
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention")]) == 0
+    assert "candidates on L4 (sm_89" in capsys.readouterr().out
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention"), "--arch", "nope"]) == 2
+    assert "unknown architecture 'nope'" in capsys.readouterr().err
