@@ -11,7 +11,7 @@ GENERATED = [t for t in templates() if t.samples()]
 
 def test_every_kernel_kind_but_the_library_fft_is_generated_and_calibrated():
     assert {t.kind for t in GENERATED} >= {"gemm", "flash_attention", "softmax", "reduction", "elementwise",
-                                           "copy", "conv", "spectral_contract"}
+                                           "copy", "conv"}
 
 
 @pytest.mark.parametrize("template", GENERATED, ids=lambda t: type(t).__name__)

@@ -6,8 +6,8 @@ and the launch takes only pointers. Adjacent axes that every operand walks the s
 coalesced first, so `x[4096,4096] + bias[4096]` indexes the bias with one `%`.
 
 16- and 8-bit values are computed in fp32 and rounded once on store. The scalar pieces (types,
-conversions, the expression emitter, broadcast offsets) are shared with the row-wise and
-reduction templates.
+conversions, the expression emitter, broadcast offsets) live in cuda_scalar.py, shared with the
+row-wise, reduction and copy templates.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> t = TensorType((1024, 1024), DType.bfloat16)
@@ -18,11 +18,10 @@ reduction templates.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
-from tessera_rw.algebra.dtypes import DType, promote
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import OPS
@@ -31,199 +30,11 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
+                                                      broadcast_strides, coalesce, contiguous_strides, ctype,
+                                                      emit_tree, expr_ops, index_type, kernel_name, literal, load,
+                                                      offset_expr, scalar_op, store, words)
 
-# ---- scalar types ---------------------------------------------------------------------------
-
-STORAGE = {DType.float32: "float", DType.float16: "f16_t", DType.bfloat16: "bf16_t", DType.float64: "double",
-           DType.int32: "int", DType.int64: "long long", DType.bool: "unsigned char"}
-SUPPORTED = frozenset(STORAGE)   # fp8 has no conversion that sm_80 can run; complex is the fft's
-MAX_ACCESS_BYTES = 16            # the widest single global load/store (ld.global.v4.b32)
-
-
-def ctype(d: DType) -> str:
-    """The C type values of `d` are computed in: fp32 for 16-bit floats."""
-    return {DType.float64: "double", DType.int32: "int", DType.int64: "long long",
-            DType.bool: "bool"}.get(d, "float")
-
-
-def words(d: DType) -> int:
-    """32-bit registers one computed value of `d` occupies."""
-    return 2 if d in (DType.float64, DType.int64) else 1
-
-
-def load(d: DType, x: str) -> str:
-    """A stored value of `d` as its compute type."""
-    return {DType.bfloat16: f"bf16_to_f32({x})", DType.float16: f"f16_to_f32({x})",
-            DType.bool: f"({x} != 0)"}.get(d, x)
-
-
-def store(d: DType, x: str) -> str:
-    """A computed value as stored `d` (bool stores 0/1 bytes like numpy)."""
-    return {DType.bfloat16: f"f32_to_bf16((float)({x}))", DType.float16: f"f32_to_f16((float)({x}))",
-            DType.bool: f"(unsigned char)(({x}) != 0)"}.get(d, f"({STORAGE[d]})({x})")
-
-
-def literal(value: float, d: DType) -> str:
-    c = ctype(d)
-    if c == "float":
-        return f"{float(value)!r}f".replace("inf", "__int_as_float(0x7f800000)")
-    if c == "double":
-        return f"{float(value)!r}"
-    if c == "bool":
-        return "true" if value else "false"
-    return f"({c}){int(value)}"
-
-
-VEC_STRUCT = """template <typename T, int N> struct __align__(sizeof(T) * N) vec_t { T v[N]; };"""
-
-
-# ---- broadcast offsets ----------------------------------------------------------------------
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def broadcast_strides(out: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of a contiguous `shape` read as the broadcast `out` (0 along repeated axes)."""
-    own = (0,) * (len(out) - len(shape)) + contiguous_strides(shape)
-    full = (1,) * (len(out) - len(shape)) + tuple(shape)
-    return tuple(s if f == o else 0 for s, f, o in zip(own, full, out))
-
-
-def coalesce(out: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Merge adjacent axes every operand walks as one: ((4096, 4096), [(4096, 1), (0, 1)]) stays,
-    ((8, 64, 64), [(4096, 64, 1)]) becomes ((32768,), [(1,)])."""
-    sizes, cols = [], [[] for _ in strides]
-    for axis, size in enumerate(out):
-        if size == 1:
-            continue
-        if sizes and all(col[-1] == st[axis] * size for col, st in zip(cols, strides)):
-            sizes[-1] *= size
-            for col, st in zip(cols, strides):
-                col[-1] = st[axis]
-            continue
-        sizes.append(size)
-        for col, st in zip(cols, strides):
-            col.append(st[axis])
-    return tuple(sizes), [tuple(c) for c in cols]
-
-
-def offset_expr(index: str, sizes: tuple[int, ...], strides: tuple[int, ...]) -> str:
-    """C expression of the element offset at linear `index` of `sizes` walked with `strides`."""
-    if strides == contiguous_strides(sizes):
-        return index
-    terms, inner = [], 1
-    for axis in range(len(sizes) - 1, -1, -1):
-        size, stride = sizes[axis], strides[axis]
-        if stride:
-            coord = index if inner == 1 else f"{index} / {inner}u"
-            if axis > 0:
-                coord = f"({coord}) % {size}u"
-            terms.append(coord if stride == 1 else f"({coord}) * {stride}u")
-        inner *= size
-    return " + ".join(terms) or "0"
-
-
-def kernel_name(kind: str, op: KernelOp, schedule: Schedule) -> str:
-    """A name stable across processes (the binary cache keys on the source): kind_op_digest."""
-    digest = hashlib.blake2b(f"{op}|{schedule.describe()}".encode(), digest_size=4).hexdigest()
-    return f"{kind}_{op.op}_{digest}"
-
-
-def index_type(numel: int) -> str:
-    """32-bit index math whenever the grid-stride loop cannot overflow it: fewer registers."""
-    return "unsigned" if numel < 2**31 else "unsigned long long"
-
-
-# ---- the expression emitter -----------------------------------------------------------------
-
-_FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "sin": "sin", "cos": "cos",
-             "erf": "erf", "rsqrt": "rsqrt"}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-SQRT_HALF, SQRT_2_OVER_PI, GELU_CUBIC = 0.7071067811865476, 0.7978845608028654, 0.044715
-
-
-def scalar_op(name: str, args: list[tuple[str, DType]], attrs: dict, out: DType) -> str:
-    """C expression of one elementwise op on computed values, typed as its shape rule says."""
-    c = ctype(out)
-    f = "f" if c == "float" else ""
-
-    def as_(x: tuple[str, DType], t: str = c) -> str:
-        return x[0] if ctype(x[1]) == t else f"({t})({x[0]})"
-
-    def num(v: float) -> str:
-        return literal(v, out)
-
-    if name in _ARITH:
-        return f"({as_(args[0])} {_ARITH[name]} {as_(args[1])})"
-    if name in _CMP:
-        common = ctype(promote(args[0][1], args[1][1]))
-        return f"({as_(args[0], common)} {_CMP[name]} {as_(args[1], common)})"
-    if name in ("maximum", "minimum"):
-        a, b = as_(args[0]), as_(args[1])
-        pick = ">" if name == "maximum" else "<"
-        nan = f" || {a} != {a}" if c in ("float", "double") else ""   # numpy propagates NaN
-        return f"(({a} {pick} {b}{nan}) ? {a} : {b})"
-    if name == "pow":
-        return f"({c})pow{f}({as_(args[0], 'float' if f else 'double')}, {as_(args[1], 'float' if f else 'double')})"
-    if name == "logical_and":
-        return f"({args[0][0]} && {args[1][0]})"
-    if name == "logical_or":
-        return f"({args[0][0]} || {args[1][0]})"
-    if name == "logical_not":
-        return f"(!{args[0][0]})"
-    x = as_(args[0])
-    if name in _FLOAT_FN:
-        return f"{_FLOAT_FN[name]}{f}({x})"
-    if name == "neg":
-        return f"(-{x})"
-    if name == "abs":
-        return {"float": f"fabsf({x})", "double": f"fabs({x})", "long long": f"llabs({x})"}.get(c, f"abs({x})")
-    if name == "reciprocal":
-        return f"({num(1)} / {x})"
-    if name == "relu":
-        return f"({x} < {num(0)} ? {num(0)} : {x})"
-    if name == "sigmoid":
-        return f"({num(1)} / ({num(1)} + exp{f}(-{x})))"
-    if name == "silu":
-        return f"({x} / ({num(1)} + exp{f}(-{x})))"
-    if name == "gelu":
-        if attrs.get("approximate") == "tanh":
-            inner = f"{num(SQRT_2_OVER_PI)} * ({x} + {num(GELU_CUBIC)} * {x} * {x} * {x})"
-            return f"({num(0.5)} * {x} * ({num(1)} + tanh{f}({inner})))"
-        return f"({num(0.5)} * {x} * ({num(1)} + erf{f}({x} * {num(SQRT_HALF)})))"
-    if name == "cast":
-        return f"({x} != 0)" if out is DType.bool else x
-    if name == "where":
-        return f"({args[0][0]} ? {as_(args[1])} : {as_(args[2])})"
-    raise NotImplementedError(f"no CUDA spelling for elementwise op {name!r}")
-
-
-def emit_tree(tree, leaves: list[tuple[str, DType]], lines: list[str], prefix: str = "t") -> tuple[str, DType]:
-    """Emit `tree` (parse_expr form) over computed `leaves` as statements; returns (name, dtype)."""
-    if isinstance(tree, int):
-        return leaves[tree]
-    name, *subtrees = tree
-    args = [emit_tree(s, leaves, lines, prefix) for s in subtrees]
-    out = OPS[name].infer(*(TensorType((), d) for _, d in args)).dtype
-    var = f"{prefix}{len(lines)}"
-    lines.append(f"const {ctype(out)} {var} = {scalar_op(name, args, {}, out)};")
-    return var, out
-
-
-TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "sigmoid", "silu", "gelu", "pow"})
-
-
-def expr_ops(tree) -> list[str]:
-    return [] if isinstance(tree, int) else [tree[0]] + [n for s in tree[1:] for n in expr_ops(s)]
-
-
-# ---- the template ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ElementwiseSchedule(Schedule):
@@ -249,6 +60,9 @@ HEAVY_TEMPS = {"exp": 1, "log": 1, "sigmoid": 1, "silu": 1, "sin": 2, "cos": 2, 
 GRID_WAVES = 4            # grid-stride: this many full waves of resident blocks, then loop
 CREATION = frozenset({"full", "arange"})
 TRIANGLE = frozenset({"tril", "triu"})
+
+# two or more of these in one expression lower the modeled efficiency (see resources())
+TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "sigmoid", "silu", "gelu", "pow"})
 
 
 class ElementwiseTemplate(Template):

@@ -30,7 +30,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
-from tessera_rw.codegen.templates.elementwise import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       contiguous_strides, ctype, kernel_name, load, offset_expr,
                                                       store, words)
 

@@ -77,7 +77,7 @@ _CANDIDATES = ((128, 1, 8, 4), (256, 1, 4, 4), (128, 2, 8, 2))
 
 
 class SpectralContractTemplate(Template):
-    kind = "spectral_contract"
+    kind = "gemm"     # per frequency a complex GEMM: Y_f (N x O) = X_f (N x C) · W_f^H (C x O)
     ops = frozenset({"spectral_contract"})
 
     def accepts(self, op: KernelOp) -> bool:
@@ -89,7 +89,7 @@ class SpectralContractTemplate(Template):
                 and max(x.numel, w.numel, op.result.numel) <= _MAX_INDEX)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ()
+        return ("complex", "conj", "per_frequency")
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[SpectralSchedule, ...]:
         sc = _Contract.of(op)

@@ -1,0 +1,299 @@
+"""The CUDA text of the FlashAttention-2 forward kernel and the function that fills it in.
+
+FlashAttentionTemplate (attention.py) picks the schedule and models registers, shared memory and
+traffic; this module only writes the chosen kernel out: KERNEL is the source with `$NAME`-style
+holes, `emit_kernel` fills them with the op's sizes, dtypes, mask and broadcast offsets. It is a
+module of its own so the template's decisions read apart from some 200 lines of kernel text. It
+imports nothing from attention.py at run time.
+
+>>> from tessera_rw.codegen.arch import arch_named
+>>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate, _Shape
+>>> t = FlashAttentionTemplate()
+>>> op = t.samples()[0]
+>>> arch = arch_named("h100")
+>>> s = t.schedules(op, arch)[0]
+>>> emit_kernel(op, _Shape.of(op), s, t.resources(op, s, arch).smem_bytes).name
+'flash_attention_bf16_d64_bm128_bn64_w8_s2'
+"""
+
+from __future__ import annotations
+
+import math
+from string import Template as Text
+from typing import TYPE_CHECKING
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.templates.attention import AttentionSchedule, _Shape
+
+LOG2E = 1.4426950408889634
+# mask dtypes the kernel reads, as their C types; accepts() admits exactly these
+MASK_TYPES = {DType.bool: "unsigned char", DType.float32: "float", DType.float16: "f16_t",
+              DType.bfloat16: "bf16_t"}
+_MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_to_f32(mv)",
+              DType.bfloat16: "bf16_to_f32(mv)"}
+
+
+def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
+    """The kernel for `op` under schedule `s`, after a comment giving its launch (`smem` bytes of
+    dynamic shared memory, as the template counts them)."""
+    q, k, v = op.operands[:3]
+    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    elem = f"{tag}_t"
+    name = (f"flash_attention_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+            f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}")
+    mask = shape.mask
+    mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
+    mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()
+    offsets, mask_strides = batch_offsets(shape.batch, q, k, v, mshape)
+    header = (f"// {op}\n// schedule: {s.describe()}\n"
+              f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {32 * s.warps}, {smem}>>>"
+              f"(q, k, v{', mask' if mask is not None else ''}, out); dynamic shared memory {smem} bytes "
+              f"(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
+              f"// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n")
+    source = Text(KERNEL).substitute(
+        NAME=name, ELEM=elem, MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816",
+        PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
+        BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
+        SCALE_LOG2=f"{shape.scale * LOG2E!r}f", CAUSAL="true" if shape.causal else "false",
+        HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
+        MASK_ARG=f"const {mask_type}* __restrict__ mask, " if mask is not None else "",
+        MASK_VALUE=_MASK_LOAD[mask.dtype] if mask is not None else "0.f",
+        MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
+        MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
+        MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets)
+    return KernelSource(name, header + source, threads=32 * s.warps)
+
+
+def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,
+                  mask_shape: tuple[int, ...]) -> tuple[str, tuple[int, int]]:
+    """CUDA statements turning the flat (batch, head) index `bh` into each operand's element offset
+    (broadcast dims add nothing, a GQA head axis divides), and the mask's row and column strides.
+
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> q, kv = TensorType((2, 8, 4, 64), DType.bfloat16), TensorType((2, 2, 4, 64), DType.bfloat16)
+    >>> print(batch_offsets((2, 8), q, kv, kv, ())[0].splitlines()[2])
+            i = rem % 8; rem /= 8; q_off += (long long)i * 256; k_off += (long long)(i / 4) * 256; v_off += (long long)(i / 4) * 256;
+    """
+    operands = [(name, t.shape[:-2], t.shape[-2] * t.shape[-1]) for name, t in (("q_off", q), ("k_off", k), ("v_off", v))]
+    strides = (0, 0)
+    if mask_shape:
+        rows, cols = mask_shape[-2:]
+        operands.append(("m_off", mask_shape[:-2], rows * cols))
+        strides = (cols if rows != 1 else 0, 1 if cols != 1 else 0)
+    lines = [f"    long long {' = 0, '.join(name for name, _, _ in operands)} = 0;", "    {  int rem = bh, i;"]
+    for axis in reversed(range(len(batch))):
+        n = batch[axis]
+        terms = []
+        for name, dims, per_batch in operands:
+            dims = (1,) * (len(batch) - len(dims)) + tuple(dims)
+            if dims[axis] == 1:
+                continue
+            index = "i" if dims[axis] == n else f"(i / {n // dims[axis]})"
+            terms.append(f"{name} += (long long){index} * {math.prod(dims[axis + 1:]) * per_batch};")
+        lines.append(f"        i = rem % {n}; rem /= {n}; " + " ".join(terms))
+    lines.append("    }")
+    return "\n".join(lines), strides
+
+
+KERNEL = r"""
+// element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
+// by row, so the 8 row addresses of one ldmatrix land in 8 different bank groups
+__device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
+    return row * width + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
+template <int ROWS, int WIDTH, int THREADS>
+__device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
+    constexpr int CHUNKS = ROWS * WIDTH / 8;
+    #pragma unroll
+    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
+        const int c = it * THREADS + tid;
+        if (CHUNKS % THREADS == 0 || c < CHUNKS) {
+            const int r = c / (WIDTH / 8), col = (c % (WIDTH / 8)) * 8;
+            // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
+            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * WIDTH + col, r < valid ? 16 : 0);
+        }
+    }
+}
+
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+
+extern "C" __global__ void __launch_bounds__($WARPS * 32)
+$NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
+      $MASK_ARG$ELEM* __restrict__ out) {
+    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
+    constexpr int MT = BM / (16 * WARPS);                 // 16-row MMA tiles per warp
+    constexpr int SQ = $SQ, SK = $SK, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
+    constexpr float SCALE_LOG2 = $SCALE_LOG2;             // the softmax runs in base 2: scale · log2(e)
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float NEG_INF = __int_as_float(0xff800000);
+    constexpr bool CAUSAL = $CAUSAL, HAS_MASK = $HAS_MASK, MASK_BOOL = $MASK_BOOL;
+    constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
+
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    $ELEM* q_s = ($ELEM*)fa_smem;                         // [BM][D]
+    $ELEM* k_s = q_s + BM * D;                            // [STAGES][BN][D]
+    $ELEM* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
+
+    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
+$OFFSETS
+    const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
+    const $ELEM* kp = k + k_off;
+    const $ELEM* vp = v + v_off;
+    const $MASK_T* mp = $MASK_PTR;
+    // causal: key tiles past the block's last row are all masked, so they are never loaded
+    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+
+    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < n_tiles) {
+            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();                          // the Q group is complete
+    __syncthreads();
+
+    unsigned qf[MT][D / 16][4];                           // this warp's Q rows as mma A fragments
+    #pragma unroll
+    for (int m = 0; m < MT; ++m)
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            ldmatrix_x4(qf[m][kk], q_s + fa_swizzle(row0 - q0 + m * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
+
+    float o[MT][D / 8][4];
+    float m_run[MT][2], l_run[MT][2];                     // rows g and g + 8: running max (base 2), partial sum
+    #pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        #pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.f;
+        m_run[m][0] = m_run[m][1] = NEG_INF;
+        l_run[m][0] = l_run[m][1] = 0.f;
+    }
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int next = t + STAGES - 1;
+        if (next < n_tiles) {
+            const int st = next % STAGES;
+            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+        }
+        cp_async_commit();                                // an empty group keeps the wait count uniform
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
+        const $ELEM* vt = v_s + (t % STAGES) * BN * D;
+        const int k0 = t * BN;
+
+        // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
+        float s[MT][BN / 8][4];
+        #pragma unroll
+        for (int m = 0; m < MT; ++m)
+            #pragma unroll
+            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            #pragma unroll
+            for (int j = 0; j < BN / 16; ++j) {
+                unsigned b[4];
+                ldmatrix_x4(b, kt + fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D));
+                #pragma unroll
+                for (int m = 0; m < MT; ++m) { $MMA(s[m][2 * j], qf[m][kk], b); $MMA(s[m][2 * j + 1], qf[m][kk], b + 2); }
+            }
+
+        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+        #pragma unroll
+        for (int m = 0; m < MT; ++m)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + m * 16 + g + 8 * h;
+                float mx = NEG_INF;
+                #pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+                    #pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = k0 + j * 8 + 2 * t4 + e;
+                        float x = s[m][j][2 * h + e] * SCALE_LOG2;
+                        if (HAS_MASK && row < SQ && col < SK) {
+                            const $MASK_T mv = mp[row * MASK_ROW + col * MASK_COL];
+                            if (MASK_BOOL) x = mv ? x : NEG_INF;
+                            else x += $MASK_VALUE * LOG2E;
+                        }
+                        if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                        s[m][j][2 * h + e] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a quad share a row
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_run[m][h], mx);
+                const float base = m_new == NEG_INF ? 0.f : m_new;   // no -inf - -inf while a row is all masked
+                const float corr = fa_exp2(m_run[m][h] - base);
+                m_run[m][h] = m_new;
+                float sum = 0.f;
+                #pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+                    #pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float p = fa_exp2(s[m][j][2 * h + e] - base);
+                        s[m][j][2 * h + e] = p;
+                        sum += p;
+                    }
+                l_run[m][h] = l_run[m][h] * corr + sum;
+                #pragma unroll
+                for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }
+            }
+
+        // O += P V: the S accumulators are already laid out as A fragments; V needs transposed ldmatrix
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            unsigned a[MT][4];
+            #pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                a[m][0] = $PACK(s[m][2 * kk][0], s[m][2 * kk][1]);
+                a[m][1] = $PACK(s[m][2 * kk][2], s[m][2 * kk][3]);
+                a[m][2] = $PACK(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                a[m][3] = $PACK(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
+            #pragma unroll
+            for (int n = 0; n < D / 16; ++n) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, vt + fa_swizzle(kk * 16 + (lane & 15), n * 16 + (lane >> 4) * 8, D));
+                #pragma unroll
+                for (int m = 0; m < MT; ++m) { $MMA(o[m][2 * n], a[m], b); $MMA(o[m][2 * n + 1], a[m], b + 2); }
+            }
+        }
+        __syncthreads();                                  // the stage is refilled next iteration
+    }
+
+    #pragma unroll
+    for (int m = 0; m < MT; ++m)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
+            const int row = row0 + m * 16 + g + 8 * h;
+            if (row < SQ) {
+                $ELEM* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
+                #pragma unroll
+                for (int n = 0; n < D / 8; ++n)
+                    *(unsigned*)(dst + n * 8) = $PACK(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+            }
+        }
+}
+"""
