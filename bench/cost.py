@@ -7,6 +7,7 @@ arch is TESSERA_ARCH or H100-SXM.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from rich.console import Console
@@ -69,6 +70,6 @@ ARCH = target_arch()
 
 
 def run(console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     console.print(attention_table())
     console.print(conv_table())

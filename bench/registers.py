@@ -3,6 +3,7 @@ every default schedule on sm_80 and sm_90 (NVRTC; no GPU needed)."""
 
 from __future__ import annotations
 
+import sys
 import statistics
 
 from rich.console import Console
@@ -15,7 +16,7 @@ BOUND = 0.25
 
 
 def run(console: Console | None = None) -> bool:
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     rows = register_rows(templates())
     table = Table(title="register estimate vs ptxas (bound ±25%, spills must match)")
     for column in ("kind", "op", "schedule", "arch", "estimate", "ptxas", "error", "spill est/ptxas B"):

@@ -22,8 +22,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
-# batch_offsets stays part of this module's interface: its tests import it from here
-from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, batch_offsets, emit_kernel  # noqa: F401
+from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 
 # head_dim 256 keeps a 128-register O accumulator and 64 registers of Q per thread: ptxas reaches

@@ -24,7 +24,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.linalg import matmul_dims
-from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template

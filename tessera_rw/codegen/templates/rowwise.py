@@ -338,8 +338,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
         if spec.norm in ("softmax", "log_softmax"):
             inf = "__int_as_float(0x7f800000)"
             # Online softmax, rescaled once per vector: the running sum moves to the new maximum.
-            online = [f"float cm = x[0];", *lanes("cm = fmaxf(cm, x[j]);"), "const float n = fmaxf(m, cm);",
-                      f"if (n != -{inf}) {{", f"    s *= expf(m - n);",
+            online = ["float cm = x[0];", *lanes("cm = fmaxf(cm, x[j]);"), "const float n = fmaxf(m, cm);",
+                      f"if (n != -{inf}) {{", "    s *= expf(m - n);",
                       f"    for (int j = 0; j < {v}; ++j) s += expf(x[j] - n);", "    m = n;", "}"]
             out = [f"float m = -{inf}, s = 0.0f;"] + walk(online)
             out += [f"const float mx = {red_max}(m);",
@@ -367,7 +367,6 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
         short = TensorType((4096, 512), f32)
         long_row = TensorType((64, 65536), f32)
         mask = TensorType((1, 512), f32)
-        resid = TensorType((4096, 512), f32)
         fused_attrs = dict(expr="add(mul($0,$1),$2)", norm="softmax", axes=(1,), eps=0.0, has_weight=False,
                            has_bias=False, post="$0")
         scale = TensorType((), f32)
