@@ -14,9 +14,6 @@ from tessera_rw.codegen.templates.attention_cuda import batch_offsets
 
 TEMPLATE = FlashAttentionTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
-REGISTER_TOLERANCE = 0.25
-CASES = [pytest.param(op, s, arch, id=f"{arch.sm}-{i}-{s.describe().replace(' ', '-')}")
-         for arch in ARCHS for i, op in enumerate(TEMPLATE.samples()) for s in TEMPLATE.schedules(op, arch)]
 
 
 def attention(q_shape, kv_shape, dtype=DType.bfloat16, v_dim=None, mask=None, causal=False, kv_dtype=None):

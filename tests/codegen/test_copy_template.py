@@ -14,8 +14,6 @@ from tessera_rw.codegen.templates.copy import TILE, CopyTemplate
 T = CopyTemplate()
 SAMPLES = T.samples()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
-CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
-REGISTER_TOLERANCE = 0.25
 
 
 

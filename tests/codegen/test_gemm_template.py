@@ -15,8 +15,6 @@ from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, Ge
 
 T = GemmTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
-CASES = [(arch, op, s) for arch in ARCHS for op in T.samples() for s in T.schedules(op, arch)]
-REGISTER_TOLERANCE = 0.25
 
 
 def _id(case) -> str:

@@ -15,8 +15,6 @@ from tessera_rw.codegen.templates.rowwise import MAX_RESIDENT, RowwiseTemplate
 T = RowwiseTemplate()
 SAMPLES = T.samples()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
-CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
-REGISTER_TOLERANCE = 0.25
 
 
 

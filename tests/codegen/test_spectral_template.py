@@ -21,8 +21,6 @@ FFT = FFTTemplate()
 SAMPLES = T.samples()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
 H100 = arch_named("h100")
-CASES = [(arch, i, s) for arch in ARCHS for i, op in enumerate(SAMPLES) for s in T.schedules(op, arch)]
-REGISTER_TOLERANCE = 0.25
 
 
 def fft(name: str, x: TensorType, n: int, axis: int) -> KernelOp:
