@@ -105,6 +105,11 @@ class ArchSpec(BaseModel):
 _KB, _MB = 1024, 1024 * 1024
 U = MathUnit
 
+_H100_SXM = ArchSpec(name="H100-SXM", aliases=("h100", "h100-sxm5"), device_names=("H100 80GB HBM3", "H100 SXM"),
+                   compute_capability=(9, 0), sm_count=132, clock_mhz=1980, hbm_gbps=3350, l2_bytes=50 * _MB,
+                   peak_tflops={U.FP64: 33.5, U.FP32: 66.9, U.TF32: 494.7, U.BF16: 989.4, U.FP8: 1978.9},
+                   smem_per_sm=228 * _KB, smem_per_block=227 * _KB)
+
 KNOWN_ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec(name="A100-SXM", aliases=("a100",), device_names=("A100",), compute_capability=(8, 0),
              sm_count=108, clock_mhz=1410, hbm_gbps=2039, l2_bytes=40 * _MB,
@@ -118,18 +123,13 @@ KNOWN_ARCHS: tuple[ArchSpec, ...] = (
              sm_count=128, clock_mhz=2520, hbm_gbps=1008, l2_bytes=72 * _MB,
              peak_tflops={U.FP64: 1.29, U.FP32: 82.6, U.TF32: 82.6, U.BF16: 165.2, U.FP8: 330.3},
              smem_per_sm=100 * _KB, smem_per_block=99 * _KB, max_warps_per_sm=48, max_blocks_per_sm=24),
-    ArchSpec(name="H100-SXM", aliases=("h100", "h100-sxm5"), device_names=("H100 80GB HBM3", "H100 SXM"),
-             compute_capability=(9, 0), sm_count=132, clock_mhz=1980, hbm_gbps=3350, l2_bytes=50 * _MB,
-             peak_tflops={U.FP64: 33.5, U.FP32: 66.9, U.TF32: 494.7, U.BF16: 989.4, U.FP8: 1978.9},
-             smem_per_sm=228 * _KB, smem_per_block=227 * _KB),
+    _H100_SXM,
     ArchSpec(name="H100-PCIe", aliases=("h100-pcie",), device_names=("H100 PCIe",), compute_capability=(9, 0),
              sm_count=114, clock_mhz=1755, hbm_gbps=2000, l2_bytes=50 * _MB,
              peak_tflops={U.FP64: 25.6, U.FP32: 51.2, U.TF32: 378, U.BF16: 756, U.FP8: 1513},
              smem_per_sm=228 * _KB, smem_per_block=227 * _KB),
-    ArchSpec(name="H200", aliases=("h200",), device_names=("H200",), compute_capability=(9, 0),
-             sm_count=132, clock_mhz=1980, hbm_gbps=4800, l2_bytes=50 * _MB,
-             peak_tflops={U.FP64: 33.5, U.FP32: 66.9, U.TF32: 494.7, U.BF16: 989.4, U.FP8: 1978.9},
-             smem_per_sm=228 * _KB, smem_per_block=227 * _KB),
+    _H100_SXM.model_copy(update={"name": "H200", "aliases": ("h200",), "device_names": ("H200",),
+                                 "hbm_gbps": 4800}),   # the H100 SXM die with HBM3e
     ArchSpec(name="B200", aliases=("b200",), device_names=("B200",), compute_capability=(10, 0),
              sm_count=148, clock_mhz=1965, hbm_gbps=8000, l2_bytes=126 * _MB,
              peak_tflops={U.FP64: 37, U.FP32: 75, U.TF32: 1100, U.BF16: 2250, U.FP8: 4500},

@@ -22,7 +22,7 @@ it does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
@@ -149,5 +149,5 @@ def kernel_cost(op: KernelOp, arch: ArchSpec, *, fused_op: bool = False) -> Kern
         return min(options, key=lambda c: c.est_us)
     cost = _generic(op, arch)
     if fused_op:
-        cost = KernelCost(**{**cost.__dict__, "est_us": math.inf})
+        cost = replace(cost, est_us=math.inf)
     return cost

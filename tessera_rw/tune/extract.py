@@ -119,14 +119,6 @@ class _Costs:
         return lambda enode: self(enode) if fusion_depth(enode.op) <= depth and enode.op not in forbid else math.inf
 
 
-def dag_cost(choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float]) -> float:
-    """The cost of the program `choice` spells from `roots`, each class paid once; inf on a cycle."""
-    try:
-        return sum(cost(choice[c]) for c in _Program(choice, roots).post)
-    except CycleError:
-        return math.inf
-
-
 class _Program:
     """The classes a choice reaches from the roots: their DFS post-order and how many chosen e-nodes
     (or roots) reference each, so the effect of re-choosing one class is found by walking only the
@@ -217,7 +209,7 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
     program = _Program(choice, roots)
     for _ in range(DAG_SWEEPS):
         improved = False
-        for cid in sorted(program.post, key=program.post.__getitem__):
+        for cid in list(program.post):   # operands before users
             if cid not in program.post:
                 continue  # dropped by an earlier switch in this sweep
             current = choice[cid]

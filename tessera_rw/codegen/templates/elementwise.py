@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
@@ -69,7 +69,7 @@ class ElementwiseTemplate(Template):
     """Every elementwise op, fused_elementwise, and the creation ops full / arange."""
 
     kind = "elementwise"
-    ops = frozenset(n for n, d in OPS.items() if d.kind is OpKind.ELEMENTWISE) | CREATION
+    ops = frozenset(n for n in BUILTIN_OPS if OPS[n].kind is OpKind.ELEMENTWISE) | CREATION  # the ops cuda_scalar spells
 
     def accepts(self, op: KernelOp) -> bool:
         types = op.operands + (op.result,)
