@@ -25,10 +25,13 @@ class CompileError(TesseraError):
 
 @dataclass(frozen=True)
 class KernelSource:
-    """A generated kernel: its entry-point name and CUDA C++ text (without the prelude)."""
+    """A generated kernel: its entry-point name, CUDA C++ text (without the prelude) and the launch
+    it was written for. Its arguments are the operand pointers in operand order, then the output."""
     name: str
     source: str
-    threads: int = 0           # block size it was written for (0: set at launch)
+    threads: int = 0                          # block size it was written for (0: set at launch)
+    grid: tuple[int, int, int] = (1, 1, 1)    # blocks along x, y, z
+    dynamic_smem: int = 0                     # bytes of dynamic shared memory per block
 
     @property
     def full_source(self) -> str:

@@ -66,7 +66,8 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets)
-    return KernelSource(name, header + source, threads=32 * s.warps)
+    return KernelSource(name, header + source, threads=32 * s.warps,
+                        grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem)
 
 
 def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,

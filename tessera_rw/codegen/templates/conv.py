@@ -258,7 +258,7 @@ class DirectConvTemplate(Template):
                     PAD=_MMA_SMEM_PAD if cv.tensor_cores else _SIMT_SMEM_PAD)
         suffix = _TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         return KernelSource(name, header + implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix),
-                            threads=s.threads)
+                            threads=s.threads, grid=(_cdiv(m, s.bm), _cdiv(n, s.bn), cv.groups))
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf16, f32 = DType.bfloat16, DType.float32
@@ -364,7 +364,8 @@ def _depthwise_emit(op: KernelOp, cv: _Conv, s: DepthwiseSchedule) -> KernelSour
               f"// depthwise sliding window: {cv.og} output channel(s) per input channel, "
               f"taps in {'registers' if win.taps_in_registers else 'shared memory'}\n"
               f"// launch: {name}(x, w, y); grid={_depthwise_grid(cv, s)}, block=({s.threads})\n")
-    return KernelSource(name, header + depthwise_source(name, sizes, suffix, win), threads=s.threads)
+    return KernelSource(name, header + depthwise_source(name, sizes, suffix, win), threads=s.threads,
+                        grid=_depthwise_grid(cv, s))
 
 
 def _register_limit(threads: int, arch: ArchSpec) -> int:

@@ -210,7 +210,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
 {body}
 }}
 """
-        return KernelSource(name, source, s.threads)
+        return KernelSource(name, source, s.threads,
+                            grid=(self.resources(op, s, arch).blocks, 1, 1))
 
     def _tiled_body(self, op: KernelOp, s: CopySchedule) -> str:
         x, axes = op.operands[0], op.attr_map["axes"]

@@ -188,7 +188,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
     }}
 }}
 """
-        return KernelSource(name, source, schedule.threads)
+        return KernelSource(name, source, schedule.threads,
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
 
     def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str], idx: str) -> str:
         a, out = op.attr_map, op.result.dtype

@@ -212,7 +212,8 @@ class GemmTemplate(Template):
         header = (f"// {op}\n// kernel kind gemm, fused {list(self.fused(op))}, schedule {schedule.describe()}, "
                   f"{arch.name}\n")
         body = emit_tensor_core(p, schedule, name) if p.tensor_core else emit_simt(p, schedule, name)
-        return KernelSource(name, header + body, schedule.threads)
+        return KernelSource(name, header + body, schedule.threads,
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32

@@ -185,7 +185,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
 {body}
 }}
 """
-        return KernelSource(name, source, schedule.threads)
+        return KernelSource(name, source, schedule.threads,
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
 
     @staticmethod
     def _monoid(name: str, acc: DType) -> tuple[str, str]:

@@ -281,7 +281,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
 {guard}{body}
 }}
 """
-        return KernelSource(name, source, s.threads)
+        return KernelSource(name, source, s.threads,
+                            grid=(self.resources(op, s, arch).blocks, 1, 1))
 
     @staticmethod
     def _resident(spec, length, v, tpr, red_sum, red_max, prologue, epilogue) -> list[str]:

@@ -149,7 +149,8 @@ class SpectralContractTemplate(Template):
                   f"// launch: {name}(x, w, y); grid=({tf * to * tn * sc.groups}), block=({s.threads})\n")
         body = (_CONTRACT.replace("NAME(", f"{name}(", 1).replace("THREADS)", f"{s.threads})", 1)
                 .replace("CONFIG", f"{name}_config"))
-        return KernelSource(name, header + f"namespace {name}_config {{\n{consts}}}\n" + body, threads=s.threads)
+        return KernelSource(name, header + f"namespace {name}_config {{\n{consts}}}\n" + body, threads=s.threads,
+                            grid=(tf * to * tn * sc.groups, 1, 1))
 
     def samples(self) -> tuple[KernelOp, ...]:
         return (spectral_op((16, 64, 1057), (64, 64, 1057)),
