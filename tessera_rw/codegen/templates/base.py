@@ -46,6 +46,7 @@ class Template(ABC):
 
     kind: ClassVar[str]                   # the ExplainReport kernel kind: 'gemm', 'softmax', ...
     ops: ClassVar[frozenset[str]]         # the ops (plain or fused) it implements
+    library: ClassVar[str | None] = None  # the library that runs it (e.g. "cuFFT") when no source is emitted
 
     def accepts(self, op: KernelOp) -> bool:
         """Whether this template can implement `op` (beyond its name: ranks, dtypes, sizes)."""

@@ -59,7 +59,7 @@ class CopyTemplate(Template):
 
     def tiled(self, op: KernelOp) -> bool:
         """A transpose whose innermost axis moves (after dropping size-1 axes)."""
-        if op.op != "transpose":
+        if op.op != "transpose" or op.operands[0].ndim == 0:
             return False
         x, axes = op.operands[0], op.attr_map["axes"]
         return axes[-1] != x.ndim - 1 and x.shape[-1] > 1 and x.shape[axes[-1]] > 1
@@ -70,7 +70,7 @@ class CopyTemplate(Template):
         out, a = op.result, op.attr_map
         if v == 1:
             return True
-        if v * out.dtype.itemsize > MAX_ACCESS_BYTES or out.shape[-1] % v:
+        if out.ndim == 0 or v * out.dtype.itemsize > MAX_ACCESS_BYTES or out.shape[-1] % v:
             return False
         if op.op == "pad":
             lo, _ = a["pads"][-1]

@@ -268,6 +268,7 @@ class FFTTemplate(Template):
 
     kind = "fft"
     ops = frozenset({"rfft", "irfft", "fft", "ifft"})
+    library = "cuFFT"
 
     def accepts(self, op: KernelOp) -> bool:
         return op.op in self.ops and op.operands[0].dtype in _CUFFT_DTYPES | _WIDENED

@@ -1,0 +1,78 @@
+"""Flash attention on the host, block by block, in memory bounded by the block sizes.
+
+The same online softmax the CUDA kernel runs: for each block of queries, walk the key blocks
+keeping a running row maximum `m`, the running sum of exponentials `l` and the unnormalized output;
+scores for all (query, key) pairs never exist at once, so S=32768 attention runs in a few MB.
+Fully masked rows come out NaN, as in the materialized reference and torch's math SDPA.
+
+>>> import numpy as np
+>>> from tessera_rw.algebra.ops.attention import attention_reference
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = (rng.standard_normal((2, 300, 64)).astype(np.float32) for _ in range(3))
+>>> out = flash_attention_blockwise(q, k, v, scale=0.125, causal=True, block_q=64, block_k=96)
+>>> bool(np.allclose(out, attention_reference(q, k, v, scale=0.125, causal=True, has_mask=False), atol=1e-5))
+True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera_rw.algebra.ops.attention import expand_kv_heads
+
+BLOCK_Q = 128
+BLOCK_K = 128
+
+
+def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
+                              causal: bool = False, has_mask: bool = False,
+                              block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
+    """softmax(scale·q kᵀ [+ mask], causal) v over (..., S, D) arrays, float32 arithmetic."""
+    q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
+    if q.ndim >= 3:
+        k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    sq, sk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    q = np.broadcast_to(q, batch + q.shape[-2:])
+    k = np.broadcast_to(k, batch + k.shape[-2:])
+    v = np.broadcast_to(v, batch + v.shape[-2:])
+    m_full = np.broadcast_to(mask[0], batch + (sq, sk)) if mask else None
+    out = np.empty(batch + (sq, dv), np.float32)
+    scale = np.float32(scale)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for q0 in range(0, sq, block_q):
+            q1 = min(q0 + block_q, sq)
+            out[..., q0:q1, :] = _query_block(q[..., q0:q1, :], k, v, m_full, q0, scale, causal, block_k)
+    return out
+
+
+def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, q0: int,
+                 scale: np.float32, causal: bool, block_k: int) -> np.ndarray:
+    rows = qb.shape[-2]
+    m = np.full(qb.shape[:-1], -np.inf, np.float32)
+    l = np.zeros(qb.shape[:-1], np.float32)
+    acc = np.zeros(qb.shape[:-1] + (v.shape[-1],), np.float32)
+    sk = k.shape[-2]
+    last_key = min(sk, q0 + rows) if causal else sk     # keys beyond the last query row are all masked
+    for k0 in range(0, last_key, block_k):
+        k1 = min(k0 + block_k, sk)
+        s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
+        keep = None
+        if causal:
+            keep = np.arange(q0, q0 + rows)[:, None] >= np.arange(k0, k1)[None, :]
+        if mask is not None:
+            tile = mask[..., q0:q0 + rows, k0:k1]
+            if tile.dtype == np.bool_:
+                keep = tile if keep is None else keep & tile
+            else:
+                s = s + tile.astype(np.float32)
+        if keep is not None:
+            s = np.where(keep, s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1))
+        m_safe = np.where(np.isneginf(m_new), np.float32(0), m_new)   # a row masked so far adds nothing
+        p = np.exp(s - m_safe[..., None])
+        alpha = np.exp(m - m_safe)
+        l = l * alpha + p.sum(axis=-1)
+        acc = acc * alpha[..., None] + np.matmul(p, v[..., k0:k1, :])
+        m = m_new
+    return acc / l[..., None]
