@@ -1,4 +1,5 @@
-"""The kernel object `@op.kernel` returns: traced once per (shapes, dtypes) signature, then run.
+"""The kernel object `@op.kernel` returns: traced and compiled once per (shapes, dtypes) signature,
+then run — on the GPU when there is one, else by the numpy executor of the same plan.
 
 >>> import numpy as np
 >>> from tessera_rw import op
@@ -18,18 +19,20 @@ import functools
 import inspect
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
 from tessera_rw.algebra.builder import user_site
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
-from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
+
+if TYPE_CHECKING:
+    from tessera_rw.pipeline import CompiledProgram
 
 Signature = tuple[tuple[str, Hashable], ...]
 
@@ -69,6 +72,7 @@ class Kernel:
             raise ArgumentError(f"@op.kernel function {fn.__name__} takes *{variadic[0]}; kernels need "
                                 "named parameters so each input can be named in graphs and reports")
         self._traces: dict[Signature, Traced] = {}
+        self._programs: dict[tuple[Signature, Any], CompiledProgram] = {}
         functools.update_wrapper(self, fn)
 
     @property
@@ -111,6 +115,20 @@ class Kernel:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""
         return self.traced(self.bind(*args, **kwargs)).graph
 
+    def compiled(self, call: BoundCall) -> CompiledProgram:
+        """The rewritten, chosen and lowered program for this call's signature (made on first use)."""
+        from tessera_rw.codegen.numerics import current_numerics
+        from tessera_rw.pipeline import compile_program
+        key = (call.signature, current_numerics())      # the policy steers extraction (tf32 costs less)
+        found = self._programs.get(key)
+        if found is None:
+            found = self._programs[key] = compile_program(self.traced(call).graph)
+        return found
+
+    def program(self, *args: Any, **kwargs: Any) -> CompiledProgram:
+        """`k.program(x, y)`: what a call with these arguments runs (candidates, choice, KernelPlan)."""
+        return self.compiled(self.bind(*args, **kwargs))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
             return self.fn(*args, **kwargs)  # called from another traced function: inline
@@ -119,7 +137,8 @@ class Kernel:
         if call.placeholders:
             outputs = tuple(TensorSpec(o.shape, o.dtype) for o in traced.graph.outputs)
         else:
-            outputs = evaluate(traced.graph, {n: np.asarray(v) for n, v in call.values.items()})
+            from tessera_rw.execute import run_program
+            outputs = run_program(self.compiled(call), call.values)
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 
     def __repr__(self) -> str:

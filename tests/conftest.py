@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -22,6 +23,11 @@ def gpu_available() -> bool:
         return True
     except Exception:  # no driver, no device: the tests that need one are skipped
         return False
+
+
+def pytest_configure(config):
+    # Compiled kernels are cached in the temp folder across test runs, never in the user's ~/.tessera.
+    os.environ.setdefault("TESSERA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tessera-test-cache"))
 
 
 def pytest_collection_modifyitems(config, items):

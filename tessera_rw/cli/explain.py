@@ -21,9 +21,7 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
 from tessera_rw.kernel import Kernel
 from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
-from tessera_rw.rules.registry import rulesets
-from tessera_rw.rules.saturate import rewrite
-from tessera_rw.tune.extract import extract_candidates
+from tessera_rw.pipeline import compile_program
 
 from tessera_rw.cli.usage import UsageError
 
@@ -83,15 +81,16 @@ def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console)
     graph = kernel.trace(**inputs).verify()
     console.print(graph_summary(graph))
     console.file.write(f"{graph}\n")
-    result = rewrite(graph, rulesets())
-    console.print(rewrite_summary(result.report))
-    candidates = extract_candidates(result, arch)
+    program = compile_program(graph, arch)
+    console.print(rewrite_summary(program.rewrite.report))
+    candidates = program.candidates
     console.print(candidates_table(candidates, arch))
     for rank, candidate in enumerate(candidates):
         console.print(kernels_table(candidate, f"candidate {rank}: {candidate.fusion_depth.label}"))
-        if rank == 0:
+        if rank == program.chosen:
             console.file.write(f"{candidate.graph}\n")
     console.print(f"[bold]{choice_reason(candidates)}[/]")
+    console.file.write(f"{program.plan}\n")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """NVRTC compilation through cuda.core, with the facts ptxas reports about each kernel.
 
 Compiling needs no GPU, so every generated kernel's registers, spills and shared memory are known
-on any machine:
+on any machine. Cubins and their facts are kept on disk across processes (binary_cache):
 
 >>> k = compile_cuda(KernelSource("twice", 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2; }'), "sm_90")
 >>> (k.registers > 0, k.spill_bytes)
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen.binary_cache import KernelFacts, binary_cache
 from tessera_rw.codegen.prelude import PRELUDE
 
 
@@ -32,6 +33,7 @@ class KernelSource:
     threads: int = 0                          # block size it was written for (0: set at launch)
     grid: tuple[int, int, int] = (1, 1, 1)    # blocks along x, y, z
     dynamic_smem: int = 0                     # bytes of dynamic shared memory per block
+    fast_math: bool = False                   # compile with --use_fast_math (the `fast` numerics policy)
 
     @property
     def full_source(self) -> str:
@@ -98,6 +100,11 @@ def _compile(full_source: str, name: str, arch: str, options: tuple[str, ...]) -
     log = io.StringIO()
     opts = ProgramOptions(name=f"{name}.cu", arch=arch, ptxas_options=["-v"], std="c++17",
                           use_fast_math="fast_math" in options)
+    store = binary_cache()
+    key = store.key(full_source, opts) if store else b""
+    if store and (hit := store.get(key, name, arch)):
+        cubin, facts = hit
+        return CompiledKernel(cubin=cubin, **facts.model_dump())
     try:
         cubin = Program(full_source, "c++", opts).compile("cubin", logs=log)
     except Exception as e:
@@ -106,9 +113,13 @@ def _compile(full_source: str, name: str, arch: str, options: tuple[str, ...]) -
                            f"{_excerpt(full_source, text)}",
                            hint="this is a code generator bug; please report it with the lines above") from None
     text = log.getvalue().replace("\x00", "")
-    return CompiledKernel(name, arch, bytes(cubin.code), log=text, **ptxas_facts(text, name))
+    compiled = CompiledKernel(name, arch, bytes(cubin.code), log=text, **ptxas_facts(text, name))
+    if store:
+        store.put(key, compiled.cubin, KernelFacts(**{k: v for k, v in vars(compiled).items() if k != "cubin"}))
+    return compiled
 
 
 def compile_cuda(kernel: KernelSource, arch: str, *, fast_math: bool = False) -> CompiledKernel:
-    """Compile one generated kernel to a cubin for `arch` ('sm_80', 'sm_90', ...)."""
-    return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if fast_math else ())
+    """Compile one generated kernel to a cubin for `arch` ('sm_80', 'sm_90', ...), with fast math
+    when the kernel was generated for it or the caller asks."""
+    return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if kernel.fast_math or fast_math else ())

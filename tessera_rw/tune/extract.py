@@ -22,6 +22,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.rules.choice import cheapest_choice
 from tessera_rw.rules.egraph import CycleError, EGraphView, ENode
 from tessera_rw.rules.saturate import RewriteResult
@@ -82,29 +83,33 @@ class Candidate:
 
 
 def candidate_of(graph: Graph, arch: ArchSpec) -> Candidate:
-    """A program as it stands, costed kernel by kernel."""
+    """A program as it stands, costed kernel by kernel under the numerics policy in force."""
     kernels = []
     depth = FusionDepth.UNFUSED
+    numerics = current_numerics()
     for node in graph.nodes:
         depth = max(depth, fusion_depth(node.op))
-        cost = kernel_cost(KernelOp.from_node(node), arch, fused_op=fusion_depth(node.op) > 0)
+        cost = kernel_cost(KernelOp.from_node(node, numerics), arch, fused_op=fusion_depth(node.op) > 0)
         if cost is not None:
             kernels.append(cost)
     return Candidate(depth, graph, tuple(kernels))
 
 
 class _Costs:
-    """Per-e-node cost (µs, or FLOPs) under a depth limit, from the e-graph's own types."""
+    """Per-e-node cost (µs, or FLOPs) under a depth limit, from the e-graph's own types, under the
+    numerics policy in force when extraction starts (a `fast` fp32 product is costed in tf32)."""
 
     def __init__(self, view: EGraphView, arch: ArchSpec, objective: Objective):
         self.view, self.arch, self.objective = view, arch, objective
+        self.numerics = current_numerics()
         self.types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
         self._memo: dict[str, float] = {}
 
     def __call__(self, enode: ENode) -> float:
         cost = self._memo.get(enode.id)
         if cost is None:
-            op = KernelOp(enode.op, tuple(self.types[c] for c in enode.operands), enode.attrs, self.types[enode.eclass])
+            op = KernelOp(enode.op, tuple(self.types[c] for c in enode.operands), enode.attrs, self.types[enode.eclass],
+                          self.numerics)
             kc = kernel_cost(op, self.arch, fused_op=fusion_depth(enode.op) > 0)
             if kc is None:
                 cost = VIEW_COST

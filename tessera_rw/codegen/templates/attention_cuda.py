@@ -26,6 +26,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention import AttentionSchedule, _Shape
@@ -67,7 +68,8 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets)
     return KernelSource(name, header + source, threads=32 * s.warps,
-                        grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem)
+                        grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
+                        fast_math=op.numerics is Numerics.FAST)
 
 
 def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,

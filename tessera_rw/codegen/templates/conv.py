@@ -31,6 +31,7 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.conv_cuda import DepthwiseLayout, depthwise_source, implicit_gemm_source
 
@@ -258,7 +259,8 @@ class DirectConvTemplate(Template):
                     PAD=_MMA_SMEM_PAD if cv.tensor_cores else _SIMT_SMEM_PAD)
         suffix = _TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         return KernelSource(name, header + implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix),
-                            threads=s.threads, grid=(_cdiv(m, s.bm), _cdiv(n, s.bn), cv.groups))
+                            threads=s.threads, grid=(_cdiv(m, s.bm), _cdiv(n, s.bn), cv.groups),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf16, f32 = DType.bfloat16, DType.float32
@@ -365,7 +367,7 @@ def _depthwise_emit(op: KernelOp, cv: _Conv, s: DepthwiseSchedule) -> KernelSour
               f"taps in {'registers' if win.taps_in_registers else 'shared memory'}\n"
               f"// launch: {name}(x, w, y); grid={_depthwise_grid(cv, s)}, block=({s.threads})\n")
     return KernelSource(name, header + depthwise_source(name, sizes, suffix, win), threads=s.threads,
-                        grid=_depthwise_grid(cv, s))
+                        grid=_depthwise_grid(cv, s), fast_math=op.numerics is Numerics.FAST)
 
 
 def _register_limit(threads: int, arch: ArchSpec) -> int:

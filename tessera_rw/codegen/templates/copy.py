@@ -25,6 +25,7 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, contiguous_strides, kernel_name,
@@ -211,7 +212,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
 }}
 """
         return KernelSource(name, source, s.threads,
-                            grid=(self.resources(op, s, arch).blocks, 1, 1))
+                            grid=(self.resources(op, s, arch).blocks, 1, 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def _tiled_body(self, op: KernelOp, s: CopySchedule) -> str:
         x, axes = op.operands[0], op.attr_map["axes"]

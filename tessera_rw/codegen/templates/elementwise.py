@@ -29,6 +29,7 @@ from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, contiguous_strides, ctype,
@@ -189,7 +190,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
 }}
 """
         return KernelSource(name, source, schedule.threads,
-                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str], idx: str) -> str:
         a, out = op.attr_map, op.result.dtype

@@ -2,8 +2,11 @@
 
 Two code paths. bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
 fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
-pipeline of `stages` buffers. float32 operands run a SIMT FFMA kernel (no tf32: full fp32
-products, as numpy gives). Both keep the epilogue in registers and write the result once.
+pipeline of `stages` buffers. float32 operands run a SIMT FFMA kernel (full fp32 products, as
+numpy gives), except under the `fast` numerics policy: then they take the tensor-core path in
+tf32 (mma.sync m16n8k8, operands rounded by cvt.rna.tf32.f32, fp32 accumulation), about 7x the
+FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the epilogue in
+registers and write the result once.
 Shapes are baked into the source as constants; the grid is flat (column tiles, row tiles, then
 the flattened batch) and a broadcast operand gets batch stride 0.
 
@@ -27,6 +30,7 @@ from tessera_rw.algebra.ops.linalg import matmul_dims
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.gemm_cuda import SIMT_PAD, emit_simt, emit_tensor_core, kernel_name, rows_aligned
 
@@ -71,6 +75,9 @@ class GemmSimtSchedule(Schedule):
 _TC_DEFAULTS = (GemmSchedule(128, 128, 32, 2, 2, 3), GemmSchedule(128, 64, 32, 2, 2, 3),
                 GemmSchedule(64, 64, 32, 2, 2, 3), GemmSchedule(128, 256, 32, 2, 4, 2))
 _SIMT_DEFAULTS = (GemmSimtSchedule(128, 128, 8, 8, 8), GemmSimtSchedule(64, 64, 8, 4, 4))
+# tf32 tiles hold 4-byte values: half the k-depth of the 16-bit tiles for the same shared memory
+_TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16, 2, 2, 3),
+                  GemmSchedule(64, 64, 16, 2, 2, 4))
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class _Problem:
     activation: str
     bias: TensorType | None
     residual: TensorType | None
+    tf32: bool = False          # fp32 operands on tensor cores (the `fast` policy)
 
     @staticmethod
     def of(op: KernelOp) -> _Problem:
@@ -98,7 +106,8 @@ class _Problem:
         bias = next(extra) if at.get("has_bias") else None
         residual = next(extra) if at.get("has_residual") else None
         return _Problem(batch, a.shape[:-2], b.shape[:-2], m, n, k, a.dtype, op.result.dtype,
-                        float(at.get("scale", 1.0)), at.get("activation", "none"), bias, residual)
+                        float(at.get("scale", 1.0)), at.get("activation", "none"), bias, residual,
+                        tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST)
 
     @property
     def nbatch(self) -> int:
@@ -106,7 +115,8 @@ class _Problem:
 
     @property
     def tensor_core(self) -> bool:
-        return self.in_dtype in _TENSOR_CORE
+        """Whether the product runs on mma.sync (16-bit operands, or fp32 ones as tf32)."""
+        return self.in_dtype in _TENSOR_CORE or self.tf32
 
 
 class GemmTemplate(Template):
@@ -151,7 +161,7 @@ class GemmTemplate(Template):
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         p = _Problem.of(op)
-        defaults = _TC_DEFAULTS if p.tensor_core else _SIMT_DEFAULTS
+        defaults = _TF32_DEFAULTS if p.tf32 else _TC_DEFAULTS if p.tensor_core else _SIMT_DEFAULTS
         return tuple(s for s in defaults if self._valid(p, s, arch))
 
     def _valid(self, p: _Problem, s: Schedule, arch: ArchSpec) -> bool:
@@ -161,9 +171,11 @@ class GemmTemplate(Template):
         if _registers(p, s) > arch.registers_per_thread:
             return False
         if isinstance(s, GemmSchedule):
-            return (s.bm % (16 * s.warps_m) == 0 and s.bn % (16 * s.warps_n) == 0 and s.bk in (32, 64)
-                    and s.bn >= 64 and s.stages >= 2 and (s.bm * s.bk // 8) % s.threads == 0
-                    and (s.bk * s.bn // 8) % s.threads == 0)
+            el = 16 // p.in_dtype.itemsize     # elements per 16-byte chunk
+            return (s.bm % (16 * s.warps_m) == 0 and s.bn % (16 * s.warps_n) == 0
+                    and s.bk in ((16, 32) if p.tf32 else (32, 64)) and (not p.tf32 or s.bn % 32 == 0)
+                    and s.bn >= 64 and s.stages >= 2 and (s.bm * s.bk // el) % s.threads == 0
+                    and (s.bk * s.bn // el) % s.threads == 0)
         return (s.tm % 4 == 0 and s.tn % 4 == 0 and s.bm % s.tm == 0 and s.bn % s.tn == 0
                 and (s.bm * s.bk) % s.threads == 0 and (s.bk * s.bn) % s.threads == 0)
 
@@ -190,7 +202,10 @@ class GemmTemplate(Template):
         hbm = a.nbytes * a_reads + b.nbytes * b_reads + extra + op.result.nbytes
         epilogue = op.flops - 2 * p.nbatch * p.m * p.n * p.k
         flops = 2 * p.nbatch * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk + epilogue
-        if p.tensor_core:
+        if p.tf32:
+            # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
+            unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
+        elif p.tensor_core:
             unit, eff = MathUnit.BF16, (0.8 if arch.compute_capability[0] < 9 else 0.65)
         else:
             unit, eff = MathUnit.FP32, 0.7
@@ -207,21 +222,24 @@ class GemmTemplate(Template):
         p = _Problem.of(op)
         wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
         if not isinstance(schedule, wanted):
-            raise TesseraError(f"{p.in_dtype} operands take a {wanted.__name__}, got {schedule!r}", op=op.op)
+            raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a {wanted.__name__}, "
+                               f"got {schedule!r}", op=op.op)
         name = kernel_name(p, schedule)
         header = (f"// {op}\n// kernel kind gemm, fused {list(self.fused(op))}, schedule {schedule.describe()}, "
                   f"{arch.name}\n")
         body = emit_tensor_core(p, schedule, name) if p.tensor_core else emit_simt(p, schedule, name)
         return KernelSource(name, header + body, schedule.threads,
-                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
 
-        def mm(a, b, dtype):
+        def mm(a, b, dtype, numerics=Numerics.DEFAULT):
             ta, tb = TensorType(a, dtype), TensorType(b, dtype)
             batch, m, n, _ = matmul_dims(a, b)
-            return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None)
+            return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None,
+                               numerics=numerics)
 
         def gemm(a, b, dtype, out, extra=(), **attrs):
             ta, tb = TensorType(a, dtype), TensorType(b, dtype)
@@ -240,13 +258,19 @@ class GemmTemplate(Template):
             mm((1024, 1024), (1024, 1024), f32),
             mm((1000, 1000), (1000, 1000), bf),
             mm((1001, 999), (999, 1003), bf),    # rows not 16-byte aligned: element-wise loads
+            mm((4096, 4096), (4096, 4096), f32, Numerics.FAST),     # tf32 tensor cores
+            mm((1000, 1000), (1000, 1000), f32, Numerics.FAST),     # tf32, partial tiles through cp.async
+            mm((4, 1001, 999), (999, 1003), f32, Numerics.FAST),    # tf32, ragged rows: element-wise loads
+            gemm((2048, 1024), (1024, 768), f32, f32, (TensorType((768,), f32),), has_bias=True,
+                 activation="gelu_tanh", numerics=Numerics.FAST),  # tf32 with an epilogue
         )
 
 
 # ---- resource model --------------------------------------------------------------------------
 
 def _smem(p: _Problem, s: Schedule) -> int:
-    """Shared bytes per block: swizzled (unpadded) stages for mma, two padded fp32 buffers for SIMT."""
+    """Shared bytes per block: swizzled (unpadded) stages for mma (tf32 included), two padded fp32
+    buffers for SIMT."""
     if isinstance(s, GemmSchedule):
         return s.stages * (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize
     return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
@@ -267,16 +291,19 @@ def _registers(p: _Problem, s: Schedule) -> int:
     """
     if isinstance(s, GemmSchedule):
         mi, ni = s.bm // s.warps_m // 16, s.bn // s.warps_n // 8
-        chunks = (s.bm * s.bk + s.bk * s.bn) // 8 // s.threads
-        addressing = (_CHUNK_REGISTERS if rows_aligned(p) else _CHUNK_REGISTERS_COPY8) * chunks
+        chunks = (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize // 16 // s.threads
+        # fp32 chunks copied element-wise go straight from 4 loads to one float4 store: no packing
+        addressing = (_CHUNK_REGISTERS if rows_aligned(p) or p.tf32 else _CHUNK_REGISTERS_COPY8) * chunks
         if -(-p.k // s.bk) <= s.stages - 1:   # every k-tile issued in the prologue: no loads in the loop
             addressing = math.ceil(addressing * _PROLOGUE_ONLY)
-        return mi * ni * 4 + math.ceil(_FRAG_REUSE * (mi * 4 + ni * 2)) + addressing + _TC_OVERHEAD
+        reuse = _FRAG_REUSE_TF32 if p.tf32 else _FRAG_REUSE
+        return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + _TC_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
     return s.tm * s.tn + 2 * (s.tm + s.tn) + staged + _SIMT_OVERHEAD
 
 
 _FRAG_REUSE = 1.25     # fragment registers per fragment value: next k-step's loads overlap this one's mma
+_FRAG_REUSE_TF32 = 2.0  # tf32: each loaded fp32 fragment value and its cvt.rna-rounded copy are both live
 _CHUNK_REGISTERS = 9   # per cp.async chunk: 64-bit source address, smem offset, bounds predicate, k step
 _CHUNK_REGISTERS_COPY8 = 12  # element-wise copy: the chunk's 4 packed words pass through registers too
 _PROLOGUE_ONLY = 2 / 3  # share of that addressing still live when no cp.async is issued inside the k-loop

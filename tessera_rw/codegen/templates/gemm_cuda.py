@@ -1,4 +1,5 @@
-"""The CUDA text of GemmTemplate's two kernels: mma.sync for 16-bit operands, SIMT FFMA for fp32.
+"""The CUDA text of GemmTemplate's kernels: mma.sync for 16-bit operands (and for fp32 operands in
+tf32 under the `fast` numerics policy), SIMT FFMA for fp32.
 
 GemmTemplate (gemm.py) decodes the op into a `_Problem`, picks the schedule and models its cost;
 this module only spells the chosen kernel out, with every size folded in as a constant. It is a
@@ -46,7 +47,8 @@ def kernel_name(p: _Problem, s: Schedule) -> str:
     tile = "x".join(str(getattr(s, f)) for f in s.__dataclass_fields__)
     epi = ("b" if p.bias else "") + ("r" if p.residual else "")
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"
-    return f"gemm_{p.in_dtype.short}_{p.out_dtype.short}_{p.activation}{epi and '_' + epi}_{shape}_{tile}"
+    operands = "tf32" if p.tf32 else p.in_dtype.short
+    return f"gemm_{operands}_{p.out_dtype.short}_{p.activation}{epi and '_' + epi}_{shape}_{tile}"
 
 
 def _batch_offset(name: str, shape: tuple[int, ...], out_batch: tuple[int, ...], inner: int) -> str:
@@ -132,16 +134,63 @@ __device__ __forceinline__ void gemm_copy8(unsigned short* dst, const unsigned s
 }"""
 
 
+# tf32 operands: fp32 values rounded to a 10-bit mantissa (to nearest, ties away) as mma expects
+_TF32 = """__device__ __forceinline__ unsigned gemm_tf32(float x) {
+    unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
+}
+__device__ __forceinline__ unsigned gemm_tf32(unsigned x) { return gemm_tf32(__uint_as_float(x)); }"""
+
+_COPY_ELEMENTWISE_F32 = """// `valid` floats of a row into a 16-byte smem chunk, the rest zero-filled, one by one
+__device__ __forceinline__ void gemm_copy4(float* dst, const float* src, int valid) {
+    float w[4];
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = e < valid ? src[e] : 0.0f;
+    *(float4*)dst = make_float4(w[0], w[1], w[2], w[3]);
+}"""
+
+# B fragments of the tf32 product (k = lane%4 and +4, n = lane/4) are single 32-bit words that
+# ldmatrix cannot transpose; they are read one by one, and this swizzle puts the 4 k-rows a read
+# touches on disjoint pairs of 16-byte chunks, so its 32 lanes hit 32 distinct banks.
+_TF32_SWIZZLE_B = "c ^ ((r & 3) << 1)"
+
+
+def _fragments_b(tf32: bool) -> str:
+    """The loop filling bf[NI][2] for one k-step `ks` of the current stage cB."""
+    if tf32:
+        return """#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int n = wn0 + j * 8 + (lane >> 2), k = ks * 8 + (lane & 3);
+                bf[j][0] = gemm_tf32(cB[k * BN + gemm_swz_b(k, n / 4) * 4 + n % 4]);
+                bf[j][1] = gemm_tf32(cB[(k + 4) * BN + gemm_swz_b(k + 4, n / 4) * 4 + n % 4]);
+            }"""
+    return """#pragma unroll
+            for (int j = 0; j < NI; j += 2) {
+                const int r = ks * 16 + (lane & 15), c = (wn0 + j * 8) / 8 + (lane >> 4);
+                unsigned q[4];
+                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * 8);
+                bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
+            }"""
+
+
 def emit_tensor_core(p: _Problem, s: GemmSchedule, name: str) -> str:
-    """The mma.sync kernel for bf16/fp16 operands, after its launch comment and device helpers."""
+    """The mma.sync kernel for bf16/fp16 operands (m16n8k16) or fp32 operands in tf32 (m16n8k8),
+    after its launch comment and device helpers."""
     fns, signature, args = _common(p)
     t = _CTYPE[p.in_dtype]
-    mma = "mma_bf16_16816" if p.in_dtype is DType.bfloat16 else "mma_f16_16816"
-    ca, cb = s.bk // 8, s.bn // 8            # 16-byte chunks per smem row of A and of B
+    mma = "mma_tf32_1688" if p.tf32 else "mma_bf16_16816" if p.in_dtype is DType.bfloat16 else "mma_f16_16816"
+    el = _CP_ASYNC_BYTES // p.in_dtype.itemsize   # elements per 16-byte chunk
+    kstep = 8 if p.tf32 else 16                   # the mma's k: either way 32 bytes, two chunks of an A row
+    ca, cb = s.bk // el, s.bn // el               # 16-byte chunks per smem row of A and of B
     aligned = rows_aligned(p)
-    # aligned rows: K and N are multiples of 8, so a chunk is wholly inside or wholly outside
+    # aligned rows: K and N are multiples of a chunk, so a chunk is wholly inside or wholly outside
+    copy_fn = "gemm_copy4" if p.tf32 else "gemm_copy8"
     copy, valid_a, valid_b = (("cp_async_16", "ok ? 16 : 0", "ok ? 16 : 0") if aligned else
-                              ("gemm_copy8", "ok ? min(kv, 8) : 0", "ok ? min(nv, 8) : 0"))
+                              (copy_fn, f"ok ? min(kv, {el}) : 0", f"ok ? min(nv, {el}) : 0"))
+    swz_b = _TF32_SWIZZLE_B if p.tf32 else f"c ^ ((r / {max(1, 8 // cb)}) & {min(cb, 8) - 1})"
+    helpers = "\n".join(([] if aligned else [_COPY_ELEMENTWISE_F32 if p.tf32 else _COPY_ELEMENTWISE]) +
+                        ([_TF32] if p.tf32 else []))
+    convert_a = ("\n                #pragma unroll\n                for (int e = 0; e < 4; ++e) "
+                 "af[i][e] = gemm_tf32(af[i][e]);") if p.tf32 else ""
     epi = [f"gemm_epilogue(acc[i][j][2 * h + {e}], z, r, c + {e}{args})" for e in (0, 1)]
     if p.n % 2 == 0:   # c is even, so c + 1 < N and the pair is 2-element aligned
         pair = {DType.bfloat16: "*(unsigned*)(C + o) = pack_bf16x2(v0, v1);",
@@ -153,16 +202,16 @@ def emit_tensor_core(p: _Problem, s: GemmSchedule, name: str) -> str:
         store = f"C[o] = {cvt}({epi[0]});\nif (c + 1 < N) C[o + 1] = {cvt}({epi[1]});"
     store = "\n".join(" " * 20 + line for line in store.splitlines())
     return _launch(p, s, name, signature) + fns + f"""
-{"" if aligned else _COPY_ELEMENTWISE}
+{helpers}
 // XOR swizzle of 16-byte chunks: the 8 rows one ldmatrix phase reads land in 8 distinct bank groups
 __device__ __forceinline__ int gemm_swz_a(int r, int c) {{ return c ^ ((r / {max(1, 8 // ca)}) & {min(ca, 8) - 1}); }}
-__device__ __forceinline__ int gemm_swz_b(int r, int c) {{ return c ^ ((r / {max(1, 8 // cb)}) & {min(cb, 8) - 1}); }}
+__device__ __forceinline__ int gemm_swz_b(int r, int c) {{ return {swz_b}; }}
 
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     constexpr int M = {p.m}, N = {p.n}, K = {p.k};
     constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, STAGES = {s.stages}, THREADS = {s.threads};
     constexpr int WARP_M = {s.bm // s.warps_m}, WARP_N = {s.bn // s.warps_n}, WARPS_N = {s.warps_n};
-    constexpr int MI = WARP_M / 16, NI = WARP_N / 8, CA = {ca}, CB = {cb};
+    constexpr int MI = WARP_M / 16, NI = WARP_N / 8, CA = {ca}, CB = {cb}, EL = {el};
     constexpr int KT = (K + BK - 1) / BK;
     __shared__ __align__(128) {t} sA[STAGES * BM * BK];
     __shared__ __align__(128) {t} sB[STAGES * BK * BN];
@@ -182,15 +231,15 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         {t}* dB = sB + stage * BK * BN;
         #pragma unroll
         for (int i = 0; i < BM * CA / THREADS; ++i) {{
-            const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * 8);
+            const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * EL);
             const bool ok = m0 + r < M && kv > 0;
-            {copy}(dA + r * BK + gemm_swz_a(r, c) * 8, ok ? Ab + (m0 + r) * K + k0 + c * 8 : Ab, {valid_a});
+            {copy}(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, {valid_a});
         }}
         #pragma unroll
         for (int i = 0; i < BK * CB / THREADS; ++i) {{
-            const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * 8);
+            const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * EL);
             const bool ok = k0 + r < K && nv > 0;
-            {copy}(dB + r * BN + gemm_swz_b(r, c) * 8, ok ? Bb + (k0 + r) * N + n0 + c * 8 : Bb, {valid_b});
+            {copy}(dB + r * BN + gemm_swz_b(r, c) * EL, ok ? Bb + (k0 + r) * N + n0 + c * EL : Bb, {valid_b});
         }}
     }};
 
@@ -215,20 +264,14 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         const {t}* cA = sA + (kt % STAGES) * BM * BK;
         const {t}* cB = sB + (kt % STAGES) * BK * BN;
         #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {{
+        for (int ks = 0; ks < BK / {kstep}; ++ks) {{
             unsigned af[MI][4], bf[NI][2];
             #pragma unroll
-            for (int i = 0; i < MI; ++i) {{
+            for (int i = 0; i < MI; ++i) {{   // x4: rows 0-7 / 8-15 of chunks 2ks and 2ks+1, as the mma lays A out
                 const int r = wm0 + i * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-                ldmatrix_x4(af[i], cA + r * BK + gemm_swz_a(r, c) * 8);
+                ldmatrix_x4(af[i], cA + r * BK + gemm_swz_a(r, c) * EL);{convert_a}
             }}
-            #pragma unroll
-            for (int j = 0; j < NI; j += 2) {{
-                const int r = ks * 16 + (lane & 15), c = (wn0 + j * 8) / 8 + (lane >> 4);
-                unsigned q[4];
-                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * 8);
-                bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
-            }}
+            {_fragments_b(p.tf32)}
             #pragma unroll
             for (int i = 0; i < MI; ++i)
                 #pragma unroll

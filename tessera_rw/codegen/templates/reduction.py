@@ -9,7 +9,10 @@ consecutive outputs, so every load of the walk down the reduced axis is coalesce
 of threads walk interleaved parts of the reduced axis and meet in shared memory.
 
 Shapes are baked into the source. 16-bit inputs accumulate in fp32; int32/bool sums in int64,
-as numpy (and the op's declared dtype) does.
+as numpy (and the op's declared dtype) does. Under the `kahan_sum` numerics policy a float sum or
+mean carries a Neumaier compensation beside each accumulator, and threads combine their
+(sum, compensation) pairs, through shuffles and shared memory alike; max and min are exact
+already and stay as they are.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((4096, 4096), DType.bfloat16)
@@ -29,6 +32,7 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       contiguous_strides, ctype, kernel_name, load, offset_expr,
@@ -121,6 +125,11 @@ class ReductionTemplate(Template):
 
     # -- resources ----------------------------------------------------------------------------
 
+    def compensated(self, op: KernelOp) -> bool:
+        """Whether the kernel carries a compensation term: float sums under kahan_sum."""
+        return (op.numerics is Numerics.KAHAN_SUM and op.op in ("sum", "mean")
+                and ctype(self._acc(op)) in ("float", "double"))
+
     def _acc(self, op: KernelOp) -> DType:
         x, out = op.operands[0].dtype, op.result.dtype
         if op.op == "sum":
@@ -141,7 +150,7 @@ class ReductionTemplate(Template):
                          flops=op.flops, unit=MathUnit.FP32)
 
     def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
-        acc = words(self._acc(op)) * 4
+        acc = words(self._acc(op)) * 4 * (2 if self.compensated(op) else 1)   # (sum, compensation) pairs
         if lay.row:
             return acc * (s.threads // WARP) if s.split > WARP else 0
         return acc * s.threads * s.vec
@@ -153,13 +162,14 @@ class ReductionTemplate(Template):
         acc = words(self._acc(op))
         loaded = max(1, s.vec * x.itemsize // 4)
         wide = REG_WIDE_ACC if acc == 2 else 0
+        kahan = self.compensated(op)
         if lay.row:
             trips = math.ceil(lay.n_red / (s.split * s.vec))
-            return REG_ROW_BASE + min(trips, UNROLL) * loaded + wide // 2
+            return REG_ROW_BASE + min(trips, UNROLL) * loaded + wide // 2 + (REG_KAHAN_ROW if kahan else 0)
         trips = math.ceil(lay.n_red / s.split)
         index_math = sum(1 for st in lay.red_strides[:-1] + lay.kept_strides[:-1] if st)
-        return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc + wide
-                + REG_INDEX_AXIS * index_math)
+        return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc * (2 if kahan else 1) + wide
+                + REG_INDEX_AXIS * index_math + (REG_KAHAN_COL if kahan else 0))
 
     # -- emission -----------------------------------------------------------------------------
 
@@ -171,14 +181,16 @@ class ReductionTemplate(Template):
         name = kernel_name(self.kind, op, schedule)
         ident, combine = self._monoid(op.op, acc)
         value = "acc" if op.op != "mean" else f"(({ctype(out)})acc / ({ctype(out)}){lay.n_red})"
-        body = (self._row if lay.row else self._column)(op, schedule, lay, a, ident, combine, value)
+        kahan = self.compensated(op)
+        body = (self._row if lay.row else self._column)(op, schedule, lay, a, ident, combine, value, kahan)
         blocks = self.resources(op, schedule, arch).blocks
+        how = f"{a} with Neumaier compensation" if kahan else a
         source = f"""// {op}
 // reduction ({'row' if lay.row else 'column'} reduce) of {lay.n_red} elements into each of {lay.n_out} outputs,
-// schedule {schedule.describe()}; accumulates in {a}.
+// schedule {schedule.describe()}; accumulates in {how}.
 // launch: {name}<<<{blocks}, {schedule.threads}>>>(x, out)
 {VEC_STRUCT}
-
+{COMPENSATED_SUM_CUDA if kahan else ""}
 __device__ __forceinline__ {a} reduction_combine({a} a, {a} b) {{ return {combine}; }}
 
 extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {STORAGE[x]}* __restrict__ x, {STORAGE[out]}* __restrict__ out) {{
@@ -186,7 +198,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
 }}
 """
         return KernelSource(name, source, schedule.threads,
-                            grid=(self.resources(op, schedule, arch).blocks, 1, 1))
+                            grid=(self.resources(op, schedule, arch).blocks, 1, 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     @staticmethod
     def _monoid(name: str, acc: DType) -> tuple[str, str]:
@@ -203,75 +216,100 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             ident = f"(-{big} - 1)"
         return f"({c})({ident})", f"(a {pick} b{nan}) ? a : b"
 
-    def _row(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value) -> str:
+    def _row(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value, kahan: bool) -> str:
         x = op.operands[0].dtype
         v, tpr, rpb = s.vec, s.split, s.threads // s.split
         kept_off = offset_expr("row", lay.kept, lay.kept_strides)
         red_off = offset_expr("r", lay.red, lay.red_strides)
+        element = f"({a}){load(x, 'c.v[j]')}"
+        add = (lambda e: f"kahan_add(acc, comp, {e});") if kahan else (lambda e: f"acc = reduction_combine(acc, {e});")
+        step = (f"{{ const {a} s2 = __shfl_xor_sync(0xffffffffu, acc, o), c2 = __shfl_xor_sync(0xffffffffu, comp, o); "
+                "kahan_merge(acc, comp, s2, c2); }") if kahan else \
+            "acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"
+        shuffle = f"    for (int o = {WARP // 2}; o > 0; o >>= 1) {step}"
         lines = [f"    const unsigned row = blockIdx.x * {rpb}u + threadIdx.x / {tpr}u;",
                  f"    const unsigned lane = threadIdx.x % {tpr}u;",
-                 f"    {a} acc = {ident};",
+                 f"    {a} acc = {ident};" + (f" {a} comp = {ident};" if kahan else ""),
                  f"    if (row < {lay.n_out}u) {{",
                  f"        const {STORAGE[x]}* base = x + ({kept_off});",
                  f"        #pragma unroll {UNROLL}",
                  f"        for (unsigned r = lane * {v}u; r < {lay.n_red}u; r += {tpr * v}u) {{",
                  f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
                  "            #pragma unroll",
-                 f"            for (int j = 0; j < {v}; ++j) acc = reduction_combine(acc, ({a}){load(x, 'c.v[j]')});",
+                 f"            for (int j = 0; j < {v}; ++j) {add(element)}",
                  "        }",
                  "    }",
-                 f"    for (int o = {WARP // 2}; o > 0; o >>= 1) acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"]
+                 shuffle]
         if tpr > WARP:   # one block per output: the warps meet in shared memory
             warps = tpr // WARP
             lines += [f"    __shared__ {a} partial[{warps}];",
-                      f"    if (lane % {WARP}u == 0) partial[lane / {WARP}u] = acc;",
-                      "    __syncthreads();",
+                      f"    if (lane % {WARP}u == 0) partial[lane / {WARP}u] = acc;"]
+            if kahan:
+                lines += [f"    __shared__ {a} partial_comp[{warps}];",
+                          f"    if (lane % {WARP}u == 0) partial_comp[lane / {WARP}u] = comp;"]
+            lines += ["    __syncthreads();",
                       f"    if (lane >= {WARP}u) return;",
-                      f"    acc = lane < {warps}u ? partial[lane] : {ident};",
-                      f"    for (int o = {WARP // 2}; o > 0; o >>= 1) acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"]
+                      f"    acc = lane < {warps}u ? partial[lane] : {ident};"]
+            if kahan:
+                lines += [f"    comp = lane < {warps}u ? partial_comp[lane] : {ident};"]
+            lines += [shuffle]
+        if kahan:
+            lines.append("    acc = kahan_plus(acc, comp);")
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
         return "\n".join(lines)
 
-    def _column(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value) -> str:
+    def _column(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value, kahan: bool) -> str:
         x = op.operands[0].dtype
         v, ry = s.vec, s.split
         tx = s.threads // ry
         kept_off = offset_expr("o", lay.kept, lay.kept_strides)
         red_off = offset_expr("r", lay.red, lay.red_strides)
+        if kahan:
+            add = f"kahan_add(acc[j], comp[j], ({a}){load(x, 'c.v[j]')});"
+            merge = f"kahan_merge(acc[j], comp[j], partial[k][tx * {v}u + j], partial_comp[k][tx * {v}u + j]);"
+        else:
+            add = f"acc[j] = reduction_combine(acc[j], ({a}){load(x, 'c.v[j]')});"
+            merge = f"acc[j] = reduction_combine(acc[j], partial[k][tx * {v}u + j]);"
+        pairs = [f"    __shared__ {a} partial_comp[{ry}][{tx * v}];"] if kahan else []
+        stash = f"{{ partial[ty][tx * {v}u + j] = acc[j]; partial_comp[ty][tx * {v}u + j] = comp[j]; }}" if kahan \
+            else f"partial[ty][tx * {v}u + j] = acc[j];"
         return "\n".join([
             f"    const unsigned tx = threadIdx.x % {tx}u, ty = threadIdx.x / {tx}u;",
             f"    const unsigned o = (blockIdx.x * {tx}u + tx) * {v}u;",
-            f"    {a} acc[{v}];",
+            f"    {a} acc[{v}]{f', comp[{v}]' if kahan else ''};",
             "    #pragma unroll",
             f"    for (int j = 0; j < {v}; ++j) acc[j] = {ident};",
+            *(["    #pragma unroll", f"    for (int j = 0; j < {v}; ++j) comp[j] = {ident};"] if kahan else []),
             f"    if (o < {lay.n_out}u) {{",
             f"        const {STORAGE[x]}* base = x + ({kept_off});",
             f"        #pragma unroll {UNROLL}",
             f"        for (unsigned r = ty; r < {lay.n_red}u; r += {ry}u) {{",
             f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
             "            #pragma unroll",
-            f"            for (int j = 0; j < {v}; ++j) acc[j] = reduction_combine(acc[j], ({a}){load(x, 'c.v[j]')});",
+            f"            for (int j = 0; j < {v}; ++j) {add}",
             "        }",
             "    }",
             f"    __shared__ {a} partial[{ry}][{tx * v}];",
+            *pairs,
             "    #pragma unroll",
-            f"    for (int j = 0; j < {v}; ++j) partial[ty][tx * {v}u + j] = acc[j];",
+            f"    for (int j = 0; j < {v}; ++j) {stash}",
             "    __syncthreads();",
             f"    if (ty != 0 || o >= {lay.n_out}u) return;",
             "    #pragma unroll",
             f"    for (int j = 0; j < {v}; ++j) {{",
-            f"        for (int k = 1; k < {ry}; ++k) acc[j] = reduction_combine(acc[j], partial[k][tx * {v}u + j]);",
-            f"        const {a} acc_j = acc[j];",
+            f"        for (int k = 1; k < {ry}; ++k) {merge}",
+            f"        const {a} acc_j = {'kahan_plus(acc[j], comp[j])' if kahan else 'acc[j]'};",
             f"        out[o + j] = {store(op.result.dtype, value.replace('acc', 'acc_j'))};",
             "    }",
         ])
 
     def samples(self) -> tuple[KernelOp, ...]:
-        bf, f32 = DType.bfloat16, DType.float32
+        bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
 
-        def red(name, shape, dtype, axes, keepdims=False):
+        def red(name, shape, dtype, axes, keepdims=False, numerics=Numerics.DEFAULT):
             x = TensorType(shape, dtype)
-            return KernelOp.of(name, (x,), OPS[name].infer(x, axes, keepdims), axes=axes, keepdims=keepdims)
+            return KernelOp.of(name, (x,), OPS[name].infer(x, axes, keepdims), axes=axes, keepdims=keepdims,
+                               numerics=numerics)
 
         return (
             red("sum", (4096, 4096), bf, (1,)),               # row reduce, block per row
@@ -280,6 +318,12 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             red("sum", (1024, 1024), DType.int32, (0,)),      # int64 accumulation
             red("sum", (16, 1024, 256), f32, (0, 2)),         # two reduced groups
             red("min", (64, 128, 256), f32, (1,), True),      # column reduce under a batch axis
+            red("sum", (4096, 4096), bf, (1,), numerics=kahan),           # compensated row reduce, block per row
+            red("mean", (8192, 512), f32, (1,), True, numerics=kahan),    # compensated, warp per row
+            red("sum", (4096, 4096), f32, (0,), numerics=kahan),          # compensated column reduce
+            red("sum", (16, 1024, 256), f32, (0, 2), numerics=kahan),     # compensated, two reduced groups
+            red("sum", (1 << 22,), f32, (0,), numerics=kahan),            # one long compensated sum
+            red("max", (4096, 4096), f32, (1,), numerics=kahan),          # max: the policy changes nothing
         )
 
 
@@ -288,3 +332,5 @@ REG_ROW_BASE = 10         # row, lane, bounds, base address, the accumulator
 REG_COL_BASE = 14         # ... plus the shared-memory combine's addresses
 REG_WIDE_ACC = 8          # int64 / fp64 accumulation: register pairs and carries
 REG_INDEX_AXIS = 1        # each extra coalesced axis needs a division and a multiply
+REG_KAHAN_ROW = 4         # kahan_sum: the compensation, and the add's rounded-off term and magnitude test
+REG_KAHAN_COL = 4         # ... per column thread beyond its `vec` compensations

@@ -10,7 +10,10 @@ row; the re-reads hit L2 while the rows in flight fit in it.
 
 fused_normalization adds a prologue expression over its leading inputs (applied as the row is
 loaded) and an epilogue `post` ($0 the normalized value) applied as it is written. Operands
-broadcast to the row; one constant per row is loaded once. Statistics are fp32.
+broadcast to the row; one constant per row is loaded once. Statistics are fp32; under the
+`kahan_sum` numerics policy every sum among them (softmax's denominator, the mean, the variance,
+the mean square) carries a Neumaier compensation per thread, and threads merge (sum,
+compensation) pairs. Maxima are exact and stay as they are.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((8192, 8192), DType.bfloat16)
@@ -32,10 +35,13 @@ from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, emit_tree, expr_ops,
                                                       index_type, kernel_name, load, offset_expr, store)
+from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
+    resident_statistics
 
 WARP = 32
 MAX_INDEX = 2**31        # row and offset math is 32-bit
@@ -160,8 +166,10 @@ class RowwiseTemplate(Template):
             row_bytes = reads // rows
             if in_flight * row_bytes > arch.l2_bytes:
                 hbm += (LOOPED_PASSES[spec.norm] - 1) * reads
-        # block mode: one fp32 partial per warp for each statistic reduced across the block
-        smem = 4 * (s.threads // WARP) * (2 if spec.norm in ("softmax", "log_softmax") else 1) \
+        # block mode: one fp32 partial per warp for each statistic reduced across the block (a sum
+        # under kahan_sum is a pair)
+        sums = 2 if op.numerics is Numerics.KAHAN_SUM else 1
+        smem = 4 * (s.threads // WARP) * (sums + (spec.norm in ("softmax", "log_softmax"))) \
             if s.rows_per_block == 1 else 0
         heavy = spec.norm in ("softmax", "log_softmax") or "exp" in expr_ops(spec.post)
         regs = self._registers(op, s, arch)
@@ -176,6 +184,8 @@ class RowwiseTemplate(Template):
         loaded = sum(max(1, s.vec * op.operands[i].dtype.itemsize // 4)
                      for i, acc in enumerate(self._accesses(op)) if acc[0] == "vector")
         regs = REG_PER_LOADED_WORD * loaded + REG_PER_OPERAND * (len(op.operands) - 1)
+        if op.numerics is Numerics.KAHAN_SUM:
+            regs += REG_KAHAN
         if self.resident(op, s):
             return round(REG_BASE + REG_PER_VALUE * self.elements_per_thread(op, s) + regs)
         return round(REG_LOOPED_BASE + regs)
@@ -211,6 +221,9 @@ class RowwiseTemplate(Template):
         epi = list(range(n_pro + has_w + (spec.bias is not None), len(op.operands)))
         block = s.rows_per_block == 1
         red_sum, red_max = ("rowwise_block_sum", "rowwise_block_max") if block else ("warp_sum", "warp_max")
+        kahan = op.numerics is Numerics.KAHAN_SUM
+        sums = Sums("rowwise_block_sum_kahan" if block else "rowwise_warp_sum_kahan", kahan) if kahan \
+            else Sums(red_sum, kahan)
         idx = index_type(op.result.numel)
         hoisted = [f"const float r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
                    for i, t in enumerate(op.operands) if acc[i][0] == "row"]
@@ -263,9 +276,10 @@ class RowwiseTemplate(Template):
                             *("    " + b for b in body), f"    o.v[j] = {store(op.result.dtype, var)};", "}",
                             f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
 
-        stats = (self._resident if self.resident(op, s) else self._looped)(
-            spec, length, v, tpr, red_sum, red_max, prologue, epilogue)
-        helpers = _block_helpers(s.threads // WARP) if block else ""
+        stats = (resident_statistics if self.resident(op, s) else looped_statistics)(
+            spec, length, v, tpr, sums, red_max, prologue, epilogue)
+        helpers = ((block_helpers(s.threads // WARP) if block else "")
+                   + (kahan_helpers(block, s.threads // WARP) if kahan else ""))
         guard = "" if block or rows % s.rows_per_block == 0 else f"    if (row >= {rows}u) return;  // whole warps\n"
         mode = "resident (one read)" if self.resident(op, s) else f"looped ({LOOPED_PASSES[spec.norm]} passes)"
         body = "\n".join("    " + line for line in hoisted + stats)
@@ -282,85 +296,11 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
 }}
 """
         return KernelSource(name, source, s.threads,
-                            grid=(self.resources(op, s, arch).blocks, 1, 1))
-
-    @staticmethod
-    def _resident(spec, length, v, tpr, red_sum, red_max, prologue, epilogue) -> list[str]:
-        chunks = math.ceil(length / (tpr * v))
-        ragged = length % (tpr * v) != 0
-        inf = "__int_as_float(0x7f800000)"
-        neutral = f"-{inf}" if spec.norm in ("softmax", "log_softmax") else "0.0f"
-
-        def each(lines: list[str], guarded: bool = True) -> list[str]:
-            inner = []
-            if (ragged and guarded) or any("c" in x.replace("continue", "") for x in lines if "c]" in x or "+ c" in x):
-                inner = [f"const unsigned c = (k * {tpr}u + lane) * {v}u;"]
-            if ragged and guarded:
-                inner += [f"if (c >= {length}u) continue;"]
-            return ["#pragma unroll", f"for (int k = 0; k < {chunks}; ++k) {{", *("    " + x for x in inner + lines), "}"]
-
-        out = [f"float v[{chunks}][{v}];"]
-        load = prologue("v[k][j]")
-        if ragged:
-            load = [f"if (c >= {length}u) {{ for (int j = 0; j < {v}; ++j) v[k][j] = {neutral}; continue; }}"] + load
-        out += each(load, guarded=False)
-        def lanes(stmt: str) -> list[str]:
-            return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
-        if spec.norm in ("softmax", "log_softmax"):
-            out += [f"float m = -{inf};"] + each(lanes("m = fmaxf(m, v[k][j]);"), False) + [f"m = {red_max}(m);"]
-            shift = "v[k][j] = v[k][j] - m; s += expf(v[k][j]);" if spec.norm == "log_softmax" else \
-                "v[k][j] = expf(v[k][j] - m); s += v[k][j];"
-            out += ["float s = 0.0f;"] + each(lanes("{ " + shift + " }")) + [f"s = {red_sum}(s);"]
-            value = "v[k][j] - logf(s)" if spec.norm == "log_softmax" else "v[k][j] * inv"
-            out += ["const float inv = 1.0f / s;"]
-        elif spec.norm == "layernorm":
-            out += ["float s = 0.0f;"] + each(lanes("s += v[k][j];"), False)
-            out += [f"const float mean = {red_sum}(s) * (1.0f / {length}.0f);", "float q = 0.0f;"]
-            out += each(lanes("{ v[k][j] -= mean; q += v[k][j] * v[k][j]; }"))
-            out += [f"const float rstd = rsqrtf({red_sum}(q) * (1.0f / {length}.0f) + {spec.eps!r}f);"]
-            value = "v[k][j] * rstd"
-        else:
-            out += ["float q = 0.0f;"] + each(lanes("q += v[k][j] * v[k][j];"), False)
-            out += [f"const float rstd = rsqrtf({red_sum}(q) * (1.0f / {length}.0f) + {spec.eps!r}f);"]
-            value = "v[k][j] * rstd"
-        return out + each(epilogue(value))
-
-    @staticmethod
-    def _looped(spec, length, v, tpr, red_sum, red_max, prologue, epilogue) -> list[str]:
-        def walk(lines: list[str]) -> list[str]:
-            return [f"for (unsigned c = lane * {v}u; c < {length}u; c += {tpr * v}u) {{",
-                    f"    float x[{v}];", *("    " + x for x in prologue("x[j]") + lines), "}"]
-
-        def lanes(stmt: str) -> list[str]:
-            return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
-
-        inv_len = f"(1.0f / {length}.0f)"
-        eps = f"{spec.eps!r}f"
-        if spec.norm in ("softmax", "log_softmax"):
-            inf = "__int_as_float(0x7f800000)"
-            # Online softmax, rescaled once per vector: the running sum moves to the new maximum.
-            online = ["float cm = x[0];", *lanes("cm = fmaxf(cm, x[j]);"), "const float n = fmaxf(m, cm);",
-                      f"if (n != -{inf}) {{", "    s *= expf(m - n);",
-                      f"    for (int j = 0; j < {v}; ++j) s += expf(x[j] - n);", "    m = n;", "}"]
-            out = [f"float m = -{inf}, s = 0.0f;"] + walk(online)
-            out += [f"const float mx = {red_max}(m);",
-                    f"s = {red_sum}(m == -{inf} ? 0.0f : s * expf(m - mx));"]
-            value = "x[j] - mx - logf(s)" if spec.norm == "log_softmax" else "expf(x[j] - mx) * inv"
-            out += ["const float inv = 1.0f / s;"]
-        elif spec.norm == "layernorm":
-            out = ["float s = 0.0f;"] + walk(lanes("s += x[j];"))
-            out += [f"const float mean = {red_sum}(s) * {inv_len};", "float q = 0.0f;"]
-            out += walk(lanes("q += (x[j] - mean) * (x[j] - mean);"))
-            out += [f"const float rstd = rsqrtf({red_sum}(q) * {inv_len} + {eps});"]
-            value = "(x[j] - mean) * rstd"
-        else:
-            out = ["float q = 0.0f;"] + walk(lanes("q += x[j] * x[j];"))
-            out += [f"const float rstd = rsqrtf({red_sum}(q) * {inv_len} + {eps});"]
-            value = "x[j] * rstd"
-        return out + walk(epilogue(value))
+                            grid=(self.resources(op, s, arch).blocks, 1, 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
-        bf, f32 = DType.bfloat16, DType.float32
+        bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
         x = TensorType((8192, 8192), bf)
         ln = TensorType((4096, 768), bf)
         w = TensorType((768,), bf)
@@ -385,22 +325,18 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             KernelOp.of("fused_normalization", (hid, hid, w, w, hid), hid, **fused_ln),      # residual -> LN -> gate
             KernelOp.of("layernorm", (TensorType((2048, 65536), bf),), TensorType((2048, 65536), bf), axes=(1,),
                         eps=1e-5, has_weight=False, has_bias=False),                  # looped three-pass
+            # kahan_sum: the same paths with compensated statistics
+            KernelOp.of("softmax", (x,), x, axis=1, numerics=kahan),
+            KernelOp.of("log_softmax", (short,), short, axis=1, numerics=kahan),
+            KernelOp.of("layernorm", (ln, w, w), ln, axes=(1,), eps=1e-5, has_weight=True, has_bias=True,
+                        numerics=kahan),
+            KernelOp.of("rmsnorm", (rms, TensorType((4096,), bf)), rms, axes=(1,), eps=1e-6, has_weight=True,
+                        has_bias=False, numerics=kahan),
+            KernelOp.of("softmax", (long_row,), long_row, axis=1, numerics=kahan),
+            KernelOp.of("layernorm", (long_row,), long_row, axes=(1,), eps=1e-5, has_weight=False,
+                        has_bias=False, numerics=kahan),
         )
 
-
-def _block_helpers(warps: int) -> str:
-    """Block-wide sum / max: warp shuffles, then the warps' partials through shared memory."""
-    fns = []
-    for name, warp_fn, ident in (("sum", "warp_sum", "0.0f"), ("max", "warp_max", "-__int_as_float(0x7f800000)")):
-        fns.append(f"""__device__ __forceinline__ float rowwise_block_{name}(float x) {{
-    __shared__ float partial[{warps}];
-    x = {warp_fn}(x);
-    __syncthreads();                      // the previous reduction may still be reading `partial`
-    if (threadIdx.x % 32u == 0) partial[threadIdx.x / 32u] = x;
-    __syncthreads();
-    return {warp_fn}(threadIdx.x % 32u < {warps}u ? partial[threadIdx.x % 32u] : {ident});
-}}""")
-    return "\n".join(fns)
 
 
 # The register model (fit to ptxas 12.x on samples(), within 23% on sm_80 and sm_90).
@@ -409,3 +345,4 @@ REG_PER_VALUE = 1.25      # a row value held in registers, with its share of the
 REG_PER_LOADED_WORD = 0.25
 REG_PER_OPERAND = 3       # a 64-bit pointer and an offset per operand beyond x
 REG_LOOPED_BASE = 29      # the looped walk: online statistics, one vector in flight, loop state
+REG_KAHAN = 1             # kahan_sum: the compensation (the compensated add's temporaries die at once)

@@ -24,6 +24,7 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 
 _COMPLEX_MAC_FLOPS = 8          # (a+bi)·conj(c+di) accumulated: four FMAs
@@ -150,7 +151,7 @@ class SpectralContractTemplate(Template):
         body = (_CONTRACT.replace("NAME(", f"{name}(", 1).replace("THREADS)", f"{s.threads})", 1)
                 .replace("CONFIG", f"{name}_config"))
         return KernelSource(name, header + f"namespace {name}_config {{\n{consts}}}\n" + body, threads=s.threads,
-                            grid=(tf * to * tn * sc.groups, 1, 1))
+                            grid=(tf * to * tn * sc.groups, 1, 1), fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
         return (spectral_op((16, 64, 1057), (64, 64, 1057)),

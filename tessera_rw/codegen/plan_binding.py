@@ -1,0 +1,89 @@
+"""Binding a KernelPlan to templates: each step's KernelOp, template, kind, fused ops and schedules.
+
+This is where a plan meets the GPU's limits: a step whose op no template implements for its
+dtypes (float64 has no GPU template, nor do a few rare ops) is named in one error that lists every
+such step, so the plan can run on the numpy executor instead. Library kernels (the FFTs, which
+cuFFT runs) are costed and planned but not launched by this runtime yet, so they are named too.
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.graph import Graph
+>>> from tessera_rw.codegen.arch import arch_named
+>>> from tessera_rw.lower.lowering import lower
+>>> x = make_input("x", (128, 256), DType.bfloat16)
+>>> bound = bind_plan(lower(Graph("f", (x,), (make("softmax", x, axis=1),))), arch_named("H100-SXM"))
+>>> [(b.kind, b.schedule is not None) for b in bound]
+[('softmax', True)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.compile import CompiledKernel, KernelSource, compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.base import Schedule, Template
+from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.lower.plan import KernelPlan, Step
+
+
+class NoTemplateError(TesseraError):
+    """Some kernels of a plan have no GPU template; the message lists them."""
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    """One step of a plan with the template that implements it and the schedule it runs."""
+    step: Step
+    op: KernelOp
+    template: Template
+    schedule: Schedule
+    schedules: tuple[Schedule, ...]        # the template's valid schedules: the search space
+
+    @property
+    def kind(self) -> str:
+        return self.template.kind_of(self.op)
+
+    @property
+    def fused(self) -> tuple[str, ...]:
+        return self.template.fused(self.op)
+
+    def source(self, arch: ArchSpec) -> KernelSource:
+        return self.template.emit(self.op, self.schedule, arch)
+
+    def compile(self, arch: ArchSpec, sm: str) -> tuple[KernelSource, CompiledKernel]:
+        """The emitted kernel and its cubin for `sm` ('sm_90'); `arch` sizes the schedule."""
+        source = self.source(arch)
+        return source, compile_cuda(source, sm)
+
+
+def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DETERMINISTIC,
+              schedules: Mapping[int, Schedule] | None = None) -> tuple[BoundStep, ...]:
+    """Every step of `plan` bound to its template; `schedules` pins some steps' schedules by index
+    (the others take the cost model's order: the template's first schedule)."""
+    bound, missing = [], []
+    for i, step in enumerate(plan.steps):
+        op = KernelOp.from_node(step.node, numerics)
+        found = templates_for(op)
+        if not found:
+            missing.append(f"  step {i}: {op}")
+            continue
+        template = found[0]
+        if template.library is not None:
+            missing.append(f"  step {i}: {op} (a {template.library} call, which the GPU runtime does not make)")
+            continue
+        space = tuple(template.schedules(op, arch))
+        chosen = (schedules or {}).get(i, space[0] if space else None)
+        if chosen is None:
+            missing.append(f"  step {i}: {op} (no schedule fits {arch.name})")
+            continue
+        bound.append(BoundStep(step, op, template, chosen, space))
+    if missing:
+        raise NoTemplateError(f"plan {plan.name}: {len(missing)} kernel(s) have no GPU template:\n" + "\n".join(missing),
+                              hint="float64 and a few rare ops run on the host only: pass numpy arrays "
+                                   "(TESSERA_DEVICE=cpu), or use float32/bfloat16 inputs")
+    return tuple(bound)

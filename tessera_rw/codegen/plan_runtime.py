@@ -1,0 +1,119 @@
+"""Running a KernelPlan on the GPU: kernels compiled once, buffers allocated once, launches in order.
+
+A `DevicePlan` is a plan made ready on one device under one numerics policy: every step bound to
+its template and compiled for the device's sm_XY, temporaries allocated (a reused buffer is one
+allocation, sized for the largest value it holds), constants uploaded. A call moves the inputs in
+(numpy copied, torch / CuPy used in place), allocates the outputs of the first input's kind,
+enqueues every kernel on the stream and hands the outputs back (numpy copied out).
+
+Temporaries belong to the DevicePlan, so two calls of one plan must not overlap in time on two
+streams; calls on one stream are ordered by it.
+
+>>> run_plan_on_gpu(plan, {"x": x})          # doctest: +SKIP
+(array([...], dtype=float32),)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.evaluate import evaluate_node
+from tessera_rw.codegen.arch import ArchSpec, current_arch
+from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
+from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
+                                             to_host)
+from tessera_rw.codegen.launch import BoundLaunch, bind
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
+from tessera_rw.lower.plan import BufferRole, KernelPlan, ValueRef
+
+
+def _view(base: DeviceTensor, ref: ValueRef) -> DeviceTensor:
+    """Value `ref` in the allocation `base`: same pointer, the value's shape and dtype."""
+    return DeviceTensor(base.ptr, ref.type.shape, ref.type.dtype, base.owner, base.kind, base.device)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    step: BoundStep
+    source: Any
+    binary: Any
+
+
+class DevicePlan:
+    """`plan` compiled and allocated on one device; call `run(values, stream)` as often as needed."""
+
+    def __init__(self, plan: KernelPlan, device_index: int, numerics: Numerics, arch: ArchSpec | None = None):
+        require_gpu("running a plan", op=plan.name)
+        self.plan, self.numerics = plan, numerics
+        self.stream = resolve_stream(None, device_index)
+        dev = self.stream.device
+        self.arch = arch or current_arch()
+        sm = f"sm_{dev.arch}"
+        self.kernels = tuple(_Compiled(b, *b.compile(self.arch, sm)) for b in bind_plan(plan, self.arch, numerics))
+        self.resident: dict[int, DeviceTensor] = {}
+        for b in plan.buffers:
+            if b.role is BufferRole.TEMP:
+                self.resident[b.id] = empty_like_kind("cuda", (max(b.nbytes, 1),), DType.bool, None, self.stream)[0]
+        for node, ref in plan.constants:
+            value = evaluate_node(node, []).astype(ref.type.dtype.numpy)
+            self.resident[ref.buffer] = to_device(value, self.stream)
+        self.stream.sync()
+
+    def run(self, values: Mapping[str, Any], stream: Any = None) -> tuple[Any, ...]:
+        plan = self.plan
+        missing = [n for n, _ in plan.inputs if n not in values]
+        if missing:
+            raise ArgumentError(f"plan {plan.name}: no value for inputs {missing}")
+        stream = self.stream if stream is None else resolve_stream(stream, self.stream.device.device_id)
+        memory = dict(self.resident)
+        first = None
+        for i, (name, ref) in enumerate(plan.inputs):
+            value = values[name]
+            first = value if first is None else first
+            memory[ref.buffer] = to_device(value, stream, index=i)
+            if memory[ref.buffer].shape != ref.type.shape or memory[ref.buffer].dtype is not ref.type.dtype:
+                got = memory[ref.buffer]
+                raise ArgumentError(f"plan {plan.name}: input {name!r} is {got.dtype}{list(got.shape)}, "
+                                    f"the plan was built for {ref.type}")
+        kind = kind_of(first) if first is not None else "numpy"
+        results = []
+        for ref in plan.outputs:
+            tensor, user = empty_like_kind(kind, ref.type.shape, ref.type.dtype, first, stream)
+            memory[ref.buffer] = tensor
+            results.append(user)
+        for launch in self._launches(memory, stream):
+            launch()
+        if kind == "numpy":
+            return tuple(to_host(memory[ref.buffer], stream) for ref in plan.outputs)
+        if kind in ("torch", "cupy"):
+            order_after(library_stream(kind, self.stream.device.device_id), stream)
+        return tuple(results)
+
+    def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[BoundLaunch]:
+        launches = []
+        for k in self.kernels:
+            step = k.step.step
+            args = [_view(memory[r.buffer], r) for r in (*step.inputs, step.output)]
+            launches.append(bind(k.source, k.binary, args, stream))
+        return launches
+
+
+@lru_cache(maxsize=64)
+def device_plan(plan: KernelPlan, device_index: int, numerics: Numerics) -> DevicePlan:
+    """The DevicePlan of `plan` on a device under a policy, made once."""
+    return DevicePlan(plan, device_index, numerics)
+
+
+def run_plan_on_gpu(plan: KernelPlan, values: Mapping[str, Any], *, numerics: Numerics = Numerics.DETERMINISTIC,
+                    stream: Any = None) -> tuple[Any, ...]:
+    """Run `plan` on the device its CUDA inputs live on (numpy inputs: the current device)."""
+    devices = {d for d in map(device_index_of, values.values()) if d is not None}
+    if len(devices) > 1:
+        raise ArgumentError(f"plan {plan.name}: inputs live on devices {sorted(devices)}",
+                            hint="put every input on one GPU")
+    return device_plan(plan, devices.pop() if devices else 0, numerics).run(values, stream)

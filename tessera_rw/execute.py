@@ -1,0 +1,75 @@
+"""Running a compiled program on the caller's arrays: on the GPU, or on the host's numpy executor.
+
+Where it runs: `TESSERA_DEVICE=cpu` or `=gpu` decides outright; otherwise CUDA arrays (torch,
+CuPy) run on the GPU, and numpy arrays run on the GPU when one is present and every kernel of
+the plan has a GPU template for its dtypes (float64 has none), else on the host.
+
+>>> import numpy as np
+>>> from tessera_rw import op
+>>> @op.kernel
+... def f(x):
+...     return op.exp(x) + 1.0
+>>> run_program(f.program(np.zeros(2, np.float32)), {"x": np.zeros(2, np.float32)})
+(array([2., 2.], dtype=float32),)
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any, Mapping
+
+import numpy as np
+
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tessera_rw.codegen.device import gpu_available
+from tessera_rw.codegen.numerics import Numerics, current_numerics
+from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
+from tessera_rw.lower.plan import KernelPlan
+from tessera_rw.pipeline import CompiledProgram
+
+DEVICE_VARIABLE = "TESSERA_DEVICE"
+
+
+def _is_device_array(value: Any) -> bool:
+    return hasattr(value, "__cuda_array_interface__") or (
+        hasattr(value, "__dlpack_device__") and not isinstance(value, np.ndarray)
+        and value.__dlpack_device__()[0] != 1)      # DLPack device type 1 is the host
+
+
+@lru_cache(maxsize=256)
+def _has_gpu_templates(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
+    try:
+        bind_plan(plan, arch, numerics)
+        return True
+    except NoTemplateError:
+        return False
+
+
+def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
+    """'cpu' or 'gpu' for this call."""
+    forced = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
+    if forced not in ("", "cpu", "gpu"):
+        raise ArgumentError(f"{DEVICE_VARIABLE}={forced!r} is not a device", hint="use cpu or gpu, or unset it")
+    on_device = [n for n, v in values.items() if _is_device_array(v)]
+    if forced == "cpu" and on_device:
+        raise ArgumentError(f"{DEVICE_VARIABLE}=cpu but inputs {on_device} are GPU arrays",
+                            hint="move them to the host (.cpu() / .get()) or unset the variable")
+    if forced:
+        return forced
+    if on_device:
+        return "gpu"
+    if gpu_available() and _has_gpu_templates(program.plan, program.arch, current_numerics()):
+        return "gpu"
+    return "cpu"
+
+
+def run_program(program: CompiledProgram, values: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The outputs of `program` on `values` (inputs by name), of the inputs' kind."""
+    device = where_to_run(program, values)
+    if device == "gpu":
+        from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
+        return run_plan_on_gpu(program.plan, values, numerics=current_numerics())
+    return run_plan_on_cpu(program.plan, {n: np.asarray(v) for n, v in values.items()}, current_numerics())
