@@ -17,11 +17,12 @@ from functools import cache
 
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
+from tessera_rw.lower.lowering import SOURCE_OPS, VIEW_OPS
 
-# Ops that launch nothing: graph inputs and constants are already in memory, and these layout ops
-# are strided views that the consuming kernel reads through (a copy kernel materializes them only
-# when a plan asks for it).
-NO_KERNEL_OPS = frozenset({"input", "constant", "literal", "reshape", "transpose", "broadcast_to", "slice"})
+# Ops that launch nothing: graph inputs and constants are already in memory, and a reshape of a
+# dense value is the same bytes. Other layout ops (transpose, broadcast_to, slice) are copy kernels,
+# as lowering plans them: every kernel reads dense operands.
+NO_KERNEL_OPS = SOURCE_OPS | VIEW_OPS
 
 BUILTIN = (
     ("gemm", "GemmTemplate"),
