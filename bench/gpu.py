@@ -1,0 +1,334 @@
+"""`python -m bench gpu [--quick]`: our generated kernels against torch on this GPU, side by side in one run.
+
+Per row, following the method of counting the floor first and checking before timing:
+1. the floor: the row's FLOPs over the measured matrix-unit rate and its bytes (each input read
+   once, each output written once) over the measured copy bandwidth, whichever is longer;
+2. ours checked on random data against a float64 reference (‖out − ref‖/‖ref‖, its output poisoned
+   with NaN first) at each default schedule; one over the tolerance FAILS the row, which is not timed;
+3. ours (the fastest checked default schedule) and torch's version timed under one protocol: CUDA
+   events, warm-up, L2 flushed between reps, median of two batches whose gap is the noise.
+
+Rows: bf16 GEMM vs torch.matmul; flash attention forward vs scaled_dot_product_attention; softmax and
+layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
+long FFT convolution (bench/gpu_fftconv.py). `--quick` takes fewer reps, the first schedule only,
+and no 8192^3 GEMM. The table is printed and written to bench/results/gpu-<arch>[-quick].txt.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
+                              time_torch)
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.codegen.kernel_op import KernelOp
+
+RESULTS = Path(__file__).parent / "results"
+COMPILE_LIMIT_S = 60                 # torch.compile gets this long; a slower compile is reported, not waited for
+TOLERANCE = {DType.bfloat16: 1e-2, DType.float16: 1e-2, DType.float32: 1e-4}   # ‖out − ref‖ / ‖ref‖
+COPY_BYTES = 1 << 30
+CEILING_N = 8192
+BF16 = DType.bfloat16
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    op: KernelOp
+    make: Callable[[], tuple]                 # random torch inputs, in operand order
+    torch_fn: Callable[..., Any]              # the library's version, on the same inputs
+    reference: Callable[..., Any]             # float64, on the same inputs
+    flops: float
+    bytes: float
+    compiled: tuple[int, int, int] | None = None    # (M, N, K) of a torch.compile comparison
+
+
+@dataclass
+class Result:
+    name: str
+    status: str = "ok"
+    floor_ms: float = 0.0
+    ours: Timing | None = None
+    torch: Timing | None = None
+    rate_unit: str = "TFLOP/s"
+    work: float = 0.0                          # FLOPs, or bytes for memory-bound rows
+    error: float | None = None
+    torch_error: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def preflight() -> str | None:
+    """Why this benchmark cannot run here (None: it can), in one line."""
+    try:
+        import torch
+    except ImportError:
+        return ("bench gpu needs PyTorch with CUDA: torch is not installed, and every row compares our kernel "
+                "with torch's in the same run (install torch, or run the suites that need no GPU: "
+                "cpu, registers, cost)")
+    if not torch.cuda.is_available():
+        return (f"bench gpu needs an NVIDIA GPU: torch {torch.__version__} sees none "
+                f"(built for CUDA {torch.version.cuda}); run it on a machine with a GPU and driver")
+    from tessera_rw.codegen.device import gpu_available
+    if not gpu_available():
+        return "bench gpu needs an NVIDIA GPU: torch sees one but cuda.core does not (check the driver and cuda-core)"
+    from tessera_rw.codegen.arch import ArchError, current_arch
+    try:
+        current_arch()
+    except ArchError as e:
+        return f"bench gpu: {str(e).splitlines()[0]}"
+    return None
+
+
+def op_of(name: str, *operands: TensorType, **attrs) -> KernelOp:
+    """A KernelOp of `name` on `operands`, its result inferred: op_of("softmax", x, axis=1)."""
+    return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
+
+
+def _torch():
+    import torch     # rows are built before anything runs; torch is needed only then
+    return torch
+
+
+def _functional():
+    import torch.nn.functional as F
+    return F
+
+
+def _randn(*shape: int):
+    torch = _torch()
+    return torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+
+
+def gemm_row(n: int) -> Row:
+    t = TensorType((n, n), BF16)
+    return Row(f"gemm bf16 {n}^3 vs torch.matmul", op_of("matmul", t, t, accum_dtype=None),
+               lambda: (_randn(n, n), _randn(n, n)), lambda a, b: _torch().matmul(a, b),
+               lambda a, b: a.double() @ b.double(), 2 * n ** 3, 3 * n * n * 2)
+
+
+def attention_reference(q, k, v, causal: bool):
+    """softmax(q kᵀ / sqrt(d)) v in float64, one batch item at a time (the scores of all would not fit)."""
+    import torch
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    s_len = q.shape[-2]
+    hidden = torch.ones(s_len, s_len, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    for b in range(q.shape[0]):
+        s = (q[b].double() @ k[b].double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if hidden is not None:
+            s.masked_fill_(hidden, float("-inf"))
+        out[b] = torch.softmax(s, dim=-1) @ v[b].double()
+    return out
+
+
+def attention_row(b: int, h: int, s: int, d: int, causal: bool) -> Row:
+    q = TensorType((b, h, s, d), BF16)
+    op = op_of("flash_attention", q, q, q, scale=d ** -0.5, causal=causal, has_mask=False)
+    return Row(f"flash_attention fwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} vs SDPA", op,
+               lambda: tuple(_randn(b, h, s, d) for _ in range(3)),
+               lambda q, k, v: _functional().scaled_dot_product_attention(q, k, v, is_causal=causal),
+               lambda q, k, v: attention_reference(q, k, v, causal),
+               # the usual count: two products of 2·S·S·D per head, half of them under a causal mask
+               4 * b * h * s * s * d * (0.5 if causal else 1.0), 4 * b * h * s * d * 2)
+
+
+def softmax_row(n: int) -> Row:
+    x = TensorType((n, n), BF16)
+    return Row(f"softmax bf16 {n}x{n} vs torch.softmax", op_of("softmax", x, axis=1), lambda: (_randn(n, n),),
+               lambda x: x.softmax(dim=-1), lambda x: x.double().softmax(dim=-1), 0, 2 * n * n * 2)
+
+
+def layernorm_row(n: int) -> Row:
+    x, w = TensorType((n, n), BF16), TensorType((n,), BF16)
+    op = op_of("layernorm", x, w, w, axes=(1,), eps=1e-5, has_weight=True, has_bias=True)
+    return Row(f"layernorm bf16 {n}x{n} vs F.layer_norm", op, lambda: (_randn(n, n), _randn(n), _randn(n)),
+               lambda x, w, b: _functional().layer_norm(x, (n,), w, b, 1e-5),
+               lambda x, w, b: _functional().layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5),
+               0, 2 * n * n * 2 + 2 * n * 2)
+
+
+def epilogue_row(m: int, n: int, k: int) -> Row:
+    a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
+    op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
+             accum_dtype=None, dtype=BF16)
+    return Row(f"gemm+bias+gelu bf16 {m}x{n}x{k} vs torch matmul, +bias, gelu", op,
+               lambda: (_randn(m, k), _randn(k, n), _randn(n)),
+               lambda a, b, bias: _functional().gelu(_torch().matmul(a, b) + bias),
+               lambda a, b, bias: _functional().gelu(a.double() @ b.double() + bias.double()),
+               2 * m * n * k, (m * k + k * n + n + m * n) * 2, compiled=(m, n, k))
+
+
+def rows(quick: bool) -> list[Row]:
+    found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)])
+    found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
+    return found + [softmax_row(8192), layernorm_row(8192), epilogue_row(4096, 4096, 4096)]
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_bytes_per_s: float
+    matmul_flops_per_s: float
+
+    def floor_ms(self, flops: float, nbytes: float) -> float:
+        return 1e3 * max(flops / self.matmul_flops_per_s, nbytes / self.copy_bytes_per_s)
+
+
+def versus_compiled(row: Row, ours: Result, protocol: Protocol) -> Result:
+    """Ours against torch.compile of the same function, compiled in a child process that gets
+    COMPILE_LIMIT_S to compile; a slower or failed compile is said in the row, not waited for."""
+    result = Result(row.name.split(" vs ")[0] + " vs torch.compile", floor_ms=ours.floor_ms, ours=ours.ours,
+                    rate_unit=ours.rate_unit, work=ours.work, error=ours.error)
+    args = [sys.executable, "-m", "bench.gpu_compiled", *map(str, row.compiled), str(protocol.warmup),
+            str(protocol.reps), str(protocol.flush_bytes)]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=2 * COMPILE_LIMIT_S,
+                              cwd=Path(__file__).parents[1])
+    except subprocess.TimeoutExpired:
+        result.status = f"not compared: torch.compile gave no result within {2 * COMPILE_LIMIT_S} s"
+        return result
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        result.status = f"not compared: torch.compile failed ({tail[:100]})"
+        return result
+    got = json.loads(lines[-1])
+    if got["compile_s"] > COMPILE_LIMIT_S:
+        result.status = f"not compared: torch.compile took {got['compile_s']:.0f} s to compile (over a minute)"
+        return result
+    result.torch, result.torch_error = Timing(got["median_ms"], got["spread"]), got["rel_error"]
+    result.notes.append(f"torch.compile compiled in {got['compile_s']:.0f} s")
+    return result
+
+
+def run_row(row: Row, protocol: Protocol, ceilings: Ceilings, quick: bool) -> Result:
+    import torch
+    from tessera_rw.codegen.arch import current_arch
+    from tessera_rw.codegen.templates.registry import templates_for
+    memory_bound = row.flops == 0
+    result = Result(row.name, floor_ms=ceilings.floor_ms(row.flops, row.bytes),
+                    rate_unit="GB/s" if memory_bound else "TFLOP/s", work=row.bytes if memory_bound else row.flops)
+    if memory_bound:     # the ceiling of a pass over these bytes: a copy of the same size
+        copy = copy_bandwidth(row.bytes // 2, protocol)
+        result.floor_ms = 1e3 * row.bytes / copy
+        result.notes.append(f"copy of the same bytes: {copy / 1e9:,.0f} GB/s (read + write); "
+                            f"'% of floor' is the fraction of it ours reaches")
+    tol = TOLERANCE[row.op.result.dtype]
+    inputs = row.make()
+    ref = row.reference(*inputs)
+    result.torch_error = rel_error(row.torch_fn(*inputs), ref)
+    found = templates_for(row.op)
+    if not found:
+        result.status = "FAILED: no template implements the op"
+        return result
+    schedules = found[0].schedules(row.op, current_arch())[:1 if quick else None]
+    checked = [(s, rel_error(run_poisoned(row.op, inputs, s), ref)) for s in schedules]
+    del ref
+    wrong = [f"{s.describe()}: error {error:.1e} over {tol:.0e}" for s, error in checked if not error <= tol]
+    if wrong:                      # a wrong kernel is not timed, and neither is the row
+        result.status = f"FAILED: {len(wrong)} of {len(checked)} schedules wrong on random data"
+        result.notes.extend(wrong)
+        return result
+    if len(checked) > 1:           # a short trial picks the schedule worth the full timing
+        trial = Protocol(2, max(3, protocol.reps // 5), protocol.flush_bytes)
+        checked.sort(key=lambda se: time_ours(row.op, inputs, se[0], trial, batches=1).median_ms)
+    best, result.error = checked[0]
+    result.notes.insert(0, f"schedule {best.describe()}")
+    result.ours = time_ours(row.op, inputs, best, protocol)
+    result.torch = time_torch(lambda: row.torch_fn(*inputs), protocol)
+    del inputs
+    torch.cuda.empty_cache()
+    return result
+
+
+def _rate(r: Result, t: Timing | None) -> str:
+    if t is None:
+        return ""
+    per_s = r.work / (t.median_ms * 1e-3)
+    return f"{per_s / 1e9:,.0f}" if r.rate_unit == "GB/s" else f"{per_s / 1e12:,.0f}"
+
+
+def table(results: list[Result], title: str) -> Table:
+    t = Table(title=title)
+    for column in ("row", "floor ms", "ours ms", "torch ms", "ours", "torch", "unit", "ours/torch speed",
+                   "ours % of floor", "error ours / torch", "status"):
+        t.add_column(column, justify="left" if column in ("row", "status", "unit") else "right")
+    for r in results:
+        ours, ref = r.ours, r.torch
+        t.add_row(escape(r.name), f"{r.floor_ms:.3f}", f"{ours.median_ms:.3f} ±{ours.spread:.0%}" if ours else "",
+                  f"{ref.median_ms:.3f} ±{ref.spread:.0%}" if ref else "", _rate(r, ours), _rate(r, ref), r.rate_unit,
+                  f"{ref.median_ms / ours.median_ms:.2f}" if ours and ref else "",
+                  f"{100 * r.floor_ms / ours.median_ms:.0f}%" if ours else "",
+                  " / ".join("-" if e is None else f"{e:.1e}" for e in (r.error, r.torch_error)),
+                  escape(r.status), style=None if r.status == "ok" or r.status.startswith(("owed", "not compared")) else "red")
+    return t
+
+
+def environment() -> list[str]:
+    import cuda.core
+    import torch
+    import tessera_rw
+    from tessera_rw.codegen.arch import current_arch
+    props = torch.cuda.get_device_properties(0)
+    return [f"device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
+            f"arch spec {current_arch().name}",
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}), cuda.core {cuda.core.__version__}, "
+            f"tessera_rw {tessera_rw.__version__}, python {sys.version.split()[0]}",
+            f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
+
+
+def run(quick: bool = False, console: Console | None = None) -> int:
+    """Run every row; 2 when this machine cannot run the benchmark, 1 when a row failed, else 0."""
+    console = console or Console(width=None if sys.stdout.isatty() else 220)
+    reason = preflight()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    from bench.gpu_fftconv import long_conv
+    from tessera_rw.codegen.arch import current_arch
+    arch = current_arch()
+    protocol = Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
+    ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
+    header = environment() + [
+        f"{'--quick: ' if quick else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
+        f"{protocol.flush_bytes >> 20} MiB L2 flush between reps, medians",
+        f"measured ceilings: copy {ceilings.copy_bytes_per_s / 1e9:,.0f} GB/s (read + write), "
+        f"torch.matmul bf16 {CEILING_N}^3 {ceilings.matmul_flops_per_s / 1e12:,.0f} TFLOP/s "
+        f"(datasheet {arch.hbm_gbps:,.0f} GB/s, {arch.peak_flops(BF16) / 1e12:,.0f} TFLOP/s)"]
+    for line in header:
+        console.print(line, markup=False)
+    results = []
+    for row in rows(quick):
+        try:
+            results.append(run_row(row, protocol, ceilings, quick))
+            if row.compiled and results[-1].ours is not None:
+                results.append(versus_compiled(row, results[-1], protocol))
+        except Exception as e:     # one broken row is reported and the rest still run
+            results.append(Result(row.name, status=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+        console.print(f"  {results[-1].name}: {results[-1].status}", markup=False)
+    results.append(long_conv(protocol, ceilings))
+    record = Console(record=True, width=240, file=io.StringIO())
+    for target in (console, record):
+        target.print(table(results, f"tessera_rw vs torch on {arch.name}"))
+        for r in results:
+            for note in r.notes:
+                target.print(f"  {r.name}: {note}", markup=False)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"gpu-{arch.name}{'-quick' if quick else ''}.txt"
+    tmp = path.with_suffix(".txt.tmp")
+    tmp.write_text("\n".join(header) + "\n\n" + record.export_text())
+    os.replace(tmp, path)
+    console.print(f"written to {path}")
+    return 0 if all(r.status == "ok" or r.status.startswith(("owed", "not compared")) for r in results) else 1

@@ -1,0 +1,126 @@
+"""The machinery the GPU numerics tests check kernels with, checked on the host: inputs, references on
+row subsets, the tolerance, and that a wrong or unwritten element fails. The ragged-edge ops those
+tests run must have a template whose kernel compiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.codegen import kernel_check as kc
+from tests.codegen.ragged_ops import RAGGED, attention, conv1d, of, rowwise
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.codegen.arch import MathUnit, arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.registry import templates_for
+
+BF16, F32 = DType.bfloat16, DType.float32
+
+
+def host_kernel(op: KernelOp, inputs: kc.Inputs) -> np.ndarray:
+    """What a correct kernel computes: float32 arithmetic on the stored inputs, rounded to the result."""
+    arrays = [a.astype(np.float32) if a.dtype.kind not in "biuc" else a for a in inputs.arrays]
+    return np.asarray(OPS[op.op].reference(*arrays, **op.attr_map)).astype(op.result.dtype.numpy)
+
+
+def test_tolerance_grows_with_the_reduction_and_for_narrow_types():
+    assert kc.tolerance(F32) < kc.tolerance(DType.float16) < kc.tolerance(BF16)
+    assert kc.tolerance(F32, 65536) > kc.tolerance(F32, 1024) > kc.tolerance(F32)
+    assert kc.tolerance(F32, unit=MathUnit.TF32) == pytest.approx(kc.BASE_TOLERANCE["tf32"] + kc.ACCUMULATION)
+    assert kc.tolerance(DType.complex64) == kc.tolerance(F32)
+    assert kc.tolerance(F32, fast=True) == kc.tolerance(F32, unit=MathUnit.TF32)
+    assert kc.tolerance(BF16, fast=True) == kc.tolerance(BF16)
+
+
+def test_inputs_are_never_zero_and_their_wide_twins_hold_the_same_values():
+    t = TensorType((3, 700, 999), BF16)         # more elements than the pool: values repeat, shifted
+    op = of("add", t, TensorType((999,), BF16))
+    inputs = kc.random_inputs(op, np.random.default_rng(1))
+    x = inputs.arrays[0]
+    assert x.dtype == BF16.numpy and x.shape == t.shape and np.all(x.astype(np.float32) != 0)
+    np.testing.assert_array_equal(inputs.wide(0), x.astype(np.float64))
+    rows = np.array([0, 5, 699])
+    np.testing.assert_array_equal(inputs.wide_take(0, rows, 1), inputs.wide(0).take(rows, axis=1))
+
+
+def test_domains_masks_and_integers():
+    rng = np.random.default_rng(2)
+    log = kc.random_inputs(of("log", TensorType((1000,), F32)), rng).arrays[0]
+    assert log.min() >= 0.5
+    where = kc.random_inputs(of("where", TensorType((1000,), DType.bool), TensorType((1000,), F32),
+                                TensorType((), F32)), rng)
+    assert 0.3 < where.arrays[0].mean() < 0.7 and where.arrays[2].shape == ()
+    ints = kc.random_inputs(of("sum", TensorType((64, 64), DType.int32), axes=(0,), keepdims=False), rng).arrays[0]
+    assert ints.dtype == np.int32 and np.all(ints != 0) and np.abs(ints).max() < kc.INT_RANGE
+
+
+@pytest.mark.parametrize("op", [
+    of("gemm", TensorType((96, 40), F32), TensorType((40, 24), F32), TensorType((24,), F32), TensorType((96, 24), F32),
+       scale=0.5, activation="relu", has_bias=True, has_residual=True, accum_dtype=None, dtype=F32),
+    attention(2, 3, 96, 16, F32, causal=True),
+    of("flash_attention", *[TensorType((2, 3, 96, 16), F32)] * 3, TensorType((2, 1, 96, 96), F32),
+       scale=0.25, causal=True, has_mask=True),
+    rowwise("layernorm", 96, 50, F32),
+    conv1d((6, 4, 50), (8, 4, 3), F32, (1, 1)),
+], ids=["gemm-bias-residual", "attention-causal", "attention-causal-float-mask", "layernorm", "conv1d"])
+def test_reference_on_row_subsets_is_the_whole_reference_restricted(op, monkeypatch):
+    monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
+    monkeypatch.setattr(kc, "MIN_ROWS", 4)
+    rng = np.random.default_rng(3)
+    inputs = kc.random_inputs(op, rng)
+    part = kc.expected(op, inputs, rng)
+    assert part.rows is not None and len(part.rows) < op.result.shape[part.axis]
+    whole = OPS[op.op].reference(*[inputs.wide(i) for i in range(len(op.operands))], **op.attr_map)
+    np.testing.assert_allclose(part.value, whole.take(part.rows, axis=part.axis), rtol=1e-6, atol=1e-6)
+    kc.check(part, host_kernel(op, inputs), str(op))
+
+
+@pytest.mark.parametrize("name", ["matmul 77x129x63 bf16", "attention S=200 D=64 causal bf16",
+                                  "softmax rows of 8191 f32", "mean middle axis of 1023 f32", "transpose 333x517 bf16"])
+def test_a_correct_float32_kernel_passes_and_one_wrong_element_fails(name):
+    op = RAGGED[name]
+    rng = np.random.default_rng(4)
+    inputs = kc.random_inputs(op, rng)
+    exp = kc.expected(op, inputs, rng)
+    out = host_kernel(op, inputs)
+    kc.check(exp, out, name)
+    wrong = out.copy().reshape(-1)
+    j = wrong.size // 3
+    value = float(wrong[j])
+    wrong[j] = value + (0.5 if exp.exact else 0.1 * (exp.scale + abs(value)))
+    with pytest.raises(AssertionError, match=r"\b1 of \d+ checked elements"):
+        kc.check(exp, wrong.reshape(out.shape), name)
+
+
+def test_an_unwritten_element_outside_the_checked_rows_fails(monkeypatch):
+    monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
+    op = rowwise("softmax", 512, 64, BF16)
+    rng = np.random.default_rng(5)
+    inputs = kc.random_inputs(op, rng)
+    exp = kc.expected(op, inputs, rng)
+    out = host_kernel(op, inputs)
+    unchecked = next(r for r in range(512) if r not in set(exp.rows.tolist()))
+    out.view(np.uint16)[unchecked, 7] = 0xFFFF          # the poison a kernel failed to overwrite
+    with pytest.raises(AssertionError, match=rf"NaN/inf \(first at \({unchecked}, 7\)\)"):
+        kc.check(exp, out, "softmax")
+
+
+def test_wrong_dtype_or_shape_fails():
+    op = RAGGED["sum rows of 1001 f32"]
+    rng = np.random.default_rng(6)
+    inputs = kc.random_inputs(op, rng)
+    exp = kc.expected(op, inputs, rng)
+    with pytest.raises(AssertionError, match="want float32"):
+        kc.check(exp, host_kernel(op, inputs).astype(np.float64), "sum")
+
+
+@pytest.mark.parametrize("name", list(RAGGED))
+def test_ragged_op_has_a_template_whose_kernel_compiles(name):
+    op, arch = RAGGED[name], arch_named("H100-SXM")
+    found = templates_for(op)
+    assert found, f"no template accepts {op}"
+    schedule = found[0].schedules(op, arch)[0]
+    assert compile_cuda(found[0].emit(op, schedule, arch), arch.sm).spill_bytes == 0

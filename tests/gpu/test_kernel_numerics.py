@@ -1,0 +1,104 @@
+"""Every generated kernel against its op's numpy reference, on the GPU of this machine.
+
+For each template, every sample at every default schedule for this GPU's architecture, and then
+ops with ragged edges (tests/codegen/ragged_ops.py). Inputs are random and never zero; the output
+buffer is filled with NaN bytes before each launch, so an element the kernel never writes fails;
+the reference runs in float64 on the same rounded inputs, and the tolerance is the output dtype's
+(tests/codegen/kernel_check.py derives it). One sample's reference serves all its schedules, and
+the failures of every schedule are reported together.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from tests.codegen.kernel_check import check, expected, random_inputs
+from tests.codegen.ragged_ops import RAGGED
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Template
+from tessera_rw.codegen.templates.registry import templates, templates_for
+
+pytestmark = pytest.mark.gpu
+
+POISON = 0xFF     # every byte: NaN in any float type, -1 in the integers
+
+SAMPLES = [pytest.param(t, i, id=f"{type(t).__name__}-{i}-{op.op}")
+           for t in templates() for i, op in enumerate(t.samples())]
+
+
+def run_poisoned(op: KernelOp, arrays, schedule, arch) -> np.ndarray:
+    """run_kernel's steps, with the output buffer filled with POISON before the launch."""
+    from cuda.core import Buffer
+    from tessera_rw.codegen.launch import finish, launch, prepare
+    p = prepare(op, arrays, schedule=schedule, arch=arch)
+    out = p.args[-1]
+    if out.nbytes:
+        Buffer.from_handle(out.ptr, out.nbytes, owner=out.owner).fill(POISON, stream=p.stream)
+    launch(p.source, p.compiled, p.args, p.stream)
+    return finish(p)
+
+
+def _rng(op: KernelOp) -> np.random.Generator:
+    # seeded by the op, so a failure reproduces; different ops draw different values
+    return np.random.default_rng(zlib.crc32(str(op).encode()))
+
+
+def check_every_schedule(template: Template, op: KernelOp) -> None:
+    from tessera_rw.codegen.arch import current_arch
+    arch = current_arch()
+    schedules = template.schedules(op, arch)
+    assert schedules, f"{type(template).__name__} has no default schedule for {op} on {arch.name}"
+    if template.library is not None:
+        pytest.skip(f"{op.op} runs as a {template.library} call: no generated kernel to check")
+    rng = _rng(op)
+    inputs = random_inputs(op, rng)
+    reference = expected(op, inputs, rng)
+    failures = []
+    for schedule in schedules:
+        unit = template.resources(op, schedule, arch).unit
+        what = f"{op} at {schedule.describe()} on {arch.name} ({unit.value})"
+        try:
+            check(reference.on(unit), run_poisoned(op, inputs.arrays, schedule, arch), what)
+        except AssertionError as e:
+            failures.append(str(e))
+        except Exception as e:       # a compile or launch error fails this schedule, not the others
+            failures.append(f"{what}: {type(e).__name__}: {e}")
+    assert not failures, f"{len(failures)} of {len(schedules)} schedules wrong:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("template, index", SAMPLES)
+def test_sample_matches_reference_at_every_default_schedule(template, index):
+    check_every_schedule(template, template.samples()[index])
+
+
+@pytest.mark.parametrize("name", list(RAGGED))
+def test_ragged_shape_matches_reference_at_every_default_schedule(name):
+    op = RAGGED[name]
+    found = templates_for(op)
+    assert found, f"no template accepts {op}"
+    check_every_schedule(found[0], op)
+
+
+def test_run_kernel_numpy_in_numpy_out():
+    from tessera_rw.codegen.launch import run_kernel
+    op = RAGGED["softmax rows of 1000 bf16"]
+    rng = _rng(op)
+    inputs = random_inputs(op, rng)
+    check(expected(op, inputs, rng), run_kernel(op, list(inputs.arrays)), f"run_kernel {op}")
+
+
+def test_run_kernel_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    from tessera_rw.codegen.launch import run_kernel
+    op = RAGGED["layernorm rows of 1000 bf16"]
+    rng = _rng(op)
+    inputs = random_inputs(op, rng)
+    # through float32: every bf16 value is exact there, and torch reads no ml_dtypes arrays
+    tensors = [torch.from_numpy(a.astype(np.float32)).to("cuda", torch.bfloat16) for a in inputs.arrays]
+    out = run_kernel(op, tensors)
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.bfloat16
+    host = out.float().cpu().numpy().astype(op.result.dtype.numpy)
+    check(expected(op, inputs, rng), host, f"run_kernel on torch tensors {op}")
