@@ -53,7 +53,7 @@ class BoundCall:
     statics: dict[str, Any]
     placeholders: bool
 
-    @property
+    @functools.cached_property
     def signature(self) -> Signature:
         return tuple((n, t) for n, t in self.tensors.items()) + tuple(
             (n, ("static", type(v).__name__, v)) for n, v in self.statics.items())
@@ -65,7 +65,8 @@ class Kernel:
 
     def __init__(self, fn: Callable):
         self.fn = fn
-        self._params = inspect.signature(fn).parameters
+        self._signature = inspect.signature(fn)
+        self._params = self._signature.parameters
         variadic = [p.name for p in self._params.values()
                     if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
         if variadic:
@@ -85,7 +86,7 @@ class Kernel:
 
     def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = self._signature.bind(*args, **kwargs)
         except TypeError as e:
             raise ArgumentError(f"kernel {self.name}: {e}", site=user_site()) from None
         tensors, values, statics, placeholders = {}, {}, {}, False

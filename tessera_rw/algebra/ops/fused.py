@@ -6,6 +6,8 @@ cuBLASLt's epilogue, one kernel instead of a matmul and a train of elementwise p
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
@@ -74,6 +76,7 @@ _ARITY = {name: n for n, names in FUSIBLE.items() for name in names}
 MAX_FUSED_INPUTS = 4
 
 
+@functools.lru_cache(maxsize=1024)          # a plan evaluates the same expressions on every call
 def parse_expr(text: str) -> tuple:
     """'add(exp($0),$1)' -> ('add', ('exp', 0), 1): input positions are ints, ops are tuples."""
     pos = 0
