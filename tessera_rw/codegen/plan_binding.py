@@ -2,8 +2,9 @@
 
 This is where a plan meets the GPU's limits: a step whose op no template implements for its
 dtypes (float64 has no GPU template, nor do a few rare ops) is named in one error that lists every
-such step, so the plan can run on the numpy executor instead. Library kernels (the FFTs, which
-cuFFT runs) are costed and planned but not launched by this runtime yet, so they are named too.
+such step, so the plan can run on the numpy executor instead. A library step (the FFTs, which
+cuFFT runs) binds to its library call when the library loads in this process; otherwise it is
+named in that error too, with the reason.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen import library_kernels
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.compile import CompiledKernel, KernelSource, compile_cuda
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.library_kernels import FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule, Template
 from tessera_rw.codegen.templates.registry import templates_for
@@ -37,12 +40,18 @@ class NoTemplateError(TesseraError):
 
 @dataclass(frozen=True)
 class BoundStep:
-    """One step of a plan with the template that implements it and the schedule it runs."""
+    """One step of a plan with the template that implements it and the schedule it runs. A library
+    step (`call` set) runs that library call; every other step runs the template's generated kernel."""
     step: Step
     op: KernelOp
     template: Template
     schedule: Schedule
     schedules: tuple[Schedule, ...]        # the template's valid schedules: the search space
+    call: FFTCall | None = None            # the library call of a library step
+
+    @property
+    def is_library(self) -> bool:
+        return self.call is not None
 
     @property
     def kind(self) -> str:
@@ -56,7 +65,8 @@ class BoundStep:
         return self.template.emit(self.op, self.schedule, arch)
 
     def compile(self, arch: ArchSpec, sm: str) -> tuple[KernelSource, CompiledKernel]:
-        """The emitted kernel and its cubin for `sm` ('sm_90'); `arch` sizes the schedule."""
+        """The emitted kernel and its cubin for `sm` ('sm_90'); `arch` sizes the schedule. A library
+        step has no source: its template raises LibraryKernelError."""
         source = self.source(arch)
         return source, compile_cuda(source, sm)
 
@@ -65,25 +75,33 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
               schedules: Mapping[int, Schedule] | None = None) -> tuple[BoundStep, ...]:
     """Every step of `plan` bound to its template; `schedules` pins some steps' schedules by index
     (the others take the cost model's order: the template's first schedule)."""
-    bound, missing = [], []
+    bound, missing, libraries = [], [], set()
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
         found = templates_for(op)
         if not found:
             missing.append(f"  step {i}: {op}")
             continue
-        template = found[0]
+        template, call = found[0], None
         if template.library is not None:
-            missing.append(f"  step {i}: {op} (a {template.library} call, which the GPU runtime does not make)")
-            continue
+            try:
+                call = library_kernels.library_call(op, template.library)
+            except TesseraError as e:
+                missing.append(f"  step {i}: {op} (a {template.library} call, not made here: {e.detail})")
+                if not library_kernels.library_available(template.library):
+                    libraries.add(template.library)
+                continue
         space = tuple(template.schedules(op, arch))
         chosen = (schedules or {}).get(i, space[0] if space else None)
         if chosen is None:
             missing.append(f"  step {i}: {op} (no schedule fits {arch.name})")
             continue
-        bound.append(BoundStep(step, op, template, chosen, space))
+        bound.append(BoundStep(step, op, template, chosen, space, call))
     if missing:
+        hint = ("float64 and a few rare ops run on the host only: pass numpy arrays (TESSERA_DEVICE=cpu), "
+                "or use float32/bfloat16 inputs")
+        if libraries:
+            hint += "; " + library_kernels.INSTALL_HINT
         raise NoTemplateError(f"plan {plan.name}: {len(missing)} kernel(s) have no GPU template:\n" + "\n".join(missing),
-                              hint="float64 and a few rare ops run on the host only: pass numpy arrays "
-                                   "(TESSERA_DEVICE=cpu), or use float32/bfloat16 inputs")
+                              hint=hint)
     return tuple(bound)

@@ -1,10 +1,11 @@
 """Running a KernelPlan on the GPU: kernels compiled once, buffers allocated once, launches in order.
 
 A `DevicePlan` is a plan made ready on one device under one numerics policy: every step bound to
-its template and compiled for the device's sm_XY, temporaries allocated (a reused buffer is one
-allocation, sized for the largest value it holds), constants uploaded. A call moves the inputs in
-(numpy copied, torch / CuPy used in place), allocates the outputs of the first input's kind,
-enqueues every kernel on the stream and hands the outputs back (numpy copied out).
+its template and compiled for the device's sm_XY (a library step, an FFT, gets its cuFFT plan
+made instead), temporaries allocated (a reused buffer is one allocation, sized for the largest
+value it holds), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
+in place), allocates the outputs of the first input's kind, enqueues every kernel and library call
+on the stream and hands the outputs back (numpy copied out).
 
 Temporaries belong to the DevicePlan, so two calls of one plan must not overlap in time on two
 streams; calls on one stream are ordered by it.
@@ -16,8 +17,8 @@ streams; calls on one stream are ordered by it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from functools import lru_cache, partial
+from typing import Any, Callable, Mapping, Sequence
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError
@@ -26,7 +27,8 @@ from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
                                              to_host)
-from tessera_rw.codegen.launch import BoundLaunch, bind
+from tessera_rw.codegen.launch import bind
+from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
 from tessera_rw.lower.plan import BufferRole, KernelPlan, ValueRef
@@ -40,8 +42,9 @@ def _view(base: DeviceTensor, ref: ValueRef) -> DeviceTensor:
 @dataclass(frozen=True)
 class _Compiled:
     step: BoundStep
-    source: Any
-    binary: Any
+    source: Any = None                     # a generated kernel's source and cubin
+    binary: Any = None
+    library: CuFFTKernel | None = None     # or the library call that runs the step
 
 
 class DevicePlan:
@@ -54,7 +57,16 @@ class DevicePlan:
         dev = self.stream.device
         self.arch = arch or current_arch()
         sm = f"sm_{dev.arch}"
-        self.kernels = tuple(_Compiled(b, *b.compile(self.arch, sm)) for b in bind_plan(plan, self.arch, numerics))
+        calls: dict[FFTCall, CuFFTKernel] = {}    # steps run in order on one stream: equal calls share one
+        kernels = []
+        for b in bind_plan(plan, self.arch, numerics):
+            if b.call is None:
+                kernels.append(_Compiled(b, *b.compile(self.arch, sm)))
+                continue
+            if b.call not in calls:
+                calls[b.call] = CuFFTKernel(b.call, dev.device_id)
+            kernels.append(_Compiled(b, library=calls[b.call]))
+        self.kernels = tuple(kernels)
         self.resident: dict[int, DeviceTensor] = {}
         for b in plan.buffers:
             if b.role is BufferRole.TEMP:
@@ -94,12 +106,15 @@ class DevicePlan:
             order_after(library_stream(kind, self.stream.device.device_id), stream)
         return tuple(results)
 
-    def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[BoundLaunch]:
-        launches = []
+    def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[Callable[[], None]]:
+        launches: list[Callable[[], None]] = []
         for k in self.kernels:
             step = k.step.step
             args = [_view(memory[r.buffer], r) for r in (*step.inputs, step.output)]
-            launches.append(bind(k.source, k.binary, args, stream))
+            if k.library is not None:
+                launches.append(partial(k.library, args, stream))
+            else:
+                launches.append(bind(k.source, k.binary, args, stream))
         return launches
 
 

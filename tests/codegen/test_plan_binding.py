@@ -9,6 +9,7 @@ import pytest
 
 from tessera_rw import numerics, op
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.codegen import library_kernels
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
 from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
@@ -72,10 +73,20 @@ def test_a_float64_plan_names_every_kernel_without_a_gpu_template():
     assert "f64[64,128]" in str(e.value) and "TESSERA_DEVICE=cpu" in str(e.value)
 
 
-def test_library_kernels_are_named_until_the_runtime_calls_them():
+def test_library_kernels_are_named_with_the_reason_while_their_library_is_missing(monkeypatch):
+    monkeypatch.setattr(library_kernels, "library_available", lambda name: False)
     plan = long_conv.program(*placeholders((2, 64, 4096), (64, 64, 1024), dtype="float32")).plan
-    with pytest.raises(NoTemplateError, match="cuFFT"):
+    with pytest.raises(NoTemplateError, match="cuFFT call, not made here") as e:
         bind_plan(plan, H100)
+    assert str(e.value).count("cuFFT call") == 3 and "nvmath-python" in str(e.value)
+
+
+def test_library_kernels_bind_to_their_calls_when_the_library_loads(monkeypatch):
+    monkeypatch.setattr(library_kernels, "library_available", lambda name: True)
+    plan = long_conv.program(*placeholders((2, 64, 4096), (64, 64, 1024), dtype="float32")).plan
+    bound = bind_plan(plan, H100)
+    assert [b.kind for b in bound if b.is_library] == ["fft", "fft", "ifft"]
+    assert all(b.call is None for b in bound if not b.is_library)
 
 
 def test_where_a_call_runs(monkeypatch):

@@ -1,0 +1,388 @@
+"""Library calls in plans: the FFT steps run on cuFFT, beside the kernels tessera_rw generates.
+
+A step whose template names a library (FFTTemplate: "cuFFT") has no generated source. It binds to
+an `FFTCall`, the transform as cuFFT describes it (type, length, the batch layout along one axis
+of a dense row-major tensor, numpy's norm factor), and a `CuFFTKernel` runs that call on one
+device through nvmath-python's low-level cuFFT bindings. Where numpy's semantics need more than
+cuFFT does, two small generated kernels sit around the call: a staging copy (crop or zero-pad to
+n, widen 16-bit or real input, clear the imaginary parts a real inverse ignores, fold in the norm
+factor) and an in-place scale of the output.
+
+The description is pure and works on any machine:
+
+>>> x = TensorType((2, 64, 5119), DType.float32)
+>>> op = KernelOp.of("rfft", (x,), TensorType((2, 64, 2560), DType.complex64), n=5119, axis=2, norm="backward")
+>>> c = FFTCall.of(op)
+>>> c.transform.name, c.batch, (c.istride, c.idist, c.ostride, c.odist), c.loops, c.scale, c.staged
+('R2C', 128, (1, 5119, 1, 2560), 1, 1.0, None)
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+import weakref
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.compile import CompiledKernel, KernelSource, compile_cuda
+from tessera_rw.codegen.device import resolve_stream
+from tessera_rw.codegen.device_arrays import DeviceTensor
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.launch import bind
+
+INSTALL_HINT = ("FFT steps run on cuFFT through nvmath-python: install nvmath-python and the cuFFT wheel of "
+                "the CUDA major version in use (nvidia-cufft for CUDA 13, nvidia-cufft-cu12 for CUDA 12), "
+                "or run the plan on the numpy executor (TESSERA_DEVICE=cpu)")
+
+
+class LibraryCallError(TesseraError):
+    """A library call the runtime cannot make: a missing library, an unsupported call, or one that failed."""
+
+
+# -- is the library there ----------------------------------------------------------------------------
+
+@cache
+def _runtime(name: str) -> tuple[Any, str]:
+    """(the bindings module, '') when library `name` loads, else (None, why not)."""
+    if name != "cuFFT":
+        return None, f"tessera_rw has no runtime for {name}"
+    try:
+        from nvmath.bindings import cufft
+        cufft.get_version()     # the bindings import without libcufft; this loads it
+    except ImportError as e:
+        return None, f"nvmath-python is not installed ({e})"
+    except Exception as e:      # no libcufft, no driver: the bindings say which
+        return None, f"nvmath-python's cuFFT bindings do not load ({type(e).__name__}: {e})"
+    return cufft, ""
+
+
+def library_available(name: str) -> bool:
+    """Whether the runtime can call library `name` ("cuFFT") in this process (checked once).
+
+    >>> library_available("cuBLAS")
+    False
+    """
+    return _runtime(name)[0] is not None
+
+
+def library_call(op: KernelOp, library: str) -> FFTCall:
+    """The call that runs `op` on `library`, or a LibraryCallError saying why it cannot run here.
+
+    >>> t = TensorType((4, 16), DType.float32)
+    >>> op = KernelOp.of("rfft", (t,), TensorType((4, 9), DType.complex64), n=16, axis=1, norm="backward")
+    >>> library_call(op, "cuBLAS")          # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tessera_rw.codegen.library_kernels.LibraryCallError: rfft: tessera_rw has no runtime for cuBLAS
+      hint: FFT steps run on cuFFT through nvmath-python: ...
+    """
+    if not library_available(library):
+        raise LibraryCallError(_runtime(library)[1] or f"{library} is not available", op=op.op, hint=INSTALL_HINT)
+    return FFTCall.of(op)
+
+
+# -- the call, described -----------------------------------------------------------------------------
+
+class Transform(enum.Enum):
+    """cuFFT's transform types; the names are nvmath's `cufft.Type` members."""
+    R2C = "R2C"
+    C2R = "C2R"
+    C2C = "C2C"
+    D2Z = "D2Z"
+    Z2D = "Z2D"
+    Z2Z = "Z2Z"
+
+
+_TRANSFORMS = {   # (op, double precision) -> (transform, the dtype cuFFT reads)
+    ("rfft", False): (Transform.R2C, DType.float32), ("rfft", True): (Transform.D2Z, DType.float64),
+    ("irfft", False): (Transform.C2R, DType.complex64), ("irfft", True): (Transform.Z2D, DType.complex128),
+    ("fft", False): (Transform.C2C, DType.complex64), ("fft", True): (Transform.Z2Z, DType.complex128),
+    ("ifft", False): (Transform.C2C, DType.complex64), ("ifft", True): (Transform.Z2Z, DType.complex128),
+}
+_READABLE = frozenset({DType.float32, DType.float64, DType.bfloat16, DType.float16, DType.complex64,
+                       DType.complex128})
+# Interleaved batches (idist = 1) read coalesced once a warp's worth sit side by side; below that,
+# fewer executions matter more than the access pattern.
+_COALESCED_BATCH = 32
+
+
+@dataclass(frozen=True)
+class FFTCall:
+    """One rfft / irfft / fft / ifft step as cuFFT runs it. Strides, distances and steps count
+    elements of the buffer read (`planned`) and of the result: transform b of execution l reads
+    element k at l*in_step + b*idist + k*istride and writes at l*out_step + b*odist + k*ostride."""
+    op: str
+    source: TensorType              # the op's operand
+    result: TensorType              # the op's result
+    axis: int
+    n: int
+    transform: Transform
+    inverse: bool
+    staged: TensorType | None       # the dense copy of `source` cuFFT reads instead, when one is needed
+    batch: int                      # transforms per execution
+    istride: int
+    idist: int
+    ostride: int
+    odist: int
+    loops: int                      # executions
+    in_step: int
+    out_step: int
+    scale: float                    # numpy's norm factor: applied while staging if there is a copy, else after
+
+    @classmethod
+    def of(cls, op: KernelOp) -> FFTCall:
+        """The call for an rfft / irfft / fft / ifft KernelOp; LibraryCallError when there is none."""
+        if op.op not in ("rfft", "irfft", "fft", "ifft"):
+            raise LibraryCallError("is not a cuFFT transform", op=op.op, operands=str(op))
+        (source,), result = op.operands, op.result
+        a = op.attr_map
+        axis, n, norm = a["axis"], a["n"], a["norm"]
+        if source.dtype not in _READABLE:
+            raise LibraryCallError(f"cuFFT steps read float16/bfloat16/float32/float64 or complex operands, "
+                                   f"got {source.dtype}", op=op.op, operands=str(op), hint="cast to float32 first")
+        double = result.dtype in (DType.float64, DType.complex128)
+        transform, reads = _TRANSFORMS[op.op, double]
+        inverse = op.op in ("irfft", "ifft")
+        hermitian = op.op == "irfft"
+        needed = n // 2 + 1 if hermitian else n
+        # A copy first when cuFFT cannot read the operand as it is: another dtype, too short along
+        # the axis (zero padding), or the input of a C2R transform, which cuFFT overwrites and whose
+        # imaginary parts at 0 and n/2 numpy ignores. A longer operand is cropped by the strides.
+        staged = None
+        if hermitian or source.dtype is not reads or source.shape[axis] < needed:
+            staged = TensorType(source.shape[:axis] + (needed,) + source.shape[axis + 1:], reads)
+        planned = source if staged is None else staged
+        outer, inner = math.prod(source.shape[:axis]), math.prod(source.shape[axis + 1:])
+        lin, lout = planned.shape[axis], result.shape[axis]
+        if inner == 1 or (inner < _COALESCED_BATCH and outer > inner):     # batch over the outer axes
+            layout = dict(batch=outer, istride=inner, idist=lin * inner, ostride=inner, odist=lout * inner,
+                          loops=inner, in_step=1, out_step=1)
+        else:                                                              # interleaved, one execution per outer
+            layout = dict(batch=inner, istride=inner, idist=1, ostride=inner, odist=1,
+                          loops=outer, in_step=lin * inner, out_step=lout * inner)
+        # numpy: "backward" scales the inverse by 1/n, "forward" the forward one, "ortho" both by 1/sqrt(n)
+        if norm == "ortho":
+            scale = 1.0 / math.sqrt(n)
+        else:
+            scale = 1.0 / n if inverse == (norm == "backward") else 1.0
+        return cls(op.op, source, result, axis, n, transform, inverse, staged, scale=scale, **layout)
+
+    @property
+    def planned(self) -> TensorType:
+        """What cuFFT reads: the staged copy, or the operand itself."""
+        return self.source if self.staged is None else self.staged
+
+    @property
+    def hermitian(self) -> bool:
+        """A real inverse: its staged spectrum has no imaginary part at 0 (and at n/2 for even n)."""
+        return self.transform in (Transform.C2R, Transform.Z2D)
+
+    @property
+    def double(self) -> bool:
+        return self.transform in (Transform.D2Z, Transform.Z2D, Transform.Z2Z)
+
+    @property
+    def scale_output(self) -> bool:
+        return self.scale != 1.0 and self.staged is None
+
+    def __str__(self) -> str:
+        return (f"{self.transform.name} n={self.n} batch={self.batch} x{self.loops}: {self.source} -> {self.result}"
+                f"{'' if self.staged is None else ' staged ' + str(self.staged)}")
+
+
+# -- the generated kernels around the call -----------------------------------------------------------
+
+_THREADS = 256
+_MAX_BLOCKS = 1 << 16     # a grid-stride loop covers the rest: many waves on any GPU already
+_STRUCTS = ("struct __align__(8) fft_c64 { float re, im; };\n"
+            "struct __align__(16) fft_c128 { double re, im; };\n")
+_CTYPE = {DType.float32: "float", DType.float64: "double", DType.bfloat16: "bf16_t", DType.float16: "f16_t",
+          DType.complex64: "fft_c64", DType.complex128: "fft_c128"}
+_WIDEN = {DType.bfloat16: "bf16_to_f32(v)", DType.float16: "f16_to_f32(v)"}
+
+
+def _literal(value: float, double: bool) -> str:
+    """An exact C++17 hexadecimal literal: the factor the kernel multiplies by is the one we chose."""
+    return value.hex() if double else float(np.float32(value)).hex() + "f"
+
+
+def _grid(total: int) -> tuple[int, int, int]:
+    return (max(1, min(-(-total // _THREADS), _MAX_BLOCKS)), 1, 1)
+
+
+def stage_source(call: FFTCall) -> KernelSource:
+    """The copy of the operand into the dense buffer cuFFT reads (see FFTCall.staged).
+
+    >>> spectrum = TensorType((8, 33), DType.complex64)
+    >>> op = KernelOp.of("irfft", (spectrum,), TensorType((8, 64), DType.float32), n=64, axis=1, norm="backward")
+    >>> stage_source(FFTCall.of(op)).name
+    'fft_stage_c64_c64'
+    """
+    assert call.staged is not None
+    src, dst, axis = call.source, call.staged, call.axis
+    real = "double" if call.double else "float"
+    load = "re = v.re; im = v.im;" if src.dtype.is_complex else f"re = {_WIDEN.get(src.dtype, 'v')};"
+    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[i] = r;" if dst.dtype.is_complex
+             else "dst[i] = re * S;")
+    half = call.n // 2 if call.n % 2 == 0 else -1
+    clear = "if (k == 0 || k == HALF) im = 0;  // numpy's irfft ignores these\n        " if call.hermitian else ""
+    name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
+    source = f"""// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}
+// launch: {name}(src, dst); grid={_grid(dst.numel)}, block=({_THREADS})
+{_STRUCTS}namespace {name}_config {{
+constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
+constexpr long long TOTAL = {dst.numel}, HALF = {half};
+constexpr {real} S = {_literal(call.scale, call.double)};
+}}
+extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[src.dtype]}* __restrict__ src,
+                                                          {_CTYPE[dst.dtype]}* __restrict__ dst) {{
+    using namespace {name}_config;
+    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
+         i += (long long)gridDim.x * {_THREADS}) {{
+        const long long j = i % INNER, k = (i / INNER) % DST_LEN, row = i / (INNER * DST_LEN);
+        {real} re = 0, im = 0;
+        if (k < SRC_LEN) {{ const {_CTYPE[src.dtype]} v = src[(row * SRC_LEN + k) * INNER + j]; {load} }}
+        {clear}{store}
+    }}
+}}
+"""
+    return KernelSource(name, source, threads=_THREADS, grid=_grid(dst.numel))
+
+
+def scale_source(call: FFTCall) -> KernelSource:
+    """The in-place multiply of the result by the norm factor, when no staging copy took it.
+
+    >>> x = TensorType((8, 64), DType.complex64)
+    >>> call = FFTCall.of(KernelOp.of("fft", (x,), x, n=64, axis=1, norm="ortho"))
+    >>> call.scale_output, scale_source(call).grid
+    (True, (4, 1, 1))
+    """
+    real = "double" if call.double else "float"
+    count = call.result.numel * (2 if call.result.dtype.is_complex else 1)
+    name = f"fft_scale_{call.result.dtype.short}"
+    source = f"""// fft scale for {call.op}: {call.result} times {call.scale!r}
+// launch: {name}(y); grid={_grid(count)}, block=({_THREADS})
+extern "C" __global__ void __launch_bounds__({_THREADS}) {name}({real}* __restrict__ y) {{
+    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < {count}LL;
+         i += (long long)gridDim.x * {_THREADS})
+        y[i] *= {_literal(call.scale, call.double)};
+}}
+"""
+    return KernelSource(name, source, threads=_THREADS, grid=_grid(count))
+
+
+# -- running it --------------------------------------------------------------------------------------
+
+_EXEC = {Transform.R2C: "exec_r2c", Transform.C2R: "exec_c2r", Transform.C2C: "exec_c2c",
+         Transform.D2Z: "exec_d2z", Transform.Z2D: "exec_z2d", Transform.Z2Z: "exec_z2z"}
+_FORWARD, _INVERSE = -1, 1      # CUFFT_FORWARD, CUFFT_INVERSE
+
+
+def _destroy(cufft: Any, handle: int) -> None:
+    try:
+        cufft.destroy(handle)
+    except Exception:   # at interpreter exit the context may be gone first; the driver frees it then
+        pass
+
+
+class CuFFTKernel:
+    """One FFTCall made ready on one device: its cuFFT plan made, the staging and scale kernels
+    compiled for the device's sm, the staging buffer allocated. Each owner (a DevicePlan) holds its
+    own: a cuFFT plan has one work area that every execution uses, so two owners sharing one could
+    race on two streams; executions of one kernel are serialized by a lock.
+
+    >>> CuFFTKernel(call, 0)([x, y], stream)       # doctest: +SKIP
+    """
+
+    def __init__(self, call: FFTCall, device_index: int):
+        cufft, why = _runtime("cuFFT")
+        if cufft is None:
+            raise LibraryCallError(f"{call.op} cannot run on cuFFT here: {why}", op=call.op, operands=str(call),
+                                   hint=INSTALL_HINT)
+        self.call, self.device_index, self._cufft = call, device_index, cufft
+        self._lock = threading.Lock()
+        stream = resolve_stream(None, device_index)
+        sm = f"sm_{stream.device.arch}"
+        self._stage = self._compiled(stage_source(call), sm) if call.staged is not None else None
+        self._scale = self._compiled(scale_source(call), sm) if call.scale_output else None
+        self._scratch = None
+        if call.staged is not None and call.staged.nbytes:
+            buffer = stream.device.allocate(call.staged.nbytes, stream=stream)
+            self._scratch = DeviceTensor(int(buffer.handle), call.staged.shape, call.staged.dtype, buffer, "cuda",
+                                         device_index)
+            stream.sync()       # allocated in this stream's order; calls may come on others
+        self._handle = self._plan() if call.batch and call.loops else None    # nothing to transform
+        if self._handle is not None:
+            weakref.finalize(self, _destroy, cufft, self._handle)
+
+    @staticmethod
+    def _compiled(source: KernelSource, sm: str) -> tuple[KernelSource, CompiledKernel]:
+        return source, compile_cuda(source, sm)
+
+    def _checked(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            status = getattr(e, "status", None)
+            try:
+                status = self._cufft.Result(status).name if status is not None else f"{type(e).__name__}: {e}"
+            except ValueError:
+                status = f"status {status}"
+            raise LibraryCallError(f"{what} failed with {status} ({self.call})", op=self.call.op,
+                                   operands=f"{self.call.source} -> {self.call.result}",
+                                   hint="ALLOC_FAILED means the device is out of memory; otherwise run the plan "
+                                        "on the numpy executor (TESSERA_DEVICE=cpu) and report the shapes") from e
+
+    def _plan(self) -> int:
+        c, cufft = self.call, self._cufft
+        handle = self._checked("cufftCreate", cufft.create)
+        try:
+            self._checked("cufftMakePlanMany64", cufft.make_plan_many64, handle, 1, [c.n], [c.planned.shape[c.axis]],
+                          c.istride, c.idist, [c.result.shape[c.axis]], c.ostride, c.odist,
+                          int(cufft.Type[c.transform.name]), c.batch)
+        except LibraryCallError:
+            _destroy(cufft, handle)
+            raise
+        return handle
+
+    def __call__(self, args: Sequence[DeviceTensor], stream: Any = None) -> None:
+        """Enqueue the call on `stream` (None: tessera_rw's stream on the device): args are the
+        operand, then the result, both dense row-major on this device."""
+        c = self.call
+        if len(args) != 2:
+            raise LibraryCallError(f"takes the operand and the result, got {len(args)} tensors", op=c.op)
+        for got, want, role in zip(args, (c.source, c.result), ("operand", "result")):
+            if tuple(got.shape) != want.shape or got.dtype is not want.dtype:
+                raise LibraryCallError(f"the {role} is {got.dtype}{list(got.shape)}, the call was made for {want}",
+                                       op=c.op, operands=f"{c.source} -> {c.result}",
+                                       hint="make a CuFFTKernel for these types")
+        stream = resolve_stream(stream, self.device_index)
+        if self._handle is None:
+            return
+        x, y = args
+        with self._lock:
+            if self._stage is not None:
+                bind(*self._stage, [x, self._scratch], stream)()
+                x = self._scratch
+            self._checked("cufftSetStream", self._cufft.set_stream, self._handle, int(stream.handle))
+            run = getattr(self._cufft, _EXEC[c.transform])
+            complex_to_complex = c.transform in (Transform.C2C, Transform.Z2Z)
+            direction = ((_INVERSE if c.inverse else _FORWARD),) if complex_to_complex else ()
+            in_bytes, out_bytes = c.in_step * c.planned.dtype.itemsize, c.out_step * c.result.dtype.itemsize
+            for i in range(c.loops):
+                self._checked(f"cufft{_EXEC[c.transform].title().replace('_', '')}", run, self._handle,
+                              x.ptr + i * in_bytes, y.ptr + i * out_bytes, *direction)
+            if self._scale is not None:
+                bind(*self._scale, [y], stream)()
+
+
+__all__ = ["CuFFTKernel", "FFTCall", "INSTALL_HINT", "LibraryCallError", "Transform", "library_available",
+           "library_call", "scale_source", "stage_source"]
