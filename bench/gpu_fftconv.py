@@ -1,55 +1,44 @@
 """The long-convolution row of `python -m bench gpu`.
 
 A depthwise causal conv1d whose filter is as long as the signal (Hyena-style: B=16, C=768, L=8192,
-float32), which the cost model sends to the FFT plan:
-    y = irfft(rfft(pad_left(x, L-1), n=2L) · conj(rfft(w, n=2L)), n=2L)[..., :L]
-(no wrap-around: every index t + k stays under 2L). Ours runs that plan's kernels one by one through
-the launch runtime (the pad, the transforms, our generated spectral contraction) and is timed as the
-sum of their medians; torch runs the same algorithm with torch.fft. The filter's transform is a
-property of the weights, so neither side pays it per call. While the launch runtime cannot run
-rfft / irfft on the device the row is owed: it needs the plan runtime.
+float32), which the cost model sends to the FFT plan (pad, rfft of x and of w, the spectral
+contraction, irfft, slice: cuFFT for the transforms, generated kernels for the rest). Ours is the
+`@op.kernel` call on torch CUDA tensors, as a user makes it; torch runs the same algorithm with
+torch.fft, the filter's transform included on both sides.
 """
 
 from __future__ import annotations
 
-from bench.gpu import Ceilings, Result, op_of
-from bench.gpu_timing import Protocol, Timing, rel_error, time_ours, time_torch
-from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.node import TensorType
-from tessera_rw.codegen.kernel_op import KernelOp
+from bench.gpu import Ceilings, Result
+from bench.gpu_timing import Protocol, rel_error, time_torch
+from tessera_rw import op
 
 B, C, L = 16, 768, 8192
-F32 = DType.float32
 TOLERANCE = 1e-4        # float32 transforms of 16K points: ~1e-6 relative
 
 
-def fft_on_device() -> str | None:
-    """None when run_kernel launches an rfft and gets torch's answer; else why not, in one line."""
-    import torch
-    from tessera_rw.codegen.launch import run_kernel
-    x = torch.randn(4, 64, device="cuda")
-    op = op_of("rfft", TensorType((4, 64), F32), n=64, axis=1, norm="backward")
-    try:
-        got = run_kernel(op, [x])
-    except Exception as e:
-        return f"run_kernel cannot launch rfft ({type(e).__name__}: {str(e).splitlines()[0][:140]})"
-    if not torch.allclose(got, torch.fft.rfft(x, n=64), rtol=1e-4, atol=1e-4):
-        return "run_kernel's rfft disagrees with torch.fft.rfft"
-    return None
+@op.kernel
+def causal_long_conv(x, w):
+    return op.conv1d(x, w, padding=(L - 1, 0), groups=C)
 
 
-def plan_ops() -> tuple[KernelOp, KernelOp, KernelOp, KernelOp, KernelOp]:
-    """The FFT plan's kernels: pad x, rfft x, rfft w (once per filter), contract, irfft.
+def plan_steps() -> list[str]:
+    """The plan the kernel runs for the benchmark's shapes (no GPU needed).
 
-    >>> [op.op for op in plan_ops()]
-    ['pad', 'rfft', 'rfft', 'spectral_contract', 'irfft']
+    >>> steps = plan_steps()
+    >>> "rfft" in steps and "irfft" in steps and "conv1d" not in steps
+    True
     """
-    n = 2 * L
-    pad = op_of("pad", TensorType((B, C, L), F32), pads=((0, 0), (0, 0), (L - 1, 0)), value=0.0)
-    forward = op_of("rfft", pad.result, n=n, axis=2, norm="backward")
-    filter_fft = op_of("rfft", TensorType((C, 1, L), F32), n=n, axis=2, norm="backward")
-    contract = op_of("spectral_contract", forward.result, filter_fft.result, groups=C)
-    return pad, forward, filter_fft, contract, op_of("irfft", contract.result, n=n, axis=2, norm="backward")
+    x, w = op.tensor((B, C, L), "float32"), op.tensor((C, 1, L), "float32")
+    return [s.op for s in causal_long_conv.program(x, w).plan.steps]
+
+
+def fft_on_device() -> str | None:
+    """None when the GPU plan runtime can make cuFFT calls here; else why not, in one line."""
+    from tessera_rw.codegen.library_kernels import library_available
+    if not library_available("cuFFT"):
+        return "cuFFT is not loadable through nvmath-python here (carry nvmath-python; libcufft must be present)"
+    return None
 
 
 def long_conv(protocol: Protocol, ceilings: Ceilings) -> Result:
@@ -69,35 +58,28 @@ def long_conv(protocol: Protocol, ceilings: Ceilings) -> Result:
 
 
 def _measure(result: Result, protocol: Protocol) -> None:
+    import os
+
     import torch
     import torch.nn.functional as F
-    from tessera_rw.codegen.launch import run_kernel
+    os.environ["TESSERA_DEVICE"] = "gpu"
     n = 2 * L
     x = torch.randn(B, C, L, device="cuda")
     w = torch.randn(C, 1, L, device="cuda") * L ** -0.5
-    pad, forward, filter_fft, contract, inverse = plan_ops()
+    y = causal_long_conv(x, w)
 
-    w_hat = run_kernel(filter_fft, [w])
-    stages = [(pad, [x])]
-    stages.append((forward, [run_kernel(*stages[-1])]))
-    stages.append((contract, [run_kernel(*stages[-1]), w_hat]))
-    stages.append((inverse, [run_kernel(*stages[-1])]))
-    y = run_kernel(*stages[-1])[..., :L]
-
-    w_ref = torch.fft.rfft(w.double()[:, 0, :], n=n).conj()
-    ref = torch.fft.irfft(torch.fft.rfft(F.pad(x.double(), (L - 1, 0)), n=n) * w_ref, n=n)[..., :L]
+    ref = torch.fft.irfft(torch.fft.rfft(F.pad(x.double(), (L - 1, 0)), n=n)
+                          * torch.fft.rfft(w.double()[:, 0, :], n=n).conj(), n=n)[..., :L]
     result.error = rel_error(y, ref)
-    w_lib = torch.fft.rfft(w[:, 0, :], n=n).conj()
 
     def library():
-        return torch.fft.irfft(torch.fft.rfft(F.pad(x, (L - 1, 0)), n=n) * w_lib, n=n)[..., :L]
+        w_hat = torch.fft.rfft(w[:, 0, :], n=n).conj()
+        return torch.fft.irfft(torch.fft.rfft(F.pad(x, (L - 1, 0)), n=n) * w_hat, n=n)[..., :L]
     result.torch_error = rel_error(library(), ref)
-    del ref, w_ref
+    del ref
     if result.error > TOLERANCE:
         result.status = "FAILED: wrong on random data"
         return
-    times = [time_ours(op, inputs, None, protocol) for op, inputs in stages]
-    result.ours = Timing(sum(t.median_ms for t in times), max(t.spread for t in times))
+    result.ours = time_torch(lambda: causal_long_conv(x, w), protocol)
     result.torch = time_torch(library, protocol)
-    result.notes.append("ours: sum of the stage medians " + ", ".join(
-        f"{op.op} {t.median_ms:.3f} ms" for (op, _), t in zip(stages, times)))
+    result.notes.append("ours: the plan " + " -> ".join(plan_steps()))
