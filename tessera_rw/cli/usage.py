@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 USAGE = ("usage: tessera-rewrite --explain FILE.py:FUNCTION [--input NAME=4x16x64:bf16 ...]\n"
-         "       tessera-rewrite rules [--check] [PACK ...]")
+         "       tessera-rewrite rules [--check] [PACK ...]\n"
+         "       tessera-rewrite cache list|export FILE|import FILE|clear [--arch A] [--yes] [--name N]")
 
 
 class UsageError(Exception):

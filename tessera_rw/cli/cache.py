@@ -1,0 +1,111 @@
+"""`tessera-rewrite cache list|export|import|clear`: look at and move the autotune cache.
+
+    tessera-rewrite cache list [--name N] [--arch A] [--format json]
+    tessera-rewrite cache export FILE          # every arch, one JSON document
+    tessera-rewrite cache import FILE          # validated in full first; merged by the cache's rules
+    tessera-rewrite cache clear [--arch A] [--yes]
+
+The cache lives under `$TESSERA_CACHE_DIR/autotune` (default `~/.tessera/autotune`). A cache file
+found invalid is moved aside and reported as a warning on stderr; the command still succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from rich.console import Console
+from rich.table import Table
+
+from tessera_rw.cli.usage import UsageError
+from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
+from tessera_rw.tune.records import TuneRecord
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(dest="action", metavar="{list,export,import,clear}", required=True)
+    listing = actions.add_parser("list", help="show the records")
+    listing.add_argument("--arch", help="only this architecture's records")
+    export = actions.add_parser("export", help="write every record to FILE")
+    export.add_argument("file", metavar="FILE")
+    imports = actions.add_parser("import", help="merge the records of FILE")
+    imports.add_argument("file", metavar="FILE")
+    clear = actions.add_parser("clear", help="delete the records")
+    clear.add_argument("--arch", help="only this architecture's records")
+    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    for sub in (listing, export, imports, clear):
+        sub.add_argument("--name", default="default", help="which named cache (default: default)")
+        sub.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    cache = TuneCache(args.name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TuneCacheWarning)
+        status = _ACTIONS[args.action](cache, args, console)
+    for w in caught:   # a file set aside is worth one line, not a Python warning with a source location
+        print(f"tessera-rewrite: warning: {w.message}", file=sys.stderr)
+    return status
+
+
+def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
+    records = cache.records(args.arch)
+    if args.format == "json":
+        console.file.write(json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n")
+        return 0
+    table = Table(title=f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
+    for col in ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen_by", "interpolated"):
+        table.add_column(col, justify="right" if col == "µs" else "left")
+    for r in records:
+        table.add_row(r.op_name, _shapes(r), ", ".join(r.dtypes), r.arch, _config(r), f"{r.time_us:.2f}",
+                      r.chosen_by.value, "yes" if r.interpolated else "no")
+    console.print(table)
+    return 0
+
+
+def _export(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
+    n = cache.export(args.file)
+    _say(console, args, {"exported": n, "file": args.file, "name": cache.name},
+         f"exported {n} records of cache '{cache.name}' to {args.file}")
+    return 0
+
+
+def _import(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
+    n = cache.import_(args.file)
+    _say(console, args, {"imported": n, "file": args.file, "name": cache.name},
+         f"imported {n} new or better records from {args.file} into cache '{cache.name}'")
+    return 0
+
+
+def _clear(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
+    what = f"cache '{cache.name}'" + (f" for {args.arch}" if args.arch else "")
+    if not args.yes:
+        count = len(cache.records(args.arch))
+        if not sys.stdin.isatty():   # nobody to ask: deleting must be asked for explicitly
+            raise UsageError(f"cache clear would delete {count} records of {what}; add --yes to confirm")
+        if console.input(f"delete {count} records of {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            console.print("nothing deleted")
+            return 1
+    n = cache.clear(args.arch)
+    _say(console, args, {"removed": n, "name": cache.name, "arch": args.arch}, f"deleted {n} records of {what}")
+    return 0
+
+
+_ACTIONS = {"list": _list, "export": _export, "import": _import, "clear": _clear}
+
+
+def _say(console: Console, args: argparse.Namespace, data: dict, text: str) -> None:
+    if args.format == "json":
+        console.file.write(json.dumps(data) + "\n")
+    else:
+        console.print(text, markup=False, highlight=False)
+
+
+def _shapes(r: TuneRecord) -> str:
+    return ", ".join("x".join(map(str, s)) if s else "scalar" for s in r.shapes)
+
+
+def _config(r: TuneRecord) -> str:
+    return " ".join(f"{k}={v}" for k, v in r.config.items())

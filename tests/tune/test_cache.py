@@ -1,0 +1,374 @@
+"""The autotune cache: round trips, merge rules, interpolation, versions, bad files, hostile imports, CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.tune import cache as cache_module
+from tessera_rw.tune.cache import TuneCache, TuneCacheError, TuneCacheWarning, merge_records
+from tessera_rw.tune.records import SCHEMA, ChosenBy, TuneDocument, TuneRecord, current_versions
+
+MM = ((128, 64), (64, 256))
+BF16 = ("bf16", "bf16")
+CONFIG = {"bm": 128, "bn": 128, "bk": 32, "warps_m": 2, "warps_n": 2, "stages": 3, "fusion_depth": 1}
+
+
+def rec(shapes=MM, time_us=10.0, chosen_by="on_device", op_name="matmul", signature_hash="9f2c", dtypes=BF16,
+        arch="H100-SXM", config=CONFIG, versions=None, **more) -> TuneRecord:
+    r = TuneRecord.create(op_name=op_name, signature_hash=signature_hash, shapes=shapes, dtypes=dtypes, arch=arch,
+                          config=config, time_us=time_us, chosen_by=chosen_by, noise_us=0.3, trials=12,
+                          versions=versions)
+    return r.model_copy(update=more) if more else r
+
+
+@pytest.fixture
+def cache(tmp_path) -> TuneCache:
+    return TuneCache(root=tmp_path)
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def get(cache: TuneCache, shapes=MM, dtypes=BF16, arch="H100-SXM", signature_hash="9f2c"):
+    return cache.get("matmul", signature_hash, shapes, dtypes, arch)
+
+
+# ---- records ----
+
+def test_record_round_trips_through_json_and_normalises_names():
+    r = rec(arch="h100", dtypes=("bf16", "float32"), config={**CONFIG, "tiles": [1, 2], "swizzle": True,
+                                                             "split": 0.5, "layout": "row"})
+    assert r.arch == "H100-SXM" and r.compute_capability == (9, 0) and r.dtypes == ("bfloat16", "float32")
+    back = TuneRecord.model_validate_json(r.model_dump_json())
+    assert back == r and back.key == r.key and type(back.config["swizzle"]) is bool
+    assert r.versions == current_versions() and r.codegen_version == "tessera_rw-codegen-1"
+
+
+def test_key_covers_what_changes_the_winner_and_nothing_else():
+    a, b = rec(time_us=5.0), rec(time_us=9.0, config={"bm": 64}, chosen_by="cost_model")
+    assert a.key == b.key and json.loads(a.key)[0:2] == ["matmul", "9f2c"]
+    for other in (rec(shapes=((256, 64), (64, 256))), rec(dtypes=("f16", "f16")), rec(arch="A100"),
+                  rec(signature_hash="77"), rec(versions=current_versions()._replace(nvrtc="12.0"))):
+        assert other.key != a.key
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"dtypes": ("bf16",)}, "2 shapes but 1 dtypes"),
+    ({"dtypes": ("bf16", "float13")}, "float13"),
+    ({"compute_capability": (8, 0)}, "compute capability"),
+    ({"time_us": float("inf")}, "finite"),
+    ({"time_us": -1.0}, "greater than or equal"),
+    ({"config": {"bm": "128 or so"}}, "config.bm"),
+    ({"config": {"bm": [[1]]}}, "config.bm"),
+    ({"op_name": "__reduce__"}, "op_name"),
+    ({"arch": "../etc"}, "arch"),
+    ({"chosen_by": "guess"}, "chosen_by"),
+    ({"shapes": ((128, "64"), (64, 256))}, "shapes"),
+])
+def test_record_rejects_bad_fields(change, says):
+    with pytest.raises(ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        TuneRecord.model_validate({**rec().model_dump(), **change})
+
+
+# ---- store ----
+
+def test_round_trip_between_instances(cache, tmp_path):
+    r = rec()
+    assert cache.put(r) is True
+    again = TuneCache(root=tmp_path)
+    assert get(again) == r and again.records() == [r] and again.archs() == ["H100-SXM"]
+    assert get(again, arch=arch_named("h100")) == r          # an ArchSpec or an alias names the same file
+    path = tmp_path / "default" / "H100-SXM.json"
+    doc = TuneDocument.model_validate_json(path.read_bytes())
+    assert doc.records == (r,) and json.loads(path.read_text())["schema"] == SCHEMA
+
+
+def test_location_follows_tessera_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    TuneCache("mine").put(rec())
+    assert (tmp_path / "autotune" / "mine" / "H100-SXM.json").is_file()
+
+
+@pytest.mark.parametrize("miss", [
+    {"shapes": ((128, 64), (64, 128))}, {"dtypes": ("f16", "f16")}, {"arch": "A100"}, {"signature_hash": "other"},
+])
+def test_get_is_exact(cache, miss):
+    cache.put(rec())
+    assert get(cache, **miss) is None
+
+
+def test_an_arch_spec_must_agree_on_compute_capability(cache):
+    cache.put(rec())
+    odd = arch_named("H100-SXM").model_copy(update={"compute_capability": (9, 1)})
+    assert get(cache, arch=odd) is None
+
+
+@pytest.mark.parametrize("old, new, winner", [
+    (dict(time_us=10.0), dict(time_us=8.0), "new"),                                   # faster measurement
+    (dict(time_us=8.0), dict(time_us=10.0), "old"),
+    (dict(time_us=8.0), dict(time_us=8.0), "old"),                                    # a tie keeps what is there
+    (dict(time_us=5.0, chosen_by="cost_model"), dict(time_us=9.0), "new"),            # measured beats estimated
+    (dict(time_us=9.0), dict(time_us=5.0, chosen_by="cost_model"), "old"),
+    (dict(time_us=5.0, interpolated=True), dict(time_us=9.0), "new"),                 # real beats interpolated
+])
+def test_merge_rules(cache, old, new, winner):
+    a, b = rec(**old), rec(config={"bm": 64}, **new)
+    cache.put(a)
+    assert cache.put(b) is (winner == "new")
+    assert get(cache) == (b if winner == "new" else a)
+    assert merge_records([a, b]) == [b if winner == "new" else a]
+
+
+def test_merge_never_loses_other_records(cache):
+    shapes = [((m, 64), (64, 256)) for m in (16, 32, 64, 128)]
+    for s in shapes:
+        cache.put(rec(shapes=s))
+    cache.put(rec(shapes=shapes[0], time_us=1.0))
+    cache.put(rec(arch="A100", time_us=3.0))
+    assert len(cache.records()) == 5 and len(cache.records("H100-SXM")) == 4
+    assert get(cache, shapes=shapes[0]).time_us == 1.0
+
+
+def test_nearest_shape_is_interpolated(cache):
+    for m, t in ((64, 1.0), (1024, 9.0), (4096, 30.0)):
+        cache.put(rec(shapes=((m, 64), (64, m)), time_us=t))
+    cache.put(rec(shapes=((100, 64), (64, 100)), dtypes=("f16", "f16")))       # other dtypes
+    cache.put(rec(shapes=((100, 64), (64, 100)), op_name="gemm"))              # other op
+    cache.put(rec(shapes=((100, 64), (64, 100)), interpolated=True))           # never a source
+    near = cache.nearest("matmul", ((100, 64), (64, 100)), BF16, "H100-SXM")
+    assert near.interpolated and near.shapes == ((64, 64), (64, 64)) and near.config == CONFIG
+    assert get(cache, shapes=((64, 64), (64, 64))).interpolated is False       # the stored one is untouched
+    assert cache.nearest("matmul", ((3000, 64), (64, 3000)), BF16, "H100-SXM").shapes[0] == (4096, 64)
+    assert cache.nearest("matmul", ((100, 64, 1), (64, 100)), BF16, "H100-SXM") is None     # another rank
+    assert cache.nearest("matmul", ((100, 64),), BF16, "H100-SXM") is None                  # another arity
+    assert cache.nearest("matmul", ((100, 64), (64, 100)), ("f32", "f32"), "H100-SXM") is None
+    assert cache.nearest("matmul", ((100, 64), (64, 100)), BF16, "A100") is None
+    assert cache.nearest("matmul", ((100, 64), (64, 100)), BF16, "H100-SXM", signature_hash="nope") is None
+
+
+def test_nearest_prefers_measurements_at_equal_distance(cache):
+    cache.put(rec(shapes=((64, 64), (64, 64)), time_us=1.0, chosen_by="cost_model"))
+    cache.put(rec(shapes=((256, 64), (64, 256)), time_us=5.0))
+    near = cache.nearest("matmul", ((128, 64), (64, 128)), BF16, "H100-SXM")
+    assert near.chosen_by is ChosenBy.ON_DEVICE and near.shapes[0] == (256, 64)
+
+
+@pytest.mark.parametrize("field", ["tessera", "codegen", "nvrtc", "driver"])
+def test_another_version_is_not_a_hit(cache, field):
+    cache.put(rec(versions=current_versions()._replace(**{field: "0.0.0"})))
+    assert get(cache) is None
+    assert cache.nearest("matmul", MM, BF16, "H100-SXM") is None
+    assert len(cache.records()) == 1          # kept, just not used
+
+
+# ---- bad files are set aside, never used, never fatal ----
+
+def _bad_files():
+    good = rec().model_dump(mode="json")
+    doc = lambda records, schema=SCHEMA: json.dumps({"schema": schema, "records": records})
+    return {
+        "truncated": (doc([good])[:-20], "does not validate"),
+        "not json": ("\x00\xff garbage", "does not validate"),
+        "empty": ("", "does not validate"),
+        "schema": (doc([good], "tessera_rw.autotune/2"), "schema"),
+        "bare list": (json.dumps([good]), "does not validate"),
+        "bad record": (doc([good, {**good, "trials": "many"}]), "records.1.trials"),
+        "extra field": (doc([{**good, "pickle": "cos\nsystem\n"}]), "records.0.pickle"),
+        "other arch": (doc([good, {**rec(arch="A100").model_dump(mode="json")}]), "A100-SXM"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_bad_files()))
+def test_bad_file_is_moved_aside_with_a_warning(cache, kind):
+    text, says = _bad_files()[kind]
+    path = cache.path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.warns(TuneCacheWarning, match=says) as caught:
+        assert get(cache) is None
+    assert str(path) in str(caught[0].message)
+    aside = list(path.parent.glob("H100-SXM.json.corrupt-*"))
+    assert not path.exists() and len(aside) == 1 and aside[0].read_bytes() == text.encode("latin-1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # set aside once: no second warning
+        assert cache.records() == []
+        assert cache.put(rec()) and get(cache).config == CONFIG
+
+
+def test_a_write_over_a_bad_file_keeps_the_bad_one_for_inspection(cache):
+    path = cache.path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.warns(TuneCacheWarning, match="moved aside"):
+        cache.put(rec())
+    assert len(cache.records()) == 1 and len(list(path.parent.glob("*.corrupt-*"))) == 1
+
+
+def test_invalid_cache_names_are_refused(tmp_path):
+    for name in ("../up", "", ".hidden", "a/b", "x\n"):
+        with pytest.raises(TuneCacheError, match="not a plain file name"):
+            TuneCache(name, root=tmp_path)
+
+
+# ---- export / import ----
+
+def test_export_import_merges_between_roots(tmp_path):
+    a, b = TuneCache(root=tmp_path / "a"), TuneCache(root=tmp_path / "b")
+    a.put(rec(time_us=10.0))
+    a.put(rec(shapes=((8, 8), (8, 8))))
+    a.put(rec(arch="A100"))
+    b.put(rec(time_us=8.0, config={"bm": 64}))            # same key, better: stays
+    b.put(rec(op_name="softmax", shapes=((4, 4),), dtypes=("f32",)))
+    assert a.export(tmp_path / "a.json") == 3
+    assert json.loads((tmp_path / "a.json").read_text())["name"] == "default"
+    assert b.import_(tmp_path / "a.json") == 2
+    assert len(b.records()) == 4 and get(b).config == {"bm": 64}
+    assert b.import_(tmp_path / "a.json") == 0           # idempotent
+    b.export(tmp_path / "b.json")
+    assert a.import_(tmp_path / "b.json") == 2 and get(a).time_us == 8.0 and len(a.records()) == 4
+
+
+def _hostile():
+    good = rec().model_dump(mode="json")
+    doc = lambda *records, **top: json.dumps({"schema": SCHEMA, "records": list(records), **top})
+    return {
+        "wrong type": (doc({**good, "time_us": "fast"}), "records.0.time_us"),
+        "wrong shape type": (doc({**good, "shapes": "128x64"}), "records.0.shapes"),
+        "extra field": (doc({**good, "exec": "import os"}), "records.0.exec"),
+        "extra top-level": (doc(good, code="x"), "code"),
+        "nested": ('{"schema": "' + SCHEMA + '", "records": ' + "[" * 50_000 + "]" * 50_000 + "}", "recursion"),
+        "huge config": (doc({**good, "config": {f"k{i}": i for i in range(10_000)}}), "records.0.config"),
+        "long list": (doc({**good, "config": {"bm": list(range(100_000))}}), "records.0.config.bm"),
+        "long string": (doc({**good, "op_name": "m" * 100_000}), "records.0.op_name"),
+        "big int": (doc({**good, "trials": 10 ** 400}), "records.0.trials"),
+        "reduce key": (doc({**good, "config": {"__reduce__": ["os.system", "echo owned"]}}), "config.__reduce__"),
+        "reduce op": (doc({**good, "op_name": "__reduce__"}), "records.0.op_name"),
+        "pickle string": (doc({**good, "config": {"bm": "cos\nsystem\n(S'echo owned'\ntR."}}), "config.bm"),
+        "path arch": (doc({**good, "arch": "../../etc/passwd"}), "records.0.arch"),
+        "one bad among good": (doc(good, rec(shapes=((8, 8), (8, 8))).model_dump(mode="json"),
+                                   {**good, "chosen_by": "eval"}), "records.2.chosen_by"),
+        "not an export": ('{"hello": "world"}', "schema"),
+        "not json": ("cos\nsystem\n(S'echo owned'\ntR.", "Invalid JSON"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_hostile()))
+def test_hostile_import_changes_nothing(cache, tmp_path, kind):
+    cache.put(rec(time_us=50.0))
+    before = files_of(tmp_path)
+    text, says = _hostile()[kind]
+    src = tmp_path.parent / f"{tmp_path.name}-import.json"
+    src.write_text(text)
+    with pytest.raises(TuneCacheError) as err:
+        cache.import_(src)
+    message = str(err.value)
+    assert str(src) in message and says in message and len(message) < 1000
+    assert isinstance(err.value, TesseraError) and files_of(tmp_path) == before
+
+
+def test_oversized_import_is_refused_before_reading(cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "MAX_IMPORT_BYTES", 100)
+    src = tmp_path / "big.json"
+    src.write_text(TuneDocument.of([rec()]).to_json())
+    with pytest.raises(TuneCacheError, match="nothing was imported"):
+        cache.import_(src)
+    assert cache.records() == []
+
+
+def test_clear(cache):
+    cache.put(rec())
+    cache.put(rec(shapes=((8, 8), (8, 8))))
+    cache.put(rec(arch="A100"))
+    assert cache.clear("a100") == 1 and cache.archs() == ["H100-SXM"]
+    assert cache.clear() == 2 and cache.records() == [] and cache.clear() == 0
+
+
+# ---- command line ----
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        status = main(["cache", *argv])
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run
+
+
+def test_cli_list_export_import_clear(cli, tmp_path):
+    TuneCache().put(rec())
+    TuneCache().put(rec(arch="A100", chosen_by="cost_model", time_us=7.25))
+    status, out, _ = cli("list")
+    assert status == 0
+    for text in ("op", "shapes", "dtypes", "config", "µs", "chosen_by", "interpolated", "matmul", "128x64, 64x256",
+                 "bfloat16", "H100-SXM", "bm=128", "10.00", "on_device", "cost_model", "7.25"):
+        assert text in out
+    status, out, _ = cli("list", "--format", "json", "--arch", "A100")
+    assert status == 0 and [r["arch"] for r in json.loads(out)] == ["A100-SXM"]
+    assert cli("export", str(tmp_path / "out.json"))[:2] == (0, f"exported 2 records of cache 'default' to "
+                                                                f"{tmp_path / 'out.json'}\n")
+    status, out, _ = cli("import", str(tmp_path / "out.json"), "--name", "other", "--format", "json")
+    assert status == 0 and json.loads(out)["imported"] == 2 and len(TuneCache("other").records()) == 2
+    status, _, err = cli("clear")
+    assert status == 2 and "--yes" in err and "2 records" in err and len(TuneCache().records()) == 2
+    assert cli("clear", "--arch", "A100", "--yes")[:2] == (0, "deleted 1 records of cache 'default' for A100\n")
+    assert [r.arch for r in TuneCache().records()] == ["H100-SXM"]
+
+
+def test_cli_clear_asks_on_a_terminal(cli, monkeypatch):
+    TuneCache().put(rec())
+
+    class Terminal:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def isatty(self):
+            return True
+
+        def readline(self):
+            return self.answer
+    monkeypatch.setattr("builtins.input", lambda prompt="": sys.stdin.readline().rstrip("\n"))
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    assert cli("clear")[0] == 1 and len(TuneCache().records()) == 1
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    assert cli("clear")[0] == 0 and TuneCache().records() == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "required"),
+    (["frob"], "invalid choice"),
+    (["export"], "FILE"),
+    (["list", "--name", "../x"], "not a plain file name"),
+    (["import", "/nonexistent/x.json"], "cannot read /nonexistent/x.json"),
+    (["list", "--format", "yaml"], "invalid choice"),
+])
+def test_cli_bad_invocations_exit_2(cli, argv, says):
+    status, out, err = cli(*argv)
+    assert status == 2 and says in err and "Traceback" not in err
+
+
+def test_cli_hostile_import_exits_2_and_names_the_file(cli, tmp_path):
+    src = tmp_path / "evil.json"
+    src.write_text(json.dumps({"schema": SCHEMA, "records": [{"__reduce__": "os.system"}]}))
+    status, _, err = cli("import", str(src))
+    assert status == 2 and str(src) in err and "records.0" in err and not TuneCache().archs()
+
+
+def test_cli_reports_a_bad_file_as_one_warning_line(cli, tmp_path):
+    path = TuneCache().path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    path.write_text("{")
+    status, out, err = cli("list", "--format", "json")
+    assert status == 0 and json.loads(out) == []
+    assert err.count("\n") == 1 and err.startswith("tessera-rewrite: warning: autotune cache file") and "moved aside" in err
