@@ -72,3 +72,16 @@ def test_explain_plans_for_the_arch_in_tessera_arch(capsys, monkeypatch):
     assert "candidates on L4 (sm_89" in capsys.readouterr().out
     assert main(["--explain", str(ROOT / "examples/attention.py:attention"), "--arch", "nope"]) == 2
     assert "unknown architecture 'nope'" in capsys.readouterr().err
+
+
+def test_explain_runs_the_plan_and_checks_it_against_the_reference(capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    shape = "2x4x300x64:bf16"
+    assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention"), "--run",
+                 "--input", f"q={shape}", "--input", f"k={shape}", "--input", f"v={shape}"]) == 0
+    out = capsys.readouterr().out
+    assert "0: b3:bf16[2,4,300,64] = flash_attention(" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("ran the plan"))
+    assert "CPU (numpy executor)" in line
+    error = float(line.rsplit("reference ", 1)[1].split()[0])
+    assert 0 < error < 2e-2          # bf16 rounding of the fused plan vs the unfused reference

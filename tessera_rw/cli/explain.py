@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
@@ -21,7 +23,9 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
 from tessera_rw.kernel import Kernel
 from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
-from tessera_rw.pipeline import compile_program
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.execute import run_program, where_to_run
+from tessera_rw.pipeline import CompiledProgram, compile_program
 
 from tessera_rw.cli.usage import UsageError
 
@@ -75,7 +79,46 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     return {n: (v if isinstance(v, TensorSpec) else TensorSpec(v.shape, v.dtype)) for n, v in inputs.items()}
 
 
-def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console) -> None:
+REFERENCE_LIMIT_BYTES = 1 << 30     # the unfused reference holds every intermediate at once
+
+
+def random_inputs(specs: dict[str, TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random arrays for placeholders (never all zeros): normal floats, random ints and bools."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, spec in specs.items():
+        t = spec.type
+        if t.dtype.name == "bool":
+            arrays[name] = rng.random(t.shape) < 0.5
+        elif t.dtype.is_float:
+            arrays[name] = rng.standard_normal(t.shape).astype(t.dtype.numpy)
+        else:
+            arrays[name] = rng.integers(-100, 100, t.shape).astype(t.dtype.numpy)
+    return arrays
+
+
+def run_once(program: CompiledProgram, specs: dict[str, TensorSpec], console: Console) -> None:
+    """Run the chosen plan on random inputs and check it against the unfused reference."""
+    arrays = random_inputs(specs)
+    device = where_to_run(program, arrays)
+    start = time.perf_counter()
+    outputs = run_program(program, arrays)
+    seconds = time.perf_counter() - start
+    line = f"ran the plan on the {'GPU' if device == 'gpu' else 'CPU (numpy executor)'} in {seconds:.2f} s"
+    need = sum(n.type.nbytes for n in program.graph.nodes)
+    if need > REFERENCE_LIMIT_BYTES:
+        console.print(f"[bold]{line}[/]; the reference check is skipped (the unfused graph needs {need / 2**30:.1f} GiB)")
+        return
+    reference = evaluate(program.graph, arrays)
+    errors = []
+    for got, want in zip(outputs, reference):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+        errors.append(float(np.abs(got - want).max(initial=0.0)) / scale)
+    console.print(f"[bold]{line}[/]; max error vs the unfused reference {max(errors):.2e} of the output's scale")
+
+
+def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console, execute: bool = False) -> None:
     kernel, module = load_target(target)
     inputs = target_inputs(kernel, module, given)
     graph = kernel.trace(**inputs).verify()
@@ -91,6 +134,8 @@ def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console)
             console.file.write(f"{candidate.graph}\n")
     console.print(f"[bold]{choice_reason(candidates)}[/]")
     console.file.write(f"{program.plan}\n")
+    if execute:
+        run_once(program, inputs, console)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,10 +145,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an input placeholder, e.g. q=4x16x2048x64:bf16")
     p.add_argument("--arch", metavar="NAME", default=None,
                    help="plan for this GPU (default: TESSERA_ARCH, else this machine's GPU, else H100-SXM)")
+    p.add_argument("--run", action="store_true",
+                   help="also run the chosen plan on random inputs (the GPU, else the numpy executor) "
+                        "and check it against the unfused reference")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     arch = arch_named(args.arch) if args.arch else target_arch()
     for target in args.explain:
-        explain(target, args.input, arch, console)
+        explain(target, args.input, arch, console, execute=args.run)
     return 0
