@@ -19,13 +19,13 @@ import numpy as np
 from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
-from tessera_rw.kernel import Kernel
-from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
-from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.execute import run_program, where_to_run
+from tessera_rw.kernel import Kernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
+from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
 
 from tessera_rw.cli.usage import UsageError
 
