@@ -25,18 +25,13 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
 from tessera_rw.codegen.device import gpu_available
+from tessera_rw.codegen.device_arrays import device_index_of
 from tessera_rw.codegen.numerics import Numerics, current_numerics
 from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.pipeline import CompiledProgram
 
 DEVICE_VARIABLE = "TESSERA_DEVICE"
-
-
-def _is_device_array(value: Any) -> bool:
-    return hasattr(value, "__cuda_array_interface__") or (
-        hasattr(value, "__dlpack_device__") and not isinstance(value, np.ndarray)
-        and value.__dlpack_device__()[0] != 1)      # DLPack device type 1 is the host
 
 
 @lru_cache(maxsize=256)
@@ -53,7 +48,7 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
     forced = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
     if forced not in ("", "cpu", "gpu"):
         raise ArgumentError(f"{DEVICE_VARIABLE}={forced!r} is not a device", hint="use cpu or gpu, or unset it")
-    on_device = [n for n, v in values.items() if _is_device_array(v)]
+    on_device = [n for n, v in values.items() if device_index_of(v) is not None]
     if forced == "cpu" and on_device:
         raise ArgumentError(f"{DEVICE_VARIABLE}=cpu but inputs {on_device} are GPU arrays",
                             hint="move them to the host (.cpu() / .get()) or unset the variable")

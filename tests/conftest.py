@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 
 import pytest
 from hypothesis import settings
 
+from tessera_rw.codegen.device import gpu_available
+
 # In CI every run draws the same examples, so a red build is reproducible; locally they vary.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-
-@functools.cache
-def gpu_available() -> bool:
-    try:
-        from cuda.core import Device  # type: ignore[import-not-found]
-        Device(0)
-        return True
-    except Exception:  # no driver, no device: the tests that need one are skipped
-        return False
 
 
 def pytest_configure(config):
