@@ -1,4 +1,4 @@
-"""`python -m bench cpu|registers|cost|gpu [--quick]`: the benchmark suite's entry point."""
+"""`python -m bench cpu|registers|cost|gpu|tune [--quick]`: the benchmark suite's entry point."""
 
 import argparse
 import sys
@@ -6,9 +6,9 @@ import sys
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu"], help="which suite to run")
+    parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
-                        help="gpu: fewer reps, first schedule only, no 8192^3 GEMM (fits a 10-minute limit)")
+                        help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
     args = parser.parse_args(argv)
     if args.suite == "cpu":
         from bench import cpu
@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     elif args.suite == "gpu":
         from bench import gpu
         return gpu.run(quick=args.quick)
+    elif args.suite == "tune":
+        from bench import gpu_tuning
+        return gpu_tuning.run(quick=args.quick)
     return 0
 
 

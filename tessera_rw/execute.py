@@ -66,5 +66,5 @@ def run_program(program: CompiledProgram, values: Mapping[str, Any]) -> tuple[An
     device = where_to_run(program, values)
     if device == "gpu":
         from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
-        return run_plan_on_gpu(program.plan, values, numerics=current_numerics())
+        return run_plan_on_gpu(program.plan, values, numerics=current_numerics(), schedules=program.schedules)
     return run_plan_on_cpu(program.plan, {n: np.asarray(v) for n, v in values.items()}, current_numerics())

@@ -33,6 +33,9 @@ from tessera_rw.algebra.trace import Traced, trace
 
 if TYPE_CHECKING:
     from tessera_rw.pipeline import CompiledProgram
+    from tessera_rw.schedule_control import ScheduleControl
+    from tessera_rw.tune.plan_tuner import TuneSettings
+    from tessera_rw.tune.space import SpaceRestriction
 
 Signature = tuple[tuple[str, Hashable], ...]
 
@@ -73,7 +76,9 @@ class Kernel:
             raise ArgumentError(f"@op.kernel function {fn.__name__} takes *{variadic[0]}; kernels need "
                                 "named parameters so each input can be named in graphs and reports")
         self._traces: dict[Signature, Traced] = {}
-        self._programs: dict[tuple[Signature, Any], CompiledProgram] = {}
+        self._programs: dict[tuple, CompiledProgram] = {}
+        self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
+        self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         functools.update_wrapper(self, fn)
 
     @property
@@ -116,14 +121,42 @@ class Kernel:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""
         return self.traced(self.bind(*args, **kwargs)).graph
 
+    @property
+    def schedule(self) -> ScheduleControl:
+        """`k.schedule.search_space(tile_sizes=[(64, 64)], ...)` and `k.schedule.autotune(max_trials=50)`."""
+        from tessera_rw.schedule_control import ScheduleControl
+        return ScheduleControl(self)
+
+    def tune_settings(self) -> TuneSettings | None:
+        """How calls of this kernel tune: its own settings, else autotune.enable's, else None (the
+        cost model's choice and default schedules). A search_space narrows either."""
+        from dataclasses import replace
+        from tessera_rw.tuning import autotune
+        settings = self.tuning or autotune.settings()
+        if settings is not None and self.restriction is not None:
+            settings = replace(settings, restriction=self.restriction)
+        return settings
+
+    def forget_programs(self) -> None:
+        """Drop the compiled programs, so the next call compiles (and tunes) again."""
+        self._programs.clear()
+
     def compiled(self, call: BoundCall) -> CompiledProgram:
         """The rewritten, chosen and lowered program for this call's signature (made on first use)."""
+        self.traced(call)
+        return self.program_of(call.signature)
+
+    def program_of(self, signature: Signature) -> CompiledProgram:
+        """The program of a signature already traced (made on first use, tuned when tuning is on)."""
         from tessera_rw.codegen.numerics import current_numerics
-        from tessera_rw.pipeline import compile_program
-        key = (call.signature, current_numerics())      # the policy steers extraction (tf32 costs less)
+        from tessera_rw.tuning import autotune
+        # the policy steers extraction (tf32 costs less); tuning settings steer the choice
+        key = (signature, current_numerics(), autotune.enabled and autotune.cache)
         found = self._programs.get(key)
         if found is None:
-            found = self._programs[key] = compile_program(self.traced(call).graph)
+            from tessera_rw.pipeline import compile_program
+            graph = self._traces[signature].graph
+            found = self._programs[key] = compile_program(graph, None, self.tune_settings())
         return found
 
     def program(self, *args: Any, **kwargs: Any) -> CompiledProgram:
@@ -149,3 +182,26 @@ class Kernel:
 def kernel(fn: Callable) -> Kernel:
     """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature."""
     return Kernel(fn)
+
+
+def autotune(fn: Callable | Kernel | None = None, *, cache: str = "default", method: str = "auto",
+             max_trials: int = 50, time_budget_s: float | None = None):
+    """Decorator: `@op.autotune(cache="h100_configs")` makes a kernel tune each new signature on its
+    first call, keeping the results in the named cache (one file per GPU arch); a later process
+    finds them there and tunes nothing. Stacks on `@op.kernel` or stands alone."""
+    from tessera_rw.tune.cache import TuneCache
+    from tessera_rw.tune.kernel_tuner import Method
+    from tessera_rw.tune.plan_tuner import TuneSettings
+    TuneCache(cache)                               # a bad name fails here, not at the first call
+    try:
+        Method(method)
+    except ValueError:
+        raise ArgumentError(f"op.autotune: unknown method {method!r}",
+                            hint="use 'on_device', 'cost_model' or 'auto'") from None
+
+    def wrap(f: Callable | Kernel) -> Kernel:
+        k = f if isinstance(f, Kernel) else Kernel(f)
+        k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
+        k.forget_programs()
+        return k
+    return wrap if fn is None else wrap(fn)

@@ -1,6 +1,9 @@
-"""From a traced Graph to the plan that runs: rewrite, extract candidates, choose, lower.
+"""From a traced Graph to the plan that runs: rewrite, extract candidates, choose, lower, schedule.
 
 One function so that calling a kernel, explaining it and tuning it all see the same program.
+Without tuning settings the cost model chooses the candidate and each kernel runs its pick among
+the template's default schedules; with them, `tune.candidate_choice` weighs the close candidates
+with tuned kernels (from the cache when it knows the answer).
 
 >>> from tessera_rw import op
 >>> @op.kernel
@@ -17,11 +20,15 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.codegen.arch import ArchSpec, target_arch
+from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.lower.lowering import lower
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import RewriteResult, rewrite
+from tessera_rw.tune.candidate_choice import CandidateChoice, choose_candidate
 from tessera_rw.tune.extract import Candidate, extract_candidates
+from tessera_rw.tune.plan_tuner import TuneSettings, default_schedules
 
 
 @dataclass(frozen=True)
@@ -34,16 +41,26 @@ class CompiledProgram:
     chosen: int
     chosen_by: str              # "cost_model" | "on_device" | "cache"
     plan: KernelPlan
+    schedules: tuple[tuple[int, Schedule], ...] = ()   # (step index, schedule) the plan runs with
+    tuning: CandidateChoice | None = None               # what tuning weighed, when it ran
 
     @property
     def candidate(self) -> Candidate:
         return self.candidates[self.chosen]
 
 
-def compile_program(graph: Graph, arch: ArchSpec | None = None) -> CompiledProgram:
-    """Saturate `graph`, extract candidates for `arch` and lower the cost model's choice."""
+def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSettings | None = None) -> CompiledProgram:
+    """Saturate `graph`, extract candidates for `arch`, choose one (by the cost model, or by tuning
+    under `tuning`), lower it and schedule its kernels."""
     arch = arch or target_arch()
     graph = graph.verify()
     result = rewrite(graph, rulesets())
     candidates = extract_candidates(result, arch)
-    return CompiledProgram(graph, arch, result, candidates, 0, "cost_model", lower(candidates[0].graph))
+    numerics = current_numerics()
+    if tuning is None:
+        plan = lower(candidates[0].graph)
+        return CompiledProgram(graph, arch, result, candidates, 0, "cost_model", plan,
+                               default_schedules(plan, arch, numerics))
+    choice = choose_candidate(graph, candidates, arch, tuning, numerics)
+    return CompiledProgram(graph, arch, result, candidates, choice.index, choice.chosen_by, choice.plan,
+                           choice.tuning.schedules, choice)

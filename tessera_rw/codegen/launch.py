@@ -259,7 +259,7 @@ def finish(p: Prepared) -> Any:
 # -- timing ----------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=8)
-def _flush_buffer(device_index: int, nbytes: int):
+def l2_flush_buffer(device_index: int, nbytes: int):
     from tessera_rw.codegen.device import device
     stream = resolve_stream(None, device_index)
     buffer = device(device_index).allocate(nbytes, stream=stream)
@@ -275,7 +275,7 @@ def time_launch(bound: BoundLaunch, *, warmup: int = 3, reps: int = 20, flush_by
     s = bound.stream
     for _ in range(warmup):
         bound()
-    flush = _flush_buffer(s.device.device_id, flush_bytes) if flush_bytes else None
+    flush = l2_flush_buffer(s.device.device_id, flush_bytes) if flush_bytes else None
     timing = EventOptions(timing_enabled=True)
     events = []
     for rep in range(reps):

@@ -31,6 +31,7 @@ from tessera_rw.codegen.launch import bind
 from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
+from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.lower.plan import BufferRole, KernelPlan, ValueRef
 
 
@@ -50,7 +51,8 @@ class _Compiled:
 class DevicePlan:
     """`plan` compiled and allocated on one device; call `run(values, stream)` as often as needed."""
 
-    def __init__(self, plan: KernelPlan, device_index: int, numerics: Numerics, arch: ArchSpec | None = None):
+    def __init__(self, plan: KernelPlan, device_index: int, numerics: Numerics, arch: ArchSpec | None = None,
+                 schedules: Mapping[int, Schedule] | None = None):
         require_gpu("running a plan", op=plan.name)
         self.plan, self.numerics = plan, numerics
         self.stream = resolve_stream(None, device_index)
@@ -59,7 +61,7 @@ class DevicePlan:
         sm = f"sm_{dev.arch}"
         calls: dict[FFTCall, CuFFTKernel] = {}    # steps run in order on one stream: equal calls share one
         kernels = []
-        for b in bind_plan(plan, self.arch, numerics):
+        for b in bind_plan(plan, self.arch, numerics, schedules):
             if b.call is None:
                 kernels.append(_Compiled(b, *b.compile(self.arch, sm)))
                 continue
@@ -119,16 +121,19 @@ class DevicePlan:
 
 
 @lru_cache(maxsize=64)
-def device_plan(plan: KernelPlan, device_index: int, numerics: Numerics) -> DevicePlan:
-    """The DevicePlan of `plan` on a device under a policy, made once."""
-    return DevicePlan(plan, device_index, numerics)
+def device_plan(plan: KernelPlan, device_index: int, numerics: Numerics,
+                schedules: tuple[tuple[int, Schedule], ...] = ()) -> DevicePlan:
+    """The DevicePlan of `plan` on a device under a policy, with some steps' schedules pinned
+    ((step index, schedule) pairs), made once."""
+    return DevicePlan(plan, device_index, numerics, schedules=dict(schedules))
 
 
 def run_plan_on_gpu(plan: KernelPlan, values: Mapping[str, Any], *, numerics: Numerics = Numerics.DETERMINISTIC,
-                    stream: Any = None) -> tuple[Any, ...]:
-    """Run `plan` on the device its CUDA inputs live on (numpy inputs: the current device)."""
+                    stream: Any = None, schedules: tuple[tuple[int, Schedule], ...] = ()) -> tuple[Any, ...]:
+    """Run `plan` on the device its CUDA inputs live on (numpy inputs: the current device), with
+    the schedules of the steps `schedules` names pinned (the others: their template's default)."""
     devices = {d for d in map(device_index_of, values.values()) if d is not None}
     if len(devices) > 1:
         raise ArgumentError(f"plan {plan.name}: inputs live on devices {sorted(devices)}",
                             hint="put every input on one GPU")
-    return device_plan(plan, devices.pop() if devices else 0, numerics).run(values, stream)
+    return device_plan(plan, devices.pop() if devices else 0, numerics, schedules).run(values, stream)

@@ -1,0 +1,142 @@
+"""`python -m bench tune [--quick]`: the autotuner on the GPU.
+
+Two parts, both against references in the same run:
+
+1. Tuned vs default: for gemm and flash_attention shapes, the cost model's default schedule and
+   the tuned one are timed by the same measurer (interleaved, L2 flushed, medians), beside torch
+   (cuBLAS / SDPA). Then the tuning is asked again: it must come from the cache, measuring nothing.
+2. Timing logs: every schedule of each op's space, measured, written to
+   tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
+   on them without a GPU.
+
+Results go to bench/results/tune-<arch>[-quick].txt.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.gpu import RESULTS, attention_row, gemm_row, preflight
+from bench.gpu_timing import Protocol, time_torch
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.registry import templates_for
+
+LOGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "tuning_logs"
+LOG_BATCH = 8
+
+
+def tuning_rows(quick: bool):
+    rows = [gemm_row(2048), attention_row(4, 16, 2048, 64, False)]
+    if not quick:
+        rows += [gemm_row(4096), attention_row(4, 16, 2048, 128, True)]
+    return rows
+
+
+def log_ops(quick: bool) -> dict[str, KernelOp]:
+    from bench.gpu import layernorm_row, softmax_row
+    found = {"gemm-bf16-2048": gemm_row(2048).op, "attention-bf16-s2048-d64": attention_row(4, 16, 2048, 64, False).op}
+    if not quick:
+        found |= {"gemm-bf16-4096": gemm_row(4096).op,
+                  "attention-bf16-s2048-d128-causal": attention_row(4, 16, 2048, 128, True).op,
+                  "softmax-bf16-4096": softmax_row(4096).op, "layernorm-bf16-4096": layernorm_row(4096).op}
+    return found
+
+
+def record_log(name: str, op: KernelOp, arch, console: Console) -> Path:
+    """Measure every schedule of `op`'s space and write the timing log."""
+    import torch
+    from tessera_rw.tune.device_measure import DeviceMeasurer
+    from tessera_rw.tune.space import schedule_config
+    from tessera_rw.tune.timing_log import TimingLog
+    template = templates_for(op)[0]
+    space = template.space(op, arch)
+    measurer = DeviceMeasurer(template, op, arch)
+    measured = []
+    for start in range(0, len(space), LOG_BATCH):
+        batch = space[start:start + LOG_BATCH]
+        measured += [(schedule_config(s), m) for s, m in zip(batch, measurer.measure(batch))]
+    log = TimingLog.of(op, arch.name, torch.cuda.get_device_name(0), measured)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    path = LOGS / f"{name}-{arch.name}.json"
+    log.save(path)
+    ok = [m for _, m in measured if m.ok]
+    console.print(f"  {name}: {len(measured)} schedules, {len(ok)} ran, best {min(m.median_us for m in ok):.1f} µs "
+                  f"-> {path.relative_to(LOGS.parent.parent.parent)}", markup=False)
+    return path
+
+
+def tuned_vs_default(row, arch, protocol: Protocol, cache_root: str, quick: bool) -> list[str]:
+    from tessera_rw.tune.cache import TuneCache
+    from tessera_rw.tune.device_measure import DeviceMeasurer
+    from tessera_rw.tune.kernel_tuner import tune_kernel
+    op = row.op
+    template = templates_for(op)[0]
+    cache = TuneCache("bench", cache_root)
+    start = time.perf_counter()
+    tuned = tune_kernel(op, arch, method="on_device", cache=cache, max_trials=16 if quick else 50)
+    tuning_s = time.perf_counter() - start
+    both = DeviceMeasurer(template, op, arch).measure([tuned.default, tuned.schedule])
+    default, best = both
+    inputs = row.make()
+    torch_ms = time_torch(lambda: row.torch_fn(*inputs), protocol).median_ms
+    start = time.perf_counter()
+    again = tune_kernel(op, arch, method="on_device", cache=cache)
+    hit_ms = (time.perf_counter() - start) * 1e3
+    return [row.name.split(" vs ")[0], f"{default.median_us:.1f}", f"{best.median_us:.1f}",
+            f"{default.median_us / best.median_us:.2f}x", f"{torch_ms * 1e3:.1f}",
+            f"{torch_ms * 1e3 / best.median_us:.2f}", f"{len(tuned.trials)}/{tuned.space_size}",
+            f"{tuning_s:.1f} s", f"{again.chosen_by} ({hit_ms:.1f} ms)", tuned.schedule.describe()]
+
+
+def run(quick: bool = False, console: Console | None = None) -> int:
+    console = console or Console(width=None if sys.stdout.isatty() else 220)
+    reason = preflight()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    from bench.gpu import environment
+    from tessera_rw.codegen.arch import current_arch
+    arch = current_arch()
+    protocol = Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
+    header = environment() + ["tuned vs default: both timed by the tuner's measurer (15 interleaved rounds, "
+                              "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
+    for line in header:
+        console.print(line, markup=False)
+    table = Table(title=f"autotuning on {arch.name}")
+    for col in ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch/tuned", "trials/space",
+                "tuning", "second run", "tuned schedule"):
+        table.add_column(col)
+    failed = False
+    with tempfile.TemporaryDirectory() as cache_root:
+        for row in tuning_rows(quick):
+            try:
+                table.add_row(*tuned_vs_default(row, arch, protocol, cache_root, quick))
+            except Exception as e:      # one broken row is reported and the rest still run
+                failed = True
+                table.add_row(row.name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    console.print("timing logs:")
+    for name, op in log_ops(quick).items():
+        try:
+            record_log(name, op, arch, console)
+        except Exception as e:
+            failed = True
+            console.print(f"  {name}: ERROR {type(e).__name__}: {e}", markup=False)
+    record = Console(record=True, width=240, file=io.StringIO())
+    for target in (console, record):
+        target.print(table)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"tune-{arch.name}{'-quick' if quick else ''}.txt"
+    tmp = path.with_suffix(".txt.tmp")
+    tmp.write_text("\n".join(header) + "\n\n" + record.export_text())
+    os.replace(tmp, path)
+    console.print(f"written to {path}")
+    return 1 if failed else 0
+

@@ -1,0 +1,360 @@
+"""Checking a generated kernel against its op's numpy reference.
+
+Three parts, each usable without a GPU:
+
+- `random_inputs(op, rng)`: values for every operand in its own dtype, never zero, with their exact
+  float64 (complex128) twins, so the reference computes on the very numbers the kernel reads;
+- `expected(op, inputs, rng, unit)`: the float64 reference, on a stratified subset of independent
+  output rows when the whole one would take numpy seconds, with the tolerance of the output dtype;
+- `check(exp, out, what)`: raises AssertionError saying which element is off, by how much, against
+  what bound; every element must be finite (outputs are poisoned with NaN bytes before a launch, so
+  an element the kernel never wrote fails here even outside the checked rows).
+
+>>> from tessera_rw.algebra.node import TensorType
+>>> t = TensorType((4, 6), DType.float32)
+>>> op = KernelOp.of("exp", (t,), t)
+>>> rng = np.random.default_rng(0)
+>>> inputs = random_inputs(op, rng)
+>>> exp = expected(op, inputs, rng)
+>>> check(exp, np.exp(inputs.arrays[0]), "exp")          # float32 exp is within 1e-4 of float64
+>>> tolerance(DType.bfloat16, reduction=4096) == BASE_TOLERANCE["bfloat16"] + ACCUMULATION * 64
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.opdef import OpKind
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.codegen.arch import MathUnit
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+
+# ---- tolerance -------------------------------------------------------------------------------------
+#
+# A kernel and the float64 reference see the same (already rounded) inputs, so what separates them is
+# (1) rounding inside the kernel that does not depend on how long a reduction is: the result's
+#     rounding to its storage type (half an ulp of each element: 2^-9 for bf16, 2^-11 for fp16,
+#     2^-24 for fp32), operands rounded to the math unit (tf32 keeps 10 mantissa bits: each product is
+#     off by up to 2^-10 relative, and over K random-signed terms that stays ~2^-10 of the output's
+#     scale), 16-bit probabilities in attention, approximate exp2 / erf / tanh instructions (under
+#     the `fast` numerics policy NVRTC's fast math too: tanh.approx is off by up to 2^-11, so an fp32
+#     result there gets tf32's bound). BASE_TOLERANCE is about ten times that rounding, so it also
+#     covers a few roundings in a row;
+# (2) the fp32 accumulator, which every kernel uses: each of K additions rounds by up to 2^-24 of
+#     the partial sum, and for random-signed data those errors add up like a random walk, so
+#     relative to the output's scale they grow as sqrt(K) * 2^-24. ACCUMULATION is that per-term
+#     figure with a margin of 32 (blocked sums, a rounding on each product, fused multiply-adds).
+# The bound on |out - ref| for one element is tol * (scale + |ref|), scale being the RMS of the
+# reference: relative for large elements, absolute (a fraction of the output's typical size) where
+# terms cancel to near zero. A wrong row or column is off by O(scale) and fails by orders of magnitude.
+
+BASE_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "tf32": 5e-3, "float16": 5e-3, "bfloat16": 2e-2,
+                  "float8_e4m3": 1.25e-1, "float8_e5m2": 2.5e-1}
+ACCUMULATION = 32 * 2.0 ** -24
+
+
+def tolerance(dtype: DType, reduction: int = 1, unit: MathUnit | None = None, fast: bool = False) -> float:
+    """The bound on |out - ref| / (scale + |ref|) for a result of `dtype` that sums `reduction` terms
+    per element, computed on `unit`; TF32 and `fast` (fast math) widen an fp32 result's bound to tf32's.
+
+    >>> tolerance(DType.float32, 1) < tolerance(DType.float32, 65536) < tolerance(DType.float32, 1, MathUnit.TF32)
+    True
+    """
+    real = {DType.complex64: DType.float32, DType.complex128: DType.float64}.get(dtype, dtype)
+    base = BASE_TOLERANCE[real.value]
+    if unit is MathUnit.TF32 or fast:
+        base = max(base, BASE_TOLERANCE["tf32"])
+    return base + ACCUMULATION * math.sqrt(max(1, reduction))
+
+
+def reduction_length(op: KernelOp) -> int:
+    """How many terms each output element sums (1 when none): K of a product, a row's length, a
+    reduction's extent, a convolution's input-channel window, the keys of attention."""
+    kind, attrs, ops = OPS[op.op].kind, op.attr_map, op.operands
+    if kind is OpKind.MATMUL:
+        return ops[0].shape[-1]
+    if kind is OpKind.ATTENTION:
+        return max(ops[1].shape[-2], ops[0].shape[-1])
+    if kind is OpKind.NORMALIZATION:
+        axes = attrs.get("axes") or (attrs["axis"],)
+        return math.prod(op.result.shape[a] for a in axes)
+    if kind is OpKind.REDUCTION:
+        axes = attrs.get("axes")
+        shape = ops[0].shape
+        return math.prod(shape[a] for a in (range(len(shape)) if axes is None else axes))
+    if kind is OpKind.CONV:
+        return math.prod(ops[1].shape[1:])           # in-channels per group x kernel window
+    if op.op == "spectral_contract":
+        return ops[0].shape[1] // attrs["groups"]
+    return 1
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+
+# Values come from a fresh pool of a prime count, repeated to fill the tensor: drawing 10^8 normals
+# takes numpy seconds, and a prime period never lines up with a power-of-two stride or tile, so a
+# kernel reading a neighbouring row or tile still reads different numbers.
+POOL = 1_000_003
+POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "reciprocal", "pow", "div"})
+KEEP = 0.75            # attention keeps most keys: a row with every key masked would be NaN
+INT_RANGE = 100        # integer operands in ±[1, 100): sums of thousands stay exact in int32
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Operands in their own dtypes (what the kernel reads), and their values in float64 / complex128
+    (integers and bools as they are) on demand: operand i is `pools[i]` repeated to fill its shape."""
+    arrays: tuple[np.ndarray, ...]
+    pools: tuple[np.ndarray, ...]        # the wide twins of each operand's pool
+
+    def wide(self, i: int) -> np.ndarray:
+        return np.resize(self.pools[i], self.arrays[i].size).reshape(self.arrays[i].shape)
+
+    def wide_take(self, i: int, rows: np.ndarray, axis: int) -> np.ndarray:
+        """wide(i).take(rows, axis), without widening the rest of the operand."""
+        shape = self.arrays[i].shape
+        index = [np.arange(n) for n in shape]
+        index[axis] = rows
+        strides = np.cumprod((1,) + shape[:0:-1])[::-1]
+        flat = sum(g * int(st) for g, st in zip(np.ix_(*index), strides))
+        return self.pools[i][flat % self.pools[i].size]
+
+
+def _positive(op: KernelOp) -> bool:
+    """Ops with a domain (log, sqrt, a divisor) get inputs in [0.5, 2]: no NaN, no huge quotients."""
+    expr = " ".join(str(op.attr_map.get(k, "")) for k in ("expr", "post"))
+    return op.op in POSITIVE_OPS or any(f"{name}(" in expr for name in POSITIVE_OPS)
+
+
+def _pool(dtype: DType, rng: np.random.Generator, positive: bool, keep: float) -> np.ndarray:
+    if dtype is DType.bool:
+        return rng.random(POOL) < keep
+    if dtype.is_integer:
+        return (rng.integers(1, INT_RANGE, POOL) * rng.choice((-1, 1), POOL)).astype(dtype.numpy)
+    if dtype.is_complex:
+        return (rng.standard_normal(POOL) + 1j * rng.standard_normal(POOL)).astype(dtype.numpy)
+    values = rng.uniform(0.5, 2.0, POOL) if positive else rng.standard_normal(POOL)
+    return values.astype(dtype.numpy)
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
+    if x.dtype.kind in "biu":
+        return x
+    return x.astype(np.float64)
+
+
+def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
+    """Random operands for `op`, never zero: normal(0, 1) floats (uniform [0.5, 2] for ops with a
+    positive domain), nonzero integers, random bool masks."""
+    arrays, pools = [], []
+    positive = _positive(op)
+    keep = KEEP if op.op == "flash_attention" else 0.5
+    for t in op.operands:
+        pool = _pool(t.dtype, rng, positive, keep)
+        arrays.append(np.resize(pool, math.prod(t.shape)).reshape(t.shape))
+        pools.append(_wide(pool))
+    return Inputs(tuple(arrays), tuple(pools))
+
+
+# ---- the reference, on independent rows when the whole is slow -------------------------------------
+
+# Above REFERENCE_WORK (about a third of a second of numpy here) the reference runs on a subset of
+# independent output rows: queries of attention, rows of a product or a normalization, batch items of
+# a convolution. One row is drawn from each of equal strata, so every region of the output (every row
+# of tiles) is represented; outside them, the NaN poison still catches any element never written.
+REFERENCE_WORK = 2 ** 25
+MIN_ROWS = 32          # a convolution's batch items are large: for it, the first and the last
+# numpy element-operations per output element (matmul: per multiply-add, float64 BLAS being that much
+# faster than numpy's elementwise passes; attention: per score, a few passes and two products)
+_COST = {OpKind.MATMUL: 1 / 32, OpKind.ATTENTION: 10, OpKind.NORMALIZATION: 10, OpKind.CONV: 1}
+
+
+def _norm_axes(op: KernelOp) -> tuple[int, ...]:
+    attrs = op.attr_map
+    return tuple(attrs.get("axes") or (attrs["axis"],))
+
+
+def row_plan(op: KernelOp) -> tuple[int, float] | None:
+    """(output axis whose rows are independent, numpy work of the whole reference), or None when the
+    op has no such axis the reference can be restricted to."""
+    kind, out = OPS[op.op].kind, op.result
+    cost = _COST.get(kind, 0)
+    if kind is OpKind.MATMUL and op.operands[0].ndim >= 2 and out.ndim >= 2:
+        return out.ndim - 2, cost * out.numel * op.operands[0].shape[-1]
+    if kind is OpKind.ATTENTION:
+        return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]
+    if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
+        return 0, cost * out.numel
+    if kind is OpKind.CONV:
+        return 0, cost * out.numel * reduction_length(op)
+    return None
+
+
+def pick_rows(n: int, work: float, rng: np.random.Generator, min_rows: int = MIN_ROWS) -> np.ndarray | None:
+    """Sorted row indices to check (always the first and the last), or None for all rows.
+
+    >>> pick_rows(100, 1.0, np.random.default_rng(0)) is None
+    True
+    >>> rows = pick_rows(4096, 64 * REFERENCE_WORK, np.random.default_rng(0))
+    >>> len(rows) >= 64, int(rows[0]), int(rows[-1])
+    (True, 0, 4095)
+    """
+    if work <= REFERENCE_WORK:
+        return None
+    count = min(n, max(min_rows, math.ceil(n * REFERENCE_WORK / work)))
+    if count == n:
+        return None
+    edges = np.linspace(0, n, count + 1).astype(np.int64)
+    picks = [rng.integers(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+    return np.unique(np.asarray([0, n - 1, *picks], dtype=np.int64))
+
+
+def _restrict(op: KernelOp, inputs: Inputs, axis: int, rows: np.ndarray) -> tuple[list, dict]:
+    """Wide operands and attributes whose reference is the output's `rows` along `axis`."""
+    kind, attrs, out = OPS[op.op].kind, dict(op.attr_map), op.result
+    n, ts = out.shape[axis], op.operands
+
+    def rows_of(i: int, along: int) -> np.ndarray:
+        return inputs.wide_take(i, rows, along % ts[i].ndim)
+
+    if kind is OpKind.MATMUL:      # rows of a; a bias or residual with those rows too
+        extra = [rows_of(i, -2) if ts[i].ndim >= 2 and ts[i].shape[-2] == n else inputs.wide(i)
+                 for i in range(2, len(ts))]
+        return [rows_of(0, -2), inputs.wide(1), *extra], attrs
+    if kind is OpKind.ATTENTION:   # queries; causal rows as an explicit mask, as they no longer start at 0
+        mask = None
+        if attrs["has_mask"]:
+            mask = rows_of(3, -2) if ts[3].shape[-2] == n else inputs.wide(3)
+        if attrs["causal"]:
+            keep = np.arange(ts[1].shape[-2])[None, :] <= rows[:, None]
+            mask = keep if mask is None else (mask & keep if mask.dtype == bool
+                                              else mask + np.where(keep, 0.0, -np.inf))
+        attrs.update(causal=False, has_mask=mask is not None)
+        return [rows_of(0, -2), inputs.wide(1), inputs.wide(2), *([mask] if mask is not None else [])], attrs
+    if kind is OpKind.CONV:        # batch items of x; the filter is shared
+        return [rows_of(0, 0), inputs.wide(1)], attrs
+    # rows of a normalization: axis 0 of every operand of the output's rank (weights and row-broadcast
+    # operands have a lower rank or a leading 1)
+    return [rows_of(i, 0) if t.ndim == out.ndim and t.shape[0] == n else inputs.wide(i)
+            for i, t in enumerate(ts)], attrs
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The reference where it is checked (`axis`/`rows` select output rows; None: all of it) and the
+    bound on each element: |out - ref| <= tol * (scale + |ref|), or equality when `exact`."""
+    op: KernelOp
+    value: np.ndarray            # exact: in the result dtype; else float32 / float64 / complex
+    exact: bool
+    axis: int | None
+    rows: np.ndarray | None
+    tol: float
+    scale: float
+
+    def on(self, unit: MathUnit) -> Expected:
+        """The same reference, with the tolerance of a schedule whose arithmetic runs on `unit`."""
+        if self.exact:
+            return self
+        return replace(self, tol=_tolerance_of(self.op, unit))
+
+
+def _tolerance_of(op: KernelOp, unit: MathUnit | None) -> float:
+    return tolerance(op.result.dtype, reduction_length(op), unit, fast=op.numerics is Numerics.FAST)
+
+
+def is_exact(op: KernelOp) -> bool:
+    """Ops that only move or select values, and integer or bool results: compared bit for bit."""
+    return OPS[op.op].exact or not (op.result.dtype.is_float or op.result.dtype.is_complex)
+
+
+def _compare_type(dtype: DType) -> np.dtype:
+    """The host type comparisons run in: float32 for every float of 32 bits or fewer (rounding the
+    reference to it costs 2^-24 relative, far under any tolerance), float64 / complex as they are."""
+    if dtype.is_complex:
+        return dtype.numpy
+    return np.dtype(np.float64) if dtype is DType.float64 else np.dtype(np.float32)
+
+
+def expected(op: KernelOp, inputs: Inputs, rng: np.random.Generator, unit: MathUnit | None = None) -> Expected:
+    """The float64 reference of `op` on `inputs` and the per-element bound a kernel must meet."""
+    plan = row_plan(op)
+    axis = rows = None
+    if plan is not None:
+        axis, work = plan
+        rows = pick_rows(op.result.shape[axis], work, rng, 1 if OPS[op.op].kind is OpKind.CONV else MIN_ROWS)
+    if rows is None:
+        axis = None
+        operands, attrs = [inputs.wide(i) for i in range(len(op.operands))], dict(op.attr_map)
+    else:
+        operands, attrs = _restrict(op, inputs, axis, rows)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ref = np.asarray(OPS[op.op].reference(*operands, **attrs))
+    if is_exact(op):
+        return Expected(op, ref.astype(op.result.dtype.numpy), True, axis, rows, 0.0, 0.0)
+    magnitude = np.abs(ref[np.isfinite(ref)])
+    scale = float(np.sqrt(np.mean(np.square(magnitude)))) if magnitude.size else 0.0
+    return Expected(op, ref.astype(_compare_type(op.result.dtype)), False, axis, rows,
+                    _tolerance_of(op, unit), scale or 1.0)
+
+
+# ---- the check -------------------------------------------------------------------------------------
+
+def _nonfinite(out: np.ndarray) -> np.ndarray:
+    """Flat indices of NaN / inf elements; 16-bit floats are read through their exponent bits."""
+    if out.dtype.kind in "biu":
+        return np.empty(0, np.int64)
+    if out.dtype == DType.bfloat16.numpy:      # all exponent bits set: inf or NaN
+        return np.flatnonzero((out.view(np.uint16).ravel() & 0x7F80) == 0x7F80)
+    if out.dtype.kind not in "fc":             # fp8
+        return np.flatnonzero(~np.isfinite(out.astype(np.float32)).ravel())
+    return np.flatnonzero(~np.isfinite(out).ravel())
+
+
+def _where(exp: Expected, flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output coordinates of element `flat` of the checked part."""
+    index = list(np.unravel_index(flat, shape))
+    if exp.rows is not None:
+        index[exp.axis] = int(exp.rows[index[exp.axis]])
+    return tuple(int(i) for i in index)
+
+
+def check(exp: Expected, out: np.ndarray, what: str) -> None:
+    """Raise AssertionError naming `what` unless `out` matches the reference within its bound."""
+    op = exp.op
+    want = (op.result.shape, op.result.dtype.numpy)
+    assert (out.shape, out.dtype) == want, f"{what}: got {out.dtype}{list(out.shape)}, want {want[1]}{list(want[0])}"
+    bad = _nonfinite(out)
+    if bad.size:
+        at = tuple(int(i) for i in np.unravel_index(bad[0], out.shape))
+        raise AssertionError(f"{what}: {bad.size} of {out.size} elements are NaN/inf (first at {at}); outputs "
+                             f"start as NaN bytes, so these were never written or came out non-finite")
+    part = out if exp.rows is None else out.take(exp.rows, axis=exp.axis)
+    if exp.exact:
+        same = part == exp.value
+        if not same.all():
+            flat = int(np.flatnonzero(~same.ravel())[0])
+            at = _where(exp, flat, part.shape)
+            raise AssertionError(f"{what}: {int((~same).sum())} of {same.size} checked elements differ from the "
+                                 f"exact reference; first at {at}: got {part.ravel()[flat]!r}, "
+                                 f"want {exp.value.ravel()[flat]!r}")
+        return
+    got = part.astype(exp.value.dtype)
+    err = np.abs(got - exp.value)
+    bound = exp.tol * (exp.scale + np.abs(exp.value))
+    over = ~(err <= bound)             # NaN compares false: it counts as over
+    if over.any():
+        flat = int(np.argmax(np.where(over, err / bound, 0.0).ravel()))
+        at = _where(exp, flat, part.shape)
+        raise AssertionError(
+            f"{what}: {int(over.sum())} of {over.size} checked elements exceed tol·(scale + |ref|) with "
+            f"tol {exp.tol:.2e}, scale (RMS of the reference) {exp.scale:.3g}; worst at {at}: got "
+            f"{got.ravel()[flat]!r}, want {exp.value.ravel()[flat]!r}, error {err.ravel()[flat] / exp.scale:.2e} "
+            f"of scale")

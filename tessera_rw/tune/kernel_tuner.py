@@ -1,0 +1,171 @@
+"""Tuning one kernel: its schedule on one GPU, from the cache when it holds the answer, else by search.
+
+Methods: `on_device` measures on the GPU (an error without one, suggesting `cost_model`);
+`cost_model` ranks by the roofline model alone; `auto` is on_device when a GPU is present, else
+cost_model. A cached on-device record answers any method; a cached estimate answers only
+`cost_model` (a measurement is worth re-tuning for). A shape never tuned starts its search from
+the nearest cached shape's schedule (interpolated), ahead of the cost model's picks.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.node import TensorType
+>>> from tessera_rw.codegen.arch import arch_named
+>>> t = TensorType((1024, 1024), DType.bfloat16)
+>>> tuned = tune_kernel(KernelOp.of("matmul", (t, t), t, accum_dtype=None), arch_named("H100-SXM"),
+...                     method="cost_model")
+>>> tuned.kind, tuned.chosen_by, tuned.time_us > 0
+('gemm', 'cost_model', True)
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.device import gpu_available
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Schedule, Template
+from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.measure import CostModelMeasurer, Measurer
+from tessera_rw.tune.records import ChosenBy, TuneRecord
+from tessera_rw.tune.search import SearchResult, Strategy, Trial, search_space
+from tessera_rw.tune.space import RankedSpace, SpaceRestriction, find_schedule, ranked_space, schedule_config
+
+
+class Method(enum.StrEnum):
+    ON_DEVICE = "on_device"
+    COST_MODEL = "cost_model"
+    AUTO = "auto"
+
+    @staticmethod
+    def resolve(method: str | Method, what: str) -> Method:
+        """'auto' becomes on_device or cost_model; on_device without a GPU is an error."""
+        try:
+            m = Method(method)
+        except ValueError:
+            raise ArgumentError(f"autotune {what}: unknown method {method!r}",
+                                hint="use 'on_device', 'cost_model' or 'auto'") from None
+        if m is Method.AUTO:
+            return Method.ON_DEVICE if gpu_available() else Method.COST_MODEL
+        if m is Method.ON_DEVICE and not gpu_available():
+            raise TesseraError(f"autotune {what}: method='on_device' times kernels on an NVIDIA GPU, and this "
+                               "machine has none (or no usable CUDA driver)",
+                               hint="use method='cost_model' to rank schedules by the roofline model, or 'auto' "
+                                    "to measure when a GPU is present")
+        return m
+
+
+class TuneError(TesseraError):
+    """A kernel could not be tuned: every schedule failed."""
+
+
+def signature_hash(op: KernelOp, template: Template) -> str:
+    """What, besides shapes and dtypes, decides a kernel's code: op, attributes, result dtype,
+    numerics policy and kind. 16 hex digits, stable across processes."""
+    text = repr((op.op, op.attrs, op.result.dtype.value, op.numerics.value, template.kind_of(op)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """The schedule chosen for one kernel, how, and what was weighed."""
+    op: KernelOp
+    kind: str
+    schedule: Schedule
+    default: Schedule                 # the cost model's pick among the template's defaults
+    chosen_by: str                    # 'cache' | 'cost_model' | 'on_device'
+    time_us: float
+    noise_us: float
+    search: SearchResult | None       # None when the cache answered
+    space_size: int
+    pruned: int
+    record: TuneRecord | None = None
+
+    @property
+    def trials(self) -> tuple[Trial, ...]:
+        return self.search.trials if self.search is not None else ()
+
+
+def _record(op: KernelOp, template: Template, arch: ArchSpec, schedule: Schedule, time_us: float,
+            chosen_by: ChosenBy, noise_us: float = 0.0, trials: int = 0) -> TuneRecord:
+    return TuneRecord.create(op_name=op.op, signature_hash=signature_hash(op, template),
+                             shapes=[t.shape for t in op.operands], dtypes=[t.dtype for t in op.operands],
+                             arch=arch, config=schedule_config(schedule), time_us=time_us, chosen_by=chosen_by,
+                             noise_us=noise_us, trials=trials)
+
+
+def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: RankedSpace | None = None,
+                    interpolate: bool = True) -> tuple[Schedule, TuneRecord] | None:
+    """The cached schedule for `op` on `arch` (or, with `interpolate`, the nearest shape's, its
+    record marked interpolated) when that schedule is still in the kernel's space; else None."""
+    template = templates_for(op)[0]
+    space = space or ranked_space(template, op, arch)
+    shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
+    sig = signature_hash(op, template)
+    record = cache.get(op.op, sig, shapes, dtypes, arch)
+    if record is None and interpolate:
+        record = cache.nearest(op.op, shapes, dtypes, arch, signature_hash=sig)
+    if record is None:
+        return None
+    found = find_schedule(space.schedules, record.config)
+    return (found, record) if found is not None else None
+
+
+def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.AUTO, cache: TuneCache | None = None,
+                restriction: SpaceRestriction | None = None, max_trials: int = 50,
+                time_budget_s: float | None = None, strategy: str | Strategy = Strategy.MODEL, seed: int = 0,
+                measurer: Measurer | None = None, on_trial: Callable[[Trial], None] | None = None) -> KernelTuning:
+    """The best schedule for `op` on `arch` (see the module for methods and the cache). `measurer`
+    replaces the method's own (a replay of a timing log); `on_trial` hears of each measurement."""
+    found = templates_for(op)
+    if not found:
+        raise ArgumentError(f"autotune: no GPU template implements {op}",
+                            hint="float64 and a few rare ops run on the host only; nothing to tune")
+    template = found[0]
+    space = ranked_space(template, op, arch, restriction)
+    if measurer is None:
+        m = Method.resolve(method, op.op)
+    else:                                       # a given measurer's numbers count as its method's
+        m = Method.COST_MODEL if measurer.method == "cost_model" else Method.ON_DEVICE
+    first = None
+    if cache is not None:
+        hit = cached_schedule(op, arch, cache, space=space)
+        if hit is not None:
+            schedule, record = hit
+            if not record.interpolated and (record.chosen_by is ChosenBy.ON_DEVICE or m is Method.COST_MODEL):
+                return KernelTuning(op, template.kind_of(op), schedule, space.default, "cache", record.time_us,
+                                    record.noise_us, None, len(space), len(space.pruned), record)
+            first = schedule
+    schedules, estimates = list(space.schedules), list(space.estimates)
+    if first is not None:                       # the nearest shape's winner goes first
+        i = schedules.index(first)
+        schedules.insert(0, schedules.pop(i))
+        estimates.insert(0, estimates.pop(i))
+    if measurer is None:
+        if m is Method.COST_MODEL:
+            measurer = CostModelMeasurer(template, op, arch)
+            strategy, max_trials = Strategy.EXHAUSTIVE, len(schedules)   # estimates cost microseconds
+        else:
+            from tessera_rw.tune.device_measure import DeviceMeasurer
+            measurer = DeviceMeasurer(template, op, arch)
+    result = search_space(schedules, estimates, measurer, strategy=strategy, max_trials=max_trials,
+                          time_budget_s=time_budget_s, seed=seed, on_trial=on_trial)
+    best = result.best
+    if not best.measurement.ok:
+        reasons = "; ".join(f"{t.schedule.describe()}: {t.measurement.failure}" for t in result.trials[:5])
+        raise TuneError(f"autotune {op}: every schedule tried failed ({reasons})",
+                        hint="run tessera-rewrite --explain on the kernel to see its schedules and resources")
+    chosen_by = ChosenBy.COST_MODEL if m is Method.COST_MODEL else ChosenBy.ON_DEVICE
+    record = None
+    if measurer.method in ("on_device", "cost_model"):      # a replay is not this machine's result
+        record = _record(op, template, arch, best.schedule, best.measurement.median_us, chosen_by,
+                         best.measurement.noise_us, len(result.trials))
+        if cache is not None:
+            cache.put(record)
+    return KernelTuning(op, template.kind_of(op), best.schedule, space.default, measurer.method,
+                        best.measurement.median_us, best.measurement.noise_us, result, len(space),
+                        len(space.pruned), record)

@@ -1,0 +1,107 @@
+"""Tuning a KernelPlan: a schedule for each of its kernels, and the settings that steer it.
+
+Steps computing equal KernelOps are tuned once. Library steps (cuFFT) have no schedule to tune.
+Without tuning, each step runs the cost model's pick among its template's defaults
+(`default_schedules`), the same schedule `--explain` reports.
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.graph import Graph
+>>> from tessera_rw.codegen.arch import arch_named
+>>> from tessera_rw.lower.lowering import lower
+>>> x = make_input("x", (256, 512), DType.bfloat16)
+>>> plan = lower(Graph("f", (x,), (make("softmax", x, axis=1),)))
+>>> tuned = tune_plan(plan, arch_named("H100-SXM"), TuneSettings(method="cost_model", cache=None))
+>>> [k.kind for k in tuned.kernels], tuned.chosen_by
+(['softmax'], 'cost_model')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.lower.plan import KernelPlan
+from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.cost import best_schedule
+from tessera_rw.tune.kernel_tuner import KernelTuning, Method, tune_kernel
+from tessera_rw.tune.search import Strategy, Trial
+from tessera_rw.tune.space import SpaceRestriction
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How to tune: method ('auto' | 'on_device' | 'cost_model'), the named cache (None: no cache),
+    the user's search-space restriction, the trial budget per kernel and an overall time budget."""
+    method: str = "auto"
+    cache: str | None = "default"
+    restriction: SpaceRestriction = field(default_factory=SpaceRestriction)
+    max_trials: int = 50
+    time_budget_s: float | None = None
+    strategy: str = Strategy.MODEL.value
+    cache_root: str | None = None         # the cache folder's parent (None: TESSERA_CACHE_DIR or ~/.tessera)
+
+    def open_cache(self) -> TuneCache | None:
+        return None if self.cache is None else TuneCache(self.cache, self.cache_root)
+
+
+@dataclass(frozen=True)
+class PlanTuning:
+    """A schedule for every tunable step of a plan (library steps have none)."""
+    plan: KernelPlan
+    steps: tuple[int, ...]                     # indices of the tuned steps
+    kernels: tuple[KernelTuning, ...]          # one per index in `steps`
+
+    @property
+    def schedules(self) -> tuple[tuple[int, Schedule], ...]:
+        """(step index, schedule) pairs, as `bind_plan` and the runtime take them."""
+        return tuple((i, k.schedule) for i, k in zip(self.steps, self.kernels))
+
+    @property
+    def time_us(self) -> float:
+        return sum(k.time_us for k in self.kernels)
+
+    @property
+    def chosen_by(self) -> str:
+        """'cache' when every kernel came from the cache, else how the others were tuned."""
+        ways = {k.chosen_by for k in self.kernels} - {"cache"}
+        return "cache" if not ways else "on_device" if "on_device" in ways else ways.pop()
+
+
+def _tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, KernelOp]]:
+    found = []
+    for i, step in enumerate(plan.steps):
+        op = KernelOp.from_node(step.node, numerics)
+        templates = templates_for(op)
+        if templates and templates[0].library is None:
+            found.append((i, op))
+    return found
+
+
+def default_schedules(plan: KernelPlan, arch: ArchSpec,
+                      numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
+    """The cost model's pick among each step's default schedules (untuned runs use these)."""
+    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in _tunable_ops(plan, numerics))
+
+
+def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
+              *, on_trial: Callable[[KernelOp, Trial], None] | None = None) -> PlanTuning:
+    """Tune every kernel of `plan` for `arch` under `settings`."""
+    method = Method.resolve(settings.method, plan.name)
+    cache = settings.open_cache()
+    done: dict[KernelOp, KernelTuning] = {}
+    steps, kernels = [], []
+    for i, op in _tunable_ops(plan, numerics):
+        if op not in done:
+            hear = None if on_trial is None else (lambda trial, op=op: on_trial(op, trial))
+            done[op] = tune_kernel(op, arch, method=method, cache=cache, restriction=settings.restriction,
+                                   max_trials=settings.max_trials, time_budget_s=settings.time_budget_s,
+                                   strategy=settings.strategy, on_trial=hear)
+        steps.append(i)
+        kernels.append(done[op])
+    return PlanTuning(plan, tuple(steps), tuple(kernels))

@@ -1,0 +1,209 @@
+"""`from tessera_rw import autotune`: tune ops and kernels, and manage what the tuning cache keeps.
+
+    autotune.enable(True)                    # @op.kernel calls tune each new signature (then cache it)
+    cfg = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model")
+    print(cfg)                               # Best config: tile=(128, 128, 32), pipeline_depth=3, ...
+    autotune.load(op.matmul, (1024, 1024, 1024), dtype="bf16")   # the cached config, or None
+    autotune.save_cache("h100.json"); autotune.load_cache("h100.json")
+
+`shapes` is one shape per operand, or for matmul (M, N, K), or one shape every operand shares.
+Methods: 'on_device' times on the GPU, 'cost_model' ranks by the roofline model, 'auto' measures
+when a GPU is present.
+
+>>> from tessera_rw import op
+>>> cfg = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model", cache=None)
+>>> str(cfg).startswith("Best config: tile=("), cfg.chosen_by
+(True, 'cost_model')
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.tensor import TensorSpec
+from tessera_rw.codegen.arch import ArchSpec, target_arch
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.kernel import Kernel
+from tessera_rw.pipeline import CompiledProgram, compile_program
+from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.extract import FusionDepth
+from tessera_rw.tune.kernel_tuner import KernelTuning, cached_schedule
+from tessera_rw.tune.plan_tuner import TuneSettings
+from tessera_rw.tune.progress import trials_table
+from tessera_rw.tune.space import SpaceRestriction, knobs
+
+DEFAULT_CACHE = "default"
+KNOB_NAMES = {"tile": "tile", "pipeline_stages": "pipeline_depth", "vectorize": "vectorize", "warps": "warps"}
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """The tuned program of one signature: its chosen candidate and every kernel's schedule.
+    `str()` is the one-line summary of its heaviest kernel; `table()` shows what was weighed."""
+    name: str
+    program: CompiledProgram
+    kernels: tuple[KernelTuning, ...]
+
+    @property
+    def chosen_by(self) -> str:
+        return self.program.chosen_by
+
+    @property
+    def main(self) -> KernelTuning | None:
+        """The kernel that takes the most time: the one the summary describes."""
+        return max(self.kernels, key=lambda k: k.time_us, default=None)
+
+    @property
+    def fusion(self) -> bool:
+        return self.program.candidate.fusion_depth > FusionDepth.UNFUSED
+
+    def knobs(self) -> dict[str, object]:
+        """The main kernel's schedule in the product's words: tile, pipeline_depth, vectorize, warps."""
+        main = self.main
+        return {KNOB_NAMES[k]: v for k, v in knobs(main.schedule).items()} if main else {}
+
+    @property
+    def time_us(self) -> float:
+        return sum(k.time_us for k in self.kernels)
+
+    def __str__(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.knobs().items()] + [f"fusion={self.fusion}"]
+        return "Best config: " + ", ".join(parts)
+
+    def table(self):
+        """A rich Table per tuned kernel: schedule, time, % of best (print it with rich)."""
+        from rich.console import Group
+        tables = [trials_table(f"{k.op.op} [{k.kind}] chosen by {k.chosen_by}", k.trials,
+                               next((t for t in k.trials if t.schedule == k.schedule), None))
+                  for k in self.kernels if k.trials]
+        return Group(*tables)
+
+    def __repr__(self) -> str:
+        return f"<TuneConfig {self.name}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
+
+
+def _operand_count(fn: Callable) -> int:
+    params = inspect.signature(fn).parameters.values()
+    return sum(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in params)
+
+
+def _as_kernel(fn: Callable | Kernel) -> Kernel:
+    if isinstance(fn, Kernel):
+        return fn
+    if not callable(fn):
+        raise ArgumentError(f"autotune: {fn!r} is not an op or a kernel",
+                            hint="pass an op function such as op.matmul, or an @op.kernel function")
+    n = _operand_count(fn)
+
+    def call(*xs):
+        return fn(*xs)
+    call.__signature__ = inspect.Signature(
+        [inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(n)])
+    call.__name__ = getattr(fn, "__name__", "op")
+    return Kernel(call)
+
+
+def _operand_shapes(kernel: Kernel, name: str, shapes: Sequence) -> list[tuple[int, ...]]:
+    n = len(kernel._params)
+    shapes = tuple(shapes)
+    if shapes and all(isinstance(d, int) for d in shapes):
+        if name == "matmul" and len(shapes) == 3:
+            m, nn, k = shapes
+            return [(m, k), (k, nn)]
+        return [shapes] * n
+    if len(shapes) != n:
+        raise ArgumentError(f"autotune {name}: {len(shapes)} shapes for {n} operands",
+                            hint="give one shape per operand, e.g. shapes=((1024, 64), (64, 1024))")
+    return [tuple(s) for s in shapes]
+
+
+def _placeholders(kernel: Kernel, name: str, shapes, dtype) -> list[TensorSpec]:
+    shaped = _operand_shapes(kernel, name, shapes)
+    dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shaped)
+    if len(dtypes) != len(shaped):
+        raise ArgumentError(f"autotune {name}: {len(dtypes)} dtypes for {len(shaped)} operands")
+    return [TensorSpec(s, d) for s, d in zip(shaped, dtypes)]
+
+
+def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
+    return program.tuning.tuning.kernels if program.tuning is not None else ()
+
+
+class Autotune:
+    """The `autotune` object: call it to tune; its methods switch tuning on and manage the cache."""
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get("TESSERA_AUTOTUNE", "").strip().lower() in ("1", "true", "on")
+        self.cache = DEFAULT_CACHE
+
+    def enable(self, on: bool = True, *, cache: str | None = None) -> None:
+        """Make `@op.kernel` calls tune each new signature (from the cache when it knows it)."""
+        self.enabled = bool(on)
+        if cache is not None:
+            TuneCache(cache)        # checks the name
+            self.cache = cache
+
+    def settings(self, **overrides: Any) -> TuneSettings | None:
+        """The settings a kernel call tunes with when tuning is on, else None."""
+        return TuneSettings(cache=self.cache, **overrides) if self.enabled else None
+
+    def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
+                 cache: str | None = DEFAULT_CACHE, max_trials: int = 50, time_budget_s: float | None = None,
+                 search_space: SpaceRestriction | None = None, arch: ArchSpec | None = None) -> TuneConfig:
+        """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype`; see the module."""
+        kernel = _as_kernel(fn)
+        name = kernel.name
+        graph = kernel.trace(*_placeholders(kernel, name, shapes, dtype))
+        settings = TuneSettings(method=method, cache=cache, restriction=search_space or SpaceRestriction(),
+                                max_trials=max_trials, time_budget_s=time_budget_s)
+        program = compile_program(graph, arch, settings)
+        return TuneConfig(name, program, tuned_kernels(program))
+
+    def load(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", *, cache: str | None = None,
+             arch: ArchSpec | None = None) -> TuneConfig | None:
+        """The cached config for `fn` at `shapes` (the nearest cached shape's, marked interpolated,
+        when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
+        kernel = _as_kernel(fn)
+        arch = arch or target_arch()
+        program = compile_program(kernel.trace(*_placeholders(kernel, kernel.name, shapes, dtype)), arch)
+        store = TuneCache(cache or self.cache)
+        found = []
+        for i, step in enumerate(program.plan.steps):
+            op = KernelOp.from_node(step.node, current_numerics())
+            templates = templates_for(op)
+            if not templates or templates[0].library is not None:
+                continue
+            hit = cached_schedule(op, arch, store)
+            if hit is None:
+                continue
+            schedule, record = hit
+            chosen_by = "interpolated" if record.interpolated else "cache"
+            found.append((i, KernelTuning(op, templates[0].kind_of(op), schedule, schedule, chosen_by, record.time_us,
+                                          record.noise_us, None, 0, 0, record)))
+        if not found:
+            return None
+        schedules = dict(program.schedules) | {i: k.schedule for i, k in found}
+        loaded = replace(program, chosen_by="cache", schedules=tuple(sorted(schedules.items())))
+        return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
+
+    def save_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
+        """Write every record of the cache (all archs) to `path`; returns how many."""
+        return TuneCache(cache or self.cache).export(path)
+
+    def load_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
+        """Merge the records of an exported file into the cache; returns how many were new or better."""
+        return TuneCache(cache or self.cache).import_(path)
+
+    def __repr__(self) -> str:
+        return f"<autotune: {'on' if self.enabled else 'off'}, cache {self.cache!r}>"
+
+
+autotune = Autotune()

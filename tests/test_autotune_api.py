@@ -1,0 +1,132 @@
+"""The public tuning API: autotune(...), autotune.enable/load/save_cache/load_cache, @op.autotune
+and kernel.schedule, on the cost model (these run on any machine)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from tessera_rw import autotune, op
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.progress import TuningProgress
+from tessera_rw.tune.search import Trial
+from tessera_rw.tune.measure import Measurement
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    yield tmp_path
+    autotune.enable(False, cache="default")
+
+
+def test_autotune_an_op_prints_a_config_and_caches_it():
+    assert autotune.load(op.matmul, (1024, 1024, 1024), dtype="bf16") is None
+    cfg = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model")
+    assert str(cfg).startswith("Best config: tile=(") and "pipeline_depth=" in str(cfg) and "fusion=" in str(cfg)
+    assert cfg.chosen_by == "cost_model" and cfg.main.kind == "gemm"
+    loaded = autotune.load(op.matmul, (1024, 1024, 1024), dtype="bf16")
+    assert loaded is not None and loaded.knobs() == cfg.knobs() and loaded.chosen_by == "cache"
+    again = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model")
+    assert again.chosen_by == "cache" and again.knobs() == cfg.knobs()
+
+
+def test_load_interpolates_an_unseen_shape_from_the_nearest_cached_one():
+    autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model")
+    near = autotune.load(op.matmul, (1024, 1024, 2048), dtype="bf16")
+    assert near is not None and near.main.chosen_by == "interpolated" and near.main.record.interpolated
+
+
+def test_shapes_one_per_operand_and_mismatches():
+    cfg = autotune(op.add, shapes=((256, 256), (256, 256)), dtype="float32", method="cost_model", cache=None)
+    assert cfg.main.kind == "elementwise"
+    with pytest.raises(ArgumentError, match="3 shapes for 2 operands"):
+        autotune(op.add, shapes=((4,), (4,), (4,)), method="cost_model")
+
+
+def test_save_and_load_cache_move_records_between_caches(tmp_path):
+    autotune(op.matmul, shapes=(512, 512, 512), dtype="bf16", method="cost_model")
+    path = tmp_path / "h100.json"
+    saved = autotune.save_cache(path)
+    assert saved >= 2            # the program's choice and its kernel's schedule
+    assert autotune.load_cache(path, cache="other") == saved
+    assert autotune.load(op.matmul, (512, 512, 512), dtype="bf16", cache="other") is not None
+
+
+def test_op_autotune_decorator_tunes_once_then_a_new_process_hits_the_cache():
+    def body(a, b):
+        return op.relu(op.matmul(a, b))
+    first = op.autotune(cache="mine", method="cost_model")(op.kernel(body))
+    a = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
+    np.testing.assert_allclose(first(a, b), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+    assert first.program(a, b).chosen_by == "cost_model"
+    assert TuneCache("mine").records()
+    fresh = op.autotune(cache="mine", method="cost_model")(op.kernel(body))   # as a new process would
+    assert fresh.program(a, b).chosen_by == "cache"
+
+
+def test_autotune_enable_makes_every_kernel_tune():
+    @op.kernel
+    def f(x):
+        return op.softmax(x * 2.0, axis=-1)
+    x = np.ones((8, 128), np.float32)
+    assert f.program(x).tuning is None
+    autotune.enable(True, cache="global")
+    program = f.program(x)
+    assert program.tuning is not None and TuneCache("global").records()
+    autotune.enable(False)
+    assert f.program(x).tuning is None
+
+
+def test_schedule_search_space_and_autotune_on_a_kernel():
+    @op.kernel
+    def mm(a, b):
+        return op.matmul(a, b)
+    with pytest.raises(ArgumentError, match="has not been called or traced"):
+        mm.schedule.autotune(method="cost_model")
+    mm.schedule.search_space(tile_sizes=[(64, 64)], pipeline_stages=[2, 3])
+    cfg = mm.schedule.autotune(op.tensor((1024, 1024), "bf16"), op.tensor((1024, 1024), "bf16"),
+                               method="cost_model", max_trials=10)
+    assert cfg.knobs()["tile"][:2] == (64, 64) and cfg.knobs()["pipeline_depth"] in (2, 3)
+    with pytest.raises(ArgumentError, match="unknown cost model"):
+        mm.schedule.autotune(cost_model="oracle")
+
+
+def test_op_autotune_rejects_a_bad_cache_name_and_method():
+    with pytest.raises(Exception, match="not a plain file name"):
+        op.autotune(cache="../etc")
+    with pytest.raises(ArgumentError, match="unknown method"):
+        op.autotune(method="guess")
+
+
+def test_progress_shows_after_a_second_on_a_terminal_then_a_closing_table():
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.kernel_op import KernelOp
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    ticks = iter([0.0, 0.5, 1.5, 2.0, 2.5])
+    progress = TuningProgress("attention", console, clock=lambda: next(ticks))
+    t = TensorType((8, 8), DType.float32)
+    kop = KernelOp.of("exp", (t,), t)
+    progress.on_trial(kop, Trial(0, "fast", 1.0, Measurement(10.0, 0.1, (10.0,))))
+    assert not progress.shown                       # half a second in: nothing yet
+    progress.on_trial(kop, Trial(1, "slow", 2.0, Measurement(15.0, 0.1, (15.0,))))
+    assert progress.shown
+    progress.close({kop: "fast"})
+    text = out.getvalue()
+    assert "150%" in text and "100%" in text and "◀" in text
+
+
+def test_progress_stays_silent_off_a_terminal():
+    out = io.StringIO()
+    ticks = iter([0.0, 5.0, 6.0])
+    progress = TuningProgress("x", Console(file=out, force_terminal=False), clock=lambda: next(ticks))
+    progress.on_trial(object(), Trial(0, "a", 1.0, Measurement(1.0)))
+    progress.close()
+    assert not progress.shown and out.getvalue() == ""

@@ -1,0 +1,144 @@
+"""Tuning one kernel: methods, the cache (hits, estimates vs measurements, interpolation), the
+search-space restriction, and what happens without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.device import gpu_available
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.cost import best_schedule
+from tessera_rw.tune.kernel_tuner import Method, signature_hash, tune_kernel
+from tessera_rw.tune.measure import Measurement
+from tessera_rw.tune.records import ChosenBy
+from tessera_rw.tune.space import SpaceRestriction, knobs, ranked_space
+
+H100 = arch_named("H100-SXM")
+
+
+def matmul(m, n, k, dtype=DType.bfloat16, **attrs):
+    a, b = TensorType((m, k), dtype), TensorType((k, n), dtype)
+    return KernelOp.of("matmul", (a, b), TensorType((m, n), dtype), accum_dtype=None, **attrs)
+
+
+class Fixed:
+    """A measurer with a made-up 'GPU': the schedule with the smallest bm·bn·stages is fastest."""
+    method = "on_device"
+
+    def __init__(self):
+        self.measured = []
+
+    def measure(self, schedules):
+        self.measured += schedules
+        return [Measurement.of([float(s.bm * s.bn * s.stages) / 1000 + 1]) for s in schedules]
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return TuneCache("t", tmp_path)
+
+
+def test_cost_model_method_picks_the_best_estimate_of_the_whole_space():
+    op = matmul(2048, 2048, 2048)
+    tuned = tune_kernel(op, H100, method="cost_model")
+    space = ranked_space(templates_for(op)[0], op, H100)
+    assert tuned.schedule == space.schedules[0] and tuned.time_us == space.estimates[0]
+    assert tuned.default == best_schedule(templates_for(op)[0], op, H100)[0]
+    assert len(tuned.trials) == len(space)       # estimates are cheap: every schedule is ranked
+
+
+def test_second_run_hits_the_cache_and_measures_nothing(cache):
+    op = matmul(1024, 512, 256)
+    first = tune_kernel(op, H100, cache=cache, measurer=Fixed(), max_trials=12)
+    assert first.chosen_by == "on_device" and first.record.chosen_by is ChosenBy.ON_DEVICE
+    again = Fixed()
+    second = tune_kernel(op, H100, cache=cache, measurer=again)
+    assert second.chosen_by == "cache" and second.schedule == first.schedule and again.measured == []
+    assert tune_kernel(op, H100, cache=cache, method="cost_model").chosen_by == "cache"   # a measurement answers
+
+
+def test_a_cached_estimate_does_not_answer_a_measuring_tuner(cache):
+    op = matmul(1024, 512, 256)
+    tune_kernel(op, H100, cache=cache, method="cost_model")
+    measurer = Fixed()
+    tuned = tune_kernel(op, H100, cache=cache, measurer=measurer, max_trials=8)
+    assert tuned.chosen_by == "on_device" and measurer.measured
+    assert cache.get(op.op, signature_hash(op, templates_for(op)[0]), [(1024, 256), (256, 512)],
+                     ["bf16", "bf16"], H100).chosen_by is ChosenBy.ON_DEVICE
+
+
+def test_an_unseen_shape_starts_from_the_nearest_cached_shapes_schedule(cache):
+    tuned = tune_kernel(matmul(1024, 1024, 1024), H100, cache=cache, measurer=Fixed(), max_trials=40)
+    measurer = Fixed()
+    tune_kernel(matmul(1024, 1024, 2048), H100, cache=cache, measurer=measurer, max_trials=4)
+    assert measurer.measured[0] == tuned.schedule
+
+
+def test_attributes_change_the_signature_hash():
+    t = templates_for(matmul(64, 64, 64))[0]
+    assert signature_hash(matmul(64, 64, 64), t) == signature_hash(matmul(128, 128, 64), t)   # shapes are separate
+    assert signature_hash(matmul(64, 64, 64), t) != signature_hash(matmul(64, 64, 64, numerics="fast"), t)
+
+
+def test_restriction_narrows_every_knob_the_template_has():
+    op = matmul(2048, 2048, 2048)
+    r = SpaceRestriction.of(tile_sizes=[(128, 128)], pipeline_stages=[2, 3])
+    space = ranked_space(templates_for(op)[0], op, H100, r)
+    assert space.schedules and all(knobs(s)["tile"][:2] == (128, 128) and s.stages in (2, 3) for s in space.schedules)
+    softmax = KernelOp.of("softmax", (TensorType((64, 1024), DType.float32),), TensorType((64, 1024), DType.float32), axis=1)
+    assert len(ranked_space(templates_for(softmax)[0], softmax, H100, r)) > 0     # no tile: left alone
+
+
+def test_restriction_that_leaves_nothing_names_the_kernel_and_what_it_has():
+    op = matmul(2048, 2048, 2048)
+    with pytest.raises(ArgumentError, match="no schedule of the gemm kernel") as e:
+        ranked_space(templates_for(op)[0], op, H100, SpaceRestriction.of(tile_sizes=[(48, 48)]))
+    assert "tile" in e.value.hint
+
+
+@pytest.mark.parametrize("bad", [dict(tile_sizes=[(64,)]), dict(pipeline_stages=[0]), dict(vectorize=[]),
+                                 dict(warps=["4"])])
+def test_bad_search_space_values_are_clear_errors(bad):
+    with pytest.raises(ArgumentError, match="search_space"):
+        SpaceRestriction.of(**bad)
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the behaviour without a GPU")
+def test_on_device_without_a_gpu_suggests_the_cost_model():
+    with pytest.raises(TesseraError, match="has none") as e:
+        tune_kernel(matmul(64, 64, 64), H100, method="on_device")
+    assert "cost_model" in e.value.hint
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the behaviour without a GPU")
+def test_auto_without_a_gpu_uses_the_cost_model():
+    assert Method.resolve("auto", "x") is Method.COST_MODEL
+    assert tune_kernel(matmul(64, 64, 64), H100, method="auto").chosen_by == "cost_model"
+
+
+def test_unknown_method_is_a_clear_error():
+    with pytest.raises(ArgumentError, match="unknown method 'fastest'"):
+        tune_kernel(matmul(64, 64, 64), H100, method="fastest")
+
+
+def test_every_schedule_failing_is_an_error_with_the_reasons():
+    class Broken:
+        method = "on_device"
+
+        def measure(self, schedules):
+            return [Measurement.failed("launch failed") for _ in schedules]
+    with pytest.raises(TesseraError, match="every schedule tried failed.*launch failed"):
+        tune_kernel(matmul(256, 256, 256), H100, measurer=Broken(), max_trials=4)
+
+
+def test_a_replayed_measurement_is_never_written_to_the_cache(cache):
+    class Replay(Fixed):
+        method = "replay"
+    tune_kernel(matmul(256, 256, 256), H100, cache=cache, measurer=Replay(), max_trials=4)
+    assert cache.records() == []
