@@ -69,8 +69,21 @@ def rewrite_figures() -> list[Figure]:
     ]
 
 
+def call_figures() -> list[Figure]:
+    from bench.kernel_calls import first_call_of_attention, warm_call_overhead_us
+    call, plan = warm_call_overhead_us()
+    first = first_call_of_attention()
+    return [
+        Figure(f"warm @op.kernel call over its plan run ({call:.1f} vs {plan:.1f} µs)", call - plan, "µs", "< 20",
+               call - plan < 20),
+        Figure(f"first call, attention example, autotune on ({first['chosen_by']}, {first['kernels']} kernel(s), "
+               f"imports {first['import_s']:.1f} s apart)", first["first_call_s"], "s", "< 10",
+               first["first_call_s"] < 10 and first["finite"]),
+    ]
+
+
 def run() -> list[Figure]:
-    figures = tracing_figures() + rewrite_figures()
+    figures = tracing_figures() + rewrite_figures() + call_figures()
     table = Table(title="tessera_rw CPU benchmark")
     for col in ("figure", "value", "unit", "target", "met"):
         table.add_column(col)

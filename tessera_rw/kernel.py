@@ -18,7 +18,7 @@ import enum
 import functools
 import inspect
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import numpy as np
@@ -30,6 +30,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
+from tessera_rw.codegen.numerics import current_numerics
 
 if TYPE_CHECKING:
     from tessera_rw.pipeline import CompiledProgram
@@ -38,6 +39,15 @@ if TYPE_CHECKING:
     from tessera_rw.tune.space import SpaceRestriction
 
 Signature = tuple[tuple[str, Hashable], ...]
+_AUTOTUNE: list = []
+
+
+def _autotune():
+    """The `autotune` object (tessera_rw.tuning imports this module, so it is fetched on first use)."""
+    if not _AUTOTUNE:
+        from tessera_rw.tuning import autotune
+        _AUTOTUNE.append(autotune)
+    return _AUTOTUNE[0]
 
 
 def is_static(value: Any) -> bool:
@@ -75,8 +85,12 @@ class Kernel:
         if variadic:
             raise ArgumentError(f"@op.kernel function {fn.__name__} takes *{variadic[0]}; kernels need "
                                 "named parameters so each input can be named in graphs and reports")
+        self._positional = tuple(self._params)
+        self._positional_only_call = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                         for p in self._params.values())
         self._traces: dict[Signature, Traced] = {}
         self._programs: dict[tuple, CompiledProgram] = {}
+        self._array_calls: dict[tuple, tuple[CompiledProgram, Any]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         functools.update_wrapper(self, fn)
@@ -89,13 +103,19 @@ class Kernel:
     def graphs(self) -> dict[Signature, Graph]:
         return {sig: t.graph for sig, t in self._traces.items()}
 
-    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
+    def _arguments(self, args: tuple, kwargs: dict) -> Any:
+        """(name, value) pairs in parameter order. Every parameter given positionally, the usual
+        call, skips inspect's general binding (a few microseconds of every warm call)."""
+        if not kwargs and len(args) == len(self._positional) and self._positional_only_call:
+            return zip(self._positional, args)
         try:
-            bound = self._signature.bind(*args, **kwargs)
+            return self._signature.bind(*args, **kwargs).arguments.items()
         except TypeError as e:
             raise ArgumentError(f"kernel {self.name}: {e}", site=user_site()) from None
+
+    def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
         tensors, values, statics, placeholders = {}, {}, {}, False
-        for name, value in bound.arguments.items():
+        for name, value in self._arguments(args, kwargs):
             if is_static(value):
                 statics[name] = value.item() if isinstance(value, np.generic) else value
                 continue
@@ -130,9 +150,7 @@ class Kernel:
     def tune_settings(self) -> TuneSettings | None:
         """How calls of this kernel tune: its own settings, else autotune.enable's, else None (the
         cost model's choice and default schedules). A search_space narrows either."""
-        from dataclasses import replace
-        from tessera_rw.tuning import autotune
-        settings = self.tuning or autotune.settings()
+        settings = self.tuning or _autotune().settings()
         if settings is not None and self.restriction is not None:
             settings = replace(settings, restriction=self.restriction)
         return settings
@@ -140,6 +158,7 @@ class Kernel:
     def forget_programs(self) -> None:
         """Drop the compiled programs, so the next call compiles (and tunes) again."""
         self._programs.clear()
+        self._array_calls.clear()
 
     def compiled(self, call: BoundCall) -> CompiledProgram:
         """The rewritten, chosen and lowered program for this call's signature (made on first use)."""
@@ -148,8 +167,7 @@ class Kernel:
 
     def program_of(self, signature: Signature) -> CompiledProgram:
         """The program of a signature already traced (made on first use, tuned when tuning is on)."""
-        from tessera_rw.codegen.numerics import current_numerics
-        from tessera_rw.tuning import autotune
+        autotune = _autotune()
         # the policy steers extraction (tf32 costs less); tuning settings steer the choice
         key = (signature, current_numerics(), autotune.enabled and autotune.cache)
         found = self._programs.get(key)
@@ -163,7 +181,25 @@ class Kernel:
         """`k.program(x, y)`: what a call with these arguments runs (candidates, choice, KernelPlan)."""
         return self.compiled(self.bind(*args, **kwargs))
 
+    def _array_key(self, args: tuple) -> tuple | None:
+        """For a call with every parameter a numpy array, given positionally: what decides its
+        program (shapes, dtypes, numerics policy, tuning state), else None."""
+        if len(args) != len(self._positional) or not self._positional_only_call:
+            return None
+        for a in args:
+            if type(a) is not np.ndarray:
+                return None
+        autotune = _autotune()
+        return (tuple((a.shape, a.dtype) for a in args), current_numerics(), autotune.enabled and autotune.cache)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from tessera_rw.execute import run_program
+        key = None if kwargs else self._array_key(args)
+        known = self._array_calls.get(key) if key is not None else None
+        if known is not None:              # a warm call on arrays: no binding, no signature to build
+            program, structure = known
+            outputs = run_program(program, dict(zip(self._positional, args)))
+            return outputs[0] if structure is None else structure(outputs)
         if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
             return self.fn(*args, **kwargs)  # called from another traced function: inline
         call = self.bind(*args, **kwargs)
@@ -171,8 +207,10 @@ class Kernel:
         if call.placeholders:
             outputs = tuple(TensorSpec(o.shape, o.dtype) for o in traced.graph.outputs)
         else:
-            from tessera_rw.execute import run_program
-            outputs = run_program(self.compiled(call), call.values)
+            program = self.compiled(call)
+            if key is not None and not call.statics:
+                self._array_calls[key] = (program, traced.structure)
+            outputs = run_program(program, call.values)
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 
     def __repr__(self) -> str:
