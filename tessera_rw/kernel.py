@@ -100,6 +100,10 @@ class Kernel:
         return self.fn.__name__
 
     @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return self._positional
+
+    @property
     def graphs(self) -> dict[Signature, Graph]:
         return {sig: t.graph for sig, t in self._traces.items()}
 

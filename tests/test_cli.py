@@ -1,5 +1,6 @@
 """`tessera-rewrite`: explain runs on the examples; bad invocations give one line and exit 2."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,28 @@ def test_explain_runs_the_plan_and_checks_it_against_the_reference(capsys, monke
     assert "CPU (numpy executor)" in line
     error = float(line.rsplit("reference ", 1)[1].split()[0])
     assert 0 < error < 2e-2          # bf16 rounding of the fused plan vs the unfused reference
+
+
+def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    target = "examples/attention.py:attention"
+    shape = ["--input", "q=1x2x256x64:bf16", "--input", "k=1x2x256x64:bf16", "--input", "v=1x2x256x64:bf16"]
+    assert main(["tune", target, *shape, "--method", "cost_model"]) == 0
+    out = capsys.readouterr().out
+    assert "Best config: tile=(" in out and "chosen by cost_model" in out and "% of best" in out
+    assert main(["tune", target, *shape, "--method", "cost_model", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen_by"] == "cache" and report["kernels"][0]["kind"] == "flash_attention"
+
+
+def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    from tessera_rw.codegen.device import gpu_available
+    if gpu_available():
+        pytest.skip("checks the behaviour without a GPU")
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "examples/attention.py:attention", "--input", "q=1x2x64x64:bf16", "--input",
+                 "k=1x2x64x64:bf16", "--input", "v=1x2x64x64:bf16", "--method", "on_device"]) == 2
+    err = capsys.readouterr().err
+    assert "has none" in err and "cost_model" in err

@@ -1,4 +1,4 @@
-"""`tessera-rewrite`: `--explain` a function, `rules` to list and check rulesets, `cache` for the autotune cache."""
+"""`tessera-rewrite`: `--explain` a function, `tune` it, `rules` to list and check rulesets, `cache` for the autotune cache."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Sequence
 from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.cli import cache, explain, rules
+from tessera_rw.cli import cache, explain, rules, tune
 from tessera_rw.cli.usage import USAGE, Parser, UsageError
 
-SUBCOMMANDS = {"rules": rules, "cache": cache}
+SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
 
 
 WIDE_OUTPUT = 200

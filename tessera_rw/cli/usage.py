@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 USAGE = ("usage: tessera-rewrite --explain FILE.py:FUNCTION [--input NAME=4x16x64:bf16 ...]\n"
+         "       tessera-rewrite tune FILE.py:FUNCTION [--method auto|on_device|cost_model] [--max-trials N]\n"
          "       tessera-rewrite rules [--check] [PACK ...]\n"
          "       tessera-rewrite cache list|export FILE|import FILE|clear [--arch A] [--yes] [--name N]")
 
