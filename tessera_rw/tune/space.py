@@ -20,7 +20,7 @@ config, a flat dict of its fields, and found again by that config.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
 from tessera_rw.algebra.errors import ArgumentError
@@ -154,7 +154,3 @@ def ranked_space(template: Template, op: KernelOp, arch: ArchSpec,
     defaults = [s for s in template.schedules(op, arch) if any(s == k for k, _ in kept)]
     default = min(defaults, key=lambda s: dict(kept)[s]) if defaults else kept[0][0]
     return RankedSpace(template, op, tuple(s for s, _ in kept), tuple(e for _, e in kept), default, tuple(pruned))
-
-
-def pick(space: Sequence[Schedule], indices: Iterable[int]) -> list[Schedule]:
-    return [space[i] for i in indices]
