@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.codegen import kernel_check as kc
+from tessera_rw.codegen import kernel_check as kc
 from tests.codegen.ragged_ops import RAGGED, attention, conv1d, of, rowwise
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType

@@ -4,7 +4,7 @@ For each template, every sample at every default schedule for this GPU's archite
 ops with ragged edges (tests/codegen/ragged_ops.py). Inputs are random and never zero; the output
 buffer is filled with NaN bytes before each launch, so an element the kernel never writes fails;
 the reference runs in float64 on the same rounded inputs, and the tolerance is the output dtype's
-(tests/codegen/kernel_check.py derives it). One sample's reference serves all its schedules, and
+(tessera_rw/codegen/kernel_check.py derives it). One sample's reference serves all its schedules, and
 the failures of every schedule are reported together.
 """
 
@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.codegen.kernel_check import check, expected, random_inputs
+from tessera_rw.codegen.kernel_check import check, expected, random_inputs
 from tests.codegen.ragged_ops import RAGGED
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template

@@ -23,7 +23,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 # head_dim 256 keeps a 128-register O accumulator and 64 registers of Q per thread: ptxas reaches
 # 255 registers and spills once a mask or causal bounds are added, so it is left unfused
@@ -33,6 +33,9 @@ SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_
 SIMT_OPS_PER_SCORE = 4        # scale-and-subtract FMA, running max, row-sum add, bf16 pack
 HIDDEN_SOFTMAX = 0.5          # share of the softmax SIMT time that other warps' MMAs do not hide
 MMA_SYNC_EFFICIENCY = {8: 0.7, 9: 0.5}   # mma.sync share of the tensor peak (sm_90's is wgmma's)
+# The tuning grid (space()): warps per block, 16-row tiles per warp, keys per tile, cp.async stages
+GRID_WARPS, GRID_M_TILES, GRID_KEYS, GRID_STAGES = (2, 4, 8), (1, 2), (32, 64, 128), (1, 2, 3)
+CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key tiles, with edges)
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,34 @@ class FlashAttentionTemplate(Template):
                 found.append(s)
         return tuple(found)
 
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
+        # As schedules() does, blocks and key tiles shrink to what a short sequence covers, more
+        # 16-row tiles per warp only where the query has the rows, and no stage is left idle.
+        shape = _Shape.of(op)
+        rows, keys = -(-shape.sq // MMA_M), _round_up(shape.sk, MMA_K)
+        grid = [AttentionSchedule(MMA_M * warps * mt, bn, warps, stages)
+                for warps in dict.fromkeys(min(w, rows) for w in GRID_WARPS)
+                for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows
+                for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
+                for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
+        return grid_space(self.schedules(op, arch), grid,
+                          lambda s: self._valid(op, s, arch) and self._calibrated(shape, s, rows, keys))
+
+    def _calibrated(self, shape: _Shape, s: AttentionSchedule, rows: int, keys: int) -> bool:
+        """Whether `s` lies where the register model was checked against ptxas (sm_80 and sm_90,
+        every sample: no spills, within 25%). Beyond the largest default's estimate ptxas reaches
+        255 registers and spills; two-warp blocks meet its 128-register step with spills; with a
+        mask, key tiles other than 64 wide move its allocation a third away from the model."""
+        return (s.warps >= min(4, rows) and self._registers(shape, s) <= CALIBRATED_REGISTERS
+                and (shape.mask is None or s.bn == min(64, keys)))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        return self.accepts(op) and isinstance(schedule, AttentionSchedule) and self._valid(op, schedule, arch)
+
     def _valid(self, op: KernelOp, s: AttentionSchedule, arch: ArchSpec) -> bool:
         shape = _Shape.of(op)
-        return (s.m_tiles >= 1 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn % 16 == 0 and s.stages >= 1
+        return (s.warps >= 1 and 32 * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
+                and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1
                 and self._smem(shape, s) <= arch.smem_per_block
                 and self._registers(shape, s) <= arch.registers_per_thread
                 and 32 * s.warps * self._registers(shape, s) <= arch.registers_per_sm)

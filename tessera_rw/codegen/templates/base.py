@@ -4,12 +4,17 @@ and its CUDA emitter.
 The resource model is the template's own account of a (KernelOp, schedule) on an architecture:
 threads and blocks, registers per thread, shared memory, the HBM traffic it causes and the FLOPs
 it executes on which math unit. The cost model in `tune` turns that into time; the register
-estimate is checked against ptxas on the emitted source (tests/codegen/test_register_model.py).
+estimate is checked against ptxas on the emitted source (tests/codegen/test_template_contract.py for
+the defaults, tests/codegen/test_schedule_spaces.py for the tuning spaces).
+
+`space` widens the defaults into what an autotuner sweeps: each template enumerates a grid of its
+parameters and keeps, through `grid_space`, the points its own checks (`valid`) accept.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -64,6 +69,18 @@ class Template(ABC):
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         """The default schedules for `op` on `arch`, all valid (they fit smem, registers, alignment)."""
 
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
+        """Every schedule the autotuner may try for `op` on `arch`: the defaults first (in their
+        order), then the rest of the template's grid; all valid (they fit smem, registers, block
+        limits, MMA alignment, and the emitter supports them). A template without a grid offers
+        its defaults."""
+        return self.schedules(op, arch)
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        """Whether this template can run `op` under `schedule` on `arch` as its emitter writes it,
+        within the block's shared memory and registers; every schedule of `space` is."""
+        return schedule in self.space(op, arch)
+
     @abstractmethod
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         """The resource model of `op` under `schedule`."""
@@ -75,3 +92,27 @@ class Template(ABC):
     @abstractmethod
     def samples(self) -> tuple[KernelOp, ...]:
         """Representative ops, one per code path, for calibration tables and compile tests."""
+
+
+# A sweep compiles and times every point of a space, so a grid is kept to this many schedules.
+MAX_SPACE = 200
+
+
+def grid_space(defaults: Iterable[Schedule], grid: Iterable[Schedule], valid: Callable[[Schedule], bool],
+               limit: int = MAX_SPACE) -> tuple[Schedule, ...]:
+    """The defaults in their order, then each valid point of `grid` not among them in grid order,
+    at most `limit` schedules in all.
+
+    >>> @dataclass(frozen=True)
+    ... class Tile(Schedule):
+    ...     size: int
+    >>> [s.size for s in grid_space([Tile(64)], map(Tile, (32, 64, 128, 256)), lambda s: s.size <= 128)]
+    [64, 32, 128]
+    """
+    found = dict.fromkeys(defaults)
+    for s in grid:
+        if len(found) >= limit:
+            break
+        if s not in found and valid(s):
+            found[s] = None
+    return tuple(found)

@@ -32,8 +32,9 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.conv_cuda import DepthwiseLayout, depthwise_source, implicit_gemm_source
+from tessera_rw.codegen.templates.conv_space import depthwise_grid, implicit_gemm_grid
 
 _TENSOR_CORE_DTYPES = {DType.bfloat16: ("bf16_t", "bf16"), DType.float16: ("f16_t", "f16")}
 _MMA_M, _MMA_N, _MMA_K = 16, 8, 16       # mma.sync m16n8k16
@@ -177,6 +178,20 @@ class DirectConvTemplate(Template):
         valid = [s for s in valid if self._fits(cv, s, arch)]
         return tuple(valid[:3])
 
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
+        cv = _Conv.of(op)
+        defaults = self.schedules(op, arch)
+        if isinstance(defaults[0], DepthwiseSchedule):
+            grid = (DepthwiseSchedule(*p) for p in depthwise_grid(cv.oh, cv.ow))
+        else:
+            grid = (ConvSchedule(*p) for p in implicit_gemm_grid(cv.tensor_cores, max(16, _pow2(cv.og))))
+        return grid_space(defaults, grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        if isinstance(schedule, DepthwiseSchedule):
+            return self.accepts(op) and _Conv.of(op).depthwise and _depthwise_fits(_Conv.of(op), schedule, arch)
+        return isinstance(schedule, ConvSchedule) and self.accepts(op) and self._fits(_Conv.of(op), schedule, arch)
+
     @staticmethod
     def _depthwise_schedules(cv: _Conv, arch: ArchSpec) -> tuple[DepthwiseSchedule, ...]:
         """Tiles as wide as the output row (to a power of two) up to a block's worth of outputs, and as
@@ -199,7 +214,7 @@ class DirectConvTemplate(Template):
                 and (s.bm * s.bk) % s.threads == 0 and (s.bn * s.bk) % s.threads == 0
                 and s.threads <= arch.max_threads_per_block
                 and _cdiv(cv.og, s.bn) <= _MAX_GRID_YZ
-                and self._smem(cv, s) <= arch.smem_per_block
+                and self._smem(cv, s) <= min(arch.smem_per_block, _STATIC_SMEM_LIMIT)
                 and self._registers(cv, s) <= _register_limit(s.threads, arch))
 
     @staticmethod
@@ -324,7 +339,9 @@ def _depthwise_smem(cv: _Conv, s: DepthwiseSchedule) -> int:
 
 def _depthwise_fits(cv: _Conv, s: DepthwiseSchedule, arch: ArchSpec) -> bool:
     th, tw = s.tile
+    # the store packs a thread's outputs into whole 32-bit words
     return (th * tw == s.threads * s.outputs_per_thread and tw % s.outputs_per_thread == 0
+            and s.outputs_per_thread * cv.dtype.itemsize % 4 == 0
             and s.threads % 32 == 0 and s.threads <= arch.max_threads_per_block
             and cv.o <= _MAX_GRID_YZ and cv.n <= _MAX_GRID_YZ
             and _depthwise_smem(cv, s) <= min(arch.smem_per_block, _STATIC_SMEM_LIMIT)

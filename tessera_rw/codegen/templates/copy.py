@@ -26,15 +26,19 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, contiguous_strides, kernel_name,
-                                                      literal, offset_expr)
+                                                      literal, offset_expr, vector_widths)
 
 TILE = 32
 SECTOR_BYTES = 32         # a strided read still moves whole sectors
 GRID_WAVES = 4
 MAX_INDEX = 2**31         # index math is 32-bit
+# The tuning grid (space()): block sizes, and the gather's vector widths up to one 16-byte access.
+# The tiled transpose's tile stays TILE (a warp's 32 lanes are its columns) and its rows go to 4 to
+# 16 warps: at 2 or 32, ptxas's registers part from the model by a third or more.
+GRID_THREADS, GRID_VECS, GRID_TILE_THREADS = (64, 128, 256, 512, 1024), (1, 2, 4, 8, 16), (128, 256, 512)
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,23 @@ class CopyTemplate(Template):
             return (CopySchedule(256, 1, TILE), CopySchedule(512, 1, TILE))
         vecs = [v for v in (8, 4, 2, 1) if self._vec_ok(op, v)]
         return tuple(dict.fromkeys((CopySchedule(256, vecs[0], 0), CopySchedule(128, vecs[min(1, len(vecs) - 1)], 0))))
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[CopySchedule, ...]:
+        if self.tiled(op):
+            grid = (CopySchedule(t, 1, TILE) for t in GRID_TILE_THREADS)
+        else:
+            vecs = vector_widths(GRID_VECS, lambda v: self._vec_ok(op, v))
+            grid = (CopySchedule(t, v, 0) for t in GRID_THREADS for v in vecs)
+        return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        s = schedule
+        if not (isinstance(s, CopySchedule) and self.accepts(op) and s.threads % 32 == 0
+                and 0 < s.threads <= arch.max_threads_per_block):
+            return False
+        if self.tiled(op):   # the tile's rows are walked by threads / 32 warps
+            return s.tile == TILE and s.vec == 1 and s.threads // 32 <= TILE
+        return s.tile == 0 and s.vec >= 1 and self._vec_ok(op, s.vec)
 
     def _tiles(self, op: KernelOp) -> tuple[int, int, int]:
         """(input inner size A, output inner size B, batch) of a tiled transpose."""

@@ -18,6 +18,7 @@ templates import it and none of them owns it; it imports no template.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable
 
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.node import TensorType
@@ -68,6 +69,20 @@ def literal(value: float, d: DType) -> str:
 
 
 VEC_STRUCT = """template <typename T, int N> struct __align__(sizeof(T) * N) vec_t { T v[N]; };"""
+
+
+def vector_widths(widths: Iterable[int], fits: Callable[[int], bool]) -> tuple[int, ...]:
+    """The widths of a tuning grid that `fits` admits, scalar access (1) only when no wider one does:
+    a scalar walk of data that vectorizes issues more loads for the same bytes, and ptxas gives it
+    about a third fewer registers than the register models (fit on vector widths) count.
+
+    >>> vector_widths((1, 2, 4, 8), lambda v: 12 % v == 0)
+    (2, 4)
+    >>> vector_widths((1, 2, 4), lambda v: v == 1)
+    (1,)
+    """
+    ok = tuple(v for v in widths if fits(v))
+    return tuple(v for v in ok if v > 1) or ok
 
 
 # ---- broadcast offsets ----------------------------------------------------------------------

@@ -30,11 +30,11 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, contiguous_strides, ctype,
                                                       emit_tree, expr_ops, index_type, kernel_name, literal, load,
-                                                      offset_expr, scalar_op, store, words)
+                                                      offset_expr, scalar_op, store, vector_widths, words)
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class ElementwiseSchedule(Schedule):
 
 
 THREAD_CHOICES = (256, 128)
+# The tuning grid (space()): block sizes, and vector widths up to one 16-byte access
+GRID_THREADS, GRID_VECS = (64, 128, 256, 512, 1024), (1, 2, 4, 8, 16)
 
 # The register model (fit to ptxas 12.x on samples(), within 20% on sm_80 and sm_90).
 REG_BASE = 10             # loop index, bound, step, output address
@@ -100,6 +102,19 @@ class ElementwiseTemplate(Template):
         best, half = vecs[0], vecs[min(1, len(vecs) - 1)]
         return tuple(dict.fromkeys((ElementwiseSchedule(THREAD_CHOICES[0], best),
                                     ElementwiseSchedule(THREAD_CHOICES[1], half))))
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[ElementwiseSchedule, ...]:
+        vecs = vector_widths(GRID_VECS, lambda v: self._vec_ok(op, v))
+        grid = (ElementwiseSchedule(t, v) for t in GRID_THREADS for v in vecs)
+        return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        s = schedule
+        if not (isinstance(s, ElementwiseSchedule) and self.accepts(op) and s.vec >= 1 and self._vec_ok(op, s.vec)
+                and s.threads % 32 == 0 and 0 < s.threads <= arch.max_threads_per_block):
+            return False
+        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        return self._registers(op, s.vec, self._layout(op)[1], arch) <= limit
 
     # -- resources ----------------------------------------------------------------------------
 

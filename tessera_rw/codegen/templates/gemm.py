@@ -31,7 +31,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import SIMT_PAD, emit_simt, emit_tensor_core, kernel_name, rows_aligned
 
 _TENSOR_CORE = (DType.bfloat16, DType.float16)
@@ -78,6 +78,9 @@ _SIMT_DEFAULTS = (GemmSimtSchedule(128, 128, 8, 8, 8), GemmSimtSchedule(64, 64, 
 # tf32 tiles hold 4-byte values: half the k-depth of the 16-bit tiles for the same shared memory
 _TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16, 2, 2, 3),
                   GemmSchedule(64, 64, 16, 2, 2, 4))
+# The tuning grids (space()); _valid keeps the points that fit and that the emitters can write.
+_TC_TILES, _TC_WARPS, _TC_STAGES = (64, 128, 256), (1, 2, 4), (2, 3, 4)
+_SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 
 
 @dataclass(frozen=True)
@@ -164,19 +167,40 @@ class GemmTemplate(Template):
         defaults = _TF32_DEFAULTS if p.tf32 else _TC_DEFAULTS if p.tensor_core else _SIMT_DEFAULTS
         return tuple(s for s in defaults if self._valid(p, s, arch))
 
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
+        p = _Problem.of(op)
+        if p.tensor_core:
+            grid = (GemmSchedule(bm, bn, bk, wm, wn, st) for bm in _TC_TILES for bn in _TC_TILES
+                    for bk in _k_depths(p) for wm in _TC_WARPS for wn in _TC_WARPS for st in _TC_STAGES)
+        else:
+            grid = (GemmSimtSchedule(bm, bn, bk, tm, tn) for bm in _SIMT_TILES for bn in _SIMT_TILES
+                    for bk in _SIMT_BK for tm in _SIMT_THREAD_TILES for tn in _SIMT_THREAD_TILES)
+        # a tile past the problem's next power of two only multiplies padding
+        return grid_space(self.schedules(op, arch), grid,
+                          lambda s: self._valid(p, s, arch) and _calibrated(p, s)
+                          and s.bm <= max(64, _pow2(p.m)) and s.bn <= max(64, _pow2(p.n)))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        if not self.accepts(op):
+            return False
+        p = _Problem.of(op)
+        wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
+        return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
+
     def _valid(self, p: _Problem, s: Schedule, arch: ArchSpec) -> bool:
         smem = _smem(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
-        if _registers(p, s) > arch.registers_per_thread:
+        # __launch_bounds__(threads) lets ptxas use at most the file split over one block
+        if _registers(p, s) > min(arch.registers_per_thread, arch.registers_per_sm // s.threads):
             return False
         if isinstance(s, GemmSchedule):
             el = 16 // p.in_dtype.itemsize     # elements per 16-byte chunk
             return (s.bm % (16 * s.warps_m) == 0 and s.bn % (16 * s.warps_n) == 0
-                    and s.bk in ((16, 32) if p.tf32 else (32, 64)) and (not p.tf32 or s.bn % 32 == 0)
+                    and s.bk in _k_depths(p) and (not p.tf32 or s.bn % 32 == 0)
                     and s.bn >= 64 and s.stages >= 2 and (s.bm * s.bk // el) % s.threads == 0
                     and (s.bk * s.bn // el) % s.threads == 0)
-        return (s.tm % 4 == 0 and s.tn % 4 == 0 and s.bm % s.tm == 0 and s.bn % s.tn == 0
+        return (s.tm % 4 == 0 and s.tn % 4 == 0 and s.bm % s.tm == 0 and s.bn % s.tn == 0 and s.threads % 32 == 0
                 and (s.bm * s.bk) % s.threads == 0 and (s.bk * s.bn) % s.threads == 0)
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
@@ -264,6 +288,33 @@ class GemmTemplate(Template):
             gemm((2048, 1024), (1024, 768), f32, f32, (TensorType((768,), f32),), has_bias=True,
                  activation="gelu_tanh", numerics=Numerics.FAST),  # tf32 with an epilogue
         )
+
+
+def _k_depths(p: _Problem) -> tuple[int, ...]:
+    """The bk the mma kernel is written for: 4 or 8 16-byte chunks per shared row of A, the widths
+    its XOR swizzle spreads over distinct bank groups (tf32 values are twice as wide: half the k)."""
+    return (16, 32) if p.tf32 else (32, 64)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _calibrated(p: _Problem, s: Schedule) -> bool:
+    """Whether `s` lies where the register model was checked against ptxas (sm_80 and sm_90, every
+    sample: no spills, within about 25%): at least 4 warps, block tiles at most twice as wide as
+    tall or tall as wide; mma: 32- or 64-square warp tiles, no more warps along M than along N, the
+    shallower k-depth; SIMT: square thread tiles, bk=16 only with 256 threads or more. Outside it
+    ptxas trades a few spilled registers for occupancy where the model sees room (one or two warps,
+    a 4x1 warp grid, deep k-tiles of 128-thread blocks, 4x8 thread tiles) or allocates a third more
+    or less than modelled (16-wide warp tiles, deep k-tiles, 128-thread SIMT blocks with bk=16), so
+    a tuner would time spilling kernels or trust a wrong occupancy."""
+    square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
+    if isinstance(s, GemmSchedule):
+        warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n
+        return (square and s.threads >= 128 and s.warps_m <= s.warps_n and s.bk == _k_depths(p)[0]
+                and warp_m in (32, 64) and warp_n in (32, 64))
+    return square and s.threads >= 128 and s.tm == s.tn and (s.bk == _SIMT_BK[0] or s.threads >= 256)
 
 
 # ---- resource model --------------------------------------------------------------------------

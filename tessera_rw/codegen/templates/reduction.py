@@ -33,15 +33,21 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       contiguous_strides, ctype, kernel_name, load, offset_expr,
-                                                      store, words)
+                                                      store, vector_widths, words)
 
 WARP = 32
 MAX_INDEX = 2**31        # row and offset math is 32-bit
 UNROLL = 4                # loads of the reduced-axis walk in flight per thread
 WARP_ROW_MAX = 2048       # reduced elements up to which one warp per output is enough
+STATIC_SMEM = 48 * 1024   # the partials are static __shared__ arrays
+# The tuning grid (space()): block sizes, vector widths, and for a column reduce the rows of threads
+# sharing an output (a row reduce shares one among a warp or the whole block). Past 8 rows, the
+# serial merge of the rows' partials makes ptxas spill (sm_80 and sm_90), so the grid stops there.
+GRID_THREADS, GRID_VECS, GRID_SPLITS = (64, 128, 256, 512, 1024), (1, 2, 4, 8), (1, 2, 4, 8)
+MIN_COLUMN_LANES = 8      # threads along a column reduce's outputs: at least a 32-byte sector per load
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,33 @@ class ReductionTemplate(Template):
         # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks.
         narrow = [v for v in vecs if v <= 2][0]
         return tuple(dict.fromkeys((ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))))
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:
+        lay = self._layout(op)
+        vecs = vector_widths(GRID_VECS, lambda v: v in self._vecs(op, lay))
+        if lay.row:   # a block per output only where the row gives each thread a vector
+            grid = (ReductionSchedule(t, v, split) for t in GRID_THREADS for v in vecs
+                    for split in (WARP, t) if split == WARP or lay.n_red >= t * v)
+        else:
+            grid = (ReductionSchedule(t, v, split) for t in GRID_THREADS for v in vecs
+                    for split in GRID_SPLITS if t // split >= MIN_COLUMN_LANES)
+        return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        """Row: a warp (shuffles) or the whole block (its warps' partials, one per lane) per output;
+        column: `split` rows of threads; partials within static shared memory, registers within the
+        block's share."""
+        s = schedule
+        if not (isinstance(s, ReductionSchedule) and self.accepts(op) and s.threads % WARP == 0
+                and 0 < s.threads <= min(arch.max_threads_per_block, WARP * WARP)):
+            return False
+        lay = self._layout(op)
+        splits = s.split in (WARP, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
+        if not splits or s.vec not in self._vecs(op, lay):
+            return False
+        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        return (self._smem(op, s, lay) <= min(STATIC_SMEM, arch.smem_per_block)
+                and self._registers(op, s, lay, arch) <= limit)
 
     # -- resources ----------------------------------------------------------------------------
 

@@ -36,10 +36,11 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, emit_tree, expr_ops,
-                                                      index_type, kernel_name, load, offset_expr, store)
+                                                      index_type, kernel_name, load, offset_expr, store,
+                                                      vector_widths)
 from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
     resident_statistics
 
@@ -49,6 +50,8 @@ MAX_RESIDENT = 32         # fp32 row values a thread may hold in registers (beyo
 NORMS = {"softmax": "softmax", "log_softmax": "softmax", "layernorm": "layernorm", "rmsnorm": "layernorm"}
 RESIDENT_PASSES = 1
 LOOPED_PASSES = {"softmax": 2, "log_softmax": 2, "layernorm": 3, "rmsnorm": 2}
+# The tuning grid (space()): block sizes and vector widths, each as a warp per row and a block per row
+GRID_THREADS, GRID_VECS = (64, 128, 256, 512, 1024), (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,24 @@ class RowwiseTemplate(Template):
         if fits:
             return tuple(fits[-2:][::-1])     # the widest blocks first: fewer values per thread
         return (block[2], block[1])           # looped: a row does not fit in registers
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
+        # a row shorter than one vector per thread would leave lanes idle in every pass
+        _, length = self._row(op)
+        vecs = vector_widths(GRID_VECS, lambda v: self._vec_ok(op, v))
+        grid = (RowwiseSchedule(t, v, rows) for t in GRID_THREADS for v in vecs
+                for rows in (t // WARP, 1) if length >= (t // rows) * v)
+        return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        """A warp (shuffles only) or the whole block (warps meet in shared memory) per row; the
+        block's warps are at most a warp's lanes, as the block reduction reads one partial per lane."""
+        s = schedule
+        if not (isinstance(s, RowwiseSchedule) and self.accepts(op) and s.threads % WARP == 0
+                and 0 < s.threads <= min(arch.max_threads_per_block, WARP * WARP)
+                and s.rows_per_block in (1, s.threads // WARP) and s.vec >= 1 and self._vec_ok(op, s.vec)):
+            return False
+        return self._registers(op, s, arch) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
 
     # -- resources ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 _COMPLEX_MAC_FLOPS = 8          # (a+bi)·conj(c+di) accumulated: four FMAs
 _FLOATS_PER_COMPLEX = 2
@@ -75,6 +75,10 @@ class _Contract:
 
 # (threads, freq_per_thread, out_channels_per_block, batch_per_block), best first
 _CANDIDATES = ((128, 1, 8, 4), (256, 1, 4, 4), (128, 2, 8, 2))
+# The tuning grid (space()), each field's values; tiles are clipped to the op like the defaults.
+# Narrower output-channel tiles leave too few accumulators to hide the loads behind: ptxas then
+# allocates a third less than the register model says, and spills at times (sm_90).
+_GRID = ((64, 128, 256), (1, 2), (8, 16), (1, 2, 4, 8))
 
 
 class SpectralContractTemplate(Template):
@@ -101,6 +105,19 @@ class SpectralContractTemplate(Template):
             if s not in found and self._registers(s) <= _register_limit(threads, arch):
                 found.append(s)
         return tuple(found[:3])
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[SpectralSchedule, ...]:
+        sc = _Contract.of(op)
+        grid = (SpectralSchedule(t, fpt, min(ob, sc.og), min(nb, sc.n)) for t in _GRID[0] for fpt in _GRID[1]
+                for ob in _GRID[2] for nb in _GRID[3])
+        return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        s = schedule
+        return (isinstance(s, SpectralSchedule) and self.accepts(op) and s.threads % 32 == 0
+                and 0 < s.threads <= arch.max_threads_per_block
+                and min(s.freq_per_thread, s.out_channels_per_block, s.batch_per_block) >= 1
+                and self._registers(s) <= _register_limit(s.threads, arch))
 
     @staticmethod
     def _registers(s: SpectralSchedule) -> int:
