@@ -53,6 +53,12 @@ def check_every_schedule(template: Template, op: KernelOp) -> None:
     assert schedules, f"{type(template).__name__} has no default schedule for {op} on {arch.name}"
     if template.library is not None:
         pytest.skip(f"{op.op} runs as a {template.library} call: no generated kernel to check")
+    check_schedules(template, op, schedules, arch)
+
+
+def check_schedules(template: Template, op: KernelOp, schedules, arch) -> None:
+    """Run `op` at each of `schedules` (output poisoned first) and check each against the reference;
+    every schedule's failure is reported together."""
     rng = _rng(op)
     inputs = random_inputs(op, rng)
     reference = expected(op, inputs, rng)
