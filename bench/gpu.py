@@ -289,6 +289,20 @@ def environment() -> list[str]:
             f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
 
 
+def save_results(name: str, header: list[str], text: str) -> Path:
+    """Write bench/results/<name>: the header lines, then the recorded tables (replaced atomically)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / name
+    tmp = path.with_suffix(".txt.tmp")
+    tmp.write_text("\n".join(header) + "\n\n" + text)
+    os.replace(tmp, path)
+    return path
+
+
+def protocol_for(arch, quick: bool) -> Protocol:
+    return Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
+
+
 def run(quick: bool = False, console: Console | None = None) -> int:
     """Run every row; 2 when this machine cannot run the benchmark, 1 when a row failed, else 0."""
     console = console or Console(width=None if sys.stdout.isatty() else 220)
@@ -299,7 +313,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     from bench.gpu_fftconv import long_conv
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
-    protocol = Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
+    protocol = protocol_for(arch, quick)
     ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
     header = environment() + [
         f"{'--quick: ' if quick else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
@@ -325,10 +339,6 @@ def run(quick: bool = False, console: Console | None = None) -> int:
         for r in results:
             for note in r.notes:
                 target.print(f"  {r.name}: {note}", markup=False)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"gpu-{arch.name}{'-quick' if quick else ''}.txt"
-    tmp = path.with_suffix(".txt.tmp")
-    tmp.write_text("\n".join(header) + "\n\n" + record.export_text())
-    os.replace(tmp, path)
+    path = save_results(f"gpu-{arch.name}{'-quick' if quick else ''}.txt", header, record.export_text())
     console.print(f"written to {path}")
     return 0 if all(r.status == "ok" or r.status.startswith(("owed", "not compared")) for r in results) else 1

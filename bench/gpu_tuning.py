@@ -15,7 +15,6 @@ Results go to bench/results/tune-<arch>[-quick].txt.
 from __future__ import annotations
 
 import io
-import os
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import RESULTS, attention_row, gemm_row, preflight
+from bench.gpu import attention_row, gemm_row, preflight, protocol_for, save_results
 from bench.gpu_timing import Protocol, time_torch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
@@ -105,7 +104,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     from bench.gpu import environment
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
-    protocol = Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
+    protocol = protocol_for(arch, quick)
     header = environment() + ["tuned vs default: both timed by the tuner's measurer (15 interleaved rounds, "
                               "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
     for line in header:
@@ -132,11 +131,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     record = Console(record=True, width=240, file=io.StringIO())
     for target in (console, record):
         target.print(table)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"tune-{arch.name}{'-quick' if quick else ''}.txt"
-    tmp = path.with_suffix(".txt.tmp")
-    tmp.write_text("\n".join(header) + "\n\n" + record.export_text())
-    os.replace(tmp, path)
+    path = save_results(f"tune-{arch.name}{'-quick' if quick else ''}.txt", header, record.export_text())
     console.print(f"written to {path}")
     return 1 if failed else 0
 
