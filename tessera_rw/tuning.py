@@ -27,7 +27,6 @@ from typing import Any
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, target_arch
-from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.kernel import Kernel
@@ -35,7 +34,7 @@ from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.extract import FusionDepth
 from tessera_rw.tune.kernel_tuner import KernelTuning, cached_schedule
-from tessera_rw.tune.plan_tuner import TuneSettings
+from tessera_rw.tune.plan_tuner import TuneSettings, tunable_ops
 from tessera_rw.tune.progress import trials_table
 from tessera_rw.tune.space import SpaceRestriction, knobs
 
@@ -112,7 +111,7 @@ def _as_kernel(fn: Callable | Kernel) -> Kernel:
 
 
 def _operand_shapes(kernel: Kernel, name: str, shapes: Sequence) -> list[tuple[int, ...]]:
-    n = len(kernel._params)
+    n = len(kernel.parameter_names)
     shapes = tuple(shapes)
     if shapes and all(isinstance(d, int) for d in shapes):
         if name == "matmul" and len(shapes) == 3:
@@ -151,9 +150,9 @@ class Autotune:
             TuneCache(cache)        # checks the name
             self.cache = cache
 
-    def settings(self, **overrides: Any) -> TuneSettings | None:
+    def settings(self) -> TuneSettings | None:
         """The settings a kernel call tunes with when tuning is on, else None."""
-        return TuneSettings(cache=self.cache, **overrides) if self.enabled else None
+        return TuneSettings(cache=self.cache) if self.enabled else None
 
     def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
                  cache: str | None = DEFAULT_CACHE, max_trials: int = 50, time_budget_s: float | None = None,
@@ -175,22 +174,20 @@ class Autotune:
         arch = arch or target_arch()
         program = compile_program(kernel.trace(*_placeholders(kernel, kernel.name, shapes, dtype)), arch)
         store = TuneCache(cache or self.cache)
+        defaults = dict(program.schedules)
         found = []
-        for i, step in enumerate(program.plan.steps):
-            op = KernelOp.from_node(step.node, current_numerics())
-            templates = templates_for(op)
-            if not templates or templates[0].library is not None:
-                continue
+        for i, op in tunable_ops(program.plan, current_numerics()):
             hit = cached_schedule(op, arch, store)
             if hit is None:
                 continue
             schedule, record = hit
             chosen_by = "interpolated" if record.interpolated else "cache"
-            found.append((i, KernelTuning(op, templates[0].kind_of(op), schedule, schedule, chosen_by, record.time_us,
-                                          record.noise_us, None, 0, 0, record)))
+            kind = templates_for(op)[0].kind_of(op)
+            found.append((i, KernelTuning(op, kind, schedule, defaults[i], chosen_by, record.time_us, record.noise_us,
+                                          None, 0, 0, record)))
         if not found:
             return None
-        schedules = dict(program.schedules) | {i: k.schedule for i, k in found}
+        schedules = defaults | {i: k.schedule for i, k in found}
         loaded = replace(program, chosen_by="cache", schedules=tuple(sorted(schedules.items())))
         return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
 

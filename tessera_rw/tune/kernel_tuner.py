@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
@@ -33,7 +33,7 @@ from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.measure import CostModelMeasurer, Measurer
 from tessera_rw.tune.records import ChosenBy, TuneRecord
 from tessera_rw.tune.search import SearchResult, Strategy, Trial, search_space
-from tessera_rw.tune.space import RankedSpace, SpaceRestriction, find_schedule, ranked_space, schedule_config
+from tessera_rw.tune.space import SpaceRestriction, find_schedule, ranked_space, schedule_config
 
 
 class Method(enum.StrEnum):
@@ -98,12 +98,12 @@ def _record(op: KernelOp, template: Template, arch: ArchSpec, schedule: Schedule
                              noise_us=noise_us, trials=trials)
 
 
-def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: RankedSpace | None = None,
+def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Sequence[Schedule] | None = None,
                     interpolate: bool = True) -> tuple[Schedule, TuneRecord] | None:
     """The cached schedule for `op` on `arch` (or, with `interpolate`, the nearest shape's, its
-    record marked interpolated) when that schedule is still in the kernel's space; else None."""
+    record marked interpolated) when that schedule is still in `space` (default: the template's
+    whole space); else None."""
     template = templates_for(op)[0]
-    space = space or ranked_space(template, op, arch)
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
     sig = signature_hash(op, template)
     record = cache.get(op.op, sig, shapes, dtypes, arch)
@@ -111,7 +111,7 @@ def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Ra
         record = cache.nearest(op.op, shapes, dtypes, arch, signature_hash=sig)
     if record is None:
         return None
-    found = find_schedule(space.schedules, record.config)
+    found = find_schedule(template.space(op, arch) if space is None else space, record.config)
     return (found, record) if found is not None else None
 
 
@@ -133,7 +133,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
         m = Method.COST_MODEL if measurer.method == "cost_model" else Method.ON_DEVICE
     first = None
     if cache is not None:
-        hit = cached_schedule(op, arch, cache, space=space)
+        hit = cached_schedule(op, arch, cache, space=space.schedules)
         if hit is not None:
             schedule, record = hit
             if not record.interpolated and (record.chosen_by is ChosenBy.ON_DEVICE or m is Method.COST_MODEL):

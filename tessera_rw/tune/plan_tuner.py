@@ -73,7 +73,8 @@ class PlanTuning:
         return "cache" if not ways else "on_device" if "on_device" in ways else ways.pop()
 
 
-def _tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, KernelOp]]:
+def tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, KernelOp]]:
+    """(step index, KernelOp) of the steps with a generated kernel to schedule (not library calls)."""
     found = []
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
@@ -86,7 +87,7 @@ def _tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, Kernel
 def default_schedules(plan: KernelPlan, arch: ArchSpec,
                       numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
     """The cost model's pick among each step's default schedules (untuned runs use these)."""
-    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in _tunable_ops(plan, numerics))
+    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics))
 
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
@@ -96,7 +97,7 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
     cache = settings.open_cache()
     done: dict[KernelOp, KernelTuning] = {}
     steps, kernels = [], []
-    for i, op in _tunable_ops(plan, numerics):
+    for i, op in tunable_ops(plan, numerics):
         if op not in done:
             hear = None if on_trial is None else (lambda trial, op=op: on_trial(op, trial))
             done[op] = tune_kernel(op, arch, method=method, cache=cache, restriction=settings.restriction,
