@@ -33,6 +33,7 @@ from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.codegen.numerics import current_numerics
 
 if TYPE_CHECKING:
+    from tessera_rw.explain_report import ExplainReport
     from tessera_rw.pipeline import CompiledProgram
     from tessera_rw.schedule_control import ScheduleControl
     from tessera_rw.tune.plan_tuner import TuneSettings
@@ -184,6 +185,14 @@ class Kernel:
     def program(self, *args: Any, **kwargs: Any) -> CompiledProgram:
         """`k.program(x, y)`: what a call with these arguments runs (candidates, choice, KernelPlan)."""
         return self.compiled(self.bind(*args, **kwargs))
+
+    def explain(self, *args: Any, **kwargs: Any) -> ExplainReport:
+        """`k.explain(q, k, v)`: the fusion trace of what a call with these arguments would run, as an
+        ExplainReport (`print` it for text, `.to_json()` for the schema). Arrays or op.tensor
+        placeholders; nothing is executed (unless tuning on the GPU is enabled for this kernel)."""
+        from tessera_rw.explain_report import explain_report
+        call = self.bind(*args, **kwargs)
+        return explain_report(self.compiled(call), call.tensors)
 
     def _array_key(self, args: tuple) -> tuple | None:
         """For a call with every parameter a numpy array, given positionally: what decides its

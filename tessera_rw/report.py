@@ -1,15 +1,33 @@
-"""Human summaries for --explain: the input graph, the rewrite, the candidates and their kernels."""
+"""The text of an ExplainReport: rich tables that read at 100 columns.
+
+In order: the input graph (ops, counts, GFLOP, then the graph as source), the rewrite (rules fired
+per ruleset, e-nodes per iteration, why saturation stopped), the candidates the cost model weighed,
+each candidate's kernels, the chosen program and why it won, its KernelPlan and the kernels it
+generates. A report read back from JSON has no program: it shows what the schema holds.
+"""
 
 from __future__ import annotations
 
-from rich.table import Table
+import math
+from typing import TYPE_CHECKING, Iterator
 
+from rich import box
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
-from tessera_rw.rules.saturate import RewriteReport
-from tessera_rw.tune.extract import Candidate
+from tessera_rw.tune.cost import KernelCost
+
+if TYPE_CHECKING:
+    from tessera_rw.explain_report import CandidateInfo, ExplainReport
+    from tessera_rw.pipeline import CompiledProgram
+
+DEPTH_LABELS = ("unfused", "epilogue-fused", "fully fused")
 
 
 def node_flops(node: Node) -> int:
@@ -17,8 +35,26 @@ def node_flops(node: Node) -> int:
     return OPS[node.op].flops(node.type, *(a.type for a in node.args), **node.attr_map)
 
 
+def _us(t: float | None) -> str:
+    return "-" if t is None or not math.isfinite(t) else f"{t:,.1f}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.2f}"
+
+
+def _gflop(n: int) -> str:
+    return f"{n / 1e9:,.3f}"
+
+
+def report_table(title: str, caption: str | None = None) -> Table:
+    """A table that reads at 100 columns: a light box, and never narrower than its title."""
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, min_width=min(len(title), 100),
+                 title_justify="left", caption_justify="left")
+
+
 def graph_summary(graph: Graph) -> Table:
-    table = Table(title=f"{graph.name}: input graph", show_header=True)
+    table = report_table(f"{graph.name}: input graph")
     table.add_column("op")
     table.add_column("count", justify="right")
     table.add_column("GFLOP", justify="right")
@@ -26,66 +62,146 @@ def graph_summary(graph: Graph) -> Table:
     for n in graph.nodes:
         flops[n.op] = flops.get(n.op, 0) + node_flops(n)
     for op, count in sorted(graph.op_counts().items(), key=lambda kv: -flops.get(kv[0], 0)):
-        table.add_row(op, str(count), f"{flops.get(op, 0) / 1e9:.3f}")
+        table.add_row(op, str(count), _gflop(flops.get(op, 0)))
     table.add_section()
-    table.add_row("total", str(sum(graph.op_counts().values())), f"{sum(flops.values()) / 1e9:.3f}")
+    table.add_row("total", str(sum(graph.op_counts().values())), _gflop(sum(flops.values())))
     return table
 
 
-def rewrite_summary(report: RewriteReport) -> Table:
+def rewrite_summary(report: ExplainReport, program: CompiledProgram | None) -> Table:
     """Rules fired (per ruleset, with matches) and how the e-graph grew, with the stop reason."""
-    table = Table(title=f"rewrite: {report.stop_reason.value} after {len(report.iterations)} iteration(s), "
-                        f"{report.enodes} e-nodes, {report.seconds * 1e3:.0f} ms")
+    e = report.egraph
+    table = report_table(f"rewrite: {e.stop_reason} after {e.iterations} iteration(s), {e.enodes} e-nodes, "
+                   f"{e.eclasses} e-classes, {e.seconds * 1e3:.0f} ms")
     table.add_column("ruleset")
     table.add_column("rule")
     table.add_column("matches", justify="right")
-    for rule, ruleset, matches in report.fired():
-        table.add_row(ruleset, rule, str(matches))
-    table.caption = "e-nodes per iteration: " + " → ".join(str(it.enodes) for it in report.iterations)
+    for rule in sorted(report.rules, key=lambda r: (r.ruleset, -r.matches, r.name)):
+        table.add_row(rule.ruleset, rule.name, str(rule.matches))
+    if program is not None:
+        growth = " → ".join(str(it.enodes) for it in program.rewrite.report.iterations)
+        table.caption = f"e-nodes per iteration: {growth}"
     return table
 
 
-def _us(t: float) -> str:
-    return "inf" if t == float("inf") else f"{t:,.1f}"
-
-
-def candidates_table(candidates: tuple[Candidate, ...], arch: ArchSpec) -> Table:
-    """One row per candidate, cheapest first: its depth, kernels, traffic, work and estimated time."""
-    table = Table(title=f"candidates on {arch.name} ({arch.sm}, {arch.hbm_gbps:,.0f} GB/s, "
-                        f"{arch.peak_tflops.get(MathUnit.BF16, 0):,.0f} bf16 TFLOP/s)")
-    for column in ("#", "fusion depth", "kernels", "HBM MB", "GFLOP", "est µs"):
+def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
+    """One row per candidate, cheapest estimate first; the chosen one is marked."""
+    where = (f" on {arch.name} ({arch.sm}, {arch.hbm_gbps:,.0f} GB/s, "
+             f"{arch.peak_tflops.get(MathUnit.BF16, 0):,.0f} bf16 TFLOP/s)") if arch else ""
+    table = report_table("candidates" + where, caption="* chosen")
+    for column in ("#", "fusion depth", "kernels", "HBM MB", "GFLOP", "max regs", "est µs"):
         table.add_column(column, justify="left" if column == "fusion depth" else "right")
-    for rank, c in enumerate(candidates):
-        table.add_row(str(rank), c.fusion_depth.label, str(len(c.kernels)), f"{c.hbm_bytes / 1e6:,.2f}",
-                      f"{c.flops / 1e9:,.3f}", _us(c.est_us), style="bold" if rank == 0 else None)
+    for rank, c in enumerate(report.candidates):
+        chosen = rank == report.chosen
+        table.add_row(f"{'*' if chosen else ''}{rank}", DEPTH_LABELS[c.fusion_depth], str(len(c.kernels)),
+                      _mb(c.hbm_bytes), _gflop(c.flops), str(max((k.registers for k in c.kernels), default=0)),
+                      _us(c.est_us), style="bold" if chosen else None)
     return table
 
 
-def kernels_table(candidate: Candidate, title: str) -> Table:
-    """The per-kernel breakdown: what each kernel fuses, its schedule, resources and time."""
-    table = Table(title=title)
-    numeric = ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "compute µs", "memory µs", "est µs")
-    for column in ("kernel", "fused", "schedule", *numeric, "bound"):
-        table.add_column(column, justify="right" if column in numeric else "left")
-    for k in candidate.kernels:
-        table.add_row(k.kind if k.has_template else f"{k.kind} (no template)", ", ".join(k.fused) or "-",
-                      k.schedule, str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{k.occupancy:.0%}",
-                      f"{k.hbm_bytes / 1e6:,.2f}", f"{k.flops / 1e9:,.3f}", _us(k.compute_us), _us(k.memory_us),
-                      _us(k.est_us), k.bound)
+def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None, title: str) -> Table:
+    """The per-kernel breakdown: each kernel with what it fused, its resources and time. `costs` (the
+    cost model's records, when the program is at hand) add the schedule, occupancy and what bounds it."""
+    table = report_table(title)
+    numeric = ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "est µs")
+    columns = ("kernel", "schedule", *numeric, "bound") if costs else ("kernel", *numeric)
+    for column in columns:
+        table.add_column(column, justify="right" if column in numeric else "left", overflow="fold",
+                         no_wrap=column == "kernel")
+    for i, k in enumerate(candidate.kernels):
+        cost = costs[i] if costs else None
+        name = "+".join((k.kind, *k.fused)) + ("" if cost is None or cost.has_template else " (no template)")
+        numbers = [str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{cost.occupancy:.0%}" if cost else "-",
+                   _mb(k.hbm_bytes), _gflop(k.flops), _us(k.est_us)]
+        if cost:
+            table.add_row(name, _short(cost.schedule), *numbers, cost.bound)
+        else:
+            table.add_row(name, *numbers)
     return table
 
 
-def choice_reason(candidates: tuple[Candidate, ...]) -> str:
-    """Why the first candidate won, against the runner-up, in one sentence."""
-    best = candidates[0]
-    if len(candidates) == 1:
-        return f"chosen: the only candidate ({best.fusion_depth.label}), {_us(best.est_us)} µs"
-    other = candidates[1]
+def _short(schedule: str) -> str:
+    """'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3' -> '128x128x32 w2x2 s3': tiles and knobs, compact."""
+    knobs = dict(part.split("=", 1) for part in schedule.split() if "=" in part)
+    if not knobs:
+        return schedule
+    tile = "x".join(knobs.pop(k) for k in ("bm", "bn", "bk") if k in knobs)
+    warps = "x".join(knobs.pop(k) for k in ("warps_m", "warps_n") if k in knobs) or knobs.pop("warps", "")
+    stages = knobs.pop("stages", "")
+    rest = [f"{k.replace('rows_per_block', 'rows').replace('threads', 't')}={v}" for k, v in knobs.items()]
+    return " ".join(p for p in (tile, f"w{warps}" if warps else "", f"s{stages}" if stages else "", *rest) if p)
+
+
+def choice_reason(report: ExplainReport, program: CompiledProgram | None = None) -> str:
+    """Why the chosen candidate won, in one sentence: against the runner-up by the cost model,
+    by timing on the GPU, or from the cache."""
+    best = report.candidates[report.chosen]
+    label = DEPTH_LABELS[best.fusion_depth]
+    if report.chosen_by == "cache":
+        return f"chosen: {label} (candidate {report.chosen}), from the autotune cache: tuned earlier for this signature"
+    if report.chosen_by == "on_device":
+        return f"chosen: {label} (candidate {report.chosen}), timed fastest on the GPU{_timings(program)}"
+    if len(report.candidates) == 1:
+        return f"chosen: the only candidate ({label}), {_us(best.est_us)} µs by the cost model"
+    other = report.candidates[1 if report.chosen == 0 else 0]
     parts = [f"{len(best.kernels)} vs {len(other.kernels)} kernels"]
     if best.hbm_bytes != other.hbm_bytes:
-        parts.append(f"{best.hbm_bytes / 1e6:,.2f} vs {other.hbm_bytes / 1e6:,.2f} MB through HBM")
+        parts.append(f"{_mb(best.hbm_bytes)} vs {_mb(other.hbm_bytes)} MB through HBM")
     if best.flops != other.flops:
-        parts.append(f"{best.flops / 1e9:,.3f} vs {other.flops / 1e9:,.3f} GFLOP")
-    ratio = other.est_us / best.est_us if best.est_us else float("inf")
-    return (f"chosen: {best.fusion_depth.label}, {_us(best.est_us)} µs, {ratio:.2f}x faster than the "
-            f"{other.fusion_depth.label} runner-up ({'; '.join(parts)})")
+        parts.append(f"{_gflop(best.flops)} vs {_gflop(other.flops)} GFLOP")
+    if best.est_us and other.est_us:
+        speed = f"{other.est_us / best.est_us:.2f}x faster than"
+    else:
+        speed = "preferred to"
+    return (f"chosen: {label}, {_us(best.est_us)} µs by the cost model, {speed} the "
+            f"{DEPTH_LABELS[other.fusion_depth]} runner-up ({'; '.join(parts)})")
+
+
+def _timings(program: CompiledProgram | None) -> str:
+    if program is None or program.tuning is None or not program.tuning.weighed:
+        return ""
+    times = [f"#{w.index} {w.measurement.median_us:,.1f} ± {w.measurement.noise_us:,.1f} µs"
+             for w in program.tuning.weighed]
+    return f" ({', '.join(times)})"
+
+
+def generated_kernels_table(program: CompiledProgram) -> RenderableType:
+    """The plan's kernels as the GPU runs them: CUDA function, schedule, launch, source size."""
+    from tessera_rw.kernel_sources import generated_kernels
+    try:
+        kernels = generated_kernels(program)
+    except TesseraError as e:
+        return Text(f"generated kernels: none for the GPU: {e.detail}")
+    table = report_table(f"generated kernels ({program.arch.sm}; --emit-cuda DIR writes them)")
+    numeric = ("step", "threads", "smem KB", "lines")
+    for column in ("step", "kernel (its name spells the schedule)", "grid", "threads", "smem KB", "lines"):
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column != "grid")
+    for k in kernels:
+        if k.source is None:
+            table.add_row(str(k.index), k.name, "-", "-", "-", "-")
+            continue
+        s = k.source
+        table.add_row(str(k.index), s.name, "x".join(str(g) for g in s.grid), str(s.threads),
+                      f"{s.dynamic_smem / 1024:.0f}", str(s.source.count("\n") + 1))
+    return table
+
+
+def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
+    """The report's text, section by section, for a rich Console."""
+    program = report.program
+    if program is not None:
+        yield graph_summary(program.graph)
+        yield Text(str(program.graph))
+    else:
+        yield Text(f"{report.function}(" + ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in report.inputs) + ")")
+    yield rewrite_summary(report, program)
+    yield candidates_table(report, program.arch if program else None)
+    for rank, candidate in enumerate(report.candidates):
+        costs = program.candidates[rank].kernels if program else None
+        yield kernels_table(candidate, costs, f"candidate {rank}: {DEPTH_LABELS[candidate.fusion_depth]}")
+    if program is not None:
+        yield Text(str(program.candidate.graph))
+    yield Text(choice_reason(report, program), style="bold")
+    if program is not None:
+        yield Text(str(program.plan))
+        yield generated_kernels_table(program)

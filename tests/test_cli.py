@@ -28,10 +28,11 @@ def test_explain_with_inputs(capsys):
 @pytest.mark.parametrize("args, says", [
     (["--explain", "nope.py:f"], "no such file"),
     (["--explain", "examples/attention.py:missing"], "no function 'missing'"),
-    (["--explain", "examples/attention.py"], "FILE.py:FUNCTION"),
+    (["--explain", "examples/attention.py:"], "FILE.py:FUNCTION"),
+    (["--explain", "examples/attention.py:attention", "--input", "z=4x8"], "has no parameter 'z'"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4xZ"], "malformed --input"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4x4:float13"], "float13"),
-    (["--explain", "examples/attention.py:attention", "--input", "q=4x8"], "kernel attention"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4x8"], "no --input for k, v"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4x8", "--input", "k=5x8",
       "--input", "v=4x8"], "matmul"),
     ([], "--explain"),
@@ -41,6 +42,8 @@ def test_bad_invocations_print_one_line_and_exit_2(args, says, capsys, monkeypat
     assert main(args) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+    message, hint = err.rstrip("\n").split("\n")      # one line, then the usage (or the error's hint)
+    assert message.startswith("tessera-rewrite: ") and hint.startswith(("usage: ", "hint: "))
 
 
 def test_console_script_is_installed():
@@ -62,9 +65,10 @@ def test_explain_weighs_candidates_and_says_why_one_won(capsys):
     assert "candidates on A100-SXM (sm_80" in out
     for label in ("fully fused", "epilogue-fused", "unfused"):
         assert f"candidate {['fully fused', 'epilogue-fused', 'unfused'].index(label)}: {label}" in out
-    for column in ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "compute µs", "memory µs", "est µs", "bound"):
+    for column in ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "est µs", "bound", "max regs"):
         assert column in out
     assert "chosen: fully fused" in out and "faster than the epilogue-fused runner-up" in out
+    assert "flash_attention_bf16_d64" in out.split("generated kernels (sm_80")[1]
 
 
 def test_explain_plans_for_the_arch_in_tessera_arch(capsys, monkeypatch):

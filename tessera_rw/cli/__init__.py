@@ -9,27 +9,27 @@ from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.cli import cache, explain, rules, tune
-from tessera_rw.cli.usage import USAGE, Parser, UsageError
+from tessera_rw.cli.usage import USAGE, Parser, UsageError, one_line
 
 SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
 
 
-WIDE_OUTPUT = 200
+PIPED_WIDTH = 100       # piped output reads at 100 columns, whatever the terminal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)  # piped: do not wrap at 80
+    console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
-        command = SUBCOMMANDS.get(argv[0]) if argv else None
-        parser = Parser(prog="tessera-rewrite" + (f" {argv[0]}" if command else ""))
-        module = command or explain
+        parser = Parser(prog="tessera-rewrite" + (f" {name}" if name else ""))
+        module = SUBCOMMANDS[name] if name else explain
         module.add_arguments(parser)
-        args = parser.parse_args(argv[1:] if command else argv)
+        args = parser.parse_args(argv[1:] if name else argv)
         return module.run(args, console)
     except UsageError as e:
-        print(f"tessera-rewrite: {e}\n{USAGE}", file=sys.stderr)
+        print(f"tessera-rewrite: {e}\n{USAGE[name]}", file=sys.stderr)
         return 2
     except TesseraError as e:
-        print(f"tessera-rewrite: {e}", file=sys.stderr)
+        print(f"tessera-rewrite: {one_line(e)}\n{'hint: ' + e.hint if e.hint else USAGE[name]}", file=sys.stderr)
         return 2

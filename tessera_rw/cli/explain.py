@@ -1,15 +1,20 @@
 """`tessera-rewrite --explain`: what tessera_rw does with a function in a Python file.
 
     tessera-rewrite --explain examples/attention.py:attention --input q=4x16x2048x64:bf16 ...
+    tessera-rewrite --explain examples/*.py --format json --emit-cuda out/ --arch sm_90 --tune
 
-A target module may define `example_inputs()` returning a dict of arrays or op.tensor
-placeholders, so `--input` can be left out. Bad invocations print one line and exit with 2.
+A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file defines. A target module
+may define `example_inputs()` returning a dict of arrays or op.tensor placeholders (one dict for
+all its kernels: each takes the entries its parameters name), so `--input` can be left out. Bad
+invocations print one line and a usage hint on stderr and exit with 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
+import json
 import sys
 import time
 from pathlib import Path
@@ -17,17 +22,22 @@ from typing import Any, Sequence
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
 from tessera_rw.execute import run_program, where_to_run
+from tessera_rw.explain_report import ExplainReport, explain_report
 from tessera_rw.kernel import Kernel
+from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
-from tessera_rw.report import candidates_table, choice_reason, graph_summary, kernels_table, rewrite_summary
+from tessera_rw.report import explain_renderables, report_table
+from tessera_rw.tune.plan_tuner import TuneSettings
 
 from tessera_rw.cli.usage import UsageError
+
 
 def parse_input(text: str) -> tuple[str, TensorSpec]:
     """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32."""
@@ -43,14 +53,7 @@ def parse_input(text: str) -> tuple[str, TensorSpec]:
         raise UsageError(f"malformed --input {text!r}: {detail}") from None
 
 
-def load_target(target: str) -> tuple[Kernel, Any]:
-    """'path.py:func' -> (the function as a Kernel, the module)."""
-    path, colon, func = target.rpartition(":")
-    if not colon or not path or not func:
-        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION")
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"no such file: {path}")
+def _import(file: Path) -> Any:
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.parent.resolve()))
@@ -59,20 +62,59 @@ def load_target(target: str) -> tuple[Kernel, Any]:
     except TesseraError:
         raise
     except Exception as e:  # the user's module failed to import: say so in one line
-        raise UsageError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+        raise UsageError(f"importing {file} failed: {type(e).__name__}: {e}") from None
     finally:
         sys.path.pop(0)
+    return module
+
+
+def load_targets(target: str) -> tuple[list[Kernel], Any]:
+    """'path.py:func' -> ([func as a Kernel], module); 'path.py' -> (every @op.kernel it defines, module)."""
+    path, colon, func = target.rpartition(":")
+    if not colon:
+        path = target
+    elif not path or not func:
+        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION or FILE.py")
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no such file: {path}")
+    module = _import(file)
+    if not colon:
+        kernels = [v for v in vars(module).values() if isinstance(v, Kernel) and v.fn.__module__ == module.__name__]
+        if not kernels:
+            raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
+        return kernels, module
     fn = getattr(module, func, None)
     if fn is None or not callable(fn):
         raise UsageError(f"{path} has no function {func!r}")
-    return (fn if isinstance(fn, Kernel) else Kernel(fn)), module
+    return [fn if isinstance(fn, Kernel) else Kernel(fn)], module
 
 
-def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
+def load_target(target: str) -> tuple[Kernel, Any]:
+    """'path.py:func' -> (the function as a Kernel, the module)."""
+    if ":" not in target:
+        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION")
+    kernels, module = load_targets(target)
+    return kernels[0], module
+
+
+def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, TensorSpec]:
+    """The kernel's tensor arguments by name: from --input, else the module's example_inputs()
+    (the entries this kernel's parameters name)."""
     if given:
         inputs = dict(parse_input(t) for t in given)
+        unknown = [n for n in inputs if n not in kernel.parameter_names]
+        if unknown:
+            raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
+                             f"{', '.join(kernel.parameter_names)}")
+        required = [p.name for p in inspect.signature(kernel.fn).parameters.values()
+                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        missing = [n for n in required if n not in inputs]
+        if missing:
+            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
+                             f"{', '.join(missing)}")
     elif callable(getattr(module, "example_inputs", None)):
-        inputs = module.example_inputs()
+        inputs = {n: v for n, v in module.example_inputs().items() if n in kernel.parameter_names}
     else:
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
                          "in its module)")
@@ -118,33 +160,39 @@ def run_once(program: CompiledProgram, specs: dict[str, TensorSpec], console: Co
     console.print(f"[bold]{line}[/]; max error vs the unfused reference {max(errors):.2e} of the output's scale")
 
 
-def explain(target: str, given: Sequence[str], arch: ArchSpec, console: Console, execute: bool = False) -> None:
-    kernel, module = load_target(target)
-    inputs = target_inputs(kernel, module, given)
-    graph = kernel.trace(**inputs).verify()
-    console.print(graph_summary(graph))
-    console.file.write(f"{graph}\n")
-    program = compile_program(graph, arch)
-    console.print(rewrite_summary(program.rewrite.report))
-    candidates = program.candidates
-    console.print(candidates_table(candidates, arch))
-    for rank, candidate in enumerate(candidates):
-        console.print(kernels_table(candidate, f"candidate {rank}: {candidate.fusion_depth.label}"))
-        if rank == program.chosen:
-            console.file.write(f"{candidate.graph}\n")
-    console.print(f"[bold]{choice_reason(candidates)}[/]")
-    console.file.write(f"{program.plan}\n")
-    if execute:
-        run_once(program, inputs, console)
+def explain(kernel: Kernel, inputs: dict[str, TensorSpec], arch: ArchSpec, tune: bool) -> ExplainReport:
+    """Trace, rewrite, extract and lower (and tune, when asked) one kernel at these inputs."""
+    call = kernel.bind(**inputs)
+    graph = kernel.traced(call).graph
+    program = compile_program(graph, arch, TuneSettings(method="auto") if tune else None)
+    return explain_report(program, call.tensors)
+
+
+def emitted_table(program: CompiledProgram, directory: Path) -> Table:
+    """Write the program's kernels under `directory` and list them with ptxas's registers and spills."""
+    table = report_table(f"CUDA written to {directory} (compiled for {program.arch.sm})")
+    for column in ("file", "regs", "spill B", "smem KB"):
+        table.add_column(column, justify="left" if column == "file" else "right", overflow="fold")
+    for kernel, path, facts in emit_cuda(program, directory):
+        table.add_row(path.name, str(facts.registers), str(facts.spill_bytes),
+                      f"{(facts.smem_bytes + kernel.source.dynamic_smem) / 1024:.0f}")
+    return table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--explain", metavar="FILE.py:FUNCTION", action="append", required=True,
-                   help="trace the function and print its graph (repeat for several targets)")
+    p.add_argument("--explain", metavar="FILE.py[:FUNCTION]", nargs="+", action="extend", required=True,
+                   help="the function(s) to explain; FILE.py alone explains every @op.kernel in it")
     p.add_argument("--input", metavar="NAME=DIMS:DTYPE", action="append", default=[],
-                   help="an input placeholder, e.g. q=4x16x2048x64:bf16")
+                   help="an input placeholder, e.g. q=4x16x2048x64:bf16 (default: the module's example_inputs())")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="json: one tessera_rw.explain/1 document (a list of them for several functions)")
+    p.add_argument("--emit-cuda", metavar="DIR", type=Path, default=None,
+                   help="also write each generated kernel to DIR/FUNCTION/NN_name.cu and report ptxas's registers")
     p.add_argument("--arch", metavar="NAME", default=None,
-                   help="plan for this GPU (default: TESSERA_ARCH, else this machine's GPU, else H100-SXM)")
+                   help="plan for this GPU, e.g. sm_90 or H100-SXM (default: TESSERA_ARCH, else this machine's GPU, "
+                        "else H100-SXM)")
+    p.add_argument("--tune", action="store_true",
+                   help="tune the kernels' schedules: timed on the GPU when there is one, else by the cost model")
     p.add_argument("--run", action="store_true",
                    help="also run the chosen plan on random inputs (the GPU, else the numpy executor) "
                         "and check it against the unfused reference")
@@ -152,6 +200,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     arch = arch_named(args.arch) if args.arch else target_arch()
-    for target in args.explain:
-        explain(target, args.input, arch, console, execute=args.run)
+    targets = [(kernel, module) for target in args.explain for kernel, module in _with_module(*load_targets(target))]
+    if args.input and len(targets) > 1:
+        raise UsageError("--input names one function's arguments: give a single FILE.py:FUNCTION with it")
+    documents = []
+    for kernel, module in targets:
+        inputs = target_inputs(kernel, module, args.input)
+        report = explain(kernel, inputs, arch, args.tune)
+        if args.format == "json":
+            documents.append(json.loads(report.to_json()))
+        else:
+            for item in explain_renderables(report):
+                console.print(item)
+        if args.emit_cuda is not None:
+            where = console if args.format == "text" else Console(stderr=True)
+            where.print(emitted_table(report.program, args.emit_cuda / kernel.name))
+        if args.run:
+            run_once(report.program, inputs, console if args.format == "text" else Console(stderr=True))
+    if args.format == "json":
+        console.file.write(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n")
     return 0
+
+
+def _with_module(kernels: list[Kernel], module: Any) -> list[tuple[Kernel, Any]]:
+    return [(k, module) for k in kernels]

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-USAGE = ("usage: tessera-rewrite --explain FILE.py:FUNCTION [--input NAME=4x16x64:bf16 ...]\n"
-         "       tessera-rewrite tune FILE.py:FUNCTION [--method auto|on_device|cost_model] [--max-trials N]\n"
-         "       tessera-rewrite rules [--check] [PACK ...]\n"
-         "       tessera-rewrite cache list|export FILE|import FILE|clear [--arch A] [--yes] [--name N]")
+from tessera_rw.algebra.errors import TesseraError
+
+USAGE = {
+    None: "usage: tessera-rewrite --explain FILE.py[:FUNCTION] [--input NAME=4x16x64:bf16 ...] [--format text|json] "
+          "[--emit-cuda DIR] [--arch sm_90] [--tune] [--run]",
+    "tune": "usage: tessera-rewrite tune FILE.py:FUNCTION [--method auto|on_device|cost_model] [--max-trials N]",
+    "rules": "usage: tessera-rewrite rules [--check] [PACK ...]",
+    "cache": "usage: tessera-rewrite cache list|export FILE|import FILE|clear [--arch A] [--yes] [--name N]",
+}
 
 
 class UsageError(Exception):
@@ -17,3 +22,14 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
         raise UsageError(message)
+
+
+def one_line(error: TesseraError) -> str:
+    """A TesseraError as one line: what is wrong, the operands and where (its hint goes on the next)."""
+    head = f"{error.op}: {error.detail}" if error.op else error.detail
+    parts = [head.replace("\n", "; ")]
+    if error.operands:
+        parts.append(f"operands {error.operands}")
+    if error.site:
+        parts.append(f"at {error.site}")
+    return " — ".join(parts)

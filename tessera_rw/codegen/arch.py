@@ -6,6 +6,8 @@ Figures are the vendors' published dense (non-sparse) peaks at boost clock. The 
 
 >>> arch_named("h100").sm
 'sm_90'
+>>> arch_named("sm_80").name
+'A100-SXM'
 >>> arch_named("H100-SXM").peak_flops("bfloat16") / 1e12
 989.4
 """
@@ -149,10 +151,14 @@ def known_names() -> list[str]:
 
 
 def arch_named(name: str) -> ArchSpec:
-    """The known architecture called `name` or one of its aliases (case-insensitive)."""
+    """The known architecture called `name` or one of its aliases (case-insensitive); a compute
+    capability such as 'sm_90' names the first known GPU of it (sm_90: H100-SXM)."""
     wanted = _key(name)
     for arch in KNOWN_ARCHS:
         if wanted in {_key(arch.name), *map(_key, arch.aliases)}:
+            return arch
+    for arch in KNOWN_ARCHS:
+        if wanted == _key(arch.sm):
             return arch
     raise ArchError(f"unknown architecture {name!r}; known: {', '.join(known_names())}", hint=_HOW_TO_ADD)
 

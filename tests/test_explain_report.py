@@ -1,0 +1,153 @@
+"""ExplainReport: `kernel.explain` and `tessera-rewrite --explain --format json` give exactly the
+tessera_rw.explain/1 schema; the text reads at 100 columns; --emit-cuda writes compilable kernels."""
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import pytest
+
+from tessera_rw import op
+from tessera_rw.cli import main
+from tessera_rw.explain_report import ExplainReport, kernel_info
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCHEMA_KEYS = {"schema", "function", "inputs", "egraph", "rules", "candidates", "chosen", "chosen_by"}
+EGRAPH_KEYS = {"iterations", "enodes", "eclasses", "seconds", "stop_reason"}
+CANDIDATE_KEYS = {"fusion_depth", "hbm_bytes", "flops", "est_us", "kernels"}
+KERNEL_KEYS = {"kind", "fused", "hbm_bytes", "flops", "registers", "smem_bytes", "est_us"}
+
+
+def assert_schema(document: dict) -> None:
+    """Exactly the keys DESIGN.md names, at every level, with values of the right sort."""
+    assert set(document) == SCHEMA_KEYS and document["schema"] == "tessera_rw.explain/1"
+    assert set(document["egraph"]) == EGRAPH_KEYS
+    assert document["egraph"]["stop_reason"] in ("saturated", "iteration_limit", "node_limit", "time_limit")
+    assert all(set(i) == {"name", "shape", "dtype"} for i in document["inputs"])
+    assert all(set(r) == {"name", "ruleset", "matches"} and r["matches"] > 0 for r in document["rules"])
+    for c in document["candidates"]:
+        assert set(c) == CANDIDATE_KEYS and c["fusion_depth"] in (0, 1, 2)
+        assert all(set(k) == KERNEL_KEYS and isinstance(k["fused"], list) for k in c["kernels"])
+    assert 0 <= document["chosen"] < len(document["candidates"])
+    assert document["chosen_by"] in ("cost_model", "on_device", "cache")
+    ExplainReport.model_validate(document)
+
+
+@op.kernel
+def attention(q, k, v):
+    s = (q @ k.mT) * (q.shape[-1] ** -0.5)
+    return op.softmax(s, axis=-1) @ v
+
+
+@pytest.fixture(scope="module")
+def report() -> ExplainReport:
+    spec = op.tensor((2, 8, 512, 64), "bf16")
+    return attention.explain(spec, spec, spec)
+
+
+def test_kernel_explain_reports_the_fusion(report):
+    assert report.function == "attention" and [i.name for i in report.inputs] == ["q", "k", "v"]
+    assert report.inputs[0].shape == (2, 8, 512, 64) and report.inputs[0].dtype == "bfloat16"
+    chosen = report.candidates[report.chosen]
+    assert [k.kind for k in chosen.kernels] == ["flash_attention"] and chosen.fusion_depth == 2
+    assert chosen.kernels[0].fused == ("scale", "softmax")
+    assert chosen.flops == chosen.kernels[0].flops > 2 * 2 * 8 * 512 * 512 * 64
+    assert {(r.ruleset, r.name) for r in report.rules} >= {("attention", "flash-attention-unmasked")}
+    assert report.egraph.stop_reason == "saturated" and report.egraph.eclasses <= report.egraph.enodes
+    assert report.chosen_by == "cost_model"
+    assert len({c.fusion_depth for c in report.candidates}) == len(report.candidates) > 1
+
+
+def test_json_is_exactly_the_schema_and_round_trips(report):
+    document = json.loads(report.to_json())
+    assert_schema(document)
+    again = ExplainReport.from_json(report.to_json())
+    assert again == report and again.program is None
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(schema="tessera_rw.explain/2"),
+    lambda d: d.update(extra=1),
+    lambda d: d.update(chosen=7),
+    lambda d: d.update(chosen_by="luck"),
+    lambda d: d["egraph"].update(stop_reason="bored"),
+    lambda d: d["candidates"][0]["kernels"][0].pop("registers"),
+])
+def test_a_document_off_the_schema_is_rejected(report, change):
+    document = json.loads(report.to_json())
+    change(document)
+    with pytest.raises(pydantic.ValidationError):
+        ExplainReport.from_json(json.dumps(document))
+
+
+def test_text_reads_at_100_columns(report):
+    text = str(report)
+    for section in ("attention: input graph", "rewrite: saturated", "candidates on", "candidate 0: fully fused",
+                    "chosen: fully fused", "plan attention", "generated kernels"):
+        assert section in text
+    table_lines = [ln for ln in text.splitlines() if not ln.startswith(("def ", "    t", "  0: ", "b"))]
+    assert max(len(ln) for ln in table_lines) <= 100
+
+
+def test_a_report_read_back_from_json_still_prints(report):
+    text = str(ExplainReport.from_json(report.to_json()))
+    assert "attention(q: bfloat16[2, 8, 512, 64]" in text and "candidate 0: fully fused" in text
+    assert "chosen: fully fused" in text
+
+
+def test_a_kernel_without_a_gpu_template_is_named_and_its_unknown_time_is_null(report):
+    @op.kernel
+    def f(x):
+        return x @ x
+
+    plain = f.explain(np.ones((8, 8)))                     # float64 matmul: the numpy executor only
+    assert_schema(json.loads(plain.to_json()))
+    text = str(plain)
+    assert "matmul (no template)" in text and "generated kernels: none for the GPU" in text
+    fused = report.program.candidate.kernels[0]           # a fused op no template has costs infinity
+    assert kernel_info(replace(fused, est_us=math.inf)).est_us is None
+
+
+def test_cli_json_is_one_document_per_function(capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention"), "--format", "json",
+                 "--input", "q=2x4x256x64:bf16", "--input", "k=2x4x256x64:bf16", "--input", "v=2x4x256x64:bf16"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert_schema(document)
+    assert document["inputs"][0] == {"name": "q", "shape": [2, 4, 256, 64], "dtype": "bfloat16"}
+
+
+def test_cli_explains_every_kernel_of_a_file(capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py"), "--format", "json"]) == 0
+    documents = json.loads(capsys.readouterr().out)
+    assert [d["function"] for d in documents] == ["attention", "causal_attention"]
+    for d in documents:
+        assert_schema(d)
+
+
+def test_cli_emits_cuda_that_compiles(tmp_path, capsys):
+    assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention"), "--emit-cuda", str(tmp_path),
+                 "--arch", "sm_90"]) == 0
+    out = capsys.readouterr().out
+    files = sorted((tmp_path / "causal_attention").glob("*.cu"))
+    assert len(files) == 1 and files[0].name.startswith("00_flash_attention_bf16_d64_causal_bm")
+    source = files[0].read_text()
+    assert files[0].stem[3:] + "(" in source and "typedef" in source  # the prelude included: compiles alone
+    row = next(ln for ln in out.splitlines() if files[0].name in ln).split()
+    registers, spills = int(row[1]), int(row[2])
+    assert 64 <= registers <= 255 and spills == 0
+
+
+def test_cli_tune_without_a_gpu_chooses_by_the_cost_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    args = ["--explain", str(ROOT / "examples/attention.py:attention"), "--tune", "--format", "json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert_schema(first)
+    assert first["chosen_by"] == "cost_model"
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["chosen_by"] == "cache"     # the second run asks the cache
