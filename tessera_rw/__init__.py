@@ -3,7 +3,7 @@
 >>> from tessera_rw import op
 """
 
-from tessera_rw import numerics, op
+from tessera_rw import graph, numerics, op, profiler
 from tessera_rw.tuning import autotune
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import (
@@ -12,5 +12,5 @@ from tessera_rw.algebra.graph import Graph
 
 __version__ = "0.1.0"
 
-__all__ = ["op", "numerics", "autotune", "DType", "Graph", "TesseraError", "ShapeError", "AxisError", "DTypeError",
-           "AttributeValueError", "ArgumentError", "ResultError", "VerifyError", "__version__"]
+__all__ = ["op", "numerics", "autotune", "profiler", "graph", "DType", "Graph", "TesseraError", "ShapeError",
+           "AxisError", "DTypeError", "AttributeValueError", "ArgumentError", "ResultError", "VerifyError", "__version__"]

@@ -29,6 +29,7 @@ from tessera_rw.algebra.evaluate import evaluate_node
 from tessera_rw.algebra.node import Node
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
+from tessera_rw.codegen.step_timing import PlanRun, active_recorders, host_clock, report_step
 from tessera_rw.lower.plan import BufferRole, KernelPlan, Step, ValueRef
 
 HostKernel = Callable[[Node, list[np.ndarray]], np.ndarray]
@@ -99,6 +100,14 @@ def run_plan_on_cpu(plan: KernelPlan, feeds: Mapping[str, np.ndarray],
                     numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[np.ndarray, ...]:
     """Run `plan` on the host with inputs by name; the outputs are fresh arrays."""
     memory = _Memory(plan, feeds)
-    for step in plan.steps:
-        run_step(step, memory, numerics)
+    recorders = active_recorders()
+    if recorders:                       # profiled: every step timed by the wall clock
+        run = PlanRun(plan, numerics)
+        for i, step in enumerate(plan.steps):
+            start = host_clock()
+            run_step(step, memory, numerics)
+            report_step(recorders, run, i, start, host_clock() - start)
+    else:
+        for step in plan.steps:
+            run_step(step, memory, numerics)
     return tuple(memory.view(ref).copy() for ref in plan.outputs)

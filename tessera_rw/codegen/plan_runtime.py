@@ -31,6 +31,7 @@ from tessera_rw.codegen.launch import bind
 from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
+from tessera_rw.codegen.step_timing import DeviceStepTimer, PlanRun, active_recorders, stream_id
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.lower.plan import BufferRole, KernelPlan, ValueRef
 
@@ -100,8 +101,16 @@ class DevicePlan:
             tensor, user = empty_like_kind(kind, ref.type.shape, ref.type.dtype, first, stream)
             memory[ref.buffer] = tensor
             results.append(user)
-        for launch in self._launches(memory, stream):
-            launch()
+        recorders = active_recorders()
+        if recorders:                   # profiled: CUDA events around each launch, one sync after the last
+            timer = DeviceStepTimer(stream)
+            for i, launch in enumerate(self._launches(memory, stream)):
+                timer.launch(i, launch)
+            device, schedules = f"cuda:{self.stream.device.device_id}", tuple(k.step.schedule for k in self.kernels)
+            timer.report(recorders, PlanRun(plan, self.numerics, device, stream_id(stream), self.arch, schedules))
+        else:
+            for launch in self._launches(memory, stream):
+                launch()
         if kind == "numpy":
             return tuple(to_host(memory[ref.buffer], stream) for ref in plan.outputs)
         if kind in ("torch", "cupy"):

@@ -32,6 +32,7 @@ from tessera_rw.codegen.kernel_check import check, expected, random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import bind, l2_flush_buffer
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.step_timing import not_recording
 from tessera_rw.codegen.templates.base import Schedule, Template
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.measure import Measurement, interleaved
@@ -126,6 +127,7 @@ def _random_value(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np
     return rng.standard_normal(shape).astype(np.float32).astype(np_dtype)
 
 
+@not_recording()          # tuning's repetitions are not the user's launches: an open profiler session skips them
 def time_plans(plans: Sequence[tuple[KernelPlan, tuple[tuple[int, Schedule], ...]]], numerics: Numerics, *,
                device_index: int = 0, rounds: int = ROUNDS, warmup: int = WARMUP) -> list[Measurement]:
     """Whole plans of one program (same inputs), each with its schedules, timed interleaved on the GPU
