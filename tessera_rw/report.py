@@ -79,9 +79,20 @@ def rewrite_summary(report: ExplainReport, program: CompiledProgram | None) -> T
     for rule in sorted(report.rules, key=lambda r: (r.ruleset, -r.matches, r.name)):
         table.add_row(rule.ruleset, rule.name, str(rule.matches))
     if program is not None:
-        growth = " → ".join(str(it.enodes) for it in program.rewrite.report.iterations)
-        table.caption = f"e-nodes per iteration: {growth}"
+        table.caption = iteration_lines(program)
     return table
+
+
+def iteration_lines(program: CompiledProgram) -> str:
+    """Per saturation iteration: the e-graph's size, the matches it applied, its time, rules banned."""
+    lines = []
+    for it in program.rewrite.report.iterations:
+        line = (f"iteration {it.index}: {it.enodes} e-nodes, {sum(it.matches.values())} matches, "
+                f"{it.seconds * 1e3:.0f} ms")
+        if it.banned:
+            line += f"; backed off: {', '.join(it.banned)}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
@@ -114,13 +125,13 @@ def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None
         numbers = [str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{cost.occupancy:.0%}" if cost else "-",
                    _mb(k.hbm_bytes), _gflop(k.flops), _us(k.est_us)]
         if cost:
-            table.add_row(name, _short(cost.schedule), *numbers, cost.bound)
+            table.add_row(name, compact_schedule(cost.schedule), *numbers, cost.bound)
         else:
             table.add_row(name, *numbers)
     return table
 
 
-def _short(schedule: str) -> str:
+def compact_schedule(schedule: str) -> str:
     """'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3' -> '128x128x32 w2x2 s3': tiles and knobs, compact."""
     knobs = dict(part.split("=", 1) for part in schedule.split() if "=" in part)
     if not knobs:
@@ -128,7 +139,8 @@ def _short(schedule: str) -> str:
     tile = "x".join(knobs.pop(k) for k in ("bm", "bn", "bk") if k in knobs)
     warps = "x".join(knobs.pop(k) for k in ("warps_m", "warps_n") if k in knobs) or knobs.pop("warps", "")
     stages = knobs.pop("stages", "")
-    rest = [f"{k.replace('rows_per_block', 'rows').replace('threads', 't')}={v}" for k, v in knobs.items()]
+    rest = [f"{k.replace('rows_per_block', 'rows').replace('threads', 't').replace('fusion_depth', 'depth')}={v}"
+            for k, v in knobs.items()]
     return " ".join(p for p in (tile, f"w{warps}" if warps else "", f"s{stages}" if stages else "", *rest) if p)
 
 

@@ -17,9 +17,10 @@ import sys
 import warnings
 
 from rich.console import Console
-from rich.table import Table
 
 from tessera_rw.cli.usage import UsageError
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.report import compact_schedule, report_table
 from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
 from tessera_rw.tune.records import TuneRecord
 
@@ -55,12 +56,14 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     if args.format == "json":
         console.file.write(json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n")
         return 0
-    table = Table(title=f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
-    for col in ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen_by", "interpolated"):
-        table.add_column(col, justify="right" if col == "µs" else "left")
+    table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
+    for col in ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by"):
+        table.add_column(col, justify="right" if col == "µs" else "left", overflow="fold",
+                         no_wrap=col in ("op", "arch", "config", "µs"))
     for r in records:
-        table.add_row(r.op_name, _shapes(r), ", ".join(r.dtypes), r.arch, _config(r), f"{r.time_us:.2f}",
-                      r.chosen_by.value, "yes" if r.interpolated else "no")
+        table.add_row(r.op_name, _shapes(r), " ".join(DType.parse(d).short for d in r.dtypes), r.arch,
+                      compact_schedule(_config(r)), f"{r.time_us:.2f}",
+                      r.chosen_by.value + (" (interpolated)" if r.interpolated else ""))
     console.print(table)
     return 0
 
@@ -100,11 +103,11 @@ def _say(console: Console, args: argparse.Namespace, data: dict, text: str) -> N
     if args.format == "json":
         console.file.write(json.dumps(data) + "\n")
     else:
-        console.print(text, markup=False, highlight=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)   # a path stays whole
 
 
 def _shapes(r: TuneRecord) -> str:
-    return ", ".join("x".join(map(str, s)) if s else "scalar" for s in r.shapes)
+    return " ".join("x".join(map(str, s)) if s else "scalar" for s in r.shapes)
 
 
 def _config(r: TuneRecord) -> str:
