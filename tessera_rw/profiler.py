@@ -288,7 +288,7 @@ class Session:
         records = self.records
         table = Table(title=self.title(), title_justify="left")
         for i, column in enumerate(COLUMNS):
-            table.add_column(column, justify="left" if i == 0 else "right")
+            table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i > 0, overflow="fold")
         if group:
             kernels: dict[tuple, list[KernelRecord]] = {}
             for r in records:
