@@ -151,3 +151,21 @@ def test_cli_tune_without_a_gpu_chooses_by_the_cost_model(tmp_path, monkeypatch,
     assert first["chosen_by"] == "cost_model"
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["chosen_by"] == "cache"     # the second run asks the cache
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def test_every_example_explains_to_the_schema(capsys):
+    assert main(["--explain", *map(str, EXAMPLES), "--format", "json"]) == 0
+    documents = json.loads(capsys.readouterr().out)
+    assert len(documents) >= len(EXAMPLES) >= 5
+    for document in documents:
+        assert_schema(document)
+
+
+def test_every_example_reads_at_100_columns(capsys):
+    assert main(["--explain", *map(str, EXAMPLES)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100
+    assert sum(ln.startswith("chosen: ") for ln in lines) >= len(EXAMPLES)

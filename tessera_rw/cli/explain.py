@@ -33,7 +33,7 @@ from tessera_rw.explain_report import ExplainReport, explain_report
 from tessera_rw.kernel import Kernel
 from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
-from tessera_rw.report import explain_renderables, report_table
+from tessera_rw.report import explain_renderables, node_flops, report_table
 from tessera_rw.tune.plan_tuner import TuneSettings
 
 from tessera_rw.cli.usage import UsageError
@@ -98,9 +98,9 @@ def load_target(target: str) -> tuple[Kernel, Any]:
     return kernels[0], module
 
 
-def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, TensorSpec]:
-    """The kernel's tensor arguments by name: from --input, else the module's example_inputs()
-    (the entries this kernel's parameters name)."""
+def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
+    """The kernel's tensor arguments by name, placeholders or arrays: from --input, else the module's
+    example_inputs() (the entries this kernel's parameters name)."""
     if given:
         inputs = dict(parse_input(t) for t in given)
         unknown = [n for n in inputs if n not in kernel.parameter_names]
@@ -118,18 +118,27 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     else:
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
                          "in its module)")
+    return inputs
+
+
+def specs_of(inputs: dict[str, Any]) -> dict[str, TensorSpec]:
     return {n: (v if isinstance(v, TensorSpec) else TensorSpec(v.shape, v.dtype)) for n, v in inputs.items()}
 
 
 REFERENCE_LIMIT_BYTES = 1 << 30     # the unfused reference holds every intermediate at once
+REFERENCE_LIMIT_FLOPS = 10 ** 11    # and runs every op the plain way (a direct convolution is O(L²))
 
 
-def random_inputs(specs: dict[str, TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random arrays for placeholders (never all zeros): normal floats, random ints and bools."""
+def random_inputs(inputs: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Arrays for a run: the given arrays as they are, random ones for placeholders (never all
+    zeros): normal floats, random ints and bools."""
     rng = np.random.default_rng(seed)
     arrays = {}
-    for name, spec in specs.items():
-        t = spec.type
+    for name, value in inputs.items():
+        if not isinstance(value, TensorSpec):
+            arrays[name] = np.asarray(value)
+            continue
+        t = value.type
         if t.dtype.name == "bool":
             arrays[name] = rng.random(t.shape) < 0.5
         elif t.dtype.is_float:
@@ -139,17 +148,20 @@ def random_inputs(specs: dict[str, TensorSpec], seed: int = 0) -> dict[str, np.n
     return arrays
 
 
-def run_once(program: CompiledProgram, specs: dict[str, TensorSpec], console: Console) -> None:
-    """Run the chosen plan on random inputs and check it against the unfused reference."""
-    arrays = random_inputs(specs)
+def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console) -> None:
+    """Run the chosen plan (on the given arrays, random ones for placeholders) and check it against
+    the unfused reference when that fits in memory and time."""
+    arrays = random_inputs(inputs)
     device = where_to_run(program, arrays)
     start = time.perf_counter()
     outputs = run_program(program, arrays)
     seconds = time.perf_counter() - start
     line = f"ran the plan on the {'GPU' if device == 'gpu' else 'CPU (numpy executor)'} in {seconds:.2f} s"
     need = sum(n.type.nbytes for n in program.graph.nodes)
-    if need > REFERENCE_LIMIT_BYTES:
-        console.print(f"[bold]{line}[/]; the reference check is skipped (the unfused graph needs {need / 2**30:.1f} GiB)")
+    work = sum(node_flops(n) for n in program.graph.nodes)
+    if need > REFERENCE_LIMIT_BYTES or work > REFERENCE_LIMIT_FLOPS:
+        console.print(f"[bold]{line}[/]; the reference check is skipped (the unfused graph needs "
+                      f"{need / 2**30:.1f} GiB and {work / 1e9:,.0f} GFLOP)")
         return
     reference = evaluate(program.graph, arrays)
     errors = []
@@ -160,7 +172,7 @@ def run_once(program: CompiledProgram, specs: dict[str, TensorSpec], console: Co
     console.print(f"[bold]{line}[/]; max error vs the unfused reference {max(errors):.2e} of the output's scale")
 
 
-def explain(kernel: Kernel, inputs: dict[str, TensorSpec], arch: ArchSpec, tune: bool) -> ExplainReport:
+def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) -> ExplainReport:
     """Trace, rewrite, extract and lower (and tune, when asked) one kernel at these inputs."""
     call = kernel.bind(**inputs)
     graph = kernel.traced(call).graph

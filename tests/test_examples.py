@@ -1,0 +1,150 @@
+"""Every example runs and shows what it says it shows.
+
+For each examples/*.py: its main() checks its kernels against its own numpy version on small inputs
+(exit status 0), its example_inputs() names every kernel parameter, and each kernel's program at
+those inputs (traced and compiled, nothing run) contains the rewrite the example is about.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tessera_rw.kernel import Kernel
+from tessera_rw.pipeline import CompiledProgram
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+FILES = sorted(EXAMPLES.glob("*.py"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tuning_cache(tmp_path_factory):
+    """The autotune example writes its named cache here, not under the user's cache folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("tessera-cache")))
+        yield
+
+
+_MODULES: dict[str, object] = {}
+
+
+def example(stem: str):
+    """The example module, imported once per test run (its kernels keep their traces)."""
+    if stem not in _MODULES:
+        spec = importlib.util.spec_from_file_location(f"examples_{stem}", EXAMPLES / f"{stem}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _MODULES[stem] = module
+    return _MODULES[stem]
+
+
+def kernels_of(module) -> list[Kernel]:
+    return [v for v in vars(module).values() if isinstance(v, Kernel)]
+
+
+def step_ops(program: CompiledProgram) -> list[str]:
+    return [step.op for step in program.plan.steps]
+
+
+# -- what each kernel's chosen program must show --------------------------------------------------------
+
+def flash_attention_fused(program: CompiledProgram) -> None:
+    assert step_ops(program).count("flash_attention") == 1, step_ops(program)
+    assert "softmax" not in step_ops(program)
+
+
+def causal_flash_attention(program: CompiledProgram) -> None:
+    flash_attention_fused(program)
+    (step,) = [s for s in program.plan.steps if s.op == "flash_attention"]
+    assert step.node.attr_map["causal"] is True
+
+
+def transformer_block_fused(program: CompiledProgram) -> None:
+    causal_flash_attention(program)
+    gemms = [k for k in program.candidate.kernels if k.kind == "gemm"]
+    assert len(gemms) == 4                                      # QKV, output, MLP up and down projections
+    assert sum("bias" in k.fused for k in gemms) >= 3 and any("gelu" in k.fused for k in gemms)
+    assert step_ops(program).count("layernorm") + step_ops(program).count("fused_normalization") == 2
+
+
+def spectral_convolution(program: CompiledProgram) -> None:
+    ops = step_ops(program)
+    assert "conv1d" not in ops and {"rfft", "irfft", "spectral_contract"} <= set(ops), ops
+    kinds = {k.kind for k in program.candidate.kernels}
+    assert {"fft", "ifft"} <= kinds
+
+
+def backward_gemms_with_epilogues(program: CompiledProgram) -> None:
+    assert len(program.plan.outputs) == 5                       # dx, dW1, db1, dW2, db2
+    gemms = [k for k in program.candidate.kernels if k.kind == "gemm"]
+    assert len(gemms) == 5                      # dh, dW2, dW1, dx and the recomputed pre-activation
+    assert any("bias" in k.fused for k in gemms)
+    # gelu' and its product with dh run as fused elementwise kernels, not one kernel per op
+    assert any(k.kind == "elementwise" and len(k.fused) >= 2 for k in program.candidate.kernels)
+    assert [k.kind for k in program.candidate.kernels].count("reduction") == 2    # db1, db2
+
+
+def tuned_linear_gelu(program: CompiledProgram) -> None:
+    (gemm,) = program.candidate.kernels
+    assert gemm.kind == "gemm" and set(gemm.fused) == {"bias", "gelu"}
+    assert program.tuning is not None and program.chosen_by in ("cost_model", "on_device", "cache")
+    assert program.schedules
+
+
+EXPECTED = {
+    ("attention", "attention"): flash_attention_fused,
+    ("attention", "causal_attention"): causal_flash_attention,
+    ("transformer_block", "transformer_block"): transformer_block_fused,
+    ("hyena_conv", "hyena_block"): spectral_convolution,
+    ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
+    ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
+}
+
+
+def test_the_examples_are_all_here():
+    assert {f.stem for f in FILES} == {stem for stem, _ in EXPECTED}
+
+
+@pytest.mark.parametrize("stem", [f.stem for f in FILES])
+def test_main_checks_every_kernel_against_numpy(stem, capsys):
+    module = example(stem)
+    assert module.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    for k in kernels_of(module):
+        assert any(line.startswith(k.name) and "ok" in line for line in lines), (k.name, lines)
+
+
+def test_main_fails_when_a_kernel_disagrees_with_numpy(monkeypatch, capsys):
+    module = example("attention")
+    reference = module.attention_reference
+    monkeypatch.setattr(module, "attention_reference",
+                        lambda q, k, v, causal=False: reference(q, k, v, causal) * 1.01)
+    assert module.main() == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stem", [f.stem for f in FILES])
+def test_example_inputs_name_every_kernel_parameter(stem):
+    module = example(stem)
+    inputs = module.example_inputs()
+    assert kernels_of(module), f"{stem} defines no @op.kernel"
+    for k in kernels_of(module):
+        missing = set(k.parameter_names) - set(inputs)
+        assert not missing, f"{stem}.example_inputs() lacks {sorted(missing)} for {k.name}"
+
+
+@pytest.mark.parametrize("stem, name", sorted(EXPECTED))
+def test_the_chosen_program_has_the_rewrite(stem, name):
+    module = example(stem)
+    kernel = getattr(module, name)
+    inputs = module.example_inputs()
+    program = kernel.program(**{p: inputs[p] for p in kernel.parameter_names})
+    EXPECTED[stem, name](program)
+
+
+def test_the_autotune_example_kernel_tunes_into_its_named_cache():
+    module = example("matmul_autotune")
+    settings = module.linear_gelu.tuning
+    assert settings is not None and settings.cache == module.CACHE == "examples"
