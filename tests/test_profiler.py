@@ -296,3 +296,24 @@ def test_gpu_records_are_costed_under_the_schedule_that_ran_against_the_arch_roo
     assert meta == {"process_name": "cuda:0 (H100-SXM)", "thread_name": "stream 0x1234"}
     (event,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert event["ts"] == 5.0 and event["dur"] == 20.0 and event["args"]["occupancy_pct"] > 0
+
+
+def test_profiling_an_example_gives_a_trace_perfetto_opens_and_the_guide_table(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    file = Path(__file__).resolve().parents[1] / "examples" / "transformer_block.py"
+    spec = importlib.util.spec_from_file_location("transformer_block_example", file)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = example.random_parameters(np.random.default_rng(0), batch=2, seq=64, width=128)
+    with profiler.session() as p:
+        example.transformer_block(**params)
+    steps = example.transformer_block.program(**params).plan.steps
+    assert [r.step for r in p.records] == list(range(len(steps)))
+    assert sum(r.kind == "gemm" for r in p.records) >= 4 and all(r.duration_ns > 0 for r in p.records)
+    trace = json.loads(p.timeline(tmp_path / "block.json").read_text())
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(steps)
+    console = Console(file=io.StringIO(), width=120)
+    table = p.report(console=console)
+    assert [c.header for c in table.columns] == list(profiler.COLUMNS)
+    assert "gemm+bias+gelu[" in console.file.getvalue()
