@@ -27,8 +27,10 @@ BLOCK_K = 128
 def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
                               causal: bool = False, has_mask: bool = False,
                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
-    """softmax(scale·q kᵀ [+ mask], causal) v over (..., S, D) arrays, float32 arithmetic."""
-    q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
+    """softmax(scale·q kᵀ [+ mask], causal) v over (..., S, D) arrays, in float64 arithmetic for
+    float64 inputs and float32 for every narrower float (the accumulation a GPU kernel does)."""
+    ct = np.float64 if np.result_type(q, k, v) == np.float64 else np.float32
+    q, k, v = (np.asarray(a, ct) for a in (q, k, v))
     if q.ndim >= 3:
         k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -37,8 +39,8 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
     k = np.broadcast_to(k, batch + k.shape[-2:])
     v = np.broadcast_to(v, batch + v.shape[-2:])
     m_full = np.broadcast_to(mask[0], batch + (sq, sk)) if mask else None
-    out = np.empty(batch + (sq, dv), np.float32)
-    scale = np.float32(scale)
+    out = np.empty(batch + (sq, dv), ct)
+    scale = ct(scale)
     with np.errstate(invalid="ignore", divide="ignore"):
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
@@ -47,11 +49,11 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
 
 
 def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, q0: int,
-                 scale: np.float32, causal: bool, block_k: int) -> np.ndarray:
-    rows = qb.shape[-2]
-    m = np.full(qb.shape[:-1], -np.inf, np.float32)
-    l = np.zeros(qb.shape[:-1], np.float32)
-    acc = np.zeros(qb.shape[:-1] + (v.shape[-1],), np.float32)
+                 scale: np.floating, causal: bool, block_k: int) -> np.ndarray:
+    rows, ct = qb.shape[-2], qb.dtype.type
+    m = np.full(qb.shape[:-1], -np.inf, ct)
+    l = np.zeros(qb.shape[:-1], ct)
+    acc = np.zeros(qb.shape[:-1] + (v.shape[-1],), ct)
     sk = k.shape[-2]
     last_key = min(sk, q0 + rows) if causal else sk     # keys beyond the last query row are all masked
     for k0 in range(0, last_key, block_k):
@@ -65,11 +67,11 @@ def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
             if tile.dtype == np.bool_:
                 keep = tile if keep is None else keep & tile
             else:
-                s = s + tile.astype(np.float32)
+                s = s + tile.astype(ct)
         if keep is not None:
             s = np.where(keep, s, -np.inf)
         m_new = np.maximum(m, s.max(axis=-1))
-        m_safe = np.where(np.isneginf(m_new), np.float32(0), m_new)   # a row masked so far adds nothing
+        m_safe = np.where(np.isneginf(m_new), ct(0), m_new)   # a row masked so far adds nothing
         p = np.exp(s - m_safe[..., None])
         alpha = np.exp(m - m_safe)
         l = l * alpha + p.sum(axis=-1)

@@ -249,6 +249,8 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
         choice = share_more(view, tree, roots, limited)
         program = Graph(graph.name, graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
         found.setdefault(program.outputs, candidate_of(program, arch))
+    if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
+        return (candidate_of(graph, arch),)
     primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
     ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
     return tuple(ranked[:k])

@@ -135,3 +135,20 @@ def test_extraction_is_deterministic_and_survives_cycles():
     runs = [candidates_of(fn, x=x, w=w) for _ in range(2)]
     assert [c.graph.outputs for c in runs[0]] == [c.graph.outputs for c in runs[1]]
     assert [n.op for n in runs[0][0].graph.nodes if n.op not in ("input",)] == ["gemm"]
+
+
+def test_an_op_written_without_a_gpu_template_is_the_candidate_and_runs_on_the_host(monkeypatch):
+    """float64 flash attention has no GPU template (its cost is infinite), so no extraction is finite:
+    the program as written is the one candidate, and the numpy executor runs it in float64."""
+    import numpy as np
+    from tessera_rw import op
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    r = np.random.default_rng(0).standard_normal((2, 2, 6, 4))
+    f = op.kernel(lambda q, k, v: op.flash_attention(q, k, v))
+    program = f.program(r, r, r)
+    assert len(program.candidates) == 1 and not program.candidate.kernels[0].has_template
+    s = r @ r.swapaxes(-1, -2) / 2
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ r
+    got = f(r, r, r)
+    assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-13
