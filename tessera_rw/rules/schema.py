@@ -32,7 +32,12 @@ def egg_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def egg_f64(value: float) -> str:
+def egg_f64(value: float | complex) -> str:
+    if isinstance(value, complex):     # a real scalar met a complex tensor: 2.0 * rfft(x)
+        if value.imag:
+            raise TesseraError(f"the complex constant {value!r} cannot be an e-graph attribute",
+                               hint="pass it as an input tensor, or write it as real and imaginary parts")
+        value = value.real
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

@@ -58,3 +58,16 @@ def test_large_2d_kernel_has_an_fft_form():
     assert {"rfft", "fft", "ifft", "irfft", "spectral_contract"} <= set(form.op_counts())
     want = evaluate(graph, {"x": x, "w": w})[0]
     np.testing.assert_allclose(evaluate(form, {"x": x, "w": w})[0], want, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_real_scalar_times_a_spectrum_enters_the_egraph(monkeypatch):
+    """2.0 * rfft(x) makes a complex-typed constant with a real value; a truly complex one is refused clearly."""
+    import numpy as np
+    import pytest
+    from tessera_rw import op
+    from tessera_rw.algebra.errors import TesseraError
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    x = np.arange(8.0)
+    assert np.allclose(op.kernel(lambda x: op.irfft(op.rfft(x) * 2.0, n=8))(x), 2 * x)
+    with pytest.raises(TesseraError, match="complex constant"):
+        op.kernel(lambda x: op.irfft(op.rfft(x) * (1 + 2j), n=8))(x)
