@@ -1,13 +1,17 @@
-"""Shape arithmetic shared by the ops' shape rules: broadcasting and axis normalization."""
+"""Shape arithmetic shared by the ops' shape rules: broadcasting, axis normalization, and where a
+slice's elements lie in its operand's dense row-major bytes."""
 
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
 from tessera_rw.algebra.errors import AxisError, ShapeError
+
+if TYPE_CHECKING:
+    from tessera_rw.algebra.node import TensorType
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -53,3 +57,39 @@ def normalize_axes(axis: int | Iterable[int] | None, ndim: int) -> tuple[int, ..
 
 def fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
+
+
+def contiguous_slice_offset(operand: TensorType, starts: Sequence[int], stops: Sequence[int],
+                            steps: Sequence[int]) -> int | None:
+    """The byte offset at which slice `starts:stops:steps` of a dense row-major `operand` begins, when
+    the slice is one contiguous run of the operand's bytes (so it is the same bytes, dense at its
+    own shape); None when it is strided. An empty slice is a run at 0. Bounds are the slice
+    op's normalized attributes.
+
+    The run is contiguous exactly when numpy's view of it would be C-contiguous: every axis with
+    more than one result element steps by the size of everything after it. So the rows a:b of a
+    matrix, one row, or x[3] of an [8, 64, 64] array are runs; a column block or a stepped slice is not.
+
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> from tessera_rw.algebra.node import TensorType
+    >>> t = TensorType((5, 4), DType.float32)
+    >>> contiguous_slice_offset(t, (0, 0), (4, 4), (1, 1)), contiguous_slice_offset(t, (4, 0), (5, 4), (1, 1))
+    (0, 64)
+    >>> contiguous_slice_offset(t, (0, 0), (5, 2), (1, 1)) is None    # two columns of every row
+    True
+    """
+    extents = [max(0, -(-(b - a) // s)) for a, b, s in zip(starts, stops, steps)]
+    if 0 in extents:                              # no bytes: an empty value lies anywhere
+        return 0
+    itemsize = operand.dtype.itemsize
+    strides, run = [], itemsize                   # the operand's byte strides, innermost last
+    for size in reversed(operand.shape):
+        strides.append(run)
+        run *= size
+    strides.reverse()
+    expected = itemsize
+    for extent, step, stride in zip(reversed(extents), reversed(steps), reversed(strides)):
+        if extent != 1 and step * stride != expected:
+            return None
+        expected *= extent
+    return sum(a * stride for a, stride in zip(starts, strides))

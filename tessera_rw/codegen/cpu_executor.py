@@ -64,7 +64,7 @@ def host_kernel(node: Node, args: list[np.ndarray], numerics: Numerics = Numeric
 
 
 class _Memory:
-    """The plan's buffers as host byte arrays; a value is a dense view of one of them."""
+    """The plan's buffers as host byte arrays; a value is a dense view of one of them, from its offset."""
 
     def __init__(self, plan: KernelPlan, feeds: Mapping[str, np.ndarray]):
         self.bytes: dict[int, np.ndarray] = {}
@@ -85,7 +85,7 @@ class _Memory:
             self.write(ref, evaluate_node(node, []))
 
     def view(self, ref: ValueRef) -> np.ndarray:
-        raw = self.bytes[ref.buffer][:ref.type.nbytes]
+        raw = self.bytes[ref.buffer][ref.offset:ref.end]
         return raw.view(ref.type.dtype.numpy).reshape(ref.type.shape)
 
     def write(self, ref: ValueRef, value: np.ndarray) -> None:

@@ -273,6 +273,29 @@ def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, reference: 
     return tensor, (None if kind == "numpy" else tensor)
 
 
+def window(flat: Any, offset: int, shape: Sequence[int]) -> Any:
+    """The part of a flat tensor from byte `offset` on, at `shape`, sharing its memory: a torch or
+    CuPy view of a torch or CuPy tensor, a DeviceTensor at the offset pointer of a DeviceTensor.
+    `offset` is a whole number of elements.
+
+    >>> t = DeviceTensor(0x1000, (12,), DType.float32, None, "cuda")
+    >>> window(t, 16, (2, 4))
+    DeviceTensor(f32[2,4] at 0x1010 on cuda:0, cuda)
+    """
+    shape = tuple(shape)
+    kind = kind_of(flat)
+    if isinstance(flat, DeviceTensor):
+        return DeviceTensor(flat.ptr + offset, shape, flat.dtype, flat.owner, flat.kind, flat.device)
+    if kind == "torch":
+        start = offset // flat.element_size()
+        return flat[start:start + math.prod(shape)].view(shape)
+    if kind == "cupy":
+        start = offset // flat.itemsize
+        return flat[start:start + math.prod(shape)].reshape(shape)
+    raise TesseraError(f"cannot take a window of a {type(flat).__name__}",
+                       hint="pass a torch tensor, a CuPy array or a DeviceTensor")
+
+
 def to_host(t: DeviceTensor, stream) -> np.ndarray:
     """Copy `t` back into a new numpy array once the work enqueued on `stream` so far is done."""
     out = np.empty(t.shape, dtype=t.dtype.numpy)

@@ -4,8 +4,13 @@ A `DevicePlan` is a plan made ready on one device under one numerics policy: eve
 its template and compiled for the device's sm_XY (a library step, an FFT, gets its cuFFT plan
 made instead), temporaries allocated (a reused buffer is one allocation, sized for the largest
 value it holds), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
-in place), allocates the outputs of the first input's kind, enqueues every kernel and library call
-on the stream and hands the outputs back (numpy copied out).
+in place), allocates the output buffers of the first input's kind, enqueues every kernel and
+library call on the stream and hands the outputs back (numpy copied out).
+
+A value is its buffer's pointer plus the value's byte offset (views: contiguous slices and
+reshapes launch nothing). Outputs that are views of one value share its output buffer: it is
+allocated flat and each caller gets a tensor over their own part of it (a torch or CuPy view, a
+DeviceTensor at the offset); an output that fills its buffer alone is allocated at its own shape.
 
 Temporaries belong to the DevicePlan, so two calls of one plan must not overlap in time on two
 streams; calls on one stream are ordered by it.
@@ -26,7 +31,7 @@ from tessera_rw.algebra.evaluate import evaluate_node
 from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
-                                             to_host)
+                                             to_host, window)
 from tessera_rw.codegen.launch import bind
 from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
@@ -37,8 +42,32 @@ from tessera_rw.lower.plan import BufferRole, KernelPlan, ValueRef
 
 
 def _view(base: DeviceTensor, ref: ValueRef) -> DeviceTensor:
-    """Value `ref` in the allocation `base`: same pointer, the value's shape and dtype."""
-    return DeviceTensor(base.ptr, ref.type.shape, ref.type.dtype, base.owner, base.kind, base.device)
+    """Value `ref` in the allocation `base`: `ref.offset` bytes past its pointer (lowering keeps
+    offsets 16-byte multiples, so vector loads stay aligned), at the value's shape and dtype."""
+    return DeviceTensor(base.ptr + ref.offset, ref.type.shape, ref.type.dtype, base.owner, base.kind, base.device)
+
+
+def _output_groups(plan: KernelPlan) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each output buffer with the indexes of the outputs in it, in order of first appearance.
+
+    >>> from tessera_rw.algebra.builder import make, make_input
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> from tessera_rw.algebra.graph import Graph
+    >>> from tessera_rw.lower.lowering import lower
+    >>> x = make_input("x", (5, 4), DType.float32)
+    >>> e = make("exp", x)
+    >>> rows = lambda a, b: make("slice", e, starts=(a, 0), stops=(b, 4), steps=(1, 1))
+    >>> _output_groups(lower(Graph("f", (x,), (rows(0, 4), make("tanh", x), rows(4, 5)))))
+    ((1, (0, 2)), (2, (1,)))
+    """
+    groups: dict[int, list[int]] = {}
+    for i, ref in enumerate(plan.outputs):
+        groups.setdefault(ref.buffer, []).append(i)
+    return tuple((b, tuple(outs)) for b, outs in groups.items())
+
+
+def _fills(ref: ValueRef, nbytes: int) -> bool:
+    return ref.offset == 0 and ref.type.nbytes == nbytes
 
 
 @dataclass(frozen=True)
@@ -70,6 +99,7 @@ class DevicePlan:
                 calls[b.call] = CuFFTKernel(b.call, dev.device_id)
             kernels.append(_Compiled(b, library=calls[b.call]))
         self.kernels = tuple(kernels)
+        self.output_groups = _output_groups(plan)
         self.resident: dict[int, DeviceTensor] = {}
         for b in plan.buffers:
             if b.role is BufferRole.TEMP:
@@ -96,11 +126,7 @@ class DevicePlan:
                 raise ArgumentError(f"plan {plan.name}: input {name!r} is {got.dtype}{list(got.shape)}, "
                                     f"the plan was built for {ref.type}")
         kind = kind_of(first) if first is not None else "numpy"
-        results = []
-        for ref in plan.outputs:
-            tensor, user = empty_like_kind(kind, ref.type.shape, ref.type.dtype, first, stream)
-            memory[ref.buffer] = tensor
-            results.append(user)
+        results = self._allocate_outputs(kind, first, stream, memory)
         recorders = active_recorders()
         if recorders:                   # profiled: CUDA events around each launch, one sync after the last
             timer = DeviceStepTimer(stream)
@@ -112,10 +138,27 @@ class DevicePlan:
             for launch in self._launches(memory, stream):
                 launch()
         if kind == "numpy":
-            return tuple(to_host(memory[ref.buffer], stream) for ref in plan.outputs)
+            return tuple(to_host(_view(memory[ref.buffer], ref), stream) for ref in plan.outputs)
         if kind in ("torch", "cupy"):
             order_after(library_stream(kind, self.stream.device.device_id), stream)
         return tuple(results)
+
+    def _allocate_outputs(self, kind: str, first: Any, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
+        """Allocate every output buffer of the caller's `kind` into `memory`; returns what the caller
+        gets for each output (None for numpy: copied out after the run)."""
+        outputs = self.plan.outputs
+        handed: list[Any] = [None] * len(outputs)
+        for buffer, indexes in self.output_groups:
+            nbytes, dtype = self.plan.buffers[buffer].nbytes, outputs[indexes[0]].type.dtype
+            if len(indexes) == 1 and _fills(outputs[indexes[0]], nbytes):
+                only = indexes[0]
+                memory[buffer], handed[only] = empty_like_kind(kind, outputs[only].type.shape, dtype, first, stream)
+                continue
+            memory[buffer], flat = empty_like_kind(kind, (nbytes // dtype.itemsize,), dtype, first, stream)
+            if flat is not None:
+                for i in indexes:
+                    handed[i] = window(flat, outputs[i].offset, outputs[i].type.shape)
+        return tuple(handed)
 
     def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[Callable[[], None]]:
         launches: list[Callable[[], None]] = []

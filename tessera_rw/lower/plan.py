@@ -1,10 +1,12 @@
 """KernelPlan: a chosen program as launches over buffers, ready for codegen to bind and run.
 
-A plan is what a device executes: kernels in order, each reading and writing whole buffers.
-Every buffer is dense and row-major; a value is a buffer seen at some shape (a reshape of a dense
-value is the same bytes at another shape, so it costs nothing). Graph inputs and constants get a
-buffer of their own, outputs too; the temporaries in between share a few buffers, each one reused
-once the values in it are dead.
+A plan is what a device executes: kernels in order, each reading and writing dense row-major
+values. A value is a run of a buffer's bytes seen at some shape: usually the buffer's first bytes,
+but a view starts further in (a reshape of a dense value is the same bytes at another shape; a
+slice that selects one contiguous run, like rows 0:M or row M of a matrix, is those bytes at an
+offset), so views cost nothing. Every offset is a multiple of VIEW_ALIGNMENT, so a value starts
+as aligned as its buffer. Graph inputs and constants get a buffer of their own, outputs too; the
+temporaries in between share a few buffers, each one reused once the values in it are dead.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -25,6 +27,12 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
 
 
+# Bytes a view's offset is a multiple of. Generated kernels load and store up to 16 bytes at once
+# (vector accesses, cp.async), which needs operands at 16-byte aligned addresses; buffers are
+# allocated at least that aligned, so a value at such an offset keeps what the kernels need.
+VIEW_ALIGNMENT = 16
+
+
 class BufferRole(enum.Enum):
     INPUT = "input"          # the caller's array, bound at each call
     CONSTANT = "constant"    # filled once from the graph's constants and literals
@@ -43,12 +51,25 @@ class Buffer:
 
 @dataclass(frozen=True)
 class ValueRef:
-    """A value in a plan: the first `type.nbytes` bytes of buffer `buffer`, dense row-major."""
+    """A value in a plan: `type.nbytes` bytes of buffer `buffer` from byte `offset` on, dense
+    row-major.
+
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> str(ValueRef(3, TensorType((64,), DType.bfloat16), 4096)), str(ValueRef(3, TensorType((64,), DType.bfloat16)))
+    ('b3+4096:bf16[64]', 'b3:bf16[64]')
+    """
     buffer: int
     type: TensorType
+    offset: int = 0
+
+    @property
+    def end(self) -> int:
+        """The byte after the value's last."""
+        return self.offset + self.type.nbytes
 
     def __str__(self) -> str:
-        return f"b{self.buffer}:{self.type}"
+        at = f"+{self.offset}" if self.offset else ""
+        return f"b{self.buffer}{at}:{self.type}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +92,7 @@ class KernelPlan:
     inputs: tuple[tuple[str, ValueRef], ...]        # graph input name -> its buffer
     constants: tuple[tuple[Node, ValueRef], ...]    # constant / literal node -> its buffer
     steps: tuple[Step, ...]
-    outputs: tuple[ValueRef, ...]
+    outputs: tuple[ValueRef, ...]                   # in OUTPUT buffers; disjoint views may share one
 
     def buffers_of(self, role: BufferRole) -> tuple[Buffer, ...]:
         return tuple(b for b in self.buffers if b.role is role)

@@ -29,6 +29,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.codegen.templates.registry import NO_KERNEL_OPS, templates_for
+from tessera_rw.lower.lowering import view_offset
 
 # Resident warps per SM a pipe needs to hide its latency: tensor-core MMAs pipeline deeply within a
 # warp; SIMT arithmetic and memory loads need more warps in flight (Little's law on ~0.5-1 µs DRAM
@@ -138,11 +139,21 @@ def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Sch
 
 @lru_cache(maxsize=65536)
 def kernel_cost(op: KernelOp, arch: ArchSpec, *, fused_op: bool = False) -> KernelCost | None:
-    """The cost of the kernel computing `op`, None for ops that launch nothing (views, inputs).
+    """The cost of the kernel computing `op`, None for ops that launch nothing (views, inputs):
+    reshapes, and slices that lowering makes views (one aligned contiguous run of the operand).
 
     A fused op no template implements costs infinity, so extraction never picks a kernel that
-    cannot be generated; a plain op without a template gets a generic streaming estimate."""
-    if op.op in NO_KERNEL_OPS:
+    cannot be generated; a plain op without a template gets a generic streaming estimate.
+
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> from tessera_rw.algebra.node import TensorType
+    >>> from tessera_rw.codegen.arch import arch_named
+    >>> x, row = TensorType((9, 64), DType.float32), TensorType((1, 64), DType.float32)
+    >>> last_row = KernelOp.of("slice", (x,), row, starts=(8, 0), stops=(9, 64), steps=(1, 1))
+    >>> kernel_cost(last_row, arch_named("h100")) is None
+    True
+    """
+    if op.op in NO_KERNEL_OPS or (op.operands and view_offset(op.op, op.operands[0], op.attr_map) is not None):
         return None
     options = [best_schedule(t, op, arch)[1] for t in templates_for(op)]
     if options:

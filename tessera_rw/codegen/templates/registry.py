@@ -20,8 +20,9 @@ from tessera_rw.codegen.templates.base import Template
 from tessera_rw.lower.lowering import SOURCE_OPS, VIEW_OPS
 
 # Ops that launch nothing: graph inputs and constants are already in memory, and a reshape of a
-# dense value is the same bytes. Other layout ops (transpose, broadcast_to, slice) are copy kernels,
-# as lowering plans them: every kernel reads dense operands.
+# dense value is the same bytes. A slice that is one aligned contiguous run is a view too
+# (`lowering.view_offset`; the cost model checks it per op). Other layout ops (transpose,
+# broadcast_to, strided slices) are copy kernels, as lowering plans them: every kernel reads dense operands.
 NO_KERNEL_OPS = SOURCE_OPS | VIEW_OPS
 
 BUILTIN = (
