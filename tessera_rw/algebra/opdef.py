@@ -37,6 +37,9 @@ class OpKind(enum.Enum):
 InferFn = Callable[..., TensorType]
 ReferenceFn = Callable[..., np.ndarray]
 FlopsFn = Callable[..., int]
+# vjp(g, out, *operands, **attrs) -> one cotangent per operand (None where none flows), given the
+# output cotangent g, the result and the operands as symbolic tensors (see algebra.autodiff).
+VjpFn = Callable[..., tuple]
 
 
 def no_flops(out: TensorType, *operands: TensorType, **attrs) -> int:
@@ -51,7 +54,8 @@ class OpDef:
     is wrong; `reference(*arrays, **attrs)` computes the result on the host from arrays already in
     their compute type (float32 for 16- and 8-bit floats); `flops(out, *operand_types, **attrs)`
     counts a multiply-add as 2. `variadic` ops (concatenate) take any number of operands.
-    `exact` ops only move or select values, so they run in the storage type.
+    `exact` ops only move or select values, so they run in the storage type. `vjp` is the op's
+    reverse-mode rule, from which `op.grad` builds backward graphs; None: the op declares none.
     """
     name: str
     operands: tuple[str, ...]
@@ -62,6 +66,7 @@ class OpDef:
     variadic: bool = False
     exact: bool = False
     doc: str = ""
+    vjp: VjpFn | None = None
 
     @cached_property
     def attr_names(self) -> tuple[str, ...]:

@@ -12,11 +12,13 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import unbroadcast
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def _kv_batch(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], name: str) -> tuple[int, ...]:
@@ -100,7 +102,54 @@ def _flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: 
     return int(pairs * (2 * q.shape[-1] + 2 * v.shape[-1] + 5))
 
 
+# ---- VJP ---------------------------------------------------------------------------------------
+#
+# Written at the graph level: the probabilities are recomputed from q and k (nothing is saved
+# from the forward pass), then dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - Σ dP·P), dQ = scale dS K,
+# dK = scale dSᵀ Q. K/V heads shared by several Q heads (GQA) are repeated going forward and
+# their cotangents summed over the repeats coming back.
+
+def _repeat_heads(t, heads: int):
+    if t.ndim < 3 or t.shape[-3] in (1, heads):
+        return t
+    kv = t.shape[-3]
+    lead, tail = t.shape[:-3], t.shape[-2:]
+    spread = api.broadcast_to(api.reshape(t, lead + (kv, 1) + tail), lead + (kv, heads // kv) + tail)
+    return api.reshape(spread, lead + (heads,) + tail)
+
+
+def _sum_repeats(ct, like):
+    """The cotangent of a K/V that `_repeat_heads` spread over the Q heads, summed back to it."""
+    if like.ndim >= 3 and ct.ndim >= 3 and like.shape[-3] not in (1, ct.shape[-3]):
+        kv, heads = like.shape[-3], ct.shape[-3]
+        ct = api.sum(api.reshape(ct, ct.shape[:-3] + (kv, heads // kv) + ct.shape[-2:]), axis=-3)
+    return unbroadcast(ct, like)
+
+
+def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask):
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    ke, ve = _repeat_heads(k, heads), _repeat_heads(v, heads)
+    s = (q @ ke.mT) * scale
+    keep = None
+    if causal:
+        keep = api.tril(api.full(s.shape[-2:], True, "bool"))
+    if mask and mask[0].dtype is DType.bool:
+        keep = mask[0] if keep is None else keep & mask[0]
+    elif mask:
+        s = s + mask[0]
+    if keep is not None:
+        s = api.where(keep, s, float("-inf"))
+    p = api.softmax(s, axis=-1)
+    dp = g @ ve.mT
+    ds = p * (dp - api.sum(dp * p, axis=-1, keepdims=True))
+    dq = (ds @ ke) * scale
+    dk = (ds.mT @ q) * scale
+    dv = p.mT @ g
+    dmask = () if not mask else (None,) if mask[0].dtype is DType.bool else (unbroadcast(ds, mask[0]),)
+    return (unbroadcast(dq, q), _sum_repeats(dk, k), _sum_repeats(dv, v), *dmask)
+
+
 DEFS = (
     OpDef("flash_attention", ("q", "k", "v", "mask"), OpKind.ATTENTION, _infer, attention_reference, _flops,
-          variadic=True),
+          variadic=True, vjp=_attention_vjp),
 )

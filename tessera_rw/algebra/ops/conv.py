@@ -11,11 +11,13 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import crop, dilate, flip, unbroadcast
 from tessera_rw.algebra.dtypes import promote
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import fmt_shape
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def conv_output_size(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int) -> int:
@@ -71,7 +73,63 @@ def _conv_flops(out: TensorType, x: TensorType, w: TensorType, **attrs) -> int:
     return 2 * out.numel * w.shape[1] * math.prod(w.shape[2:])
 
 
+# ---- VJP: both cotangents are convolutions themselves ----------------------------------------
+
+def _conv(x, w, **attrs):
+    return (api.conv1d if x.ndim == 3 else api.conv2d)(x, w, **attrs)
+
+
+def _input_cotangent(g, x, w, stride, padding, dilation, groups):
+    """The transposed convolution: g spread out by the stride (zeros between), correlated with the
+    kernel flipped and its channel axes swapped per group. Padded by the kernel's reach it would
+    cover the whole padded input; the reach less the forward padding covers just the input, and
+    where that goes negative (padding wider than the kernel) the surplus is cut off afterwards."""
+    spatial = x.ndim - 2
+    o, cg = w.shape[:2]
+    kernel = w.shape[2:]
+    wt = api.reshape(w, (groups, o // groups, cg) + kernel)
+    wt = api.transpose(wt, (0, 2, 1) + tuple(range(3, 3 + spatial)))
+    wt = api.reshape(wt, (groups * cg, o // groups) + kernel)
+    pads, cuts = [], []
+    for i in range(spatial):
+        wt = flip(wt, 2 + i)
+        g = dilate(g, 2 + i, stride[i])
+        reach = dilation[i] * (kernel[i] - 1)
+        covered = x.shape[2 + i] + sum(padding[i])
+        uncovered = (covered - reach - 1) % stride[i]    # trailing input the last window never reached
+        lo, hi = reach - padding[i][0], reach - padding[i][1] + uncovered
+        pads.append((max(0, lo), max(0, hi)))
+        cuts.append(max(0, -lo))
+    dx = _conv(g, wt, padding=tuple(pads), dilation=dilation, groups=groups)
+    for i, cut in enumerate(cuts):
+        dx = crop(dx, 2 + i, cut, cut + x.shape[2 + i])
+    return dx
+
+
+def _weight_cotangent(g, x, w, stride, padding, dilation, groups):
+    """dw[o, c, κ] = Σₙ,ₜ g[n, o, t] · x_padded[n, c, t·stride + κ·dilation]: a convolution of x with
+    g in which the batch plays the channels (per group) and stride and dilation trade places."""
+    spatial = x.ndim - 2
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    rest = tuple(range(3, 3 + spatial))
+    xs = api.reshape(x, (n, groups, c // groups) + x.shape[2:])
+    xs = api.reshape(api.transpose(xs, (2, 1, 0) + rest), (c // groups, groups * n) + x.shape[2:])
+    gs = api.reshape(g, (n, groups, o // groups) + g.shape[2:])
+    gs = api.reshape(api.transpose(gs, (1, 2, 0) + rest), (o, n) + g.shape[2:])
+    dw = _conv(xs, gs, stride=dilation, padding=padding, dilation=stride, groups=groups)
+    dw = api.transpose(dw, (1, 0) + tuple(range(2, 2 + spatial)))      # (o, c/groups, *reach)
+    for i, k in enumerate(w.shape[2:]):
+        dw = crop(dw, 2 + i, 0, k)
+    return dw
+
+
+def _conv_vjp(g, y, x, w, stride, padding, dilation, groups):
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return unbroadcast(_input_cotangent(g, x, w, **attrs), x), unbroadcast(_weight_cotangent(g, x, w, **attrs), w)
+
+
 DEFS = (
-    OpDef("conv1d", ("x", "w"), OpKind.CONV, _conv_infer(1), conv_reference, _conv_flops),
-    OpDef("conv2d", ("x", "w"), OpKind.CONV, _conv_infer(2), conv_reference, _conv_flops),
+    OpDef("conv1d", ("x", "w"), OpKind.CONV, _conv_infer(1), conv_reference, _conv_flops, vjp=_conv_vjp),
+    OpDef("conv2d", ("x", "w"), OpKind.CONV, _conv_infer(2), conv_reference, _conv_flops, vjp=_conv_vjp),
 )

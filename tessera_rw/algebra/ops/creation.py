@@ -9,10 +9,12 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import no_cotangents
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def _infer_input(*, name: str, shape: tuple[int, ...], dtype: DType) -> TensorType:
@@ -43,18 +45,23 @@ def _infer_tri(x: TensorType, k: int) -> TensorType:
     return x
 
 
+# Sources have no operands, so nothing to pass a cotangent back to; tril / triu keep the
+# cotangent where they kept the values.
 DEFS = (
-    OpDef("input", (), OpKind.SOURCE, _infer_input, _input_reference),
+    OpDef("input", (), OpKind.SOURCE, _infer_input, _input_reference, vjp=no_cotangents),
     OpDef("constant", (), OpKind.SOURCE, lambda *, value, dtype: TensorType((), dtype),
-          lambda *, value, dtype: np.asarray(value, dtype=dtype.compute.numpy)),
+          lambda *, value, dtype: np.asarray(value, dtype=dtype.compute.numpy), vjp=no_cotangents),
     OpDef("literal", (), OpKind.SOURCE, lambda *, value, dtype: TensorType(value.array.shape, dtype),
-          lambda *, value, dtype: value.array),
+          lambda *, value, dtype: value.array, vjp=no_cotangents),
     OpDef("full", (), OpKind.SOURCE, _infer_full,
-          lambda *, shape, value, dtype: np.full(shape, value, dtype=dtype.compute.numpy)),
+          lambda *, shape, value, dtype: np.full(shape, value, dtype=dtype.compute.numpy), vjp=no_cotangents),
     OpDef("arange", (), OpKind.SOURCE, _infer_arange,
-          lambda *, start, stop, step, dtype: np.arange(start, stop, step, dtype=dtype.compute.numpy)),
-    OpDef("tril", ("x",), OpKind.ELEMENTWISE, _infer_tri, lambda x, k: np.tril(x, k), exact=True),
-    OpDef("triu", ("x",), OpKind.ELEMENTWISE, _infer_tri, lambda x, k: np.triu(x, k), exact=True),
+          lambda *, start, stop, step, dtype: np.arange(start, stop, step, dtype=dtype.compute.numpy),
+          vjp=no_cotangents),
+    OpDef("tril", ("x",), OpKind.ELEMENTWISE, _infer_tri, lambda x, k: np.tril(x, k), exact=True,
+          vjp=lambda g, y, x, k: (api.tril(g, k),)),
+    OpDef("triu", ("x",), OpKind.ELEMENTWISE, _infer_tri, lambda x, k: np.triu(x, k), exact=True,
+          vjp=lambda g, y, x, k: (api.triu(g, k),)),
 )
 
 

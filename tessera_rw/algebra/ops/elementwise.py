@@ -8,11 +8,13 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
+from tessera_rw.algebra.autodiff.cotangents import conj, no_cotangents, unbroadcast, zero
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import broadcast_shapes
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def _per_element(cost: int):
@@ -39,18 +41,47 @@ def _infer_real_arith(a: TensorType, b: TensorType) -> TensorType:
     return _infer_arith(a, b)
 
 
-def _binary(name: str, infer, fn, cost: int = 1) -> OpDef:
-    return OpDef(name, ("a", "b"), OpKind.ELEMENTWISE, infer, lambda a, b: fn(a, b), _per_element(cost))
+def _binary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
+    return OpDef(name, ("a", "b"), OpKind.ELEMENTWISE, infer, lambda a, b: fn(a, b), _per_element(cost),
+                 vjp=vjp)
+
+
+# VJPs: g is the result's cotangent, y the result; each cotangent is summed back to its operand's
+# shape. Complex operands take g · conj(∂y/∂operand).
+
+def _pow_vjp(g, y, a, b):
+    if y.dtype.is_complex:
+        raise DTypeError("the VJP of pow is declared for real operands only", hint="write x * x for squares")
+    # y = aᵇ: ∂y/∂a = b·aᵇ⁻¹, ∂y/∂b = y·log a (only asked for when the exponent is differentiated)
+    return unbroadcast(g * b * api.power(a, b - 1), a), unbroadcast(g * y * api.log(a), b)
+
+
+def _select_larger(g, a, b):
+    """a's share of a max's cotangent: where a won (ties go to a, so the shares sum to g)."""
+    return api.where(a >= b, g, zero(g)), api.where(a >= b, zero(g), g)
+
+
+def _maximum_vjp(g, y, a, b):
+    ga, gb = _select_larger(g, a, b)
+    return unbroadcast(ga, a), unbroadcast(gb, b)
+
+
+def _minimum_vjp(g, y, a, b):
+    ga, gb = _select_larger(g, b, a)        # a wins where b >= a
+    return unbroadcast(ga, a), unbroadcast(gb, b)
 
 
 ARITHMETIC = (
-    _binary("add", _infer_arith, np.add),
-    _binary("sub", _infer_arith, np.subtract),
-    _binary("mul", _infer_arith, np.multiply),
-    _binary("div", _infer_true_div, np.true_divide),
-    _binary("pow", _infer_arith, np.power, cost=4),
-    _binary("maximum", _infer_real_arith, np.maximum),
-    _binary("minimum", _infer_real_arith, np.minimum),
+    _binary("add", _infer_arith, np.add, vjp=lambda g, y, a, b: (unbroadcast(g, a), unbroadcast(g, b))),
+    _binary("sub", _infer_arith, np.subtract, vjp=lambda g, y, a, b: (unbroadcast(g, a), unbroadcast(-g, b))),
+    _binary("mul", _infer_arith, np.multiply,
+            vjp=lambda g, y, a, b: (unbroadcast(g * conj(b), a), unbroadcast(g * conj(a), b))),
+    # y = a / b: ∂y/∂a = 1/b, ∂y/∂b = -y/b
+    _binary("div", _infer_true_div, np.true_divide,
+            vjp=lambda g, y, a, b: (unbroadcast(g / conj(b), a), unbroadcast(-(g * conj(y / b)), b))),
+    _binary("pow", _infer_arith, np.power, cost=4, vjp=_pow_vjp),
+    _binary("maximum", _infer_real_arith, np.maximum, vjp=_maximum_vjp),
+    _binary("minimum", _infer_real_arith, np.minimum, vjp=_minimum_vjp),
 )
 
 
@@ -72,14 +103,15 @@ def _infer_not(x: TensorType) -> TensorType:
     return x
 
 
-COMPARISONS = tuple(_binary(name, _infer_compare, fn) for name, fn in (
+COMPARISONS = tuple(_binary(name, _infer_compare, fn, vjp=no_cotangents) for name, fn in (
     ("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
     ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal)))
 
 LOGIC = (
-    _binary("logical_and", _infer_logical, np.logical_and),
-    _binary("logical_or", _infer_logical, np.logical_or),
-    OpDef("logical_not", ("x",), OpKind.ELEMENTWISE, _infer_not, np.logical_not, _per_element(1)),
+    _binary("logical_and", _infer_logical, np.logical_and, vjp=no_cotangents),
+    _binary("logical_or", _infer_logical, np.logical_or, vjp=no_cotangents),
+    OpDef("logical_not", ("x",), OpKind.ELEMENTWISE, _infer_not, np.logical_not, _per_element(1),
+          vjp=no_cotangents),
 )
 
 
@@ -121,27 +153,56 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     return 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0).astype(x.dtype)))
 
 
-def _unary(name: str, infer, fn, cost: int = 1) -> OpDef:
-    return OpDef(name, ("x",), OpKind.ELEMENTWISE, infer, fn, _per_element(cost))
+def _unary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
+    return OpDef(name, ("x",), OpKind.ELEMENTWISE, infer, fn, _per_element(cost), vjp=vjp)
+
+
+# Unary VJPs from the operand x and the result y; written without scalar constants where the op
+# takes complex operands (the cotangent algebra keeps complex constants out of graphs).
+
+def _abs_vjp(g, y, x):
+    if x.dtype.is_complex:          # |z| = sqrt(z conj z): the cotangent points along z
+        return (api.cast(g, x.dtype) * x / api.cast(y, x.dtype),)
+    return (api.where(x > 0, g, api.where(x < 0, -g, zero(g))),)   # sign(x), 0 at the kink
+
+
+def _gelu_vjp(g, y, x, approximate):
+    if approximate == "tanh":       # y = x/2 · (1 + tanh u), u = c (x + 0.044715 x³)
+        c = float(np.sqrt(2.0 / np.pi))
+        t = api.tanh(c * (x + 0.044715 * x * x * x))
+        du = c * (1.0 + 3 * 0.044715 * x * x)
+        return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
+    cdf = 0.5 * (1.0 + api.erf(x * float(np.sqrt(0.5))))        # y = x Φ(x): y' = Φ(x) + x φ(x)
+    pdf = api.exp(-0.5 * x * x) * float(1 / np.sqrt(2 * np.pi))
+    return (g * (cdf + x * pdf),)
+
+
+def _silu_vjp(g, y, x):
+    s = api.sigmoid(x)              # y = x σ(x): y' = σ (1 + x (1 - σ))
+    return (g * (s * (1.0 + x * (1.0 - s))),)
 
 
 UNARY = (
-    _unary("neg", _infer_same, np.negative),
-    _unary("abs", _infer_abs, np.abs),
-    _unary("exp", _infer_floating, np.exp),
-    _unary("log", _infer_floating, np.log),
-    _unary("sqrt", _infer_floating, np.sqrt),
-    _unary("rsqrt", _infer_floating, lambda x: 1.0 / np.sqrt(x), cost=2),
-    _unary("reciprocal", _infer_floating, lambda x: 1.0 / x),
-    _unary("tanh", _infer_floating, np.tanh),
-    _unary("sin", _infer_floating, np.sin),
-    _unary("cos", _infer_floating, np.cos),
-    _unary("erf", _infer_real_floating, special.erf),
-    _unary("sigmoid", _infer_real_floating, _sigmoid, cost=4),
-    _unary("relu", _infer_real_floating, lambda x: np.maximum(x, 0).astype(x.dtype)),
-    _unary("silu", _infer_real_floating, lambda x: x * _sigmoid(x), cost=5),
+    _unary("neg", _infer_same, np.negative, vjp=lambda g, y, x: (-g,)),
+    _unary("abs", _infer_abs, np.abs, vjp=_abs_vjp),
+    _unary("exp", _infer_floating, np.exp, vjp=lambda g, y, x: (g * conj(y),)),
+    _unary("log", _infer_floating, np.log, vjp=lambda g, y, x: (g / conj(x),)),
+    _unary("sqrt", _infer_floating, np.sqrt, vjp=lambda g, y, x: (g / conj(y + y),)),
+    # y = x^(-1/2): y' = -y / (2x)
+    _unary("rsqrt", _infer_floating, lambda x: 1.0 / np.sqrt(x), cost=2,
+           vjp=lambda g, y, x: (-(g * conj(y / (x + x))),)),
+    _unary("reciprocal", _infer_floating, lambda x: 1.0 / x, vjp=lambda g, y, x: (-(g * conj(y * y)),)),
+    _unary("tanh", _infer_floating, np.tanh, vjp=lambda g, y, x: (g - g * conj(y * y),)),
+    _unary("sin", _infer_floating, np.sin, vjp=lambda g, y, x: (g * conj(api.cos(x)),)),
+    _unary("cos", _infer_floating, np.cos, vjp=lambda g, y, x: (-(g * conj(api.sin(x))),)),
+    _unary("erf", _infer_real_floating, special.erf,
+           vjp=lambda g, y, x: (g * float(2 / np.sqrt(np.pi)) * api.exp(-(x * x)),)),
+    _unary("sigmoid", _infer_real_floating, _sigmoid, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
+    _unary("relu", _infer_real_floating, lambda x: np.maximum(x, 0).astype(x.dtype),
+           vjp=lambda g, y, x: (api.where(x > 0, g, zero(g)),)),
+    _unary("silu", _infer_real_floating, lambda x: x * _sigmoid(x), cost=5, vjp=_silu_vjp),
     OpDef("gelu", ("x",), OpKind.ELEMENTWISE, lambda x, approximate: _infer_real_floating(x),
-          _gelu, lambda out, x, approximate: 8 * out.numel),
+          _gelu, lambda out, x, approximate: 8 * out.numel, vjp=_gelu_vjp),
 )
 
 
@@ -160,9 +221,16 @@ def _infer_cast(x: TensorType, dtype: DType) -> TensorType:
     return TensorType(x.shape, dtype)
 
 
+def _where_vjp(g, out, cond, x, y):
+    return None, unbroadcast(api.where(cond, g, zero(g)), x), unbroadcast(api.where(cond, zero(g), g), y)
+
+
 SELECT = (
-    OpDef("where", ("cond", "x", "y"), OpKind.ELEMENTWISE, _infer_where, np.where, _per_element(1)),
-    OpDef("cast", ("x",), OpKind.ELEMENTWISE, _infer_cast, lambda x, dtype: x, exact=True),
+    OpDef("where", ("cond", "x", "y"), OpKind.ELEMENTWISE, _infer_where, np.where, _per_element(1),
+          vjp=_where_vjp),
+    # the cotangent is converted back to x's dtype (a real x of a complex cast takes the real part)
+    OpDef("cast", ("x",), OpKind.ELEMENTWISE, _infer_cast, lambda x, dtype: x, exact=True,
+          vjp=lambda g, y, x, dtype: (unbroadcast(g, x),)),
 )
 
 DEFS = ARITHMETIC + COMPARISONS + LOGIC + UNARY + SELECT

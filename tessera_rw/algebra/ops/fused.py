@@ -10,6 +10,7 @@ import functools
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import before_fusion
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
@@ -62,7 +63,7 @@ def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorTyp
 
 DEFS = (
     OpDef("gemm", ("a", "b", "bias", "residual"), OpKind.MATMUL, _infer_gemm, _gemm, _gemm_flops, variadic=True,
-          doc="act(scale · a @ b + bias) + residual in one kernel"),
+          doc="act(scale · a @ b + bias) + residual in one kernel", vjp=before_fusion("gemm")),
 )
 
 
@@ -141,7 +142,8 @@ def _fused_flops(out: TensorType, *xs: TensorType, expr: str) -> int:
 
 DEFS = DEFS + (
     OpDef("fused_elementwise", ("xs",), OpKind.ELEMENTWISE, _infer_fused, _fused, _fused_flops, variadic=True,
-          doc="a tree of elementwise ops over its inputs in one pass, e.g. expr='mul(relu(add($0,$1)),$2)'"),
+          doc="a tree of elementwise ops over its inputs in one pass, e.g. expr='mul(relu(add($0,$1)),$2)'",
+          vjp=before_fusion("fused_elementwise")),
 )
 
 
@@ -203,5 +205,42 @@ def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, po
 
 DEFS = DEFS + (
     OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, _infer_fused_norm, _fused_norm, _fused_norm_flops,
-          variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row"),
+          variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row",
+          vjp=before_fusion("fused_normalization")),
+)
+
+
+# ---- a weight-gradient GEMM that also writes the bias gradient ---------------------------
+#
+# matmul_bias_grad(a, b) = [a; 1ᵀ] @ b, of shape [M+1, N]: rows 0..M-1 are a @ b and row M is
+# Σ_k b[k, :]. In a linear layer's backward pass (a = Xᵀ, b = dY) that last row is the bias
+# gradient, which the weight-gradient GEMM produces for one more row of A (a virtual row of ones,
+# cuBLASLt's BGRADB epilogue) instead of a second pass over dY.
+
+def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
+    if a.ndim != 2 or b.ndim != 2:
+        raise ShapeError(f"takes 2-d operands a [M, K] and b [K, N], got {fmt_shape(a.shape)} "
+                         f"and {fmt_shape(b.shape)}",
+                         hint="flatten leading batch dims into K first (reshape a to [M, B·K], b to [B·K, N])")
+    if a.dtype is not b.dtype or not a.dtype.is_float:
+        from tessera_rw.algebra.errors import DTypeError
+        raise DTypeError(f"takes two operands of one floating-point dtype, got {a.dtype} and {b.dtype}",
+                         hint="cast both operands to one float dtype (e.g. op.cast(x, 'bfloat16'))")
+    mm = _infer_matmul(a, b, accum_dtype)
+    return TensorType((mm.shape[0] + 1, mm.shape[1]), mm.dtype)
+
+
+def _matmul_bias_grad(a: np.ndarray, b: np.ndarray, accum_dtype) -> np.ndarray:
+    return np.matmul(np.concatenate([a, np.ones((1, a.shape[1]), a.dtype)]), b)
+
+
+def _matmul_bias_grad_flops(out: TensorType, a: TensorType, b: TensorType, accum_dtype) -> int:
+    (m, k), n = a.shape, b.shape[1]
+    return 2 * m * n * k + k * n
+
+
+DEFS = DEFS + (
+    OpDef("matmul_bias_grad", ("a", "b"), OpKind.MATMUL, _infer_matmul_bias_grad, _matmul_bias_grad,
+          _matmul_bias_grad_flops, doc="[a; 1ᵀ] @ b: a @ b with the column sums of b as one more row",
+          vjp=before_fusion("matmul_bias_grad")),
 )

@@ -10,10 +10,12 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import crop, dilate, pad_zeros, unbroadcast
 from tessera_rw.algebra.errors import AttributeValueError, AxisError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import fmt_shape
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def _infer_transpose(x: TensorType, axes: tuple[int, ...]) -> TensorType:
@@ -86,13 +88,38 @@ def _infer_concatenate(*xs: TensorType, axis: int) -> TensorType:
     return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)
 
 
+# ---- VJPs: each moves the cotangent back to where the values came from -----------------------
+
+def _transpose_vjp(g, y, x, axes):
+    return (api.transpose(g, tuple(int(i) for i in np.argsort(axes))),)
+
+
+def _pad_vjp(g, y, x, pads, value):
+    index = tuple(slice(lo, lo + d) for (lo, _), d in zip(pads, x.shape))
+    return (api.getitem(g, index) if index else g,)
+
+
+def _slice_vjp(g, y, x, starts, stops, steps):
+    # each kept element returns to its place; the skipped ones (and the rest of the axis) get 0
+    for axis, step in enumerate(steps):
+        g = dilate(g, axis, step)
+    return (pad_zeros(g, [(a, d - a - n) for a, d, n in zip(starts, x.shape, g.shape)]),)
+
+
+def _concatenate_vjp(g, y, *xs, axis):
+    bounds = np.cumsum([0] + [x.shape[axis] for x in xs])
+    return tuple(crop(g, axis, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+
 DEFS = (
-    OpDef("transpose", ("x",), OpKind.LAYOUT, _infer_transpose, lambda x, axes: np.transpose(x, axes), exact=True),
-    OpDef("reshape", ("x",), OpKind.LAYOUT, _infer_reshape, lambda x, shape: np.reshape(x, shape), exact=True),
+    OpDef("transpose", ("x",), OpKind.LAYOUT, _infer_transpose, lambda x, axes: np.transpose(x, axes), exact=True,
+          vjp=_transpose_vjp),
+    OpDef("reshape", ("x",), OpKind.LAYOUT, _infer_reshape, lambda x, shape: np.reshape(x, shape), exact=True,
+          vjp=lambda g, y, x, shape: (api.reshape(g, x.shape),)),
     OpDef("broadcast_to", ("x",), OpKind.LAYOUT, _infer_broadcast_to,
-          lambda x, shape: np.broadcast_to(x, shape), exact=True),
-    OpDef("pad", ("x",), OpKind.LAYOUT, _infer_pad, _pad, exact=True),
-    OpDef("slice", ("x",), OpKind.LAYOUT, _infer_slice, _slice, exact=True),
+          lambda x, shape: np.broadcast_to(x, shape), exact=True, vjp=lambda g, y, x, shape: (unbroadcast(g, x),)),
+    OpDef("pad", ("x",), OpKind.LAYOUT, _infer_pad, _pad, exact=True, vjp=_pad_vjp),
+    OpDef("slice", ("x",), OpKind.LAYOUT, _infer_slice, _slice, exact=True, vjp=_slice_vjp),
     OpDef("concatenate", ("xs",), OpKind.LAYOUT, _infer_concatenate,
-          lambda *xs, axis: np.concatenate(xs, axis=axis), variadic=True, exact=True),
+          lambda *xs, axis: np.concatenate(xs, axis=axis), variadic=True, exact=True, vjp=_concatenate_vjp),
 )

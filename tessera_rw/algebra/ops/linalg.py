@@ -10,11 +10,13 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import conj, unbroadcast
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
@@ -49,7 +51,23 @@ def _flops_matmul(out: TensorType, a: TensorType, b: TensorType, accum_dtype) ->
     return 2 * math.prod(batch) * m * n * k
 
 
+def _matmul_vjp(g, y, a, b, accum_dtype):
+    """da = g bᴴ, db = aᴴ g over the broadcast batch, then summed back to each operand's batch.
+    A 1-d operand is a row (a) or column (b) vector, as numpy treats it."""
+    batch, m, n, _ = matmul_dims(a.shape, b.shape)
+    a2 = a if a.ndim > 1 else api.reshape(a, (1,) + a.shape)
+    b2 = b if b.ndim > 1 else api.reshape(b, b.shape + (1,))
+    g2 = api.reshape(g, batch + (m, n))
+    da = api.matmul(g2, conj(b2).mT, accum_dtype=accum_dtype)       # batch + (m, k)
+    db = api.matmul(conj(a2).mT, g2, accum_dtype=accum_dtype)       # batch + (k, n)
+    if a.ndim == 1:
+        da = api.reshape(da, batch + a.shape)
+    if b.ndim == 1:
+        db = api.reshape(db, batch + b.shape)
+    return unbroadcast(da, a), unbroadcast(db, b)
+
+
 DEFS = (
     OpDef("matmul", ("a", "b"), OpKind.MATMUL, _infer_matmul,
-          lambda a, b, accum_dtype: np.matmul(a, b), _flops_matmul),
+          lambda a, b, accum_dtype: np.matmul(a, b), _flops_matmul, vjp=_matmul_vjp),
 )

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import expand_reduced, scaled, unbroadcast
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AxisError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import fmt_shape
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
@@ -27,7 +29,7 @@ def _check_axes(x: TensorType, axes: tuple[int, ...]) -> None:
         raise AxisError(f"axes {axes} do not fit a tensor of rank {x.ndim}")
 
 
-def _reduction(name: str, fn, result_dtype) -> OpDef:
+def _reduction(name: str, fn, result_dtype, vjp) -> OpDef:
     def infer(x: TensorType, axes: tuple[int, ...], keepdims: bool) -> TensorType:
         _check_axes(x, axes)
         if x.dtype.is_complex and name in ("max", "min"):
@@ -42,7 +44,7 @@ def _reduction(name: str, fn, result_dtype) -> OpDef:
     def flops(out: TensorType, x: TensorType, **attrs) -> int:
         return x.numel
 
-    return OpDef(name, ("x",), OpKind.REDUCTION, infer, reference, flops)
+    return OpDef(name, ("x",), OpKind.REDUCTION, infer, reference, flops, vjp=vjp)
 
 
 def _sum_dtype(dtype: DType) -> DType:
@@ -53,11 +55,27 @@ def _mean_dtype(dtype: DType) -> DType:
     return dtype if (dtype.is_float or dtype.is_complex) else DType.float32
 
 
+def _sum_vjp(g, y, x, axes, keepdims):
+    return (unbroadcast(expand_reduced(g, x.shape, axes, keepdims), x),)
+
+
+def _mean_vjp(g, y, x, axes, keepdims):
+    count = int(np.prod([x.shape[a] for a in axes]))
+    return (unbroadcast(scaled(expand_reduced(g, x.shape, axes, keepdims), 1.0 / max(count, 1)), x),)
+
+
+def _extremum_vjp(g, y, x, axes, keepdims):
+    """The cotangent goes to the elements that attained the max (or min), shared equally by ties."""
+    hit = api.cast(api.equal(x, expand_reduced(y, x.shape, axes, keepdims)), g.dtype)
+    ties = expand_reduced(api.sum(hit, axis=axes, keepdims=True), x.shape, axes, True)
+    return (unbroadcast(expand_reduced(g, x.shape, axes, keepdims) * hit / ties, x),)
+
+
 REDUCTIONS = (
-    _reduction("sum", np.sum, _sum_dtype),
-    _reduction("mean", np.mean, _mean_dtype),
-    _reduction("max", np.max, lambda d: d),
-    _reduction("min", np.min, lambda d: d),
+    _reduction("sum", np.sum, _sum_dtype, _sum_vjp),
+    _reduction("mean", np.mean, _mean_dtype, _mean_vjp),
+    _reduction("max", np.max, lambda d: d, _extremum_vjp),
+    _reduction("min", np.min, lambda d: d, _extremum_vjp),
 )
 
 
@@ -130,14 +148,61 @@ def _norm_flops(per_element: int):
     return flops
 
 
+# ---- their VJPs ------------------------------------------------------------------------------
+
+def _softmax_vjp(g, y, x, axis):
+    # ∂y_i/∂x_j = y_i (δ_ij - y_j): dx = y · (g - Σ g y)
+    return (y * (g - api.sum(g * y, axis=axis, keepdims=True)),)
+
+
+def _log_softmax_vjp(g, y, x, axis):
+    # ∂y_i/∂x_j = δ_ij - softmax_j: dx = g - exp(y) Σ g
+    return (g - api.exp(y) * api.sum(g, axis=axis, keepdims=True),)
+
+
+def _affine_vjp(g, xhat, params, has_weight: bool, has_bias: bool):
+    """(cotangent of the normalized x̂, cotangents of weight and bias) of y = x̂ · weight + bias."""
+    it = iter(params)
+    weight = next(it) if has_weight else None
+    bias = next(it) if has_bias else None
+    grads = []
+    if has_weight:
+        grads.append(unbroadcast(g * xhat, weight))
+    if has_bias:
+        grads.append(unbroadcast(g, bias))
+    return (g * weight if has_weight else g), grads
+
+
+def _layernorm_vjp(g, y, x, *params, axes, eps, has_weight, has_bias):
+    # x̂ = (x - μ) r with r = 1/sqrt(var + eps): dx = r (gx̂ - mean(gx̂) - x̂ mean(gx̂ x̂))
+    def mean(t):
+        return api.mean(t, axis=axes, keepdims=True)
+    centered = x - mean(x)
+    rstd = api.rsqrt(mean(centered * centered) + eps)
+    xhat = centered * rstd
+    gxhat, grads = _affine_vjp(g, xhat, params, has_weight, has_bias)
+    return (unbroadcast(rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)), x), *grads)
+
+
+def _rmsnorm_vjp(g, y, x, *params, axes, eps, has_weight, has_bias):
+    # x̂ = x r with r = 1/sqrt(mean(x²) + eps): dx = r (gx̂ - x̂ mean(gx̂ x̂))
+    def mean(t):
+        return api.mean(t, axis=axes, keepdims=True)
+    rstd = api.rsqrt(mean(x * x) + eps)
+    xhat = x * rstd
+    gxhat, grads = _affine_vjp(g, xhat, params, has_weight, has_bias)
+    return (unbroadcast(rstd * (gxhat - xhat * mean(gxhat * xhat)), x), *grads)
+
+
 NORMALIZATIONS = (
-    OpDef("softmax", ("x",), OpKind.NORMALIZATION, _infer_row, _softmax, lambda out, x, axis: 5 * x.numel),
+    OpDef("softmax", ("x",), OpKind.NORMALIZATION, _infer_row, _softmax, lambda out, x, axis: 5 * x.numel,
+          vjp=_softmax_vjp),
     OpDef("log_softmax", ("x",), OpKind.NORMALIZATION, _infer_row, _log_softmax,
-          lambda out, x, axis: 5 * x.numel),
+          lambda out, x, axis: 5 * x.numel, vjp=_log_softmax_vjp),
     OpDef("layernorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, _infer_norm, _layernorm,
-          _norm_flops(7), variadic=True),
+          _norm_flops(7), variadic=True, vjp=_layernorm_vjp),
     OpDef("rmsnorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, _infer_norm, _rmsnorm,
-          _norm_flops(4), variadic=True),
+          _norm_flops(4), variadic=True, vjp=_rmsnorm_vjp),
 )
 
 DEFS = REDUCTIONS + NORMALIZATIONS

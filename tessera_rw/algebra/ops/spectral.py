@@ -10,10 +10,12 @@ import math
 
 import numpy as np
 
+from tessera_rw.algebra.autodiff.cotangents import before_fusion, fit_length, unbroadcast
 from tessera_rw.algebra.dtypes import DType, complex_of, real_of
 from tessera_rw.algebra.errors import AttributeValueError, AxisError, DTypeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 NORMS = ("backward", "ortho", "forward")
 
@@ -62,11 +64,55 @@ def _numpy(fn):
     return lambda x, n, axis, norm: fn(x, n=n, axis=axis, norm=norm)
 
 
+# ---- VJPs ------------------------------------------------------------------------------------
+#
+# A transform is a linear map A (after cutting or zero-extending x to n); its VJP is Aᴴ g, then
+# undoing the cut. The adjoint of the DFT is the unnormalized inverse DFT and the scale is real,
+# so Aᴴ is the opposite transform under the norm with the same scale on the other side.
+
+ADJOINT_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def _half_spectrum_weights(n: int, dtype: DType, ndim: int, axis: int, interior: float) -> np.ndarray:
+    """Per-bin weights of an n-point half spectrum along `axis`: `interior` for the bins that stand
+    for a pair of conjugate bins of the full spectrum, 1 for the unpaired DC (and Nyquist) bins."""
+    w = np.full(n // 2 + 1, interior, dtype=real_of(dtype).numpy)
+    w[0] = 1
+    if n % 2 == 0:
+        w[-1] = 1
+    return w.reshape((-1,) + (1,) * (ndim - 1 - axis))
+
+
+def _complex_fft_vjp(adjoint: str):
+    """fft's adjoint is ifft's direction, and the reverse."""
+    def vjp(g, y, x, n, axis, norm):
+        back = getattr(api, adjoint)(g, n=n, axis=axis, norm=ADJOINT_NORM[norm])
+        return (unbroadcast(fit_length(back, axis, x.shape[axis]), x),)
+    return vjp
+
+
+def _rfft_vjp(g, y, x, n, axis, norm):
+    # y keeps the bins 0..n/2 of a real signal's spectrum, so Re(Aᴴ g) sums each interior bin once
+    # where irfft counts it twice (for its conjugate partner): halve them first
+    half = g * _half_spectrum_weights(n, g.dtype, g.ndim, axis, 0.5)
+    return (unbroadcast(fit_length(api.irfft(half, n=n, axis=axis, norm=ADJOINT_NORM[norm]), axis, x.shape[axis]), x),)
+
+
+def _irfft_vjp(g, y, x, n, axis, norm):
+    # irfft reads each interior bin twice (itself and its conjugate) and the imaginary part of the
+    # DC and Nyquist bins not at all; the spectrum of a real g has those imaginary parts 0
+    spectrum = api.rfft(g, n=n, axis=axis, norm=ADJOINT_NORM[norm])
+    spectrum = spectrum * _half_spectrum_weights(n, spectrum.dtype, spectrum.ndim, axis, 2.0)
+    return (unbroadcast(fit_length(spectrum, axis, x.shape[axis]), x),)
+
+
 DEFS = (
-    OpDef("fft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.fft), _fft_flops(False)),
-    OpDef("ifft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.ifft), _fft_flops(False)),
-    OpDef("rfft", ("x",), OpKind.SPECTRAL, _infer_rfft, _numpy(np.fft.rfft), _fft_flops(True)),
-    OpDef("irfft", ("x",), OpKind.SPECTRAL, _infer_irfft, _numpy(np.fft.irfft), _fft_flops(True)),
+    OpDef("fft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.fft), _fft_flops(False),
+          vjp=_complex_fft_vjp("ifft")),
+    OpDef("ifft", ("x",), OpKind.SPECTRAL, _infer_complex_fft, _numpy(np.fft.ifft), _fft_flops(False),
+          vjp=_complex_fft_vjp("fft")),
+    OpDef("rfft", ("x",), OpKind.SPECTRAL, _infer_rfft, _numpy(np.fft.rfft), _fft_flops(True), vjp=_rfft_vjp),
+    OpDef("irfft", ("x",), OpKind.SPECTRAL, _infer_irfft, _numpy(np.fft.irfft), _fft_flops(True), vjp=_irfft_vjp),
 )
 
 
@@ -102,5 +148,5 @@ def _contract_flops(out: TensorType, x: TensorType, w: TensorType, groups: int) 
 
 
 CONTRACT = OpDef("spectral_contract", ("x", "w"), OpKind.SPECTRAL, _infer_contract,
-                 spectral_contract_reference, _contract_flops)
+                 spectral_contract_reference, _contract_flops, vjp=before_fusion("spectral_contract"))
 DEFS = DEFS + (CONTRACT,)

@@ -1,0 +1,133 @@
+"""grad_graph: the reverse-mode derivative of a graph with a scalar output, as another Graph.
+
+The walk visits the forward nodes from the output back to the inputs, asks each node's op for its
+VJP (`OpDef.vjp`) and adds up the cotangents of values used more than once. Only the part of the
+graph between the requested inputs and the output is differentiated: a value that does not
+depend on a requested input (a constant, a mask, another input) gets no cotangent. The backward
+nodes are built on the interned forward nodes, so forward values the gradient needs are shared
+with, not copied from, the forward pass.
+
+>>> from tessera_rw import op
+>>> def loss(x, w):
+...     return op.sum(op.tanh(x @ w))
+>>> forward = op.kernel(loss).trace(op.tensor((4, 3), "float64"), op.tensor((3, 2), "float64"))
+>>> print(grad_graph(forward, (1,)))
+def grad_loss(x: f64[4,3], w: f64[3,2]):
+    t00 = transpose(x, axes=(1, 0))              # f64[3,4]
+    t01 = full(dtype=float64, shape=(), value=1.0) # f64[]
+    t02 = reshape(t01, shape=(1, 1))             # f64[1,1]
+    t03 = broadcast_to(t02, shape=(4, 2))        # f64[4,2]
+    t04 = x @ w                                  # f64[4,2]
+    t05 = tanh(t04)                              # f64[4,2]
+    t06 = t05 * t05                              # f64[4,2]
+    t07 = t03 * t06                              # f64[4,2]
+    t08 = t03 - t07                              # f64[4,2]
+    t09 = t00 @ t08                              # f64[3,2]
+    return t09
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tessera_rw.algebra.api import full, tracing, zeros
+from tessera_rw.algebra.autodiff.cotangents import to_dtype
+from tessera_rw.algebra.builder import describe_operands
+from tessera_rw.algebra.errors import (
+    ArgumentError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.shapes import fmt_shape
+from tessera_rw.algebra.tensor import SymbolicTensor
+
+
+def _is_differentiable(node: Node) -> bool:
+    return node.dtype.is_float or node.dtype.is_complex
+
+
+def _loss(graph: Graph) -> Node:
+    if len(graph.outputs) != 1:
+        raise ResultError(f"{graph.name} returns {len(graph.outputs)} values; a gradient needs one scalar output",
+                         hint="return the loss alone (other values can be computed by another kernel)")
+    loss = graph.outputs[0]
+    if loss.type.numel != 1:
+        raise ShapeError(f"{graph.name} returns {loss.type}, of shape {fmt_shape(loss.shape)}, not a scalar",
+                         hint="reduce it to a scalar loss first, e.g. op.sum(...) or op.mean(...)")
+    if not loss.dtype.is_float:
+        raise DTypeError(f"{graph.name} returns {loss.type}; a gradient needs a real floating-point loss",
+                         hint="cast the loss to a float dtype, or take op.abs of a complex one")
+    return loss
+
+
+def _targets(graph: Graph, wrt: Sequence[int]) -> tuple[Node, ...]:
+    count = len(graph.inputs)
+    for i in wrt:
+        if not isinstance(i, int) or not -count <= i < count:
+            raise ArgumentError(f"{graph.name}: cannot differentiate with respect to input {i!r}: it has "
+                                f"{count} tensor input(s) {list(graph.input_names)}",
+                                hint=f"use input positions in [0, {count - 1}]" if count else None)
+    targets = tuple(graph.inputs[i] for i in wrt)
+    for t in targets:
+        if not t.dtype.is_float:
+            raise DTypeError(f"{graph.name}: input {t.attr('name')!r} is {t.type}; gradients are taken "
+                             "with respect to floating-point inputs only",
+                             hint="leave integer and bool inputs out of argnums")
+    return targets
+
+
+def _active(graph: Graph, targets: tuple[Node, ...]) -> set[Node]:
+    """The floating-point values that depend on a target: the only ones a cotangent flows through."""
+    active = set(targets)
+    for node in graph.nodes:
+        if _is_differentiable(node) and any(a in active for a in node.args):
+            active.add(node)
+    return active
+
+
+def _pull_back(node: Node, g: SymbolicTensor) -> tuple:
+    """The cotangents of node's operands, from its op's VJP, with the error naming the op."""
+    op = OPS[node.op]
+    if op.vjp is None:
+        raise TesseraError(f"op {node.op!r} declares no VJP, so it cannot be differentiated",
+                           op=node.op, hint="declare one with OpDef(..., vjp=...)")
+    args = tuple(SymbolicTensor(a) for a in node.args)
+    try:
+        cts = op.vjp(g, SymbolicTensor(node), *args, **node.attr_map)
+    except TesseraError as e:
+        raise e.with_context(op=node.op, operands=describe_operands(op.operands, [a.type for a in node.args])) from None
+    if len(cts) != len(args):
+        raise VerifyError(f"the VJP of {node.op} returned {len(cts)} cotangents for {len(args)} operands", op=node.op)
+    return cts
+
+
+def _fitted(ct: SymbolicTensor, arg: Node, node: Node) -> SymbolicTensor:
+    """A cotangent in its operand's type; a shape mismatch is a wrong VJP rule, not a user error."""
+    if ct.shape != arg.shape:
+        raise VerifyError(f"the VJP of {node.op} gave a cotangent of shape {fmt_shape(ct.shape)} for an "
+                          f"operand of shape {fmt_shape(arg.shape)}", op=node.op)
+    return to_dtype(ct, arg.dtype)
+
+
+def grad_graph(graph: Graph, wrt: tuple[int, ...]) -> Graph:
+    """The Graph of the gradients of `graph`'s scalar output with respect to its inputs at positions
+    `wrt`: the same inputs, one output per position, each in its input's shape and dtype (zeros
+    where the output does not depend on the input). See the module's example."""
+    loss = _loss(graph)
+    targets = _targets(graph, wrt)
+    active = _active(graph, targets)
+    cotangents: dict[Node, SymbolicTensor] = {}
+    with tracing():
+        if loss in active:
+            cotangents[loss] = full(loss.shape, 1.0, loss.dtype)
+        for node in reversed(graph.nodes):
+            g = cotangents.get(node)
+            if g is None or node.op == "input":
+                continue
+            for arg, ct in zip(node.args, _pull_back(node, g)):
+                if ct is None or arg not in active:
+                    continue
+                ct = _fitted(ct, arg, node)
+                cotangents[arg] = ct if arg not in cotangents else cotangents[arg] + ct
+        grads = tuple(cotangents[t] if t in cotangents else zeros(t.shape, t.dtype) for t in targets)
+    return Graph(f"grad_{graph.name}", graph.inputs, tuple(g.node for g in grads))

@@ -1,0 +1,126 @@
+"""`op.grad(fn, argnums)`: the gradient of a scalar-valued tensor function, as a kernel object.
+
+It is a Kernel whose graph for a signature is the reverse-mode derivative of fn's traced graph
+(`algebra.autodiff.reverse.grad_graph`), so calling, `.explain`, `.trace`, `.program`,
+placeholders, tuning and the per-signature cache all work as for `@op.kernel`; the backward graph
+goes through the same rewrites (gradient-reduction fusion among them) and lowering.
+
+>>> import numpy as np
+>>> from tessera_rw import op
+>>> def loss(x, w, b):
+...     return op.mean((x @ w + b) ** 2)
+>>> dw, db = op.grad(loss, argnums=(1, 2))(np.ones((4, 3)), np.ones((3, 2)), np.zeros(2))
+>>> dw
+array([[3., 3.],
+       [3., 3.],
+       [3., 3.]])
+>>> db
+array([3., 3.])
+>>> op.grad(loss)(op.tensor((4, 3), "bf16"), op.tensor((3, 2), "bf16"), op.tensor((2,), "bf16"))
+tensor((4, 3), bfloat16)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+
+from tessera_rw.algebra.autodiff.reverse import grad_graph
+from tessera_rw.algebra.builder import make, user_site
+from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import ArrayLiteral, Node
+from tessera_rw.algebra.tensor import SymbolicTensor
+from tessera_rw.algebra.trace import Traced, trace
+from tessera_rw.kernel import BoundCall, Kernel
+
+Argnums = int | tuple[int, ...]
+
+
+def _normalized_argnums(argnums: Any, params: tuple[str, ...], fn_name: str) -> tuple[int, ...]:
+    items = argnums if isinstance(argnums, tuple) else (argnums,)
+    if not items or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in items):
+        raise ArgumentError(f"op.grad({fn_name}): argnums must be an int or a non-empty tuple of ints, got {argnums!r}")
+    count = len(params)
+    bad = [i for i in items if not -count <= i < count]
+    if bad:
+        raise ArgumentError(f"op.grad({fn_name}): argnums {bad} out of range for {count} parameter(s) {list(params)}",
+                            hint=f"use positions in [0, {count - 1}]" if count else "the function takes no arguments")
+    return tuple(int(i) % count for i in items)
+
+
+def _substitute(graph: Graph, values: dict[Node, Node]) -> tuple[Node, ...]:
+    """graph's outputs rebuilt with its inputs replaced by `values` (types equal, so no re-check)."""
+    new = dict(values)
+    for node in graph.nodes:
+        if node not in new:
+            new[node] = node.replace(args=tuple(new[a] for a in node.args)) if node.args else node
+    return tuple(new[o] for o in graph.outputs)
+
+
+class GradKernel(Kernel):
+    """The gradient of `fn` with respect to the parameters at `argnums`: one array per position
+    (a tuple when argnums is a tuple), each of its input's shape and dtype."""
+
+    def __init__(self, fn: Callable | Kernel, argnums: Argnums = 0):
+        super().__init__(fn.fn if isinstance(fn, Kernel) else fn)
+        self.argnums = argnums
+        self._wrt = _normalized_argnums(argnums, self._positional, self.fn.__name__)
+
+    @property
+    def name(self) -> str:
+        return f"grad_{self.fn.__name__}"
+
+    def _input_positions(self, call: BoundCall) -> tuple[int, ...]:
+        names = list(call.tensors)
+        positions = []
+        for i in self._wrt:
+            param = self._positional[i]
+            if param not in call.tensors:
+                value = call.statics.get(param, "its default")
+                raise ArgumentError(f"{self.name}: cannot differentiate with respect to {param!r} (argnum {i}): "
+                                    f"it is given {value!r}, not a tensor",
+                                    hint="pass an array or op.tensor placeholder there, or leave it out of argnums",
+                                    site=user_site())
+            positions.append(names.index(param))
+        return tuple(positions)
+
+    def traced(self, call: BoundCall) -> Traced:
+        found = self._traces.get(call.signature)
+        if found is None:
+            forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__).graph
+            structure = tuple if isinstance(self.argnums, tuple) else None
+            found = self._traces[call.signature] = Traced(grad_graph(forward, self._input_positions(call)), structure)
+        return found
+
+    def _inline(self, args: tuple, kwargs: dict) -> Any:
+        """Called inside another traced function: the gradient graph spliced in on the caller's values."""
+        call = self.bind(*args, **kwargs)
+        if call.placeholders:
+            raise ArgumentError(f"{self.name}: a placeholder cannot be used inside a traced function",
+                                hint="pass it as an argument of the kernel instead", site=user_site())
+        traced = self.traced(call)
+        values = {}
+        for node in traced.graph.inputs:
+            value = call.values[node.attr("name")]
+            values[node] = value.node if isinstance(value, SymbolicTensor) else make(
+                "literal", value=ArrayLiteral(np.asarray(value)), dtype=node.dtype)
+        outputs = tuple(SymbolicTensor(n) for n in _substitute(traced.graph, values))
+        return outputs[0] if traced.structure is None else traced.structure(outputs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
+            return self._inline(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        traced = len(self._traces)
+        return f"<tessera_rw gradient kernel {self.name} (argnums={self.argnums}): {traced} traced signature(s)>"
+
+
+def grad(fn: Callable | Kernel, argnums: Argnums = 0) -> GradKernel:
+    """The gradient of a function returning a scalar, with respect to its parameters at `argnums`:
+    `dw, db = op.grad(loss, argnums=(1, 2))(x, w, b)`. `fn` may be a plain function or a kernel."""
+    return GradKernel(fn, argnums)
