@@ -28,17 +28,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _select(packs: list[str]):
+    """The rulesets named: by rule pack (a plugin's name or distribution, or tessera_rw for the
+    built-ins) or by ruleset name (e.g. gradient)."""
     loaded = discover()
     everything = BUILTIN_RULESETS + plugin_rulesets(loaded)
     if not packs:
         return everything
     names = {lp.pack.name: lp.distribution for lp in loaded} | {"tessera_rw": "tessera_rw"}
-    wanted = {names.get(p, p) for p in packs}
-    unknown = [p for p in packs if names.get(p, p) not in {rs.origin for rs in everything}]
+    origins = {names.get(p, p) for p in packs}
+    unknown = [p for p in packs if names.get(p, p) not in {rs.origin for rs in everything}
+               and p not in {rs.name for rs in everything}]
     if unknown:
-        known = ", ".join(sorted(set(names) | set(names.values())))
-        raise UsageError(f"no installed rule pack named {', '.join(unknown)}; installed: {known}")
-    return tuple(rs for rs in everything if rs.origin in wanted)
+        known = ", ".join(sorted(set(names) | set(names.values()) | {rs.name for rs in everything}))
+        raise UsageError(f"no installed rule pack or ruleset named {', '.join(unknown)}; installed: {known}")
+    return tuple(rs for rs in everything if rs.origin in origins or rs.name in packs)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

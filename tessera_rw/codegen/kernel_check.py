@@ -187,7 +187,8 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     op has no such axis the reference can be restricted to."""
     kind, out = OPS[op.op].kind, op.result
     cost = _COST.get(kind, 0)
-    if kind is OpKind.MATMUL and op.operands[0].ndim >= 2 and out.ndim >= 2:
+    # a row of the result comes from the same row of a (not so for matmul_bias_grad's extra last row)
+    if kind is OpKind.MATMUL and op.operands[0].ndim >= 2 and out.ndim >= 2 and out.shape[-2] == op.operands[0].shape[-2]:
         return out.ndim - 2, cost * out.numel * op.operands[0].shape[-1]
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]

@@ -1,7 +1,7 @@
 """The rulesets in force: the built-in ones plus those of installed rule plugins.
 
 >>> [rs.name for rs in rulesets(plugins=False)]
-['algebra', 'attention', 'spectral', 'epilogue']
+['algebra', 'attention', 'spectral', 'epilogue', 'gradient']
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Callable, Sequence
 
 from tessera_rw.algebra.dtypes import DType
@@ -51,7 +52,8 @@ class FusionDepth(enum.IntEnum):
         return {0: "unfused", 1: "epilogue-fused", 2: "fully fused"}[self.value]
 
 
-FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "fused_elementwise": FusionDepth.EPILOGUE,
+FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
+                  "fused_elementwise": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "flash_attention": FusionDepth.FULL}
 
 
@@ -209,7 +211,19 @@ class _Program:
 def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                cost: Callable[[ENode], float]) -> dict[str, ENode]:
     """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
-    program computes anyway whenever the whole program gets cheaper."""
+    program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
+    only pay off switched together (dW and db both read from one packed GEMM)."""
+    choice = _single_switches(view, choice, roots, cost)
+    for _ in range(DAG_SWEEPS):
+        paired = _paired_switch(view, choice, roots, cost)
+        if paired is None:
+            break
+        choice = _single_switches(view, paired, roots, cost)
+    return choice
+
+
+def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                     cost: Callable[[ENode], float]) -> dict[str, ENode]:
     choice = dict(choice)
     program = _Program(choice, roots)
     for _ in range(DAG_SWEEPS):
@@ -230,6 +244,55 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
         if not improved:
             break
     return choice
+
+
+def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                   cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
+    """The best pair of switches that bring in the same new class and together make the program
+    cheaper (each alone costs more: the new class is paid once for both), or None."""
+    program = _Program(choice, roots)
+    memo: dict[str, frozenset[str]] = {}
+    wanting: dict[str, list[tuple[str, ENode]]] = {}
+    for cid in program.post:
+        current = choice[cid]
+        for enode in view.classes[cid]:
+            if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
+                continue
+            for new in set().union(*(_outside(choice, program, o, memo) for o in enode.operands)):
+                wanting.setdefault(new, []).append((cid, enode))
+    best: tuple[float, dict[str, ENode]] | None = None
+    for users in wanting.values():
+        for (c1, e1), (c2, e2) in combinations(users, 2):
+            if c1 == c2:
+                continue
+            d1 = program.delta(c1, e1, cost)
+            if not math.isfinite(d1):
+                continue
+            trial = {**choice, c1: e1}
+            try:
+                after = _Program(trial, roots)
+            except CycleError:
+                continue
+            if c2 not in after.post:
+                continue
+            total = d1 + after.delta(c2, e2, cost)
+            if total < -1e-9 and (best is None or total < best[0]):
+                best = (total, {**trial, c2: e2})
+    return None if best is None else best[1]
+
+
+def _outside(choice: dict[str, ENode], program: _Program, cid: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
+    """The classes outside the program that computing `cid` as `choice` has it needs, `cid` included."""
+    if cid not in memo:
+        found, stack = set(), [cid]
+        while stack:
+            c = stack.pop()
+            if c in found or c in program.post:
+                continue
+            found.add(c)
+            stack.extend(choice[c].operands)
+        memo[cid] = frozenset(found)
+    return memo[cid]
 
 
 def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, objective: Objective = Objective.TIME,

@@ -92,4 +92,4 @@ def test_rules_listing_and_unknown_pack(capsys):
     assert main(["rules"]) == 0
     assert "rmsnorm_matmul" in capsys.readouterr().out
     assert main(["rules", "--check", "no-such-pack"]) == 2
-    assert "no installed rule pack named no-such-pack" in capsys.readouterr().err
+    assert "no installed rule pack or ruleset named no-such-pack" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""GEMM: matmul and gemm (act(scale · a @ b + bias) + residual, cast) as one kernel per product.
+"""GEMM: matmul, gemm (act(scale · a @ b + bias) + residual, cast) and matmul_bias_grad ([a; 1ᵀ] @ b)
+as one kernel per product.
 
 Two code paths. bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
 fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
@@ -8,7 +9,9 @@ tf32 (mma.sync m16n8k8, operands rounded by cvt.rna.tf32.f32, fp32 accumulation)
 FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the epilogue in
 registers and write the result once.
 Shapes are baked into the source as constants; the grid is flat (column tiles, row tiles, then
-the flattened batch) and a broadcast operand gets batch stride 0.
+the flattened batch) and a broadcast operand gets batch stride 0. matmul_bias_grad is a product
+with one more row of A, all ones, that no load reads: its tiles fill that row in shared memory
+(predicated like the ragged edges), so the bias gradient comes out as row M of the result.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> t = TensorType((256, 256), DType.bfloat16)
@@ -99,6 +102,7 @@ class _Problem:
     bias: TensorType | None
     residual: TensorType | None
     tf32: bool = False          # fp32 operands on tensor cores (the `fast` policy)
+    bias_grad: bool = False     # a virtual row of ones under A: m counts it, a_rows does not
 
     @staticmethod
     def of(op: KernelOp) -> _Problem:
@@ -108,9 +112,15 @@ class _Problem:
         extra = iter(op.operands[2:])
         bias = next(extra) if at.get("has_bias") else None
         residual = next(extra) if at.get("has_residual") else None
-        return _Problem(batch, a.shape[:-2], b.shape[:-2], m, n, k, a.dtype, op.result.dtype,
+        bias_grad = op.op == "matmul_bias_grad"
+        return _Problem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
                         float(at.get("scale", 1.0)), at.get("activation", "none"), bias, residual,
-                        tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST)
+                        tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST, bias_grad=bias_grad)
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of A in memory (m less the ones row of a bias-gradient product)."""
+        return self.m - self.bias_grad
 
     @property
     def nbatch(self) -> int:
@@ -123,14 +133,15 @@ class _Problem:
 
 
 class GemmTemplate(Template):
-    """matmul / gemm of rank >= 2 float32, float16 or bfloat16 operands (both the same dtype).
+    """matmul / gemm of rank >= 2 float32, float16 or bfloat16 operands (both the same dtype), and
+    matmul_bias_grad of 2-d ones.
 
     The tensor-core path streams tiles with cp.async when rows of A and B start 16-byte aligned
     (K*itemsize and N*itemsize multiples of 16); other shapes copy element-wise through registers
     (predicated, slower loads, same math).
     """
     kind: ClassVar[str] = "gemm"
-    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm"})
+    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "matmul_bias_grad"})
 
     def accepts(self, op: KernelOp) -> bool:
         if op.op not in self.ops or len(op.operands) < 2:
@@ -157,7 +168,7 @@ class GemmTemplate(Template):
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         p = _Problem.of(op)
         product = DType.float32 if not p.tensor_core else p.in_dtype
-        steps = (("scale", p.scale != 1.0), ("bias", p.bias is not None),
+        steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None),
                  (p.activation, p.activation != "none"), ("residual", p.residual is not None),
                  ("cast", p.out_dtype is not product))
         return tuple(name for name, on in steps if on)
@@ -224,7 +235,8 @@ class GemmTemplate(Template):
             a_reads = -(-tiles_n // min(tiles_n, wave))
             b_reads = 1 if b.nbytes <= arch.l2_bytes // 2 else -(-tiles_m // max(1, wave // tiles_n))
         hbm = a.nbytes * a_reads + b.nbytes * b_reads + extra + op.result.nbytes
-        epilogue = op.flops - 2 * p.nbatch * p.m * p.n * p.k
+        # the ones row of a bias-gradient product runs through the MMAs like any row of A
+        epilogue = max(0, op.flops - 2 * p.nbatch * p.m * p.n * p.k)
         flops = 2 * p.nbatch * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk + epilogue
         if p.tf32:
             # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
@@ -272,6 +284,10 @@ class GemmTemplate(Template):
                         dtype=out)
             return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
 
+        def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT):
+            return KernelOp.of("matmul_bias_grad", (TensorType((m, k), dtype), TensorType((k, n), dtype)),
+                               TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics)
+
         return (
             mm((4096, 4096), (4096, 4096), bf),
             gemm((2048, 1024), (1024, 4096), bf, bf, (TensorType((4096,), bf),), has_bias=True,
@@ -287,6 +303,13 @@ class GemmTemplate(Template):
             mm((4, 1001, 999), (999, 1003), f32, Numerics.FAST),    # tf32, ragged rows: element-wise loads
             gemm((2048, 1024), (1024, 768), f32, f32, (TensorType((768,), f32),), has_bias=True,
                  activation="gelu_tanh", numerics=Numerics.FAST),  # tf32 with an epilogue
+            # bias gradients: the ones row alone in the last tile row (768 = 6 x 128), in the middle
+            # of a ragged tile with element-wise loads, on SIMT, and in tf32; small enough that the
+            # GPU check's reference covers every row (kernel_check subsets big products by rows of A)
+            bias_grad(768, 1024, 1024, bf),
+            bias_grad(1000, 999, 1003, f16),
+            bias_grad(500, 777, 300, f32),
+            bias_grad(1024, 512, 1024, f32, Numerics.FAST),
         )
 
 

@@ -45,7 +45,7 @@ _ACT = {
 def kernel_name(p: _Problem, s: Schedule) -> str:
     """The entry point's name: dtypes, epilogue, sizes and tile, one name per specialization."""
     tile = "x".join(str(getattr(s, f)) for f in s.__dataclass_fields__)
-    epi = ("b" if p.bias else "") + ("r" if p.residual else "")
+    epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "")
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"
     operands = "tf32" if p.tf32 else p.in_dtype.short
     return f"gemm_{operands}_{p.out_dtype.short}_{p.activation}{epi and '_' + epi}_{shape}_{tile}"
@@ -82,7 +82,7 @@ def _operand_index(name: str, t: TensorType, p: _Problem) -> str:
 def _common(p: _Problem) -> tuple[str, str, str]:
     """(device functions, extra kernel parameters, epilogue function) shared by both paths."""
     t_in = _CTYPE[p.in_dtype]
-    fns = (_batch_offset("a", p.a_batch, p.batch, p.m * p.k) +
+    fns = (_batch_offset("a", p.a_batch, p.batch, p.a_rows * p.k) +
            _batch_offset("b", p.b_batch, p.batch, p.k * p.n) +
            _batch_offset("c", p.batch, p.batch, p.m * p.n))
     params, args, steps = "", "", []
@@ -148,6 +148,34 @@ __device__ __forceinline__ void gemm_copy4(float* dst, const float* src, int val
     *(float4*)dst = make_float4(w[0], w[1], w[2], w[3]);
 }"""
 
+# Row MA of [A; 1ᵀ] (bias gradients): no load reads it, each 16-byte smem chunk of it is written as
+# `valid` ones (K - the chunk's first k), zeros past K, so the k-tail multiplies to nothing.
+_ONES = {DType.bfloat16: "0x3F80u", DType.float16: "0x3C00u"}
+_ONES_ROW_16 = """__device__ __forceinline__ void gemm_ones8(unsigned short* dst, int valid) {
+    unsigned w[4];
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = (2 * e < valid ? ONE : 0u) | ((2 * e + 1 < valid ? ONE : 0u) << 16);
+    *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
+}"""
+_ONES_ROW_F32 = """__device__ __forceinline__ void gemm_ones4(float* dst, int valid) {
+    float w[4];
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = e < valid ? 1.0f : 0.0f;
+    *(float4*)dst = make_float4(w[0], w[1], w[2], w[3]);
+}"""
+
+
+def _ones_row(p: _Problem) -> tuple[str, str, str]:
+    """(device helper, constant declaration, load prefix) of the ones row; empty without one."""
+    if not p.bias_grad:
+        return "", "", ""
+    wide = p.in_dtype is DType.float32
+    helper = _ONES_ROW_F32 if wide else _ONES_ROW_16.replace("ONE", _ONES[p.in_dtype])
+    fill = "gemm_ones4" if wide else "gemm_ones8"
+    return (helper, f"\n    constexpr int MA = {p.a_rows};   // rows of A; row MA is the virtual row of ones",
+            f"if (m0 + r == MA) {fill}(dA + r * BK + gemm_swz_a(r, c) * EL, kv);\n            else ")
+
+
 # B fragments of the tf32 product (k = lane%4 and +4, n = lane/4) are single 32-bit words that
 # ldmatrix cannot transpose; they are read one by one, and this swizzle puts the 4 k-rows a read
 # touches on disjoint pairs of 16-byte chunks, so its 32 lanes hit 32 distinct banks.
@@ -187,8 +215,9 @@ def emit_tensor_core(p: _Problem, s: GemmSchedule, name: str) -> str:
     copy, valid_a, valid_b = (("cp_async_16", "ok ? 16 : 0", "ok ? 16 : 0") if aligned else
                               (copy_fn, f"ok ? min(kv, {el}) : 0", f"ok ? min(nv, {el}) : 0"))
     swz_b = _TF32_SWIZZLE_B if p.tf32 else f"c ^ ((r / {max(1, 8 // cb)}) & {min(cb, 8) - 1})"
+    ones_helper, ones_decl, ones_load = _ones_row(p)
     helpers = "\n".join(([] if aligned else [_COPY_ELEMENTWISE_F32 if p.tf32 else _COPY_ELEMENTWISE]) +
-                        ([_TF32] if p.tf32 else []))
+                        ([_TF32] if p.tf32 else []) + ([ones_helper] if ones_helper else []))
     convert_a = ("\n                #pragma unroll\n                for (int e = 0; e < 4; ++e) "
                  "af[i][e] = gemm_tf32(af[i][e]);") if p.tf32 else ""
     epi = [f"gemm_epilogue(acc[i][j][2 * h + {e}], z, r, c + {e}{args})" for e in (0, 1)]
@@ -208,7 +237,7 @@ __device__ __forceinline__ int gemm_swz_a(int r, int c) {{ return c ^ ((r / {max
 __device__ __forceinline__ int gemm_swz_b(int r, int c) {{ return {swz_b}; }}
 
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
-    constexpr int M = {p.m}, N = {p.n}, K = {p.k};
+    constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_decl}
     constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, STAGES = {s.stages}, THREADS = {s.threads};
     constexpr int WARP_M = {s.bm // s.warps_m}, WARP_N = {s.bn // s.warps_n}, WARPS_N = {s.warps_n};
     constexpr int MI = WARP_M / 16, NI = WARP_N / 8, CA = {ca}, CB = {cb}, EL = {el};
@@ -232,8 +261,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         #pragma unroll
         for (int i = 0; i < BM * CA / THREADS; ++i) {{
             const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * EL);
-            const bool ok = m0 + r < M && kv > 0;
-            {copy}(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, {valid_a});
+            const bool ok = m0 + r < {"MA" if p.bias_grad else "M"} && kv > 0;
+            {ones_load}{copy}(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, {valid_a});
         }}
         #pragma unroll
         for (int i = 0; i < BK * CB / THREADS; ++i) {{
@@ -303,9 +332,13 @@ def emit_simt(p: _Problem, s: GemmSimtSchedule, name: str) -> str:
     """The FFMA kernel for fp32 operands, after its launch comment and device helpers."""
     fns, signature, args = _common(p)
     store = _STORE1[p.out_dtype]
+    # a bias-gradient product reads A's MA rows and has ones in row MA
+    a_load = ("(m0 + r < M && k0 + c < K) ? Ab[(m0 + r) * K + k0 + c] : 0.0f" if not p.bias_grad else
+              "(m0 + r < MA && k0 + c < K) ? Ab[(m0 + r) * K + k0 + c] : (m0 + r == MA && k0 + c < K) ? 1.0f : 0.0f")
+    ones_decl = _ones_row(p)[1]
     return _launch(p, s, name, signature) + fns + f"""
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
-    constexpr int M = {p.m}, N = {p.n}, K = {p.k};
+    constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_decl}
     constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, TM = {s.tm}, TN = {s.tn}, PAD = {SIMT_PAD};
     constexpr int TX = BN / TN, THREADS = {s.threads}, GM = TM / 4, GN = TN / 4;
     constexpr int LA = BM * BK / THREADS, LB = BK * BN / THREADS, KT = (K + BK - 1) / BK;
@@ -324,7 +357,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         #pragma unroll
         for (int i = 0; i < LA; ++i) {{
             const int id = tid + i * THREADS, r = id / BK, c = id % BK;
-            ra[i] = (m0 + r < M && k0 + c < K) ? Ab[(m0 + r) * K + k0 + c] : 0.0f;
+            ra[i] = {a_load};
         }}
         #pragma unroll
         for (int i = 0; i < LB; ++i) {{

@@ -1,0 +1,107 @@
+"""Gradient-reduction fusion end to end: a linear layer's backward (dW = Xᵀ dY, db = Σ_rows dY) and
+its micro-batched form (Σ_i X_iᵀ dY_i, Σ over micro-batches and rows of dY), from the traced kernel to
+the plan: the bias gradient comes out of the weight-gradient GEMM as the extra row of one
+matmul_bias_grad, with dW and db as views of its result and no reduction kernel over dY.
+
+The e-graph holds that program, and the cost model prices it below a GEMM plus a reduction (by the
+reduction's time: the ones row rides along in the GEMM's tiles). Extraction does not pick it yet:
+its DAG pass re-chooses one e-class at a time, and switching dW alone to a view of the packed GEMM
+adds a whole GEMM before switching db can share it (see test_chosen_plan_fuses_the_bias_gradient).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.lower.lowering import lower
+from tessera_rw.tune.cost import kernel_cost
+from tessera_rw.tune.extract import Candidate, extract_candidates
+
+TOKENS, D_IN, D_OUT, MICRO_BATCHES = 8192, 4096, 4096, 4
+
+
+@op.kernel
+def linear_backward(x, dy):
+    return x.T @ dy, op.sum(dy, axis=0)
+
+
+@op.kernel
+def micro_batch_backward(x, dy):
+    return op.sum(x.mT @ dy, axis=0), op.sum(dy, axis=(0, 1))
+
+
+def shapes(kernel, tokens: int, d_in: int, d_out: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if kernel is linear_backward:
+        return (tokens, d_in), (tokens, d_out)
+    per = tokens // MICRO_BATCHES
+    return (MICRO_BATCHES, per, d_in), (MICRO_BATCHES, per, d_out)
+
+
+CASES = [pytest.param(k, dtype, id=f"{k.name}-{dtype}") for k in (linear_backward, micro_batch_backward)
+         for dtype in ("bf16", "fp32")]
+
+
+def program_of(kernel, dtype: str):
+    x, dy = shapes(kernel, TOKENS, D_IN, D_OUT)
+    return kernel.program(op.tensor(x, dtype), op.tensor(dy, dtype))
+
+
+def packed_candidate(program) -> Candidate:
+    """The cheapest program of the e-graph that runs no sum: the one sharing a packed GEMM."""
+    return extract_candidates(program.rewrite, program.arch, forbid=frozenset({"sum"}))[0]
+
+
+def fused_gemms(candidate: Candidate) -> list:
+    return [k for k in candidate.kernels if k.kind == "gemm" and "bias_grad" in k.fused]
+
+
+@pytest.mark.parametrize("kernel, dtype", CASES)
+def test_the_packed_program_is_one_gemm_and_costs_less(kernel, dtype):
+    program = program_of(kernel, dtype)
+    packed = packed_candidate(program)
+    (gemm,) = fused_gemms(packed)
+    assert gemm.op.op == "matmul_bias_grad" and gemm.fused == ("bias_grad",)
+    assert gemm.op.operands[1].shape == (TOKENS, D_OUT)          # one GEMM over every token
+    assert [k.kind for k in packed.kernels] == ["copy", "gemm"]  # Xᵀ made dense, then the GEMM
+    plan = lower(packed.graph)
+    assert [s.op for s in plan.steps] == ["transpose", "matmul_bias_grad"]
+    assert plan.outputs[0].buffer == plan.outputs[1].buffer      # dW and db are views of its result
+    # the ones row rides along in the GEMM's tiles: within a few percent of the plain product's time
+    product = TensorType((D_IN, D_OUT), gemm.op.result.dtype)
+    plain = kernel_cost(KernelOp("matmul", gemm.op.operands, gemm.op.attrs, product, gemm.op.numerics), program.arch)
+    assert gemm.est_us <= 1.05 * plain.est_us
+    # so the packed program beats the best one without it, which runs a reduction over dY
+    unpacked = extract_candidates(program.rewrite, program.arch, forbid=frozenset({"matmul_bias_grad"}))[0]
+    assert any(k.kind == "reduction" and k.op.operands[0].numel == TOKENS * D_OUT for k in unpacked.kernels)
+    assert packed.est_us < unpacked.est_us
+
+
+@pytest.mark.parametrize("kernel, dtype", CASES)
+def test_chosen_plan_fuses_the_bias_gradient(kernel, dtype):
+    program = program_of(kernel, dtype)
+    assert fused_gemms(program.candidate), [(k.kind, k.fused) for k in program.candidate.kernels]
+    assert not any(k.kind == "reduction" for k in program.candidate.kernels)
+    assert "sum" not in [s.op for s in program.plan.steps]
+
+
+@pytest.mark.parametrize("kernel, dtype", [(linear_backward, np.float32), (micro_batch_backward, np.float32),
+                                           (linear_backward, ml_dtypes.bfloat16)])
+def test_results_match_numpy_on_the_numpy_executor(kernel, dtype):
+    rng = np.random.default_rng(4)
+    xs, dys = shapes(kernel, 64, 24, 40)
+    x, dy = rng.standard_normal(xs).astype(dtype), rng.standard_normal(dys).astype(dtype)
+    wide_x, wide_dy = x.astype(np.float64).reshape(-1, 24), dy.astype(np.float64).reshape(-1, 40)
+    want = (wide_x.T @ wide_dy, wide_dy.sum(axis=0))
+    tol = 1e-5 if dtype is np.float32 else 3e-2
+    program = kernel.program(x, dy)
+    packed = lower(packed_candidate(program).graph)
+    assert "matmul_bias_grad" in [s.op for s in packed.steps]
+    for got in (kernel(x, dy), run_plan_on_cpu(packed, {"x": x, "dy": dy})):   # the chosen plan, the packed
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.astype(np.float64), w, rtol=tol, atol=tol * np.abs(w).max())
