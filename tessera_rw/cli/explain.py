@@ -212,27 +212,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     arch = arch_named(args.arch) if args.arch else target_arch()
-    targets = [(kernel, module) for target in args.explain for kernel, module in _with_module(*load_targets(target))]
+    targets = [(kernel, module) for target in args.explain
+               for kernels, module in [load_targets(target)] for kernel in kernels]
     if args.input and len(targets) > 1:
         raise UsageError("--input names one function's arguments: give a single FILE.py:FUNCTION with it")
+    side = console if args.format == "text" else Console(stderr=True)   # stdout holds only the JSON
     documents = []
     for kernel, module in targets:
         inputs = target_inputs(kernel, module, args.input)
         report = explain(kernel, inputs, arch, args.tune)
         if args.format == "json":
-            documents.append(json.loads(report.to_json()))
+            documents.append(report.model_dump(mode="json", by_alias=True))
         else:
             for item in explain_renderables(report):
                 console.print(item)
         if args.emit_cuda is not None:
-            where = console if args.format == "text" else Console(stderr=True)
-            where.print(emitted_table(report.program, args.emit_cuda / kernel.name))
+            side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
         if args.run:
-            run_once(report.program, inputs, console if args.format == "text" else Console(stderr=True))
+            run_once(report.program, inputs, side)
     if args.format == "json":
         console.file.write(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n")
     return 0
-
-
-def _with_module(kernels: list[Kernel], module: Any) -> list[tuple[Kernel, Any]]:
-    return [(k, module) for k in kernels]
