@@ -3,8 +3,9 @@
 It executes the plan a GPU would — the same kernels in the same order, writing the same reused
 buffers — so a plan is verified without a device. Each kernel computes with its op's numpy
 reference at the node's dtype (16-bit floats widened to float32, rounded where a kernel rounds),
-except where the reference would not fit: flash attention runs block by block in bounded memory
-(cpu_attention). Spectral plans run their rfft / contraction / irfft kernels through numpy.fft.
+except where the reference would not fit: flash attention and its backward run block by block in
+bounded memory (cpu_attention, cpu_attention_backward). Spectral plans run their rfft /
+contraction / irfft kernels through numpy.fft.
 Under the `kahan_sum` policy, sums and means accumulate with compensation, as the kernels do.
 
 >>> import numpy as np
@@ -28,6 +29,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node
 from tessera_rw.algebra.node import Node
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
+from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
 from tessera_rw.codegen.step_timing import PlanRun, active_recorders, host_clock, report_step
 from tessera_rw.lower.plan import BufferRole, KernelPlan, Step, ValueRef
@@ -49,7 +51,11 @@ def _compensated(node: Node, args: list[np.ndarray]) -> np.ndarray:
 
 
 # Kernels whose host form differs from the op's reference; every other op runs its reference.
-HOST_KERNELS: dict[str, HostKernel] = {"flash_attention": _flash_attention}
+HOST_KERNELS: dict[str, HostKernel] = {
+    "flash_attention": _flash_attention,
+    "attention_row_stats": lambda node, args: row_stats_blockwise(*args, **node.attr_map),
+    "flash_attention_bwd": lambda node, args: bwd_blockwise(*args, **node.attr_map),
+}
 COMPENSATED_KERNELS: dict[str, HostKernel] = {"sum": _compensated, "mean": _compensated}
 
 

@@ -104,10 +104,12 @@ def _flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: 
 
 # ---- VJP ---------------------------------------------------------------------------------------
 #
-# Written at the graph level: the probabilities are recomputed from q and k (nothing is saved
-# from the forward pass), then dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - Σ dP·P), dQ = scale dS K,
-# dK = scale dSᵀ Q. K/V heads shared by several Q heads (GQA) are repeated going forward and
-# their cotangents summed over the repeats coming back.
+# Written at the graph level, in exactly the form reverse mode gives softmax(scale · Q Kᵀ + M) V
+# spelled out: the probabilities are recomputed from q and k (nothing is saved from the forward
+# pass), then dV = Pᵀ dO, dP = dO Vᵀ, dS = P (dP - Σ dP·P), dQ = (scale dS) K, dK = Qᵀ (scale dS)
+# transposed. Hand-written attention and op.flash_attention thus differentiate to one graph, which
+# the `gradient` ruleset fuses into attention_row_stats + flash_attention_bwd. K/V heads shared by
+# several Q heads (GQA) are repeated going forward and their cotangents summed back.
 
 def _repeat_heads(t, heads: int):
     if t.ndim < 3 or t.shape[-3] in (1, heads):
@@ -126,25 +128,29 @@ def _sum_repeats(ct, like):
     return unbroadcast(ct, like)
 
 
-def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask):
-    heads = q.shape[-3] if q.ndim >= 3 else 1
-    ke, ve = _repeat_heads(k, heads), _repeat_heads(v, heads)
-    s = (q @ ke.mT) * scale
-    keep = None
-    if causal:
-        keep = api.tril(api.full(s.shape[-2:], True, "bool"))
-    if mask and mask[0].dtype is DType.bool:
-        keep = mask[0] if keep is None else keep & mask[0]
-    elif mask:
-        s = s + mask[0]
+def explicit_attention_grads(q, k, v, g, scale: float, mask=None, causal: bool = False):
+    """dQ, dK, dV and dS of softmax(scale · q kᵀ [+ mask] [causal]) v for the output cotangent g,
+    as graph ops (a bool mask keeps where True): the form the `gradient` ruleset recognizes."""
+    kt = k.mT
+    s = (q @ kt) * scale
+    keep = api.tril(api.full(s.shape[-2:], True, "bool")) if causal else None
+    if mask is not None and mask.dtype is DType.bool:
+        keep = mask if keep is None else keep & mask
+    elif mask is not None:
+        s = s + mask
     if keep is not None:
         s = api.where(keep, s, float("-inf"))
     p = api.softmax(s, axis=-1)
-    dp = g @ ve.mT
+    dp = g @ v.mT
     ds = p * (dp - api.sum(dp * p, axis=-1, keepdims=True))
-    dq = (ds @ ke) * scale
-    dk = (ds.mT @ q) * scale
-    dv = p.mT @ g
+    scaled = ds * scale
+    return scaled @ kt.mT, (q.mT @ scaled).mT, p.mT @ g, ds
+
+
+def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask):
+    heads = q.shape[-3] if q.ndim >= 3 else 1
+    dq, dk, dv, ds = explicit_attention_grads(q, _repeat_heads(k, heads), _repeat_heads(v, heads), g, scale,
+                                              mask[0] if mask else None, causal)
     dmask = () if not mask else (None,) if mask[0].dtype is DType.bool else (unbroadcast(ds, mask[0]),)
     return (unbroadcast(dq, q), _sum_repeats(dk, k), _sum_repeats(dv, v), *dmask)
 

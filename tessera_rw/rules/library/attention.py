@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from tessera_rw.algebra import api as op
+from tessera_rw.algebra.api.dispatch import apply
 from tessera_rw.rules.library.algebra import const, mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -50,21 +51,8 @@ RULES = (
          rhs=t.flash_attention(q, K, v, scale=c, causal=False, has_mask=False, of=T),
          when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
          example=lambda rng: (lambda q, k, v: op.softmax(q @ k.mT * 0.3, axis=-1) @ v, qkv(rng))),
-    Rule("bool-mask-from-neg-inf", "flash(Q, K, V, where(m, 0, −∞)) = flash(Q, K, V, m)",
-         lhs=t.flash_attention(q, kt, v, t.where(m, const(value=0.0), const(value=float("-inf"), dtype=Expr("cd2"))),
-                               scale=c, causal=False, has_mask=True, of=T),
-         rhs=t.flash_attention(q, kt, v, m, scale=c, causal=False, has_mask=True, of=T),
-         when=('(= (dt m) "bool")',),
-         example=lambda rng: (lambda q, k, v, mask: op.flash_attention(
-             q, k, v, mask=op.where(mask > 0, 0.0, -math.inf)), with_mask(rng))),
-    Rule("causal-from-tril-mask", "flash(Q, K, V, tril(1)) = flash(Q, K, V, causal)",
-         lhs=t.flash_attention(q, kt, v, t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0),
-                               scale=c, causal=False, has_mask=True, of=T),
-         rhs=t.flash_attention(q, kt, v, scale=c, causal=True, has_mask=False, of=T),
-         when=("(= (vec-length fs) 2)",),
-         example=lambda rng: (lambda q, k, v: op.flash_attention(
-             q, k, v, mask=op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))), qkv(rng))),
 )
+
 
 def expand_heads(x, groups: int):
     """(B, Hkv, S, D) -> (B, Hkv·groups, S, D), each head repeated: how GQA is written by hand."""
@@ -105,7 +93,51 @@ def _gqa_rules():
                        example=lambda rng, body=body, masked=masked: (body, gqa_inputs(rng, masked)))
 
 
-RULES = RULES + tuple(_gqa_rules())
+# ---- mask refinement, for the forward and the backward ops alike -----------------------------------
+#
+# Each attention op takes its mask last: flash_attention(q, k, v, mask), attention_row_stats(q, k,
+# o, dO, mask), flash_attention_bwd(q, k, v, dO, stats, mask). A where-mask reaches the backward
+# ops as the additive mask the gradient rules match; these rules make it a bool mask or `causal`.
+
+def _attention_family(rng: np.random.Generator, mask_of, masked: bool = True):
+    """A forward and backward attention built with `mask_of(mask)` as its mask: every op of the
+    family carries the same one."""
+    def body(q, k, v, g, mask=None):
+        extra = (mask_of(mask),) if masked else ()
+        flags = dict(scale=0.3, causal=False, has_mask=masked)
+        out = op.flash_attention(q, k, v, mask=extra[0] if extra else None, scale=0.3)
+        stats = apply("attention_row_stats", (q, k, out, g, *extra), **flags)
+        return out, apply("flash_attention_bwd", (q, k, v, g, stats, *extra), **flags)
+    inputs = qkv(rng)
+    sq, sk, dv = inputs["q"].shape[-2], inputs["k"].shape[-2], inputs["v"].shape[-1]
+    inputs["g"] = rand(rng, *inputs["q"].shape[:-1], dv)
+    return body, inputs | ({"mask": rand(rng, 1, 1, sq, sk)} if masked else {})
+
+
+FAMILY = {"flash_attention": (q, kt, v), "attention_row_stats": (q, kt, v, Expr("g")),
+          "flash_attention_bwd": (q, kt, v, Expr("g"), Expr("st"))}
+
+
+def _mask_rules():
+    neg_inf_mask = t.where(m, const(value=0.0), const(value=float("-inf"), dtype=Expr("cd2")))
+    tril = t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0)
+    for name, operands in FAMILY.items():
+        term = getattr(t, name)
+        suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
+        yield Rule(f"bool-mask-from-neg-inf{suffix}", f"{name}(…, where(m, 0, −∞)) = {name}(…, m)",
+                   lhs=term(*operands, neg_inf_mask, scale=c, causal=False, has_mask=True, of=T),
+                   rhs=term(*operands, m, scale=c, causal=False, has_mask=True, of=T),
+                   when=('(= (dt m) "bool")',),
+                   example=lambda rng: _attention_family(rng, lambda mask: op.where(mask > 0, 0.0, -math.inf)))
+        yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
+                   lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, of=T),
+                   rhs=term(*operands, scale=c, causal=True, has_mask=False, of=T),
+                   when=("(= (vec-length fs) 2)",),
+                   example=lambda rng: _attention_family(
+                       rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
+
+
+RULES = RULES + tuple(_mask_rules()) + tuple(_gqa_rules())
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 

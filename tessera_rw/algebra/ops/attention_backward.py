@@ -1,0 +1,149 @@
+"""The attention backward pass as two fused ops, FlashAttention-2 style: nothing Sq×Sk is stored.
+
+    stats = attention_row_stats(q, k, o, dO)            [..., Sq, 2]: logsumexp of each row of
+                                                         scores, and Σ_d dO·O (FA2's D)
+    grads = flash_attention_bwd(q, k, v, dO, stats)     [nq + nk + nv]: dQ, dK, dV packed flat
+
+With P = exp(S − lse) recomputed from Q and K block by block, dP = dO Vᵀ and dS = P ∘ (dP − D):
+dV = Pᵀ dO, dQ = scale · dS K, dK = scale · dSᵀ Q. The gradients are those of the broadcast
+operands (every head of a GQA K/V, every batch of a broadcast one): `dq_dk_dv_shapes` gives their
+shapes, and a view of the packed result reads each (the `gradient` ruleset writes exactly that).
+Fully masked rows give NaN, as the forward does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.autodiff.cotangents import before_fusion
+from tessera_rw.algebra.dtypes import DType, promote
+from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.attention import _infer as _infer_forward
+from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.algebra.shapes import fmt_shape
+
+STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
+
+
+def dq_dk_dv_shapes(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
+                    batch: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The shapes of dQ, dK, dV packed in flash_attention_bwd's result, for the attention's batch."""
+    return batch + q[-2:], batch + k[-2:], batch + v[-2:]
+
+
+def stats_dtype(dtype: DType) -> DType:
+    """The row statistics are accumulated in float32, or float64 for float64 attention."""
+    return DType.float64 if dtype is DType.float64 else DType.float32
+
+
+def _forward_type(q: TensorType, k: TensorType, v: TensorType, mask: tuple[TensorType, ...],
+                  scale: float, causal: bool, has_mask: bool) -> TensorType:
+    return _infer_forward(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+
+
+def _check_like(name: str, got: TensorType, want: TensorType) -> None:
+    if got.shape != want.shape:
+        raise ShapeError(f"{name} {fmt_shape(got.shape)} differs from the attention output {fmt_shape(want.shape)}",
+                         hint=f"{name} is the forward output's shape, batch + (Sq, Dv)")
+    if not got.dtype.is_float:
+        raise DTypeError(f"{name} must be floating point, got {got.dtype}")
+
+
+def _infer_stats(q: TensorType, k: TensorType, o: TensorType, do: TensorType, *mask: TensorType,
+                 scale: float, causal: bool, has_mask: bool) -> TensorType:
+    # o is the output of attention over (q, k, v) for some v of o's head width: its type checks
+    # the rest the way the forward's does
+    v = TensorType(k.shape[:-1] + o.shape[-1:], o.dtype)
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+    _check_like("o", o, out)
+    _check_like("do", do, out)
+    return TensorType(out.shape[:-1] + (STATS,), stats_dtype(promote(out.dtype, do.dtype)))
+
+
+def _infer_bwd(q: TensorType, k: TensorType, v: TensorType, do: TensorType, stats: TensorType, *mask: TensorType,
+               scale: float, causal: bool, has_mask: bool) -> TensorType:
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+    _check_like("do", do, out)
+    if stats.shape != out.shape[:-1] + (STATS,) or not stats.dtype.is_float:
+        raise ShapeError(f"stats {stats} should be float {fmt_shape(out.shape[:-1] + (STATS,))}",
+                         hint="pass attention_row_stats(q, k, o, do) of the same attention")
+    shapes = dq_dk_dv_shapes(q.shape, k.shape, v.shape, out.shape[:-2])
+    return TensorType((sum(math.prod(s) for s in shapes),), promote(out.dtype, do.dtype))
+
+
+def _scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], scale: float, causal: bool) -> np.ndarray:
+    """scale · Q Kᵀ with the mask applied (−∞ where not kept), heads of K expanded."""
+    if q.ndim >= 3:
+        k = expand_kv_heads(k, q.shape[-3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
+    keep = np.tril(np.ones(s.shape[-2:], bool)) if causal else None
+    if mask and mask[0].dtype == np.bool_:
+        keep = mask[0] if keep is None else keep & mask[0]
+    elif mask:
+        s = s + mask[0]
+    return s if keep is None else np.where(keep, s, -np.inf)
+
+
+def logsumexp_rows(s: np.ndarray) -> np.ndarray:
+    """log Σ_j exp(s_ij) per row; −∞ for a row with every score −∞."""
+    m = np.max(s, axis=-1)
+    safe = np.where(np.isneginf(m), 0, m)
+    with np.errstate(divide="ignore"):
+        return safe + np.log(np.sum(np.exp(s - safe[..., None]), axis=-1))
+
+
+def row_stats_reference(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndarray, *mask: np.ndarray,
+                        scale: float, causal: bool, has_mask: bool) -> np.ndarray:
+    lse = logsumexp_rows(_scores(q, k, mask, scale, causal))
+    d = np.sum(do * o, axis=-1)
+    lse, d = np.broadcast_arrays(lse, d)
+    return np.stack([lse, d], axis=-1).astype(np.result_type(lse, d))
+
+
+def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, stats: np.ndarray, *mask: np.ndarray,
+                  scale: float, causal: bool, has_mask: bool) -> np.ndarray:
+    s = _scores(q, k, mask, scale, causal)
+    if q.ndim >= 3:
+        k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+    batch = do.shape[:-2]
+    k, v, q = (np.broadcast_to(a, batch + a.shape[-2:]) for a in (k, v, q))
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - stats[..., 0:1])
+        dp = np.matmul(do, np.swapaxes(v, -1, -2))
+        ds = p * (dp - stats[..., 1:2])
+    c = np.asarray(scale, ds.dtype)
+    dq = np.matmul(ds, k) * c
+    dk = np.matmul(np.swapaxes(ds, -1, -2), q) * c
+    dv = np.matmul(np.swapaxes(p, -1, -2), do)
+    return np.concatenate([dq.ravel(), dk.ravel(), dv.ravel()])
+
+
+def _pairs(out_batch: tuple[int, ...], sq: int, sk: int, causal: bool) -> float:
+    return math.prod(out_batch) * sq * sk * (0.5 if causal else 1.0)
+
+
+def _stats_flops(out: TensorType, q: TensorType, k: TensorType, o: TensorType, do: TensorType, *mask: TensorType,
+                 scale: float, causal: bool, has_mask: bool) -> int:
+    pairs = _pairs(out.shape[:-2], q.shape[-2], k.shape[-2], causal)
+    return int(pairs * (2 * q.shape[-1] + 4) + 2 * o.numel)
+
+
+def _bwd_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, do: TensorType, stats: TensorType,
+               *mask: TensorType, scale: float, causal: bool, has_mask: bool) -> int:
+    # the five products (S, dP, dV, dQ, dK) and exp, subtract, multiply per score
+    pairs = _pairs(do.shape[:-2], q.shape[-2], k.shape[-2], causal)
+    return int(pairs * (6 * q.shape[-1] + 4 * v.shape[-1] + 4))
+
+
+DEFS = (
+    OpDef("attention_row_stats", ("q", "k", "o", "do", "mask"), OpKind.ATTENTION, _infer_stats,
+          row_stats_reference, _stats_flops, variadic=True, vjp=before_fusion("attention_row_stats"),
+          doc="per query row: logsumexp of scale·QKᵀ (+mask, causal) and Σ dO·O, the attention backward's inputs"),
+    OpDef("flash_attention_bwd", ("q", "k", "v", "do", "stats", "mask"), OpKind.ATTENTION, _infer_bwd,
+          bwd_reference, _bwd_flops, variadic=True, vjp=before_fusion("flash_attention_bwd"),
+          doc="dQ, dK, dV of flash_attention packed flat, with P recomputed block by block"),
+)

@@ -1,0 +1,123 @@
+"""Attention's backward pass as one fused node: part of the `gradient` ruleset.
+
+Reverse mode turns softmax(c · Q Kᵀ [+ M]) V into (algebra.ops.attention.explicit_attention_grads)
+
+    P = softmax(c · Q Kᵀ [+ M]),  dP = dO Vᵀ,  dS = P ∘ (dP − Σ dP∘P)
+    dQ = (c dS) K,  dK = (Qᵀ (c dS))ᵀ,  dV = Pᵀ dO
+
+which materializes P, dP and dS, three Sq×Sk tensors. The rules here read each gradient off
+
+    grads = flash_attention_bwd(Q, K, V, dO, attention_row_stats(Q, K, O, dO))
+
+where O = flash_attention(Q, K, V) is the forward output: dQ, dK, dV are its three contiguous
+blocks (views, no copy). All three rules build the same two nodes, so one backward kernel serves
+them. The dV rule sees neither V nor dS in its own pattern, so it joins on the dS term. The packed
+length is a product of dims, which egglog spells per rank: the rules come in ranks 2..4 (batch
+and heads), with K, V and dO of Q's batch; broadcast or GQA K/V reach them repeated, as the VJP
+writes them. A bool or causal mask arrives as an additive where(m, 0, −∞) mask, which the
+`attention` ruleset's mask rules turn back into a bool mask or the causal flag.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.algebra.ops.attention import explicit_attention_grads
+from tessera_rw.algebra.ops.attention_backward import STATS
+from tessera_rw.rules.library.algebra import const, rand
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule
+from tessera_rw.rules.tables import swapped_last
+
+t = TermBuilder()
+q, kt, v, g, mask, c, ax, pk, s, d = t.vars("q kt v g mask c ax pk s d")
+E = Expr
+T = (s, d)
+RANKS = (2, 3, 4)
+SCALE = 0.3
+
+
+def _numel(shape: str, rank: int) -> str:
+    product = f"(vec-get {shape} 0)"
+    for i in range(1, rank):
+        product = f"(* {product} (vec-get {shape} {i}))"
+    return product
+
+
+def _facts(rank: int) -> tuple[str, ...]:
+    """Q [.., Sq, D], Kᵀ [.., D, Sk], V [.., Sk, Dv] and dO [.., Sq, Dv] of one batch and dtype d;
+    the softmax on the last axis; nq, nk, nv the sizes of dQ, dK, dV."""
+    same_batch = [f"(= (vec-get {x}_s {i}) (vec-get q_s {i}))" for x in ("kt", "v", "g") for i in range(rank - 2)]
+    return (*(f"(= {x}_s (shp {x}))" for x in ("q", "kt", "v", "g")),
+            *(f"(= (vec-length {x}_s) {rank})" for x in ("q", "kt", "v", "g")),
+            *(f"(= (dt {x}) d)" for x in ("q", "kt", "v", "g")), *same_batch,
+            f"(= ax {rank - 1})", f"(= pk (swap-last {rank}))", "(= sd (accum-float d))",
+            f"(= nq {_numel('q_s', rank)})", f"(= nk {_numel('kt_s', rank)})", f"(= nv {_numel('v_s', rank)})")
+
+
+def _scores(masked: bool) -> Expr:
+    scaled = t.mul(t.matmul(q, kt), const())
+    return t.add(scaled, mask) if masked else scaled
+
+
+def _p(masked: bool) -> Expr:
+    return t.softmax(_scores(masked), axis=ax)
+
+
+def _ds(masked: bool) -> Expr:
+    p = _p(masked)
+    dp = t.matmul(g, t.transpose(v, axes=pk))
+    return t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True)))
+
+
+def _packed(masked: bool) -> Expr:
+    """flash_attention_bwd(Q, K, V, dO, attention_row_stats(Q, K, O, dO)) of dtype d, flat."""
+    k = t.transpose(kt, axes=pk, of=(E(swapped_last("kt_s")), d))
+    extra = (mask,) if masked else ()
+    flags = dict(scale=c, causal=False, has_mask=masked)
+    out = t.flash_attention(q, k, v, *extra, **flags, of=(E("g_s"), d))
+    stats = t.attention_row_stats(q, k, out, g, *extra, **flags, of=(E(f"(vec-set g_s ax {STATS})"), E("sd")))
+    return t.flash_attention_bwd(q, k, v, g, stats, *extra, **flags, of=(E("(vec-of (+ nq (+ nk nv)))"), d))
+
+
+def _block(masked: bool, start: str, stop: str) -> Expr:
+    """Elements [start, stop) of the packed gradients, in the shape of the rule's left side."""
+    flat = t.slice(_packed(masked), starts=E(f"(vec-of {start})"), stops=E(f"(vec-of {stop})"),
+                   steps=E("(vec-of 1)"), of=(E(f"(vec-of (- {stop} {start}))"), d))
+    return t.reshape(flat, shape=s, of=T)
+
+
+def _inputs(rng: np.random.Generator, rank: int, masked: bool) -> dict[str, np.ndarray]:
+    batch = tuple(int(n) for n in rng.integers(1, 4, size=rank - 2))
+    sq, sk, dh, dv = (int(n) for n in rng.integers(1, 7, size=4))
+    arrays = {"q": rand(rng, *batch, sq, dh), "k": rand(rng, *batch, sk, dh), "v": rand(rng, *batch, sk, dv),
+              "g": rand(rng, *batch, sq, dv)}
+    return arrays | ({"mask": rand(rng, sq, sk)} if masked else {})
+
+
+def _example(rank: int, masked: bool):
+    def grads(q, k, v, g, mask=None):
+        return explicit_attention_grads(q, k, v, g, SCALE, mask)[:3]
+    return lambda rng: (grads, _inputs(rng, rank, masked))
+
+
+def _rules():
+    for masked in (False, True):
+        scaled_ds = t.mul(_ds(masked), const())
+        lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
+               "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
+               "dv": t.matmul(t.transpose(_p(masked), axes=pk), g, of=T)}
+        blocks = {"dq": ("0", "nq"), "dk": ("nq", "(+ nq nk)"), "dv": ("(+ nq nk)", "(+ nq (+ nk nv))")}
+        formula = {"dq": "(c dS) K", "dk": "(Qᵀ (c dS))ᵀ", "dv": "Pᵀ dO"}
+        for rank in RANKS:
+            for grad in ("dq", "dk", "dv"):
+                # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
+                join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
+                yield Rule(f"attention-{grad}-fused{'-masked' if masked else ''}-{rank}d",
+                           f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
+                           lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
+                           example=_example(rank, masked))
+
+
+RULES = tuple(_rules())
