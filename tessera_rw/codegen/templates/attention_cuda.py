@@ -103,7 +103,8 @@ def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: Tenso
     return "\n".join(lines), strides
 
 
-KERNEL = r"""
+# tile loads and exp2, shared with the backward kernels (attention_backward_cuda.py)
+TILE_HELPERS = r"""
 // element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
 // by row, so the 8 row addresses of one ldmatrix land in 8 different bank groups
 __device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
@@ -128,7 +129,9 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
 __device__ __forceinline__ float fa_exp2(float x) {
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
+"""
 
+KERNEL = TILE_HELPERS + r"""
 extern "C" __global__ void __launch_bounds__($WARPS * 32)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
       $MASK_ARG$ELEM* __restrict__ out) {

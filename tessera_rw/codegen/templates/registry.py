@@ -28,6 +28,8 @@ NO_KERNEL_OPS = SOURCE_OPS | VIEW_OPS
 BUILTIN = (
     ("gemm", "GemmTemplate"),
     ("attention", "FlashAttentionTemplate"),
+    ("attention_backward", "AttentionRowStatsTemplate"),
+    ("attention_backward", "FlashAttentionBwdTemplate"),
     ("rowwise", "RowwiseTemplate"),
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),

@@ -1,0 +1,276 @@
+"""The attention backward kernels: attention_row_stats and flash_attention_bwd on mma.sync.
+
+Both are FlashAttention-2's: the row statistics kernel is the forward's online softmax without
+P V (plus Σ dO·O per row); the backward kernel recomputes P from those statistics tile by tile,
+with one block per ROWS keys accumulating dK and dV and one block per ROWS queries accumulating
+dQ, so nothing Sq×Sk reaches memory and no atomics are needed (attention_backward_cuda.py).
+They take bf16/fp16 q, k, v, dO of one batch shape (a GQA or broadcast K/V arrives repeated),
+head_dim 64 or 128 with Dv == D, and no mask or `causal`; an explicit mask operand stays unfused.
+
+>>> from tessera_rw.codegen.arch import arch_named
+>>> t = FlashAttentionBwdTemplate()
+>>> op = t.samples()[0]
+>>> t.schedules(op, arch_named("h100"))[0].describe()
+'rows=64 cols=64 warps=4 stages=2'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM
+from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd, emit_row_stats
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
+
+HEAD_DIMS = (64, 128)
+MMA_M = 16
+# The tuning grid: warps per block (16 rows each), columns per streamed tile, cp.async stages.
+# Left out where ptxas strays from the register model (checked on sm_80 and sm_90): two-warp
+# blocks and unpipelined loads (up to half again the registers), 128-wide tiles (ptxas's choice
+# swings by 2x between stage counts), and a third backward stage (8 warps spill).
+GRID_WARPS, GRID_COLS = (4, 8), (32, 64)
+
+
+@dataclass(frozen=True)
+class BackwardSchedule(Schedule):
+    """`rows` = 16·warps rows a block owns (queries or keys), `cols` per streamed tile, cp.async stages."""
+    rows: int = 64
+    cols: int = 64
+    warps: int = 4
+    stages: int = 2
+
+
+@dataclass(frozen=True)
+class BackwardShape:
+    """The sizes as the kernels see them: batch and heads flattened into bh."""
+    bh: int
+    sq: int
+    sk: int
+    d: int
+    dtype: DType
+    causal: bool
+    scale: float
+
+    @classmethod
+    def of(cls, op: KernelOp) -> BackwardShape:
+        q, k = op.operands[0], op.operands[1]
+        a = op.attr_map
+        return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
+                   float(a["scale"]))
+
+    def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
+        """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
+        `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries walking key tiles."""
+        own, other = (self.sk, self.sq) if by_keys else (self.sq, self.sk)
+        total = 0
+        for r0 in range(0, own, rows):
+            if not self.causal:
+                tiles = -(-other // cols)
+            elif by_keys:
+                tiles = -(-other // cols) - r0 // cols
+            else:
+                tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
+            total += max(tiles, 0) * rows * cols
+        return self.bh * total
+
+
+def _accepts(op: KernelOp, tensors: int) -> bool:
+    """bf16/fp16 tensors of one dtype and batch shape, head_dim 64 or 128 everywhere, no mask."""
+    if len(op.operands) != tensors + (1 if op.op == "flash_attention_bwd" else 0) or op.attr_map.get("has_mask"):
+        return False
+    heads = op.operands[:tensors]
+    q = heads[0]
+    return (q.dtype in (DType.bfloat16, DType.float16) and q.ndim >= 2 and q.shape[-1] in HEAD_DIMS
+            and all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
+                    and t.shape[-1] == q.shape[-1] for t in heads))
+
+
+def _efficiency(arch: ArchSpec, d: int, products: int) -> float:
+    """The share of the bf16 tensor peak reached per score: `products` D-wide MMAs beside the
+    exp and a few SIMT operations, the latter partly hidden by other warps' MMAs."""
+    clock = arch.sm_count * arch.clock_mhz * 1e6
+    tensor_rate = arch.peak_flops(MathUnit.BF16) / clock
+    lanes = arch.peak_flops(MathUnit.FP32) / clock / 2
+    base = MMA_SYNC_EFFICIENCY.get(arch.compute_capability[0], 0.5)
+    mma = 2 * products * d / tensor_rate
+    simt = 1 / SFU_PER_SM + 6 / lanes
+    return round(2 * products * d / tensor_rate / (mma / base + HIDDEN_SOFTMAX * simt), 3)
+
+
+class _BackwardTemplate(Template):
+    kind = "flash_attention"
+    tensors: int                          # leading operands that are [.., S, D] tensors of the attention
+    stages: tuple[int, ...] = (2,)        # cp.async stage counts the grid tries
+
+    def accepts(self, op: KernelOp) -> bool:
+        return op.op in self.ops and _accepts(op, self.tensors)
+
+    def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
+        shape = BackwardShape.of(op)
+        cols = min(self.default_cols(shape.d), _round_up(max(shape.sq, shape.sk), 16))
+        found = []
+        for warps in (4, 8):
+            warps = min(warps, -(-max(shape.sq, shape.sk) // MMA_M))
+            s = BackwardSchedule(MMA_M * warps, cols, warps, 2)
+            if s not in found and self._valid(shape, s, arch):
+                found.append(s)
+        return tuple(found)
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
+        shape = BackwardShape.of(op)
+        grid = [BackwardSchedule(MMA_M * w, c, w, st) for w in GRID_WARPS for c in GRID_COLS for st in self.stages]
+        return grid_space(self.schedules(op, arch), grid, lambda s: self._valid(shape, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        return (self.accepts(op) and isinstance(schedule, BackwardSchedule)
+                and self._valid(BackwardShape.of(op), schedule, arch))
+
+    def _valid(self, shape: BackwardShape, s: BackwardSchedule, arch: ArchSpec) -> bool:
+        regs = self.registers(shape, s)
+        return (s.warps >= 1 and s.rows == MMA_M * s.warps and s.cols % 16 == 0 and s.cols > 0 and s.stages >= 1
+                and 32 * s.warps <= arch.max_threads_per_block and self.smem(shape, s) <= arch.smem_per_block
+                and regs <= arch.registers_per_thread and 32 * s.warps * regs <= arch.registers_per_sm)
+
+    def default_cols(self, d: int) -> int:
+        return 64
+
+    def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        raise NotImplementedError
+
+    def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        raise NotImplementedError
+
+    def samples(self) -> tuple[KernelOp, ...]:
+        return tuple(self.sample(*args) for args in ((4, 16, 2048, 64, DType.bfloat16, False),
+                                                     (2, 16, 2048, 128, DType.bfloat16, True),
+                                                     (3, 8, 1000, 64, DType.float16, True),
+                                                     (1, 2, 200, 128, DType.float16, False)))
+
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
+        raise NotImplementedError
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+class AttentionRowStatsTemplate(_BackwardTemplate):
+    """attention_row_stats: logsumexp per query row (the forward's online softmax without P V) and
+    Σ dO·O per row, in one pass over K.
+
+    >>> t = AttentionRowStatsTemplate()
+    >>> [t.accepts(op) for op in t.samples()]
+    [True, True, True, True]
+    """
+    ops = frozenset({"attention_row_stats"})
+    tensors = 4
+    stages = (2, 3)
+
+    def fused(self, op: KernelOp) -> tuple[str, ...]:
+        return ("row_stats",) + (("causal",) if op.attr_map.get("causal") else ())
+
+    def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        return (s.rows + s.stages * s.cols) * shape.d * 2
+
+    def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        scores = s.cols * MMA_M // 32                 # fp32 S fragment of one K tile
+        q_frag = shape.d * MMA_M // 64                # Q's A fragments, two bf16 per register
+        k_frags = s.cols // 4                         # one k-step of K's B fragments
+        return scores + q_frag + k_frags + 4 + 16 + (12 if shape.causal or shape.sk % s.cols else 0)
+
+    def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
+        s = schedule
+        assert isinstance(s, BackwardSchedule)
+        shape = BackwardShape.of(op)
+        q, k, o, do = op.operands[:4]
+        pairs = shape.pairs(s.rows, s.cols, by_keys=False)
+        blocks = shape.bh * -(-shape.sq // s.rows)
+        # each query block re-reads its head's K; heads in flight share it through L2 while it fits
+        k_reads = k.nbytes if blocks * k.nbytes / shape.bh <= arch.l2_bytes // 2 else \
+            pairs // s.rows * shape.d * k.dtype.itemsize
+        regs = self.registers(shape, s)
+        return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
+                         hbm_bytes=q.nbytes + k_reads + o.nbytes + do.nbytes + op.result.nbytes,
+                         flops=pairs * (2 * shape.d + 4) + 2 * o.numel, unit=MathUnit.BF16,
+                         efficiency=_efficiency(arch, shape.d, 1), spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
+
+    def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
+        assert isinstance(schedule, BackwardSchedule)
+        if not self.accepts(op):
+            raise ValueError(f"attention_row_stats template cannot implement {op}")
+        shape = BackwardShape.of(op)
+        return emit_row_stats(op, shape, schedule, self.smem(shape, schedule))
+
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
+        t = TensorType((b, h, s, d), dtype)
+        return KernelOp.of("attention_row_stats", (t, t, t, t), TensorType((b, h, s, 2), DType.float32),
+                           scale=d ** -0.5, causal=causal, has_mask=False)
+
+
+class FlashAttentionBwdTemplate(_BackwardTemplate):
+    """flash_attention_bwd: dQ, dK, dV from Q, K, V, dO and the row statistics, P recomputed.
+
+    >>> t = FlashAttentionBwdTemplate()
+    >>> [t.accepts(op) for op in t.samples()]
+    [True, True, True, True]
+    """
+    ops = frozenset({"flash_attention_bwd"})
+    tensors = 4
+
+    def accepts(self, op: KernelOp) -> bool:
+        return super().accepts(op) and op.operands[4].dtype is DType.float32
+
+    def fused(self, op: KernelOp) -> tuple[str, ...]:
+        return ("backward",) + (("causal",) if op.attr_map.get("causal") else ())
+
+    def default_cols(self, d: int) -> int:
+        return 64 if d <= 64 else 32          # D=128: dK and dV take 128 registers; 32-wide tiles keep S, dP small
+
+    def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        return (2 * s.rows + 2 * s.stages * s.cols) * shape.d * 2
+
+    def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        # the dK/dV jobs hold the most: dK and dV (fp32 over 32 lanes: D registers together), Sᵀ and
+        # dPᵀ (cols); ptxas spends some 45% more on fragments and addresses in flight,
+        # and past 255 it spills (D=128 with 64-wide tiles does)
+        live = 2 * shape.d * MMA_M // 32 + 2 * s.cols * MMA_M // 32
+        return int(1.45 * live) + 20
+
+    def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
+        s = schedule
+        assert isinstance(s, BackwardSchedule)
+        shape = BackwardShape.of(op)
+        q, k, v, do, stats = op.operands[:5]
+        kv_pairs = shape.pairs(s.rows, s.cols, by_keys=True)
+        q_pairs = shape.pairs(s.rows, s.cols, by_keys=False)
+        # dK/dV blocks: S, dP, dV, dK (4 products); dQ blocks: S, dP, dQ (3)
+        flops = kv_pairs * (8 * shape.d + 6) + q_pairs * (6 * shape.d + 5)
+        blocks = shape.bh * (-(-shape.sk // s.rows) + -(-shape.sq // s.rows))
+        per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
+        streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
+        if blocks * per_head > arch.l2_bytes // 2:     # each block's walk comes from HBM again
+            streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
+        regs = self.registers(shape, s)
+        return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
+                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes, flops=flops, unit=MathUnit.BF16,
+                         efficiency=_efficiency(arch, shape.d, 7 / 2),
+                         spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
+
+    def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
+        assert isinstance(schedule, BackwardSchedule)
+        if not self.accepts(op):
+            raise ValueError(f"flash_attention_bwd template cannot implement {op}")
+        shape = BackwardShape.of(op)
+        return emit_bwd(op, shape, schedule, self.smem(shape, schedule))
+
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
+        t = TensorType((b, h, s, d), dtype)
+        stats = TensorType((b, h, s, 2), DType.float32)
+        return KernelOp.of("flash_attention_bwd", (t, t, t, t, stats), TensorType((3 * t.numel,), dtype),
+                           scale=d ** -0.5, causal=causal, has_mask=False)

@@ -1,0 +1,395 @@
+"""The CUDA text of the attention backward kernels and the functions that fill them in.
+
+ROW_STATS_KERNEL: one block per (batch·head, ROWS query rows); each warp keeps its 16 rows of Q as
+mma A fragments, streams K in COLS-key tiles (cp.async, `stages` buffers) and runs the forward's
+online max/sum without the P V product, then adds Σ_d dO·O per row: stats[row] = (lse, D).
+
+BWD_KERNEL: FlashAttention-2's backward with no atomics. Blocks are (batch·head, job): the first
+⌈Sk/ROWS⌉ jobs own ROWS keys each and walk the query tiles accumulating dK and dV in registers
+(Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, so each warp's accumulators are already the A fragments of Pᵀ dO and
+dSᵀ Q); the other ⌈Sq/ROWS⌉ jobs own ROWS queries each and walk the key tiles accumulating dQ
+(S = Q Kᵀ, dP = dO Vᵀ, then dS K). P = exp(S − lse) is recomputed in both; no score reaches memory.
+dQ, dK, dV are written into one packed buffer: dQ at 0, dK after all of dQ, dV after all of dK.
+
+The templates in attention_backward.py choose schedules and model resources; this module only
+writes the chosen kernels out.
+"""
+
+from __future__ import annotations
+
+from string import Template as Text
+from typing import TYPE_CHECKING
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention_cuda import LOG2E, TILE_HELPERS
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.templates.attention_backward import BackwardShape, BackwardSchedule
+
+
+def _constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, object]:
+    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    return dict(ELEM=f"{tag}_t", MMA=f"mma_{tag}_16816", PACK=f"pack_{tag}x2", TO_F32=f"{tag}_to_f32",
+                ROWS=s.rows, COLS=s.cols, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
+                BH=shape.bh, SCALE=f"{shape.scale!r}f", SCALE_LOG2=f"{shape.scale * LOG2E!r}f",
+                CAUSAL="true" if shape.causal else "false")
+
+
+def _name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
+    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+            f"r{s.rows}_c{s.cols}_w{s.warps}_s{s.stages}")
+
+
+def emit_row_stats(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int) -> KernelSource:
+    name = _name("attention_row_stats", shape, s)
+    blocks = shape.bh * -(-shape.sq // s.rows)
+    header = (f"// {op}\n// schedule: {s.describe()}\n"
+              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, o, do, stats); dynamic shared "
+              f"memory {smem} bytes\n// contiguous row-major operands of one batch; stats [B·H][Sq][2] fp32\n")
+    source = Text(ROW_STATS_KERNEL).substitute(NAME=name, **_constants(shape, s))
+    return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
+                        dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
+
+
+def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int) -> KernelSource:
+    name = _name("flash_attention_bwd", shape, s)
+    blocks = shape.bh * (-(-shape.sk // s.rows) + -(-shape.sq // s.rows))
+    header = (f"// {op}\n// schedule: {s.describe()}\n"
+              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, out); dynamic "
+              f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the "
+              f"dK/dV jobs, then the dQ jobs\n")
+    source = Text(BWD_KERNEL).substitute(NAME=name, **_constants(shape, s))
+    return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
+                        dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
+
+
+ROW_STATS_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__($WARPS * 32)
+$NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ o,
+      const $ELEM* __restrict__ dout, float* __restrict__ stats) {
+    constexpr int BM = $ROWS, BN = $COLS, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
+    constexpr int SQ = $SQ, SK = $SK, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
+    constexpr float SCALE_LOG2 = $SCALE_LOG2;             // scores in base 2: scale · log2(e)
+    constexpr float LN2 = 0.6931471805599453f;
+    constexpr bool CAUSAL = $CAUSAL;
+    const float NEG_INF = __int_as_float(0xff800000);
+
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    $ELEM* q_s = ($ELEM*)fa_smem;                         // [BM][D]
+    $ELEM* k_s = q_s + BM * D;                            // [STAGES][BN][D]
+
+    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
+    const int q0 = qb * BM, row0 = q0 + warp * 16;
+    const long long q_off = (long long)bh * SQ * D;
+    const $ELEM* kp = k + (long long)bh * SK * D;
+    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+
+    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < n_tiles) fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+
+    unsigned qf[D / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], q_s + fa_swizzle(row0 - q0 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int next = t + STAGES - 1;
+        if (next < n_tiles)
+            fa_load_tile<BN, D, THREADS>(k_s + (next % STAGES) * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
+        const int k0 = t * BN;
+        float s[BN / 8][4];
+        #pragma unroll
+        for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            #pragma unroll
+            for (int j = 0; j < BN / 16; ++j) {
+                unsigned b[4];
+                ldmatrix_x4(b, kt + fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D));
+                $MMA(s[2 * j], qf[kk], b);
+                $MMA(s[2 * j + 1], qf[kk], b + 2);
+            }
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + g + 8 * h;
+            float mx = NEG_INF;
+            #pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = k0 + j * 8 + 2 * t4 + e;
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                    s[j][2 * h + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a quad share a row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[h], mx);
+            const float base = m_new == NEG_INF ? 0.f : m_new;
+            float sum = 0.f;
+            #pragma unroll
+            for (int j = 0; j < BN / 8; ++j) sum += fa_exp2(s[j][2 * h] - base) + fa_exp2(s[j][2 * h + 1] - base);
+            l_run[h] = l_run[h] * fa_exp2(m_run[h] - base) + sum;
+            m_run[h] = m_new;
+        }
+        __syncthreads();                                  // the stage is refilled next iteration
+    }
+
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = row0 + g + 8 * h;
+        if (t4 == 0 && row < SQ) stats[((long long)bh * SQ + row) * 2] = (m_run[h] + log2f(l)) * LN2;
+    }
+    // D = Σ_d dO·O for this warp's 16 rows, two elements per lane per step
+    for (int r = 0; r < 16; ++r) {
+        const int row = row0 + r;
+        if (row >= SQ) break;                             // the same for the whole warp
+        const long long at = q_off + (long long)row * D;
+        float sum = 0.f;
+        #pragma unroll
+        for (int c = 2 * lane; c < D; c += 64) {
+            const unsigned ov = *(const unsigned*)(o + at + c), dv = *(const unsigned*)(dout + at + c);
+            sum += $TO_F32(($ELEM)(ov & 0xffffu)) * $TO_F32(($ELEM)(dv & 0xffffu))
+                 + $TO_F32(($ELEM)(ov >> 16)) * $TO_F32(($ELEM)(dv >> 16));
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) stats[((long long)bh * SQ + row) * 2 + 1] = sum;
+    }
+}
+"""
+
+BWD_KERNEL = r"""
+constexpr int ROWS = $ROWS, COLS = $COLS, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
+constexpr int SQ = $SQ, SK = $SK, BH = $BH;
+constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
+constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
+constexpr float SCALE = $SCALE, SCALE_LOG2 = $SCALE_LOG2, LOG2E = 1.4426950408889634f;
+constexpr bool CAUSAL = $CAUSAL;
+constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
+
+__device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
+    for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+}
+
+// Two products sharing their B tiles' rows: x = A_x Bᵀ and y = A_y Cᵀ over D, for this warp's 16
+// rows of a_s / c_s (A fragments) against the COLS rows of the tiles bt / ct (B fragments)
+__device__ __forceinline__ void fab_scores(float (*x)[4], float (*y)[4], const $ELEM* a_s, const $ELEM* c_s,
+                                           const $ELEM* bt, const $ELEM* ct, int warp, int lane) {
+    #pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned xa[4], ya[4];
+        ldmatrix_x4(xa, a_s + fa_swizzle(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
+        ldmatrix_x4(ya, c_s + fa_swizzle(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
+        #pragma unroll
+        for (int j = 0; j < COLS / 16; ++j) {
+            const int at = fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D);
+            unsigned b[4];
+            ldmatrix_x4(b, bt + at);
+            $MMA(x[2 * j], xa, b);
+            $MMA(x[2 * j + 1], xa, b + 2);
+            ldmatrix_x4(b, ct + at);
+            $MMA(y[2 * j], ya, b);
+            $MMA(y[2 * j + 1], ya, b + 2);
+        }
+    }
+}
+
+// acc += P t over the tile's COLS rows: P's accumulators repacked as A fragments, t's rows through
+// transposed ldmatrix as B fragments (D output columns)
+__device__ __forceinline__ void fab_accumulate(float (*acc)[4], const float (*p)[4], const $ELEM* t, int lane) {
+    #pragma unroll
+    for (int kk = 0; kk < COLS / 16; ++kk) {
+        const unsigned a[4] = {$PACK(p[2 * kk][0], p[2 * kk][1]), $PACK(p[2 * kk][2], p[2 * kk][3]),
+                               $PACK(p[2 * kk + 1][0], p[2 * kk + 1][1]), $PACK(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        #pragma unroll
+        for (int n = 0; n < D / 16; ++n) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, t + fa_swizzle(kk * 16 + (lane & 15), n * 16 + (lane >> 4) * 8, D));
+            $MMA(acc[2 * n], a, b);
+            $MMA(acc[2 * n + 1], a, b + 2);
+        }
+    }
+}
+
+// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as $ELEM into dst [rows][D]
+__device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $ELEM* dst, int row0, int rows, int lane) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + (lane >> 2) + 8 * h;
+        if (row < rows) {
+            #pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *(unsigned*)(dst + (long long)row * D + n * 8 + 2 * (lane & 3)) =
+                    $PACK(acc[n][2 * h] * factor, acc[n][2 * h + 1] * factor);
+        }
+    }
+}
+
+// ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers)
+__device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
+                                          const float* st, $ELEM* dk_out, $ELEM* dv_out, int kr0, unsigned char* smem) {
+    $ELEM* k_s = ($ELEM*)smem;                            // [ROWS][D]
+    $ELEM* v_s = k_s + ROWS * D;                          // [ROWS][D]
+    $ELEM* q_s = v_s + ROWS * D;                          // [STAGES][COLS][D]
+    $ELEM* o_s = q_s + STAGES * COLS * D;                 // [STAGES][COLS][D], dO
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int key0 = kr0 + warp * 16;
+    const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
+    fa_load_tile<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
+    fa_load_tile<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const int t = t0 + i;
+        if (t < NQT) {
+            fa_load_tile<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
+            fa_load_tile<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
+        }
+        cp_async_commit();
+    }
+    float dk[D / 8][4], dv[D / 8][4];
+    fab_zero(dk, D / 8);
+    fab_zero(dv, D / 8);
+    for (int t = t0; t < NQT; ++t) {
+        const int i = t - t0, next = t + STAGES - 1;
+        if (next < NQT) {
+            const int st_next = (i + STAGES - 1) % STAGES;
+            fa_load_tile<COLS, D, THREADS>(q_s + st_next * COLS * D, q + (long long)next * COLS * D, SQ - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS>(o_s + st_next * COLS * D, dout + (long long)next * COLS * D, SQ - next * COLS, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const $ELEM* qt = q_s + (i % STAGES) * COLS * D;
+        const $ELEM* ot = o_s + (i % STAGES) * COLS * D;
+        const int c0 = t * COLS;
+        float s[COLS / 8][4], dp[COLS / 8][4];            // Sᵀ and dPᵀ: rows are keys, columns queries
+        fab_zero(s, COLS / 8);
+        fab_zero(dp, COLS / 8);
+        fab_scores(s, dp, k_s, v_s, qt, ot, warp, lane);
+        #pragma unroll
+        for (int j = 0; j < COLS / 8; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = c0 + j * 8 + 2 * t4 + e;
+                const bool in = col < SQ;
+                const float lse2 = in ? st[2 * col] * LOG2E : 0.f, delta = in ? st[2 * col + 1] : 0.f;
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int key = key0 + g + 8 * h;
+                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2);
+                    if (!in || (CAUSAL && key > col)) p = 0.f;
+                    s[j][2 * h + e] = p;
+                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
+                }
+            }
+        fab_accumulate(dv, s, ot, lane);
+        fab_accumulate(dk, dp, qt, lane);
+        __syncthreads();                                  // the stage is refilled next iteration
+    }
+    fab_store(dk, SCALE, dk_out, key0, SK, lane);
+    fab_store(dv, 1.f, dv_out, key0, SK, lane);
+}
+
+// ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
+__device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
+                                       const float* st, $ELEM* dq_out, int qr0, unsigned char* smem) {
+    $ELEM* q_s = ($ELEM*)smem;                            // [ROWS][D]
+    $ELEM* o_s = q_s + ROWS * D;                          // [ROWS][D], dO
+    $ELEM* k_s = o_s + ROWS * D;                          // [STAGES][COLS][D]
+    $ELEM* v_s = k_s + STAGES * COLS * D;                 // [STAGES][COLS][D]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int row0 = qr0 + warp * 16;
+    const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
+    fa_load_tile<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
+    fa_load_tile<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < n_tiles) {
+            fa_load_tile<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
+            fa_load_tile<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
+        }
+        cp_async_commit();
+    }
+    float lse2[2], delta[2];
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        lse2[h] = row < SQ ? st[2 * row] * LOG2E : 0.f;
+        delta[h] = row < SQ ? st[2 * row + 1] : 0.f;
+    }
+    float dq[D / 8][4];
+    fab_zero(dq, D / 8);
+    for (int t = 0; t < n_tiles; ++t) {
+        const int next = t + STAGES - 1;
+        if (next < n_tiles) {
+            fa_load_tile<COLS, D, THREADS>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * D, SK - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * D, SK - next * COLS, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const $ELEM* kt = k_s + (t % STAGES) * COLS * D;
+        const $ELEM* vt = v_s + (t % STAGES) * COLS * D;
+        const int k0 = t * COLS;
+        float s[COLS / 8][4], dp[COLS / 8][4];            // S and dP: rows are queries, columns keys
+        fab_zero(s, COLS / 8);
+        fab_zero(dp, COLS / 8);
+        fab_scores(s, dp, q_s, o_s, kt, vt, warp, lane);
+        #pragma unroll
+        for (int j = 0; j < COLS / 8; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + j * 8 + 2 * t4 + e;
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + g + 8 * h;
+                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2[h]);
+                    if (key >= SK || (CAUSAL && key > row)) p = 0.f;
+                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
+                }
+            }
+        fab_accumulate(dq, dp, kt, lane);
+        __syncthreads();
+    }
+    fab_store(dq, SCALE, dq_out, row0, SQ, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+$NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
+      const $ELEM* __restrict__ dout, const float* __restrict__ stats, $ELEM* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
+    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+    const float* st = stats + (long long)bh * SQ * 2;
+    if (job < NKB)
+        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + NQ + k_off, out + NQ + NK + k_off,
+                  job * ROWS, fa_smem);
+    else
+        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + q_off, (job - NKB) * ROWS, fa_smem);
+}
+"""
