@@ -10,7 +10,8 @@ Per row, following the method of counting the floor first and checking before ti
 
 Rows: bf16 GEMM vs torch.matmul; flash attention forward vs scaled_dot_product_attention; softmax and
 layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
-long FFT convolution (bench/gpu_fftconv.py). `--quick` takes fewer reps, the first schedule only,
+long FFT convolution (bench/gpu_fftconv.py); a linear layer's dW + db and attention's gradients
+(bench/gpu_backward.py). `--quick` takes fewer reps, the first schedule only,
 and no 8192^3 GEMM. The table is printed and written to bench/results/gpu-<arch>[-quick].txt.
 """
 
@@ -310,6 +311,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
+    from bench.gpu_backward import backward_rows
     from bench.gpu_fftconv import long_conv
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
@@ -333,6 +335,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
             results.append(Result(row.name, status=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
         console.print(f"  {results[-1].name}: {results[-1].status}", markup=False)
     results.append(long_conv(protocol, ceilings))
+    results.extend(backward_rows(protocol, ceilings, quick))
     record = Console(record=True, width=240, file=io.StringIO())
     for target in (console, record):
         target.print(table(results, f"tessera_rw vs torch on {arch.name}"))

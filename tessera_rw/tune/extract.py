@@ -227,6 +227,7 @@ def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence
                      cost: Callable[[ENode], float]) -> dict[str, ENode]:
     choice = dict(choice)
     program = _Program(choice, roots)
+    memo: dict[str, frozenset[str]] = {}
     for _ in range(DAG_SWEEPS):
         improved = False
         for cid in list(program.post):   # operands before users
@@ -236,15 +237,26 @@ def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence
             for enode in view.classes[cid]:
                 if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
                     continue
-                if not any(c in program.post and c not in current.operands for c in enode.operands):
+                if not _reads_paid_for(choice, program, enode, current, memo):
                     continue  # reads nothing already paid for: the tree choice stands
                 if program.delta(cid, enode, cost) < -1e-9:
                     choice[cid] = current = enode
                     program = _Program(choice, roots)
+                    memo = {}
                     improved = True
         if not improved:
             break
     return choice
+
+
+def _reads_paid_for(choice: dict[str, ENode], program: _Program, enode: ENode, current: ENode,
+                    memo: dict[str, frozenset[str]]) -> bool:
+    """Whether `enode`, or a class it would bring into the program, reads a class the program
+    computes anyway (besides what `current` reads): a view of a shared packed result qualifies."""
+    if any(c in program.post and c not in current.operands for c in enode.operands):
+        return True
+    new = set().union(*(_outside(choice, program, o, memo) for o in enode.operands))
+    return any(x in program.post for c in new for x in choice[c].operands)
 
 
 def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],

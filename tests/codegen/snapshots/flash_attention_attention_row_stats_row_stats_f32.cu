@@ -1,6 +1,6 @@
-// attention_row_stats(bf16[4,16,2048,64], bf16[4,16,2048,64], bf16[4,16,2048,64], bf16[4,16,2048,64], scale=0.125) -> f32[4,16,2048,2]
+// attention_row_stats(bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], scale=0.125) -> f32[2,4,1024,2]
 // schedule: rows=64 cols=64 warps=4 stages=2
-// launch: attention_row_stats_bf16_d64_r64_c64_w4_s2<<<2048, 128, 24576>>>(q, k, o, do, stats); dynamic shared memory 24576 bytes
+// launch: attention_row_stats_bf16_d64_r64_c64_w4_s2<<<128, 128, 24576>>>(q, k, o, do, stats); dynamic shared memory 24576 bytes
 // contiguous row-major operands of one batch; stats [B·H][Sq][2] fp32
 
 // element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(4 * 32)
 attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ o,
       const bf16_t* __restrict__ dout, float* __restrict__ stats) {
     constexpr int BM = 64, BN = 64, D = 64, WARPS = 4, STAGES = 2, THREADS = 32 * WARPS;
-    constexpr int SQ = 2048, SK = 2048, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
+    constexpr int SQ = 1024, SK = 1024, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = 0.18033688011112042f;             // scores in base 2: scale · log2(e)
     constexpr float LN2 = 0.6931471805599453f;
     constexpr bool CAUSAL = false;

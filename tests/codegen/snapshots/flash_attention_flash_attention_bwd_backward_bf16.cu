@@ -1,6 +1,6 @@
-// flash_attention_bwd(bf16[4,16,2048,64], bf16[4,16,2048,64], bf16[4,16,2048,64], bf16[4,16,2048,64], f32[4,16,2048,2], scale=0.125) -> bf16[25165824]
+// flash_attention_bwd(bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], f32[2,4,1024,2], scale=0.125) -> bf16[1572864]
 // schedule: rows=64 cols=64 warps=4 stages=2
-// launch: flash_attention_bwd_bf16_d64_r64_c64_w4_s2<<<4096, 128, 49152>>>(q, k, v, do, stats, out); dynamic shared memory 49152 bytes
+// launch: flash_attention_bwd_bf16_d64_r64_c64_w4_s2<<<256, 128, 49152>>>(q, k, v, do, stats, out); dynamic shared memory 49152 bytes
 // out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the dK/dV jobs, then the dQ jobs
 
 // element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
@@ -29,7 +29,7 @@ __device__ __forceinline__ float fa_exp2(float x) {
 }
 
 constexpr int ROWS = 64, COLS = 64, D = 64, WARPS = 4, STAGES = 2, THREADS = 32 * WARPS;
-constexpr int SQ = 2048, SK = 2048, BH = 64;
+constexpr int SQ = 1024, SK = 1024, BH = 8;
 constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
 constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
 constexpr float SCALE = 0.125f, SCALE_LOG2 = 0.18033688011112042f, LOG2E = 1.4426950408889634f;

@@ -1,0 +1,114 @@
+"""The backward-pass rows of `python -m bench gpu`: gradient-reduction fusion against torch.
+
+- A linear layer's weight and bias gradients (X 8192×4096, dY 8192×4096 bf16: W is 4096×4096):
+  ours is one GEMM whose extra row is Σ dY (matmul_bias_grad), torch runs `x.T @ dy` and
+  `dy.sum(0)`. Target: faster than torch.
+- Attention's gradients (B=4, H=16, S=4096, D=64 and 128, causal and not): ours is `op.grad` of
+  Σ attention(q, k, v) ∘ w, i.e. the forward (for O), the row statistics and flash_attention_bwd;
+  torch runs SDPA forward and its backward (`torch.autograd.grad`) on the same inputs, so both
+  sides compute O and then dQ, dK, dV. Target: at least half torch's speed.
+
+Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed like torch's calls.
+"""
+
+from __future__ import annotations
+
+from bench.gpu import Ceilings, Result
+from bench.gpu_timing import Protocol, rel_error, time_torch
+from tessera_rw import op
+
+TOKENS, D_IN, D_OUT = 8192, 4096, 4096
+TOLERANCE = 2e-2          # ‖out − ref‖ / ‖ref‖ of bf16 gradients
+
+
+@op.kernel
+def linear_weight_and_bias_grads(x, dy):
+    return x.T @ dy, op.sum(dy, axis=0)
+
+
+def _attention_loss(causal: bool):
+    def loss(q, k, v, w):
+        return op.sum(op.flash_attention(q, k, v, causal=causal) * w)
+    loss.__name__ = f"attention_loss{'_causal' if causal else ''}"
+    return loss
+
+
+def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
+    flops = 2 * TOKENS * D_IN * D_OUT + TOKENS * D_OUT
+    io_bytes = 2 * (TOKENS * D_IN + TOKENS * D_OUT + D_IN * D_OUT + D_OUT)
+    result = Result(f"linear backward dW+db bf16 X {TOKENS}x{D_IN}, W {D_IN}x{D_OUT} vs torch x.T@dy, dy.sum(0)",
+                    floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    try:
+        import torch
+        x = torch.randn(TOKENS, D_IN, dtype=torch.bfloat16, device="cuda")
+        dy = torch.randn(TOKENS, D_OUT, dtype=torch.bfloat16, device="cuda")
+        dw, db = linear_weight_and_bias_grads(x, dy)
+        want_dw, want_db = x.double().T @ dy.double(), dy.double().sum(0)
+        result.error = max(rel_error(dw, want_dw), rel_error(db, want_db))
+        library = lambda: (x.T @ dy, dy.sum(0))          # noqa: E731
+        got = library()
+        result.torch_error = max(rel_error(got[0], want_dw), rel_error(got[1], want_db))
+        del want_dw, got
+        if result.error > TOLERANCE:
+            result.status = "FAILED: wrong on random data"
+            return result
+        steps = [s.op for s in linear_weight_and_bias_grads.program(x, dy).plan.steps]
+        result.notes.append("ours: the plan " + " -> ".join(steps))
+        result.ours = time_torch(lambda: linear_weight_and_bias_grads(x, dy), protocol)
+        result.torch = time_torch(library, protocol)
+    except Exception as e:
+        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return result
+
+
+def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol, ceilings: Ceilings) -> Result:
+    # the usual count: forward 2 products, backward 5, of 2·S·S·D per head; half under a causal mask
+    flops = 7 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
+    io_bytes = 2 * b * h * s * d * (4 + 3)             # q, k, v, w read; dq, dk, dv written
+    result = Result(f"attention fwd+bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} "
+                    f"vs SDPA fwd+bwd", floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    try:
+        import torch
+        import torch.nn.functional as F
+        grad = op.grad(_attention_loss(causal), argnums=(0, 1, 2))
+        q, k, v, w = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(4))
+        ours = grad(q, k, v, w)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+
+        def library():
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            return torch.autograd.grad(out, leaves, w)
+        want = float64_attention_grads(q, k, v, w, causal)
+        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
+        del want
+        if result.error > TOLERANCE:
+            result.status = "FAILED: wrong on random data"
+            return result
+        steps = [st.op for st in grad.program(q, k, v, w).plan.steps]
+        result.notes.append("ours: the plan " + " -> ".join(steps))
+        result.ours = time_torch(lambda: grad(q, k, v, w), protocol)
+        result.torch = time_torch(library, protocol)
+        torch.cuda.empty_cache()
+    except Exception as e:
+        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return result
+
+
+def float64_attention_grads(q, k, v, w, causal: bool):
+    """dQ, dK, dV of Σ SDPA(q, k, v) ∘ w in float64 (torch's math kernel), one batch item at a
+    time: the float64 scores of all of them would not fit beside the rest."""
+    import torch
+    import torch.nn.functional as F
+    grads = [torch.empty(t.shape, dtype=torch.float64, device=t.device) for t in (q, k, v)]
+    for i in range(q.shape[0]):
+        wide = [t[i:i + 1].double().requires_grad_(True) for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*wide, is_causal=causal)
+        for g, got in zip(grads, torch.autograd.grad(out, wide, w[i:i + 1].double())):
+            g[i:i + 1] = got
+    return grads
+
+
+def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[Result]:
+    shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
+    return [linear_backward(protocol, ceilings)] + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
