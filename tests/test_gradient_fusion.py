@@ -4,9 +4,9 @@ the plan: the bias gradient comes out of the weight-gradient GEMM as the extra r
 matmul_bias_grad, with dW and db as views of its result and no reduction kernel over dY.
 
 The e-graph holds that program, and the cost model prices it below a GEMM plus a reduction (by the
-reduction's time: the ones row rides along in the GEMM's tiles). Extraction does not pick it yet:
-its DAG pass re-chooses one e-class at a time, and switching dW alone to a view of the packed GEMM
-adds a whole GEMM before switching db can share it (see test_chosen_plan_fuses_the_bias_gradient).
+reduction's time: the ones row rides along in the GEMM's tiles). Extraction picks it although
+switching dW alone to a view of the packed GEMM adds a whole GEMM: it tries the two switches that
+bring in the same packed product together (extract._paired_switch).
 """
 
 from __future__ import annotations

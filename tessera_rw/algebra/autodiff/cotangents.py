@@ -92,7 +92,10 @@ def unbroadcast(ct: Tensor, like: Any) -> Tensor:
 
 
 def expand_reduced(g: Tensor, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> Tensor:
-    """A reduction's result (or its cotangent) repeated over the axes it reduced."""
+    """A reduction's result (or its cotangent) repeated over the axes it reduced; a constant one
+    (the seed of a loss that is a sum) stays a constant of the new shape."""
+    if g.node.op == "full":
+        return api.full(shape, g.node.attr("value"), g.dtype)
     kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
     return api.broadcast_to(api.reshape(g, kept), shape)
 

@@ -90,7 +90,10 @@ def _block(masked: bool, start: str, stop: str) -> Expr:
 
 def _inputs(rng: np.random.Generator, rank: int, masked: bool) -> dict[str, np.ndarray]:
     batch = tuple(int(n) for n in rng.integers(1, 4, size=rank - 2))
-    sq, sk, dh, dv = (int(n) for n in rng.integers(1, 7, size=4))
+    # two keys at least: with one, P ≡ 1 and dQ, dK are exactly zero on one side of the rule and
+    # rounding noise on the other (D = dO·O equals dP only up to rounding)
+    sq, dh, dv = (int(n) for n in rng.integers(1, 7, size=3))
+    sk = int(rng.integers(2, 7))
     arrays = {"q": rand(rng, *batch, sq, dh), "k": rand(rng, *batch, sk, dh), "v": rand(rng, *batch, sk, dv),
               "g": rand(rng, *batch, sq, dv)}
     return arrays | ({"mask": rand(rng, sq, sk)} if masked else {})
