@@ -33,17 +33,17 @@ def written_out_loss(q, k, v, w):
     return op.sum(op.softmax(q @ k.mT * SCALE, axis=-1) @ v * w)
 
 
-def numpy_grads(q, k, v, w, causal: bool) -> tuple[np.ndarray, ...]:
+def numpy_grads(q, k, v, w, causal: bool, scale: float = SCALE) -> tuple[np.ndarray, ...]:
     """dQ, dK, dV of Σ attention(q, k, v) ∘ w in float64, materialized."""
     q, k, v, w = (a.astype(np.float64) for a in (q, k, v, w))
-    s = q @ np.swapaxes(k, -1, -2) * SCALE
+    s = q @ np.swapaxes(k, -1, -2) * scale
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     dp = w @ np.swapaxes(v, -1, -2)
     ds = p * (dp - np.sum(dp * p, -1, keepdims=True))
-    return ds @ k * SCALE, np.swapaxes(ds, -1, -2) @ q * SCALE, np.swapaxes(p, -1, -2) @ w
+    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ w
 
 
 def bf16_inputs(rng: np.random.Generator) -> list[np.ndarray]:

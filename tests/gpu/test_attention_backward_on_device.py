@@ -12,6 +12,7 @@ import pytest
 
 from tessera_rw import op
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tests.test_attention_gradient import numpy_grads
 
 pytestmark = pytest.mark.gpu
 
@@ -28,16 +29,7 @@ def loss_of(causal: bool):
 
 
 def float64_grads(q, k, v, w, causal: bool):
-    q, k, v, w = (a.astype(np.float64) for a in (q, k, v, w))
-    scale = q.shape[-1] ** -0.5
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = w @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - np.sum(dp * p, -1, keepdims=True))
-    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ w
+    return numpy_grads(q, k, v, w, causal, scale=q.shape[-1] ** -0.5)
 
 
 def relative_error(got, want) -> float:
