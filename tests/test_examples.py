@@ -61,6 +61,11 @@ def causal_flash_attention(program: CompiledProgram) -> None:
     assert step.node.attr_map["causal"] is True
 
 
+def fused_attention_backward(program: CompiledProgram) -> None:
+    assert step_ops(program) == ["flash_attention", "attention_row_stats", "flash_attention_bwd"], step_ops(program)
+    assert len({ref.buffer for ref in program.plan.outputs}) == 1              # dQ, dK, dV: views of one buffer
+
+
 def transformer_block_fused(program: CompiledProgram) -> None:
     causal_flash_attention(program)
     gemms = [k for k in program.candidate.kernels if k.kind == "gemm"]
@@ -97,6 +102,7 @@ def tuned_linear_gelu(program: CompiledProgram) -> None:
 EXPECTED = {
     ("attention", "attention"): flash_attention_fused,
     ("attention", "causal_attention"): causal_flash_attention,
+    ("attention_backward", "attention_grads"): fused_attention_backward,
     ("transformer_block", "transformer_block"): transformer_block_fused,
     ("hyena_conv", "hyena_block"): spectral_convolution,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
