@@ -13,17 +13,15 @@ with, not copied from, the forward pass.
 >>> forward = op.kernel(loss).trace(op.tensor((4, 3), "float64"), op.tensor((3, 2), "float64"))
 >>> print(grad_graph(forward, (1,)))
 def grad_loss(x: f64[4,3], w: f64[3,2]):
-    t00 = transpose(x, axes=(1, 0))              # f64[3,4]
-    t01 = full(dtype=float64, shape=(), value=1.0) # f64[]
-    t02 = reshape(t01, shape=(1, 1))             # f64[1,1]
-    t03 = broadcast_to(t02, shape=(4, 2))        # f64[4,2]
-    t04 = x @ w                                  # f64[4,2]
-    t05 = tanh(t04)                              # f64[4,2]
-    t06 = t05 * t05                              # f64[4,2]
-    t07 = t03 * t06                              # f64[4,2]
-    t08 = t03 - t07                              # f64[4,2]
-    t09 = t00 @ t08                              # f64[3,2]
-    return t09
+    t0 = transpose(x, axes=(1, 0))               # f64[3,4]
+    t1 = full(dtype=float64, shape=(4, 2), value=1.0) # f64[4,2]
+    t2 = x @ w                                   # f64[4,2]
+    t3 = tanh(t2)                                # f64[4,2]
+    t4 = t3 * t3                                 # f64[4,2]
+    t5 = t1 * t4                                 # f64[4,2]
+    t6 = t1 - t5                                 # f64[4,2]
+    t7 = t0 @ t6                                 # f64[3,2]
+    return t7
 """
 
 from __future__ import annotations

@@ -94,9 +94,12 @@ def _inputs(rng: np.random.Generator, rank: int, masked: bool) -> dict[str, np.n
     # rounding noise on the other (D = dO·O equals dP only up to rounding)
     sq, dh, dv = (int(n) for n in rng.integers(1, 7, size=3))
     sk = int(rng.integers(2, 7))
-    arrays = {"q": rand(rng, *batch, sq, dh), "k": rand(rng, *batch, sk, dh), "v": rand(rng, *batch, sk, dv),
-              "g": rand(rng, *batch, sq, dv)}
-    return arrays | ({"mask": rand(rng, sq, sk)} if masked else {})
+    # float64: the fused side takes D = Σ dO·O where the other sums dP·P, and in float32 the two
+    # roundings differ by a few ulps of terms that can cancel to far less than themselves
+    f64 = dict(dtype=np.float64)
+    arrays = {"q": rand(rng, *batch, sq, dh, **f64), "k": rand(rng, *batch, sk, dh, **f64),
+              "v": rand(rng, *batch, sk, dv, **f64), "g": rand(rng, *batch, sq, dv, **f64)}
+    return arrays | ({"mask": rand(rng, sq, sk, **f64)} if masked else {})
 
 
 def _example(rank: int, masked: bool):
