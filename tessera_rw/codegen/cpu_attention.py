@@ -48,6 +48,27 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
     return out
 
 
+def key_end(q0: int, rows: int, sk: int, causal: bool) -> int:
+    """Where a query block's keys end: under `causal`, keys past its last row are all masked."""
+    return min(sk, q0 + rows) if causal else sk
+
+
+def tile_scores(qb: np.ndarray, k: np.ndarray, mask: np.ndarray | None, q0: int, k0: int, k1: int,
+                scale: np.floating, causal: bool) -> np.ndarray:
+    """scale · Q_b K[k0:k1]ᵀ for the query block starting at row q0, with the mask and causal
+    bounds applied (−∞ where not kept)."""
+    rows = qb.shape[-2]
+    s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
+    keep = np.arange(q0, q0 + rows)[:, None] >= np.arange(k0, k1)[None, :] if causal else None
+    if mask is not None:
+        tile = mask[..., q0:q0 + rows, k0:k1]
+        if tile.dtype == np.bool_:
+            keep = tile if keep is None else keep & tile
+        else:
+            s = s + tile.astype(s.dtype)
+    return s if keep is None else np.where(keep, s, -np.inf)
+
+
 def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, q0: int,
                  scale: np.floating, causal: bool, block_k: int) -> np.ndarray:
     rows, ct = qb.shape[-2], qb.dtype.type
@@ -55,21 +76,9 @@ def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     l = np.zeros(qb.shape[:-1], ct)
     acc = np.zeros(qb.shape[:-1] + (v.shape[-1],), ct)
     sk = k.shape[-2]
-    last_key = min(sk, q0 + rows) if causal else sk     # keys beyond the last query row are all masked
-    for k0 in range(0, last_key, block_k):
+    for k0 in range(0, key_end(q0, rows, sk, causal), block_k):
         k1 = min(k0 + block_k, sk)
-        s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
-        keep = None
-        if causal:
-            keep = np.arange(q0, q0 + rows)[:, None] >= np.arange(k0, k1)[None, :]
-        if mask is not None:
-            tile = mask[..., q0:q0 + rows, k0:k1]
-            if tile.dtype == np.bool_:
-                keep = tile if keep is None else keep & tile
-            else:
-                s = s + tile.astype(ct)
-        if keep is not None:
-            s = np.where(keep, s, -np.inf)
+        s = tile_scores(qb, k, mask, q0, k0, k1, scale, causal)
         m_new = np.maximum(m, s.max(axis=-1))
         m_safe = np.where(np.isneginf(m_new), ct(0), m_new)   # a row masked so far adds nothing
         p = np.exp(s - m_safe[..., None])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.codegen.cpu_attention import key_end, tile_scores
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -36,26 +37,6 @@ def _compute_type(*arrays: np.ndarray) -> type:
 
 def _broadcast(batch: tuple[int, ...], *arrays: np.ndarray) -> list[np.ndarray]:
     return [np.broadcast_to(a, batch + a.shape[-2:]) for a in arrays]
-
-
-def _tile_scores(qb: np.ndarray, k: np.ndarray, mask: np.ndarray | None, q0: int, k0: int, k1: int,
-                 scale: np.floating, causal: bool) -> np.ndarray:
-    """scale · Q_b K_tileᵀ with the mask and causal bounds applied (−∞ where not kept)."""
-    rows = qb.shape[-2]
-    s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
-    keep = np.arange(q0, q0 + rows)[:, None] >= np.arange(k0, k1)[None, :] if causal else None
-    if mask is not None:
-        tile = mask[..., q0:q0 + rows, k0:k1]
-        if tile.dtype == np.bool_:
-            keep = tile if keep is None else keep & tile
-        else:
-            s = s + tile.astype(s.dtype)
-    return s if keep is None else np.where(keep, s, -np.inf)
-
-
-def _key_end(q0: int, rows: int, sk: int, causal: bool) -> int:
-    """Keys past the block's last query row are all masked under `causal`."""
-    return min(sk, q0 + rows) if causal else sk
 
 
 def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndarray, *mask: np.ndarray,
@@ -76,8 +57,8 @@ def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndar
             q1 = min(q0 + block_q, sq)
             m = np.full(batch + (q1 - q0,), -np.inf, ct)
             l = np.zeros(batch + (q1 - q0,), ct)
-            for k0 in range(0, _key_end(q0, q1 - q0, sk, causal), block_k):
-                s = _tile_scores(q[..., q0:q1, :], k, m_full, q0, k0, min(k0 + block_k, sk), ct(scale), causal)
+            for k0 in range(0, key_end(q0, q1 - q0, sk, causal), block_k):
+                s = tile_scores(q[..., q0:q1, :], k, m_full, q0, k0, min(k0 + block_k, sk), ct(scale), causal)
                 m_new = np.maximum(m, s.max(axis=-1))
                 safe = np.where(np.isneginf(m_new), ct(0), m_new)
                 l = l * np.exp(m - safe) + np.exp(s - safe[..., None]).sum(axis=-1)
@@ -105,9 +86,9 @@ def bwd_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
             q1 = min(q0 + block_q, sq)
             qb, dob = q[..., q0:q1, :], do[..., q0:q1, :]
             lse, delta = stats[..., q0:q1, 0:1], stats[..., q0:q1, 1:2]
-            for k0 in range(0, _key_end(q0, q1 - q0, sk, causal), block_k):
+            for k0 in range(0, key_end(q0, q1 - q0, sk, causal), block_k):
                 k1 = min(k0 + block_k, sk)
-                p = np.exp(_tile_scores(qb, k, m_full, q0, k0, k1, scale, causal) - lse)
+                p = np.exp(tile_scores(qb, k, m_full, q0, k0, k1, scale, causal) - lse)
                 ds = p * (np.matmul(dob, np.swapaxes(v[..., k0:k1, :], -1, -2)) - delta)
                 dv[..., k0:k1, :] += np.matmul(np.swapaxes(p, -1, -2), dob)
                 dk[..., k0:k1, :] += np.matmul(np.swapaxes(ds, -1, -2), qb) * scale

@@ -71,22 +71,26 @@ def expand_kv_heads(x: np.ndarray, heads: int) -> np.ndarray:
     return x
 
 
+def masked_scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], scale: float,
+                  causal: bool) -> np.ndarray:
+    """scale · Q Kᵀ with the mask applied (−∞ where not kept), heads of K expanded: every score."""
+    if q.ndim >= 3:
+        k = expand_kv_heads(k, q.shape[-3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
+    keep = np.tril(np.ones(s.shape[-2:], bool)) if causal else None
+    if mask and mask[0].dtype == np.bool_:
+        keep = mask[0] if keep is None else keep & mask[0]
+    elif mask:
+        s = s + mask[0]
+    return s if keep is None else np.where(keep, s, -np.inf)
+
+
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
                         scale: float, causal: bool, has_mask: bool) -> np.ndarray:
     """The materialized form: every score in memory at once."""
+    s = masked_scores(q, k, mask, scale, causal)
     if q.ndim >= 3:
-        k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
-    sq, sk = s.shape[-2:]
-    keep = np.ones((sq, sk), dtype=bool)
-    if causal:
-        keep = np.tril(keep)
-    if mask:
-        if mask[0].dtype == np.bool_:
-            keep = keep & mask[0]
-        else:
-            s = s + mask[0]
-    s = np.where(keep, s, -np.inf)
+        v = expand_kv_heads(v, q.shape[-3])
     with np.errstate(invalid="ignore"):  # a fully masked row is NaN, as in torch's math SDPA
         s = s - np.max(s, axis=-1, keepdims=True)
         p = np.exp(s)

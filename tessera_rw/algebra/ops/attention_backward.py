@@ -23,7 +23,7 @@ from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.attention import _infer as _infer_forward
-from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.algebra.ops.attention import expand_kv_heads, masked_scores
 from tessera_rw.algebra.shapes import fmt_shape
 
 STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
@@ -75,19 +75,6 @@ def _infer_bwd(q: TensorType, k: TensorType, v: TensorType, do: TensorType, stat
     return TensorType((sum(math.prod(s) for s in shapes),), promote(out.dtype, do.dtype))
 
 
-def _scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], scale: float, causal: bool) -> np.ndarray:
-    """scale · Q Kᵀ with the mask applied (−∞ where not kept), heads of K expanded."""
-    if q.ndim >= 3:
-        k = expand_kv_heads(k, q.shape[-3])
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
-    keep = np.tril(np.ones(s.shape[-2:], bool)) if causal else None
-    if mask and mask[0].dtype == np.bool_:
-        keep = mask[0] if keep is None else keep & mask[0]
-    elif mask:
-        s = s + mask[0]
-    return s if keep is None else np.where(keep, s, -np.inf)
-
-
 def logsumexp_rows(s: np.ndarray) -> np.ndarray:
     """log Σ_j exp(s_ij) per row; −∞ for a row with every score −∞."""
     m = np.max(s, axis=-1)
@@ -98,7 +85,7 @@ def logsumexp_rows(s: np.ndarray) -> np.ndarray:
 
 def row_stats_reference(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndarray, *mask: np.ndarray,
                         scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    lse = logsumexp_rows(_scores(q, k, mask, scale, causal))
+    lse = logsumexp_rows(masked_scores(q, k, mask, scale, causal))
     d = np.sum(do * o, axis=-1)
     lse, d = np.broadcast_arrays(lse, d)
     return np.stack([lse, d], axis=-1).astype(np.result_type(lse, d))
@@ -106,7 +93,7 @@ def row_stats_reference(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndar
 
 def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, stats: np.ndarray, *mask: np.ndarray,
                   scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    s = _scores(q, k, mask, scale, causal)
+    s = masked_scores(q, k, mask, scale, causal)
     if q.ndim >= 3:
         k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
     batch = do.shape[:-2]

@@ -17,6 +17,7 @@ head_dim 64 or 128 with Dv == D, and no mask or `causal`; an explicit mask opera
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
@@ -24,11 +25,12 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM
+from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd, emit_row_stats
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 HEAD_DIMS = (64, 128)
+HEAD_TENSORS = 4      # q, k, then o and dO (row stats) or v and dO (backward): each [.., S, D]
 MMA_M = 16
 # The tuning grid: warps per block (16 rows each), columns per streamed tile, cp.async stages.
 # Left out where ptxas strays from the register model (checked on sm_80 and sm_90): two-warp
@@ -80,11 +82,12 @@ class BackwardShape:
         return self.bh * total
 
 
-def _accepts(op: KernelOp, tensors: int) -> bool:
-    """bf16/fp16 tensors of one dtype and batch shape, head_dim 64 or 128 everywhere, no mask."""
-    if len(op.operands) != tensors + (1 if op.op == "flash_attention_bwd" else 0) or op.attr_map.get("has_mask"):
+def _accepts(op: KernelOp, operands: int) -> bool:
+    """`operands` operands (no mask), the first four bf16/fp16 [.., S, D] tensors of one dtype and
+    batch shape with head_dim 64 or 128."""
+    if len(op.operands) != operands or op.attr_map.get("has_mask"):
         return False
-    heads = op.operands[:tensors]
+    heads = op.operands[:HEAD_TENSORS]
     q = heads[0]
     return (q.dtype in (DType.bfloat16, DType.float16) and q.ndim >= 2 and q.shape[-1] in HEAD_DIMS
             and all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
@@ -105,11 +108,11 @@ def _efficiency(arch: ArchSpec, d: int, products: int) -> float:
 
 class _BackwardTemplate(Template):
     kind = "flash_attention"
-    tensors: int                          # leading operands that are [.., S, D] tensors of the attention
+    operands: int                         # operand count: the head tensors, then the backward's stats
     stages: tuple[int, ...] = (2,)        # cp.async stage counts the grid tries
 
     def accepts(self, op: KernelOp) -> bool:
-        return op.op in self.ops and _accepts(op, self.tensors)
+        return op.op in self.ops and _accepts(op, self.operands)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
         shape = BackwardShape.of(op)
@@ -140,11 +143,13 @@ class _BackwardTemplate(Template):
     def default_cols(self, d: int) -> int:
         return 64
 
+    @abstractmethod
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
-        raise NotImplementedError
+        """Dynamic shared memory per block."""
 
+    @abstractmethod
     def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
-        raise NotImplementedError
+        """Registers per thread, as ptxas allocates them (the register model)."""
 
     def samples(self) -> tuple[KernelOp, ...]:
         # sizes whose whole float64 reference (every score at once) stays near 100 MB
@@ -153,12 +158,9 @@ class _BackwardTemplate(Template):
                                                      (3, 2, 1000, 64, DType.float16, True),
                                                      (1, 2, 200, 128, DType.float16, False)))
 
+    @abstractmethod
     def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
-        raise NotImplementedError
-
-
-def _round_up(x: int, to: int) -> int:
-    return -(-x // to) * to
+        """The template's op for q, k, v of shape (b, h, s, d)."""
 
 
 class AttentionRowStatsTemplate(_BackwardTemplate):
@@ -170,7 +172,7 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
     [True, True, True, True]
     """
     ops = frozenset({"attention_row_stats"})
-    tensors = 4
+    operands = 4
     stages = (2, 3)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
@@ -222,7 +224,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
     [True, True, True, True]
     """
     ops = frozenset({"flash_attention_bwd"})
-    tensors = 4
+    operands = 5
 
     def accepts(self, op: KernelOp) -> bool:
         return super().accepts(op) and op.operands[4].dtype is DType.float32

@@ -99,19 +99,19 @@ def _gqa_rules():
 # o, dO, mask), flash_attention_bwd(q, k, v, dO, stats, mask). A where-mask reaches the backward
 # ops as the additive mask the gradient rules match; these rules make it a bool mask or `causal`.
 
-def _attention_family(rng: np.random.Generator, mask_of, masked: bool = True):
+def _attention_family(rng: np.random.Generator, mask_of):
     """A forward and backward attention built with `mask_of(mask)` as its mask: every op of the
     family carries the same one."""
-    def body(q, k, v, g, mask=None):
-        extra = (mask_of(mask),) if masked else ()
-        flags = dict(scale=0.3, causal=False, has_mask=masked)
-        out = op.flash_attention(q, k, v, mask=extra[0] if extra else None, scale=0.3)
-        stats = apply("attention_row_stats", (q, k, out, g, *extra), **flags)
-        return out, apply("flash_attention_bwd", (q, k, v, g, stats, *extra), **flags)
+    def body(q, k, v, g, mask):
+        m = mask_of(mask)
+        flags = dict(scale=0.3, causal=False, has_mask=True)
+        out = op.flash_attention(q, k, v, mask=m, scale=0.3)
+        stats = apply("attention_row_stats", (q, k, out, g, m), **flags)
+        return out, apply("flash_attention_bwd", (q, k, v, g, stats, m), **flags)
     inputs = qkv(rng)
     sq, sk, dv = inputs["q"].shape[-2], inputs["k"].shape[-2], inputs["v"].shape[-1]
     inputs["g"] = rand(rng, *inputs["q"].shape[:-1], dv)
-    return body, inputs | ({"mask": rand(rng, 1, 1, sq, sk)} if masked else {})
+    return body, inputs | {"mask": rand(rng, 1, 1, sq, sk)}
 
 
 FAMILY = {"flash_attention": (q, kt, v), "attention_row_stats": (q, kt, v, Expr("g")),
