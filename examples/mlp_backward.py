@@ -15,10 +15,11 @@ kernel recomputes `pre` from x rather than taking it saved from the forward pass
 and its inputs are just the forward's inputs and dy (b2 plays no part in any gradient).
 
 What tessera_rw makes of it: five gemms (the four products above, and the recomputed x W1 + b1,
-which takes its bias in its epilogue; the transposed operands are copies that feed them), gelu'
-and its product with dh as fused elementwise kernels, and no reduction kernel: each bias gradient
-comes out of its weight-gradient gemm (`fused: bias_grad`), as an extra row Σ_rows dy of the same
-product, so dW and db are read from one output.
+which takes its bias in its epilogue; the transposed operands are copies that feed them), no
+elementwise kernel for gelu'(pre) · dh: the gemm writing dh applies it in its epilogue (`fused:
+dgelu`, reading pre, as cuBLASLt's DGELU does), and no reduction kernel: each bias gradient comes
+out of its weight-gradient gemm (`fused: bias_grad`), as an extra row Σ_rows dy of the same
+product, so dW and db are read from one output. gelu(pre) itself, for dW2, is one elementwise pass.
 
     tessera-rewrite --explain examples/mlp_backward.py:mlp_backward --run
     python examples/mlp_backward.py         # small inputs, checked against the numpy version below

@@ -87,8 +87,9 @@ def backward_gemms_with_epilogues(program: CompiledProgram) -> None:
     assert len(gemms) == 5                      # dh, dW2, dW1, dx and the recomputed pre-activation
     assert any("bias" in k.fused for k in gemms)
     assert sum("bias_grad" in k.fused for k in gemms) == 2                       # db1 with dW1, db2 with dW2
-    # gelu' and its product with dh run as fused elementwise kernels, not one kernel per op
-    assert any(k.kind == "elementwise" and len(k.fused) >= 2 for k in program.candidate.kernels)
+    # gelu'(pre) · dh is the epilogue of the gemm writing dh; the one elementwise kernel is gelu(pre)
+    assert [k.fused for k in gemms if k.op.op == "gemm" and "dgelu" in k.fused] == [("dgelu",)]
+    assert [k.op.op for k in program.candidate.kernels if k.kind == "elementwise"] == ["gelu"]
     assert "reduction" not in [k.kind for k in program.candidate.kernels]
 
 

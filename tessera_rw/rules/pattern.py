@@ -12,13 +12,17 @@ encoder does), variables, or raw egglog expressions (`Expr("(/ 1.0 c)")`).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.opdef import OpDef
+from tessera_rw.algebra.trace import trace
 from tessera_rw.rules.schema import codec, constructor_name
 
 
@@ -67,6 +71,27 @@ class TermBuilder:
         parts.append(dtype.text if isinstance(dtype, Expr) else self.wildcard().text if dtype is None
                      else codec("input", "dtype").encode(dtype))
         return Expr("(" + " ".join(parts) + ")")
+
+    def traced(self, fn: Callable[..., Any], *operands: Expr, dtype: Expr, of: tuple[Any, Any] = (None, None)) -> Expr:
+        """The term `fn(*operands)` builds, as tracing it records the ops: a rule then matches a
+        program built by the same function (a VJP, say) without spelling its ops out again.
+
+        Every float term, constants included, gets the dtype `dtype` (the operands are traced as
+        float32 scalars); other dtypes (a comparison's bool) stay as traced; shapes are left open but
+        for the result's, `of`."""
+        params = list(inspect.signature(fn).parameters)[:len(operands)]
+        graph = trace(fn, {name: TensorType((), DType.float32) for name in params}, {}).graph
+        terms: dict[Node, Expr] = dict(zip(graph.inputs, operands))
+
+        def typed(value: Any) -> Any:
+            return dtype if value is DType.float32 else value
+
+        for node in graph.nodes:
+            if node not in terms:
+                attrs = {name: typed(value) for name, value in node.attrs}
+                node_of = of if node is graph.outputs[0] else (None, typed(node.dtype))
+                terms[node] = self.term(node.op, *(terms[a] for a in node.args), of=node_of, **attrs)
+        return terms[graph.outputs[0]]
 
     def __getattr__(self, op: str):
         if op.startswith("_") or (op not in OPS and op not in self._extra):

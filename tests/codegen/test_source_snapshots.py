@@ -1,8 +1,8 @@
 """The CUDA each template generates, compared with committed snapshots (tests/codegen/snapshots/).
 
 One kernel per template (its first sample at its first default schedule on H100-SXM), plus the
-code paths a first sample does not reach: the GEMM with a bias + GELU epilogue, causal attention,
-depthwise convolution. A template change that alters generated code shows up as a diff in review;
+code paths a first sample does not reach: the GEMM with a bias + GELU epilogue and with a GELU
+derivative epilogue, causal attention, depthwise convolution. A template change that alters generated code shows up as a diff in review;
 when the change is meant, accept it with
 
     TESSERA_UPDATE_SNAPSHOTS=1 python -m pytest -q tests/codegen/test_source_snapshots.py
@@ -56,6 +56,8 @@ def _depthwise(op: KernelOp) -> bool:
 EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
     ("gemm with a bias + gelu epilogue",
      lambda op: op.op == "gemm" and op.attr_map["has_bias"] and op.attr_map["activation"] == "gelu", None),
+    ("gemm with an activation-derivative epilogue",
+     lambda op: op.op == "gemm" and op.attr_map["activation"] == "dgelu", None),
     ("causal attention", lambda op: op.op == "flash_attention" and op.attr_map["causal"], None),
     ("depthwise convolution", _depthwise, "depthwise"),
 )

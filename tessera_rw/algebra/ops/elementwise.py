@@ -166,20 +166,54 @@ def _abs_vjp(g, y, x):
     return (api.where(x > 0, g, api.where(x < 0, -g, zero(g))),)   # sign(x), 0 at the kink
 
 
-def _gelu_vjp(g, y, x, approximate):
-    if approximate == "tanh":       # y = x/2 · (1 + tanh u), u = c (x + 0.044715 x³)
-        c = float(np.sqrt(2.0 / np.pi))
-        t = api.tanh(c * (x + 0.044715 * x * x * x))
-        du = c * (1.0 + 3 * 0.044715 * x * x)
-        return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
+def relu_cotangent(g, x):
+    return api.where(x > 0, g, zero(g))
+
+
+def gelu_cotangent(g, x):
     cdf = 0.5 * (1.0 + api.erf(x * float(np.sqrt(0.5))))        # y = x Φ(x): y' = Φ(x) + x φ(x)
     pdf = api.exp(-0.5 * x * x) * float(1 / np.sqrt(2 * np.pi))
-    return (g * (cdf + x * pdf),)
+    return g * (cdf + x * pdf)
 
 
-def _silu_vjp(g, y, x):
+def gelu_tanh_cotangent(g, x):
+    c = float(np.sqrt(2.0 / np.pi))  # y = x/2 · (1 + tanh u), u = c (x + 0.044715 x³)
+    t = api.tanh(c * (x + 0.044715 * x * x * x))
+    du = c * (1.0 + 3 * 0.044715 * x * x)
+    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+
+
+def silu_cotangent(g, x):
     s = api.sigmoid(x)              # y = x σ(x): y' = σ (1 + x (1 - σ))
-    return (g * (s * (1.0 + x * (1.0 - s))),)
+    return g * (s * (1.0 + x * (1.0 - s)))
+
+
+# g · act'(x), the cotangent of x for y = act(x), exactly as the VJPs below build it: the epilogue
+# rules that fold it into a GEMM (rules/library/activation_gradient.py) match this spelling.
+ACTIVATION_COTANGENTS = {"relu": relu_cotangent, "gelu": gelu_cotangent, "gelu_tanh": gelu_tanh_cotangent,
+                         "silu": silu_cotangent}
+
+
+def activation_derivative(name: str, x: np.ndarray) -> np.ndarray:
+    """act'(x) in numpy, for the activations of ACTIVATION_COTANGENTS (relu' is 0 at 0)."""
+    x = x if x.dtype.kind == "f" else x.astype(np.float32)
+    if name == "relu":
+        return (x > 0).astype(x.dtype)
+    if name == "silu":
+        s = _sigmoid(x)
+        return s * (1 + x * (1 - s))
+    if name == "gelu":
+        pdf = np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi).astype(x.dtype)
+        return 0.5 * (1 + special.erf(x / np.sqrt(2.0).astype(x.dtype))) + x * pdf
+    if name == "gelu_tanh":
+        c = np.sqrt(2.0 / np.pi).astype(x.dtype)
+        t = np.tanh(c * (x + 0.044715 * x * x * x))
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+    raise ValueError(f"no derivative for activation {name!r}; known: {sorted(ACTIVATION_COTANGENTS)}")
+
+
+def _gelu_vjp(g, y, x, approximate):
+    return ((gelu_tanh_cotangent if approximate == "tanh" else gelu_cotangent)(g, x),)
 
 
 UNARY = (
@@ -199,8 +233,9 @@ UNARY = (
            vjp=lambda g, y, x: (g * float(2 / np.sqrt(np.pi)) * api.exp(-(x * x)),)),
     _unary("sigmoid", _infer_real_floating, _sigmoid, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
     _unary("relu", _infer_real_floating, lambda x: np.maximum(x, 0).astype(x.dtype),
-           vjp=lambda g, y, x: (api.where(x > 0, g, zero(g)),)),
-    _unary("silu", _infer_real_floating, lambda x: x * _sigmoid(x), cost=5, vjp=_silu_vjp),
+           vjp=lambda g, y, x: (relu_cotangent(g, x),)),
+    _unary("silu", _infer_real_floating, lambda x: x * _sigmoid(x), cost=5,
+           vjp=lambda g, y, x: (silu_cotangent(g, x),)),
     OpDef("gelu", ("x",), OpKind.ELEMENTWISE, lambda x, approximate: _infer_real_floating(x),
           _gelu, lambda out, x, approximate: 8 * out.numel, vjp=_gelu_vjp),
 )

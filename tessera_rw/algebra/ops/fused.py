@@ -1,7 +1,10 @@
 """Fused ops that rewrites produce: a GEMM with its epilogue.
 
-gemm(a, b, [bias], [residual]) = act(scale · (a @ b) + bias) + residual, cast to `dtype`:
-cuBLASLt's epilogue, one kernel instead of a matmul and a train of elementwise passes.
+gemm(a, b, [bias], [aux], [residual]) = act(scale · (a @ b) + bias) + residual, cast to `dtype`:
+cuBLASLt's epilogue, one kernel instead of a matmul and a train of elementwise passes. A backward
+pass's activation derivative is an epilogue too (cuBLASLt's DGELU/DRELU): with activation
+"d<act>", act is replaced by y · act'(aux), aux being the pre-activation saved or recomputed from
+the forward pass.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
-from tessera_rw.algebra.ops.elementwise import _gelu, _sigmoid
+from tessera_rw.algebra.ops.elementwise import ACTIVATION_COTANGENTS, _gelu, _sigmoid, activation_derivative
 from tessera_rw.algebra.ops.linalg import _flops_matmul, _infer_matmul
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
 
@@ -26,16 +29,32 @@ ACTIVATIONS = {
     "gelu_tanh": lambda y: _gelu(y, "tanh"),
     "silu": lambda y: y * _sigmoid(y),
 }
+# "d<act>": y · act'(aux), the backward of y = act(aux)
+DERIVATIVES = {f"d{name}": name for name in ACTIVATION_COTANGENTS}
+_ACTIVATION_FLOPS = {"silu": 4, "gelu": 8, "gelu_tanh": 8}          # per element; others 1
+
+
+def takes_aux(activation: str) -> bool:
+    """Whether a gemm's activation reads an aux operand (the derivatives do)."""
+    return activation in DERIVATIVES
+
+
+def epilogue_operands(has_bias: bool, activation: str, has_residual: bool) -> tuple[str, ...]:
+    """The names of a gemm's operands after a and b, in order."""
+    return tuple(name for name, on in (("bias", has_bias), ("aux", takes_aux(activation)),
+                                       ("residual", has_residual)) if on)
 
 
 def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, activation: str,
                 has_bias: bool, has_residual: bool, accum_dtype: DType | None, dtype: DType) -> TensorType:
-    if activation not in ACTIVATIONS:
-        raise AttributeValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    if len(extra) != has_bias + has_residual:
-        raise ShapeError(f"expects {has_bias + has_residual} epilogue operands, got {len(extra)}")
+    if activation not in ACTIVATIONS and activation not in DERIVATIVES:
+        raise AttributeValueError(f"activation must be one of {sorted(ACTIVATIONS) + sorted(DERIVATIVES)}, "
+                                  f"got {activation!r}")
+    names = epilogue_operands(has_bias, activation, has_residual)
+    if len(extra) != len(names):
+        raise ShapeError(f"expects {len(names)} epilogue operand(s) {list(names)}, got {len(extra)}")
     mm = _infer_matmul(a, b, accum_dtype)
-    for name, t in zip([n for n, on in (("bias", has_bias), ("residual", has_residual)) if on], extra):
+    for name, t in zip(names, extra):
         if broadcast_shapes(mm.shape, t.shape) != mm.shape:
             raise ShapeError(f"the {name} {fmt_shape(t.shape)} does not broadcast to the product {fmt_shape(mm.shape)}")
     return TensorType(mm.shape, dtype)
@@ -49,7 +68,10 @@ def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activa
     rest = iter(extra)
     if has_bias:
         y = y + next(rest)
-    y = ACTIVATIONS[activation](y)
+    if takes_aux(activation):
+        y = y * activation_derivative(DERIVATIVES[activation], next(rest)).astype(y.dtype)
+    else:
+        y = ACTIVATIONS[activation](y)
     if has_residual:
         y = y + next(rest)
     return y
@@ -57,13 +79,14 @@ def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activa
 
 def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorType, activation: str,
                 accum_dtype, **attrs) -> int:
-    per_element = 1 + len(extra) + (8 if activation.startswith("gelu") else 4 if activation == "silu" else 1)
-    return _flops_matmul(out, a, b, accum_dtype) + per_element * out.numel
+    act = _ACTIVATION_FLOPS.get(DERIVATIVES.get(activation, activation), 1) + takes_aux(activation)
+    return _flops_matmul(out, a, b, accum_dtype) + (1 + len(extra) + act) * out.numel
 
 
 DEFS = (
-    OpDef("gemm", ("a", "b", "bias", "residual"), OpKind.MATMUL, _infer_gemm, _gemm, _gemm_flops, variadic=True,
-          doc="act(scale · a @ b + bias) + residual in one kernel", vjp=before_fusion("gemm")),
+    OpDef("gemm", ("a", "b", "bias", "aux", "residual"), OpKind.MATMUL, _infer_gemm, _gemm, _gemm_flops,
+          variadic=True, doc="act(scale · a @ b + bias) + residual in one kernel; act may be a derivative "
+                             "d<act>: (…) · act'(aux)", vjp=before_fusion("gemm")),
 )
 
 

@@ -29,6 +29,7 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops.fused import DERIVATIVES, epilogue_operands
 from tessera_rw.algebra.ops.linalg import matmul_dims
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
@@ -43,7 +44,7 @@ _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 _STATIC_SMEM = 48 * 1024
 _MAX_BLOCKS = 2 ** 31 - 1       # the flat grid's blockIdx.x
 _INT_INDEX = 2 ** 31            # one matrix is indexed with 32-bit ints
-_ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+_ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", *DERIVATIVES)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class _Problem:
     activation: str
     bias: TensorType | None
     residual: TensorType | None
+    aux: TensorType | None = None   # the pre-activation a derivative activation reads
     tf32: bool = False          # fp32 operands on tensor cores (the `fast` policy)
     bias_grad: bool = False     # a virtual row of ones under A: m counts it, a_rows does not
 
@@ -109,13 +111,13 @@ class _Problem:
         a, b = op.operands[:2]
         batch, m, n, k = matmul_dims(a.shape, b.shape)
         at = op.attr_map
-        extra = iter(op.operands[2:])
-        bias = next(extra) if at.get("has_bias") else None
-        residual = next(extra) if at.get("has_residual") else None
+        activation = at.get("activation", "none")
+        extra = dict(zip(epilogue_operands(at.get("has_bias"), activation, at.get("has_residual")),
+                         op.operands[2:]))
         bias_grad = op.op == "matmul_bias_grad"
         return _Problem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
-                        float(at.get("scale", 1.0)), at.get("activation", "none"), bias, residual,
-                        tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST, bias_grad=bias_grad)
+                        float(at.get("scale", 1.0)), activation, extra.get("bias"), extra.get("residual"),
+                        extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST, bias_grad=bias_grad)
 
     @property
     def a_rows(self) -> int:
@@ -152,14 +154,16 @@ class GemmTemplate(Template):
         accum = op.attr_map.get("accum_dtype")
         if accum is not None and DType.parse(accum) is not DType.float32:
             return False
-        if len(op.operands) != 2 + bool(op.attr_map.get("has_bias")) + bool(op.attr_map.get("has_residual")):
+        at = op.attr_map
+        if len(op.operands) != 2 + len(epilogue_operands(at.get("has_bias"), at.get("activation", "none"),
+                                                         at.get("has_residual"))):
             return False
         p = _Problem.of(op)
         if p.out_dtype not in _OUT_DTYPES or p.activation not in _ACTIVATIONS or not math.isfinite(p.scale):
             return False
         if p.nbatch * -(-p.m // 16) * -(-p.n // 16) > _MAX_BLOCKS:
             return False
-        if any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.residual) if t is not None):
+        if any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.aux, p.residual) if t is not None):
             return False
         if max(p.m * p.k, p.k * p.n, p.m * p.n) >= _INT_INDEX or min(p.m, p.n, p.k) < 1:
             return False
@@ -254,7 +258,7 @@ class GemmTemplate(Template):
         if not self.accepts(op):
             raise TesseraError("the gemm template cannot implement this op", op=op.op, operands=str(op),
                                hint="it takes rank >= 2 operands of one dtype in (bfloat16, float16, float32), "
-                                    "fp32 accumulation, and bias/residual in those dtypes")
+                                    "fp32 accumulation, and bias/aux/residual in those dtypes")
         p = _Problem.of(op)
         wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
         if not isinstance(schedule, wanted):
@@ -303,6 +307,12 @@ class GemmTemplate(Template):
             mm((4, 1001, 999), (999, 1003), f32, Numerics.FAST),    # tf32, ragged rows: element-wise loads
             gemm((2048, 1024), (1024, 768), f32, f32, (TensorType((768,), f32),), has_bias=True,
                  activation="gelu_tanh", numerics=Numerics.FAST),  # tf32 with an epilogue
+            # activation derivatives of a backward pass, reading the pre-activation
+            gemm((2048, 768), (768, 3072), bf, bf, (TensorType((2048, 3072), bf),), activation="dgelu"),
+            gemm((4, 256, 512), (512, 384), f16, f16, (TensorType((4, 256, 384), f16),), activation="dsilu"),
+            gemm((1000, 1000), (1000, 1000), f32, f32, (TensorType((1000, 1000), f32),), activation="drelu"),
+            gemm((1024, 512), (512, 1024), f32, f32, (TensorType((1024, 1024), f32),), activation="dgelu_tanh",
+                 numerics=Numerics.FAST),
             # bias gradients: the ones row alone in the last tile row (768 = 6 x 128), in the middle
             # of a ragged tile with element-wise loads, on SIMT, and in tf32; small enough that the
             # GPU check's reference covers every row (kernel_check subsets big products by rows of A)

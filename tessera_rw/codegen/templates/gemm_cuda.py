@@ -40,6 +40,15 @@ _ACT = {
     "gelu_tanh": "0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)))",
     "silu": "v / (1.0f + expf(-v))",
 }
+# v · act'(a) for a derivative activation, a being the aux operand's element: statements, as the
+# tanh-gelu derivative uses its tanh twice
+_DERIVATIVE = {
+    "drelu": "v = a > 0.0f ? v : 0.0f;",
+    "dgelu": "v *= 0.5f * (1.0f + erff(a * 0.70710678118654752f)) + a * 0.39894228040143268f * expf(-0.5f * a * a);",
+    "dgelu_tanh": ("const float t = tanhf(0.79788456080286536f * (a + 0.044715f * a * a * a)); "
+                   "v *= 0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 0.134145f * a * a);"),
+    "dsilu": "const float sg = 1.0f / (1.0f + expf(-a)); v *= sg * (1.0f + a * (1.0f - sg));",
+}
 
 
 def kernel_name(p: _Problem, s: Schedule) -> str:
@@ -69,7 +78,7 @@ def _batch_offset(name: str, shape: tuple[int, ...], out_batch: tuple[int, ...],
 
 
 def _operand_index(name: str, t: TensorType, p: _Problem) -> str:
-    """Offset functions of a bias/residual broadcast onto (batch..., M, N)."""
+    """Offset functions of a bias/aux/residual broadcast onto (batch..., M, N)."""
     shape = (1,) * (len(p.batch) + 2 - t.ndim) + t.shape
     rows, cols = shape[-2], shape[-1]
     rs = cols if rows > 1 else 0
@@ -88,7 +97,8 @@ def _common(p: _Problem) -> tuple[str, str, str]:
     params, args, steps = "", "", []
     if p.scale != 1.0:
         steps.append(f"v *= {p.scale!r}f;")
-    for name, t in (("bias", p.bias), ("res", p.residual)):
+    operands = (("bias", p.bias), ("aux", p.aux), ("res", p.residual))
+    for name, t in operands:
         if t is None:
             continue
         fns += _operand_index(name, t, p)
@@ -96,11 +106,14 @@ def _common(p: _Problem) -> tuple[str, str, str]:
         args += f", {name}"
     if p.bias is not None:
         steps.append(f"v += {_LOAD[p.bias.dtype].format('bias[gemm_idx_bias(z, r, c)]')};")
-    steps.append(f"v = {_ACT[p.activation]};")
+    if p.aux is not None:
+        steps.append(f"const float a = {_LOAD[p.aux.dtype].format('aux[gemm_idx_aux(z, r, c)]')}; "
+                     f"{_DERIVATIVE[p.activation]}")
+    else:
+        steps.append(f"v = {_ACT[p.activation]};")
     if p.residual is not None:
         steps.append(f"v += {_LOAD[p.residual.dtype].format('res[gemm_idx_res(z, r, c)]')};")
-    epi_params = "".join(f", const {_CTYPE[t.dtype]}* __restrict__ {n}" for n, t in
-                         (("bias", p.bias), ("res", p.residual)) if t is not None)
+    epi_params = "".join(f", const {_CTYPE[t.dtype]}* __restrict__ {n}" for n, t in operands if t is not None)
     fns += (f"__device__ __forceinline__ float gemm_epilogue(float v, int z, int r, int c{epi_params}) {{\n"
             f"    {' '.join(steps)}\n    return v;\n}}\n")
     signature = (f"const {t_in}* __restrict__ A, const {t_in}* __restrict__ B, {params}"

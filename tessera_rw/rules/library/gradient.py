@@ -10,7 +10,8 @@ exist (a matmul and a sum read the same b), so the e-graph offers the packed GEM
 extraction, paying a shared subexpression once, takes it when it beats a GEMM plus a reduction.
 Micro-batch sums Σ_i X_iᵀ dY_i are first turned into one GEMM over the concatenated K, and Σ over
 batch and rows of dY into one sum over rows of the flattened dY, so the bias rules apply there too.
-Attention's backward pass becomes one fused node (attention_gradient.py).
+An activation's derivative goes into the epilogue of the GEMM that produces its cotangent
+(activation_gradient.py), and attention's backward pass becomes one fused node (attention_gradient.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import attention_gradient
+from tessera_rw.rules.library import activation_gradient, attention_gradient
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -137,6 +138,8 @@ def _micro_batch_rules():
                        example=_micro_batch_example(j, keepdims))
 
 
-GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + attention_gradient.RULES,
+GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
+                   + attention_gradient.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
-                       "attention's backward into one fused node")
+                       "activation derivatives into the GEMM of their cotangent; attention's backward "
+                       "into one fused node")
