@@ -7,6 +7,10 @@
   Σ attention(q, k, v) ∘ w, i.e. the forward (for O), the row statistics and flash_attention_bwd;
   torch runs SDPA forward and its backward (`torch.autograd.grad`) on the same inputs, so both
   sides compute O and then dQ, dK, dV. Target: at least half torch's speed.
+- A GELU MLP's gradients (4096 tokens, 2048 → 8192 → 2048, bf16): ours is `op.grad` of
+  Σ (gelu(x W1 + b1) W2) ∘ dy, whose dz gemm applies gelu'(pre) in its epilogue and whose weight
+  gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target
+  in the issues: the ratio is recorded.
 
 Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed like torch's calls.
 """
@@ -31,6 +35,55 @@ def _attention_loss(causal: bool):
         return op.sum(op.flash_attention(q, k, v, causal=causal) * w)
     loss.__name__ = f"attention_loss{'_causal' if causal else ''}"
     return loss
+
+
+MLP_TOKENS, MLP_WIDTH, MLP_HIDDEN = 4096, 2048, 8192
+
+
+def _mlp_loss(x, w1, b1, w2, dy):
+    return op.sum((op.gelu(x @ w1 + b1) @ w2) * dy)
+
+
+def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
+    t, d, h = MLP_TOKENS, MLP_WIDTH, MLP_HIDDEN
+    # forward 2 products, backward 4 (dh, dW2, dx, dW1): each 2·T·D·H
+    flops = 6 * 2 * t * d * h
+    io_bytes = 2 * (2 * t * d + 2 * d * h + h) * 2     # x, dy, W1, W2, b1 read; their gradients written
+    result = Result(f"MLP backward bf16 gelu T={t} {d}->{h}->{d} vs torch fwd+autograd.grad",
+                    floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    try:
+        import torch
+        import torch.nn.functional as F
+        grad = op.grad(_mlp_loss, argnums=(0, 1, 2, 3))
+        x = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+        w1 = torch.randn(d, h, dtype=torch.bfloat16, device="cuda") / d ** 0.5
+        b1 = torch.randn(h, dtype=torch.bfloat16, device="cuda")
+        w2 = torch.randn(h, d, dtype=torch.bfloat16, device="cuda") / h ** 0.5
+        dy = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+        ours = grad(x, w1, b1, w2, dy)
+        leaves = [a.detach().clone().requires_grad_(True) for a in (x, w1, b1, w2)]
+
+        def library():
+            out = F.gelu(leaves[0] @ leaves[1] + leaves[2]) @ leaves[3]
+            return torch.autograd.grad(out, leaves, dy)
+        wide = [a.double().requires_grad_(True) for a in (x, w1, b1, w2)]
+        want = torch.autograd.grad(F.gelu(wide[0] @ wide[1] + wide[2]) @ wide[3], wide, dy.double())
+        del wide
+        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
+        del want
+        if result.error > TOLERANCE:
+            result.status = "FAILED: wrong on random data"
+            return result
+        kernels = grad.program(x, w1, b1, w2, dy).candidate.kernels
+        result.notes.append("ours: the plan " + " -> ".join(k.op.op + (f"[{','.join(k.fused)}]" if k.fused else "")
+                                                             for k in kernels))
+        result.ours = time_torch(lambda: grad(x, w1, b1, w2, dy), protocol)
+        result.torch = time_torch(library, protocol)
+        torch.cuda.empty_cache()
+    except Exception as e:
+        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return result
 
 
 def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
@@ -111,4 +164,5 @@ def float64_attention_grads(q, k, v, w, causal: bool):
 
 def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[Result]:
     shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
-    return [linear_backward(protocol, ceilings)] + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
+    return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings)]
+            + [attention_backward(*shape, protocol, ceilings) for shape in shapes])

@@ -78,6 +78,20 @@ def test_fused_names_the_epilogue():
     assert T.fused(residual_cast) == ("scale", "residual", "cast")
 
 
+def test_a_derivative_epilogue_reads_its_pre_activation():
+    derivatives = [op for op in T.samples() if op.attr_map.get("activation", "").startswith("d")]
+    assert {op.attr_map["activation"] for op in derivatives} == {"drelu", "dgelu", "dgelu_tanh", "dsilu"}
+    h100 = arch_named("h100")
+    for op in derivatives:
+        assert T.fused(op) == (op.attr_map["activation"],)
+        source = T.emit(op, T.schedules(op, h100)[0], h100).source
+        assert "__restrict__ aux, " in source and "aux[gemm_idx_aux(z, r, c)]" in source
+        # without its aux operand the op is not one the template implements
+        assert not T.accepts(KernelOp.of("gemm", op.operands[:2], op.result, **op.attr_map))
+    (dgelu,) = [op for op in derivatives if op.attr_map["activation"] == "dgelu"]
+    assert "erff(a * 0.70710678118654752f)" in T.emit(dgelu, T.schedules(dgelu, h100)[0], h100).source
+
+
 def test_accepts_what_it_can_do_and_rejects_the_rest():
     assert all(T.accepts(op) for op in T.samples())
     assert T.accepts(mm((3, 5), (5, 7), DType.float32))             # SIMT path has no alignment need

@@ -55,8 +55,13 @@ def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, 
         raise ShapeError(f"expects {len(names)} epilogue operand(s) {list(names)}, got {len(extra)}")
     mm = _infer_matmul(a, b, accum_dtype)
     for name, t in zip(names, extra):
-        if broadcast_shapes(mm.shape, t.shape) != mm.shape:
-            raise ShapeError(f"the {name} {fmt_shape(t.shape)} does not broadcast to the product {fmt_shape(mm.shape)}")
+        try:
+            fits = broadcast_shapes(mm.shape, t.shape) == mm.shape
+        except ShapeError:
+            fits = False
+        if not fits:
+            raise ShapeError(f"the {name} {fmt_shape(t.shape)} does not broadcast to the product {fmt_shape(mm.shape)}",
+                             hint=f"give the {name} the product's shape, or 1 where it repeats")
     return TensorType(mm.shape, dtype)
 
 
