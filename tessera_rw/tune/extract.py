@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.graph import Graph
@@ -175,37 +175,48 @@ class _Program:
                     stack.append(x)
         return False
 
-    def delta(self, cid: str, enode: ENode, cost: Callable[[ENode], float]) -> float:
-        """How much the program's cost changes if class `cid` computes `enode` instead; inf on a cycle."""
-        old = self.choice[cid]
+    def delta(self, switches: Mapping[str, ENode], cost: Callable[[ENode], float]) -> float:
+        """How much the program's cost changes if each class of `switches` computes its e-node
+        instead (a class several of them bring in is paid once); inf on a cycle through one switch,
+        or where one switch drops another's class. A cycle through two shows when the program is
+        rebuilt.
+
+        The new e-nodes' needs are found first, walking only the classes outside the program, so the
+        classes the old e-nodes leave behind are searched only down to what stays read: in a deep
+        program whose layers hang off one another, neither walk runs to the inputs."""
+        change = sum(cost(enode) - cost(self.choice[cid]) for cid, enode in switches.items())
+        kept: set[str] = set()          # program classes the new e-nodes read
+        paid: set[str] = set()          # classes outside the program they bring in
+        for cid, enode in switches.items():
+            seen: set[str] = set()
+            stack = list(dict.fromkeys(enode.operands))
+            while stack:
+                x = stack.pop()
+                if x in seen:
+                    continue
+                seen.add(x)
+                if x == cid:
+                    return math.inf
+                if x in self.post:
+                    if self.post[x] > self.post[cid] and self._reaches(x, cid):
+                        return math.inf
+                    kept.add(x)
+                    continue
+                if x not in paid:
+                    paid.add(x)
+                    change += cost(self.choice[x])
+                stack.extend(self.choice[x].operands)
         removed: set[str] = set()
         dropped: dict[str, int] = {}
-        stack = list(dict.fromkeys(old.operands))
-        while stack:  # classes only the old e-node kept alive
+        stack = [x for cid in switches for x in dict.fromkeys(self.choice[cid].operands) if x not in kept]
+        while stack:  # classes only the old e-nodes kept alive
             x = stack.pop()
             dropped[x] = dropped.get(x, 0) + 1
             if dropped[x] == self.refs[x]:
                 removed.add(x)
-                stack.extend(dict.fromkeys(self.choice[x].operands))
-        change = cost(enode) - cost(old)
-        seen: set[str] = set()
-        stack = list(dict.fromkeys(enode.operands))
-        while stack:  # classes the new e-node needs that the program would no longer have
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x == cid:
-                return math.inf
-            if x in self.post and x not in removed:
-                if self.post[x] > self.post[cid] and self._reaches(x, cid):
-                    return math.inf
-                continue
-            if x in removed:
-                removed.discard(x)
-            else:
-                change += cost(self.choice[x])
-            stack.extend(self.choice[x].operands)
+                stack.extend(o for o in dict.fromkeys(self.choice[x].operands) if o not in kept)
+        if any(cid in removed for cid in switches):
+            return math.inf
         return change - sum(cost(self.choice[x]) for x in removed)
 
 
@@ -239,7 +250,7 @@ def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence
                     continue
                 if not _reads_paid_for(choice, program, enode, current, memo):
                     continue  # reads nothing already paid for: the tree choice stands
-                if program.delta(cid, enode, cost) < -1e-9:
+                if program.delta({cid: enode}, cost) < -1e-9:
                     choice[cid] = current = enode
                     program = _Program(choice, roots)
                     memo = {}
@@ -272,25 +283,23 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
                 continue
             for new in set().union(*(_outside(choice, program, o, memo) for o in enode.operands)):
-                wanting.setdefault(new, []).append((cid, enode))
+                if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
+                    wanting.setdefault(new, []).append((cid, enode))
     best: tuple[float, dict[str, ENode]] | None = None
+    tried: set[tuple[int, int]] = set()
     for users in wanting.values():
         for (c1, e1), (c2, e2) in combinations(users, 2):
-            if c1 == c2:
+            if c1 == c2 or (id(e1), id(e2)) in tried:
                 continue
-            d1 = program.delta(c1, e1, cost)
-            if not math.isfinite(d1):
-                continue
-            trial = {**choice, c1: e1}
-            try:
-                after = _Program(trial, roots)
-            except CycleError:
-                continue
-            if c2 not in after.post:
-                continue
-            total = d1 + after.delta(c2, e2, cost)
+            tried.add((id(e1), id(e2)))
+            total = program.delta({c1: e1, c2: e2}, cost)
             if total < -1e-9 and (best is None or total < best[0]):
-                best = (total, {**trial, c2: e2})
+                trial = {**choice, c1: e1, c2: e2}
+                try:
+                    _Program(trial, roots)
+                except CycleError:
+                    continue
+                best = (total, trial)
     return None if best is None else best[1]
 
 
