@@ -33,12 +33,18 @@ def written_out_loss(q, k, v, w):
     return op.sum(op.softmax(q @ k.mT * SCALE, axis=-1) @ v * w)
 
 
-def numpy_grads(q, k, v, w, causal: bool, scale: float = SCALE) -> tuple[np.ndarray, ...]:
-    """dQ, dK, dV of Σ attention(q, k, v) ∘ w in float64, materialized."""
+def masked_attention_loss(q, k, v, w, mask):
+    return op.sum(op.flash_attention(q, k, v, scale=SCALE, mask=mask) * w)
+
+
+def numpy_grads(q, k, v, w, causal: bool, scale: float = SCALE, mask=None) -> tuple[np.ndarray, ...]:
+    """dQ, dK, dV of Σ attention(q, k, v [, bool or additive mask]) ∘ w in float64, materialized."""
     q, k, v, w = (a.astype(np.float64) for a in (q, k, v, w))
     s = q @ np.swapaxes(k, -1, -2) * scale
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask.astype(np.float64)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     dp = w @ np.swapaxes(v, -1, -2)
@@ -75,6 +81,31 @@ def test_gradients_match_float64_numpy_on_the_numpy_executor(loss, causal):
     got = op.grad(loss, argnums=(0, 1, 2))(q, k, v, w)
     for g, want in zip(got, numpy_grads(q, k, v, w, causal)):
         assert g.dtype == ml_dtypes.bfloat16 and g.shape == want.shape
+        scale = np.sqrt(np.mean(want ** 2))
+        assert np.max(np.abs(g.astype(np.float64) - want)) < 2e-2 * (scale + np.abs(want).max())
+
+
+def random_masks(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A bool mask per batch item shared by the heads (each row keeps its first key), and a float one
+    shared by all."""
+    keep = rng.random((B, 1, S, S)) < 0.7
+    keep[..., 0] = True
+    return {"bool": keep, "float": rng.standard_normal((S, S)).astype(ml_dtypes.bfloat16)}
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_masked_backward_is_fused_with_its_mask_and_matches_float64(kind):
+    rng = np.random.default_rng(8)
+    mask = random_masks(rng)[kind]
+    grad = op.grad(masked_attention_loss, argnums=(0, 1, 2))
+    tensors = [op.tensor((B, H, S, D), "bf16") for _ in range(4)]
+    program = grad.program(*tensors, op.tensor(mask.shape, "bool" if kind == "bool" else "bf16"))
+    kernels = [(k.kind, k.fused) for k in program.candidate.kernels]
+    assert ("flash_attention", ("backward", "mask")) in kernels, kernels
+    assert ("flash_attention", ("row_stats", "mask")) in kernels, kernels
+    assert max(b.nbytes for b in program.plan.buffers) <= max(mask.nbytes, B * H * S * D * 2 * 3)
+    q, k, v, w = bf16_inputs(rng)
+    for g, want in zip(grad(q, k, v, w, mask), numpy_grads(q, k, v, w, False, mask=mask)):
         scale = np.sqrt(np.mean(want ** 2))
         assert np.max(np.abs(g.astype(np.float64) - want)) < 2e-2 * (scale + np.abs(want).max())
 

@@ -1,9 +1,9 @@
 """The CUDA each template generates, compared with committed snapshots (tests/codegen/snapshots/).
 
-One kernel per template (its first sample at its first default schedule on H100-SXM), plus the
-code paths a first sample does not reach: the GEMM with a bias + GELU epilogue and with a GELU
-derivative epilogue, causal attention, depthwise convolution. A template change that alters generated code shows up as a diff in review;
-when the change is meant, accept it with
+One kernel per template (its first sample at its first default schedule on H100-SXM), plus the code
+paths a first sample does not reach: the GEMM with a bias + GELU epilogue and with a GELU derivative
+epilogue, causal attention, the masked attention backward, depthwise convolution. A template change
+that alters generated code shows up as a diff in review; when the change is meant, accept it with
 
     TESSERA_UPDATE_SNAPSHOTS=1 python -m pytest -q tests/codegen/test_source_snapshots.py
 
@@ -59,6 +59,7 @@ EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
     ("gemm with an activation-derivative epilogue",
      lambda op: op.op == "gemm" and op.attr_map["activation"] == "dgelu", None),
     ("causal attention", lambda op: op.op == "flash_attention" and op.attr_map["causal"], None),
+    ("masked attention backward", lambda op: op.op == "flash_attention_bwd" and op.attr_map["has_mask"], None),
     ("depthwise convolution", _depthwise, "depthwise"),
 )
 

@@ -1,8 +1,9 @@
 """The attention backward on the GPU of this machine: the gradient plan (forward, row statistics,
 flash_attention_bwd, dQ/dK/dV read as views of its packed buffer) run through the plan runtime,
 against float64 numpy on the same bf16/fp16 inputs and against the numpy executor running the
-same plan. test_kernel_numerics.py already checks each kernel's samples at every default schedule
-with consistent row statistics (kernel_check); here the whole plan, ragged and causal included."""
+same plan. test_kernel_numerics.py already checks each kernel's samples (masked ones included) at
+every default schedule with consistent row statistics (kernel_check); here the whole plan, ragged,
+causal and masked included."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tessera_rw import op
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
-from tests.test_attention_gradient import numpy_grads
+from tests.test_attention_gradient import bf16_inputs, masked_attention_loss, numpy_grads, random_masks
 
 pytestmark = pytest.mark.gpu
 
@@ -54,6 +55,19 @@ def test_gradient_plan_on_device_matches_float64_and_the_numpy_executor(b, h, s,
         assert np.isfinite(got.astype(np.float32)).all()
         assert relative_error(got, want) < 2e-2
         assert relative_error(got, host.astype(np.float64)) < 2e-2
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masked_gradient_plan_on_device_matches_float64(kind):
+    from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
+    rng = np.random.default_rng(6)
+    mask = random_masks(rng)[kind]
+    q, k, v, w = bf16_inputs(rng)
+    program = op.grad(masked_attention_loss, argnums=(0, 1, 2)).program(q, k, v, w, mask)
+    assert "flash_attention_bwd" in [step.op for step in program.plan.steps]
+    got = run_plan_on_gpu(program.plan, {"q": q, "k": k, "v": v, "w": w, "mask": mask})
+    for g, want in zip(got, numpy_grads(q, k, v, w, False, mask=mask)):
+        assert relative_error(g, want) < 2e-2
 
 
 def test_torch_tensors_in_give_torch_gradients_out():

@@ -5,7 +5,8 @@ P V (plus Σ dO·O per row); the backward kernel recomputes P from those statist
 with one block per ROWS keys accumulating dK and dV and one block per ROWS queries accumulating
 dQ, so nothing Sq×Sk reaches memory and no atomics are needed (attention_backward_cuda.py).
 They take bf16/fp16 q, k, v, dO of one batch shape (a GQA or broadcast K/V arrives repeated),
-head_dim 64 or 128 with Dv == D, and no mask or `causal`; an explicit mask operand stays unfused.
+head_dim 64 or 128 with Dv == D, `causal`, and an explicit bool or float (fp32/fp16/bf16) mask
+that broadcasts over batch, heads and rows, read per score as the forward reads it.
 
 >>> from tessera_rw.codegen.arch import arch_named
 >>> t = FlashAttentionBwdTemplate()
@@ -27,6 +28,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd, emit_row_stats
+from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 HEAD_DIMS = (64, 128)
@@ -50,7 +52,8 @@ class BackwardSchedule(Schedule):
 
 @dataclass(frozen=True)
 class BackwardShape:
-    """The sizes as the kernels see them: batch and heads flattened into bh."""
+    """The sizes as the kernels see them: batch and heads flattened into bh, and the mask (the last
+    operand) if there is one."""
     bh: int
     sq: int
     sk: int
@@ -58,13 +61,22 @@ class BackwardShape:
     dtype: DType
     causal: bool
     scale: float
+    batch: tuple[int, ...] = ()
+    mask: TensorType | None = None
 
     @classmethod
     def of(cls, op: KernelOp) -> BackwardShape:
         q, k = op.operands[0], op.operands[1]
         a = op.attr_map
         return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
-                   float(a["scale"]))
+                   float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None)
+
+    def mask_reads(self, pairs: int, arch: ArchSpec) -> int:
+        """HBM bytes of mask read for `pairs` scores: a mask that fits L2 comes in once, a bigger one
+        once per score computed."""
+        if self.mask is None:
+            return 0
+        return self.mask.nbytes if self.mask.nbytes <= arch.l2_bytes // 2 else pairs * self.mask.dtype.itemsize
 
     def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
         """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
@@ -83,9 +95,10 @@ class BackwardShape:
 
 
 def _accepts(op: KernelOp, operands: int) -> bool:
-    """`operands` operands (no mask), the first four bf16/fp16 [.., S, D] tensors of one dtype and
-    batch shape with head_dim 64 or 128."""
-    if len(op.operands) != operands or op.attr_map.get("has_mask"):
+    """`operands` operands and the mask if it has one (of a dtype the kernels read), the first four
+    bf16/fp16 [.., S, D] tensors of one dtype and batch shape with head_dim 64 or 128."""
+    has_mask = bool(op.attr_map.get("has_mask"))
+    if len(op.operands) != operands + has_mask or (has_mask and op.operands[-1].dtype not in MASK_TYPES):
         return False
     heads = op.operands[:HEAD_TENSORS]
     q = heads[0]
@@ -127,7 +140,8 @@ class _BackwardTemplate(Template):
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
         shape = BackwardShape.of(op)
-        grid = [BackwardSchedule(MMA_M * w, c, w, st) for w in GRID_WARPS for c in GRID_COLS for st in self.stages]
+        grid = [BackwardSchedule(MMA_M * w, c, w, st) for w in GRID_WARPS for c in GRID_COLS
+                for st in self.stage_counts(shape)]
         return grid_space(self.schedules(op, arch), grid, lambda s: self._valid(shape, s, arch))
 
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
@@ -143,6 +157,10 @@ class _BackwardTemplate(Template):
     def default_cols(self, d: int) -> int:
         return 64
 
+    def stage_counts(self, shape: BackwardShape) -> tuple[int, ...]:
+        """The cp.async stage counts the tuning grid tries for `shape`."""
+        return self.stages
+
     @abstractmethod
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
         """Dynamic shared memory per block."""
@@ -152,15 +170,23 @@ class _BackwardTemplate(Template):
         """Registers per thread, as ptxas allocates them (the register model)."""
 
     def samples(self) -> tuple[KernelOp, ...]:
-        # sizes whose whole float64 reference (every score at once) stays near 100 MB
-        return tuple(self.sample(*args) for args in ((2, 4, 1024, 64, DType.bfloat16, False),
-                                                     (1, 4, 1024, 128, DType.bfloat16, True),
-                                                     (3, 2, 1000, 64, DType.float16, True),
-                                                     (1, 2, 200, 128, DType.float16, False)))
+        # sizes whose whole float64 reference (every score at once) stays near 100 MB; masks: a bool
+        # one per batch item shared by the heads, a float one shared by all, on ragged tiles
+        bf16, f16 = DType.bfloat16, DType.float16
+        return tuple(self.sample(*args) for args in ((2, 4, 1024, 64, bf16, False), (1, 4, 1024, 128, bf16, True),
+                                                     (3, 2, 1000, 64, f16, True), (1, 2, 200, 128, f16, False))) + (
+            self.sample(2, 4, 1024, 64, bf16, False, mask=TensorType((2, 1, 1024, 1024), DType.bool)),
+            self.sample(1, 2, 1000, 128, f16, True, mask=TensorType((1000, 1000), f16)))
+
+    def masked(self, fused: tuple[str, ...], op: KernelOp) -> tuple[str, ...]:
+        """The fused-step names with the mask's and the causal flag's."""
+        a = op.attr_map
+        return fused + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ())
 
     @abstractmethod
-    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
-        """The template's op for q, k, v of shape (b, h, s, d)."""
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
+               mask: TensorType | None = None) -> KernelOp:
+        """The template's op for q, k, v of shape (b, h, s, d), with `mask` as its last operand."""
 
 
 class AttentionRowStatsTemplate(_BackwardTemplate):
@@ -169,23 +195,29 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
 
     >>> t = AttentionRowStatsTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True]
+    [True, True, True, True, True, True]
     """
     ops = frozenset({"attention_row_stats"})
     operands = 4
     stages = (2, 3)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ("row_stats",) + (("causal",) if op.attr_map.get("causal") else ())
+        return self.masked(("row_stats",), op)
 
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
         return (s.rows + s.stages * s.cols) * shape.d * 2
 
     def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
-        scores = s.cols * MMA_M // 32                 # fp32 S fragment of one K tile
-        q_frag = shape.d * MMA_M // 64                # Q's A fragments, two bf16 per register
-        k_frags = s.cols // 4                         # one k-step of K's B fragments
-        return scores + q_frag + k_frags + 4 + 16 + (12 if shape.causal or shape.sk % s.cols else 0)
+        # Fitted (minimax) to ptxas on sm_80 and sm_90 over S = 1000 and 1024, D = 64 and 128, causal
+        # or not, no, bool or fp16 mask, every schedule of the space: within 19%. The S fragment and
+        # K's B fragments grow with the tile width, Q's fragments with D; causal bounds hold more of
+        # both live, a ragged last tile adds its predicates; reading a mask costs next to nothing.
+        edge = shape.sk % s.cols != 0
+        causal = 0.07 * (s.cols + shape.d) if shape.causal else 0.0
+        return math.ceil(0.87 * s.cols + 0.38 * shape.d + causal + (10 if edge else 0))
+
+    def stage_counts(self, shape: BackwardShape) -> tuple[int, ...]:
+        return self.stages if shape.d <= 64 else (2,)   # D=128 with 3 stages: ptxas spills a ragged masked tile
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         s = schedule
@@ -199,7 +231,8 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
             pairs // s.rows * shape.d * k.dtype.itemsize
         regs = self.registers(shape, s)
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
-                         hbm_bytes=q.nbytes + k_reads + o.nbytes + do.nbytes + op.result.nbytes,
+                         hbm_bytes=q.nbytes + k_reads + o.nbytes + do.nbytes + op.result.nbytes
+                         + shape.mask_reads(pairs, arch),
                          flops=pairs * (2 * shape.d + 4) + 2 * o.numel, unit=MathUnit.BF16,
                          efficiency=_efficiency(arch, shape.d, 1), spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 
@@ -210,10 +243,12 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
         shape = BackwardShape.of(op)
         return emit_row_stats(op, shape, schedule, self.smem(shape, schedule))
 
-    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
+               mask: TensorType | None = None) -> KernelOp:
         t = TensorType((b, h, s, d), dtype)
-        return KernelOp.of("attention_row_stats", (t, t, t, t), TensorType((b, h, s, 2), DType.float32),
-                           scale=d ** -0.5, causal=causal, has_mask=False)
+        return KernelOp.of("attention_row_stats", (t, t, t, t) + ((mask,) if mask else ()),
+                           TensorType((b, h, s, 2), DType.float32), scale=d ** -0.5, causal=causal,
+                           has_mask=mask is not None)
 
 
 class FlashAttentionBwdTemplate(_BackwardTemplate):
@@ -221,7 +256,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
 
     >>> t = FlashAttentionBwdTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True]
+    [True, True, True, True, True, True]
     """
     ops = frozenset({"flash_attention_bwd"})
     operands = 5
@@ -230,7 +265,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         return super().accepts(op) and op.operands[4].dtype is DType.float32
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ("backward",) + (("causal",) if op.attr_map.get("causal") else ())
+        return self.masked(("backward",), op)
 
     def default_cols(self, d: int) -> int:
         return 64 if d <= 64 else 32          # D=128: dK and dV take 128 registers; 32-wide tiles keep S, dP small
@@ -261,7 +296,8 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
             streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
         regs = self.registers(shape, s)
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
-                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes, flops=flops, unit=MathUnit.BF16,
+                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + shape.mask_reads(kv_pairs + q_pairs, arch),
+                         flops=flops, unit=MathUnit.BF16,
                          efficiency=_efficiency(arch, shape.d, 7 / 2),
                          spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 
@@ -272,8 +308,10 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         shape = BackwardShape.of(op)
         return emit_bwd(op, shape, schedule, self.smem(shape, schedule))
 
-    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool) -> KernelOp:
+    def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
+               mask: TensorType | None = None) -> KernelOp:
         t = TensorType((b, h, s, d), dtype)
         stats = TensorType((b, h, s, 2), DType.float32)
-        return KernelOp.of("flash_attention_bwd", (t, t, t, t, stats), TensorType((3 * t.numel,), dtype),
-                           scale=d ** -0.5, causal=causal, has_mask=False)
+        return KernelOp.of("flash_attention_bwd", (t, t, t, t, stats) + ((mask,) if mask else ()),
+                           TensorType((3 * t.numel,), dtype), scale=d ** -0.5, causal=causal,
+                           has_mask=mask is not None)

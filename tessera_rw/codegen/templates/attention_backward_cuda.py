@@ -24,23 +24,51 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention_cuda import LOG2E, TILE_HELPERS
+from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_TYPES, TILE_HELPERS, mask_strides,
+                                                         offset_statements)
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention_backward import BackwardShape, BackwardSchedule
 
 
+_MASK_TERM = {DType.bool: "mv ? 0.f : __int_as_float(0xff800000)", DType.float32: "mv * LOG2E",
+              DType.float16: "f16_to_f32(mv) * LOG2E", DType.bfloat16: "bf16_to_f32(mv) * LOG2E"}
+
+# The mask's term of score (query, key) in base 2, the same in both kernels. Without a mask operand
+# HAS_MASK is false and every use compiles away.
+MASK_HELPER = r"""
+constexpr bool HAS_MASK = $HAS_MASK;
+constexpr long long MASK_ROW = $MASK_ROW, MASK_COL = $MASK_COL;
+__device__ __forceinline__ float fab_mask(const $MASK_T* mp, int query, int key) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const $MASK_T mv = mp[query * MASK_ROW + key * MASK_COL];
+    return $MASK_TERM;                                    // -inf where a bool mask is false
+}
+"""
+
+
 def _constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, object]:
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    mask = shape.mask
+    if mask is None:
+        masking = dict(HAS_MASK="false", MASK_T="float", MASK_ARG="", MASK_ROW=0, MASK_COL=0, MASK_TERM="0.f",
+                       MASK_OFFSET="    const float* mp = nullptr;")
+    else:
+        mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape
+        rows, cols = mask_strides(mshape)
+        offset = offset_statements(shape.batch, [("m_off", mshape[:-2], mshape[-2] * mshape[-1])])
+        masking = dict(HAS_MASK="true", MASK_T=MASK_TYPES[mask.dtype], MASK_ROW=rows, MASK_COL=cols,
+                       MASK_ARG=f"const {MASK_TYPES[mask.dtype]}* __restrict__ mask, ", MASK_TERM=_MASK_TERM[mask.dtype],
+                       MASK_OFFSET=f"{offset}\n    const {MASK_TYPES[mask.dtype]}* mp = mask + m_off;")
     return dict(ELEM=f"{tag}_t", MMA=f"mma_{tag}_16816", PACK=f"pack_{tag}x2", TO_F32=f"{tag}_to_f32",
                 ROWS=s.rows, COLS=s.cols, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
                 BH=shape.bh, SCALE=f"{shape.scale!r}f", SCALE_LOG2=f"{shape.scale * LOG2E!r}f",
-                CAUSAL="true" if shape.causal else "false")
+                CAUSAL="true" if shape.causal else "false", **masking)
 
 
 def _name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
-    return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+    return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}{'mask_' if shape.mask else ''}"
             f"r{s.rows}_c{s.cols}_w{s.warps}_s{s.stages}")
 
 
@@ -48,9 +76,10 @@ def emit_row_stats(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem
     name = _name("attention_row_stats", shape, s)
     blocks = shape.bh * -(-shape.sq // s.rows)
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, o, do, stats); dynamic shared "
+              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, o, do, {'mask, ' if shape.mask else ''}"
+              f"stats); dynamic shared "
               f"memory {smem} bytes\n// contiguous row-major operands of one batch; stats [B·H][Sq][2] fp32\n")
-    source = Text(ROW_STATS_KERNEL).substitute(NAME=name, **_constants(shape, s))
+    source = Text(MASK_HELPER + ROW_STATS_KERNEL).substitute(NAME=name, **_constants(shape, s))
     return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
 
@@ -59,10 +88,11 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int)
     name = _name("flash_attention_bwd", shape, s)
     blocks = shape.bh * (-(-shape.sk // s.rows) + -(-shape.sq // s.rows))
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, out); dynamic "
+              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, "
+              f"{'mask, ' if shape.mask else ''}out); dynamic "
               f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the "
               f"dK/dV jobs, then the dQ jobs\n")
-    source = Text(BWD_KERNEL).substitute(NAME=name, **_constants(shape, s))
+    source = Text(MASK_HELPER + BWD_KERNEL).substitute(NAME=name, **_constants(shape, s))
     return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
 
@@ -70,7 +100,7 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int)
 ROW_STATS_KERNEL = r"""
 extern "C" __global__ void __launch_bounds__($WARPS * 32)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ o,
-      const $ELEM* __restrict__ dout, float* __restrict__ stats) {
+      const $ELEM* __restrict__ dout, $MASK_ARG float* __restrict__ stats) {
     constexpr int BM = $ROWS, BN = $COLS, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
     constexpr int SQ = $SQ, SK = $SK, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = $SCALE_LOG2;             // scores in base 2: scale · log2(e)
@@ -88,6 +118,7 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
     const int q0 = qb * BM, row0 = q0 + warp * 16;
     const long long q_off = (long long)bh * SQ * D;
     const $ELEM* kp = k + (long long)bh * SK * D;
+$MASK_OFFSET
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
 
     fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
@@ -138,6 +169,7 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
                 for (int e = 0; e < 2; ++e) {
                     const int col = k0 + j * 8 + 2 * t4 + e;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && row < SQ && col < SK) x += fab_mask(mp, row, col);
                     if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
                     s[j][2 * h + e] = x;
                     mx = fmaxf(mx, x);
@@ -250,7 +282,8 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $
 
 // ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers)
 __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
-                                          const float* st, $ELEM* dk_out, $ELEM* dv_out, int kr0, unsigned char* smem) {
+                                          const float* st, const $MASK_T* mp, $ELEM* dk_out, $ELEM* dv_out, int kr0,
+                                          unsigned char* smem) {
     $ELEM* k_s = ($ELEM*)smem;                            // [ROWS][D]
     $ELEM* v_s = k_s + ROWS * D;                          // [ROWS][D]
     $ELEM* q_s = v_s + ROWS * D;                          // [STAGES][COLS][D]
@@ -300,7 +333,9 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int key = key0 + g + 8 * h;
-                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2);
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
+                    float p = fa_exp2(x - lse2);
                     if (!in || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
@@ -316,7 +351,7 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
 
 // ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
 __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
-                                       const float* st, $ELEM* dq_out, int qr0, unsigned char* smem) {
+                                       const float* st, const $MASK_T* mp, $ELEM* dq_out, int qr0, unsigned char* smem) {
     $ELEM* q_s = ($ELEM*)smem;                            // [ROWS][D]
     $ELEM* o_s = q_s + ROWS * D;                          // [ROWS][D], dO
     $ELEM* k_s = o_s + ROWS * D;                          // [STAGES][COLS][D]
@@ -368,7 +403,9 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + g + 8 * h;
-                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2[h]);
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
+                    float p = fa_exp2(x - lse2[h]);
                     if (key >= SK || (CAUSAL && key > row)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }
@@ -381,15 +418,16 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
-      const $ELEM* __restrict__ dout, const float* __restrict__ stats, $ELEM* __restrict__ out) {
+      const $ELEM* __restrict__ dout, const float* __restrict__ stats, $MASK_ARG$ELEM* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
     const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
     const float* st = stats + (long long)bh * SQ * 2;
+$MASK_OFFSET
     if (job < NKB)
-        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + NQ + k_off, out + NQ + NK + k_off,
+        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
                   job * ROWS, fa_smem);
     else
-        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + q_off, (job - NKB) * ROWS, fa_smem);
+        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, fa_smem);
 }
 """

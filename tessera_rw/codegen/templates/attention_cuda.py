@@ -85,9 +85,20 @@ def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: Tenso
     operands = [(name, t.shape[:-2], t.shape[-2] * t.shape[-1]) for name, t in (("q_off", q), ("k_off", k), ("v_off", v))]
     strides = (0, 0)
     if mask_shape:
-        rows, cols = mask_shape[-2:]
-        operands.append(("m_off", mask_shape[:-2], rows * cols))
-        strides = (cols if rows != 1 else 0, 1 if cols != 1 else 0)
+        operands.append(("m_off", mask_shape[:-2], mask_shape[-2] * mask_shape[-1]))
+        strides = mask_strides(mask_shape)
+    return offset_statements(batch, operands), strides
+
+
+def mask_strides(mask_shape: tuple[int, ...]) -> tuple[int, int]:
+    """A mask's row and column strides: 0 along an axis it broadcasts over."""
+    rows, cols = mask_shape[-2:]
+    return (cols if rows != 1 else 0, 1 if cols != 1 else 0)
+
+
+def offset_statements(batch: tuple[int, ...], operands: list[tuple[str, tuple[int, ...], int]]) -> str:
+    """CUDA declaring each `(name, batch dims, elements per matrix)` operand's offset for the flat
+    (batch, head) index `bh`: a broadcast dim adds nothing, a smaller (GQA) one divides the index."""
     lines = [f"    long long {' = 0, '.join(name for name, _, _ in operands)} = 0;", "    {  int rem = bh, i;"]
     for axis in reversed(range(len(batch))):
         n = batch[axis]
@@ -100,7 +111,7 @@ def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: Tenso
             terms.append(f"{name} += (long long){index} * {math.prod(dims[axis + 1:]) * per_batch};")
         lines.append(f"        i = rem % {n}; rem /= {n}; " + " ".join(terms))
     lines.append("    }")
-    return "\n".join(lines), strides
+    return "\n".join(lines)
 
 
 # tile loads and exp2, shared with the backward kernels (attention_backward_cuda.py)

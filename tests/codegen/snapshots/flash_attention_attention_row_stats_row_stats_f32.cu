@@ -28,9 +28,17 @@ __device__ __forceinline__ float fa_exp2(float x) {
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
 
+constexpr bool HAS_MASK = false;
+constexpr long long MASK_ROW = 0, MASK_COL = 0;
+__device__ __forceinline__ float fab_mask(const float* mp, int query, int key) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float mv = mp[query * MASK_ROW + key * MASK_COL];
+    return 0.f;                                    // -inf where a bool mask is false
+}
+
 extern "C" __global__ void __launch_bounds__(4 * 32)
 attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ o,
-      const bf16_t* __restrict__ dout, float* __restrict__ stats) {
+      const bf16_t* __restrict__ dout,  float* __restrict__ stats) {
     constexpr int BM = 64, BN = 64, D = 64, WARPS = 4, STAGES = 2, THREADS = 32 * WARPS;
     constexpr int SQ = 1024, SK = 1024, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = 0.18033688011112042f;             // scores in base 2: scale · log2(e)
@@ -48,6 +56,7 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     const int q0 = qb * BM, row0 = q0 + warp * 16;
     const long long q_off = (long long)bh * SQ * D;
     const bf16_t* kp = k + (long long)bh * SK * D;
+    const float* mp = nullptr;
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
 
     fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
@@ -98,6 +107,7 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
                 for (int e = 0; e < 2; ++e) {
                     const int col = k0 + j * 8 + 2 * t4 + e;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && row < SQ && col < SK) x += fab_mask(mp, row, col);
                     if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
                     s[j][2 * h + e] = x;
                     mx = fmaxf(mx, x);

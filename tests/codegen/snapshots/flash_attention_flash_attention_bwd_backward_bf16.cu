@@ -28,6 +28,14 @@ __device__ __forceinline__ float fa_exp2(float x) {
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
 
+constexpr bool HAS_MASK = false;
+constexpr long long MASK_ROW = 0, MASK_COL = 0;
+__device__ __forceinline__ float fab_mask(const float* mp, int query, int key) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float mv = mp[query * MASK_ROW + key * MASK_COL];
+    return 0.f;                                    // -inf where a bool mask is false
+}
+
 constexpr int ROWS = 64, COLS = 64, D = 64, WARPS = 4, STAGES = 2, THREADS = 32 * WARPS;
 constexpr int SQ = 1024, SK = 1024, BH = 8;
 constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
@@ -96,7 +104,8 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, b
 
 // ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers)
 __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout,
-                                          const float* st, bf16_t* dk_out, bf16_t* dv_out, int kr0, unsigned char* smem) {
+                                          const float* st, const float* mp, bf16_t* dk_out, bf16_t* dv_out, int kr0,
+                                          unsigned char* smem) {
     bf16_t* k_s = (bf16_t*)smem;                            // [ROWS][D]
     bf16_t* v_s = k_s + ROWS * D;                          // [ROWS][D]
     bf16_t* q_s = v_s + ROWS * D;                          // [STAGES][COLS][D]
@@ -146,7 +155,9 @@ __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, cons
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int key = key0 + g + 8 * h;
-                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2);
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
+                    float p = fa_exp2(x - lse2);
                     if (!in || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
@@ -162,7 +173,7 @@ __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, cons
 
 // ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
 __device__ __forceinline__ void fab_dq(const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout,
-                                       const float* st, bf16_t* dq_out, int qr0, unsigned char* smem) {
+                                       const float* st, const float* mp, bf16_t* dq_out, int qr0, unsigned char* smem) {
     bf16_t* q_s = (bf16_t*)smem;                            // [ROWS][D]
     bf16_t* o_s = q_s + ROWS * D;                          // [ROWS][D], dO
     bf16_t* k_s = o_s + ROWS * D;                          // [STAGES][COLS][D]
@@ -214,7 +225,9 @@ __device__ __forceinline__ void fab_dq(const bf16_t* q, const bf16_t* k, const b
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = row0 + g + 8 * h;
-                    float p = fa_exp2(s[j][2 * h + e] * SCALE_LOG2 - lse2[h]);
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
+                    float p = fa_exp2(x - lse2[h]);
                     if (key >= SK || (CAUSAL && key > row)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }
@@ -232,9 +245,10 @@ flash_attention_bwd_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
     const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
     const float* st = stats + (long long)bh * SQ * 2;
+    const float* mp = nullptr;
     if (job < NKB)
-        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + NQ + k_off, out + NQ + NK + k_off,
+        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
                   job * ROWS, fa_smem);
     else
-        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, out + q_off, (job - NKB) * ROWS, fa_smem);
+        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, fa_smem);
 }
