@@ -286,12 +286,12 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
     best: tuple[float, dict[str, ENode]] | None = None
-    tried: set[tuple[int, int]] = set()
+    tried: set[tuple[str, str]] = set()
     for users in wanting.values():
         for (c1, e1), (c2, e2) in combinations(users, 2):
-            if c1 == c2 or (id(e1), id(e2)) in tried:
+            if c1 == c2 or (e1.id, e2.id) in tried:
                 continue
-            tried.add((id(e1), id(e2)))
+            tried.add((e1.id, e2.id))
             total = program.delta({c1: e1, c2: e2}, cost)
             if total < -1e-9 and (best is None or total < best[0]):
                 trial = {**choice, c1: e1, c2: e2}

@@ -178,7 +178,7 @@ class _BackwardTemplate(Template):
             self.sample(2, 4, 1024, 64, bf16, False, mask=TensorType((2, 1, 1024, 1024), DType.bool)),
             self.sample(1, 2, 1000, 128, f16, True, mask=TensorType((1000, 1000), f16)))
 
-    def masked(self, fused: tuple[str, ...], op: KernelOp) -> tuple[str, ...]:
+    def with_flags(self, fused: tuple[str, ...], op: KernelOp) -> tuple[str, ...]:
         """The fused-step names with the mask's and the causal flag's."""
         a = op.attr_map
         return fused + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ())
@@ -202,7 +202,7 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
     stages = (2, 3)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return self.masked(("row_stats",), op)
+        return self.with_flags(("row_stats",), op)
 
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
         return (s.rows + s.stages * s.cols) * shape.d * 2
@@ -265,7 +265,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         return super().accepts(op) and op.operands[4].dtype is DType.float32
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return self.masked(("backward",), op)
+        return self.with_flags(("backward",), op)
 
     def default_cols(self, d: int) -> int:
         return 64 if d <= 64 else 32          # D=128: dK and dV take 128 registers; 32-wide tiles keep S, dP small
@@ -296,8 +296,8 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
             streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
         regs = self.registers(shape, s)
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
-                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + shape.mask_reads(kv_pairs + q_pairs, arch),
-                         flops=flops, unit=MathUnit.BF16,
+                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes
+                         + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
                          efficiency=_efficiency(arch, shape.d, 7 / 2),
                          spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 

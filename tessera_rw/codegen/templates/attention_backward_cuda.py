@@ -24,15 +24,16 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_TYPES, TILE_HELPERS, mask_strides,
-                                                         offset_statements)
+from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_TYPES, TILE_HELPERS,
+                                                         mask_strides, offset_statements)
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention_backward import BackwardShape, BackwardSchedule
 
 
-_MASK_TERM = {DType.bool: "mv ? 0.f : __int_as_float(0xff800000)", DType.float32: "mv * LOG2E",
-              DType.float16: "f16_to_f32(mv) * LOG2E", DType.bfloat16: "bf16_to_f32(mv) * LOG2E"}
+# a bool mask's term is 0 or -inf; a float mask's is its value in base 2
+_MASK_TERM = {dtype: f"{load} * LOG2E" for dtype, load in MASK_LOAD.items()} | {
+    DType.bool: "mv ? 0.f : __int_as_float(0xff800000)"}
 
 # The mask's term of score (query, key) in base 2, the same in both kernels. Without a mask operand
 # HAS_MASK is false and every use compiles away.
@@ -57,9 +58,10 @@ def _constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, object]:
         mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape
         rows, cols = mask_strides(mshape)
         offset = offset_statements(shape.batch, [("m_off", mshape[:-2], mshape[-2] * mshape[-1])])
-        masking = dict(HAS_MASK="true", MASK_T=MASK_TYPES[mask.dtype], MASK_ROW=rows, MASK_COL=cols,
-                       MASK_ARG=f"const {MASK_TYPES[mask.dtype]}* __restrict__ mask, ", MASK_TERM=_MASK_TERM[mask.dtype],
-                       MASK_OFFSET=f"{offset}\n    const {MASK_TYPES[mask.dtype]}* mp = mask + m_off;")
+        mask_type = MASK_TYPES[mask.dtype]
+        masking = dict(HAS_MASK="true", MASK_T=mask_type, MASK_ROW=rows, MASK_COL=cols,
+                       MASK_TERM=_MASK_TERM[mask.dtype], MASK_ARG=f"const {mask_type}* __restrict__ mask, ",
+                       MASK_OFFSET=f"{offset}\n    const {mask_type}* mp = mask + m_off;")
     return dict(ELEM=f"{tag}_t", MMA=f"mma_{tag}_16816", PACK=f"pack_{tag}x2", TO_F32=f"{tag}_to_f32",
                 ROWS=s.rows, COLS=s.cols, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
                 BH=shape.bh, SCALE=f"{shape.scale!r}f", SCALE_LOG2=f"{shape.scale * LOG2E!r}f",

@@ -35,7 +35,7 @@ LOG2E = 1.4426950408889634
 # mask dtypes the kernel reads, as their C types; accepts() admits exactly these
 MASK_TYPES = {DType.bool: "unsigned char", DType.float32: "float", DType.float16: "f16_t",
               DType.bfloat16: "bf16_t"}
-_MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_to_f32(mv)",
+MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_to_f32(mv)",
               DType.bfloat16: "bf16_to_f32(mv)"}
 
 
@@ -63,7 +63,7 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
         SCALE_LOG2=f"{shape.scale * LOG2E!r}f", CAUSAL="true" if shape.causal else "false",
         HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
         MASK_ARG=f"const {mask_type}* __restrict__ mask, " if mask is not None else "",
-        MASK_VALUE=_MASK_LOAD[mask.dtype] if mask is not None else "0.f",
+        MASK_VALUE=MASK_LOAD[mask.dtype] if mask is not None else "0.f",
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets)

@@ -29,7 +29,7 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops.fused import DERIVATIVES, epilogue_operands
+from tessera_rw.algebra.ops.fused import ACTIVATIONS, DERIVATIVES, epilogue_operands
 from tessera_rw.algebra.ops.linalg import matmul_dims
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
@@ -44,7 +44,7 @@ _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 _STATIC_SMEM = 48 * 1024
 _MAX_BLOCKS = 2 ** 31 - 1       # the flat grid's blockIdx.x
 _INT_INDEX = 2 ** 31            # one matrix is indexed with 32-bit ints
-_ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", *DERIVATIVES)
+_ACTIVATIONS = (*ACTIVATIONS, *DERIVATIVES)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ class _Problem:
         bias_grad = op.op == "matmul_bias_grad"
         return _Problem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
                         float(at.get("scale", 1.0)), activation, extra.get("bias"), extra.get("residual"),
-                        extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST, bias_grad=bias_grad)
+                        extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST,
+                        bias_grad=bias_grad)
 
     @property
     def a_rows(self) -> int:
