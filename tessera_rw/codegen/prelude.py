@@ -7,12 +7,30 @@ products, ldmatrix and cp.async are spelled as the PTX instructions they are.
 
 from __future__ import annotations
 
-PRELUDE = r"""
+TYPES = r"""
 typedef unsigned short bf16_t;
 typedef unsigned short f16_t;
 typedef unsigned char fp8_t;
+"""
 
+# Helpers written in plain CUDA C++ (the CPU emulator compiles them as they are).
+PORTABLE_HELPERS = r"""
 __device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((unsigned)h) << 16); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+"""
+
+# Helpers spelled as PTX instructions; codegen/emulator_ptx.h defines each again for the CPU emulator.
+PTX_HELPERS = r"""
 __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
@@ -27,16 +45,13 @@ __device__ __forceinline__ unsigned pack_bf16x2(float a, float b) {
 __device__ __forceinline__ unsigned pack_f16x2(float a, float b) {
     unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a)); return r;
 }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+// cvt.rna.tf32.f32: an fp32 value rounded to tf32's 10 mantissa bits (to nearest, ties away), as mma expects
+__device__ __forceinline__ unsigned tf32_round(float x) {
+    unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
 }
-__device__ __forceinline__ float warp_max(float v) {
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+// 2^x by the special function unit (ex2.approx, flushing subnormals)
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
 
 // D = A(16x16, row) * B(16x8, col) + C, bf16 or fp16 inputs, fp32 accumulators (sm_80+)
@@ -87,3 +102,5 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 """
+
+PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS

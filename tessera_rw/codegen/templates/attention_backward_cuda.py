@@ -182,8 +182,8 @@ $MASK_OFFSET
             const float base = m_new == NEG_INF ? 0.f : m_new;
             float sum = 0.f;
             #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) sum += fa_exp2(s[j][2 * h] - base) + fa_exp2(s[j][2 * h + 1] - base);
-            l_run[h] = l_run[h] * fa_exp2(m_run[h] - base) + sum;
+            for (int j = 0; j < BN / 8; ++j) sum += exp2_approx(s[j][2 * h] - base) + exp2_approx(s[j][2 * h + 1] - base);
+            l_run[h] = l_run[h] * exp2_approx(m_run[h] - base) + sum;
             m_run[h] = m_new;
         }
         __syncthreads();                                  // the stage is refilled next iteration
@@ -337,7 +337,7 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
                     const int key = key0 + g + 8 * h;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
-                    float p = fa_exp2(x - lse2);
+                    float p = exp2_approx(x - lse2);
                     if (!in || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
@@ -407,7 +407,7 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
                     const int row = row0 + g + 8 * h;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
-                    float p = fa_exp2(x - lse2[h]);
+                    float p = exp2_approx(x - lse2[h]);
                     if (key >= SK || (CAUSAL && key > row)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }

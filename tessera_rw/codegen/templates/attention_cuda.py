@@ -137,9 +137,6 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
     }
 }
 
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
-}
 """
 
 KERNEL = TILE_HELPERS + r"""
@@ -258,14 +255,14 @@ $OFFSETS
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(m_run[m][h], mx);
                 const float base = m_new == NEG_INF ? 0.f : m_new;   // no -inf - -inf while a row is all masked
-                const float corr = fa_exp2(m_run[m][h] - base);
+                const float corr = exp2_approx(m_run[m][h] - base);
                 m_run[m][h] = m_new;
                 float sum = 0.f;
                 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j)
                     #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float p = fa_exp2(s[m][j][2 * h + e] - base);
+                        const float p = exp2_approx(s[m][j][2 * h + e] - base);
                         s[m][j][2 * h + e] = p;
                         sum += p;
                     }

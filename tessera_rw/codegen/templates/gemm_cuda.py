@@ -147,11 +147,9 @@ __device__ __forceinline__ void gemm_copy8(unsigned short* dst, const unsigned s
 }"""
 
 
-# tf32 operands: fp32 values rounded to a 10-bit mantissa (to nearest, ties away) as mma expects
-_TF32 = """__device__ __forceinline__ unsigned gemm_tf32(float x) {
-    unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r;
-}
-__device__ __forceinline__ unsigned gemm_tf32(unsigned x) { return gemm_tf32(__uint_as_float(x)); }"""
+# tf32 operands: fp32 values (or their bits, as ldmatrix leaves them) rounded as mma expects
+_TF32 = """__device__ __forceinline__ unsigned gemm_tf32(unsigned x) { return tf32_round(__uint_as_float(x)); }
+__device__ __forceinline__ unsigned gemm_tf32(float x) { return tf32_round(x); }"""
 
 _COPY_ELEMENTWISE_F32 = """// `valid` floats of a row into a 16-byte smem chunk, the rest zero-filled, one by one
 __device__ __forceinline__ void gemm_copy4(float* dst, const float* src, int valid) {

@@ -24,9 +24,6 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
     }
 }
 
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
-}
 
 constexpr bool HAS_MASK = false;
 constexpr long long MASK_ROW = 0, MASK_COL = 0;
@@ -118,8 +115,8 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
             const float base = m_new == NEG_INF ? 0.f : m_new;
             float sum = 0.f;
             #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) sum += fa_exp2(s[j][2 * h] - base) + fa_exp2(s[j][2 * h + 1] - base);
-            l_run[h] = l_run[h] * fa_exp2(m_run[h] - base) + sum;
+            for (int j = 0; j < BN / 8; ++j) sum += exp2_approx(s[j][2 * h] - base) + exp2_approx(s[j][2 * h + 1] - base);
+            l_run[h] = l_run[h] * exp2_approx(m_run[h] - base) + sum;
             m_run[h] = m_new;
         }
         __syncthreads();                                  // the stage is refilled next iteration

@@ -24,9 +24,6 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
     }
 }
 
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
-}
 
 constexpr bool HAS_MASK = false;
 constexpr long long MASK_ROW = 0, MASK_COL = 0;
@@ -157,7 +154,7 @@ __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, cons
                     const int key = key0 + g + 8 * h;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
-                    float p = fa_exp2(x - lse2);
+                    float p = exp2_approx(x - lse2);
                     if (!in || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
@@ -227,7 +224,7 @@ __device__ __forceinline__ void fab_dq(const bf16_t* q, const bf16_t* k, const b
                     const int row = row0 + g + 8 * h;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
-                    float p = fa_exp2(x - lse2[h]);
+                    float p = exp2_approx(x - lse2[h]);
                     if (key >= SK || (CAUSAL && key > row)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }

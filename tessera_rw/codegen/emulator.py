@@ -1,0 +1,183 @@
+"""Running generated CUDA kernels on the CPU, so their numerics are checked on machines without a GPU.
+
+The kernel's own source — the text NVRTC compiles, fragment layouts, swizzles, pipelines and all —
+is compiled by the host C++ compiler against an emulation of the CUDA execution model
+(emulator_runtime.h: a block's threads are coroutines, __syncthreads and warp collectives are
+barriers) and of the PTX the prelude spells out (emulator_ptx.h: mma.sync, ldmatrix, cp.async with
+its deferred completion, the conversions). Blocks run one after another on one core, so this is
+for checking, not for speed.
+
+What it catches: wrong indexing, swizzles and fragment layouts, edges and predicates, a stage read
+before its cp.async group is waited for, a missing barrier that lets a warp read what another has
+not written yet (threads resume in reverse order), divergent barriers. What it does not: data races
+between threads that the run order happens to hide, bank conflicts, anything about speed.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> from tessera_rw.algebra.node import TensorType
+>>> t = TensorType((3, 5), DType.float32)
+>>> x = np.arange(15, dtype=np.float32).reshape(3, 5) + 1
+>>> np.allclose(run_emulated(KernelOp.of("exp", (t,), t), [x]), np.exp(x))       # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen.arch import ArchSpec, arch_named
+from tessera_rw.codegen.binary_cache import SWITCH_VARIABLE, cache_root
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.launch import check_launch_shape, check_operands, coerce_scalars
+from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES
+
+COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then c++, clang++)
+_FLAGS = ("-std=c++17", "-O1", "-w", "-fno-strict-aliasing")
+_HERE = Path(__file__).parent
+_POISON = 0xFF                        # every output byte before the run: NaN in any float type
+
+
+class EmulatorError(TesseraError):
+    """The emulator could not compile or run a kernel."""
+
+
+@cache
+def compiler() -> str | None:
+    """The host C++ compiler the emulator uses, or None when the machine has none."""
+    wanted = os.environ.get(COMPILER_VARIABLE)
+    for name in ([wanted] if wanted else ["g++", "c++", "clang++"]):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def available() -> bool:
+    """Whether kernels can be emulated here (a C++ compiler with C++17 and ucontext)."""
+    return compiler() is not None and os.name == "posix"
+
+
+_DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(?P<type>[\w ]+?)\s+(?P<name>\w+)\[\];")
+
+
+def emulated_source(source: KernelSource) -> str:
+    """The C++ program that runs `source` on the CPU: runtime, prelude, kernel, and a main that maps
+    one file per kernel argument.
+
+    The kernel text is the one NVRTC compiles, except that its dynamic shared memory (an
+    `extern __shared__` array) becomes a pointer into the emulator's arena."""
+    kernel = _DYNAMIC_SHARED.sub(lambda m: f"{m['type']}* const {m['name']} = ({m['type']}*)emu::dynamic_smem_arena();",
+                                 source.source)
+    return "\n".join([(_HERE / "emulator_runtime.h").read_text(), TYPES, PORTABLE_HELPERS,
+                      (_HERE / "emulator_ptx.h").read_text(), kernel, f"TESSERA_EMULATOR_MAIN({source.name})\n"])
+
+
+def _program_dir() -> Path:
+    if os.environ.get(SWITCH_VARIABLE, "").lower() in ("off", "0", "false"):
+        return Path(_scratch())
+    path = cache_root() / "emulator"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@cache
+def _scratch() -> str:
+    return tempfile.mkdtemp(prefix="tessera-emulator-")
+
+
+def _arguments_dir() -> str | None:
+    """Where the argument files go: memory-backed /dev/shm when the machine has it."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+@dataclass(frozen=True)
+class EmulatedKernel:
+    """A generated kernel built for the CPU emulator: call it with the launch's arrays.
+
+    Each launch runs in a process of its own, so a kernel that faults (an out-of-bounds access, a
+    stack overflow) fails that launch with an EmulatorError instead of taking the caller down."""
+    source: KernelSource
+    program: Path
+
+    def __call__(self, arrays: Sequence[np.ndarray], *, timeout: float = 600.0) -> None:
+        """Run the kernel once over `arrays` (operands, then the output, each C-contiguous; the
+        output is written in place), as `source.grid` blocks of `source.threads` threads."""
+        check_launch_shape(self.source)
+        with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=_arguments_dir()) as tmp:
+            files = [os.path.join(tmp, f"arg{i}") for i in range(len(arrays))]
+            for path, a in zip(files, arrays):
+                np.ascontiguousarray(a).tofile(path)
+            command = [str(self.program), *map(str, self.source.grid), str(self.source.threads),
+                       str(self.source.dynamic_smem), *files]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise EmulatorError(f"kernel {self.source.name} ran past {timeout:.0f} s in the emulator",
+                                    hint="emulate a smaller problem, or look for a barrier it never leaves") from None
+            if done.returncode:
+                why = done.stderr.strip() or (f"killed by signal {-done.returncode} (a fault: an access "
+                                              "outside its buffers or its stack)" if done.returncode < 0
+                                              else f"exit status {done.returncode}")
+                raise EmulatorError(f"kernel {self.source.name} failed in the emulator: {why}",
+                                    hint="this is a code generator bug; please report it with the kernel's source")
+            out = arrays[-1]
+            out[...] = np.fromfile(files[-1], dtype=out.dtype).reshape(out.shape)
+
+
+@lru_cache(maxsize=256)
+def build(source: KernelSource) -> EmulatedKernel:
+    """Compile `source` for the emulator (kept on disk by the hash of its C++ text)."""
+    cxx = compiler()
+    if not available():
+        raise EmulatorError("emulating a kernel needs a C++17 compiler on a POSIX system; none was found",
+                            hint=f"install g++ (or set {COMPILER_VARIABLE}), or run the kernel on a GPU")
+    text = emulated_source(source)
+    digest = hashlib.sha256("\0".join((text, cxx, *_FLAGS)).encode()).hexdigest()[:24]
+    target = _program_dir() / f"{source.name[:80]}-{digest}"
+    if not target.exists():
+        with tempfile.TemporaryDirectory(prefix="tessera-emulator-") as tmp:
+            cpp, program = Path(tmp) / "kernel.cpp", Path(tmp) / "kernel"
+            cpp.write_text(text)
+            done = subprocess.run([cxx, *_FLAGS, "-o", str(program), str(cpp)], capture_output=True, text=True)
+            if done.returncode:
+                raise EmulatorError(f"the host compiler rejected kernel {source.name} for the emulator:\n"
+                                    f"{done.stderr[-4000:]}",
+                                    hint="the kernel uses a CUDA feature emulator_runtime.h does not provide")
+            os.replace(program, target)      # atomic: a concurrent build of the same kernel is the same file
+    return EmulatedKernel(source, target)
+
+
+def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpec | str = "h100") -> np.ndarray:
+    """Run one op's generated kernel on the CPU: its template's kernel for `arch` at `schedule`
+    (default: the template's first), on numpy inputs; the output is poisoned with NaN bytes first,
+    so an element the kernel never writes stays NaN."""
+    from tessera_rw.codegen.templates.registry import templates_for
+    inputs = coerce_scalars(op, list(inputs))
+    check_operands(op, inputs)
+    found = templates_for(op)
+    if not found:
+        raise TesseraError("no kernel template implements this op", op=op.op, operands=str(op),
+                           hint="run it with the numpy executor, or register a template for it")
+    template = found[0]
+    if template.library is not None:
+        raise EmulatorError(f"{op.op} runs as a {template.library} call: there is no generated kernel to emulate",
+                            op=op.op, hint="check it with the numpy executor, or on a GPU")
+    spec = arch if isinstance(arch, ArchSpec) else arch_named(arch)
+    schedule = schedule or template.schedules(op, spec)[0]
+    source = template.emit(op, schedule, spec)
+    arrays = [np.ascontiguousarray(np.asarray(x, dtype=t.dtype.numpy)) for x, t in zip(inputs, op.operands)]
+    out = np.empty(op.result.shape, op.result.dtype.numpy)
+    out.view(np.uint8).reshape(-1)[:] = _POISON
+    build(source)([*arrays, out])
+    return out
