@@ -62,6 +62,13 @@ inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// the host rounds every float operation to nearest (SSE, no fast math): the _rn intrinsics are plain ops
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 template <class To, class From> inline To emu_bits(From f) { To t; std::memcpy(&t, &f, sizeof t); return t; }
 inline float __uint_as_float(unsigned u) { return emu_bits<float>(u); }
 inline float __int_as_float(int u) { return emu_bits<float>(u); }

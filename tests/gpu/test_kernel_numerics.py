@@ -10,16 +10,15 @@ the failures of every schedule are reported together.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
 from tessera_rw.codegen.kernel_check import check, expected, random_inputs
-from tests.codegen.ragged_ops import RAGGED
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.codegen.templates.registry import templates, templates_for
+from tests.codegen.ragged_ops import RAGGED
+from tests.codegen.schedule_check import check_schedules as check_on, rng_for as _rng
 
 pytestmark = pytest.mark.gpu
 
@@ -41,11 +40,6 @@ def run_poisoned(op: KernelOp, arrays, schedule, arch) -> np.ndarray:
     return finish(p)
 
 
-def _rng(op: KernelOp) -> np.random.Generator:
-    # seeded by the op, so a failure reproduces; different ops draw different values
-    return np.random.default_rng(zlib.crc32(str(op).encode()))
-
-
 def check_every_schedule(template: Template, op: KernelOp) -> None:
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
@@ -57,22 +51,8 @@ def check_every_schedule(template: Template, op: KernelOp) -> None:
 
 
 def check_schedules(template: Template, op: KernelOp, schedules, arch) -> None:
-    """Run `op` at each of `schedules` (output poisoned first) and check each against the reference;
-    every schedule's failure is reported together."""
-    rng = _rng(op)
-    inputs = random_inputs(op, rng)
-    reference = expected(op, inputs, rng)
-    failures = []
-    for schedule in schedules:
-        unit = template.resources(op, schedule, arch).unit
-        what = f"{op} at {schedule.describe()} on {arch.name} ({unit.value})"
-        try:
-            check(reference.on(unit), run_poisoned(op, inputs.arrays, schedule, arch), what)
-        except AssertionError as e:
-            failures.append(str(e))
-        except Exception as e:       # a compile or launch error fails this schedule, not the others
-            failures.append(f"{what}: {type(e).__name__}: {e}")
-    assert not failures, f"{len(failures)} of {len(schedules)} schedules wrong:\n" + "\n".join(failures)
+    """schedule_check.check_schedules on this machine's GPU."""
+    check_on(template, op, schedules, arch, run_poisoned)
 
 
 @pytest.mark.parametrize("template, index", SAMPLES)

@@ -1,0 +1,226 @@
+"""Ops small enough for the CPU emulator that together take every code path the templates' samples
+take: each sample's kind of problem (epilogue, dtype, mask, causal, GQA, row length class, reduced
+axes, copy pattern, convolution family) at sizes of a few million multiply-adds, with ragged edges
+where a sample has them. The ragged ops (ragged_ops.RAGGED) are included as they are.
+
+>>> len(EMULATED) > 80
+True
+>>> from tessera_rw.codegen.templates.registry import templates
+>>> covered = {type(t).__name__ for op in EMULATED.values() for t in templates() if t.accepts(op)}
+>>> sorted({type(t).__name__ for t in templates() if t.library is None} - covered)
+[]
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
+from tessera_rw.codegen.templates.conv import conv_op
+from tessera_rw.codegen.templates.spectral import spectral_op
+from tests.codegen.ragged_ops import RAGGED, matmul, of
+
+BF16, F16, F32, BOOL = DType.bfloat16, DType.float16, DType.float32, DType.bool
+FAST, KAHAN = Numerics.FAST, Numerics.KAHAN_SUM
+
+
+def under(numerics: Numerics | None, op: KernelOp) -> KernelOp:
+    """`op` under the numerics policy `numerics` (None: as built)."""
+    return op if numerics is None else replace(op, numerics=numerics)
+
+
+def gemm(a, b, dtype, out, extra=(), numerics=None, **attrs) -> KernelOp:
+    attrs = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
+                 dtype=out) | attrs
+    return under(numerics, of("gemm", TensorType(a, dtype), TensorType(b, dtype),
+                              *(TensorType(s, d) for s, d in extra), **attrs))
+
+
+def bias_grad(m, k, n, dtype, numerics=None) -> KernelOp:
+    return under(numerics, of("matmul_bias_grad", TensorType((m, k), dtype), TensorType((k, n), dtype),
+                              accum_dtype=None))
+
+
+def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=()) -> KernelOp:
+    q, kv = TensorType((b, hq, s, d), dtype), TensorType((b, hkv, s, d), dtype)
+    extra = (TensorType(mask_batch + (s, s), mask),) if mask else ()
+    return of("flash_attention", q, kv, kv, *extra, scale=d ** -0.5, causal=causal, has_mask=mask is not None)
+
+
+def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
+    x, w = TensorType((rows, cols), dtype), TensorType((cols,), dtype)
+    if name in ("softmax", "log_softmax"):
+        return under(numerics, of(name, x, axis=1))
+    params = ((w, w) if name == "layernorm" else (w,)) if weights else ()
+    return under(numerics, of(name, x, *params, axes=(1,), eps=1e-5, has_weight=weights,
+                              has_bias=weights and name == "layernorm"))
+
+
+def reduce(name, shape, dtype, axes, keepdims=False, numerics=None) -> KernelOp:
+    return under(numerics, of(name, TensorType(shape, dtype), axes=axes, keepdims=keepdims))
+
+
+def _gemm_ops() -> dict[str, KernelOp]:
+    return {
+        "matmul 256x256x256 bf16": matmul((256, 256), (256, 256), BF16),
+        "gemm bias gelu 160x256x96 bf16": gemm((160, 96), (96, 256), BF16, BF16, [((256,), BF16)],
+                                              has_bias=True, activation="gelu"),
+        "gemm f16 -> f32 residual scale": gemm((128, 192), (192, 136), F16, F32, [((128, 136), F32)],
+                                              has_residual=True, scale=0.5),
+        "matmul batched broadcast 4x96x64 @ 64x160 bf16": matmul((4, 96, 64), (64, 160), BF16),
+        "matmul 130x70x90 f32 simt": matmul((130, 90), (90, 70), F32),
+        "matmul 128x128x64 f32 simt": matmul((128, 64), (64, 128), F32),
+        "matmul 256x128x64 tf32": under(FAST, matmul((256, 64), (64, 128), F32)),
+        "matmul 3x101x99x103 tf32 ragged": under(FAST, matmul((3, 101, 99), (99, 103), F32)),
+        "gemm bias gelu_tanh tf32": gemm((96, 64), (64, 160), F32, F32, [((160,), F32)], FAST, has_bias=True,
+                                         activation="gelu_tanh"),
+        "gemm dgelu bf16": gemm((128, 96), (96, 256), BF16, BF16, [((128, 256), BF16)], activation="dgelu"),
+        "gemm dsilu batched f16": gemm((2, 64, 128), (128, 96), F16, F16, [((2, 64, 96), F16)], activation="dsilu"),
+        "gemm drelu 100x100 f32 simt": gemm((100, 100), (100, 100), F32, F32, [((100, 100), F32)],
+                                            activation="drelu"),
+        "gemm dgelu_tanh tf32": gemm((128, 64), (64, 128), F32, F32, [((128, 128), F32)], FAST,
+                                     activation="dgelu_tanh"),
+        "bias grad 128x64x128 bf16": bias_grad(128, 64, 128, BF16),
+        "bias grad 100x99x103 f16 ragged": bias_grad(100, 99, 103, F16),
+        "bias grad 50x77x30 f32 simt": bias_grad(50, 77, 30, F32),
+        "bias grad 64x128x64 tf32": bias_grad(64, 128, 64, F32, FAST),
+    }
+
+
+def _attention_ops() -> dict[str, KernelOp]:
+    rows, bwd = AttentionRowStatsTemplate(), FlashAttentionBwdTemplate()
+    ops = {
+        "attention S=256 D=64 bf16": attention(1, 2, 2, 256, 64, BF16),
+        "attention S=192 D=128 causal bf16": attention(1, 2, 2, 192, 128, BF16, causal=True),
+        "attention f16 float mask per batch": attention(2, 2, 2, 128, 64, F16, mask=F16, mask_batch=(2, 1)),
+        "attention GQA 4/2 heads D=128 bf16": attention(1, 4, 2, 128, 128, BF16),
+        "attention S=16 D=128 bool mask f16": attention(1, 2, 2, 16, 128, F16, mask=BOOL),
+    }
+    for name, template in (("row stats", rows), ("backward", bwd)):
+        ops |= {
+            f"attention {name} S=128 D=64 bf16": template.sample(1, 2, 128, 64, BF16, False),
+            f"attention {name} S=128 D=128 causal bf16": template.sample(1, 1, 128, 128, BF16, True),
+            f"attention {name} S=200 D=64 causal f16": template.sample(1, 2, 200, 64, F16, True),
+            f"attention {name} S=72 D=128 f16": template.sample(1, 1, 72, 128, F16, False),
+            f"attention {name} bool mask per batch": template.sample(2, 2, 128, 64, BF16, False,
+                                                                    mask=TensorType((2, 1, 128, 128), BOOL)),
+            f"attention {name} f16 mask causal ragged": template.sample(1, 1, 100, 128, F16, True,
+                                                                       mask=TensorType((100, 100), F16)),
+        }
+    return ops
+
+
+def _rowwise_ops() -> dict[str, KernelOp]:
+    short, scale, mask = TensorType((64, 512), F32), TensorType((), F32), TensorType((1, 512), F32)
+    hid, w = TensorType((32, 768), BF16), TensorType((768,), BF16)
+    return {
+        "softmax rows of 8192 bf16": rowwise("softmax", 4, 8192, BF16),
+        "log_softmax rows of 512 f32": rowwise("log_softmax", 64, 512, F32),
+        "layernorm rows of 768 bf16": rowwise("layernorm", 32, 768, BF16),
+        "rmsnorm rows of 4096 bf16": rowwise("rmsnorm", 8, 4096, BF16),
+        "softmax rows of 65536 f32": rowwise("softmax", 2, 65536, F32),
+        "layernorm rows of 65536 bf16 no weights": rowwise("layernorm", 2, 65536, BF16, weights=False),
+        "fused scale mask softmax": of("fused_normalization", short, scale, mask, expr="add(mul($0,$1),$2)",
+                                       norm="softmax", axes=(1,), eps=0.0, has_weight=False, has_bias=False,
+                                       post="$0"),
+        "fused residual layernorm gate": of("fused_normalization", hid, hid, w, w, hid, expr="add($0,$1)",
+                                            norm="layernorm", axes=(1,), eps=1e-5, has_weight=True,
+                                            has_bias=True, post="mul($0,sigmoid($1))"),
+        "softmax rows of 8192 bf16 kahan": rowwise("softmax", 4, 8192, BF16, KAHAN),
+        "log_softmax rows of 512 f32 kahan": rowwise("log_softmax", 64, 512, F32, KAHAN),
+        "layernorm rows of 768 bf16 kahan": rowwise("layernorm", 32, 768, BF16, KAHAN),
+        "rmsnorm rows of 4096 bf16 kahan": rowwise("rmsnorm", 8, 4096, BF16, KAHAN),
+        "softmax rows of 65536 f32 kahan": rowwise("softmax", 2, 65536, F32, KAHAN),
+        "layernorm rows of 65536 f32 kahan": rowwise("layernorm", 2, 65536, F32, KAHAN, weights=False),
+    }
+
+
+def _reduction_ops() -> dict[str, KernelOp]:
+    return {
+        "sum rows of 4096 bf16": reduce("sum", (64, 4096), BF16, (1,)),
+        "mean rows of 512 f32 keepdims": reduce("mean", (256, 512), F32, (1,), True),
+        "max columns of 256 bf16": reduce("max", (4096, 256), BF16, (0,)),
+        "sum columns int32 -> int64": reduce("sum", (512, 256), DType.int32, (0,)),
+        "sum two reduced groups f32": reduce("sum", (4, 256, 64), F32, (0, 2)),
+        "min middle axis keepdims f32": reduce("min", (8, 128, 64), F32, (1,), True),
+        "sum rows of 4096 bf16 kahan": reduce("sum", (64, 4096), BF16, (1,), numerics=KAHAN),
+        "mean rows of 512 f32 kahan": reduce("mean", (256, 512), F32, (1,), True, numerics=KAHAN),
+        "sum columns f32 kahan": reduce("sum", (4096, 256), F32, (0,), numerics=KAHAN),
+        "sum two reduced groups f32 kahan": reduce("sum", (4, 256, 64), F32, (0, 2), numerics=KAHAN),
+        "sum of 262144 f32 kahan": reduce("sum", (1 << 18,), F32, (0,), numerics=KAHAN),
+        "max rows f32 kahan": reduce("max", (64, 4096), F32, (1,), numerics=KAHAN),
+    }
+
+
+def _elementwise_ops() -> dict[str, KernelOp]:
+    big, row, col = TensorType((256, 512), BF16), TensorType((512,), BF16), TensorType((256, 1), BF16)
+    x32 = TensorType((256, 384), F32)
+    return {
+        "add bias broadcast bf16": of("add", big, row),
+        "mul by scalar f32": of("mul", x32, TensorType((), F32)),
+        "exp f32": of("exp", x32),
+        "gelu tanh bf16": of("gelu", big, approximate="tanh"),
+        "gelu f32": of("gelu", x32, approximate="none"),
+        "sub inner broadcast bf16": of("sub", big, col),
+        "where masked fill": of("where", TensorType((1, 1, 64, 64), BOOL), TensorType((2, 4, 64, 64), BF16),
+                                TensorType((), BF16)),
+        "cast f32 -> bf16": of("cast", x32, dtype=BF16),
+        "lt broadcast f32": of("lt", x32, TensorType((384,), F32)),
+        "logical_and bool": of("logical_and", TensorType((256, 512), BOOL), TensorType((256, 512), BOOL)),
+        "tril bf16": of("tril", big, k=0),
+        "fused relu(add) * y": of("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
+        "full bf16": KernelOp.of("full", (), TensorType((256, 512), BF16), shape=(256, 512), value=1.5, dtype=BF16),
+        "arange f32": KernelOp.of("arange", (), TensorType((65536,), F32), start=0, stop=65536, step=1, dtype=F32),
+    }
+
+
+def _copy_ops() -> dict[str, KernelOp]:
+    return {
+        "transpose 512x512 bf16": of("transpose", TensorType((512, 512), BF16), axes=(1, 0)),
+        "transpose heads f32": of("transpose", TensorType((2, 64, 12, 64), F32), axes=(0, 2, 1, 3)),
+        "transpose batched ragged f32": of("transpose", TensorType((3, 100, 70), F32), axes=(0, 2, 1)),
+        "pad columns bf16": of("pad", TensorType((64, 1000), BF16), pads=((0, 0), (8, 16)), value=0.0),
+        "pad image f32": of("pad", TensorType((2, 3, 30, 30), F32), pads=((0, 0), (0, 0), (1, 1), (1, 1)),
+                            value=-1.0),
+        "concatenate columns bf16": of("concatenate", TensorType((128, 256), BF16), TensorType((128, 128), BF16),
+                                       axis=1),
+        "strided row slice f32": of("slice", TensorType((256, 512), F32), starts=(0, 128), stops=(256, 384),
+                                    steps=(2, 1)),
+        "strided column slice bf16": of("slice", TensorType((128, 512), BF16), starts=(0, 0), stops=(128, 512),
+                                        steps=(1, 2)),
+        "broadcast_to rows bf16": of("broadcast_to", TensorType((1, 512), BF16), shape=(128, 512)),
+    }
+
+
+def _conv_ops() -> dict[str, KernelOp]:
+    return {
+        "conv1d 3-tap bf16": conv_op((2, 64, 256), (64, 64, 3), BF16, padding=((1, 1),)),
+        "conv1d grouped f32": conv_op((2, 64, 128), (128, 16, 5), F32, padding=((2, 2),), groups=4),
+        "conv2d 3x3 bf16": conv_op((1, 32, 16, 16), (64, 32, 3, 3), BF16, padding=((1, 1), (1, 1))),
+        "conv2d 3x3 stride 2 f32": conv_op((2, 16, 14, 14), (32, 16, 3, 3), F32, padding=((1, 1), (1, 1)),
+                                           stride=(2, 2)),
+        "conv1d depthwise 3-tap bf16": conv_op((2, 64, 512), (64, 1, 3), BF16, padding=((1, 1),), groups=64),
+        "conv1d depthwise causal 64-tap bf16": conv_op((2, 32, 300), (32, 1, 64), BF16, padding=((63, 0),),
+                                                       groups=32),
+        "conv1d depthwise stride dilation f32": conv_op((2, 32, 200), (64, 1, 5), F32, padding=((4, 4),),
+                                                        stride=(2,), dilation=(2,), groups=32),
+        "conv2d depthwise 3x3 bf16": conv_op((2, 32, 20, 20), (32, 1, 3, 3), BF16, padding=((1, 1), (1, 1)),
+                                             groups=32),
+        "conv2d depthwise 7x7 f32": conv_op((2, 16, 14, 14), (16, 1, 7, 7), F32, padding=((3, 3), (3, 3)),
+                                            groups=16),
+    }
+
+
+def _spectral_ops() -> dict[str, KernelOp]:
+    return {
+        "spectral contract 1-d": spectral_op((4, 16, 129), (16, 16, 129)),
+        "spectral contract 2-d grouped": spectral_op((2, 16, 12, 7), (32, 4, 12, 7), groups=4),
+    }
+
+
+EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
+                                  | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops())

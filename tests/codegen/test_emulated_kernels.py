@@ -1,0 +1,61 @@
+"""Every template's generated kernels, run by the CPU emulator (tessera_rw/codegen/emulator.py),
+against the op's float64 numpy reference: each op of emulated_ops.EMULATED (the kinds of problem the
+templates' samples pose, at emulator sizes, and the ragged shapes) at every default schedule for
+sm_90, and the GEMM, attention and convolution ops at schedules of the tuning space beyond the
+defaults. Inputs are random and never zero, the output starts as NaN bytes, and the tolerance is
+the output dtype's (kernel_check), as on the GPU (tests/gpu/test_kernel_numerics.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.templates.registry import templates_for
+from tests.codegen.emulated_ops import EMULATED
+from tests.codegen.schedule_check import check_schedules
+from tests.codegen.test_schedule_spaces import beyond_defaults
+
+pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+
+ARCH = arch_named("h100")
+BEYOND_DEFAULTS = 2          # tuning-space schedules per op of the kinds a tuner searches
+TUNED_KINDS = ("gemm", "flash_attention", "conv")
+
+
+def run_emulated(op, arrays, schedule, arch):
+    return emulator.run_emulated(op, arrays, schedule=schedule, arch=arch)
+
+
+def check_emulated(template, op, schedules) -> None:
+    emulator.build_all([template.emit(op, s, ARCH) for s in schedules])    # the compiles, side by side
+    check_schedules(template, op, schedules, ARCH, run_emulated)
+
+
+def _template(op):
+    found = templates_for(op)
+    assert found, f"no template accepts {op}"
+    return found[0]
+
+
+@pytest.mark.parametrize("name", list(EMULATED))
+def test_kernel_matches_reference_at_every_default_schedule(name):
+    op = EMULATED[name]
+    template = _template(op)
+    schedules = template.schedules(op, ARCH)
+    assert schedules, f"{type(template).__name__} has no default schedule for {op} on {ARCH.name}"
+    check_emulated(template, op, schedules)
+
+
+TUNED = [name for name, op in EMULATED.items() if _template(op).kind in TUNED_KINDS]
+
+
+@pytest.mark.parametrize("name", TUNED)
+def test_kernel_matches_reference_beyond_the_default_schedules(name):
+    op = EMULATED[name]
+    template = _template(op)
+    picked = beyond_defaults(template, op, ARCH, BEYOND_DEFAULTS)
+    if not picked:
+        pytest.skip(f"the tuning space of {op} holds only its defaults")
+    check_emulated(template, op, picked)

@@ -1,0 +1,146 @@
+"""The CPU emulator itself: PTX fragment layouts as the PTX ISA documents them, the run order that
+exposes a missing barrier, deferred cp.async, faults and divergent barriers reported as errors.
+(test_emulated_kernels.py runs the templates' kernels through it.)"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.emulator import EmulatorError, build, run_emulated
+
+pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+
+
+def run(name: str, body: str, arrays, threads: int = 32, blocks: int = 1):
+    build(KernelSource(name, body, threads=threads, grid=(blocks, 1, 1)))(arrays)
+    return arrays[-1]
+
+
+# lane = 4g + t holds A(g|g+8, 2t..2t+1 | +8), B(2t..2t+1 | +8, g), D(g|g+8, 2t..2t+1): written out
+# here from the PTX ISA's m16n8k16 figures, independently of emulator_ptx.h
+MMA_16816 = r"""
+extern "C" __global__ void mma_check(const bf16_t* A, const bf16_t* B, float* D) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto pair = [](const bf16_t* p, int stride) { return (unsigned)p[0] | ((unsigned)p[stride] << 16); };
+    unsigned a[4] = {pair(A + g * 16 + 2 * t, 1), pair(A + (g + 8) * 16 + 2 * t, 1),
+                     pair(A + g * 16 + 2 * t + 8, 1), pair(A + (g + 8) * 16 + 2 * t + 8, 1)};
+    unsigned b[2] = {pair(B + (2 * t) * 8 + g, 8), pair(B + (2 * t + 8) * 8 + g, 8)};
+    float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    mma_bf16_16816(d, a, b);
+    D[g * 8 + 2 * t] = d[0]; D[g * 8 + 2 * t + 1] = d[1];
+    D[(g + 8) * 8 + 2 * t] = d[2]; D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+"""
+
+
+def test_mma_m16n8k16_follows_the_ptx_fragment_layout():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 16)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
+    d = run("mma_check", MMA_16816, [a, b, np.zeros((16, 8), np.float32)])
+    np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-5, atol=1e-5)
+
+
+LDMATRIX = r"""
+extern "C" __global__ void ldmatrix_check(const unsigned short* M, unsigned* plain, unsigned* trans) {
+    __shared__ __align__(16) unsigned short s[4 * 64];
+    for (int i = threadIdx.x; i < 4 * 64; i += 32) s[i] = M[i];
+    __syncthreads();
+    unsigned r[4], q[4];
+    const unsigned short* row = s + (threadIdx.x / 8) * 64 + (threadIdx.x % 8) * 8;   // matrix lane/8, row lane%8
+    ldmatrix_x4(r, row);
+    ldmatrix_x4_trans(q, row);
+    for (int i = 0; i < 4; ++i) { plain[i * 32 + threadIdx.x] = r[i]; trans[i * 32 + threadIdx.x] = q[i]; }
+}
+"""
+
+
+def test_ldmatrix_gives_each_lane_a_row_pair_or_a_column_pair():
+    m = np.arange(4 * 64, dtype=np.uint16)           # element value = its index: matrix*64 + row*8 + col
+    plain, trans = np.zeros(128, np.uint32), np.zeros(128, np.uint32)
+    run("ldmatrix_check", LDMATRIX, [m, plain, trans])
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    for i in range(4):
+        lo, hi = i * 64 + g * 8 + 2 * t, i * 64 + g * 8 + 2 * t + 1                  # row g, columns 2t, 2t+1
+        np.testing.assert_array_equal(plain[i * 32:(i + 1) * 32], lo | (hi << 16))
+        lo, hi = i * 64 + (2 * t) * 8 + g, i * 64 + (2 * t + 1) * 8 + g              # rows 2t, 2t+1, column g
+        np.testing.assert_array_equal(trans[i * 32:(i + 1) * 32], lo | (hi << 16))
+
+
+REVERSE = r"""
+extern "C" __global__ void KERNEL(const float* x, float* y) {
+    __shared__ float s[64];
+    s[threadIdx.x] = x[threadIdx.x];
+    BARRIER
+    y[threadIdx.x] = s[63 - threadIdx.x];     // written by the other warp
+}
+"""
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_a_missing_barrier_between_warps_reads_stale_shared_memory(barrier):
+    body = REVERSE.replace("BARRIER", "__syncthreads();" if barrier else "").replace(
+        "KERNEL", f"reverse_{barrier:d}")
+    x = np.arange(1, 65, dtype=np.float32)
+    y = run(f"reverse_{barrier:d}", body, [x, np.full(64, np.nan, np.float32)], threads=64)
+    assert np.array_equal(y, x[::-1]) == barrier
+
+
+PIPELINE = r"""
+extern "C" __global__ void KERNEL(const float* x, float* y) {
+    __shared__ __align__(16) float s[4 * 32];
+    cp_async_16(s + 4 * threadIdx.x, x + 4 * threadIdx.x, 16);
+    cp_async_commit();
+    WAIT
+    __syncthreads();
+    y[threadIdx.x] = s[4 * (31 - threadIdx.x)];
+}
+"""
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_cp_async_lands_when_its_group_is_waited_for(wait):
+    name = f"pipeline_{wait:d}"
+    body = PIPELINE.replace("WAIT", "cp_async_wait<0>();" if wait else "").replace("KERNEL", name)
+    x = np.arange(1, 129, dtype=np.float32)
+    y = run(name, body, [x, np.full(32, np.nan, np.float32)])
+    assert np.array_equal(y, x[::4][::-1]) == wait
+
+
+def test_lanes_of_one_warp_at_different_barriers_are_an_error():
+    body = r"""
+extern "C" __global__ void diverge(float* y) {
+    if (threadIdx.x < 16) __syncthreads();
+    else y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+"""
+    with pytest.raises(EmulatorError, match="different barriers"):
+        run("diverge", body, [np.zeros(32, np.float32)])
+
+
+def test_an_access_outside_every_buffer_fails_the_launch_not_the_caller():
+    body = r"""
+extern "C" __global__ void wild(float* y) { y[threadIdx.x + (1LL << 40)] = 1.0f; }
+"""
+    with pytest.raises(EmulatorError, match="signal"):
+        run("wild", body, [np.zeros(32, np.float32)])
+
+
+def test_a_kernel_the_host_compiler_rejects_names_the_kernel():
+    with pytest.raises(EmulatorError, match="rejected kernel broken"):
+        run("broken", 'extern "C" __global__ void broken(float* y) { y[0] = undeclared; }',
+            [np.zeros(1, np.float32)])
+
+
+def test_a_library_call_has_no_kernel_to_emulate():
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tests.codegen.ragged_ops import of
+    op = of("rfft", TensorType((4, 64), DType.float32), n=64, axis=1, norm="backward")
+    with pytest.raises(EmulatorError, match="no generated kernel"):
+        run_emulated(op, [np.ones((4, 64), np.float32)])
