@@ -3,6 +3,8 @@
 Where it runs: `TESSERA_DEVICE=cpu` or `=gpu` decides outright; otherwise CUDA arrays (torch,
 CuPy) run on the GPU, and numpy arrays run on the GPU when one is present and every kernel of
 the plan has a GPU template for its dtypes (float64 has none), else on the host.
+`TESSERA_DEVICE=emulator` runs the plan's generated CUDA kernels on the host, in the CPU emulator
+(codegen/emulator.py): the GPU's kernels, checked without a GPU, slowly.
 
 >>> import numpy as np
 >>> from tessera_rw import op
@@ -32,6 +34,7 @@ from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.pipeline import CompiledProgram
 
 DEVICE_VARIABLE = "TESSERA_DEVICE"
+DEVICES = ("cpu", "gpu", "emulator")
 
 
 @lru_cache(maxsize=256)
@@ -44,12 +47,13 @@ def _has_gpu_templates(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> 
 
 
 def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
-    """'cpu' or 'gpu' for this call."""
+    """'cpu', 'gpu' or 'emulator' for this call."""
     forced = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
-    if forced not in ("", "cpu", "gpu"):
-        raise ArgumentError(f"{DEVICE_VARIABLE}={forced!r} is not a device", hint="use cpu or gpu, or unset it")
+    if forced not in ("", *DEVICES):
+        raise ArgumentError(f"{DEVICE_VARIABLE}={forced!r} is not a device",
+                            hint=f"use one of {', '.join(DEVICES)}, or unset it")
     on_device = [n for n, v in values.items() if device_index_of(v) is not None]
-    if forced == "cpu" and on_device:
+    if forced in ("cpu", "emulator") and on_device:
         raise ArgumentError(f"{DEVICE_VARIABLE}=cpu but inputs {on_device} are GPU arrays",
                             hint="move them to the host (.cpu() / .get()) or unset the variable")
     if forced:
@@ -67,4 +71,8 @@ def run_program(program: CompiledProgram, values: Mapping[str, Any]) -> tuple[An
     if device == "gpu":
         from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
         return run_plan_on_gpu(program.plan, values, numerics=current_numerics(), schedules=program.schedules)
+    if device == "emulator":
+        from tessera_rw.codegen.emulator_plan import run_plan_emulated
+        return run_plan_emulated(program.plan, {n: np.asarray(v) for n, v in values.items()}, arch=program.arch,
+                                 numerics=current_numerics(), schedules=dict(program.schedules))
     return run_plan_on_cpu(program.plan, {n: np.asarray(v) for n, v in values.items()}, current_numerics())

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tessera_rw.codegen import emulator, emulator_plan
+from tessera_rw.execute import DEVICE_VARIABLE
 from tessera_rw.kernel import Kernel
 from tessera_rw.pipeline import CompiledProgram
 
@@ -122,6 +124,17 @@ def test_main_checks_every_kernel_against_numpy(stem, capsys):
     lines = capsys.readouterr().out.splitlines()
     for k in kernels_of(module):
         assert any(line.startswith(k.name) and "ok" in line for line in lines), (k.name, lines)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("stem", [f.stem for f in FILES])
+def test_main_passes_with_the_generated_cuda_kernels_run_in_the_emulator(stem, monkeypatch, capsys):
+    plans = []
+    run = emulator_plan.run_plan_emulated
+    monkeypatch.setattr(emulator_plan, "run_plan_emulated", lambda plan, *a, **k: plans.append(plan) or run(plan, *a, **k))
+    monkeypatch.setenv(DEVICE_VARIABLE, "emulator")
+    assert example(stem).main() == 0, capsys.readouterr().out
+    assert plans, "no plan ran in the emulator"
 
 
 def test_main_fails_when_a_kernel_disagrees_with_numpy(monkeypatch, capsys):

@@ -69,7 +69,7 @@ def host_kernel(node: Node, args: list[np.ndarray], numerics: Numerics = Numeric
     return np.asarray(special(node, args)).astype(node.dtype.numpy, copy=False)
 
 
-class _Memory:
+class HostMemory:
     """The plan's buffers as host byte arrays; a value is a dense view of one of them, from its offset."""
 
     def __init__(self, plan: KernelPlan, feeds: Mapping[str, np.ndarray]):
@@ -98,14 +98,14 @@ class _Memory:
         np.copyto(self.view(ref), np.asarray(value), casting="unsafe")
 
 
-def run_step(step: Step, memory: _Memory, numerics: Numerics = Numerics.DETERMINISTIC) -> None:
+def run_step(step: Step, memory: HostMemory, numerics: Numerics = Numerics.DETERMINISTIC) -> None:
     memory.write(step.output, host_kernel(step.node, [memory.view(r) for r in step.inputs], numerics))
 
 
 def run_plan_on_cpu(plan: KernelPlan, feeds: Mapping[str, np.ndarray],
                     numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[np.ndarray, ...]:
     """Run `plan` on the host with inputs by name; the outputs are fresh arrays."""
-    memory = _Memory(plan, feeds)
+    memory = HostMemory(plan, feeds)
     recorders = active_recorders()
     if recorders:                       # profiled: every step timed by the wall clock
         run = PlanRun(plan, numerics)
