@@ -94,7 +94,7 @@ _PRELUDE_NAME = "tessera_emulator.h"
 
 
 def _compile(cxx: str, args: list[str], what: str) -> None:
-    done = subprocess.run([cxx, *_FLAGS, *args], capture_output=True, text=True)
+    done = subprocess.run([cxx, *_FLAGS, *args], capture_output=True, text=True, errors="replace")
     if done.returncode:
         raise EmulatorError(f"the host compiler rejected {what} for the emulator:\n{done.stderr[-4000:]}",
                             hint="the kernel uses a CUDA feature emulator_runtime.h does not provide")
@@ -112,7 +112,7 @@ def _prelude_dir(cxx: str) -> Path:
         with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=path) as tmp:
             staged = Path(tmp) / _PRELUDE_NAME
             staged.write_text(text)
-            if "g++" in Path(cxx).name:
+            if Path(cxx).name.endswith("g++"):
                 _compile(cxx, ["-x", "c++-header", "-o", f"{staged}.gch", str(staged)], "the emulator's prelude")
                 os.replace(f"{staged}.gch", f"{header}.gch")
             os.replace(staged, header)       # last: its presence says the directory is complete
@@ -157,7 +157,10 @@ class EmulatedKernel:
             command = [str(self.program), *map(str, self.source.grid), str(self.source.threads),
                        str(self.source.dynamic_smem), *files]
             try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+                done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+            except FileNotFoundError:
+                raise EmulatorError(f"the emulator's build of kernel {self.source.name} is gone ({self.program})",
+                                    hint="clear the emulator's cache entry (build.cache_clear()) and build again") from None
             except subprocess.TimeoutExpired:
                 raise EmulatorError(f"kernel {self.source.name} ran past {timeout:.0f} s in the emulator",
                                     hint="emulate a smaller problem, or look for a barrier it never leaves") from None
@@ -168,7 +171,7 @@ class EmulatedKernel:
                 raise EmulatorError(f"kernel {self.source.name} failed in the emulator: {why}",
                                     hint="this is a code generator bug; please report it with the kernel's source")
             for path, a in zip(files, arrays):     # a kernel may write any argument, as on the device
-                if a.flags.writeable and a.flags.c_contiguous:
+                if a.flags.writeable:
                     a[...] = np.fromfile(path, dtype=a.dtype).reshape(a.shape)
 
 
@@ -184,7 +187,7 @@ def build(source: KernelSource) -> EmulatedKernel:
     digest = hashlib.sha256("\0".join((text, str(prelude), cxx, *_FLAGS)).encode()).hexdigest()[:24]
     target = _program_dir() / f"{source.name[:80]}-{digest}"
     if not target.exists():
-        with tempfile.TemporaryDirectory(prefix="tessera-emulator-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=target.parent) as tmp:
             cpp, program = Path(tmp) / "kernel.cpp", Path(tmp) / "kernel"
             cpp.write_text(text)
             _compile(cxx, ["-I", str(prelude), "-o", str(program), str(cpp)], f"kernel {source.name}")

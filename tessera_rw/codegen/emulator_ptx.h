@@ -37,7 +37,7 @@ inline void mma_16816(float* d, const unsigned* a, const unsigned* b, bool bf16)
     Slot mine{};
     for (int i = 0; i < 4; ++i) mine.words[i] = a[i];
     for (int i = 0; i < 2; ++i) mine.words[4 + i] = b[i];
-    const Slot* s = exchange(mine);
+    const Slot* s = exchange(mine, MMA);
     const int g = lane() / 4, t = lane() % 4;
     for (int e = 0; e < 4; ++e) {
         const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
@@ -56,7 +56,7 @@ inline void mma_1688_tf32(float* d, const unsigned* a, const unsigned* b) {
     Slot mine{};
     for (int i = 0; i < 4; ++i) mine.words[i] = a[i];
     for (int i = 0; i < 2; ++i) mine.words[4 + i] = b[i];
-    const Slot* s = exchange(mine);
+    const Slot* s = exchange(mine, MMA);
     const int g = lane() / 4, t = lane() % 4;
     auto tf32 = [](unsigned w) { return __uint_as_float(w & 0xffffe000u); };
     for (int e = 0; e < 4; ++e) {
@@ -68,25 +68,41 @@ inline void mma_1688_tf32(float* d, const unsigned* a, const unsigned* b) {
     }
 }
 
+inline void require_aligned(const void* p, const char* what) {
+    if ((uintptr_t)p % 16) fail(what);
+}
+
 // ldmatrix: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; lane 4g + t receives row g,
-// columns 2t..2t+1 of each matrix (transposed: rows 2t..2t+1 of column g).
+// columns 2t..2t+1 of each matrix (transposed: rows 2t..2t+1 of column g). The first lane to go on
+// reads for the whole warp, so shared memory is read as the instruction reads it: all at once,
+// before any lane's next store.
 inline void ldmatrix(unsigned* r, const void* p, int matrices, bool transposed) {
+    if (lane() < 8 * matrices) require_aligned(p, "ldmatrix: a row address is not 16-byte aligned");
     Slot mine{};
     mine.pointer = p;
-    const Slot* s = exchange(mine);
-    const int g = lane() / 4, t = lane() % 4;
-    for (int i = 0; i < matrices; ++i) {
-        unsigned lo, hi;
-        if (!transposed) {
-            const unsigned short* row = (const unsigned short*)s[i * 8 + g].pointer;
-            lo = row[2 * t];
-            hi = row[2 * t + 1];
-        } else {
-            lo = ((const unsigned short*)s[i * 8 + 2 * t].pointer)[g];
-            hi = ((const unsigned short*)s[i * 8 + 2 * t + 1].pointer)[g];
+    bool first = false;
+    Slot* s = exchange(mine, LDMATRIX, &first);
+    if (first) {
+        unsigned loaded[32][4];
+        for (int l = 0; l < 32; ++l) {
+            const int g = l / 4, t = l % 4;
+            for (int i = 0; i < matrices; ++i) {
+                unsigned lo, hi;
+                if (!transposed) {
+                    const unsigned short* row = (const unsigned short*)s[i * 8 + g].pointer;
+                    lo = row[2 * t];
+                    hi = row[2 * t + 1];
+                } else {
+                    lo = ((const unsigned short*)s[i * 8 + 2 * t].pointer)[g];
+                    hi = ((const unsigned short*)s[i * 8 + 2 * t + 1].pointer)[g];
+                }
+                loaded[l][i] = lo | (hi << 16);
+            }
         }
-        r[i] = lo | (hi << 16);
+        for (int l = 0; l < 32; ++l)
+            for (int i = 0; i < matrices; ++i) s[l].words[i] = loaded[l][i];
     }
+    for (int i = 0; i < matrices; ++i) r[i] = s[lane()].words[i];
 }
 
 }  // namespace emu
@@ -102,6 +118,9 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned* r, const void* p) { 
 // the source is read when the copy is issued (global memory does not change during a kernel);
 // shared memory is written when cp_async_wait retires the copy's group
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int valid) {
+    if (valid < 0 || valid > 16) emu::fail("cp.async: the source size is not in 0..16");
+    emu::require_aligned(dst, "cp.async: the shared address is not 16-byte aligned");
+    if (valid) emu::require_aligned(src, "cp.async: the global address is not 16-byte aligned");
     emu::Copy c{dst, {}};
     if (valid) std::memcpy(c.bytes, src, valid);
     emu::self().open_group.push_back(c);

@@ -15,7 +15,10 @@
 // their group, so a kernel that reads a stage before waiting for it reads the previous tile.
 //
 // __shared__ variables are static locals, one copy shared by the threads of the running block;
-// dynamic shared memory is one arena filled with 0xFF (NaN in every float type) before each block.
+// dynamic shared memory is one arena ending against a page that faults. Both are filled with 0xFF
+// (NaN in every float type) before each block, and so is the top of every thread's stack.
+// Misaligned ldmatrix and cp.async addresses, and lanes of one warp at different collectives,
+// stop the run with a message, as the device would fault.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -38,7 +41,15 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+// __shared__ variables are static, gathered in one section (on Linux) so that each block starts with
+// them filled with 0xFF, as a block's shared memory starts with whatever was there
+#ifdef __linux__
+#define __shared__ static __attribute__((section("emu_shared")))
+extern "C" char __start_emu_shared[] __attribute__((weak));
+extern "C" char __stop_emu_shared[] __attribute__((weak));
+#else
 #define __shared__ static
+#endif
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint2 { unsigned x, y; };
@@ -92,25 +103,48 @@ struct Thread {
     std::vector<std::vector<Copy>> groups;    // committed groups, oldest first
 };
 
-// One lane's published operands at a warp collective.
-struct Slot { unsigned words[8]; const void* pointer; double value; };
+// One lane's published operands at a warp collective, and which collective it is at.
+struct Slot { unsigned words[8]; const void* pointer; double value; int kind; };
+enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA };
 
 struct Block {
     std::vector<Thread> threads;
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
+    std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
     ucontext_t scheduler;
     Thread* current = nullptr;
     const char* error = nullptr;
 };
 
 inline Block& block() { static Block b; return b; }
-inline unsigned char* dynamic_smem_arena(size_t bytes = 0) {
-    static std::vector<unsigned char> arena;
-    if (bytes > arena.size()) arena.resize(bytes);
-    return arena.data();
-}
 
 inline Thread& self() { return *block().current; }
+
+// Stop the run: a fault the device would report (misaligned or out-of-bounds access, mismatched
+// collectives). The message names the block and thread.
+[[noreturn]] inline void fail(const char* what) {
+    const Block& b = block();
+    if (b.current)
+        std::fprintf(stderr, "%s (block %u,%u,%u thread %u)\n", what, blockIdx.x, blockIdx.y, blockIdx.z,
+                     b.current->index.x);
+    else
+        std::fprintf(stderr, "%s\n", what);
+    std::fflush(stderr);
+    _exit(3);
+}
+
+// The dynamic shared memory: `bytes` ending against a page that faults, so a kernel reading or
+// writing past what its launch asked for stops instead of reading the heap.
+inline unsigned char*& dynamic_smem_base() { static unsigned char* base = nullptr; return base; }
+inline unsigned char* dynamic_smem_arena() { return dynamic_smem_base(); }
+inline void allocate_dynamic_smem(size_t bytes) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t rounded = (bytes + 127) / 128 * 128, span = (rounded + page - 1) / page * page;
+    char* region = (char*)mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region == MAP_FAILED) fail("out of memory for dynamic shared memory");
+    mprotect(region + span, page, PROT_NONE);
+    dynamic_smem_base() = (unsigned char*)region + span - rounded;
+}
 inline int lane() { return self().index.x % 32; }     // blocks are 1-d in every generated kernel
 inline int warp() { return self().index.x / 32; }
 
@@ -123,13 +157,23 @@ inline void yield(State state) {
 
 inline Slot* warp_slots(unsigned buffer) { return &block().slots[(warp() * 2 + buffer) * 32]; }
 
-// Publish this lane's slot, wait for the warp, and return the warp's 32 slots to read from.
-inline Slot* exchange(const Slot& mine) {
+// Publish this lane's slot for collective `kind`, wait for the warp, and return the warp's 32 slots
+// to read from (and whether this lane is the first to read them: `*first`).
+inline Slot* exchange(Slot mine, int kind, bool* first = nullptr) {
     Thread& t = self();
     const unsigned buffer = t.collectives++ & 1;
+    Block& b = block();
     Slot* slots = warp_slots(buffer);
+    char& gathered = b.gathered[warp() * 2 + buffer];
+    mine.kind = kind;
     slots[lane()] = mine;
+    gathered = 0;
     yield(AT_WARP_BARRIER);
+    const int lanes = std::min(32, (int)blockDim.x - warp() * 32);
+    for (int l = 0; l < lanes; ++l)
+        if (slots[l].kind != kind) fail("the lanes of a warp met at different collectives (divergent code)");
+    if (first) *first = !gathered;
+    gathered = 1;
     return slots;
 }
 
@@ -140,12 +184,13 @@ inline void apply(const std::vector<Copy>& group) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::yield(emu::AT_BLOCK_BARRIER); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::exchange(emu::Slot{}); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::exchange(emu::Slot{}, emu::SYNCWARP); }
 
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+    static_assert(sizeof(T) <= sizeof(double), "a shuffle moves at most 8 bytes");
     emu::Slot mine{};
     std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine);
+    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
     const int from = emu::lane() ^ lane_mask;
     T r = v;
     if (from / width == emu::lane() / width) std::memcpy(&r, &s[from].value, sizeof r);
@@ -154,15 +199,15 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int wi
 template <class T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
     emu::Slot mine{};
     std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine);
+    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
     T r;
-    std::memcpy(&r, &s[(emu::lane() / width) * width + src % width].value, sizeof r);
+    std::memcpy(&r, &s[(emu::lane() / width) * width + (src & (width - 1))].value, sizeof r);
     return r;
 }
 template <class T> inline T __shfl_down_sync(unsigned, T v, int delta, int width = 32) {
     emu::Slot mine{};
     std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine);
+    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
     const int from = emu::lane() + delta;
     T r = v;
     if (from / width == emu::lane() / width) std::memcpy(&r, &s[from].value, sizeof r);
@@ -172,6 +217,7 @@ template <class T> inline T __shfl_down_sync(unsigned, T v, int delta, int width
 namespace emu {
 
 constexpr size_t STACK_BYTES = 256 * 1024;
+constexpr size_t POISONED_STACK_BYTES = 32 * 1024;
 
 inline std::function<void()>& kernel_body() { static std::function<void()> f; return f; }
 
@@ -191,11 +237,15 @@ inline void resume(Thread& t) {
 }
 
 // Run one block to completion; returns an error message or nullptr.
-inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dynamic_smem) {
+inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dynamic_smem, bool last_warp_first) {
     Block& b = block();
     b.threads.assign(threads, Thread{});
     b.slots.assign(((threads + 31) / 32) * 2 * 32, Slot{});
-    if (dynamic_smem) std::memset(dynamic_smem_arena(dynamic_smem), 0xFF, dynamic_smem);
+    b.gathered.assign(((threads + 31) / 32) * 2, 0);
+    if (dynamic_smem) std::memset(dynamic_smem_arena(), 0xFF, dynamic_smem);
+#ifdef __linux__
+    if (__start_emu_shared) std::memset(__start_emu_shared, 0xFF, __stop_emu_shared - __start_emu_shared);
+#endif
     for (int i = 0; i < threads; ++i) {
         Thread& t = b.threads[i];
         t.index.x = i;
@@ -205,11 +255,13 @@ inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
         t.context.uc_link = nullptr;
         makecontext(&t.context, thread_entry, 0);
     }
-    // Warps run one at a time, the last first, each as far as it gets (through its warp
-    // collectives) before the next starts: the order that most exposes a missing __syncthreads.
+    // Warps run one at a time, each as far as it gets (through its warp collectives) before the
+    // next starts, the last first or the first first (alternate blocks): a warp reads what another
+    // has not yet written when a __syncthreads is missing, whichever way the data flows.
     const int warps = (threads + 31) / 32;
     while (true) {
-        for (int w = warps - 1; w >= 0; --w) {
+        for (int i = 0; i < warps; ++i) {
+            const int w = last_warp_first ? warps - 1 - i : i;
             const int first = w * 32, last = std::min(threads, first + 32);
             while (true) {
                 for (int l = last - 1; l >= first; --l)
@@ -242,17 +294,22 @@ inline void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
 }
 
 template <class... A>
-inline const char* launch(void (*kernel)(A...), void** args, int gx, int gy, int gz, int threads,
+inline const char* launch(void (*kernel)(A...), void** args, int nargs, int gx, int gy, int gz, int threads,
                           size_t dynamic_smem) {
+    if (nargs != (int)sizeof...(A)) return "the launch passes a different number of arguments than the kernel takes";
     kernel_body() = [=] { call(kernel, args, std::index_sequence_for<A...>{}); };
-    // each stack sits above a page that faults, so an overflow stops the run instead of corrupting memory
-    const size_t guard = (size_t)sysconf(_SC_PAGESIZE);
+    if (dynamic_smem) allocate_dynamic_smem(dynamic_smem);
+    // each stack sits above 64 KiB that fault, so an overflow stops the run instead of corrupting
+    // memory; its top (where the frames are) starts as 0xFF bytes, so a register the kernel reads
+    // before writing holds NaN, not zero
+    const size_t guard = 64 * 1024;
     std::vector<char*> stacks(threads);
     for (char*& stack : stacks) {
         char* region = (char*)mmap(nullptr, STACK_BYTES + guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (region == MAP_FAILED) return "out of memory for thread stacks";
         mprotect(region, guard, PROT_NONE);
         stack = region + guard;
+        std::memset(stack + STACK_BYTES - POISONED_STACK_BYTES, 0xFF, POISONED_STACK_BYTES);
     }
     blockDim = dim3{unsigned(threads), 1, 1};
     gridDim = dim3{unsigned(gx), unsigned(gy), unsigned(gz)};
@@ -260,7 +317,8 @@ inline const char* launch(void (*kernel)(A...), void** args, int gx, int gy, int
         for (int y = 0; y < gy; ++y)
             for (int x = 0; x < gx; ++x) {
                 blockIdx = dim3{unsigned(x), unsigned(y), unsigned(z)};
-                if (const char* error = run_block(threads, stacks, dynamic_smem)) return error;
+                const bool last_warp_first = (x + gx * (y + gy * z)) % 2 == 0;
+                if (const char* error = run_block(threads, stacks, dynamic_smem, last_warp_first)) return error;
             }
     return nullptr;
 }
@@ -283,7 +341,7 @@ inline const char* launch(void (*kernel)(A...), void** args, int gx, int gy, int
             pointers[i - 6] = p;                                                                   \
             args[i - 6] = &pointers[i - 6];                                                        \
         }                                                                                          \
-        const char* error = emu::launch(kernel, args.data(), std::atoi(argv[1]), std::atoi(argv[2]), \
+        const char* error = emu::launch(kernel, args.data(), argc - 6, std::atoi(argv[1]), std::atoi(argv[2]), \
                                         std::atoi(argv[3]), std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10)); \
         if (error) { std::fprintf(stderr, "%s\n", error); return 3; }                             \
         return 0;                                                                                  \

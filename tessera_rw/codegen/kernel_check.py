@@ -341,8 +341,11 @@ def expected(op: KernelOp, inputs: Inputs, rng: np.random.Generator, unit: MathU
 # ---- the check -------------------------------------------------------------------------------------
 
 def _nonfinite(out: np.ndarray) -> np.ndarray:
-    """Flat indices of NaN / inf elements; 16-bit floats are read through their exponent bits."""
-    if out.dtype.kind in "biu":
+    """Flat indices of NaN / inf elements (of a bool output: bytes other than 0 and 1, which the
+    poison leaves); 16-bit floats are read through their exponent bits."""
+    if out.dtype.kind == "b":
+        return np.flatnonzero(np.ascontiguousarray(out).view(np.uint8).ravel() > 1)
+    if out.dtype.kind in "iu":
         return np.empty(0, np.int64)
     if out.dtype == DType.bfloat16.numpy:      # all exponent bits set: inf or NaN
         return np.flatnonzero((out.view(np.uint16).ravel() & 0x7F80) == 0x7F80)

@@ -37,12 +37,40 @@ extern "C" __global__ void mma_check(const bf16_t* A, const bf16_t* B, float* D)
 """
 
 
-def test_mma_m16n8k16_follows_the_ptx_fragment_layout():
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
+def test_mma_m16n8k16_follows_the_ptx_fragment_layout(dtype):
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((16, 16)).astype(ml_dtypes.bfloat16)
-    b = rng.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
-    d = run("mma_check", MMA_16816, [a, b, np.zeros((16, 8), np.float32)])
+    a = rng.standard_normal((16, 16)).astype(dtype)
+    b = rng.standard_normal((16, 8)).astype(dtype)
+    body = MMA_16816 if dtype is ml_dtypes.bfloat16 else MMA_16816.replace("bf16", "f16").replace(
+        "mma_check", "mma_check_f16")
+    name = "mma_check" if dtype is ml_dtypes.bfloat16 else "mma_check_f16"
+    d = run(name, body, [a, b, np.zeros((16, 8), np.float32)])
     np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-5, atol=1e-5)
+
+
+# m16n8k8 tf32: lane = 4g + t holds A(g|g+8, t|t+4), B(t|t+4, g), D as m16n8k16's (PTX ISA figures)
+MMA_1688 = r"""
+extern "C" __global__ void mma_tf32_check(const float* A, const float* B, float* D) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned a[4] = {tf32_round(A[g * 8 + t]), tf32_round(A[(g + 8) * 8 + t]),
+                     tf32_round(A[g * 8 + t + 4]), tf32_round(A[(g + 8) * 8 + t + 4])};
+    unsigned b[2] = {tf32_round(B[t * 8 + g]), tf32_round(B[(t + 4) * 8 + g])};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_tf32_1688(d, a, b);
+    D[g * 8 + 2 * t] = d[0]; D[g * 8 + 2 * t + 1] = d[1];
+    D[(g + 8) * 8 + 2 * t] = d[2]; D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+"""
+
+
+def test_mma_m16n8k8_tf32_follows_the_ptx_fragment_layout_and_rounds_operands():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    d = run("mma_tf32_check", MMA_1688, [a, b, np.zeros((16, 8), np.float32)])
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(d, want, atol=4 * 2.0 ** -10 * np.abs(a).max() * np.abs(b).max())
+    assert not np.allclose(d, want, rtol=0, atol=1e-6)        # tf32 keeps 10 mantissa bits, not 23
 
 
 LDMATRIX = r"""
@@ -70,6 +98,33 @@ def test_ldmatrix_gives_each_lane_a_row_pair_or_a_column_pair():
         np.testing.assert_array_equal(plain[i * 32:(i + 1) * 32], lo | (hi << 16))
         lo, hi = i * 64 + (2 * t) * 8 + g, i * 64 + (2 * t + 1) * 8 + g              # rows 2t, 2t+1, column g
         np.testing.assert_array_equal(trans[i * 32:(i + 1) * 32], lo | (hi << 16))
+
+
+LDMATRIX_X2 = r"""
+extern "C" __global__ void ldmatrix_x2_check(const unsigned short* M, unsigned* out) {
+    __shared__ __align__(16) unsigned short s[2 * 64];
+    for (int i = threadIdx.x; i < 2 * 64; i += 32) s[i] = M[i];
+    __syncthreads();
+    unsigned r[2];
+    ldmatrix_x2(r, s + ((threadIdx.x / 8) % 2) * 64 + (threadIdx.x % 8) * 8);   // lanes 16-31: ignored
+    out[threadIdx.x] = r[0]; out[32 + threadIdx.x] = r[1];
+}
+"""
+
+
+def test_ldmatrix_x2_reads_the_addresses_of_lanes_0_to_15():
+    m = np.arange(2 * 64, dtype=np.uint16)
+    out = run("ldmatrix_x2_check", LDMATRIX_X2, [m, np.zeros(64, np.uint32)])
+    g, t = np.arange(32) // 4, np.arange(32) % 4
+    for i in range(2):
+        np.testing.assert_array_equal(out[i * 32:(i + 1) * 32], (i * 64 + g * 8 + 2 * t) | ((i * 64 + g * 8 + 2 * t + 1) << 16))
+
+
+def test_a_misaligned_ldmatrix_address_stops_the_run():
+    body = LDMATRIX_X2.replace("ldmatrix_x2_check", "ldmatrix_misaligned").replace(
+        "(threadIdx.x % 8) * 8);", "(threadIdx.x % 8) * 8 + 1);")
+    with pytest.raises(EmulatorError, match="not 16-byte aligned"):
+        run("ldmatrix_misaligned", body, [np.arange(128, dtype=np.uint16), np.zeros(64, np.uint32)])
 
 
 REVERSE = r"""
@@ -110,6 +165,34 @@ def test_cp_async_lands_when_its_group_is_waited_for(wait):
     x = np.arange(1, 129, dtype=np.float32)
     y = run(name, body, [x, np.full(32, np.nan, np.float32)])
     assert np.array_equal(y, x[::4][::-1]) == wait
+
+
+def test_cp_async_zero_fills_past_the_valid_bytes():
+    body = r"""
+extern "C" __global__ void partial_copy(const float* x, float* y) {
+    __shared__ __align__(16) float s[4 * 32];
+    cp_async_16(s + 4 * threadIdx.x, x + 4 * threadIdx.x, 4 * (threadIdx.x % 5));   // 0..4 floats, 0..16 bytes
+    cp_async_commit();
+    cp_async_wait<0>();
+    for (int e = 0; e < 4; ++e) y[4 * threadIdx.x + e] = s[4 * threadIdx.x + e];
+}
+"""
+    x = np.arange(1, 129, dtype=np.float32)
+    y = run("partial_copy", body, [x, np.full(128, np.nan, np.float32)]).reshape(32, 4)
+    valid = np.arange(32) % 5
+    for lane in range(32):
+        np.testing.assert_array_equal(y[lane], np.where(np.arange(4) < valid[lane], x.reshape(32, 4)[lane], 0))
+
+
+def test_lanes_of_one_warp_at_different_collectives_are_an_error():
+    body = r"""
+extern "C" __global__ void mismatched(float* y) {
+    if (threadIdx.x < 16) y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+    else __syncwarp();
+}
+"""
+    with pytest.raises(EmulatorError, match="different collectives"):
+        run("mismatched", body, [np.zeros(32, np.float32)])
 
 
 def test_lanes_of_one_warp_at_different_barriers_are_an_error():

@@ -108,6 +108,19 @@ def test_an_unwritten_element_outside_the_checked_rows_fails(monkeypatch):
         kc.check(exp, out, "softmax")
 
 
+def test_an_unwritten_bool_element_fails_even_where_true_is_expected():
+    t = TensorType((64, 32), DType.float32)
+    op = of("lt", t, t)
+    rng = np.random.default_rng(6)
+    inputs = kc.random_inputs(op, rng)
+    exp = kc.expected(op, inputs, rng)
+    out = np.asarray(exp.value).copy()
+    at = tuple(int(i) for i in np.argwhere(out)[0])
+    out.view(np.uint8)[at] = 0xFF                      # the poison, which numpy reads as True
+    with pytest.raises(AssertionError, match="never written"):
+        kc.check(exp, out, "lt")
+
+
 def test_wrong_dtype_or_shape_fails():
     op = RAGGED["sum rows of 1001 f32"]
     rng = np.random.default_rng(6)
