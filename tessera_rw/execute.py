@@ -54,7 +54,7 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
                             hint=f"use one of {', '.join(DEVICES)}, or unset it")
     on_device = [n for n, v in values.items() if device_index_of(v) is not None]
     if forced in ("cpu", "emulator") and on_device:
-        raise ArgumentError(f"{DEVICE_VARIABLE}=cpu but inputs {on_device} are GPU arrays",
+        raise ArgumentError(f"{DEVICE_VARIABLE}={forced} but inputs {on_device} are GPU arrays",
                             hint="move them to the host (.cpu() / .get()) or unset the variable")
     if forced:
         return forced

@@ -9,7 +9,7 @@ for checking, not for speed.
 
 What it catches: wrong indexing, swizzles and fragment layouts, edges and predicates, a stage read
 before its cp.async group is waited for, a missing barrier that lets a warp read what another has
-not written yet (threads resume in reverse order), divergent barriers. What it does not: data races
+not written yet (warps run ahead of one another between barriers), divergent barriers. What it does not: data races
 between threads that the run order happens to hide, bank conflicts, anything about speed.
 
 >>> from tessera_rw.algebra.dtypes import DType
@@ -47,7 +47,7 @@ from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES
 COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then c++, clang++)
 _FLAGS = ("-std=c++17", "-O1", "-w", "-fno-strict-aliasing")
 _HERE = Path(__file__).parent
-_POISON = 0xFF                        # every output byte before the run: NaN in any float type
+POISON = 0xFF                         # every output byte before the run: NaN in any float type
 
 
 class EmulatorError(TesseraError):
@@ -146,9 +146,11 @@ class EmulatedKernel:
     source: KernelSource
     program: Path
 
-    def __call__(self, arrays: Sequence[np.ndarray], *, timeout: float = 600.0) -> None:
+    def __call__(self, arrays: Sequence[np.ndarray], *, writes: Sequence[int] = (-1,), timeout: float = 600.0) -> None:
         """Run the kernel once over `arrays` (operands, then the output), as `source.grid` blocks of
-        `source.threads` threads; what it writes lands in the arrays (those writable and C-contiguous)."""
+        `source.threads` threads; what it writes to the arrays at positions `writes` (default: the
+        output, the last, which is all a generated kernel writes) lands in them. The others are the
+        kernel's own copies, as a device's copies of host inputs are."""
         check_launch_shape(self.source)
         with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=_arguments_dir()) as tmp:
             files = [os.path.join(tmp, f"arg{i}") for i in range(len(arrays))]
@@ -170,9 +172,8 @@ class EmulatedKernel:
                                               else f"exit status {done.returncode}")
                 raise EmulatorError(f"kernel {self.source.name} failed in the emulator: {why}",
                                     hint="this is a code generator bug; please report it with the kernel's source")
-            for path, a in zip(files, arrays):     # a kernel may write any argument, as on the device
-                if a.flags.writeable:
-                    a[...] = np.fromfile(path, dtype=a.dtype).reshape(a.shape)
+            for i in writes:
+                arrays[i][...] = np.fromfile(files[i], dtype=arrays[i].dtype).reshape(arrays[i].shape)
 
 
 @lru_cache(maxsize=256)
@@ -221,6 +222,6 @@ def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpe
     source = template.emit(op, schedule, spec)
     arrays = [np.ascontiguousarray(np.asarray(x, dtype=t.dtype.numpy)) for x, t in zip(inputs, op.operands)]
     out = np.empty(op.result.shape, op.result.dtype.numpy)
-    out.reshape(-1).view(np.uint8)[:] = _POISON
+    out.reshape(-1).view(np.uint8)[:] = POISON
     build(source)([*arrays, out])
     return out

@@ -27,14 +27,12 @@ import numpy as np
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.cpu_executor import HostMemory, run_step
-from tessera_rw.codegen.emulator import build_all
+from tessera_rw.codegen.emulator import POISON, build_all
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.lower.plan import BufferRole, KernelPlan
-
-_POISON = 0xFF
 
 
 def run_plan_emulated(plan: KernelPlan, feeds: Mapping[str, np.ndarray], *, arch: ArchSpec | str = "h100",
@@ -46,7 +44,7 @@ def run_plan_emulated(plan: KernelPlan, feeds: Mapping[str, np.ndarray], *, arch
     memory = HostMemory(plan, feeds)
     for buffer in plan.buffers:
         if buffer.role in (BufferRole.TEMP, BufferRole.OUTPUT):
-            memory.bytes[buffer.id][:] = _POISON
+            memory.bytes[buffer.id][:] = POISON
     sources = {}
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)

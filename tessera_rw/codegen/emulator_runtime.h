@@ -113,7 +113,6 @@ struct Block {
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
     ucontext_t scheduler;
     Thread* current = nullptr;
-    const char* error = nullptr;
 };
 
 inline Block& block() { static Block b; return b; }
@@ -135,15 +134,14 @@ inline Thread& self() { return *block().current; }
 
 // The dynamic shared memory: `bytes` ending against a page that faults, so a kernel reading or
 // writing past what its launch asked for stops instead of reading the heap.
-inline unsigned char*& dynamic_smem_base() { static unsigned char* base = nullptr; return base; }
-inline unsigned char* dynamic_smem_arena() { return dynamic_smem_base(); }
+inline unsigned char*& dynamic_smem_arena() { static unsigned char* arena = nullptr; return arena; }
 inline void allocate_dynamic_smem(size_t bytes) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     const size_t rounded = (bytes + 127) / 128 * 128, span = (rounded + page - 1) / page * page;
     char* region = (char*)mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (region == MAP_FAILED) fail("out of memory for dynamic shared memory");
     mprotect(region + span, page, PROT_NONE);
-    dynamic_smem_base() = (unsigned char*)region + span - rounded;
+    dynamic_smem_arena() = (unsigned char*)region + span - rounded;
 }
 inline int lane() { return self().index.x % 32; }     // blocks are 1-d in every generated kernel
 inline int warp() { return self().index.x / 32; }
@@ -186,32 +184,30 @@ inline void apply(const std::vector<Copy>& group) {
 inline void __syncthreads() { emu::yield(emu::AT_BLOCK_BARRIER); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::exchange(emu::Slot{}, emu::SYNCWARP); }
 
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+namespace emu {
+
+// A shuffle: every lane publishes v, and reads lane `from`'s value when `from` lies in its own
+// segment of `width` lanes (else keeps its own, as the hardware does).
+template <class T> inline T shuffle(T v, int from, int width) {
     static_assert(sizeof(T) <= sizeof(double), "a shuffle moves at most 8 bytes");
-    emu::Slot mine{};
+    Slot mine{};
     std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
-    const int from = emu::lane() ^ lane_mask;
+    const Slot* s = exchange(mine, SHUFFLE);
     T r = v;
-    if (from / width == emu::lane() / width) std::memcpy(&r, &s[from].value, sizeof r);
+    if (from >= 0 && from < 32 && from / width == lane() / width) std::memcpy(&r, &s[from].value, sizeof r);
     return r;
+}
+
+}  // namespace emu
+
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+    return emu::shuffle(v, emu::lane() ^ lane_mask, width);
 }
 template <class T> inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
-    emu::Slot mine{};
-    std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
-    T r;
-    std::memcpy(&r, &s[(emu::lane() / width) * width + (src & (width - 1))].value, sizeof r);
-    return r;
+    return emu::shuffle(v, (emu::lane() / width) * width + (src & (width - 1)), width);
 }
 template <class T> inline T __shfl_down_sync(unsigned, T v, int delta, int width = 32) {
-    emu::Slot mine{};
-    std::memcpy(&mine.value, &v, sizeof v);
-    const emu::Slot* s = emu::exchange(mine, emu::SHUFFLE);
-    const int from = emu::lane() + delta;
-    T r = v;
-    if (from / width == emu::lane() / width) std::memcpy(&r, &s[from].value, sizeof r);
-    return r;
+    return emu::shuffle(v, emu::lane() + delta, width);
 }
 
 namespace emu {

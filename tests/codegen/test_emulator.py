@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulat
 
 
 def run(name: str, body: str, arrays, threads: int = 32, blocks: int = 1):
-    build(KernelSource(name, body, threads=threads, grid=(blocks, 1, 1)))(arrays)
+    build(KernelSource(name, body, threads=threads, grid=(blocks, 1, 1)))(arrays, writes=range(len(arrays)))
     return arrays[-1]
 
 
