@@ -55,6 +55,7 @@ def describe_operands(names: Sequence[str], types: Sequence[TensorType]) -> str:
 def make(op_name: str, *args: Node, **attrs: Any) -> Node:
     """Apply an op: check its operands against its shape rule and return the (interned) node."""
     op = opdef(op_name)
+    attrs = op.attr_defaults | attrs
     types = tuple(a.type for a in args)
     try:
         result = op.infer(*types, **attrs)

@@ -77,5 +77,12 @@ class OpDef:
         attrs += [p for p in params if p.kind is p.KEYWORD_ONLY]
         return tuple(sorted(p.name for p in attrs))
 
+    @cached_property
+    def attr_defaults(self) -> dict[str, object]:
+        """The attributes the shape rule gives a default (gemm's `trans_a=False`): a node or kernel
+        built without them gets the default, so equal ops are spelled, hashed and encoded alike."""
+        params = inspect.signature(self.infer).parameters.values()
+        return {p.name: p.default for p in params if p.name in self.attr_names and p.default is not p.empty}
+
     def __repr__(self) -> str:
         return f"OpDef({self.name})"

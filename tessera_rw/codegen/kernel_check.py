@@ -29,8 +29,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
 from tessera_rw.codegen.cpu_attention_backward import row_stats_blockwise
@@ -204,6 +206,12 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats"})
 
 
+def _product_a(op: KernelOp) -> TensorType:
+    """A product's first operand as the product reads it (a stored-transposed one swapped back)."""
+    a = op.operands[0]
+    return read_as(a, True) if op.attr_map.get("trans_a") and a.ndim >= 2 else a
+
+
 def row_plan(op: KernelOp) -> tuple[int, float] | None:
     """(output axis whose rows are independent, numpy work of the whole reference), or None when the
     op has no such axis the reference can be restricted to."""
@@ -212,8 +220,9 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     if op.op in WHOLE_REFERENCE:
         return None
     # a row of the result comes from the same row of a (not so for matmul_bias_grad's extra last row)
-    if kind is OpKind.MATMUL and op.operands[0].ndim >= 2 and out.ndim >= 2 and out.shape[-2] == op.operands[0].shape[-2]:
-        return out.ndim - 2, cost * out.numel * op.operands[0].shape[-1]
+    a = _product_a(op)
+    if kind is OpKind.MATMUL and a.ndim >= 2 and out.ndim >= 2 and out.shape[-2] == a.shape[-2]:
+        return out.ndim - 2, cost * out.numel * a.shape[-1]
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]
     if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
@@ -250,10 +259,10 @@ def _restrict(op: KernelOp, inputs: Inputs, axis: int, rows: np.ndarray) -> tupl
     def rows_of(i: int, along: int) -> np.ndarray:
         return inputs.wide_take(i, rows, along % ts[i].ndim)
 
-    if kind is OpKind.MATMUL:      # rows of a; a bias or residual with those rows too
+    if kind is OpKind.MATMUL:      # rows of a (its columns when stored transposed); a bias or residual's rows
         extra = [rows_of(i, -2) if ts[i].ndim >= 2 and ts[i].shape[-2] == n else inputs.wide(i)
                  for i in range(2, len(ts))]
-        return [rows_of(0, -2), inputs.wide(1), *extra], attrs
+        return [rows_of(0, -1 if attrs.get("trans_a") else -2), inputs.wide(1), *extra], attrs
     if kind is OpKind.ATTENTION:   # queries; causal rows as an explicit mask, as they no longer start at 0
         mask = None
         if attrs["has_mask"]:

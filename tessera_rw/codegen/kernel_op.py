@@ -40,7 +40,8 @@ class KernelOp:
     @classmethod
     def of(cls, op: str, operands: tuple[TensorType, ...], result: TensorType, *,
            numerics: Numerics | str = Numerics.DETERMINISTIC, **attrs: Any) -> KernelOp:
-        return cls(op, tuple(operands), tuple(sorted(attrs.items())), result, Numerics.parse(numerics))
+        declared = OPS[op].attr_defaults if op in OPS else {}
+        return cls(op, tuple(operands), tuple(sorted((declared | attrs).items())), result, Numerics.parse(numerics))
 
     @classmethod
     def from_node(cls, node: Node, numerics: Numerics | str = Numerics.DETERMINISTIC) -> KernelOp:

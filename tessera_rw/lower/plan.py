@@ -33,6 +33,10 @@ from tessera_rw.algebra.node import Node, TensorType
 VIEW_ALIGNMENT = 16
 
 
+# The attributes saying a kernel reads its first / second operand transposed (GEMMs).
+TRANSPOSED_OPERANDS = ("trans_a", "trans_b")
+
+
 class BufferRole(enum.Enum):
     INPUT = "input"          # the caller's array, bound at each call
     CONSTANT = "constant"    # filled once from the graph's constants and literals
@@ -83,6 +87,12 @@ class Step:
     def op(self) -> str:
         return self.node.op
 
+    def operand_text(self, i: int) -> str:
+        """Operand `i` as the plan prints it, marked ᵀ when the kernel reads it transposed (a GEMM's
+        trans_a / trans_b: the buffer holds xᵀ, the product reads x)."""
+        flag = TRANSPOSED_OPERANDS[i] if i < len(TRANSPOSED_OPERANDS) else None
+        return f"{self.inputs[i]}ᵀ" if flag and self.node.attr(flag) else str(self.inputs[i])
+
 
 @dataclass(frozen=True)
 class KernelPlan:
@@ -107,7 +117,7 @@ class KernelPlan:
                  f"{self.temp_bytes} bytes of temporaries"]
         lines += [f"  b{b.id} {b.role.value:8s} {b.name:10s} {b.nbytes} bytes" for b in self.buffers]
         for i, step in enumerate(self.steps):
-            args = ", ".join(map(str, step.inputs))
+            args = ", ".join(step.operand_text(j) for j in range(len(step.inputs)))
             lines.append(f"  {i}: {step.output} = {step.op}({args})")
         lines.append(f"  return {', '.join(map(str, self.outputs))}")
         return "\n".join(lines)

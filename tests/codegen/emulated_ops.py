@@ -45,6 +45,26 @@ def bias_grad(m, k, n, dtype, numerics=None) -> KernelOp:
                               accum_dtype=None))
 
 
+def stored(shape, dtype, transposed) -> TensorType:
+    """An operand the product reads at `shape`, as it lies in memory (last two axes swapped when
+    `transposed`)."""
+    return TensorType(shape[:-2] + (shape[-1], shape[-2]) if transposed else shape, dtype)
+
+
+def transposed(a, b, dtype, out, trans_a=False, trans_b=False, extra=(), numerics=None, **attrs) -> KernelOp:
+    """A gemm of the product a @ b (shapes as the product reads them) with operands stored transposed."""
+    attrs = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
+                 dtype=out, trans_a=trans_a, trans_b=trans_b) | attrs
+    return under(numerics, of("gemm", stored(a, dtype, trans_a), stored(b, dtype, trans_b),
+                              *(TensorType(s, d) for s, d in extra), **attrs))
+
+
+def bias_grad_transposed(m, k, n, dtype, numerics=None) -> KernelOp:
+    """[Aᵀ; 1ᵀ] B with A stored [K, M], as a weight gradient's Xᵀ is."""
+    return under(numerics, of("matmul_bias_grad", stored((m, k), dtype, True), TensorType((k, n), dtype),
+                              accum_dtype=None, trans_a=True))
+
+
 def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=()) -> KernelOp:
     q, kv = TensorType((b, hq, s, d), dtype), TensorType((b, hkv, s, d), dtype)
     extra = (TensorType(mask_batch + (s, s), mask),) if mask else ()
@@ -88,6 +108,34 @@ def _gemm_ops() -> dict[str, KernelOp]:
         "bias grad 100x99x103 f16 ragged": bias_grad(100, 99, 103, F16),
         "bias grad 50x77x30 f32 simt": bias_grad(50, 77, 30, F32),
         "bias grad 64x128x64 tf32": bias_grad(64, 128, 64, F32, FAST),
+    }
+
+
+def _transposed_gemm_ops() -> dict[str, KernelOp]:
+    """Operands stored transposed, on every path: aligned rows (cp.async) and ragged ones
+    (element-wise copies), the bias gradient's ones column mid-tile and past a tile, batched and
+    broadcast."""
+    return {
+        "gemm nt dgelu 128x256x96 bf16": transposed((128, 96), (96, 256), BF16, BF16, trans_b=True,
+                                                    extra=[((128, 256), BF16)], activation="dgelu"),
+        "gemm tn bias gelu 160x256x96 bf16": transposed((160, 96), (96, 256), BF16, BF16, trans_a=True,
+                                                        extra=[((256,), BF16)], has_bias=True, activation="gelu"),
+        "gemm tt batched broadcast f16": transposed((2, 64, 128), (128, 96), F16, F16, trans_a=True, trans_b=True),
+        "gemm tn ragged 101x103x99 bf16 -> f32": transposed((101, 99), (99, 103), BF16, F32, trans_a=True),
+        "gemm nt ragged 3x101x103x99 f16": transposed((3, 101, 99), (99, 103), F16, F16, trans_b=True),
+        "matmul tn 256x128x64 tf32": transposed((256, 64), (64, 128), F32, F32, trans_a=True, numerics=FAST),
+        "matmul nt 3x101x103x99 tf32 ragged": transposed((3, 101, 99), (99, 103), F32, F32, trans_b=True,
+                                                         numerics=FAST),
+        "matmul tt 96x160x64 tf32": transposed((96, 64), (64, 160), F32, F32, True, True, numerics=FAST),
+        "matmul tn ragged 61x70x50 tf32": transposed((61, 50), (50, 70), F32, F32, trans_a=True, numerics=FAST),
+        "gemm tt 130x70x90 f32 simt": transposed((130, 90), (90, 70), F32, F32, True, True),
+        "gemm tn batched 2x100x100x60 f32 simt": transposed((2, 100, 60), (60, 100), F32, F32, trans_a=True),
+        "bias grad tn 128x64x128 bf16": bias_grad_transposed(128, 64, 128, BF16),
+        "bias grad tn 72x64x128 bf16": bias_grad_transposed(72, 64, 128, BF16),
+        "bias grad tn 100x99x103 f16 ragged": bias_grad_transposed(100, 99, 103, F16),
+        "bias grad tn 50x77x30 f32 simt": bias_grad_transposed(50, 77, 30, F32),
+        "bias grad tn 64x128x64 tf32": bias_grad_transposed(64, 128, 64, F32, FAST),
+        "bias grad tn 61x70x50 tf32 ragged": bias_grad_transposed(61, 70, 50, F32, FAST),
     }
 
 
@@ -222,5 +270,5 @@ def _spectral_ops() -> dict[str, KernelOp]:
     }
 
 
-EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
+EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
                                   | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops())

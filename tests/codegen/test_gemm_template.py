@@ -88,7 +88,7 @@ def test_a_derivative_epilogue_reads_its_pre_activation():
         assert "__restrict__ aux, " in source and "aux[gemm_idx_aux(z, r, c)]" in source
         # without its aux operand the op is not one the template implements
         assert not T.accepts(KernelOp.of("gemm", op.operands[:2], op.result, **op.attr_map))
-    (dgelu,) = [op for op in derivatives if op.attr_map["activation"] == "dgelu"]
+    dgelu = next(op for op in derivatives if op.attr_map["activation"] == "dgelu")
     assert "erff(a * 0.70710678118654752f)" in T.emit(dgelu, T.schedules(dgelu, h100)[0], h100).source
 
 

@@ -65,7 +65,11 @@ def test_domains_masks_and_integers():
        scale=0.25, causal=True, has_mask=True),
     rowwise("layernorm", 96, 50, F32),
     conv1d((6, 4, 50), (8, 4, 3), F32, (1, 1)),
-], ids=["gemm-bias-residual", "attention-causal", "attention-causal-float-mask", "layernorm", "conv1d"])
+    of("gemm", TensorType((3, 40, 96), F32), TensorType((24, 40), F32), TensorType((3, 96, 24), F32),
+       scale=1.0, activation="none", has_bias=False, has_residual=True, accum_dtype=None, dtype=F32,
+       trans_a=True, trans_b=True),
+], ids=["gemm-bias-residual", "attention-causal", "attention-causal-float-mask", "layernorm", "conv1d",
+        "gemm-transposed-operands"])
 def test_reference_on_row_subsets_is_the_whole_reference_restricted(op, monkeypatch):
     monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
     monkeypatch.setattr(kc, "MIN_ROWS", 4)

@@ -2,7 +2,7 @@
 
 One kernel per template (its first sample at its first default schedule on H100-SXM), plus the code
 paths a first sample does not reach: the GEMM with a bias + GELU epilogue and with a GELU derivative
-epilogue, causal attention, the masked attention backward, depthwise convolution. A template change
+epilogue, GEMMs reading a transposed operand in place, causal attention, the masked attention backward, depthwise convolution. A template change
 that alters generated code shows up as a diff in review; when the change is meant, accept it with
 
     TESSERA_UPDATE_SNAPSHOTS=1 python -m pytest -q tests/codegen/test_source_snapshots.py
@@ -58,6 +58,11 @@ EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
      lambda op: op.op == "gemm" and op.attr_map["has_bias"] and op.attr_map["activation"] == "gelu", None),
     ("gemm with an activation-derivative epilogue",
      lambda op: op.op == "gemm" and op.attr_map["activation"] == "dgelu", None),
+    ("weight-gradient gemm reading Xᵀ in place",
+     lambda op: op.op == "matmul_bias_grad" and op.attr_map["trans_a"] and op.operands[0].dtype is DType.bfloat16,
+     "tn"),
+    ("gemm reading Wᵀ in place", lambda op: op.op == "gemm" and op.attr_map["trans_b"]
+     and not op.attr_map["trans_a"], "nt"),
     ("causal attention", lambda op: op.op == "flash_attention" and op.attr_map["causal"], None),
     ("masked attention backward", lambda op: op.op == "flash_attention_bwd" and op.attr_map["has_mask"], None),
     ("depthwise convolution", _depthwise, "depthwise"),

@@ -4,7 +4,9 @@ gemm(a, b, [bias], [aux], [residual]) = act(scale · (a @ b) + bias) + residual,
 cuBLASLt's epilogue, one kernel instead of a matmul and a train of elementwise passes. A backward
 pass's activation derivative is an epilogue too (cuBLASLt's DGELU/DRELU): with activation
 "d<act>", act is replaced by y · act'(aux), aux being the pre-activation saved or recomputed from
-the forward pass.
+the forward pass. `trans_a` / `trans_b` say an operand is stored transposed: the product reads
+a [..., K, M] array as its [..., M, K] A (cuBLAS's op(A) = Aᵀ), so a transpose feeding a GEMM costs
+no copy.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.elementwise import ACTIVATION_COTANGENTS, _gelu, _sigmoid, activation_derivative
-from tessera_rw.algebra.ops.linalg import _flops_matmul, _infer_matmul
+from tessera_rw.algebra.ops.linalg import _flops_matmul, _infer_matmul, read_as
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
 
 ACTIVATIONS = {
@@ -46,7 +48,9 @@ def epilogue_operands(has_bias: bool, activation: str, has_residual: bool) -> tu
 
 
 def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, activation: str,
-                has_bias: bool, has_residual: bool, accum_dtype: DType | None, dtype: DType) -> TensorType:
+                has_bias: bool, has_residual: bool, accum_dtype: DType | None, dtype: DType,
+                trans_a: bool = False, trans_b: bool = False) -> TensorType:
+    a, b = read_as(a, trans_a, "a"), read_as(b, trans_b, "b")
     if activation not in ACTIVATIONS and activation not in DERIVATIVES:
         raise AttributeValueError(f"activation must be one of {sorted(ACTIVATIONS) + sorted(DERIVATIVES)}, "
                                   f"got {activation!r}")
@@ -66,8 +70,8 @@ def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, 
 
 
 def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activation: str, has_bias: bool,
-          has_residual: bool, accum_dtype, dtype) -> np.ndarray:
-    y = np.matmul(a, b)
+          has_residual: bool, accum_dtype, dtype, trans_a: bool = False, trans_b: bool = False) -> np.ndarray:
+    y = np.matmul(np.swapaxes(a, -1, -2) if trans_a else a, np.swapaxes(b, -1, -2) if trans_b else b)
     if scale != 1.0:
         y = y * np.asarray(scale, y.dtype)
     rest = iter(extra)
@@ -83,9 +87,10 @@ def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activa
 
 
 def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorType, activation: str,
-                accum_dtype, **attrs) -> int:
+                accum_dtype, trans_a: bool = False, trans_b: bool = False, **attrs) -> int:
     act = _ACTIVATION_FLOPS.get(DERIVATIVES.get(activation, activation), 1) + takes_aux(activation)
-    return _flops_matmul(out, a, b, accum_dtype) + (1 + len(extra) + act) * out.numel
+    product = _flops_matmul(out, read_as(a, trans_a), read_as(b, trans_b), accum_dtype)
+    return product + (1 + len(extra) + act) * out.numel
 
 
 DEFS = (
@@ -245,7 +250,8 @@ DEFS = DEFS + (
 # gradient, which the weight-gradient GEMM produces for one more row of A (a virtual row of ones,
 # cuBLASLt's BGRADB epilogue) instead of a second pass over dY.
 
-def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
+def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | None,
+                            trans_a: bool = False, trans_b: bool = False) -> TensorType:
     if a.ndim != 2 or b.ndim != 2:
         raise ShapeError(f"takes 2-d operands a [M, K] and b [K, N], got {fmt_shape(a.shape)} "
                          f"and {fmt_shape(b.shape)}",
@@ -254,16 +260,19 @@ def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | N
         from tessera_rw.algebra.errors import DTypeError
         raise DTypeError(f"takes two operands of one floating-point dtype, got {a.dtype} and {b.dtype}",
                          hint="cast both operands to one float dtype (e.g. op.cast(x, 'bfloat16'))")
-    mm = _infer_matmul(a, b, accum_dtype)
+    mm = _infer_matmul(read_as(a, trans_a, "a"), read_as(b, trans_b, "b"), accum_dtype)
     return TensorType((mm.shape[0] + 1, mm.shape[1]), mm.dtype)
 
 
-def _matmul_bias_grad(a: np.ndarray, b: np.ndarray, accum_dtype) -> np.ndarray:
+def _matmul_bias_grad(a: np.ndarray, b: np.ndarray, accum_dtype, trans_a: bool = False,
+                      trans_b: bool = False) -> np.ndarray:
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
     return np.matmul(np.concatenate([a, np.ones((1, a.shape[1]), a.dtype)]), b)
 
 
-def _matmul_bias_grad_flops(out: TensorType, a: TensorType, b: TensorType, accum_dtype) -> int:
-    (m, k), n = a.shape, b.shape[1]
+def _matmul_bias_grad_flops(out: TensorType, a: TensorType, b: TensorType, accum_dtype,
+                            trans_a: bool = False, trans_b: bool = False) -> int:
+    (m, k), n = read_as(a, trans_a).shape, read_as(b, trans_b).shape[1]
     return 2 * m * n * k + k * n
 
 

@@ -33,6 +33,21 @@ def matmul_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...]
     return batch, a2[-2], b2[-1], a2[-1]
 
 
+def read_as(t: TensorType, transposed: bool, role: str = "operand") -> TensorType:
+    """The operand a product reads: `t` itself, or with its last two axes swapped when it is stored
+    transposed (a gemm's `trans_a` / `trans_b`: the product reads the bytes of xᵀ as x).
+
+    >>> read_as(TensorType((2, 3, 5), DType.float32), True).shape
+    (2, 5, 3)
+    """
+    if not transposed:
+        return t
+    if t.ndim < 2:
+        raise ShapeError(f"a transposed {role} needs rank >= 2, got {fmt_shape(t.shape)}",
+                         hint="a vector has no second axis to swap: store it as a [1, n] or [n, 1] matrix")
+    return TensorType(t.shape[:-2] + (t.shape[-1], t.shape[-2]), t.dtype)
+
+
 def _infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
     for t in (a, b):
         if not (t.dtype.is_float or t.dtype.is_complex):

@@ -8,7 +8,9 @@ numpy gives), except under the `fast` numerics policy: then they take the tensor
 tf32 (mma.sync m16n8k8, operands rounded by cvt.rna.tf32.f32, fp32 accumulation), about 7x the
 FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the epilogue in
 registers and write the result once.
-Shapes are baked into the source as constants; the grid is flat (column tiles, row tiles, then
+An operand stored transposed (trans_a: A as [K, M], trans_b: B as [N, K], what a backward pass's
+Xᵀ and Wᵀ are) is read in place: its tiles are loaded as they lie and ldmatrix transposes them on
+the way to the fragments, so it costs the same as a plain one. Shapes are baked into the source as constants; the grid is flat (column tiles, row tiles, then
 the flattened batch) and a broadcast operand gets batch stride 0. matmul_bias_grad is a product
 with one more row of A, all ones, that no load reads: its tiles fill that row in shared memory
 (predicated like the ragged edges), so the bias gradient comes out as row M of the result.
@@ -36,9 +38,11 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.gemm_cuda import SIMT_PAD, emit_simt, emit_tensor_core, kernel_name, rows_aligned
+from tessera_rw.codegen.templates.gemm_cuda import kernel_name
+from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
+from tessera_rw.codegen.templates.gemm_problem import TENSOR_CORE_DTYPES, GemmProblem
+from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD, emit_simt
 
-_TENSOR_CORE = (DType.bfloat16, DType.float16)
 _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 # The launch passes no dynamic shared memory, so every schedule lives in the static 48 KiB.
 _STATIC_SMEM = 48 * 1024
@@ -87,54 +91,6 @@ _TC_TILES, _TC_WARPS, _TC_STAGES = (64, 128, 256), (1, 2, 4), (2, 3, 4)
 _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 
 
-@dataclass(frozen=True)
-class _Problem:
-    """The op in the terms the kernels use: batch, M, N, K, dtypes and the epilogue."""
-    batch: tuple[int, ...]
-    a_batch: tuple[int, ...]
-    b_batch: tuple[int, ...]
-    m: int
-    n: int
-    k: int
-    in_dtype: DType
-    out_dtype: DType
-    scale: float
-    activation: str
-    bias: TensorType | None
-    residual: TensorType | None
-    aux: TensorType | None = None   # the pre-activation a derivative activation reads
-    tf32: bool = False          # fp32 operands on tensor cores (the `fast` policy)
-    bias_grad: bool = False     # a virtual row of ones under A: m counts it, a_rows does not
-
-    @staticmethod
-    def of(op: KernelOp) -> _Problem:
-        a, b = op.operands[:2]
-        batch, m, n, k = matmul_dims(a.shape, b.shape)
-        at = op.attr_map
-        activation = at.get("activation", "none")
-        extra = dict(zip(epilogue_operands(at.get("has_bias"), activation, at.get("has_residual")),
-                         op.operands[2:]))
-        bias_grad = op.op == "matmul_bias_grad"
-        return _Problem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
-                        float(at.get("scale", 1.0)), activation, extra.get("bias"), extra.get("residual"),
-                        extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST,
-                        bias_grad=bias_grad)
-
-    @property
-    def a_rows(self) -> int:
-        """Rows of A in memory (m less the ones row of a bias-gradient product)."""
-        return self.m - self.bias_grad
-
-    @property
-    def nbatch(self) -> int:
-        return math.prod(self.batch)
-
-    @property
-    def tensor_core(self) -> bool:
-        """Whether the product runs on mma.sync (16-bit operands, or fp32 ones as tf32)."""
-        return self.in_dtype in _TENSOR_CORE or self.tf32
-
-
 class GemmTemplate(Template):
     """matmul / gemm of rank >= 2 float32, float16 or bfloat16 operands (both the same dtype), and
     matmul_bias_grad of 2-d ones.
@@ -150,7 +106,7 @@ class GemmTemplate(Template):
         if op.op not in self.ops or len(op.operands) < 2:
             return False
         a, b = op.operands[:2]
-        if a.ndim < 2 or b.ndim < 2 or a.dtype is not b.dtype or a.dtype not in (*_TENSOR_CORE, DType.float32):
+        if a.ndim < 2 or b.ndim < 2 or a.dtype is not b.dtype or a.dtype not in (*TENSOR_CORE_DTYPES, DType.float32):
             return False
         accum = op.attr_map.get("accum_dtype")
         if accum is not None and DType.parse(accum) is not DType.float32:
@@ -159,7 +115,7 @@ class GemmTemplate(Template):
         if len(op.operands) != 2 + len(epilogue_operands(at.get("has_bias"), at.get("activation", "none"),
                                                          at.get("has_residual"))):
             return False
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         if p.out_dtype not in _OUT_DTYPES or p.activation not in _ACTIVATIONS or not math.isfinite(p.scale):
             return False
         if p.nbatch * -(-p.m // 16) * -(-p.n // 16) > _MAX_BLOCKS:
@@ -171,7 +127,7 @@ class GemmTemplate(Template):
         return True
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         product = DType.float32 if not p.tensor_core else p.in_dtype
         steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None),
                  (p.activation, p.activation != "none"), ("residual", p.residual is not None),
@@ -179,12 +135,12 @@ class GemmTemplate(Template):
         return tuple(name for name, on in steps if on)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         defaults = _TF32_DEFAULTS if p.tf32 else _TC_DEFAULTS if p.tensor_core else _SIMT_DEFAULTS
         return tuple(s for s in defaults if self._valid(p, s, arch))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         if p.tensor_core:
             grid = (GemmSchedule(bm, bn, bk, wm, wn, st) for bm in _TC_TILES for bn in _TC_TILES
                     for bk in _k_depths(p) for wm in _TC_WARPS for wn in _TC_WARPS for st in _TC_STAGES)
@@ -199,11 +155,11 @@ class GemmTemplate(Template):
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         if not self.accepts(op):
             return False
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
         return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
 
-    def _valid(self, p: _Problem, s: Schedule, arch: ArchSpec) -> bool:
+    def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
         smem = _smem(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
@@ -220,7 +176,7 @@ class GemmTemplate(Template):
                 and (s.bm * s.bk) % s.threads == 0 and (s.bk * s.bn) % s.threads == 0)
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         s = schedule
         tiles_m, tiles_n, tiles_k = -(-p.m // s.bm), -(-p.n // s.bn), -(-p.k // s.bk)
         blocks = tiles_m * tiles_n * p.nbatch
@@ -260,7 +216,7 @@ class GemmTemplate(Template):
             raise TesseraError("the gemm template cannot implement this op", op=op.op, operands=str(op),
                                hint="it takes rank >= 2 operands of one dtype in (bfloat16, float16, float32), "
                                     "fp32 accumulation, and bias/aux/residual in those dtypes")
-        p = _Problem.of(op)
+        p = GemmProblem.of(op)
         wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
         if not isinstance(schedule, wanted):
             raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a {wanted.__name__}, "
@@ -276,22 +232,25 @@ class GemmTemplate(Template):
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
 
+        def stored(shape, dtype, transposed):   # an operand of the product's `shape`, as it lies in memory
+            return TensorType(shape[:-2] + (shape[-1], shape[-2]) if transposed else shape, dtype)
+
         def mm(a, b, dtype, numerics=Numerics.DEFAULT):
             ta, tb = TensorType(a, dtype), TensorType(b, dtype)
             batch, m, n, _ = matmul_dims(a, b)
             return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None,
                                numerics=numerics)
 
-        def gemm(a, b, dtype, out, extra=(), **attrs):
-            ta, tb = TensorType(a, dtype), TensorType(b, dtype)
+        def gemm(a, b, dtype, out, extra=(), trans_a=False, trans_b=False, **attrs):
+            ta, tb = stored(a, dtype, trans_a), stored(b, dtype, trans_b)
             batch, m, n, _ = matmul_dims(a, b)
             base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
-                        dtype=out)
+                        dtype=out, trans_a=trans_a, trans_b=trans_b)
             return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
 
-        def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT):
-            return KernelOp.of("matmul_bias_grad", (TensorType((m, k), dtype), TensorType((k, n), dtype)),
-                               TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics)
+        def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
+            return KernelOp.of("matmul_bias_grad", (stored((m, k), dtype, trans_a), TensorType((k, n), dtype)),
+                               TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
 
         return (
             mm((4096, 4096), (4096, 4096), bf),
@@ -321,10 +280,21 @@ class GemmTemplate(Template):
             bias_grad(1000, 999, 1003, f16),
             bias_grad(500, 777, 300, f32),
             bias_grad(1024, 512, 1024, f32, Numerics.FAST),
+            # transposed operands, read in place: a backward pass's dX = dY Wᵀ (with an activation
+            # derivative) and dW = Xᵀ dY (with the bias gradient), on each path and with ragged rows
+            gemm((2048, 768), (768, 3072), bf, bf, (TensorType((2048, 3072), bf),), activation="dgelu", trans_b=True),
+            bias_grad(768, 2048, 3072, bf, trans_a=True),
+            gemm((4, 256, 512), (512, 384), f16, f16, trans_a=True, trans_b=True),
+            gemm((1001, 999), (999, 1003), bf, f32, trans_a=True),
+            bias_grad(1000, 999, 1003, f16, trans_a=True),
+            gemm((1000, 1000), (1000, 1000), f32, f32, trans_a=True, numerics=Numerics.FAST),
+            gemm((1024, 512), (512, 1024), f32, f32, trans_b=True, numerics=Numerics.FAST),
+            bias_grad(500, 777, 300, f32, trans_a=True),
+            gemm((3, 300, 200), (200, 500), f32, f32, trans_a=True, trans_b=True),
         )
 
 
-def _k_depths(p: _Problem) -> tuple[int, ...]:
+def _k_depths(p: GemmProblem) -> tuple[int, ...]:
     """The bk the mma kernel is written for: 4 or 8 16-byte chunks per shared row of A, the widths
     its XOR swizzle spreads over distinct bank groups (tf32 values are twice as wide: half the k)."""
     return (16, 32) if p.tf32 else (32, 64)
@@ -334,7 +304,7 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _calibrated(p: _Problem, s: Schedule) -> bool:
+def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     """Whether `s` lies where the register model was checked against ptxas (sm_80 and sm_90, every
     sample: no spills, within about 25%): at least 4 warps, block tiles at most twice as wide as
     tall or tall as wide; mma: 32- or 64-square warp tiles, no more warps along M than along N, the
@@ -353,7 +323,7 @@ def _calibrated(p: _Problem, s: Schedule) -> bool:
 
 # ---- resource model --------------------------------------------------------------------------
 
-def _smem(p: _Problem, s: Schedule) -> int:
+def _smem(p: GemmProblem, s: Schedule) -> int:
     """Shared bytes per block: swizzled (unpadded) stages for mma (tf32 included), two padded fp32
     buffers for SIMT."""
     if isinstance(s, GemmSchedule):
@@ -361,7 +331,7 @@ def _smem(p: _Problem, s: Schedule) -> int:
     return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
 
 
-def _registers(p: _Problem, s: Schedule) -> int:
+def _registers(p: GemmProblem, s: Schedule) -> int:
     """Registers per thread: fp32 accumulators plus the main loop's operands and addressing.
 
     mma: each warp holds (bm/warps_m)/16 x (bn/warps_n)/8 m16n8 tiles of 4 fp32 accumulators; per
@@ -378,13 +348,16 @@ def _registers(p: _Problem, s: Schedule) -> int:
         mi, ni = s.bm // s.warps_m // 16, s.bn // s.warps_n // 8
         chunks = (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize // 16 // s.threads
         # fp32 chunks copied element-wise go straight from 4 loads to one float4 store: no packing
-        addressing = (_CHUNK_REGISTERS if rows_aligned(p) or p.tf32 else _CHUNK_REGISTERS_COPY8) * chunks
+        addressing = (_CHUNK_REGISTERS if p.rows_aligned or p.tf32 else _CHUNK_REGISTERS_COPY8) * chunks
         if -(-p.k // s.bk) <= s.stages - 1:   # every k-tile issued in the prologue: no loads in the loop
             addressing = math.ceil(addressing * _PROLOGUE_ONLY)
         reuse = _FRAG_REUSE_TF32 if p.tf32 else _FRAG_REUSE
         return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + _TC_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
-    return s.tm * s.tn + 2 * (s.tm + s.tn) + staged + _SIMT_OVERHEAD
+    # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
+    # so one set of coordinates serves the two
+    shared = _SIMT_SHARED_STAGING if p.layout == "tn" and s.bm == s.bn else 0
+    return s.tm * s.tn + 2 * (s.tm + s.tn) + staged + _SIMT_OVERHEAD - shared
 
 
 _FRAG_REUSE = 1.25     # fragment registers per fragment value: next k-step's loads overlap this one's mma
@@ -394,6 +367,7 @@ _CHUNK_REGISTERS_COPY8 = 12  # element-wise copy: the chunk's 4 packed words pas
 _PROLOGUE_ONLY = 2 / 3  # share of that addressing still live when no cp.async is issued inside the k-loop
 _TC_OVERHEAD = -8      # the chunk term over-counts shared row/column bases; net of tile origins and counters
 _SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
+_SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
 
 
 def _blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:

@@ -38,7 +38,7 @@ def _rules():
         yield Rule(f"{name}-derivative-into-gemm", f"(A B) ∘ {name}'(z) = gemm(A, B, z; act=d{name})",
                    lhs=t.traced(cotangent, t.matmul(a, b, accum_dtype=acc, of=T), z, dtype=d, of=T),
                    rhs=t.gemm(a, b, z, scale=1.0, activation=f"d{name}", has_bias=False, has_residual=False,
-                              accum_dtype=acc, dtype=d, of=T),
+                              accum_dtype=acc, dtype=d, trans_a=False, trans_b=False, of=T),
                    when=("(>= (vec-length (shp a)) 2)", "(>= (vec-length (shp b)) 2)", "(= (shp z) s)",
                          "(= (dt z) d)"),
                    example=_example(cotangent))

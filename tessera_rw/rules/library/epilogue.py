@@ -3,7 +3,8 @@
     act(scale · A B + bias) + residual, cast to d  =  gemm(A, B, bias, residual; scale, act, d)
 
 A matmul is a gemm with an empty epilogue; each rule then absorbs the next op, in epilogue order
-(scale before bias, bias before the activation, the residual after it, the cast last).
+(scale before bias, bias before the activation, the residual after it, the cast last). A transposed
+operand is read in place (transposed_operands.py), so a backward pass's Wᵀ and Xᵀ cost no copy.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ import numpy as np
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.library.fusion import FUSION_RULES
+from tessera_rw.rules.library.transposed_operands import transposed_operand_rules
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
 t = TermBuilder()
-a, b, bias, res, c, c0, acc, act, s, d, d0 = t.vars("a b bias res c c0 acc act s d d0")
+a, b, bias, res, c, c0, acc, act, s, d, d0, ta, tb = t.vars("a b bias res c c0 acc act s d d0 ta tb")
 T = (s, d)
 
 
-def gemm(*operands: Expr, scale=c0, activation=act, has_bias=False, has_residual=False, dtype=d, of=T) -> Expr:
+def gemm(*operands: Expr, scale=c0, activation=act, has_bias=False, has_residual=False, dtype=d, of=T,
+         trans_a=ta, trans_b=tb) -> Expr:
     return t.gemm(a, b, *operands, scale=scale, activation=activation, has_bias=has_bias,
-                  has_residual=has_residual, accum_dtype=acc, dtype=dtype, of=of)
+                  has_residual=has_residual, accum_dtype=acc, dtype=dtype, trans_a=trans_a, trans_b=trans_b, of=of)
 
 
 def _mm(rng: np.random.Generator, lead: int = 1):
@@ -103,7 +106,7 @@ _CAST_NEEDS = (("relu-into-gemm",), ("bias-into-gemm",),
 RULES = (
     Rule("matmul-is-gemm", "A B = gemm(A, B)",
          lhs=t.matmul(a, b, accum_dtype=acc, of=T),
-         rhs=gemm(scale=1.0, activation="none", dtype=d),
+         rhs=gemm(scale=1.0, activation="none", dtype=d, trans_a=False, trans_b=False),
          when=("(>= (vec-length (shp a)) 2)", "(>= (vec-length (shp b)) 2)"),
          example=_example(lambda x, w: x @ w)),
     Rule("scale-into-gemm", "(A B) · c = gemm(A, B; scale=c)",
@@ -135,6 +138,7 @@ RULES = (
          example=_example(lambda x, w, bias, res: op.gelu(x @ w + bias) + res, with_bias=True, with_residual=True),
          needs=NEEDS_GEMM + ("bias-into-gemm", "gelu-into-gemm-with-bias")),
     *_cast_rules(),
+    *transposed_operand_rules(),
 )
 
 EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES,

@@ -22,6 +22,7 @@ import numpy as np
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library import activation_gradient, attention_gradient
 from tessera_rw.rules.library.algebra import rand
+from tessera_rw.rules.library.transposed_operands import bias_grad_transposed_operand_rules
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
@@ -40,7 +41,7 @@ SUM_OF_B = f"(= bsum {t.sum(b, axes=E('(vec-of 0)'), of=(None, d))})"           
 
 
 def _packed() -> Expr:
-    return t.matmul_bias_grad(a, b, accum_dtype=acc, of=(E("(vec-of (+ m 1) n)"), d))
+    return t.matmul_bias_grad(a, b, accum_dtype=acc, trans_a=False, trans_b=False, of=(E("(vec-of (+ m 1) n)"), d))
 
 
 def _rows(start: str, stop: str, of) -> Expr:
@@ -139,7 +140,8 @@ def _micro_batch_rules():
 
 
 GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
+                   + tuple(bias_grad_transposed_operand_rules())
                    + attention_gradient.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
-                       "activation derivatives into the GEMM of their cotangent; attention's backward "
-                       "into one fused node")
+                       "activation derivatives into the GEMM of their cotangent; transposed operands read "
+                       "in place; attention's backward into one fused node")

@@ -13,7 +13,7 @@ __device__ __forceinline__ float gemm_epilogue(float v, int z, int r, int c, con
 }
 
 
-// XOR swizzle of 16-byte chunks: the 8 rows one ldmatrix phase reads land in 8 distinct bank groups
+// XOR swizzle of 16-byte chunks: the rows one fragment read touches land in distinct bank groups
 __device__ __forceinline__ int gemm_swz_a(int r, int c) { return c ^ ((r / 2) & 3); }
 __device__ __forceinline__ int gemm_swz_b(int r, int c) { return c ^ ((r / 1) & 7); }
 
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_gelu_b_1x2048x4
             for (int j = 0; j < NI; j += 2) {
                 const int r = ks * 16 + (lane & 15), c = (wn0 + j * 8) / 8 + (lane >> 4);
                 unsigned q[4];
-                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * 8);
+                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * EL);
                 bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
             }
             #pragma unroll

@@ -16,7 +16,7 @@ __device__ __forceinline__ void gemm_ones8(unsigned short* dst, int valid) {
     for (int e = 0; e < 4; ++e) w[e] = (2 * e < valid ? 0x3F80u : 0u) | ((2 * e + 1 < valid ? 0x3F80u : 0u) << 16);
     *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
 }
-// XOR swizzle of 16-byte chunks: the 8 rows one ldmatrix phase reads land in 8 distinct bank groups
+// XOR swizzle of 16-byte chunks: the rows one fragment read touches land in distinct bank groups
 __device__ __forceinline__ int gemm_swz_a(int r, int c) { return c ^ ((r / 2) & 3); }
 __device__ __forceinline__ int gemm_swz_b(int r, int c) { return c ^ ((r / 1) & 7); }
 
@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_bgrad_1x76
             for (int j = 0; j < NI; j += 2) {
                 const int r = ks * 16 + (lane & 15), c = (wn0 + j * 8) / 8 + (lane >> 4);
                 unsigned q[4];
-                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * 8);
+                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * EL);
                 bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
             }
             #pragma unroll

@@ -1,0 +1,102 @@
+"""Transposed operands read in place: a GEMM takes Xᵀ as X with a layout flag, not as a copy.
+
+    gemm(Xᵀ, B, …)  =  gemm(X, B, …; trans_a)        gemm(A, Yᵀ, …)  =  gemm(A, Y, …; trans_b)
+
+Xᵀ swaps the last two axes. A backward pass is full of them (dX = dY Wᵀ, dW = Xᵀ dY): unfused, each
+is a copy kernel that writes the whole operand once more before the GEMM reads it. The kernels load
+a transposed tile as cheaply as a plain one (cuBLAS's op(A) = Aᵀ), so these rules give the e-graph
+the copy-free form and extraction takes it wherever the transpose has no other reader.
+
+The gemm rules live in the `epilogue` ruleset, one per number of epilogue operands (a gemm built
+before the fold, like an activation derivative's, is folded too); the packed bias-gradient GEMM's
+in the `gradient` ruleset.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.rules.library.algebra import mT, rand
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule
+
+t = TermBuilder()
+a, b, x, c0, acc, act, hb, hr, s, d, ta, tb = t.vars("a b x c0 acc act hb hr s d ta tb")
+EXTRAS = t.vars("e0 e1")
+T = (s, d)
+
+
+def _gemm(left: Expr, right: Expr, extras: tuple[Expr, ...], trans_a: Expr | bool, trans_b: Expr | bool) -> Expr:
+    return t.gemm(left, right, *extras, scale=c0, activation=act, has_bias=hb, has_residual=hr, accum_dtype=acc,
+                  dtype=d, trans_a=trans_a, trans_b=trans_b, of=T)
+
+
+def _pair(rng: np.random.Generator, transposed: str) -> dict[str, np.ndarray]:
+    """x [batch, M, K] and w [K, N], each stored transposed when `transposed` names it."""
+    m, k, n, batch = (int(v) for v in rng.integers(1, 8, size=4))
+    x = rand(rng, batch, k, m) if transposed == "a" else rand(rng, batch, m, k)
+    w = rand(rng, n, k) if transposed == "b" else rand(rng, k, n)
+    return {"x": x, "w": w}
+
+
+def _gemm_example(side: str, extras: int):
+    """A product with one operand transposed and `extras` epilogue operands (a bias, then a residual)."""
+    def read(v, named):
+        return v.mT if side == named else v
+
+    bodies = (lambda x, w: read(x, "a") @ read(w, "b"),
+              lambda x, w, bias: read(x, "a") @ read(w, "b") + bias,
+              lambda x, w, bias, res: op.gelu(read(x, "a") @ read(w, "b") + bias) + res)
+
+    def example(rng: np.random.Generator):
+        inputs = _pair(rng, side)
+        batch, m, n = inputs["x"].shape[0], inputs["x"].shape[2 if side == "a" else 1], inputs["w"].shape[0 if side == "b" else 1]
+        extra = {"bias": rand(rng, n), "res": rand(rng, batch, m, n)}
+        return bodies[extras], inputs | dict(list(extra.items())[:extras])
+    return example
+
+
+_EXTRA_NEEDS = ((), ("bias-into-gemm",), ("bias-into-gemm", "gelu-into-gemm-with-bias", "residual-after-bias-into-gemm"))
+
+
+def transposed_operand_rules() -> Iterator[Rule]:
+    """gemm(Xᵀ, B, …) = gemm(X, B, …; trans_a) and the same for B, for 0 to 2 epilogue operands."""
+    xt, facts = mT(x)
+    for n in range(len(_EXTRA_NEEDS)):
+        extras = EXTRAS[:n]
+        yield Rule(f"transposed-a-into-gemm{n + 2}", "gemm(Xᵀ, B, …) = gemm(X, B, …; trans_a)",
+                   lhs=_gemm(xt, b, extras, False, tb), rhs=_gemm(x, b, extras, True, tb), when=facts,
+                   example=_gemm_example("a", n), needs=("matmul-is-gemm", *_EXTRA_NEEDS[n]))
+        yield Rule(f"transposed-b-into-gemm{n + 2}", "gemm(A, Yᵀ, …) = gemm(A, Y, …; trans_b)",
+                   lhs=_gemm(a, xt, extras, ta, False), rhs=_gemm(a, x, extras, ta, True), when=facts,
+                   example=_gemm_example("b", n), needs=("matmul-is-gemm", *_EXTRA_NEEDS[n]))
+
+
+def _bias_grad(left: Expr, right: Expr, trans_a: Expr | bool, trans_b: Expr | bool) -> Expr:
+    return t.matmul_bias_grad(left, right, accum_dtype=acc, trans_a=trans_a, trans_b=trans_b, of=T)
+
+
+def _bias_grad_example(side: str):
+    def example(rng: np.random.Generator):
+        tokens, d_in, d_out = (int(v) for v in rng.integers(1, 9, size=3))
+        x = rand(rng, tokens, d_in)
+        if side == "a":      # dW = Xᵀ dY, db = Σ dY: Xᵀ is the transposed operand
+            return (lambda x, dy: (x.T @ dy, op.sum(dy, axis=0))), {"x": x, "dy": rand(rng, tokens, d_out)}
+        # dY arrives transposed ([d_out, tokens]): both the product and the sum read dYᵀ
+        return (lambda x, g: (x.T @ g.T, op.sum(g.T, axis=0))), {"x": x, "g": rand(rng, d_out, tokens)}
+    return example
+
+
+def bias_grad_transposed_operand_rules() -> Iterator[Rule]:
+    """matmul_bias_grad(Xᵀ, B) = matmul_bias_grad(X, B; trans_a), and the same for B."""
+    xt, facts = mT(x)
+    needs = ("weight-grad-in-packed-gemm", "bias-grad-from-packed-gemm")
+    yield Rule("transposed-a-into-bias-grad-gemm", "[Xᵀ; 1ᵀ] B = matmul_bias_grad(X, B; trans_a)",
+               lhs=_bias_grad(xt, b, False, tb), rhs=_bias_grad(x, b, True, tb), when=facts,
+               example=_bias_grad_example("a"), needs=needs)
+    yield Rule("transposed-b-into-bias-grad-gemm", "[A; 1ᵀ] Yᵀ = matmul_bias_grad(A, Y; trans_b)",
+               lhs=_bias_grad(a, xt, ta, False), rhs=_bias_grad(a, x, ta, True), when=facts,
+               example=_bias_grad_example("b"), needs=needs)
