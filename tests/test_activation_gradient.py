@@ -43,8 +43,11 @@ def test_the_chosen_plan_applies_the_derivative_in_the_gemm_epilogue(activation,
     kernels = program.candidate.kernels
     (dz,) = [k for k in kernels if k.op.op == "gemm" and f"d{activation}" in k.fused]
     assert dz.fused == (f"d{activation}",)
-    dy, w2t, pre = dz.op.operands
-    assert dy.shape == (2048, 768) and w2t.shape == (768, 3072) and pre.shape == (2048, 3072)
+    dy, w2, pre = dz.op.operands
+    # dh = dy W2ᵀ reads W2 [3072, 768] in place as its transposed B
+    assert dy.shape == (2048, 768) and w2.shape == (3072, 768) and pre.shape == (2048, 3072)
+    assert dz.op.attr_map["trans_b"] and not dz.op.attr_map["trans_a"]
+    assert "copy" not in [k.kind for k in kernels]                  # no transpose is copied
     # the only elementwise pass left is the forward activation of h (one operand, pre), which dW2 = hᵀ dy reads
     (h,) = [k for k in kernels if k.kind == "elementwise"]
     assert h.op.operands == (pre,)

@@ -1,7 +1,8 @@
 """Gradient-reduction fusion end to end: a linear layer's backward (dW = Xᵀ dY, db = Σ_rows dY) and
 its micro-batched form (Σ_i X_iᵀ dY_i, Σ over micro-batches and rows of dY), from the traced kernel to
 the plan: the bias gradient comes out of the weight-gradient GEMM as the extra row of one
-matmul_bias_grad, with dW and db as views of its result and no reduction kernel over dY.
+matmul_bias_grad, with dW and db as views of its result, no reduction kernel over dY and no copy
+of Xᵀ (the GEMM reads X as its transposed A).
 
 The e-graph holds that program, and the cost model prices it below a GEMM plus a reduction (by the
 reduction's time: the ones row rides along in the GEMM's tiles). Extraction picks it although
@@ -68,13 +69,16 @@ def test_the_packed_program_is_one_gemm_and_costs_less(kernel, dtype):
     (gemm,) = fused_gemms(packed)
     assert gemm.op.op == "matmul_bias_grad" and gemm.fused == ("bias_grad",)
     assert gemm.op.operands[1].shape == (TOKENS, D_OUT)          # one GEMM over every token
-    assert [k.kind for k in packed.kernels] == ["copy", "gemm"]  # Xᵀ made dense, then the GEMM
+    assert [k.kind for k in packed.kernels] == ["gemm"]           # Xᵀ read in place: no copy
+    assert gemm.op.attr_map["trans_a"] and gemm.op.operands[0].shape == (TOKENS, D_IN)
     plan = lower(packed.graph)
-    assert [s.op for s in plan.steps] == ["transpose", "matmul_bias_grad"]
+    assert [s.op for s in plan.steps] == ["matmul_bias_grad"]
     assert plan.outputs[0].buffer == plan.outputs[1].buffer      # dW and db are views of its result
     # the ones row rides along in the GEMM's tiles: within a few percent of the plain product's time
     product = TensorType((D_IN, D_OUT), gemm.op.result.dtype)
-    plain = kernel_cost(KernelOp("matmul", gemm.op.operands, gemm.op.attrs, product, gemm.op.numerics), program.arch)
+    plain = kernel_cost(KernelOp.of("gemm", gemm.op.operands, product, scale=1.0, activation="none", has_bias=False,
+                                    has_residual=False, accum_dtype=None, dtype=product.dtype, trans_a=True,
+                                    numerics=gemm.op.numerics), program.arch)
     assert gemm.est_us <= 1.05 * plain.est_us
     # so the packed program beats the best one without it, which runs a reduction over dY
     unpacked = extract_candidates(program.rewrite, program.arch, forbid=frozenset({"matmul_bias_grad"}))[0]

@@ -220,8 +220,7 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     if op.op in WHOLE_REFERENCE:
         return None
     # a row of the result comes from the same row of a (not so for matmul_bias_grad's extra last row)
-    a = _product_a(op)
-    if kind is OpKind.MATMUL and a.ndim >= 2 and out.ndim >= 2 and out.shape[-2] == a.shape[-2]:
+    if kind is OpKind.MATMUL and (a := _product_a(op)).ndim >= 2 and out.ndim >= 2 and out.shape[-2] == a.shape[-2]:
         return out.ndim - 2, cost * out.numel * a.shape[-1]
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]

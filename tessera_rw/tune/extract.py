@@ -225,13 +225,36 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
     """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
     program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
     only pay off switched together (dW and db both read from one packed GEMM)."""
-    choice = _single_switches(view, choice, roots, cost)
+    choice = _switch_until_settled(view, choice, roots, cost)
     for _ in range(DAG_SWEEPS):
         paired = _paired_switch(view, choice, roots, cost)
         if paired is None:
             break
-        choice = _single_switches(view, paired, roots, cost)
+        choice = _switch_until_settled(view, paired, roots, cost)
     return choice
+
+
+def _switch_until_settled(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                          cost: Callable[[ENode], float]) -> dict[str, ENode]:
+    """Single switches, with the classes outside the program re-chosen after each round as if what
+    the program computes were free: a switch that brings a class in then brings it in at its price
+    beside the program (hᵀ read in place needs h = gelu(pre) with pre already computed, not h's
+    tree-cheapest form, a GEMM recomputing pre)."""
+    for _ in range(DAG_SWEEPS):
+        before = _Program(choice, roots).post
+        choice = _single_switches(view, _priced_beside(view, choice, roots, cost), roots, cost)
+        if _Program(choice, roots).post == before:
+            break
+    return choice
+
+
+def _priced_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                   cost: Callable[[ENode], float]) -> dict[str, ENode]:
+    """`choice` with every class outside its program re-chosen at tree cost, the program's own
+    e-nodes costing nothing."""
+    program = set(_Program(choice, roots).post)
+    beside = cheapest_choice(view, lambda e: 0.0 if e.eclass in program and choice[e.eclass] is e else cost(e))
+    return {cid: (enode if cid in program else beside.get(cid, enode)) for cid, enode in choice.items()}
 
 
 def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],

@@ -130,6 +130,11 @@ def _transposed_gemm_ops() -> dict[str, KernelOp]:
         "matmul tn ragged 61x70x50 tf32": transposed((61, 50), (50, 70), F32, F32, trans_a=True, numerics=FAST),
         "gemm tt 130x70x90 f32 simt": transposed((130, 90), (90, 70), F32, F32, True, True),
         "gemm tn batched 2x100x100x60 f32 simt": transposed((2, 100, 60), (60, 100), F32, F32, trans_a=True),
+        # (X W + b)ᵀ as the GEMM of the swapped operands: broadcast A, batched B, a bias per row
+        "gemm tt row bias batched B f32 simt": transposed((48, 32), (2, 32, 40), F32, F32, True, True,
+                                                          extra=[((48, 1), F32)], has_bias=True),
+        "gemm tt row bias gelu batched B bf16": transposed((64, 32), (2, 32, 72), BF16, BF16, True, True,
+                                                           extra=[((64, 1), BF16)], has_bias=True, activation="gelu"),
         "bias grad tn 128x64x128 bf16": bias_grad_transposed(128, 64, 128, BF16),
         "bias grad tn 72x64x128 bf16": bias_grad_transposed(72, 64, 128, BF16),
         "bias grad tn 100x99x103 f16 ragged": bias_grad_transposed(100, 99, 103, F16),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from scipy.special import erf
 
 from tessera_rw import op
 from tessera_rw.algebra.builder import make, make_input
@@ -45,6 +46,7 @@ def test_mlp_gradient_plan_with_derivative_epilogues(activation, dtype):
     args = [a.astype(dtype) for a in args]
     program = mlp_grad(activation).program(*args)
     assert any(f"d{activation}" in k.fused for k in program.candidate.kernels)
+    assert "transpose" not in [s.op for s in program.plan.steps]     # Xᵀ, Wᵀ and hᵀ read in place
     inputs = dict(zip(("x", "w1", "b1", "w2", "dy"), args))
     assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs),
                    float64_gradients(activation, args))
@@ -116,3 +118,20 @@ def test_kernels_read_views_at_their_offsets_and_share_packed_outputs():
              "w": (rng.standard_normal((512, 64)) * 0.1).astype(ml_dtypes.bfloat16)}
     for got, want in zip(run_plan_emulated(plan, feeds), run_plan_on_cpu(plan, feeds), strict=True):
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
+def test_a_transposed_product_plan_is_one_swapped_gemm(dtype):
+    @op.kernel
+    def projection_to_channels(x, w, b):
+        return op.gelu(x @ w + b).mT
+
+    rng = np.random.default_rng(13)
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((2, 96, 40), (40, 72), (72,)))
+    program = projection_to_channels.program(x, w, b)
+    (step,) = program.plan.steps
+    assert step.node.attr("trans_a") and step.node.attr("trans_b")
+    inputs = {"x": x, "w": w, "b": b}
+    wide = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    want = np.swapaxes(0.5 * wide * (1 + erf(wide / np.sqrt(2))), -1, -2)
+    assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])

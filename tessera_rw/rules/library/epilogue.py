@@ -15,7 +15,7 @@ import numpy as np
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.library.fusion import FUSION_RULES
-from tessera_rw.rules.library.transposed_operands import transposed_operand_rules
+from tessera_rw.rules.library.transposed_operands import transposed_operand_rules, transposed_product_rules
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
@@ -139,6 +139,7 @@ RULES = (
          needs=NEEDS_GEMM + ("bias-into-gemm", "gelu-into-gemm-with-bias")),
     *_cast_rules(),
     *transposed_operand_rules(),
+    *transposed_product_rules(),
 )
 
 EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES,

@@ -1,11 +1,13 @@
 """Transposed operands read in place: a GEMM takes Xᵀ as X with a layout flag, not as a copy.
 
     gemm(Xᵀ, B, …)  =  gemm(X, B, …; trans_a)        gemm(A, Yᵀ, …)  =  gemm(A, Y, …; trans_b)
+    gemm(A, B)ᵀ  =  gemm(B, A; trans_a=¬trans_b, trans_b=¬trans_a)
 
 Xᵀ swaps the last two axes. A backward pass is full of them (dX = dY Wᵀ, dW = Xᵀ dY): unfused, each
 is a copy kernel that writes the whole operand once more before the GEMM reads it. The kernels load
 a transposed tile as cheaply as a plain one (cuBLAS's op(A) = Aᵀ), so these rules give the e-graph
-the copy-free form and extraction takes it wherever the transpose has no other reader.
+the copy-free form and extraction takes it wherever the transpose has no other reader. A transpose
+of a GEMM's result goes the other way: the GEMM of the swapped operands writes it directly.
 
 The gemm rules live in the `epilogue` ruleset, one per number of epilogue operands (a gemm built
 before the fold, like an activation derivative's, is folded too); the packed bias-gradient GEMM's
@@ -24,14 +26,15 @@ from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
 t = TermBuilder()
-a, b, x, c0, acc, act, hb, hr, s, d, ta, tb = t.vars("a b x c0 acc act hb hr s d ta tb")
+a, b, x, bias, c0, acc, act, hb, hr, s, d, ta, tb, p = t.vars("a b x bias c0 acc act hb hr s d ta tb p")
 EXTRAS = t.vars("e0 e1")
 T = (s, d)
 
 
-def _gemm(left: Expr, right: Expr, extras: tuple[Expr, ...], trans_a: Expr | bool, trans_b: Expr | bool) -> Expr:
-    return t.gemm(left, right, *extras, scale=c0, activation=act, has_bias=hb, has_residual=hr, accum_dtype=acc,
-                  dtype=d, trans_a=trans_a, trans_b=trans_b, of=T)
+def _gemm(left: Expr, right: Expr, extras: tuple[Expr, ...], trans_a: Expr | bool, trans_b: Expr | bool,
+          has_bias: Expr | bool = hb, has_residual: Expr | bool = hr, of=T) -> Expr:
+    return t.gemm(left, right, *extras, scale=c0, activation=act, has_bias=has_bias, has_residual=has_residual,
+                  accum_dtype=acc, dtype=d, trans_a=trans_a, trans_b=trans_b, of=of)
 
 
 def _pair(rng: np.random.Generator, transposed: str) -> dict[str, np.ndarray]:
@@ -100,3 +103,34 @@ def bias_grad_transposed_operand_rules() -> Iterator[Rule]:
     yield Rule("transposed-b-into-bias-grad-gemm", "[A; 1ᵀ] Yᵀ = matmul_bias_grad(A, Y; trans_b)",
                lhs=_bias_grad(a, xt, ta, False), rhs=_bias_grad(a, x, ta, True), when=facts,
                example=_bias_grad_example("b"), needs=needs)
+
+
+def _product_example(with_bias: bool):
+    def example(rng: np.random.Generator):
+        m, k, n, batch = (int(v) for v in rng.integers(1, 8, size=4))
+        inputs = {"x": rand(rng, batch, m, k), "w": rand(rng, k, n)}
+        if not with_bias:
+            return (lambda x, w: (x @ w).mT), inputs
+        return (lambda x, w, bias: op.gelu(x @ w + bias).mT), inputs | {"bias": rand(rng, n)}
+    return example
+
+
+def transposed_product_rules() -> Iterator[Rule]:
+    """(A B)ᵀ = Bᵀ Aᵀ: a transposed GEMM result is the GEMM of the operands swapped, each read the
+    other way round, so the product writes the layout its reader wants. An elementwise activation
+    commutes with the transpose; a bias along the columns becomes one along the rows."""
+    swapped = ("(= p (swap-last (vec-length s)))",)
+    inner = (Expr("sg"), d)
+    yield Rule("transposed-gemm-product", "gemm(A, B)ᵀ = gemm(B, A; trans_a=¬trans_b, trans_b=¬trans_a)",
+               lhs=t.transpose(_gemm(a, b, (), ta, tb, of=inner), axes=p, of=T),
+               rhs=_gemm(b, a, (), Expr("(not tb)"), Expr("(not ta)")),
+               when=swapped, example=_product_example(False), needs=("matmul-is-gemm",))
+    bias_facts = ("(= sbias (shp bias))", "(= (vec-length sbias) 1)", "(= nb (vec-get sbias 0))",
+                  "(= dbias (dt bias))")
+    column = t.reshape(bias, shape=Expr("(vec-of nb 1)"), of=(Expr("(vec-of nb 1)"), Expr("dbias")))
+    yield Rule("transposed-gemm-product-with-bias",
+               "gemm(A, B, b)ᵀ = gemm(B, A, b as a column; trans_a=¬trans_b, trans_b=¬trans_a)",
+               lhs=t.transpose(_gemm(a, b, (bias,), ta, tb, has_bias=True, has_residual=False, of=inner), axes=p, of=T),
+               rhs=_gemm(b, a, (column,), Expr("(not tb)"), Expr("(not ta)"), has_bias=True, has_residual=False),
+               when=swapped + bias_facts, example=_product_example(True),
+               needs=("matmul-is-gemm", "bias-into-gemm", "gelu-into-gemm-with-bias"))
