@@ -208,8 +208,7 @@ WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats"})
 
 def _product_a(op: KernelOp) -> TensorType:
     """A product's first operand as the product reads it (a stored-transposed one swapped back)."""
-    a = op.operands[0]
-    return read_as(a, True) if op.attr_map.get("trans_a") and a.ndim >= 2 else a
+    return read_as(op.operands[0], bool(op.attr_map.get("trans_a")))
 
 
 def row_plan(op: KernelOp) -> tuple[int, float] | None:

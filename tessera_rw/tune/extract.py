@@ -224,27 +224,29 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                cost: Callable[[ENode], float]) -> dict[str, ENode]:
     """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
     program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
-    only pay off switched together (dW and db both read from one packed GEMM)."""
-    choice = _switch_until_settled(view, choice, roots, cost)
+    only pay off switched together (dW and db both read from one packed GEMM); last, switch again
+    with the classes outside the program priced beside it (_switch_beside)."""
+    choice = _single_switches(view, choice, roots, cost)
     for _ in range(DAG_SWEEPS):
         paired = _paired_switch(view, choice, roots, cost)
         if paired is None:
             break
-        choice = _switch_until_settled(view, paired, roots, cost)
-    return choice
+        choice = _single_switches(view, paired, roots, cost)
+    return _switch_beside(view, choice, roots, cost)
 
 
-def _switch_until_settled(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                          cost: Callable[[ENode], float]) -> dict[str, ENode]:
-    """Single switches, with the classes outside the program re-chosen after each round as if what
-    the program computes were free: a switch that brings a class in then brings it in at its price
-    beside the program (hᵀ read in place needs h = gelu(pre) with pre already computed, not h's
-    tree-cheapest form, a GEMM recomputing pre)."""
+def _switch_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                   cost: Callable[[ENode], float]) -> dict[str, ENode]:
+    """Single switches with the classes outside the program re-chosen first as if what the program
+    computes were free, so a switch brings a class in at its price beside the program (hᵀ read in
+    place needs h = gelu(pre) with pre already computed, not h's tree-cheapest form, a GEMM
+    recomputing pre). Each switch makes the program cheaper, so this only improves on `choice`."""
     for _ in range(DAG_SWEEPS):
-        before = _Program(choice, roots).post
-        choice = _single_switches(view, _priced_beside(view, choice, roots, cost), roots, cost)
-        if _Program(choice, roots).post == before:
-            break
+        program = _Program(choice, roots).post
+        switched = _single_switches(view, _priced_beside(view, choice, roots, cost), roots, cost)
+        if all(switched[c] is choice[c] for c in program) and _Program(switched, roots).post == program:
+            return switched
+        choice = switched
     return choice
 
 

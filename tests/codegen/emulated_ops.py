@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
@@ -47,8 +48,8 @@ def bias_grad(m, k, n, dtype, numerics=None) -> KernelOp:
 
 def stored(shape, dtype, transposed) -> TensorType:
     """An operand the product reads at `shape`, as it lies in memory (last two axes swapped when
-    `transposed`)."""
-    return TensorType(shape[:-2] + (shape[-1], shape[-2]) if transposed else shape, dtype)
+    `transposed`: swapping is its own inverse)."""
+    return read_as(TensorType(shape, dtype), transposed)
 
 
 def transposed(a, b, dtype, out, trans_a=False, trans_b=False, extra=(), numerics=None, **attrs) -> KernelOp:

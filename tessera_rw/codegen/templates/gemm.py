@@ -10,8 +10,9 @@ FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the ep
 registers and write the result once.
 An operand stored transposed (trans_a: A as [K, M], trans_b: B as [N, K], what a backward pass's
 Xᵀ and Wᵀ are) is read in place: its tiles are loaded as they lie and ldmatrix transposes them on
-the way to the fragments, so it costs the same as a plain one. Shapes are baked into the source as constants; the grid is flat (column tiles, row tiles, then
-the flattened batch) and a broadcast operand gets batch stride 0. matmul_bias_grad is a product
+the way to the fragments, so it costs the same as a plain one. Shapes are baked into the source as
+constants; the grid is flat (column tiles, row tiles, then the flattened batch) and a broadcast
+operand gets batch stride 0. matmul_bias_grad is a product
 with one more row of A, all ones, that no load reads: its tiles fill that row in shared memory
 (predicated like the ragged edges), so the bias gradient comes out as row M of the result.
 
@@ -32,7 +33,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.fused import ACTIVATIONS, DERIVATIVES, epilogue_operands
-from tessera_rw.algebra.ops.linalg import matmul_dims
+from tessera_rw.algebra.ops.linalg import matmul_dims, read_as
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -232,9 +233,6 @@ class GemmTemplate(Template):
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
 
-        def stored(shape, dtype, transposed):   # an operand of the product's `shape`, as it lies in memory
-            return TensorType(shape[:-2] + (shape[-1], shape[-2]) if transposed else shape, dtype)
-
         def mm(a, b, dtype, numerics=Numerics.DEFAULT):
             ta, tb = TensorType(a, dtype), TensorType(b, dtype)
             batch, m, n, _ = matmul_dims(a, b)
@@ -242,14 +240,15 @@ class GemmTemplate(Template):
                                numerics=numerics)
 
         def gemm(a, b, dtype, out, extra=(), trans_a=False, trans_b=False, **attrs):
-            ta, tb = stored(a, dtype, trans_a), stored(b, dtype, trans_b)
+            # an operand stored transposed is the product's operand with its last two axes swapped back
+            ta, tb = read_as(TensorType(a, dtype), trans_a), read_as(TensorType(b, dtype), trans_b)
             batch, m, n, _ = matmul_dims(a, b)
             base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
                         dtype=out, trans_a=trans_a, trans_b=trans_b)
             return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
 
         def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
-            return KernelOp.of("matmul_bias_grad", (stored((m, k), dtype, trans_a), TensorType((k, n), dtype)),
+            return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
                                TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
 
         return (

@@ -152,48 +152,43 @@ def _copy(p: GemmProblem, valid: str) -> tuple[str, str]:
     return ("gemm_copy4" if p.tf32 else "gemm_copy8"), f"ok ? min({valid}, {el}) : 0"
 
 
+def _tile_loop(p: GemmProblem, operand: str, rows: str, row: str, left: str, ok: str, src: str,
+               note: str = "", ones=None) -> str:
+    """The loop copying one stage's tile of `operand` (A or B): `rows` rows of `row` elements, in
+    16-byte chunks; `left` declares the elements the stored row holds from chunk c on, `ok` whether
+    the chunk is read from `src`. `ones(dst, src)` spells the bias gradient's ones chunk."""
+    chunks = "CA" if operand == "A" else "CB"
+    dst = f"d{operand} + r * {row} + gemm_swz_{operand.lower()}(r, c) * EL"
+    copy, size = _copy(p, left.split()[0])
+    prefix = f"{ones(dst, src)}\n            else " if ones else ""
+    return f"""#pragma unroll
+        for (int i = 0; i < {rows} * {chunks} / THREADS; ++i) {{{note}
+            const int id = tid + i * THREADS, r = id / {chunks}, c = id % {chunks}, {left};
+            const bool ok = {ok};
+            {prefix}{copy}({dst}, ok ? {src} : {operand}b, {size});
+        }}"""
+
+
 def _load_a(p: GemmProblem) -> str:
     """The loop bringing stage `stage`'s tile of A into dA; the ones row of a bias gradient too."""
-    wide, ma = p.in_dtype is DType.float32, a_rows_name(p)
+    width, ma = ("4" if p.in_dtype is DType.float32 else "8"), a_rows_name(p)
     if not p.trans_a:
-        copy, size = _copy(p, "kv")
-        ones = f"if (m0 + r == MA) {'gemm_ones4' if wide else 'gemm_ones8'}(dA + r * BK + gemm_swz_a(r, c) * EL, kv);\n            else " \
-            if p.bias_grad else ""
-        return f"""#pragma unroll
-        for (int i = 0; i < BM * CA / THREADS; ++i) {{
-            const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * EL);
-            const bool ok = m0 + r < {ma} && kv > 0;
-            {ones}{copy}(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, {size});
-        }}"""
-    copy, size = _copy(p, "mv")
-    ones = (f"if (k0 + r < K && mv >= 0 && mv < EL) {'gemm_one_after4' if wide else 'gemm_one_after8'}"
-            f"(dA + r * BM + gemm_swz_a(r, c) * EL, Ab + (k0 + r) * MA + m0 + c * EL, mv);\n            else ") \
-        if p.bias_grad else ""
-    return f"""#pragma unroll
-        for (int i = 0; i < BK * CA / THREADS; ++i) {{   // A stored [K, M]: a tile row is one k
-            const int id = tid + i * THREADS, r = id / CA, c = id % CA, mv = {ma} - (m0 + c * EL);
-            const bool ok = k0 + r < K && mv > 0;
-            {ones}{copy}(dA + r * BM + gemm_swz_a(r, c) * EL, ok ? Ab + (k0 + r) * {ma} + m0 + c * EL : Ab, {size});
-        }}"""
+        ones = (lambda dst, src: f"if (m0 + r == MA) gemm_ones{width}({dst}, kv);") if p.bias_grad else None
+        return _tile_loop(p, "A", "BM", "BK", "kv = K - (k0 + c * EL)", f"m0 + r < {ma} && kv > 0",
+                          "Ab + (m0 + r) * K + k0 + c * EL", ones=ones)
+    ones = (lambda dst, src: f"if (k0 + r < K && mv >= 0 && mv < EL) gemm_one_after{width}({dst}, {src}, mv);") \
+        if p.bias_grad else None
+    return _tile_loop(p, "A", "BK", "BM", f"mv = {ma} - (m0 + c * EL)", "k0 + r < K && mv > 0",
+                      f"Ab + (k0 + r) * {ma} + m0 + c * EL", "   // A stored [K, M]: a tile row is one k", ones)
 
 
 def _load_b(p: GemmProblem) -> str:
     """The loop bringing stage `stage`'s tile of B into dB."""
     if not p.trans_b:
-        copy, size = _copy(p, "nv")
-        return f"""#pragma unroll
-        for (int i = 0; i < BK * CB / THREADS; ++i) {{
-            const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * EL);
-            const bool ok = k0 + r < K && nv > 0;
-            {copy}(dB + r * BN + gemm_swz_b(r, c) * EL, ok ? Bb + (k0 + r) * N + n0 + c * EL : Bb, {size});
-        }}"""
-    copy, size = _copy(p, "kv")
-    return f"""#pragma unroll
-        for (int i = 0; i < BN * CB / THREADS; ++i) {{   // B stored [N, K]: a tile row is one n
-            const int id = tid + i * THREADS, r = id / CB, c = id % CB, kv = K - (k0 + c * EL);
-            const bool ok = n0 + r < N && kv > 0;
-            {copy}(dB + r * BK + gemm_swz_b(r, c) * EL, ok ? Bb + (n0 + r) * K + k0 + c * EL : Bb, {size});
-        }}"""
+        return _tile_loop(p, "B", "BK", "BN", "nv = N - (n0 + c * EL)", "k0 + r < K && nv > 0",
+                          "Bb + (k0 + r) * N + n0 + c * EL")
+    return _tile_loop(p, "B", "BN", "BK", "kv = K - (k0 + c * EL)", "n0 + r < N && kv > 0",
+                      "Bb + (n0 + r) * K + k0 + c * EL", "   // B stored [N, K]: a tile row is one n")
 
 
 def _helpers(p: GemmProblem) -> str:

@@ -21,13 +21,12 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library import activation_gradient, attention_gradient
-from tessera_rw.rules.library.algebra import rand
-from tessera_rw.rules.library.transposed_operands import bias_grad_transposed_operand_rules
+from tessera_rw.rules.library.algebra import mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
 t = TermBuilder()
-a, b, x, dy, p, acc, s, d = t.vars("a b x dy p acc s d")
+a, b, x, dy, p, acc, s, d, ta, tb = t.vars("a b x dy p acc s d ta tb")
 E = Expr
 T = (s, d)
 MAX_BATCH_DIMS = 3        # micro-batch rules for 1..3 leading batch dims (egglog cannot fold a vector)
@@ -75,6 +74,29 @@ def _bias_rules():
                    rhs=row if keepdims else t.reshape(row, shape=s, of=T),
                    when=PRODUCT_TYPES + (MATMUL_OF_B,),
                    example=_bias_example(keepdims, ml_dtypes.bfloat16 if keepdims else np.float32))
+
+
+def _bias_grad(left: Expr, right: Expr, trans_a: Expr | bool, trans_b: Expr | bool) -> Expr:
+    return t.matmul_bias_grad(left, right, accum_dtype=acc, trans_a=trans_a, trans_b=trans_b, of=T)
+
+
+def _transposed_dy_example(rng: np.random.Generator):
+    """dY arriving transposed ([d_out, tokens]): the product and the sum both read dYᵀ."""
+    inputs = _linear_backward(rng)
+    return (lambda x, g: (x.T @ g.T, op.sum(g.T, axis=0))), {"x": inputs["x"], "g": np.ascontiguousarray(inputs["dy"].T)}
+
+
+def _transposed_operand_rules():
+    """The packed GEMM reads a transposed operand in place, as a gemm does (transposed_operands.py):
+    a linear layer's Xᵀ is read as X."""
+    xt, facts = mT(x)
+    needs = ("weight-grad-in-packed-gemm", "bias-grad-from-packed-gemm")
+    yield Rule("transposed-a-into-bias-grad-gemm", "[Xᵀ; 1ᵀ] B = matmul_bias_grad(X, B; trans_a)",
+               lhs=_bias_grad(xt, b, False, tb), rhs=_bias_grad(x, b, True, tb), when=facts,
+               example=_bias_example(False), needs=needs)
+    yield Rule("transposed-b-into-bias-grad-gemm", "[A; 1ᵀ] Yᵀ = matmul_bias_grad(A, Y; trans_b)",
+               lhs=_bias_grad(a, xt, ta, False), rhs=_bias_grad(a, x, ta, True), when=facts,
+               example=_transposed_dy_example, needs=needs)
 
 
 # ---- micro-batches: Σ_i X_iᵀ dY_i = [X_1; …; X_B]ᵀ [dY_1; …; dY_B] ----------------------------------
@@ -140,7 +162,7 @@ def _micro_batch_rules():
 
 
 GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
-                   + tuple(bias_grad_transposed_operand_rules())
+                   + tuple(_transposed_operand_rules())
                    + attention_gradient.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
                        "activation derivatives into the GEMM of their cotangent; transposed operands read "

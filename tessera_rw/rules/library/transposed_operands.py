@@ -9,9 +9,9 @@ a transposed tile as cheaply as a plain one (cuBLAS's op(A) = Aᵀ), so these ru
 the copy-free form and extraction takes it wherever the transpose has no other reader. A transpose
 of a GEMM's result goes the other way: the GEMM of the swapped operands writes it directly.
 
-The gemm rules live in the `epilogue` ruleset, one per number of epilogue operands (a gemm built
-before the fold, like an activation derivative's, is folded too); the packed bias-gradient GEMM's
-in the `gradient` ruleset.
+These rules live in the `epilogue` ruleset, the fold one per number of epilogue operands (a gemm
+built before the fold, like an activation derivative's, is folded too); the packed bias-gradient
+GEMM's fold is the `gradient` ruleset's.
 """
 
 from __future__ import annotations
@@ -37,16 +37,9 @@ def _gemm(left: Expr, right: Expr, extras: tuple[Expr, ...], trans_a: Expr | boo
                   accum_dtype=acc, dtype=d, trans_a=trans_a, trans_b=trans_b, of=of)
 
 
-def _pair(rng: np.random.Generator, transposed: str) -> dict[str, np.ndarray]:
-    """x [batch, M, K] and w [K, N], each stored transposed when `transposed` names it."""
-    m, k, n, batch = (int(v) for v in rng.integers(1, 8, size=4))
-    x = rand(rng, batch, k, m) if transposed == "a" else rand(rng, batch, m, k)
-    w = rand(rng, n, k) if transposed == "b" else rand(rng, k, n)
-    return {"x": x, "w": w}
-
-
 def _gemm_example(side: str, extras: int):
-    """A product with one operand transposed and `extras` epilogue operands (a bias, then a residual)."""
+    """A product with operand `side` ("a" or "b") stored transposed and `extras` epilogue operands
+    (a bias, then a residual)."""
     def read(v, named):
         return v.mT if side == named else v
 
@@ -55,10 +48,11 @@ def _gemm_example(side: str, extras: int):
               lambda x, w, bias, res: op.gelu(read(x, "a") @ read(w, "b") + bias) + res)
 
     def example(rng: np.random.Generator):
-        inputs = _pair(rng, side)
-        batch, m, n = inputs["x"].shape[0], inputs["x"].shape[2 if side == "a" else 1], inputs["w"].shape[0 if side == "b" else 1]
-        extra = {"bias": rand(rng, n), "res": rand(rng, batch, m, n)}
-        return bodies[extras], inputs | dict(list(extra.items())[:extras])
+        m, k, n, batch = (int(v) for v in rng.integers(1, 8, size=4))
+        inputs = {"x": rand(rng, batch, *((k, m) if side == "a" else (m, k))),
+                  "w": rand(rng, *((n, k) if side == "b" else (k, n))),
+                  "bias": rand(rng, n), "res": rand(rng, batch, m, n)}
+        return bodies[extras], dict(list(inputs.items())[:2 + extras])
     return example
 
 
@@ -76,33 +70,6 @@ def transposed_operand_rules() -> Iterator[Rule]:
         yield Rule(f"transposed-b-into-gemm{n + 2}", "gemm(A, Yᵀ, …) = gemm(A, Y, …; trans_b)",
                    lhs=_gemm(a, xt, extras, ta, False), rhs=_gemm(a, x, extras, ta, True), when=facts,
                    example=_gemm_example("b", n), needs=("matmul-is-gemm", *_EXTRA_NEEDS[n]))
-
-
-def _bias_grad(left: Expr, right: Expr, trans_a: Expr | bool, trans_b: Expr | bool) -> Expr:
-    return t.matmul_bias_grad(left, right, accum_dtype=acc, trans_a=trans_a, trans_b=trans_b, of=T)
-
-
-def _bias_grad_example(side: str):
-    def example(rng: np.random.Generator):
-        tokens, d_in, d_out = (int(v) for v in rng.integers(1, 9, size=3))
-        x = rand(rng, tokens, d_in)
-        if side == "a":      # dW = Xᵀ dY, db = Σ dY: Xᵀ is the transposed operand
-            return (lambda x, dy: (x.T @ dy, op.sum(dy, axis=0))), {"x": x, "dy": rand(rng, tokens, d_out)}
-        # dY arrives transposed ([d_out, tokens]): both the product and the sum read dYᵀ
-        return (lambda x, g: (x.T @ g.T, op.sum(g.T, axis=0))), {"x": x, "g": rand(rng, d_out, tokens)}
-    return example
-
-
-def bias_grad_transposed_operand_rules() -> Iterator[Rule]:
-    """matmul_bias_grad(Xᵀ, B) = matmul_bias_grad(X, B; trans_a), and the same for B."""
-    xt, facts = mT(x)
-    needs = ("weight-grad-in-packed-gemm", "bias-grad-from-packed-gemm")
-    yield Rule("transposed-a-into-bias-grad-gemm", "[Xᵀ; 1ᵀ] B = matmul_bias_grad(X, B; trans_a)",
-               lhs=_bias_grad(xt, b, False, tb), rhs=_bias_grad(x, b, True, tb), when=facts,
-               example=_bias_grad_example("a"), needs=needs)
-    yield Rule("transposed-b-into-bias-grad-gemm", "[A; 1ᵀ] Yᵀ = matmul_bias_grad(A, Y; trans_b)",
-               lhs=_bias_grad(a, xt, ta, False), rhs=_bias_grad(a, x, ta, True), when=facts,
-               example=_bias_grad_example("b"), needs=needs)
 
 
 def _product_example(with_bias: bool):
