@@ -8,7 +8,7 @@ Per row, following the method of counting the floor first and checking before ti
 3. ours (the fastest checked default schedule) and torch's version timed under one protocol: CUDA
    events, warm-up, L2 flushed between reps, median of two batches whose gap is the noise.
 
-Rows: bf16 GEMM vs torch.matmul; flash attention forward vs scaled_dot_product_attention; softmax and
+Rows: bf16 GEMM vs torch.matmul; an fp8 (e4m3) GEMM vs torch._scaled_mm; flash attention forward vs scaled_dot_product_attention; softmax and
 layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
 long FFT convolution (bench/gpu_fftconv.py); a linear layer's dW + db and attention's gradients
 (bench/gpu_backward.py). `--quick` takes fewer reps, the first schedule only,
@@ -43,7 +43,7 @@ COMPILE_LIMIT_S = 60                 # torch.compile gets this long; a slower co
 TOLERANCE = {DType.bfloat16: 1e-2, DType.float16: 1e-2, DType.float32: 1e-4}   # ‖out − ref‖ / ‖ref‖
 COPY_BYTES = 1 << 30
 CEILING_N = 8192
-BF16 = DType.bfloat16
+BF16, E4M3 = DType.bfloat16, DType.float8_e4m3
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,27 @@ def gemm_row(n: int) -> Row:
                lambda a, b: a.double() @ b.double(), 2 * n ** 3, 3 * n * n * 2)
 
 
+def fp8_gemm_row(n: int) -> Row:
+    """e4m3 operands with B stored [N, K] (the layout cuBLASLt's fp8 GEMM and torch._scaled_mm take),
+    fp32 accumulation, bf16 out. Its floor is taken at the measured bf16 matmul rate: on sm_90 our
+    mma.sync runs fp8 as fp16 MMAs, where cuBLASLt's wgmma reaches about twice that."""
+    a = TensorType((n, n), E4M3)
+    op = op_of("gemm", a, a, scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
+               dtype=BF16, trans_b=True)
+
+    def make():
+        torch = _torch()
+        return tuple((torch.randn(n, n, device="cuda") / 2).to(torch.float8_e4m3fn) for _ in range(2))
+
+    def scaled_mm(x, w):
+        torch = _torch()
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+        return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    return Row(f"gemm fp8 e4m3 {n}^3 (B as [N,K]) vs torch._scaled_mm", op, make, scaled_mm,
+               lambda x, w: x.double() @ w.double().t(), 2 * n ** 3, 2 * n * n + n * n * 2)
+
+
 def attention_reference(q, k, v, causal: bool):
     """softmax(q kᵀ / sqrt(d)) v in float64, one batch item at a time (the scores of all would not fit)."""
     import torch
@@ -173,7 +194,7 @@ def epilogue_row(m: int, n: int, k: int) -> Row:
 
 
 def rows(quick: bool) -> list[Row]:
-    found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)])
+    found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)]) + [fp8_gemm_row(4096)]
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
     return found + [softmax_row(8192), layernorm_row(8192), epilogue_row(4096, 4096, 4096)]
 

@@ -68,6 +68,38 @@ inline void mma_1688_tf32(float* d, const unsigned* a, const unsigned* b) {
     }
 }
 
+// fp8 values: e4m3 (the "fn" variant: no infinities, S.1111.111 is NaN) and e5m2 (IEEE-like)
+inline float fp8_to_f32(unsigned char v, bool e4m3) {
+    const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, emax = e4m3 ? 15 : 31;
+    const int e = (v & 0x7f) >> mbits, m = v & ((1 << mbits) - 1);
+    const float sign = v & 0x80 ? -1.0f : 1.0f;
+    if (e == emax && (!e4m3 || m == (1 << mbits) - 1))
+        return e4m3 || m ? NAN : sign * INFINITY;
+    const float frac = e ? 1.0f + (float)m / (1 << mbits) : (float)m / (1 << mbits);
+    return sign * std::ldexp(frac, (e ? e : 1) - bias);
+}
+
+// m16n8k32 fp8: the byte layout of m16n8k16's 16-bit one, four values to a register: lane = 4g + t
+// holds A(g|g+8, 4t..4t+3 | 4t+16..4t+19), B(4t..4t+3 | 4t+16..4t+19, g), D as m16n8k16's.
+inline void mma_16832_fp8(float* d, const unsigned* a, const unsigned* b, bool e4m3) {
+    Slot mine{};
+    for (int i = 0; i < 4; ++i) mine.words[i] = a[i];
+    for (int i = 0; i < 2; ++i) mine.words[4 + i] = b[i];
+    const Slot* s = exchange(mine, MMA);
+    const int g = lane() / 4, t = lane() % 4;
+    auto byte = [](unsigned word, int k) { return (unsigned char)(word >> (8 * (k & 3))); };
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 32; ++k) {
+            const float x = fp8_to_f32(byte(s[(row % 8) * 4 + (k % 16) / 4].words[row / 8 + 2 * (k / 16)], k), e4m3);
+            const float y = fp8_to_f32(byte(s[col * 4 + (k % 16) / 4].words[4 + k / 16], k), e4m3);
+            acc += x * y;
+        }
+        d[e] = acc;
+    }
+}
+
 inline void require_aligned(const void* p, const char* what) {
     if ((uintptr_t)p % 16) fail(what);
 }
@@ -109,6 +141,8 @@ inline void ldmatrix(unsigned* r, const void* p, int matrices, bool transposed) 
 
 __device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) { emu::mma_16816(d, a, b, true); }
 __device__ __forceinline__ void mma_f16_16816(float* d, const unsigned* a, const unsigned* b) { emu::mma_16816(d, a, b, false); }
+__device__ __forceinline__ void mma_e4m3_16832(float* d, const unsigned* a, const unsigned* b) { emu::mma_16832_fp8(d, a, b, true); }
+__device__ __forceinline__ void mma_e5m2_16832(float* d, const unsigned* a, const unsigned* b) { emu::mma_16832_fp8(d, a, b, false); }
 __device__ __forceinline__ void mma_tf32_1688(float* d, const unsigned* a, const unsigned* b) { emu::mma_1688_tf32(d, a, b); }
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p) { emu::ldmatrix(r, p, 4, false); }
 __device__ __forceinline__ void ldmatrix_x2(unsigned* r, const void* p) { emu::ldmatrix(r, p, 2, false); }

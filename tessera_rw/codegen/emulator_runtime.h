@@ -86,6 +86,13 @@ inline float __int_as_float(int u) { return emu_bits<float>(u); }
 inline unsigned __float_as_uint(float f) { return emu_bits<unsigned>(f); }
 inline int __float_as_int(float f) { return emu_bits<int>(f); }
 inline double __longlong_as_double(long long u) { return emu_bits<double>(u); }
+// prmt: byte i of the result is byte (s >> 4i) & 7 of the eight bytes y:x (x the low four)
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long xy = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((xy >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
 inline long long __double_as_longlong(double d) { return emu_bits<long long>(d); }
 
 namespace emu {

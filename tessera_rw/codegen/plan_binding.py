@@ -94,7 +94,7 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
         space = tuple(template.schedules(op, arch))
         chosen = (schedules or {}).get(i, space[0] if space else None)
         if chosen is None:
-            missing.append(f"  step {i}: {op} (no schedule fits {arch.name})")
+            missing.append(f"  step {i}: {op} ({template.unavailable(op, arch) or f'no schedule fits {arch.name}'})")
             continue
         bound.append(BoundStep(step, op, template, chosen, space, call))
     if missing:

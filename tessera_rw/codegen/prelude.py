@@ -54,27 +54,29 @@ __device__ __forceinline__ float exp2_approx(float x) {
     float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
 
-// D = A(16x16, row) * B(16x8, col) + C, bf16 or fp16 inputs, fp32 accumulators (sm_80+)
-__device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void mma_f16_16816(float* d, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// D = A(16x8, row) * B(8x8, col) + C, tf32 inputs (fp32 bit patterns), fp32 accumulators
-__device__ __forceinline__ void mma_tf32_1688(float* d, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+"""
 
+
+def _mma(name: str, shape: str, kind: str, what: str) -> str:
+    """A helper issuing one mma.sync of `shape` on `kind` operands: D = A B + C in four fp32
+    accumulators, A in four registers and B in two, laid out as the PTX ISA's figures for `shape`."""
+    return (f"// {what}\n"
+            f"__device__ __forceinline__ void {name}(float* d, const unsigned* a, const unsigned* b) {{\n"
+            f'    asm volatile("mma.sync.aligned.{shape}.row.col.f32.{kind}.{kind}.f32 "\n'
+            '                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"\n'
+            '                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
+            '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));\n}\n')
+
+
+PTX_HELPERS += "".join((
+    _mma("mma_bf16_16816", "m16n8k16", "bf16", "D = A(16x16, row) * B(16x8, col) + C, bf16 inputs (sm_80+)"),
+    _mma("mma_f16_16816", "m16n8k16", "f16", "the same, fp16 inputs"),
+    _mma("mma_tf32_1688", "m16n8k8", "tf32", "D = A(16x8, row) * B(8x8, col) + C, tf32 inputs (fp32 bit patterns)"),
+    _mma("mma_e4m3_16832", "m16n8k32", "e4m3", "D = A(16x32, row) * B(32x8, col) + C, fp8 inputs four to a register (sm_89+)"),
+    _mma("mma_e5m2_16832", "m16n8k32", "e5m2", "the same, e5m2 inputs"),
+))
+
+PTX_HELPERS += r"""
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }

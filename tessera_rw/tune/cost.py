@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
@@ -132,6 +133,9 @@ def _generic(op: KernelOp, arch: ArchSpec) -> KernelCost:
 
 def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, KernelCost]:
     """The default schedule of `template` for `op` with the least estimated time."""
+    if not template.schedules(op, arch):
+        raise ArgumentError(f"the {template.kind_of(op)} kernel of {op} has no schedule on {arch.name}",
+                            hint=template.unavailable(op, arch) or "pick another target arch (TESSERA_ARCH)")
     costs = [(s, timing(op, template.kind_of(op), template.fused(op), s.describe(),
                         template.resources(op, s, arch), arch)) for s in template.schedules(op, arch)]
     return min(costs, key=lambda sc: sc[1].est_us)
@@ -155,7 +159,7 @@ def kernel_cost(op: KernelOp, arch: ArchSpec, *, fused_op: bool = False) -> Kern
     """
     if op.op in NO_KERNEL_OPS or (op.operands and view_offset(op.op, op.operands[0], op.attr_map) is not None):
         return None
-    options = [best_schedule(t, op, arch)[1] for t in templates_for(op)]
+    options = [best_schedule(t, op, arch)[1] for t in templates_for(op) if t.schedules(op, arch)]
     if options:
         return min(options, key=lambda c: c.est_us)
     cost = _generic(op, arch)

@@ -86,8 +86,10 @@ def tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, KernelO
 
 def default_schedules(plan: KernelPlan, arch: ArchSpec,
                       numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
-    """The cost model's pick among each step's default schedules (untuned runs use these)."""
-    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics))
+    """The cost model's pick among each step's default schedules (untuned runs use these). A step
+    with none on `arch` (fp8 before sm_89) gets none here: binding the plan to a GPU says why."""
+    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics)
+                 if templates_for(op)[0].schedules(op, arch))
 
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,

@@ -26,6 +26,7 @@ from tessera_rw.codegen.templates.spectral import spectral_op
 from tests.codegen.ragged_ops import RAGGED, matmul, of
 
 BF16, F16, F32, BOOL = DType.bfloat16, DType.float16, DType.float32, DType.bool
+E4M3, E5M2 = DType.float8_e4m3, DType.float8_e5m2
 FAST, KAHAN = Numerics.FAST, Numerics.KAHAN_SUM
 
 
@@ -142,6 +143,24 @@ def _transposed_gemm_ops() -> dict[str, KernelOp]:
         "bias grad tn 50x77x30 f32 simt": bias_grad_transposed(50, 77, 30, F32),
         "bias grad tn 64x128x64 tf32": bias_grad_transposed(64, 128, 64, F32, FAST),
         "bias grad tn 61x70x50 tf32 ragged": bias_grad_transposed(61, 70, 50, F32, FAST),
+    }
+
+
+def _fp8_gemm_ops() -> dict[str, KernelOp]:
+    """fp8 operands in every layout: B stored [N, K] read as it lies, B stored [K, N] or A stored
+    [K, M] transposed through registers (one such operand overlapped with the MMAs, two written as
+    they land), aligned rows (vector loads, cp.async) and ragged ones (byte by byte)."""
+    return {
+        "gemm fp8 nt 128x256x128 e4m3": transposed((128, 128), (128, 256), E4M3, BF16, trans_b=True),
+        "gemm fp8 nn bias gelu 160x256x192 e4m3": transposed((160, 192), (192, 256), E4M3, BF16,
+                                                            extra=[((256,), BF16)], has_bias=True, activation="gelu"),
+        "gemm fp8 tn batched scale e5m2 -> f32": transposed((2, 128, 96), (96, 160), E5M2, F32, trans_a=True,
+                                                           scale=0.25),
+        "gemm fp8 tt broadcast e4m3 -> f16": transposed((2, 64, 128), (128, 96), E4M3, F16, True, True),
+        "gemm fp8 nt ragged 101x103x99 e4m3": transposed((101, 99), (99, 103), E4M3, BF16, trans_b=True),
+        "gemm fp8 nn ragged 3x101x103x99 e5m2": transposed((3, 101, 99), (99, 103), E5M2, BF16),
+        "gemm fp8 tn ragged residual e4m3 -> f32": transposed((70, 45), (45, 130), E4M3, F32, trans_a=True,
+                                                             extra=[((70, 130), F32)], has_residual=True),
     }
 
 
@@ -276,5 +295,5 @@ def _spectral_ops() -> dict[str, KernelOp]:
     }
 
 
-EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
+EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
                                   | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops())

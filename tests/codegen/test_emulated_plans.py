@@ -135,3 +135,29 @@ def test_a_transposed_product_plan_is_one_swapped_gemm(dtype):
     wide = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
     want = np.swapaxes(0.5 * wide * (1 + erf(wide / np.sqrt(2))), -1, -2)
     assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_an_fp8_linear_layer_is_one_gemm_reading_the_weight_as_stored(dtype):
+    """x Wᵀ + b with torch's [out, in] weight: the fp8 mma reads W where it lies (trans_b), writes
+    bf16 through the bias and gelu epilogue; the other orientation transposes W on its way in."""
+    @op.kernel
+    def linear(x, w, b):
+        return op.gelu(x @ w.mT + b)
+
+    @op.kernel
+    def linear_in_out(x, w, b):
+        return op.gelu(x @ w + b)
+
+    rng = np.random.default_rng(17)
+    x, b = rng.standard_normal((100, 96)).astype(dtype), rng.standard_normal(72).astype(ml_dtypes.bfloat16)
+    for kernel, w in ((linear, rng.standard_normal((72, 96))), (linear_in_out, rng.standard_normal((96, 72)))):
+        w = (w / np.sqrt(96)).astype(dtype)
+        program = kernel.program(x, w, b)
+        (step,) = program.plan.steps
+        assert step.node.attr("trans_b") is (kernel is linear) and step.node.dtype is DType.bfloat16
+        inputs = {"x": x, "w": w, "b": b}
+        read = w.astype(np.float64).T if kernel is linear else w.astype(np.float64)
+        wide = x.astype(np.float64) @ read + b.astype(np.float64)
+        want = 0.5 * wide * (1 + erf(wide / np.sqrt(2)))
+        assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])

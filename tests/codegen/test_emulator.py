@@ -73,6 +73,61 @@ def test_mma_m16n8k8_tf32_follows_the_ptx_fragment_layout_and_rounds_operands():
     assert not np.allclose(d, want, rtol=0, atol=1e-6)        # tf32 keeps 10 mantissa bits, not 23
 
 
+# m16n8k32 fp8: lane = 4g + t holds A(g|g+8, 4t..4t+3 | +16), B(4t..4t+3 | +16, g), four bytes to a
+# register, low byte first; D as m16n8k16's (PTX ISA figures)
+MMA_16832 = r"""
+extern "C" __global__ void mma_fp8_check(const fp8_t* A, const fp8_t* B, float* D) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto quad = [](const fp8_t* p, int stride) {
+        return (unsigned)p[0] | ((unsigned)p[stride] << 8) | ((unsigned)p[2 * stride] << 16) | ((unsigned)p[3 * stride] << 24);
+    };
+    unsigned a[4] = {quad(A + g * 32 + 4 * t, 1), quad(A + (g + 8) * 32 + 4 * t, 1),
+                     quad(A + g * 32 + 4 * t + 16, 1), quad(A + (g + 8) * 32 + 4 * t + 16, 1)};
+    unsigned b[2] = {quad(B + (4 * t) * 8 + g, 8), quad(B + (4 * t + 16) * 8 + g, 8)};
+    float d[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    MMA(d, a, b);
+    D[g * 8 + 2 * t] = d[0]; D[g * 8 + 2 * t + 1] = d[1];
+    D[(g + 8) * 8 + 2 * t] = d[2]; D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+"""
+
+
+@pytest.mark.parametrize("dtype, mma", [(ml_dtypes.float8_e4m3fn, "mma_e4m3_16832"),
+                                        (ml_dtypes.float8_e5m2, "mma_e5m2_16832")], ids=["e4m3", "e5m2"])
+def test_mma_m16n8k32_fp8_follows_the_ptx_fragment_layout_and_decodes_every_value(dtype, mma):
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((16, 32)).astype(dtype), rng.standard_normal((32, 8)).astype(dtype)
+    name = f"check_{mma}"
+    d = run(name, MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma), [a, b, np.zeros((16, 8), np.float32)])
+    np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 0.5, rtol=1e-5, atol=1e-5)
+    # every finite byte, subnormals included: row 0 of A walks them against a B of ones in column 0
+    finite = np.arange(256, dtype=np.uint8).view(dtype)
+    finite = finite[np.isfinite(finite.astype(np.float32))]
+    for chunk in np.array_split(finite, -(-finite.size // 32)):
+        a = np.zeros((16, 32), dtype)
+        b = np.zeros((32, 8), dtype)
+        a[0, :chunk.size], b[:chunk.size, 0] = chunk, 1
+        a[1, :chunk.size] = chunk
+        b[:chunk.size, 1] = np.eye(32, dtype=np.float32)[0, :chunk.size]
+        d = run(name, MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma), [a, b, np.zeros((16, 8), np.float32)])
+        assert d[1, 1] == float(chunk[0].astype(np.float32)) + 0.5
+        np.testing.assert_allclose(d[0, 0], chunk.astype(np.float64).sum() + 0.5, rtol=1e-6)
+
+
+BYTE_PERM = r"""
+extern "C" __global__ void byte_perm_check(const unsigned* X, unsigned* R) {
+    const unsigned selectors[4] = {0x5140u, 0x7362u, 0x3210u, 0x0467u};
+    if (threadIdx.x < 4) R[threadIdx.x] = __byte_perm(X[0], X[1], selectors[threadIdx.x]);
+}
+"""
+
+
+def test_byte_perm_picks_bytes_of_the_pair_by_nibble():
+    x = np.array([0x03020100, 0x07060504], np.uint32)     # byte i of y:x is i
+    r = run("byte_perm_check", BYTE_PERM, [x, np.zeros(4, np.uint32)])
+    np.testing.assert_array_equal(r, [0x05010400, 0x07030602, 0x03020100, 0x00040607])
+
+
 LDMATRIX = r"""
 extern "C" __global__ void ldmatrix_check(const unsigned short* M, unsigned* plain, unsigned* trans) {
     __shared__ __align__(16) unsigned short s[4 * 64];

@@ -34,6 +34,9 @@ def mm(a, b, dtype=DType.bfloat16, **attrs) -> KernelOp:
 def test_resources_cover_the_work(op):
     for arch in KNOWN_ARCHS:
         schedules = T.schedules(op, arch)
+        if T.unavailable(op, arch):          # fp8 on an arch without fp8 tensor cores
+            assert not schedules and not arch.has(MathUnit.FP8)
+            continue
         assert schedules, arch.name
         for s in schedules:
             r = T.resources(op, s, arch)
@@ -52,6 +55,49 @@ def test_math_unit_and_schedule_kind_follow_the_dtype():
     assert all(isinstance(s, GemmSimtSchedule) for s in T.schedules(fp32, h100))
     assert T.resources(bf16, T.schedules(bf16, h100)[0], h100).unit is MathUnit.BF16
     assert T.resources(fp32, T.schedules(fp32, h100)[0], h100).unit is MathUnit.FP32
+
+
+def fp8_gemm(a, b, dtype=DType.float8_e4m3, out=DType.bfloat16, op="gemm", **attrs) -> KernelOp:
+    from tessera_rw.algebra.ops.linalg import matmul_dims
+    batch, m, n, _ = matmul_dims(a, b)
+    if op == "matmul_bias_grad":
+        return KernelOp.of(op, (TensorType(a, dtype), TensorType(b, dtype)), TensorType((m + 1, n), dtype),
+                           accum_dtype=None)
+    base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None, dtype=out)
+    return KernelOp.of(op, (TensorType(a, dtype), TensorType(b, dtype)), TensorType(batch + (m, n), out),
+                       **(base | attrs))
+
+
+def test_fp8_products_run_on_fp8_tensor_cores_from_sm_89():
+    from tessera_rw.algebra.errors import TesseraError
+    op = fp8_gemm((256, 256), (256, 256), trans_b=True)
+    h100, l4, a100 = arch_named("h100"), arch_named("l4"), arch_named("a100")
+    for arch in (h100, l4):
+        s = T.schedules(op, arch)[0]
+        assert T.unavailable(op, arch) is None and T.resources(op, s, arch).unit is MathUnit.FP8
+        assert "mma_e4m3_16832" in T.emit(op, s, arch).source
+    # sm_89 runs the fp8 mma natively, sm_90 as fp16 MMAs: the model expects more of the former
+    assert (T.resources(op, T.schedules(op, l4)[0], l4).efficiency
+            > T.resources(op, T.schedules(op, h100)[0], h100).efficiency)
+    assert T.schedules(op, a100) == () and T.space(op, a100) == ()
+    assert "sm_89" in T.unavailable(op, a100) and "bfloat16" in T.unavailable(op, a100)
+    with pytest.raises(TesseraError, match="on A100-SXM") as e:
+        T.emit(op, T.schedules(op, h100)[0], a100)
+    assert "cast the operands to bfloat16" in e.value.hint
+    e5m2 = fp8_gemm((256, 256), (256, 256), DType.float8_e5m2, DType.float32)
+    assert "mma_e5m2_16832" in T.emit(e5m2, T.schedules(e5m2, h100)[0], h100).source
+    assert not T.accepts(fp8_gemm((256, 256), (256, 256), op="matmul_bias_grad"))
+
+
+def test_fp8_operands_stored_across_k_are_transposed_through_registers():
+    h100 = arch_named("h100")
+    for trans_a, trans_b, staged in ((False, True, ""), (False, False, "b"), (True, True, "a"), (True, False, "ab")):
+        op = fp8_gemm((256, 256), (256, 256), trans_a=trans_a, trans_b=trans_b)
+        source = T.emit(op, T.schedules(op, h100)[0], h100).source
+        assert [x for x in "ab" if f"stash_{x}(" in source] == list(staged), (trans_a, trans_b)
+        # one staged operand is written after the MMAs (its loads overlap them), two as they land
+        assert ("after the math" in source) == (len(staged) == 1)
+        assert "ldmatrix_x4_trans" not in source      # 8-bit tiles always hold k contiguous
 
 
 def test_hbm_traffic_grows_with_the_problem():
@@ -101,7 +147,7 @@ def test_accepts_what_it_can_do_and_rejects_the_rest():
     assert T.accepts(mm((64, 64), (64, 61)))                        # odd N
     assert not T.accepts(mm((64,), (64, 64)))                       # rank-1 operand
     assert not T.accepts(mm((64, 64), (64, 64), accum_dtype=DType.float16))
-    for dtype in (DType.float64, DType.complex64, DType.float8_e4m3):
+    for dtype in (DType.float64, DType.complex64, DType.float8_e4m3):   # fp8 results: a GEMM writes 16 or 32 bits
         assert not T.accepts(mm((64, 64), (64, 64), dtype)), dtype
     mixed = KernelOp.of("matmul", (TensorType((64, 64), DType.bfloat16), TensorType((64, 64), DType.float32)),
                         TensorType((64, 64), DType.float32), accum_dtype=None)

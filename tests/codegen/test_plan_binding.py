@@ -73,6 +73,30 @@ def test_a_float64_plan_names_every_kernel_without_a_gpu_template():
     assert "f64[64,128]" in str(e.value) and "TESSERA_DEVICE=cpu" in str(e.value)
 
 
+def test_an_fp8_plan_binds_from_sm_89_and_says_what_to_do_before():
+    plan = mlp.program(*placeholders((64, 128), (128, 256), dtype="fp8_e4m3"), op.tensor((256,), "bf16")).plan
+    (b,) = bind_plan(plan, H100)
+    assert b.kind == "gemm" and "mma_e4m3_16832" in b.source(H100).source
+    with pytest.raises(NoTemplateError, match="need fp8 tensor cores") as e:
+        bind_plan(plan, arch_named("a100"))
+    assert "cast the operands to bfloat16" in str(e.value)
+
+
+def test_an_fp8_program_planned_for_an_arch_without_fp8_still_plans_and_runs_on_the_host(monkeypatch):
+    monkeypatch.setenv("TESSERA_ARCH", "a100")
+
+    @op.kernel
+    def product(x, w):
+        return x @ w
+
+    x, w = (np.random.default_rng(3).standard_normal(s).astype(ml_dtypes.float8_e4m3fn) for s in ((32, 64), (64, 16)))
+    program = product.program(x, w)
+    with pytest.raises(NoTemplateError, match="need fp8 tensor cores"):
+        bind_plan(program.plan, arch_named("a100"))
+    (got,) = run_plan_on_cpu(program.plan, {"x": x, "w": w})
+    np.testing.assert_allclose(got.astype(np.float32), x.astype(np.float32) @ w.astype(np.float32), rtol=1e-2, atol=1e-1)
+
+
 def test_library_kernels_are_named_with_the_reason_while_their_library_is_missing(monkeypatch):
     monkeypatch.setattr(library_kernels, "library_available", lambda name: False)
     plan = long_conv.program(*placeholders((2, 64, 4096), (64, 64, 1024), dtype="float32")).plan

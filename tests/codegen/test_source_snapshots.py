@@ -63,6 +63,8 @@ EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
      "tn"),
     ("gemm reading Wᵀ in place", lambda op: op.op == "gemm" and op.attr_map["trans_b"]
      and not op.attr_map["trans_a"], "nt"),
+    ("fp8 gemm transposing its B on the way in", lambda op: op.op == "gemm"
+     and op.operands[0].dtype is DType.float8_e4m3 and not op.attr_map["trans_b"], "fp8_nn"),
     ("causal attention", lambda op: op.op == "flash_attention" and op.attr_map["causal"], None),
     ("masked attention backward", lambda op: op.op == "flash_attention_bwd" and op.attr_map["has_mask"], None),
     ("depthwise convolution", _depthwise, "depthwise"),

@@ -43,6 +43,8 @@ def run_poisoned(op: KernelOp, arrays, schedule, arch) -> np.ndarray:
 def check_every_schedule(template: Template, op: KernelOp) -> None:
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
+    if reason := template.unavailable(op, arch):
+        pytest.skip(reason)
     schedules = template.schedules(op, arch)
     assert schedules, f"{type(template).__name__} has no default schedule for {op} on {arch.name}"
     if template.library is not None:

@@ -69,6 +69,11 @@ class Template(ABC):
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         """The default schedules for `op` on `arch`, all valid (they fit smem, registers, alignment)."""
 
+    def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
+        """Why an op this template accepts has no schedule on `arch` (the arch lacks a unit it
+        needs), and what to do instead; None when nothing rules the arch out."""
+        return None
+
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         """Every schedule the autotuner may try for `op` on `arch`: the defaults first (in their
         order), then the rest of the template's grid; all valid (they fit smem, registers, block

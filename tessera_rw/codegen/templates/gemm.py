@@ -3,7 +3,8 @@ as one kernel per product.
 
 Two code paths. bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
 fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
-pipeline of `stages` buffers. float32 operands run a SIMT FFMA kernel (full fp32 products, as
+pipeline of `stages` buffers. fp8 operands (e4m3 or e5m2, both the same; sm_89 and newer) take
+the same kernel with mma.sync m16n8k32 and write bf16, fp16 or fp32. float32 operands run a SIMT FFMA kernel (full fp32 products, as
 numpy gives), except under the `fast` numerics policy: then they take the tensor-core path in
 tf32 (mma.sync m16n8k8, operands rounded by cvt.rna.tf32.f32, fp32 accumulation), about 7x the
 FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the epilogue in
@@ -26,7 +27,6 @@ with one more row of A, all ones, that no load reads: its tiles fill that row in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
@@ -40,9 +40,11 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
+from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, blocks_per_sm, registers,
+                                                         smem_bytes)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
-from tessera_rw.codegen.templates.gemm_problem import TENSOR_CORE_DTYPES, GemmProblem
-from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD, emit_simt
+from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
+from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
 
 _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 # The launch passes no dynamic shared memory, so every schedule lives in the static 48 KiB.
@@ -52,38 +54,13 @@ _INT_INDEX = 2 ** 31            # one matrix is indexed with 32-bit ints
 _ACTIVATIONS = (*ACTIVATIONS, *DERIVATIVES)
 
 
-@dataclass(frozen=True)
-class GemmSchedule(Schedule):
-    """Tensor-core tiling: a bm x bn block tile, bk per pipeline stage, warps_m x warps_n warps."""
-    bm: int = 128
-    bn: int = 128
-    bk: int = 32
-    warps_m: int = 2
-    warps_n: int = 2
-    stages: int = 3
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
-
-
-@dataclass(frozen=True)
-class GemmSimtSchedule(Schedule):
-    """fp32 SIMT tiling: each thread owns a tm x tn patch of the bm x bn block tile."""
-    bm: int = 128
-    bn: int = 128
-    bk: int = 8
-    tm: int = 8
-    tn: int = 8
-
-    @property
-    def threads(self) -> int:
-        return (self.bm // self.tm) * (self.bn // self.tn)
-
-
 _TC_DEFAULTS = (GemmSchedule(128, 128, 32, 2, 2, 3), GemmSchedule(128, 64, 32, 2, 2, 3),
                 GemmSchedule(64, 64, 32, 2, 2, 3), GemmSchedule(128, 256, 32, 2, 4, 2))
 _SIMT_DEFAULTS = (GemmSimtSchedule(128, 128, 8, 8, 8), GemmSimtSchedule(64, 64, 8, 4, 4))
+# fp8 tiles hold 1-byte values: twice the k-depth of the 16-bit tiles for the same shared memory
+# and, as sm_90 widens fp8 fragments to fp16 pairs, warp tiles of at most 64x32 (wider ones spill)
+_FP8_DEFAULTS = (GemmSchedule(128, 128, 64, 2, 4, 3), GemmSchedule(128, 64, 64, 2, 2, 3),
+                 GemmSchedule(64, 64, 64, 2, 2, 3))
 # tf32 tiles hold 4-byte values: half the k-depth of the 16-bit tiles for the same shared memory
 _TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16, 2, 2, 3),
                   GemmSchedule(64, 64, 16, 2, 2, 4))
@@ -93,8 +70,8 @@ _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 
 
 class GemmTemplate(Template):
-    """matmul / gemm of rank >= 2 float32, float16 or bfloat16 operands (both the same dtype), and
-    matmul_bias_grad of 2-d ones.
+    """matmul / gemm of rank >= 2 float32, float16, bfloat16 or fp8 operands (both the same dtype),
+    and matmul_bias_grad of 2-d ones (not fp8).
 
     The tensor-core path streams tiles with cp.async when rows of A and B start 16-byte aligned
     (K*itemsize and N*itemsize multiples of 16); other shapes copy element-wise through registers
@@ -108,6 +85,8 @@ class GemmTemplate(Template):
             return False
         a, b = op.operands[:2]
         if a.ndim < 2 or b.ndim < 2 or a.dtype is not b.dtype or a.dtype not in (*TENSOR_CORE_DTYPES, DType.float32):
+            return False
+        if a.dtype in FP8_DTYPES and op.op == "matmul_bias_grad":
             return False
         accum = op.attr_map.get("accum_dtype")
         if accum is not None and DType.parse(accum) is not DType.float32:
@@ -137,8 +116,16 @@ class GemmTemplate(Template):
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         p = GemmProblem.of(op)
-        defaults = _TF32_DEFAULTS if p.tf32 else _TC_DEFAULTS if p.tensor_core else _SIMT_DEFAULTS
+        defaults = (_TF32_DEFAULTS if p.tf32 else _FP8_DEFAULTS if p.fp8 else _TC_DEFAULTS if p.tensor_core
+                    else _SIMT_DEFAULTS)
         return tuple(s for s in defaults if self._valid(p, s, arch))
+
+    def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
+        p = GemmProblem.of(op)
+        if p.fp8 and not arch.has(MathUnit.FP8):
+            return (f"{p.in_dtype} products need fp8 tensor cores (sm_89 and newer), {arch.name} is {arch.sm}: "
+                    f"cast the operands to bfloat16")
+        return None
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         p = GemmProblem.of(op)
@@ -161,14 +148,19 @@ class GemmTemplate(Template):
         return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
 
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
-        smem = _smem(p, s)
+        if p.fp8 and not arch.has(MathUnit.FP8):
+            return False
+        smem = smem_bytes(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
         # __launch_bounds__(threads) lets ptxas use at most the file split over one block
-        if _registers(p, s) > min(arch.registers_per_thread, arch.registers_per_sm // s.threads):
+        if registers(p, s) > min(arch.registers_per_thread, arch.registers_per_sm // s.threads):
             return False
         if isinstance(s, GemmSchedule):
             el = 16 // p.in_dtype.itemsize     # elements per 16-byte chunk
+            # fp8 on sm_90 runs as fp16 MMAs on unpacked fragments: a 64x64 warp tile spills
+            if p.fp8 and (s.bm // s.warps_m) * (s.bn // s.warps_n) > 64 * 32:
+                return False
             return (s.bm % (16 * s.warps_m) == 0 and s.bn % (16 * s.warps_n) == 0
                     and s.bk in _k_depths(p) and (not p.tf32 or s.bn % 32 == 0)
                     and s.bn >= 64 and s.stages >= 2 and (s.bm * s.bk // el) % s.threads == 0
@@ -181,9 +173,9 @@ class GemmTemplate(Template):
         s = schedule
         tiles_m, tiles_n, tiles_k = -(-p.m // s.bm), -(-p.n // s.bn), -(-p.k // s.bk)
         blocks = tiles_m * tiles_n * p.nbatch
-        regs = _registers(p, s)
-        smem = _smem(p, s)
-        per_sm = _blocks_per_sm(s.threads, regs, smem, arch)
+        regs = registers(p, s)
+        smem = smem_bytes(p, s)
+        per_sm = blocks_per_sm(s.threads, regs, smem, arch)
         wave = max(1, arch.sm_count * per_sm)
         a, b = op.operands[:2]
         extra = sum(t.nbytes for t in op.operands[2:])
@@ -203,6 +195,11 @@ class GemmTemplate(Template):
         if p.tf32:
             # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
             unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
+        elif p.fp8:
+            # sm_89 runs mma.sync on fp8 natively; sm_90 as fp16 MMAs (half the fp8 peak, less the
+            # unpacking); staging an operand through registers costs its loads' latency and shared stores
+            staged = 0.85 if p.stage_a or p.stage_b else 1.0
+            unit, eff = MathUnit.FP8, (0.7 if arch.compute_capability[0] < 9 else 0.3) * staged
         elif p.tensor_core:
             unit, eff = MathUnit.BF16, (0.8 if arch.compute_capability[0] < 9 else 0.65)
         else:
@@ -215,8 +212,11 @@ class GemmTemplate(Template):
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
         if not self.accepts(op):
             raise TesseraError("the gemm template cannot implement this op", op=op.op, operands=str(op),
-                               hint="it takes rank >= 2 operands of one dtype in (bfloat16, float16, float32), "
-                                    "fp32 accumulation, and bias/aux/residual in those dtypes")
+                               hint="it takes rank >= 2 operands of one dtype in (bfloat16, float16, float32, "
+                                    "float8_e4m3, float8_e5m2), fp32 accumulation, and bias/aux/residual in "
+                                    "bfloat16, float16 or float32")
+        if reason := self.unavailable(op, arch):
+            raise TesseraError(f"no gemm kernel for {op} on {arch.name}", op=op.op, hint=reason)
         p = GemmProblem.of(op)
         wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
         if not isinstance(schedule, wanted):
@@ -232,6 +232,7 @@ class GemmTemplate(Template):
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
+        e4m3, e5m2 = FP8_DTYPES
 
         def mm(a, b, dtype, numerics=Numerics.DEFAULT):
             ta, tb = TensorType(a, dtype), TensorType(b, dtype)
@@ -290,13 +291,21 @@ class GemmTemplate(Template):
             gemm((1024, 512), (512, 1024), f32, f32, trans_b=True, numerics=Numerics.FAST),
             bias_grad(500, 777, 300, f32, trans_a=True),
             gemm((3, 300, 200), (200, 500), f32, f32, trans_a=True, trans_b=True),
+            # fp8 (sm_89+): B stored [N, K] is read as it lies (cuBLASLt's only fp8 layout); stored
+            # [K, N] or A stored [K, M], it is transposed through registers; ragged rows byte by byte
+            gemm((4096, 4096), (4096, 4096), e4m3, bf, trans_b=True),
+            gemm((2048, 1024), (1024, 4096), e4m3, bf, (TensorType((4096,), bf),), has_bias=True, activation="gelu"),
+            gemm((4, 512, 256), (256, 384), e5m2, f32, trans_a=True, scale=0.25),
+            gemm((1001, 999), (999, 1003), e4m3, bf, trans_b=True),
+            gemm((1001, 999), (999, 1003), e4m3, f16, trans_a=True, trans_b=True),
         )
 
 
 def _k_depths(p: GemmProblem) -> tuple[int, ...]:
     """The bk the mma kernel is written for: 4 or 8 16-byte chunks per shared row of A, the widths
-    its XOR swizzle spreads over distinct bank groups (tf32 values are twice as wide: half the k)."""
-    return (16, 32) if p.tf32 else (32, 64)
+    its XOR swizzle spreads over distinct bank groups (tf32 values are twice as wide: half the k;
+    fp8 ones half as wide: twice the k)."""
+    return (16, 32) if p.tf32 else (64, 128) if p.fp8 else (32, 64)
 
 
 def _pow2(n: int) -> int:
@@ -315,64 +324,10 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):
         warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n
+        # fp8 on sm_90 (fragments unpacked to fp16 pairs): at most 256 threads, whose 255 registers
+        # hold any fp8 warp tile _valid allows; an operand staged through registers with 3 stages
+        # (at 2 or 4 stages ptxas allocates a 128x64 tile past the model's count and spills)
+        fp8_fits = not p.fp8 or (s.threads <= 256 and (s.stages == 3 or not (p.stage_a or p.stage_b)))
         return (square and s.threads >= 128 and s.warps_m <= s.warps_n and s.bk == _k_depths(p)[0]
-                and warp_m in (32, 64) and warp_n in (32, 64))
+                and warp_m in (32, 64) and warp_n in (32, 64) and fp8_fits)
     return square and s.threads >= 128 and s.tm == s.tn and (s.bk == _SIMT_BK[0] or s.threads >= 256)
-
-
-# ---- resource model --------------------------------------------------------------------------
-
-def _smem(p: GemmProblem, s: Schedule) -> int:
-    """Shared bytes per block: swizzled (unpadded) stages for mma (tf32 included), two padded fp32
-    buffers for SIMT."""
-    if isinstance(s, GemmSchedule):
-        return s.stages * (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize
-    return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
-
-
-def _registers(p: GemmProblem, s: Schedule) -> int:
-    """Registers per thread: fp32 accumulators plus the main loop's operands and addressing.
-
-    mma: each warp holds (bm/warps_m)/16 x (bn/warps_n)/8 m16n8 tiles of 4 fp32 accumulators; per
-    16-wide k-step, A fragments of 4 registers per m16 tile and B fragments of 2 per n8 tile, which
-    ptxas partly double-buffers across the unrolled k-steps (x1.25); and each 16-byte cp.async
-    chunk a thread issues per stage keeps its global address, swizzled smem offset and predicate
-    live across the loop (~9 registers, ~12 when unaligned rows copy through registers; about two
-    thirds of that when K is short enough that the prologue issues every tile and the loop loads
-    nothing). The epilogue runs element by element after the operand registers are dead, so it
-    adds nothing at the peak. SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
-    the registers staging the next tile, and a fixed loop overhead.
-    """
-    if isinstance(s, GemmSchedule):
-        mi, ni = s.bm // s.warps_m // 16, s.bn // s.warps_n // 8
-        chunks = (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize // 16 // s.threads
-        # fp32 chunks copied element-wise go straight from 4 loads to one float4 store: no packing
-        addressing = (_CHUNK_REGISTERS if p.rows_aligned or p.tf32 else _CHUNK_REGISTERS_COPY8) * chunks
-        if -(-p.k // s.bk) <= s.stages - 1:   # every k-tile issued in the prologue: no loads in the loop
-            addressing = math.ceil(addressing * _PROLOGUE_ONLY)
-        reuse = _FRAG_REUSE_TF32 if p.tf32 else _FRAG_REUSE
-        return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + _TC_OVERHEAD
-    staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
-    # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
-    # so one set of coordinates serves the two
-    shared = _SIMT_SHARED_STAGING if p.layout == "tn" and s.bm == s.bn else 0
-    return s.tm * s.tn + 2 * (s.tm + s.tn) + staged + _SIMT_OVERHEAD - shared
-
-
-_FRAG_REUSE = 1.25     # fragment registers per fragment value: next k-step's loads overlap this one's mma
-_FRAG_REUSE_TF32 = 2.0  # tf32: each loaded fp32 fragment value and its cvt.rna-rounded copy are both live
-_CHUNK_REGISTERS = 9   # per cp.async chunk: 64-bit source address, smem offset, bounds predicate, k step
-_CHUNK_REGISTERS_COPY8 = 12  # element-wise copy: the chunk's 4 packed words pass through registers too
-_PROLOGUE_ONLY = 2 / 3  # share of that addressing still live when no cp.async is issued inside the k-loop
-_TC_OVERHEAD = -8      # the chunk term over-counts shared row/column bases; net of tile origins and counters
-_SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
-_SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
-
-
-def _blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:
-    """Resident blocks per SM allowed by warps, registers (256 per warp granule) and shared memory."""
-    warps = -(-threads // 32)
-    by_warps = arch.max_warps_per_sm // warps
-    by_regs = arch.registers_per_sm // (warps * 32 * (-(-registers // 8) * 8))
-    by_smem = arch.smem_per_sm // max(smem, 1)
-    return max(1, min(by_warps, by_regs, by_smem, arch.max_blocks_per_sm))

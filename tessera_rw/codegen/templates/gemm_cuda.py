@@ -30,7 +30,8 @@ from tessera_rw.codegen.templates.base import Schedule
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 
-CTYPE = {DType.float32: "float", DType.bfloat16: "bf16_t", DType.float16: "f16_t"}
+CTYPE = {DType.float32: "float", DType.bfloat16: "bf16_t", DType.float16: "f16_t",
+         DType.float8_e4m3: "fp8_t", DType.float8_e5m2: "fp8_t"}
 _LOAD = {DType.float32: "{}", DType.bfloat16: "bf16_to_f32({})", DType.float16: "f16_to_f32({})"}
 _ACT = {
     "none": "v",

@@ -1,5 +1,6 @@
-"""The tensor-core GEMM kernel: mma.sync m16n8k16 for bf16/fp16 operands, m16n8k8 for fp32 ones in
-tf32 (the `fast` numerics policy), fp32 accumulators, a cp.async pipeline of `stages` tiles.
+"""The tensor-core GEMM kernel: mma.sync m16n8k16 for bf16/fp16 operands, m16n8k32 for fp8 ones
+(e4m3, e5m2; gemm_fp8_cuda.py), m16n8k8 for fp32 ones in tf32 (the `fast` numerics policy), fp32
+accumulators, a cp.async pipeline of `stages` tiles.
 
 Each operand's tile sits in shared memory as it is stored in global memory, so a tile row is a
 run of contiguous global elements whichever the layout: A [BM][BK] (or [BK][BM] when A is stored
@@ -7,7 +8,8 @@ transposed), B [BK][BN] (or [BN][BK]). Rows are XOR-swizzled in 16-byte chunks s
 ldmatrix phase reads fall in distinct bank groups. Fragments come out in the mma's layout either
 way: ldmatrix reads a tile whose rows run along the fragment's k, ldmatrix .trans one whose rows
 run along M or N. tf32 fragments whose 32-bit words ldmatrix cannot transpose are read one by one
-under a swizzle that keeps those reads conflict-free.
+under a swizzle that keeps those reads conflict-free. fp8 tiles always hold k contiguous: an fp8
+operand stored the other way is transposed on its way into shared memory.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
 from tessera_rw.codegen.templates.gemm_cuda import CTYPE, a_rows_name, common, launch_comment, ones_row_decl
 from tessera_rw.codegen.templates.gemm_problem import CP_ASYNC_BYTES
 
@@ -93,7 +96,7 @@ def _swizzle(chunks: int) -> str:
 
 def _fragments_a(p: GemmProblem) -> str:
     """The loop filling af[MI][4] for one k-step `ks` of the current stage cA."""
-    if not p.trans_a:
+    if p.a_k_major:
         convert = ("\n                #pragma unroll\n                for (int e = 0; e < 4; ++e) "
                    "af[i][e] = gemm_tf32(af[i][e]);") if p.tf32 else ""
         return f"""#pragma unroll
@@ -119,7 +122,7 @@ def _fragments_a(p: GemmProblem) -> str:
 
 def _fragments_b(p: GemmProblem) -> str:
     """The loop filling bf[NI][2] for one k-step `ks` of the current stage cB."""
-    if p.trans_b:
+    if p.b_k_major:
         word = "gemm_tf32(q[{}])" if p.tf32 else "q[{}]"
         return f"""#pragma unroll
             for (int j = 0; j < NI; j += 2) {{   // x4 of n-rows: (n 0-7, k-chunk 2ks), (0-7, 2ks+1), (8-15, 2ks), (8-15, 2ks+1)
@@ -149,7 +152,8 @@ def _copy(p: GemmProblem, valid: str) -> tuple[str, str]:
     if p.rows_aligned:   # every stored row a multiple of a chunk: a chunk is wholly inside or outside
         return "cp_async_16", "ok ? 16 : 0"
     el = CP_ASYNC_BYTES // p.in_dtype.itemsize
-    return ("gemm_copy4" if p.tf32 else "gemm_copy8"), f"ok ? min({valid}, {el}) : 0"
+    copy = "gemm_copy4" if p.tf32 else "gemm_copy16" if p.fp8 else "gemm_copy8"
+    return copy, f"ok ? min({valid}, {el}) : 0"
 
 
 def _tile_loop(p: GemmProblem, operand: str, rows: str, row: str, left: str, ok: str, src: str,
@@ -170,7 +174,10 @@ def _tile_loop(p: GemmProblem, operand: str, rows: str, row: str, left: str, ok:
 
 
 def _load_a(p: GemmProblem) -> str:
-    """The loop bringing stage `stage`'s tile of A into dA; the ones row of a bias gradient too."""
+    """The loop bringing stage `stage`'s tile of A into dA; the ones row of a bias gradient too.
+    Nothing for a staged operand: fetch_a and stash_a bring it."""
+    if p.stage_a:
+        return ""
     width, ma = ("4" if p.in_dtype is DType.float32 else "8"), a_rows_name(p)
     if not p.trans_a:
         ones = (lambda dst, src: f"if (m0 + r == MA) gemm_ones{width}({dst}, kv);") if p.bias_grad else None
@@ -183,7 +190,9 @@ def _load_a(p: GemmProblem) -> str:
 
 
 def _load_b(p: GemmProblem) -> str:
-    """The loop bringing stage `stage`'s tile of B into dB."""
+    """The loop bringing stage `stage`'s tile of B into dB (nothing when staged)."""
+    if p.stage_b:
+        return ""
     if not p.trans_b:
         return _tile_loop(p, "B", "BK", "BN", "nv = N - (n0 + c * EL)", "k0 + r < K && nv > 0",
                           "Bb + (k0 + r) * N + n0 + c * EL")
@@ -191,7 +200,18 @@ def _load_b(p: GemmProblem) -> str:
                       "Bb + (n0 + r) * K + k0 + c * EL", "   // B stored [N, K]: a tile row is one n")
 
 
+def _copied_tiles(p: GemmProblem) -> str:
+    """load_tile's body past k0: each operand not staged through registers, copied into its stage."""
+    t = CTYPE[p.in_dtype]
+    parts = [f"\n        {t}* d{x} = s{x} + stage * {tile};\n        {load(p)}"
+             for x, tile, load, staged in (("A", "BM * BK", _load_a, p.stage_a), ("B", "BK * BN", _load_b, p.stage_b))
+             if not staged]
+    return "".join(parts)
+
+
 def _helpers(p: GemmProblem) -> str:
+    if p.fp8:
+        return "\n".join(fp8.helpers(p))
     wide = p.in_dtype is DType.float32
     parts = [] if p.rows_aligned else [_COPY_ELEMENTWISE_F32 if wide else _COPY_ELEMENTWISE]
     parts += [_TF32] if p.tf32 else []
@@ -220,11 +240,25 @@ def emit_tensor_core(p: GemmProblem, s: GemmSchedule, name: str) -> str:
     """The mma.sync kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
-    mma = "mma_tf32_1688" if p.tf32 else "mma_bf16_16816" if p.in_dtype is DType.bfloat16 else "mma_f16_16816"
+    mma = ("mma_tf32_1688" if p.tf32 else fp8.MMA[p.in_dtype] if p.fp8
+           else "mma_bf16_16816" if p.in_dtype is DType.bfloat16 else "mma_f16_16816")
     el = CP_ASYNC_BYTES // p.in_dtype.itemsize    # elements per 16-byte chunk
-    kstep = 8 if p.tf32 else 16                   # the mma's k: either way 32 bytes, two chunks of a k-run
-    ca = (s.bm if p.trans_a else s.bk) // el      # 16-byte chunks per smem row of A and of B
-    cb = (s.bk if p.trans_b else s.bn) // el
+    kstep = 32 // p.in_dtype.itemsize             # the mma's k: always 32 bytes, two chunks of a k-run
+    ca = (s.bk if p.a_k_major else s.bm) // el    # 16-byte chunks per smem row of A and of B
+    cb = (s.bk if p.b_k_major else s.bn) // el
+    staged = fp8.staged(p)
+    declare = "".join("    " + fp8.staged_loads(p, x.upper()) for x in staged)
+    fetch = "".join(f" fetch_{x}({{kt}});" for x in staged)
+    stash = "".join(f" stash_{x}({{stage}});" for x in staged)
+    prologue = (f"{{ load_tile(st, st);{fetch.format(kt='st')}{stash.format(stage='st')} }}" if staged
+                else "load_tile(st, st);")
+    # one staged operand's registers stay live across the MMAs, hiding its loads; two would spill
+    overlap = len(staged) == 1
+    refill = (f"{{ load_tile(next % STAGES, next);{fetch.format(kt='next')}"
+              f"{'' if overlap else stash.format(stage='next % STAGES')} }}" if staged
+              else "load_tile(next % STAGES, next);")
+    written = (f"\n        if (next < KT) {{{stash.format(stage='next % STAGES')} }}   // after the math: "
+               "its loads had it to land" if overlap else "")
     # tiles whose fragments tf32 reads word by word: B as stored, A transposed
     swz_a = _TF32_SWIZZLE if p.tf32 and p.trans_a else _swizzle(ca)
     swz_b = _TF32_SWIZZLE if p.tf32 and not p.trans_b else _swizzle(cb)
@@ -253,13 +287,9 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
 
     // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
     auto load_tile = [&](int stage, int kt) {{
-        const int k0 = kt * BK;
-        {t}* dA = sA + stage * BM * BK;
-        {t}* dB = sB + stage * BK * BN;
-        {_load_a(p)}
-        {_load_b(p)}
+        const int k0 = kt * BK;{_copied_tiles(p)}
     }};
-
+{declare}
     float acc[MI][NI][4];
     #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -270,13 +300,14 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
 
     #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {{
-        if (st < KT) load_tile(st, st);
+        if (st < KT) {prologue}
         cp_async_commit();
     }}
     for (int kt = 0; kt < KT; ++kt) {{
         cp_async_wait<STAGES - 2>();   // tile kt has landed
         __syncthreads();               // and every warp is done with the stage refilled next
-        if (kt + STAGES - 1 < KT) load_tile((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        const int next = kt + STAGES - 1;
+        if (next < KT) {refill}
         cp_async_commit();
         const {t}* cA = sA + (kt % STAGES) * BM * BK;
         const {t}* cB = sB + (kt % STAGES) * BK * BN;
@@ -289,7 +320,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
             for (int i = 0; i < MI; ++i)
                 #pragma unroll
                 for (int j = 0; j < NI; ++j) {mma}(acc[i][j], af[i], bf[j]);
-        }}
+        }}{written}
     }}
     cp_async_wait<0>();
 

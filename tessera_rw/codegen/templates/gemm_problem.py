@@ -26,7 +26,8 @@ from tessera_rw.algebra.ops.linalg import matmul_dims, read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 
-TENSOR_CORE_DTYPES = (DType.bfloat16, DType.float16)
+FP8_DTYPES = (DType.float8_e4m3, DType.float8_e5m2)
+TENSOR_CORE_DTYPES = (DType.bfloat16, DType.float16, *FP8_DTYPES)
 CP_ASYNC_BYTES = 16            # one cp.async moves 16 bytes: rows must start 16-byte aligned
 
 
@@ -86,10 +87,41 @@ class GemmProblem:
         return ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
 
     @property
+    def fp8(self) -> bool:
+        """8-bit float operands (mma.sync m16n8k32, sm_89 and newer)."""
+        return self.in_dtype in FP8_DTYPES
+
+    @property
+    def stage_a(self) -> bool:
+        """Whether A goes through registers to be transposed on its way to shared memory: an fp8
+        operand must reach the mma with k contiguous, and ldmatrix transposes only 16-bit elements."""
+        return self.fp8 and self.trans_a
+
+    @property
+    def stage_b(self) -> bool:
+        """Whether B goes through registers to be transposed (fp8 B stored [K, N])."""
+        return self.fp8 and not self.trans_b
+
+    @property
+    def a_k_major(self) -> bool:
+        """Whether A's shared tile holds k contiguous ([BM][BK]), as its fragments are read."""
+        return not self.trans_a or self.stage_a
+
+    @property
+    def b_k_major(self) -> bool:
+        """Whether B's shared tile holds k contiguous ([BN][BK])."""
+        return self.trans_b or self.stage_b
+
+    def stride_aligned(self, stride: int) -> bool:
+        """Whether stored rows of `stride` elements each start 16-byte aligned."""
+        return stride * self.in_dtype.itemsize % CP_ASYNC_BYTES == 0
+
+    @property
     def rows_aligned(self) -> bool:
-        """Whether every stored row of A and B starts 16-byte aligned, as cp.async needs."""
-        size = self.in_dtype.itemsize
-        return self.a_stride * size % CP_ASYNC_BYTES == 0 and self.b_stride * size % CP_ASYNC_BYTES == 0
+        """Whether every stored row that cp.async copies (of A and B, less those staged through
+        registers) starts 16-byte aligned, as cp.async needs."""
+        return ((self.stage_a or self.stride_aligned(self.a_stride))
+                and (self.stage_b or self.stride_aligned(self.b_stride)))
 
     @property
     def nbatch(self) -> int:
@@ -97,5 +129,5 @@ class GemmProblem:
 
     @property
     def tensor_core(self) -> bool:
-        """Whether the product runs on mma.sync (16-bit operands, or fp32 ones as tf32)."""
+        """Whether the product runs on mma.sync (8- and 16-bit operands, or fp32 ones as tf32)."""
         return self.in_dtype in TENSOR_CORE_DTYPES or self.tf32

@@ -36,13 +36,13 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_1x4096x409
     auto load_tile = [&](int stage, int kt) {
         const int k0 = kt * BK;
         bf16_t* dA = sA + stage * BM * BK;
-        bf16_t* dB = sB + stage * BK * BN;
         #pragma unroll
         for (int i = 0; i < BM * CA / THREADS; ++i) {
             const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * EL);
             const bool ok = m0 + r < M && kv > 0;
             cp_async_16(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, ok ? 16 : 0);
         }
+        bf16_t* dB = sB + stage * BK * BN;
         #pragma unroll
         for (int i = 0; i < BK * CB / THREADS; ++i) {
             const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * EL);
@@ -67,7 +67,8 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_1x4096x409
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();   // tile kt has landed
         __syncthreads();               // and every warp is done with the stage refilled next
-        if (kt + STAGES - 1 < KT) load_tile((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        const int next = kt + STAGES - 1;
+        if (next < KT) load_tile(next % STAGES, next);
         cp_async_commit();
         const bf16_t* cA = sA + (kt % STAGES) * BM * BK;
         const bf16_t* cB = sB + (kt % STAGES) * BK * BN;

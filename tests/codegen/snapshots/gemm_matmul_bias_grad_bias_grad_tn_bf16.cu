@@ -45,7 +45,6 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_bgrad_tn_1
     auto load_tile = [&](int stage, int kt) {
         const int k0 = kt * BK;
         bf16_t* dA = sA + stage * BM * BK;
-        bf16_t* dB = sB + stage * BK * BN;
         #pragma unroll
         for (int i = 0; i < BK * CA / THREADS; ++i) {   // A stored [K, M]: a tile row is one k
             const int id = tid + i * THREADS, r = id / CA, c = id % CA, mv = MA - (m0 + c * EL);
@@ -53,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_bgrad_tn_1
             if (k0 + r < K && mv >= 0 && mv < EL) gemm_one_after8(dA + r * BM + gemm_swz_a(r, c) * EL, Ab + (k0 + r) * MA + m0 + c * EL, mv);
             else cp_async_16(dA + r * BM + gemm_swz_a(r, c) * EL, ok ? Ab + (k0 + r) * MA + m0 + c * EL : Ab, ok ? 16 : 0);
         }
+        bf16_t* dB = sB + stage * BK * BN;
         #pragma unroll
         for (int i = 0; i < BK * CB / THREADS; ++i) {
             const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * EL);
@@ -77,7 +77,8 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_bgrad_tn_1
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();   // tile kt has landed
         __syncthreads();               // and every warp is done with the stage refilled next
-        if (kt + STAGES - 1 < KT) load_tile((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        const int next = kt + STAGES - 1;
+        if (next < KT) load_tile(next % STAGES, next);
         cp_async_commit();
         const bf16_t* cA = sA + (kt % STAGES) * BM * BK;
         const bf16_t* cB = sB + (kt % STAGES) * BK * BN;

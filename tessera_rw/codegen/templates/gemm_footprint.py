@@ -1,0 +1,110 @@
+"""A GEMM schedule's footprint: shared memory per block, registers per thread (the model checked
+against ptxas by tests/codegen/test_template_contract.py and test_schedule_spaces.py) and the
+blocks an SM holds with them. GemmTemplate (gemm.py) sizes its schedules and costs with these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
+from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.codegen.templates.gemm_problem import GemmProblem
+from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD
+
+
+@dataclass(frozen=True)
+class GemmSchedule(Schedule):
+    """Tensor-core tiling: a bm x bn block tile, bk per pipeline stage, warps_m x warps_n warps."""
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    warps_m: int = 2
+    warps_n: int = 2
+    stages: int = 3
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+
+@dataclass(frozen=True)
+class GemmSimtSchedule(Schedule):
+    """fp32 SIMT tiling: each thread owns a tm x tn patch of the bm x bn block tile."""
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    tm: int = 8
+    tn: int = 8
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+
+def smem_bytes(p: GemmProblem, s: Schedule) -> int:
+    """Shared bytes per block: swizzled (unpadded) stages for mma (tf32 included), two padded fp32
+    buffers for SIMT."""
+    if isinstance(s, GemmSchedule):
+        return s.stages * (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize
+    return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
+
+
+def registers(p: GemmProblem, s: Schedule) -> int:
+    """Registers per thread: fp32 accumulators plus the main loop's operands and addressing.
+
+    mma: each warp holds (bm/warps_m)/16 x (bn/warps_n)/8 m16n8 tiles of 4 fp32 accumulators; per
+    16-wide k-step, A fragments of 4 registers per m16 tile and B fragments of 2 per n8 tile, which
+    ptxas partly double-buffers across the unrolled k-steps (x1.25); and each 16-byte cp.async
+    chunk a thread issues per stage keeps its global address, swizzled smem offset and predicate
+    live across the loop (~9 registers, ~12 when unaligned rows copy through registers; about two
+    thirds of that when K is short enough that the prologue issues every tile and the loop loads
+    nothing). The epilogue runs element by element after the operand registers are dead, so it
+    adds nothing at the peak. fp8: an operand staged through registers holds 16 per unit of 64
+    bytes instead of its chunks, and about 16 more for its addresses and byte transposes; sm_90
+    unpacks each fragment word into two fp16 pairs for the fp16 MMAs its mma.sync runs as, so
+    fragments take about twice the registers (x2.25; sm_89 runs fp8 natively and needs fewer than
+    this says). SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
+    the registers staging the next tile, and a fixed loop overhead.
+    """
+    if isinstance(s, GemmSchedule):
+        mi, ni = s.bm // s.warps_m // 16, s.bn // s.warps_n // 8
+        copied = s.bm * s.bk * (not p.stage_a) + s.bk * s.bn * (not p.stage_b)
+        chunks = copied * p.in_dtype.itemsize // 16 // s.threads
+        # fp32 chunks copied element-wise go straight from 4 loads to one float4 store: no packing
+        addressing = (_CHUNK_REGISTERS if p.rows_aligned or p.tf32 else _CHUNK_REGISTERS_COPY8) * chunks
+        if -(-p.k // s.bk) <= s.stages - 1:   # every k-tile issued in the prologue: no loads in the loop
+            addressing = math.ceil(addressing * _PROLOGUE_ONLY)
+        reuse = _FRAG_REUSE_TF32 if p.tf32 else _FRAG_REUSE_FP8 if p.fp8 else _FRAG_REUSE
+        staging = sum(_STAGED_UNIT * -(-(rows * s.bk // fp8.UNIT_BYTES) // s.threads) + _STAGED_ADDRESSING
+                      for rows, on in ((s.bm, p.stage_a), (s.bn, p.stage_b)) if on)
+        return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + staging + _TC_OVERHEAD
+    staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
+    # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
+    # so one set of coordinates serves the two
+    shared = _SIMT_SHARED_STAGING if p.layout == "tn" and s.bm == s.bn else 0
+    return s.tm * s.tn + 2 * (s.tm + s.tn) + staged + _SIMT_OVERHEAD - shared
+
+
+_FRAG_REUSE = 1.25     # fragment registers per fragment value: next k-step's loads overlap this one's mma
+_FRAG_REUSE_TF32 = 2.0  # tf32: each loaded fp32 fragment value and its cvt.rna-rounded copy are both live
+_CHUNK_REGISTERS = 9   # per cp.async chunk: 64-bit source address, smem offset, bounds predicate, k step
+_CHUNK_REGISTERS_COPY8 = 12  # element-wise copy: the chunk's 4 packed words pass through registers too
+_PROLOGUE_ONLY = 2 / 3  # share of that addressing still live when no cp.async is issued inside the k-loop
+_FRAG_REUSE_FP8 = 2.25  # fp8 on sm_90: mma.sync runs as fp16 MMAs, each fragment word unpacked into two
+_STAGED_UNIT = 16      # fp8 staged through registers: a unit's 4 k-rows of 16 bytes, live across the MMAs
+_STAGED_ADDRESSING = 16  # a staged operand's row addresses, predicates and byte-transpose temporaries
+_TC_OVERHEAD = -8      # the chunk term over-counts shared row/column bases; net of tile origins and counters
+_SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
+_SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
+
+
+def blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:
+    """Resident blocks per SM allowed by warps, registers (256 per warp granule) and shared memory."""
+    warps = -(-threads // 32)
+    by_warps = arch.max_warps_per_sm // warps
+    by_regs = arch.registers_per_sm // (warps * 32 * (-(-registers // 8) * 8))
+    by_smem = arch.smem_per_sm // max(smem, 1)
+    return max(1, min(by_warps, by_regs, by_smem, arch.max_blocks_per_sm))
