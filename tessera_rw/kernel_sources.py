@@ -34,6 +34,7 @@ class GeneratedKernel:
     schedule: str
     source: KernelSource | None      # None for a library step
     library: str | None = None       # e.g. "cuFFT" for a library step
+    smem_bytes: int = 0              # shared memory per block, static and dynamic (the resource model's)
 
     @property
     def name(self) -> str:
@@ -54,7 +55,9 @@ def generated_kernels(program: CompiledProgram) -> tuple[GeneratedKernel, ...]:
 def _generated(index: int, bound: BoundStep, program: CompiledProgram) -> GeneratedKernel:
     if bound.is_library:
         return GeneratedKernel(index, bound.kind, bound.fused, "-", None, library="cuFFT")
-    return GeneratedKernel(index, bound.kind, bound.fused, describe(bound.schedule), bound.source(program.arch))
+    smem = bound.template.resources(bound.op, bound.schedule, program.arch).smem_bytes
+    return GeneratedKernel(index, bound.kind, bound.fused, describe(bound.schedule), bound.source(program.arch),
+                           smem_bytes=smem)
 
 
 def emit_cuda(program: CompiledProgram, directory: str | Path,

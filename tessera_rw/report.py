@@ -194,7 +194,7 @@ def generated_kernels_table(program: CompiledProgram) -> RenderableType:
             continue
         s = k.source
         table.add_row(str(k.index), s.name, "x".join(str(g) for g in s.grid), str(s.threads),
-                      f"{s.dynamic_smem / 1024:.0f}", str(s.source.count("\n") + 1))
+                      f"{k.smem_bytes / 1024:.0f}", str(s.source.count("\n") + 1))
     return table
 
 

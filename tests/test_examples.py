@@ -102,6 +102,17 @@ def tuned_linear_gelu(program: CompiledProgram) -> None:
     assert program.schedules
 
 
+def fp8_gemm_with_epilogue(program: CompiledProgram, weight_out_in: bool = False) -> None:
+    (gemm,) = program.candidate.kernels
+    assert gemm.kind == "gemm" and set(gemm.fused) >= {"bias", "gelu"}
+    (step,) = program.plan.steps
+    assert step.node.attr("trans_b") is weight_out_in and gemm.op.operands[0].dtype.value == "float8_e4m3"
+
+
+def fp8_gemm_reading_the_weight_in_place(program: CompiledProgram) -> None:
+    fp8_gemm_with_epilogue(program, weight_out_in=True)
+
+
 EXPECTED = {
     ("attention", "attention"): flash_attention_fused,
     ("attention", "causal_attention"): causal_flash_attention,
@@ -110,6 +121,8 @@ EXPECTED = {
     ("hyena_conv", "hyena_block"): spectral_convolution,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
+    ("fp8_linear", "fp8_linear"): fp8_gemm_reading_the_weight_in_place,
+    ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_with_epilogue,
 }
 
 
