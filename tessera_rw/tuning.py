@@ -176,7 +176,7 @@ class Autotune:
         store = TuneCache(cache or self.cache)
         defaults = dict(program.schedules)
         found = []
-        for i, op in tunable_ops(program.plan, current_numerics()):
+        for i, op in tunable_ops(program.plan, current_numerics(), arch):
             hit = cached_schedule(op, arch, store)
             if hit is None:
                 continue

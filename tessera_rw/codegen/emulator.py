@@ -43,6 +43,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import check_launch_shape, check_operands, coerce_scalars
 from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES
+from tessera_rw.codegen.templates.base import first_schedule
 
 COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then c++, clang++)
 _FLAGS = ("-std=c++17", "-O1", "-w", "-fno-strict-aliasing")
@@ -218,7 +219,7 @@ def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpe
         raise EmulatorError(f"{op.op} runs as a {template.library} call: there is no generated kernel to emulate",
                             op=op.op, hint="check it with the numpy executor, or on a GPU")
     spec = arch if isinstance(arch, ArchSpec) else arch_named(arch)
-    schedule = schedule or template.schedules(op, spec)[0]
+    schedule = schedule or first_schedule(template, op, spec)
     source = template.emit(op, schedule, spec)
     arrays = [np.ascontiguousarray(np.asarray(x, dtype=t.dtype.numpy)) for x, t in zip(inputs, op.operands)]
     out = np.empty(op.result.shape, op.result.dtype.numpy)

@@ -30,7 +30,7 @@ from tessera_rw.codegen.cpu_executor import HostMemory, run_step
 from tessera_rw.codegen.emulator import POISON, build_all
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.codegen.templates.base import Schedule, first_schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.lower.plan import BufferRole, KernelPlan
 
@@ -54,7 +54,7 @@ def run_plan_emulated(plan: KernelPlan, feeds: Mapping[str, np.ndarray], *, arch
                                operands=str(op), hint="run the plan on the numpy executor")
         template = found[0]
         if template.library is None:
-            schedule = (schedules or {}).get(i) or template.schedules(op, spec)[0]
+            schedule = (schedules or {}).get(i) or first_schedule(template, op, spec)
             sources[i] = template.emit(op, schedule, spec)
     kernels = dict(zip(sources, build_all(list(sources.values()))))
     for i, step in enumerate(plan.steps):

@@ -35,6 +35,7 @@ from tessera_rw.codegen.device import DeviceError, library_stream, order_after, 
 from tessera_rw.codegen.device_arrays import (DeviceTensor, describe, device_index_of, empty_like_kind, kind_of,
                                               to_device, to_host)
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import first_schedule
 
 DEFAULT_SMEM_LIMIT = 48 * 1024     # dynamic shared memory a kernel gets without opting in
 
@@ -223,7 +224,7 @@ def prepare(op: KernelOp, inputs: Sequence[Any], *, schedule=None, arch=None, st
     dev = s.device
     spec = _arch(arch)
     if schedule is None:
-        schedule = template.schedules(op, spec)[0]
+        schedule = first_schedule(template, op, spec)
     source = template.emit(op, schedule, spec)
     compiled = compile_cuda(source, f"sm_{dev.arch}", fast_math=fast_math)
     args = tuple(to_device(x, s, index=i) for i, x in enumerate(inputs))

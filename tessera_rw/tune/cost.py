@@ -25,10 +25,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.codegen.templates.base import Resources, Schedule, Template, first_schedule
 from tessera_rw.codegen.templates.registry import NO_KERNEL_OPS, templates_for
 from tessera_rw.lower.lowering import view_offset
 
@@ -133,9 +132,7 @@ def _generic(op: KernelOp, arch: ArchSpec) -> KernelCost:
 
 def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, KernelCost]:
     """The default schedule of `template` for `op` with the least estimated time."""
-    if not template.schedules(op, arch):
-        raise ArgumentError(f"the {template.kind_of(op)} kernel of {op} has no schedule on {arch.name}",
-                            hint=template.unavailable(op, arch) or "pick another target arch (TESSERA_ARCH)")
+    first_schedule(template, op, arch)     # none on `arch`: raises, saying why
     costs = [(s, timing(op, template.kind_of(op), template.fused(op), s.describe(),
                         template.resources(op, s, arch), arch)) for s in template.schedules(op, arch)]
     return min(costs, key=lambda sc: sc[1].est_us)

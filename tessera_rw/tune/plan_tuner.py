@@ -73,23 +73,22 @@ class PlanTuning:
         return "cache" if not ways else "on_device" if "on_device" in ways else ways.pop()
 
 
-def tunable_ops(plan: KernelPlan, numerics: Numerics) -> list[tuple[int, KernelOp]]:
-    """(step index, KernelOp) of the steps with a generated kernel to schedule (not library calls)."""
+def tunable_ops(plan: KernelPlan, numerics: Numerics, arch: ArchSpec) -> list[tuple[int, KernelOp]]:
+    """(step index, KernelOp) of the steps with a generated kernel to schedule on `arch` (not library
+    calls, nor ops the arch cannot run, as fp8 before sm_89: binding the plan to it says why)."""
     found = []
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
         templates = templates_for(op)
-        if templates and templates[0].library is None:
+        if templates and templates[0].library is None and templates[0].schedules(op, arch):
             found.append((i, op))
     return found
 
 
 def default_schedules(plan: KernelPlan, arch: ArchSpec,
                       numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
-    """The cost model's pick among each step's default schedules (untuned runs use these). A step
-    with none on `arch` (fp8 before sm_89) gets none here: binding the plan to a GPU says why."""
-    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics)
-                 if templates_for(op)[0].schedules(op, arch))
+    """The cost model's pick among each step's default schedules (untuned runs use these)."""
+    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics, arch))
 
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
@@ -99,7 +98,7 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
     cache = settings.open_cache()
     done: dict[KernelOp, KernelTuning] = {}
     steps, kernels = [], []
-    for i, op in tunable_ops(plan, numerics):
+    for i, op in tunable_ops(plan, numerics, arch):
         if op not in done:
             hear = None if on_trial is None else (lambda trial, op=op: on_trial(op, trial))
             done[op] = tune_kernel(op, arch, method=method, cache=cache, restriction=settings.restriction,

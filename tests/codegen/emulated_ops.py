@@ -149,18 +149,20 @@ def _transposed_gemm_ops() -> dict[str, KernelOp]:
 def _fp8_gemm_ops() -> dict[str, KernelOp]:
     """fp8 operands in every layout: B stored [N, K] read as it lies, B stored [K, N] or A stored
     [K, M] transposed through registers (one such operand overlapped with the MMAs, two written as
-    they land), aligned rows (vector loads, cp.async) and ragged ones (byte by byte)."""
+    they land), aligned rows (vector loads, cp.async) and ragged ones (byte by byte). K runs to
+    several 64-deep tiles, so the main loop refills stages (and a ragged K ends inside it)."""
     return {
         "gemm fp8 nt 128x256x128 e4m3": transposed((128, 128), (128, 256), E4M3, BF16, trans_b=True),
         "gemm fp8 nn bias gelu 160x256x192 e4m3": transposed((160, 192), (192, 256), E4M3, BF16,
                                                             extra=[((256,), BF16)], has_bias=True, activation="gelu"),
-        "gemm fp8 tn batched scale e5m2 -> f32": transposed((2, 128, 96), (96, 160), E5M2, F32, trans_a=True,
+        "gemm fp8 tn batched scale e5m2 -> f32": transposed((2, 96, 320), (320, 160), E5M2, F32, trans_a=True,
                                                            scale=0.25),
-        "gemm fp8 tt broadcast e4m3 -> f16": transposed((2, 64, 128), (128, 96), E4M3, F16, True, True),
-        "gemm fp8 nt ragged 101x103x99 e4m3": transposed((101, 99), (99, 103), E4M3, BF16, trans_b=True),
+        "gemm fp8 tt broadcast e4m3 -> f16": transposed((2, 64, 352), (352, 96), E4M3, F16, True, True),
+        "gemm fp8 nt ragged 101x103x333 e4m3": transposed((101, 333), (333, 103), E4M3, BF16, trans_b=True),
         "gemm fp8 nn ragged 3x101x103x99 e5m2": transposed((3, 101, 99), (99, 103), E5M2, BF16),
-        "gemm fp8 tn ragged residual e4m3 -> f32": transposed((70, 45), (45, 130), E4M3, F32, trans_a=True,
+        "gemm fp8 tn ragged residual e4m3 -> f32": transposed((70, 317), (317, 130), E4M3, F32, trans_a=True,
                                                              extra=[((70, 130), F32)], has_residual=True),
+        "gemm fp8 tt ragged 33x130x203 e5m2": transposed((33, 203), (203, 130), E5M2, BF16, True, True),
     }
 
 

@@ -9,11 +9,14 @@ import pytest
 
 from tessera_rw import numerics, op
 from tessera_rw.algebra.errors import ArgumentError
-from tessera_rw.codegen import library_kernels
+from tessera_rw.codegen import emulator, library_kernels
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
+from tessera_rw.codegen.templates.base import ScheduleError
 from tessera_rw.execute import run_program, where_to_run
+from tessera_rw.tune.plan_tuner import tunable_ops
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 H100 = arch_named("H100-SXM")
@@ -93,6 +96,12 @@ def test_an_fp8_program_planned_for_an_arch_without_fp8_still_plans_and_runs_on_
     program = product.program(x, w)
     with pytest.raises(NoTemplateError, match="need fp8 tensor cores"):
         bind_plan(program.plan, arch_named("a100"))
+    assert tunable_ops(program.plan, numerics.Numerics.DETERMINISTIC, arch_named("a100")) == []   # nothing to tune
+    if emulator.available():      # running its kernel there says why not, as binding does
+        (step,) = program.plan.steps
+        with pytest.raises(ScheduleError, match="has no schedule on A100-SXM") as e:
+            emulator.run_emulated(KernelOp.from_node(step.node, numerics.Numerics.DETERMINISTIC), [x, w], arch="a100")
+        assert "cast the operands to bfloat16" in e.value.hint
     (got,) = run_plan_on_cpu(program.plan, {"x": x, "w": w})
     np.testing.assert_allclose(got.astype(np.float32), x.astype(np.float32) @ w.astype(np.float32), rtol=1e-2, atol=1e-1)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -97,6 +98,20 @@ class Template(ABC):
     @abstractmethod
     def samples(self) -> tuple[KernelOp, ...]:
         """Representative ops, one per code path, for calibration tables and compile tests."""
+
+
+class ScheduleError(TesseraError):
+    """An op has no schedule on the architecture asked for."""
+
+
+def first_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> Schedule:
+    """The template's first default schedule for `op` on `arch`: what a run without a tuned
+    schedule uses. An arch the op cannot run on (fp8 before sm_89) raises, saying why."""
+    found = template.schedules(op, arch)
+    if not found:
+        raise ScheduleError(f"the {template.kind_of(op)} kernel of {op} has no schedule on {arch.name}",
+                            op=op.op, hint=template.unavailable(op, arch) or "pick another target arch (TESSERA_ARCH)")
+    return found[0]
 
 
 # A sweep compiles and times every point of a space, so a grid is kept to this many schedules.

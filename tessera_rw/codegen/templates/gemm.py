@@ -197,8 +197,9 @@ class GemmTemplate(Template):
             unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
         elif p.fp8:
             # sm_89 runs mma.sync on fp8 natively; sm_90 as fp16 MMAs (half the fp8 peak, less the
-            # unpacking); staging an operand through registers costs its loads' latency and shared stores
-            staged = 0.85 if p.stage_a or p.stage_b else 1.0
+            # unpacking). An operand staged through registers costs shared stores and byte transposes
+            # (its loads overlap the MMAs); two staged ones also wait for their loads
+            staged = {0: 1.0, 1: 0.85, 2: 0.7}[p.stage_a + p.stage_b]
             unit, eff = MathUnit.FP8, (0.7 if arch.compute_capability[0] < 9 else 0.3) * staged
         elif p.tensor_core:
             unit, eff = MathUnit.BF16, (0.8 if arch.compute_capability[0] < 9 else 0.65)

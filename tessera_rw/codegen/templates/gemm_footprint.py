@@ -65,8 +65,8 @@ def registers(p: GemmProblem, s: Schedule) -> int:
     adds nothing at the peak. fp8: an operand staged through registers holds 16 per unit of 64
     bytes instead of its chunks, and about 16 more for its addresses and byte transposes; sm_90
     unpacks each fragment word into two fp16 pairs for the fp16 MMAs its mma.sync runs as, so
-    fragments take about twice the registers (x2.25; sm_89 runs fp8 natively and needs fewer than
-    this says). SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
+    fragments take about twice the registers (x2.25). Calibrated on sm_90 only: sm_89 runs fp8
+    natively and ptxas allocates differently there (more than this for ragged 128x64 tiles). SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
     the registers staging the next tile, and a fixed loop overhead.
     """
     if isinstance(s, GemmSchedule):
