@@ -132,9 +132,9 @@ def _generic(op: KernelOp, arch: ArchSpec) -> KernelCost:
 
 def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, KernelCost]:
     """The default schedule of `template` for `op` with the least estimated time."""
-    first_schedule(template, op, arch)     # none on `arch`: raises, saying why
+    schedules = template.schedules(op, arch) or (first_schedule(template, op, arch),)   # none: raises, saying why
     costs = [(s, timing(op, template.kind_of(op), template.fused(op), s.describe(),
-                        template.resources(op, s, arch), arch)) for s in template.schedules(op, arch)]
+                        template.resources(op, s, arch), arch)) for s in schedules]
     return min(costs, key=lambda sc: sc[1].est_us)
 
 

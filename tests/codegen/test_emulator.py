@@ -98,7 +98,8 @@ def test_mma_m16n8k32_fp8_follows_the_ptx_fragment_layout_and_decodes_every_valu
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((16, 32)).astype(dtype), rng.standard_normal((32, 8)).astype(dtype)
     name = f"check_{mma}"
-    d = run(name, MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma), [a, b, np.zeros((16, 8), np.float32)])
+    body = MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma)
+    d = run(name, body, [a, b, np.zeros((16, 8), np.float32)])
     np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 0.5, rtol=1e-5, atol=1e-5)
     # every byte, each exactly: B's first 8 rows are the identity, so D[r, j] = A[r, j] + 0.5 checks
     # the 128 values in A's first 8 columns per run (NaN and infinity alone, as NaN * 0 is NaN)
@@ -109,12 +110,12 @@ def test_mma_m16n8k32_fp8_follows_the_ptx_fragment_layout_and_decodes_every_valu
     for chunk in (values[finite][:128], values[finite][128:]):
         a = np.zeros((16, 32), dtype)
         a[:, :8].flat[:chunk.size] = chunk
-        d = run(name, MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma), [a, identity, np.zeros((16, 8), np.float32)])
+        d = run(name, body, [a, identity, np.zeros((16, 8), np.float32)])
         np.testing.assert_array_equal(d.flat[:chunk.size], chunk.astype(np.float32) + 0.5)
     for special in values[~finite]:
         a = np.zeros((16, 32), dtype)
         a[0, 0] = special
-        d = run(name, MMA_16832.replace("mma_fp8_check", name).replace("MMA", mma), [a, identity, np.zeros((16, 8), np.float32)])
+        d = run(name, body, [a, identity, np.zeros((16, 8), np.float32)])
         np.testing.assert_array_equal(d[0, 0], np.float32(special.astype(np.float32)) + 0.5)
 
 

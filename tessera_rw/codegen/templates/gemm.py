@@ -122,7 +122,7 @@ class GemmTemplate(Template):
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
         p = GemmProblem.of(op)
-        if p.fp8 and not arch.has(MathUnit.FP8):
+        if _lacks_unit(p, arch):
             return (f"{p.in_dtype} products need fp8 tensor cores (sm_89 and newer), {arch.name} is {arch.sm}: "
                     f"cast the operands to bfloat16")
         return None
@@ -148,7 +148,7 @@ class GemmTemplate(Template):
         return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
 
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
-        if p.fp8 and not arch.has(MathUnit.FP8):
+        if _lacks_unit(p, arch):
             return False
         smem = smem_bytes(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
@@ -300,6 +300,11 @@ class GemmTemplate(Template):
             gemm((1001, 999), (999, 1003), e4m3, bf, trans_b=True),
             gemm((1001, 999), (999, 1003), e4m3, f16, trans_a=True, trans_b=True),
         )
+
+
+def _lacks_unit(p: GemmProblem, arch: ArchSpec) -> bool:
+    """Whether `arch` has no tensor cores for the product's operands (fp8 before sm_89)."""
+    return p.fp8 and not arch.has(MathUnit.FP8)
 
 
 def _k_depths(p: GemmProblem) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.templates.gemm_cuda import a_rows_name
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
@@ -71,9 +72,7 @@ def helpers(p: GemmProblem) -> list[str]:
 
 def _operand(p: GemmProblem, operand: str) -> tuple[str, str, str, str]:
     """(stored row length, tile extent, tile origin, batch base) of a staged operand."""
-    if operand == "A":
-        return ("MA" if p.bias_grad else "M"), "BM", "m0", "Ab"
-    return "N", "BN", "n0", "Bb"
+    return (a_rows_name(p), "BM", "m0", "Ab") if operand == "A" else ("N", "BN", "n0", "Bb")
 
 
 def staged_loads(p: GemmProblem, operand: str) -> str:

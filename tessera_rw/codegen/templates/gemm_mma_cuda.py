@@ -174,10 +174,7 @@ def _tile_loop(p: GemmProblem, operand: str, rows: str, row: str, left: str, ok:
 
 
 def _load_a(p: GemmProblem) -> str:
-    """The loop bringing stage `stage`'s tile of A into dA; the ones row of a bias gradient too.
-    Nothing for a staged operand: fetch_a and stash_a bring it."""
-    if p.stage_a:
-        return ""
+    """The loop bringing stage `stage`'s tile of A into dA; the ones row of a bias gradient too."""
     width, ma = ("4" if p.in_dtype is DType.float32 else "8"), a_rows_name(p)
     if not p.trans_a:
         ones = (lambda dst, src: f"if (m0 + r == MA) gemm_ones{width}({dst}, kv);") if p.bias_grad else None
@@ -190,9 +187,7 @@ def _load_a(p: GemmProblem) -> str:
 
 
 def _load_b(p: GemmProblem) -> str:
-    """The loop bringing stage `stage`'s tile of B into dB (nothing when staged)."""
-    if p.stage_b:
-        return ""
+    """The loop bringing stage `stage`'s tile of B into dB."""
     if not p.trans_b:
         return _tile_loop(p, "B", "BK", "BN", "nv = N - (n0 + c * EL)", "k0 + r < K && nv > 0",
                           "Bb + (k0 + r) * N + n0 + c * EL")
@@ -201,7 +196,8 @@ def _load_b(p: GemmProblem) -> str:
 
 
 def _copied_tiles(p: GemmProblem) -> str:
-    """load_tile's body past k0: each operand not staged through registers, copied into its stage."""
+    """load_tile's body past k0: each operand not staged through registers (fetch_x and stash_x
+    bring those), copied into its stage."""
     t = CTYPE[p.in_dtype]
     parts = [f"\n        {t}* d{x} = s{x} + stage * {tile};\n        {load(p)}"
              for x, tile, load, staged in (("A", "BM * BK", _load_a, p.stage_a), ("B", "BK * BN", _load_b, p.stage_b))
