@@ -42,7 +42,7 @@ from tessera_rw.codegen.binary_cache import SWITCH_VARIABLE, cache_root
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import check_launch_shape, check_operands, coerce_scalars
-from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES
+from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES, emulated_wgmma_helpers
 from tessera_rw.codegen.templates.base import first_schedule
 
 COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then c++, clang++)
@@ -77,7 +77,7 @@ def emulator_prelude() -> str:
     """What every emulated kernel includes: the runtime, the prelude's typedefs and portable
     helpers, and the emulated PTX helpers."""
     return "\n".join(["#pragma once", (_HERE / "emulator_runtime.h").read_text(), TYPES, PORTABLE_HELPERS,
-                      (_HERE / "emulator_ptx.h").read_text()])
+                      (_HERE / "emulator_ptx.h").read_text(), emulated_wgmma_helpers()])
 
 
 def emulated_source(source: KernelSource) -> str:

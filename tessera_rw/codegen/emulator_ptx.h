@@ -154,6 +154,10 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned* r, const void* p) { 
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int valid) {
     if (valid < 0 || valid > 16) emu::fail("cp.async: the source size is not in 0..16");
     emu::require_aligned(dst, "cp.async: the shared address is not 16-byte aligned");
+    const unsigned char* arena = emu::dynamic_smem_arena();
+    if (arena && (unsigned char*)dst >= arena && (size_t)((unsigned char*)dst - arena) < emu::dynamic_smem_bytes()
+        && emu::block().async_reads[((unsigned char*)dst - arena) / 16])
+        emu::fail("cp.async: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group first)");
     if (valid) emu::require_aligned(src, "cp.async: the global address is not 16-byte aligned");
     emu::Copy c{dst, {}};
     if (valid) std::memcpy(c.bytes, src, valid);
@@ -169,5 +173,121 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     while (t.groups.size() > N) {
         emu::apply(t.groups.front());
         t.groups.erase(t.groups.begin());
+    }
+}
+
+// ---- sm_90a: shared-window addresses, warpgroup MMAs (prelude.HOPPER_HELPERS) ----
+namespace emu {
+
+// The shared-window address of dynamic shared memory's first byte: 16-byte aligned and no more,
+// as a block's dynamic shared memory starts after its static memory and a reserved kilobyte, so
+// a kernel that needs a 1024-byte aligned tile (128-byte swizzled wgmma operands) must align it.
+constexpr unsigned DYNAMIC_SMEM_WINDOW = 0x410;
+
+inline unsigned shared_address(const void* p) {
+    const unsigned char* arena = dynamic_smem_arena();
+    const size_t offset = (const unsigned char*)p - arena;
+    if (!arena || (const unsigned char*)p < arena || offset >= dynamic_smem_bytes())
+        fail("smem_addr: not an address in dynamic shared memory (the only shared memory the emulator maps to addresses)");
+    return DYNAMIC_SMEM_WINDOW + (unsigned)offset;
+}
+
+inline const unsigned char* shared_pointer(unsigned address, int bytes) {
+    if (address < DYNAMIC_SMEM_WINDOW || address + bytes > DYNAMIC_SMEM_WINDOW + dynamic_smem_bytes())
+        fail("wgmma: a matrix descriptor reaches outside the block's dynamic shared memory");
+    return dynamic_smem_arena() + (address - DYNAMIC_SMEM_WINDOW);
+}
+
+// The shared address of element (mn, k) of a wgmma operand described by `desc` (PTX ISA, "Shared
+// Memory Matrix Layout" and "Matrix Descriptor Format"): start address, leading and stride byte
+// offsets in 16-byte units, swizzle mode in bits 62-63. The canonical 128-byte swizzled layouts,
+// in elements of `es` bytes, t = 16 / es of them to a 16-byte chunk:
+//   K-major:  ((8, m), (t, 2k)) : ((128 B, SBO), (es, 16 B))      rows of 128 bytes, 8 to an atom
+//   MN-major: ((t, 8, m), (8, k)) : ((es, 16 B, LBO), (128 B, SBO))  128 bytes of M/N per k-row
+// then the swizzle: address bits 4-6 (the 16-byte chunk) XOR bits 7-9 (the row within its
+// 1024-byte atom), on the absolute address, so a start address advanced along k stays in step.
+inline unsigned operand_address(unsigned long long desc, bool mn_major, int es, int mn, int k) {
+    if ((desc >> 62) != 1 || ((desc >> 49) & 7))
+        fail("wgmma: the emulator reads 128-byte swizzled operands with base offset 0 only");
+    const unsigned start = (unsigned)(desc & 0x3FFF) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4,
+                   sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+    const int t = 16 / es;
+    const unsigned offset = mn_major
+        ? (mn % t) * es + (mn / t % 8) * 16 + (mn / (8 * t)) * lbo + (k % 8) * 128 + (k / 8) * sbo
+        : (mn % 8) * 128 + (mn / 8) * sbo + (k / t) * 16 + (k % t) * es;
+    const unsigned address = start + offset;
+    return address ^ (((address >> 7) & 7) << 4);
+}
+
+enum WgmmaKind { WGMMA_BF16, WGMMA_F16, WGMMA_E4M3, WGMMA_E5M2 };
+
+inline float wgmma_value(const unsigned char* p, WgmmaKind kind) {
+    switch (kind) {
+        case WGMMA_BF16: return bf16_to_f32(*(const unsigned short*)p);
+        case WGMMA_F16: return f16_to_f32(*(const unsigned short*)p);
+        case WGMMA_E4M3: return fp8_to_f32(*p, true);
+        default: return fp8_to_f32(*p, false);
+    }
+}
+
+// wgmma.mma_async m64nNkK: this thread's share of D (64 x n) += A (64 x k) B (k x n), the
+// accumulator layout of the PTX ISA's figure: warp w of the warpgroup holds rows 16w..16w+15;
+// lane 4g + t holds d[4j + e] = D(16w + g + 8 (e / 2), 8j + 2t + e % 2). The operands are read
+// when the instruction issues and the product lands in d when wgmma.wait_group retires its group,
+// reading the same shared bytes again: a kernel that changes them in between (a tile written after
+// it was issued), or issues a cp.async into them (a stage refilled too early: the copy may land at
+// once on the device), stops with a message; one that reads its accumulators before the wait reads
+// their old values.
+inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc, int n, int k, WgmmaKind kind,
+                  bool a_mn_major, bool b_mn_major) {
+    if (blockDim.x % 128) fail("wgmma: the block is not made of whole 128-thread warpgroups");
+    const int es = kind == WGMMA_BF16 || kind == WGMMA_F16 ? 2 : 1;
+    const int w = warp() % 4, g = lane() / 4, t = lane() % 4;
+    std::vector<unsigned> addresses;      // A: rows r0, r0 + 8 by k; then B: k by this thread's 2n/8 columns
+    for (int h = 0; h < 2; ++h)
+        for (int kk = 0; kk < k; ++kk) addresses.push_back(operand_address(a_desc, a_mn_major, es, 16 * w + g + 8 * h, kk));
+    for (int kk = 0; kk < k; ++kk)
+        for (int c = 0; c < n / 4; ++c)
+            addresses.push_back(operand_address(b_desc, b_mn_major, es, 8 * (c / 2) + 2 * t + c % 2, kk));
+    std::vector<unsigned char> issued(addresses.size() * es);
+    std::vector<unsigned> chunks;         // the 16-byte pieces it reads, which no cp.async may write until it retires
+    for (size_t i = 0; i < addresses.size(); ++i) {
+        std::memcpy(&issued[i * es], shared_pointer(addresses[i], es), es);
+        chunks.push_back((addresses[i] - DYNAMIC_SMEM_WINDOW) / 16);
+    }
+    std::sort(chunks.begin(), chunks.end());
+    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+    for (unsigned c : chunks) ++block().async_reads[c];
+    self().open_mmas.push_back([=]() {
+        for (size_t i = 0; i < addresses.size(); ++i)
+            if (std::memcmp(&issued[i * es], shared_pointer(addresses[i], es), es))
+                fail("wgmma: shared memory an issued wgmma reads changed before wgmma.wait_group retired it");
+        for (unsigned c : chunks) --block().async_reads[c];
+        auto a = [&](int h, int kk) { return wgmma_value(&issued[(h * k + kk) * es], kind); };
+        auto b = [&](int kk, int c) { return wgmma_value(&issued[(2 * k + kk * (n / 4) + c) * es], kind); };
+        for (int e = 0; e < n / 2; ++e) {
+            const int h = (e % 4) / 2, c = 2 * (e / 4) + e % 2;
+            float acc = d[e];
+            for (int kk = 0; kk < k; ++kk) acc += a(h, kk) * b(kk, c);
+            d[e] = acc;
+        }
+    });
+}
+
+}  // namespace emu
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return emu::shared_address(p); }
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void fence_proxy_async() {}
+__device__ __forceinline__ void wgmma_commit() {
+    emu::Thread& t = emu::self();
+    t.mma_groups.push_back(std::move(t.open_mmas));
+    t.open_mmas.clear();
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    emu::Thread& t = emu::self();
+    while (t.mma_groups.size() > N) {
+        for (auto& retire : t.mma_groups.front()) retire();
+        t.mma_groups.erase(t.mma_groups.begin());
     }
 }

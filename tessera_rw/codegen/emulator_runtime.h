@@ -108,6 +108,8 @@ struct Thread {
     unsigned collectives = 0;                 // warp collectives passed: picks the exchange buffer
     std::vector<Copy> open_group;             // cp.async copies not yet committed
     std::vector<std::vector<Copy>> groups;    // committed groups, oldest first
+    std::vector<std::function<void()>> open_mmas;              // wgmmas issued since the last commit
+    std::vector<std::vector<std::function<void()>>> mma_groups; // committed wgmma groups, oldest first
 };
 
 // One lane's published operands at a warp collective, and which collective it is at.
@@ -118,6 +120,7 @@ struct Block {
     std::vector<Thread> threads;
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
+    std::vector<int> async_reads;             // per 16 bytes of dynamic shared memory: wgmmas issued, not retired, reading them
     ucontext_t scheduler;
     Thread* current = nullptr;
 };
@@ -142,7 +145,9 @@ inline Thread& self() { return *block().current; }
 // The dynamic shared memory: `bytes` ending against a page that faults, so a kernel reading or
 // writing past what its launch asked for stops instead of reading the heap.
 inline unsigned char*& dynamic_smem_arena() { static unsigned char* arena = nullptr; return arena; }
+inline size_t& dynamic_smem_bytes() { static size_t bytes = 0; return bytes; }
 inline void allocate_dynamic_smem(size_t bytes) {
+    dynamic_smem_bytes() = bytes;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     const size_t rounded = (bytes + 127) / 128 * 128, span = (rounded + page - 1) / page * page;
     char* region = (char*)mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -245,6 +250,7 @@ inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     b.threads.assign(threads, Thread{});
     b.slots.assign(((threads + 31) / 32) * 2 * 32, Slot{});
     b.gathered.assign(((threads + 31) / 32) * 2, 0);
+    b.async_reads.assign(dynamic_smem / 16 + 1, 0);
     if (dynamic_smem) std::memset(dynamic_smem_arena(), 0xFF, dynamic_smem);
 #ifdef __linux__
     if (__start_emu_shared) std::memset(__start_emu_shared, 0xFF, __stop_emu_shared - __start_emu_shared);

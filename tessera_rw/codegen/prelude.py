@@ -106,3 +106,56 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 """
 
 PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS
+
+
+# Warpgroup MMAs (wgmma, sm_90a): D(64 x N) += A(64 x K) B(K x N), both operands read from shared
+# memory through 64-bit matrix descriptors, N/2 fp32 accumulators per thread of the 128-thread
+# warpgroup. One helper per (N, operand kind) a kernel may issue; 16-bit operands take their
+# major-ness as template arguments (TA: A stored M-major, TB: B stored N-major), fp8 ones are
+# always K-major. Kernels that use them are compiled for sm_90a (KernelSource.arch_specific).
+WGMMA_WIDTHS = (64, 128, 256)
+WGMMA_KINDS = {"bf16": 16, "f16": 16, "e4m3": 32, "e5m2": 32}      # operand kind: the instruction's k
+
+
+def wgmma_name(n: int, kind: str) -> str:
+    """The helper issuing one m64 x n wgmma on `kind` operands: 'wgmma_m64n128k16_bf16'."""
+    return f"wgmma_m64n{n}k{WGMMA_KINDS[kind]}_{kind}"
+
+
+def _wgmma(n: int, kind: str) -> str:
+    regs = n // 2
+    ops = ", ".join(f"%{i}" for i in range(regs))
+    outputs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    transposes = ", %{}, %{}".format(regs + 2, regs + 3) if WGMMA_KINDS[kind] == 16 else ""
+    immediates = ', "n"(TA), "n"(TB)' if transposes else ""
+    check = "" if transposes else '    static_assert(TA == 0 && TB == 0, "fp8 wgmma operands are K-major");\n'
+    return (f"template <int TA, int TB> __device__ __forceinline__ void {wgmma_name(n, kind)}("
+            f"float* d, unsigned long long a, unsigned long long b) {{\n{check}"
+            f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{WGMMA_KINDS[kind]}.f32.{kind}.{kind} "\n'
+            f'                 "{{{ops}}}, %{regs}, %{regs + 1}, 1, 1, 1{transposes};"\n'
+            f"                 : {outputs}\n"
+            f'                 : "l"(a), "l"(b){immediates});\n}}\n')
+
+
+HOPPER_HELPERS = r"""
+// wgmma.fence: the accumulators' prior writes are ordered before the next wgmma that reads them
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// wait until at most N committed wgmma groups of this warpgroup are pending
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// shared memory written through the generic proxy (stores, cp.async) made visible to the async
+// proxy that wgmma reads it through
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+""" + "".join(_wgmma(n, kind) for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)
+
+
+def emulated_wgmma_helpers() -> str:
+    """The wgmma helpers as the CPU emulator defines them (emulator_ptx.h's emu::wgmma), one per
+    helper of HOPPER_HELPERS."""
+    kinds = {"bf16": "BF16", "f16": "F16", "e4m3": "E4M3", "e5m2": "E5M2"}
+    return "".join(
+        f"template <int TA, int TB> inline void {wgmma_name(n, kind)}(float* d, unsigned long long a, "
+        f"unsigned long long b) {{ emu::wgmma(d, a, b, {n}, {WGMMA_KINDS[kind]}, emu::WGMMA_{kinds[kind]}, TA, TB); }}\n"
+        for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)

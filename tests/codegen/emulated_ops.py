@@ -166,6 +166,20 @@ def _fp8_gemm_ops() -> dict[str, KernelOp]:
     }
 
 
+def _wgmma_gemm_ops() -> dict[str, KernelOp]:
+    """Products long enough in K (8-9 tiles) that sm_90's warpgroup-MMA kernels refill every stage
+    of their pipeline while earlier tiles' MMAs are in flight, in each operand layout, with ragged
+    rows (copied element by element) and a K tail inside the last tile."""
+    return {
+        "gemm wgmma nn long k 72x136x520 bf16": transposed((72, 520), (520, 136), BF16, BF16),
+        "gemm wgmma tt long k batched 2x64x200x456 f16 -> f32": transposed((2, 64, 456), (456, 200), F16, F32,
+                                                                           trans_a=True, trans_b=True),
+        "gemm wgmma tn ragged long k 70x130x450 bf16 bias": transposed((70, 450), (450, 130), BF16, BF16, trans_a=True,
+                                                                       extra=[((130,), BF16)], has_bias=True),
+        "gemm wgmma nt long k 96x144x1040 e4m3 -> f32": transposed((96, 1040), (1040, 144), E4M3, F32, trans_b=True),
+    }
+
+
 def _attention_ops() -> dict[str, KernelOp]:
     rows, bwd = AttentionRowStatsTemplate(), FlashAttentionBwdTemplate()
     ops = {
@@ -297,5 +311,5 @@ def _spectral_ops() -> dict[str, KernelOp]:
     }
 
 
-EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
+EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
                                   | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops())

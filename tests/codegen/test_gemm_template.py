@@ -12,6 +12,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, GemmTemplate
+from tessera_rw.codegen.templates.gemm_footprint import WgmmaSchedule
 
 T = GemmTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
@@ -50,8 +51,12 @@ def test_resources_cover_the_work(op):
 
 def test_math_unit_and_schedule_kind_follow_the_dtype():
     bf16, fp32 = mm((256, 256), (256, 256)), mm((256, 256), (256, 256), DType.float32)
-    h100 = arch_named("h100")
-    assert all(isinstance(s, GemmSchedule) for s in T.schedules(bf16, h100))
+    h100, a100 = arch_named("h100"), arch_named("a100")
+    # sm_90 offers warpgroup MMAs first, then mma.sync; sm_80 mma.sync only
+    kinds = [type(s) for s in T.schedules(bf16, h100)]
+    assert kinds[0] is WgmmaSchedule and GemmSchedule in kinds
+    assert kinds == sorted(kinds, key=lambda k: k is not WgmmaSchedule)
+    assert all(isinstance(s, GemmSchedule) for s in T.schedules(bf16, a100))
     assert all(isinstance(s, GemmSimtSchedule) for s in T.schedules(fp32, h100))
     assert T.resources(bf16, T.schedules(bf16, h100)[0], h100).unit is MathUnit.BF16
     assert T.resources(fp32, T.schedules(fp32, h100)[0], h100).unit is MathUnit.FP32
@@ -72,20 +77,24 @@ def test_fp8_products_run_on_fp8_tensor_cores_from_sm_89():
     from tessera_rw.algebra.errors import TesseraError
     op = fp8_gemm((256, 256), (256, 256), trans_b=True)
     h100, l4, a100 = arch_named("h100"), arch_named("l4"), arch_named("a100")
-    for arch in (h100, l4):
+    # sm_90: warpgroup MMAs (QGMMA), then mma.sync; sm_89: mma.sync (native QMMA)
+    for arch, mma in ((h100, "wgmma_m64n256k32_e4m3"), (l4, "mma_e4m3_16832")):
         s = T.schedules(op, arch)[0]
         assert T.unavailable(op, arch) is None and T.resources(op, s, arch).unit is MathUnit.FP8
-        assert "mma_e4m3_16832" in T.emit(op, s, arch).source
-    # sm_89 runs the fp8 mma natively, sm_90 as fp16 MMAs: the model expects more of the former
-    assert (T.resources(op, T.schedules(op, l4)[0], l4).efficiency
-            > T.resources(op, T.schedules(op, h100)[0], h100).efficiency)
+        assert mma in T.emit(op, s, arch).source
+    mma_sync = next(s for s in T.schedules(op, h100) if isinstance(s, GemmSchedule))
+    assert "mma_e4m3_16832" in T.emit(op, mma_sync, h100).source
+    # sm_89 runs the fp8 mma.sync natively, sm_90 as fp16 MMAs: the model expects more of the
+    # former, and most of sm_90's warpgroup MMAs
+    l4_eff = T.resources(op, T.schedules(op, l4)[0], l4).efficiency
+    assert T.resources(op, mma_sync, h100).efficiency < l4_eff < T.resources(op, T.schedules(op, h100)[0], h100).efficiency
     assert T.schedules(op, a100) == () and T.space(op, a100) == ()
     assert "sm_89" in T.unavailable(op, a100) and "bfloat16" in T.unavailable(op, a100)
     with pytest.raises(TesseraError, match="on A100-SXM") as e:
         T.emit(op, T.schedules(op, h100)[0], a100)
     assert "cast the operands to bfloat16" in e.value.hint
     e5m2 = fp8_gemm((256, 256), (256, 256), DType.float8_e5m2, DType.float32)
-    assert "mma_e5m2_16832" in T.emit(e5m2, T.schedules(e5m2, h100)[0], h100).source
+    assert "mma_e5m2_16832" in T.emit(e5m2, T.schedules(e5m2, h100)[0], h100).source   # B as [K, N]: staged
     assert not T.accepts(fp8_gemm((256, 256), (256, 256), op="matmul_bias_grad"))
 
 

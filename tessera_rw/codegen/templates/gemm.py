@@ -40,11 +40,13 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
-from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, blocks_per_sm, registers,
-                                                         smem_bytes)
+from tessera_rw.codegen.prelude import WGMMA_WIDTHS
+from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, WgmmaSchedule, blocks_per_sm,
+                                                         registers, smem_bytes)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import ROW_BYTES, emit_wgmma
 
 _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 # The launch passes no dynamic shared memory, so every schedule lives in the static 48 KiB.
@@ -64,8 +66,12 @@ _FP8_DEFAULTS = (GemmSchedule(128, 128, 64, 2, 4, 3), GemmSchedule(128, 64, 64, 
 # tf32 tiles hold 4-byte values: half the k-depth of the 16-bit tiles for the same shared memory
 _TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16, 2, 2, 3),
                   GemmSchedule(64, 64, 16, 2, 2, 4))
+# sm_90 warpgroup MMAs: 128-byte k-steps (64 bf16/fp16 values, 128 fp8), tiles in dynamic shared memory
+_WGMMA_DEFAULTS = (WgmmaSchedule(128, 256, 64, 2, 1, 4), WgmmaSchedule(128, 128, 64, 2, 1, 4),
+                   WgmmaSchedule(64, 128, 64, 1, 1, 4))
 # The tuning grids (space()); _valid keeps the points that fit and that the emitters can write.
 _TC_TILES, _TC_WARPS, _TC_STAGES = (64, 128, 256), (1, 2, 4), (2, 3, 4)
+_WGMMA_TILES, _WGMMA_GROUPS, _WGMMA_STAGES = (64, 128, 256), (1, 2), (3, 4, 5)
 _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 
 
@@ -118,6 +124,8 @@ class GemmTemplate(Template):
         p = GemmProblem.of(op)
         defaults = (_TF32_DEFAULTS if p.tf32 else _FP8_DEFAULTS if p.fp8 else _TC_DEFAULTS if p.tensor_core
                     else _SIMT_DEFAULTS)
+        if _warpgroup_mma(p, arch):
+            defaults = tuple(_wgmma_schedule(p, s) for s in _WGMMA_DEFAULTS) + defaults
         return tuple(s for s in defaults if self._valid(p, s, arch))
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
@@ -132,6 +140,11 @@ class GemmTemplate(Template):
         if p.tensor_core:
             grid = (GemmSchedule(bm, bn, bk, wm, wn, st) for bm in _TC_TILES for bn in _TC_TILES
                     for bk in _k_depths(p) for wm in _TC_WARPS for wn in _TC_WARPS for st in _TC_STAGES)
+            if _warpgroup_mma(p, arch):
+                warpgroup = (WgmmaSchedule(bm, bn, ROW_BYTES // p.in_dtype.itemsize, gm, gn, st)
+                             for bm in _WGMMA_TILES for bn in _WGMMA_TILES for gm in _WGMMA_GROUPS
+                             for gn in _WGMMA_GROUPS for st in _WGMMA_STAGES)
+                grid = (*warpgroup, *grid)
         else:
             grid = (GemmSimtSchedule(bm, bn, bk, tm, tn) for bm in _SIMT_TILES for bn in _SIMT_TILES
                     for bk in _SIMT_BK for tm in _SIMT_THREAD_TILES for tn in _SIMT_THREAD_TILES)
@@ -144,12 +157,20 @@ class GemmTemplate(Template):
         if not self.accepts(op):
             return False
         p = GemmProblem.of(op)
-        wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
+        wanted = (GemmSchedule, WgmmaSchedule) if p.tensor_core else GemmSimtSchedule
         return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
 
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
         if _lacks_unit(p, arch):
             return False
+        if isinstance(s, WgmmaSchedule):
+            wide = s.bn // s.wg_n
+            # every thread copies whole 16-byte chunks of both tiles (8 per 128-byte row)
+            return (_warpgroup_mma(p, arch) and s.bk * p.in_dtype.itemsize == ROW_BYTES and s.stages >= 3
+                    and s.bm % (64 * s.wg_m) == 0 and s.bn % s.wg_n == 0 and wide in WGMMA_WIDTHS
+                    and 8 * s.bm % s.threads == 0 and 8 * s.bn % s.threads == 0
+                    and smem_bytes(p, s) <= arch.smem_per_block and s.threads <= arch.max_threads_per_block
+                    and registers(p, s) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads))
         smem = smem_bytes(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
@@ -195,6 +216,9 @@ class GemmTemplate(Template):
         if p.tf32:
             # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
             unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
+        elif isinstance(s, WgmmaSchedule):
+            # warpgroup MMAs keep the tensor cores fed from shared memory, no fragment loads between
+            unit, eff = (MathUnit.FP8 if p.fp8 else MathUnit.BF16), 0.8
         elif p.fp8:
             # sm_89 runs mma.sync on fp8 natively; sm_90 as fp16 MMAs (half the fp8 peak, less the
             # unpacking). An operand staged through registers costs shared stores and byte transposes
@@ -219,17 +243,24 @@ class GemmTemplate(Template):
         if reason := self.unavailable(op, arch):
             raise TesseraError(f"no gemm kernel for {op} on {arch.name}", op=op.op, hint=reason)
         p = GemmProblem.of(op)
-        wanted = GemmSchedule if p.tensor_core else GemmSimtSchedule
+        wanted = (GemmSchedule, WgmmaSchedule) if p.tensor_core else (GemmSimtSchedule,)
         if not isinstance(schedule, wanted):
-            raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a {wanted.__name__}, "
-                               f"got {schedule!r}", op=op.op)
+            raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a "
+                               f"{' or '.join(w.__name__ for w in wanted)}, got {schedule!r}", op=op.op)
+        if isinstance(schedule, WgmmaSchedule) and not _warpgroup_mma(p, arch):
+            raise TesseraError(f"{schedule!r} needs sm_90 warpgroup MMAs, which {op} cannot use on {arch.name}",
+                               op=op.op, hint="warpgroup MMAs take bf16/fp16 operands, or fp8 ones stored with k "
+                                              "contiguous, on sm_90; use a GemmSchedule")
         name = kernel_name(p, schedule)
         header = (f"// {op}\n// kernel kind gemm, fused {list(self.fused(op))}, schedule {schedule.describe()}, "
                   f"{arch.name}\n")
+        grid = (self.resources(op, schedule, arch).blocks, 1, 1)
+        fast = op.numerics is Numerics.FAST
+        if isinstance(schedule, WgmmaSchedule):
+            return KernelSource(name, header + emit_wgmma(p, schedule, name), schedule.threads, grid=grid,
+                                dynamic_smem=smem_bytes(p, schedule), fast_math=fast, arch_specific=True)
         body = emit_tensor_core(p, schedule, name) if p.tensor_core else emit_simt(p, schedule, name)
-        return KernelSource(name, header + body, schedule.threads,
-                            grid=(self.resources(op, schedule, arch).blocks, 1, 1),
-                            fast_math=op.numerics is Numerics.FAST)
+        return KernelSource(name, header + body, schedule.threads, grid=grid, fast_math=fast)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
@@ -302,6 +333,19 @@ class GemmTemplate(Template):
         )
 
 
+def _warpgroup_mma(p: GemmProblem, arch: ArchSpec) -> bool:
+    """Whether the product can run on sm_90's warpgroup MMAs: 16-bit operands in any layout, fp8 ones
+    with k contiguous in both (A as [M, K], B as [N, K]); not the ones row of a bias gradient."""
+    if arch.compute_capability != (9, 0) or p.tf32 or p.bias_grad or p.in_dtype not in TENSOR_CORE_DTYPES:
+        return False
+    return not p.fp8 or (not p.trans_a and p.trans_b)
+
+
+def _wgmma_schedule(p: GemmProblem, s: WgmmaSchedule) -> WgmmaSchedule:
+    """`s` with the k-depth of one 128-byte shared row of the problem's operands."""
+    return WgmmaSchedule(s.bm, s.bn, ROW_BYTES // p.in_dtype.itemsize, s.wg_m, s.wg_n, s.stages)
+
+
 def _lacks_unit(p: GemmProblem, arch: ArchSpec) -> bool:
     """Whether `arch` has no tensor cores for the product's operands (fp8 before sm_89)."""
     return p.fp8 and not arch.has(MathUnit.FP8)
@@ -327,6 +371,8 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     a 4x1 warp grid, deep k-tiles of 128-thread blocks, 4x8 thread tiles) or allocates a third more
     or less than modelled (16-wide warp tiles, deep k-tiles, 128-thread SIMT blocks with bk=16), so
     a tuner would time spilling kernels or trust a wrong occupancy."""
+    if isinstance(s, WgmmaSchedule):
+        return True
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):
         warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n

@@ -13,6 +13,7 @@ from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import smem_bytes_of as wgmma_smem_bytes
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,22 @@ class GemmSchedule(Schedule):
     @property
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n
+
+
+@dataclass(frozen=True)
+class WgmmaSchedule(Schedule):
+    """Warpgroup-MMA tiling (sm_90): a bm x bn block tile split among wg_m x wg_n warpgroups of 128
+    threads, bk values per stage (one 128-byte shared row: 64 bf16/fp16, 128 fp8)."""
+    bm: int = 128
+    bn: int = 256
+    bk: int = 64
+    wg_m: int = 2
+    wg_n: int = 1
+    stages: int = 4
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.wg_m * self.wg_n
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,8 @@ def smem_bytes(p: GemmProblem, s: Schedule) -> int:
     buffers for SIMT."""
     if isinstance(s, GemmSchedule):
         return s.stages * (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize
+    if isinstance(s, WgmmaSchedule):
+        return wgmma_smem_bytes(p, s)
     return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
 
 
@@ -81,6 +100,11 @@ def registers(p: GemmProblem, s: Schedule) -> int:
         staging = sum(_STAGED_UNIT * -(-(rows * s.bk // fp8.UNIT_BYTES) // s.threads) + _STAGED_ADDRESSING
                       for rows, on in ((s.bm, p.stage_a), (s.bn, p.stage_b)) if on)
         return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + staging + _TC_OVERHEAD
+    if isinstance(s, WgmmaSchedule):
+        accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
+        chunks = (s.bm + s.bn) * s.bk * p.in_dtype.itemsize // 16 // s.threads
+        per_chunk = _CHUNK_REGISTERS if p.rows_aligned else _CHUNK_REGISTERS_COPY8
+        return accumulators + per_chunk * chunks + _WGMMA_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
     # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
     # so one set of coordinates serves the two
@@ -97,6 +121,7 @@ _FRAG_REUSE_FP8 = 2.25  # fp8 on sm_90: mma.sync runs as fp16 MMAs, each fragmen
 _STAGED_UNIT = 16      # fp8 staged through registers: a unit's 4 k-rows of 16 bytes, live across the MMAs
 _STAGED_ADDRESSING = 16  # a staged operand's row addresses, predicates and byte-transpose temporaries
 _TC_OVERHEAD = -8      # the chunk term over-counts shared row/column bases; net of tile origins and counters
+_WGMMA_OVERHEAD = 16    # descriptors, tile origins, loop counters of the wgmma kernel
 _SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
 _SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
 

@@ -147,7 +147,7 @@ def _fragments_b(p: GemmProblem) -> str:
             }"""
 
 
-def _copy(p: GemmProblem, valid: str) -> tuple[str, str]:
+def chunk_copy(p: GemmProblem, valid: str) -> tuple[str, str]:
     """(copy function, its size argument) of a chunk with `valid` elements left in its row."""
     if p.rows_aligned:   # every stored row a multiple of a chunk: a chunk is wholly inside or outside
         return "cp_async_16", "ok ? 16 : 0"
@@ -163,7 +163,7 @@ def _tile_loop(p: GemmProblem, operand: str, rows: str, row: str, left: str, ok:
     the chunk is read from `src`. `ones(dst, src)` spells the bias gradient's ones chunk."""
     chunks = "CA" if operand == "A" else "CB"
     dst = f"d{operand} + r * {row} + gemm_swz_{operand.lower()}(r, c) * EL"
-    copy, size = _copy(p, left.split()[0])
+    copy, size = chunk_copy(p, left.split()[0])
     prefix = f"{ones(dst, src)}\n            else " if ones else ""
     return f"""#pragma unroll
         for (int i = 0; i < {rows} * {chunks} / THREADS; ++i) {{{note}
@@ -205,7 +205,9 @@ def _copied_tiles(p: GemmProblem) -> str:
     return "".join(parts)
 
 
-def _helpers(p: GemmProblem) -> str:
+def helpers(p: GemmProblem) -> str:
+    """The device functions the kernel's loads need: element-wise chunk copies for rows cp.async
+    cannot take, fp8 staging, tf32 rounding, the ones of a bias gradient."""
     if p.fp8:
         return "\n".join(fp8.helpers(p))
     wide = p.in_dtype is DType.float32
@@ -218,7 +220,7 @@ def _helpers(p: GemmProblem) -> str:
     return "\n".join(parts)
 
 
-def _store(p: GemmProblem, args: str) -> str:
+def store_pair(p: GemmProblem, args: str) -> str:
     """The epilogue of one accumulator pair (columns c and c + 1 of row r) and its store."""
     epi = [f"gemm_epilogue(acc[i][j][2 * h + {e}], z, r, c + {e}{args})" for e in (0, 1)]
     if p.n % 2 == 0:   # c is even, so c + 1 < N and the pair is 2-element aligned
@@ -259,7 +261,7 @@ def emit_tensor_core(p: GemmProblem, s: GemmSchedule, name: str) -> str:
     swz_a = _TF32_SWIZZLE if p.tf32 and p.trans_a else _swizzle(ca)
     swz_b = _TF32_SWIZZLE if p.tf32 and not p.trans_b else _swizzle(cb)
     return launch_comment(p, s, name, signature) + fns + f"""
-{_helpers(p)}
+{helpers(p)}
 // XOR swizzle of 16-byte chunks: the rows one fragment read touches land in distinct bank groups
 __device__ __forceinline__ int gemm_swz_a(int r, int c) {{ return {swz_a}; }}
 __device__ __forceinline__ int gemm_swz_b(int r, int c) {{ return {swz_b}; }}
@@ -332,7 +334,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
                 const int c = n0 + wn0 + j * 8 + (lane & 3) * 2;
                 if (r < M && c < N) {{
                     const long long o = cz + (long long)r * N + c;
-{_store(p, args)}
+{store_pair(p, args)}
                 }}
             }}
 }}

@@ -1,0 +1,185 @@
+"""The Hopper GEMM kernel: warpgroup MMAs (wgmma, sm_90a) reading both operands from shared memory.
+
+Each 128-thread warpgroup owns a (bm / wg_m) x (bn / wg_n) slab of the block tile and issues one
+m64 x WN wgmma per 64 rows of it and per k-step (16 values of bf16/fp16, 32 of fp8), its fp32
+accumulators in registers. The operands never pass through registers: tiles land in shared memory
+by cp.async in the layout wgmma reads through its matrix descriptors, rows of 128 bytes (64 bf16
+or 128 fp8 values) in 1024-byte atoms of 8 rows whose 16-byte chunks are XOR-swizzled by row:
+
+- an operand stored with k contiguous (A as [M, K], B as [N, K]) is K-major: one 128-byte row per
+  m (n) holds the tile's k-run; the k-step's descriptor starts 32 bytes further along the row;
+- stored the other way (A as [K, M], B as [K, N], 16-bit only) it is MN-major: one 128-byte row
+  per k holds 64 consecutive m (n), blocks of 64 of them BK rows apart (the leading byte offset);
+  the k-step's descriptor starts 16 rows further down.
+
+fp8 wgmma takes K-major operands only, so fp8 products with a transposed-across-k operand stay on
+mma.sync (gemm_mma_cuda.py). The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs:
+wgmma runs asynchronously, one k-tile's group still in flight while the next is issued, so the
+stage a refill overwrites is the one read two tiles back, retired by every warpgroup before the
+barrier that precedes the refill. cp.async writes through the generic proxy and wgmma reads
+through the async one: each thread fences the proxies after its copies land, before that barrier.
+The epilogue is the mma kernel's: the wgmma accumulator layout per warp is mma.sync's m16n8.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.prelude import wgmma_name
+from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common, launch_comment
+from tessera_rw.codegen.templates.gemm_mma_cuda import chunk_copy, helpers, store_pair
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.templates.gemm_footprint import WgmmaSchedule
+    from tessera_rw.codegen.templates.gemm_problem import GemmProblem
+
+ROW_BYTES = 128           # one swizzled shared row: the 128-byte swizzle's width
+ATOM_BYTES = 1024         # 8 rows: the swizzle's period, to which each tile is aligned
+_KIND = {DType.bfloat16: "bf16", DType.float16: "f16", DType.float8_e4m3: "e4m3", DType.float8_e5m2: "e5m2"}
+
+# the descriptor of a 128-byte swizzled operand whose first row starts at `tile` (1024-byte atoms)
+_DESCRIPTOR = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units), 128-byte swizzle
+__device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
+    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
+         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+// where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
+__device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }"""
+
+
+def _load(p: GemmProblem, operand: str) -> str:
+    """The loop copying one stage's tile of `operand` (A or B) into d{operand} in wgmma's layout."""
+    k_major = (not p.trans_a) if operand == "A" else p.trans_b
+    extent, origin, limit = ("BM", "m0", "M") if operand == "A" else ("BN", "n0", "N")
+    src = f"{operand}b"
+    if k_major:
+        # rows along M (N), 8 chunks of k each; B as [N, K] or A as [M, K]
+        left, ok = f"kv = K - (k0 + c * EL)", f"{origin} + r < {limit} && kv > 0"
+        at = f"{src} + ({origin} + r) * K + k0 + c * EL"
+        dst = f"d{operand} + r * ROW + gemm_swz(r, c) * EL"
+        rows, chunks, note = extent, "8", "k-runs of one row each"
+    else:
+        # rows along k, 64-wide blocks of M (N) one after another, BK rows apart
+        left, ok = f"mv = {limit} - ({origin} + c * EL)", f"k0 + r < K && mv > 0"
+        at = f"{src} + (k0 + r) * {limit} + {origin} + c * EL"
+        dst = f"d{operand} + (c / 8) * BK * ROW + r * ROW + gemm_swz(r, c % 8) * EL"
+        rows, chunks, note = "BK", f"({extent} / EL)", f"{extent}-runs of one k each"
+    copy, size = chunk_copy(p, left.split()[0])
+    return f"""#pragma unroll
+        for (int i = 0; i < {rows} * {chunks} / THREADS; ++i) {{   // {note}
+            const int id = tid + i * THREADS, r = id / {chunks}, c = id % {chunks}, {left};
+            const bool ok = {ok};
+            {copy}({dst}, ok ? {at} : {src}, {size});
+        }}"""
+
+
+def _descriptors(p: GemmProblem) -> tuple[str, str]:
+    """(A's descriptor for slab i and k-step ks, B's for k-step ks) in the current stage cA / cB."""
+    # K-major: the slab's first row, KS values along it; MN-major: its 64-wide block, KS rows down
+    a = ("gemm_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM)" if not p.trans_a
+         else "gemm_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
+    b = ("gemm_desc(cB + wn0 * ROW + ks * KS, 16, ATOM)" if p.trans_b
+         else "gemm_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
+    return a, b
+
+
+def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
+    """The wgmma kernel, after its launch comment and device helpers."""
+    fns, signature, args = common(p)
+    t = CTYPE[p.in_dtype]
+    el = 16 // p.in_dtype.itemsize
+    wn = s.bn // s.wg_n
+    mma = f"{wgmma_name(wn, _KIND[p.in_dtype])}<{int(p.trans_a)}, {int(not p.trans_b)}>"
+    desc_a, desc_b = _descriptors(p)
+    comment = launch_comment(p, s, name, signature).replace(
+        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
+    return comment + fns + f"""
+{helpers(p)}
+{_DESCRIPTOR}
+
+extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
+    constexpr int M = {p.m}, N = {p.n}, K = {p.k};
+    constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, STAGES = {s.stages}, THREADS = {s.threads};
+    constexpr int WG_N = {s.wg_n}, WARPGROUP_M = BM / {s.wg_m}, WARPGROUP_N = BN / WG_N;
+    constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = {el}, ROW = BK, KS = {32 // p.in_dtype.itemsize};
+    constexpr unsigned ROW_BYTES = {ROW_BYTES}, ATOM = {ATOM_BYTES};
+    constexpr int KT = (K + BK - 1) / BK;
+    // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
+    extern __shared__ __align__(16) unsigned char gemm_smem[];
+    {t}* const sA = ({t}*)(gemm_smem + ((ATOM - (smem_addr(gemm_smem) & (ATOM - 1))) & (ATOM - 1)));
+    {t}* const sB = sA + STAGES * BM * BK;
+    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
+    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
+    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
+    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
+    const int z = blockIdx.x / (TILES_N * TILES_M);
+    const {t}* Ab = A + gemm_boff_a(z);
+    const {t}* Bb = B + gemm_boff_b(z);
+
+    // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
+    auto load_tile = [&](int stage, int kt) {{
+        const int k0 = kt * BK;
+        {t}* dA = sA + stage * BM * BK;
+        {_load(p, "A")}
+        {t}* dB = sB + stage * BK * BN;
+        {_load(p, "B")}
+    }};
+
+    float acc[MI][NI][4];
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int j = 0; j < NI; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    #pragma unroll
+    for (int st = 0; st < STAGES - 2; ++st) {{
+        if (st < KT) load_tile(st, st);
+        cp_async_commit();
+    }}
+    for (int kt = 0; kt < KT; ++kt) {{
+        cp_async_wait<STAGES - 3>();   // tile kt has landed
+        fence_proxy_async();           // where the tensor cores read it
+        __syncthreads();               // for every thread; and every warpgroup has retired tile kt - 2's MMAs
+        const int next = kt + STAGES - 2;
+        if (next < KT) load_tile(next % STAGES, next);   // into tile kt - 2's stage
+        cp_async_commit();
+        const {t}* cA = sA + (kt % STAGES) * BM * BK;
+        const {t}* cB = sB + (kt % STAGES) * BK * BN;
+        wgmma_fence();
+        #pragma unroll
+        for (int ks = 0; ks < BK / KS; ++ks)
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                {mma}(&acc[i][0][0], {desc_a}, {desc_b});
+        wgmma_commit();
+        wgmma_wait<1>();               // tile kt - 1's MMAs are done; tile kt's run on
+    }}
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+
+    // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j
+    const long long cz = gemm_boff_c(z);
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int j = 0; j < NI; ++j)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                const int r = m0 + wm0 + i * 64 + warp * 16 + h * 8 + (lane >> 2);
+                const int c = n0 + wn0 + j * 8 + (lane & 3) * 2;
+                if (r < M && c < N) {{
+                    const long long o = cz + (long long)r * N + c;
+{store_pair(p, args)}
+                }}
+            }}
+}}
+"""
+
+
+def smem_bytes_of(p: GemmProblem, s: WgmmaSchedule) -> int:
+    """Dynamic shared memory the kernel asks for: its stages, and room to align them to an atom."""
+    return s.stages * (s.bm + s.bn) * s.bk * p.in_dtype.itemsize + ATOM_BYTES
