@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.binary_cache import KernelFacts, binary_cache
-from tessera_rw.codegen.prelude import HOPPER_HELPERS, PRELUDE
+from tessera_rw.codegen.prelude import HOPPER_HELPERS, HOPPER_TARGET, PRELUDE
 
 
 class CompileError(TesseraError):
@@ -34,11 +34,11 @@ class KernelSource:
     grid: tuple[int, int, int] = (1, 1, 1)    # blocks along x, y, z
     dynamic_smem: int = 0                     # bytes of dynamic shared memory per block
     fast_math: bool = False                   # compile with --use_fast_math (the `fast` numerics policy)
-    arch_specific: bool = False               # uses sm_90a-only instructions (wgmma): built for sm_90a
+    target: str | None = None                 # the arch-specific target its instructions need ('sm_90a': wgmma)
 
     @property
     def full_source(self) -> str:
-        return PRELUDE + (HOPPER_HELPERS if self.arch_specific else "") + "\n" + self.source
+        return PRELUDE + (HOPPER_HELPERS if self.target == HOPPER_TARGET else "") + "\n" + self.source
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,12 @@ def _compile(full_source: str, name: str, arch: str, options: tuple[str, ...]) -
 def compile_cuda(kernel: KernelSource, arch: str, *, fast_math: bool = False) -> CompiledKernel:
     """Compile one generated kernel to a cubin for `arch` ('sm_80', 'sm_90', ...), with fast math
     when the kernel was generated for it or the caller asks. A kernel using arch-specific
-    instructions is built for the arch's own target ('sm_90a'), whose cubin loads on that arch only."""
-    if kernel.arch_specific and not arch.endswith("a"):
-        arch += "a"
+    instructions is built for that target ('sm_90a' for `arch` 'sm_90'), whose cubin loads on that
+    arch only; asking for another arch is an error."""
+    if kernel.target:
+        if arch.removesuffix("a") != kernel.target.removesuffix("a"):
+            raise CompileError(f"kernel {kernel.name} uses {kernel.target}-only instructions and cannot be built "
+                               f"for {arch}", hint=f"emit the op for {arch}'s arch: its template picks a schedule "
+                                                   f"that runs there")
+        arch = kernel.target
     return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if kernel.fast_math or fast_math else ())

@@ -278,6 +278,7 @@ inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return emu::shared_address(p); }
 __device__ __forceinline__ void wgmma_fence() {}
+template <int N> __device__ __forceinline__ void wgmma_hold(float*) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_commit() {
     emu::Thread& t = emu::self();

@@ -112,7 +112,8 @@ PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS
 # memory through 64-bit matrix descriptors, N/2 fp32 accumulators per thread of the 128-thread
 # warpgroup. One helper per (N, operand kind) a kernel may issue; 16-bit operands take their
 # major-ness as template arguments (TA: A stored M-major, TB: B stored N-major), fp8 ones are
-# always K-major. Kernels that use them are compiled for sm_90a (KernelSource.arch_specific).
+# always K-major. Kernels that use them are compiled for sm_90a (KernelSource.target).
+HOPPER_TARGET = "sm_90a"
 WGMMA_WIDTHS = (64, 128, 256)
 WGMMA_KINDS = {"bf16": 16, "f16": 16, "e4m3": 32, "e5m2": 32}      # operand kind: the instruction's k
 
@@ -144,6 +145,12 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 // wait until at most N committed wgmma groups of this warpgroup are pending
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// an empty asm reading and writing each of N accumulators: the compiler moves none of their uses
+// across it (the registers of an issued wgmma hold their result only after wgmma.wait_group)
+template <int N> __device__ __forceinline__ void wgmma_hold(float* d) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 // shared memory written through the generic proxy (stores, cp.async) made visible to the async
 // proxy that wgmma reads it through

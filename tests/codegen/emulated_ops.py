@@ -169,7 +169,7 @@ def _fp8_gemm_ops() -> dict[str, KernelOp]:
 def _wgmma_gemm_ops() -> dict[str, KernelOp]:
     """Products long enough in K (8-9 tiles) that sm_90's warpgroup-MMA kernels refill every stage
     of their pipeline while earlier tiles' MMAs are in flight, in each operand layout, with ragged
-    rows (copied element by element) and a K tail inside the last tile."""
+    rows (copied element by element), a K tail inside the last tile, and a bias gradient's ones row."""
     return {
         "gemm wgmma nn long k 72x136x520 bf16": transposed((72, 520), (520, 136), BF16, BF16),
         "gemm wgmma tt long k batched 2x64x200x456 f16 -> f32": transposed((2, 64, 456), (456, 200), F16, F32,
@@ -177,6 +177,7 @@ def _wgmma_gemm_ops() -> dict[str, KernelOp]:
         "gemm wgmma tn ragged long k 70x130x450 bf16 bias": transposed((70, 450), (450, 130), BF16, BF16, trans_a=True,
                                                                        extra=[((130,), BF16)], has_bias=True),
         "gemm wgmma nt long k 96x144x1040 e4m3 -> f32": transposed((96, 1040), (1040, 144), E4M3, F32, trans_b=True),
+        "bias grad tn wgmma long k 72x520x136 bf16": bias_grad_transposed(72, 520, 136, BF16),
     }
 
 

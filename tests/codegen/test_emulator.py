@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tessera_rw.codegen import emulator
-from tessera_rw.codegen.compile import KernelSource
+from tessera_rw.codegen.compile import KernelSource, compile_cuda
 from tessera_rw.codegen.emulator import EmulatorError, build, run_emulated
 
 pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
@@ -287,3 +287,97 @@ def test_a_library_call_has_no_kernel_to_emulate():
     op = of("rfft", TensorType((4, 64), DType.float32), n=64, axis=1, norm="backward")
     with pytest.raises(EmulatorError, match="no generated kernel"):
         run_emulated(op, [np.ones((4, 64), np.float32)])
+
+
+# One m64n128k16 wgmma on tiles laid out as the PTX ISA's 128-byte swizzle figures draw them,
+# written here element by element, independently of emulator_ptx.h: 128-byte shared rows, the
+# 16-byte chunk c of row r stored at chunk c ^ (r % 8). K-major: one row per m (n), k along it.
+# MN-major: one row per k, 64 values of m (n) along it, the next 64 LBO bytes on. The accumulator
+# layout is the figure's: warp w, lane 4g + t holds d[4j + e] = D(16w + g + 8(e/2), 8j + 2t + e%2).
+WGMMA = r"""
+__device__ __forceinline__ unsigned long long check_desc(const void* tile, unsigned leading, unsigned stride) {
+    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
+         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ int check_at(int row, int byte) { return row * 128 + ((((byte / 16) ^ row) & 7) * 16) + byte % 16; }
+
+extern "C" __global__ void KERNEL(const bf16_t* A, const bf16_t* B, float* D) {
+    extern __shared__ __align__(16) unsigned char raw[];
+    unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    unsigned char* b = a + 8192;
+    for (int i = threadIdx.x; i < 64 * 16; i += 128) {           // A(m, k), 64 x 16
+        const int m = i / 16, k = i % 16;
+        const int at = TA ? check_at(k, 2 * m) : check_at(m, 2 * k);
+        *(bf16_t*)(a + at) = A[i];
+    }
+    for (int i = threadIdx.x; i < 16 * 128; i += 128) {          // B(k, n), 16 x 128
+        const int k = i / 128, n = i % 128;
+        const int at = TB ? (n / 64) * 2048 + check_at(k, 2 * (n % 64)) : check_at(n, 2 * k);
+        *(bf16_t*)(b + at) = B[i];
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float d[64];
+    for (int e = 0; e < 64; ++e) d[e] = 1.0f;
+    wgmma_fence();
+    wgmma_m64n128k16_bf16<TA, TB>(d, check_desc(a, 2048, 1024), check_desc(b, 2048, 1024));
+    wgmma_commit();
+    BEFORE_WAIT
+    wgmma_wait<0>();
+    const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int e = 0; e < 64; ++e) D[(16 * w + g + 8 * (e % 4 / 2)) * 128 + 8 * (e / 4) + 2 * t + e % 2] = d[e];
+}
+"""
+
+
+def run_wgmma(ta: int, tb: int, before_wait: str = "", name: str = ""):
+    name = name or f"wgmma_check_{ta}{tb}"
+    body = WGMMA.replace("KERNEL", name).replace("TA", str(ta)).replace("TB", str(tb)).replace(
+        "BEFORE_WAIT", before_wait)
+    rng = np.random.default_rng(ta * 2 + tb)
+    a = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((16, 128)).astype(ml_dtypes.bfloat16)
+    source = KernelSource(name, body, threads=128, dynamic_smem=8192 + 4096 * 4 + 1024, target="sm_90a")
+    d = np.full((64, 128), np.nan, np.float32)
+    build(source)([a, b, d])
+    return a, b, d
+
+
+@pytest.mark.parametrize("ta, tb", [(0, 0), (0, 1), (1, 0), (1, 1)], ids=["kk", "k-mn", "mn-k", "mn-mn"])
+def test_wgmma_reads_128_byte_swizzled_operands_through_their_descriptors(ta, tb):
+    a, b, d = run_wgmma(ta, tb)
+    np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-5, atol=1e-5)
+    # the same text is a kernel NVRTC builds for sm_90a
+    name = f"wgmma_check_{ta}{tb}"
+    body = WGMMA.replace("KERNEL", name).replace("TA", str(ta)).replace("TB", str(tb)).replace("BEFORE_WAIT", "")
+    assert compile_cuda(KernelSource(name, body, threads=128, target="sm_90a"), "sm_90").arch == "sm_90a"
+
+
+def test_wgmma_accumulators_read_before_the_wait_hold_their_old_values():
+    early = ("{ const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;\n"
+             "for (int e = 0; e < 64; ++e) D[(16 * w + g + 8 * (e % 4 / 2)) * 128 + 8 * (e / 4) + 2 * t + e % 2] = d[e];\n"
+             "return; }")
+    _, _, d = run_wgmma(0, 0, early, "wgmma_early_read")
+    assert np.all(d == 1.0)       # the product lands in the registers at the wait, not before
+
+
+def test_shared_memory_changed_under_an_issued_wgmma_stops_the_run():
+    with pytest.raises(EmulatorError, match="changed before wgmma.wait_group"):
+        run_wgmma(0, 0, "if (threadIdx.x == 0) *(bf16_t*)a ^= 0x8000;", "wgmma_store_under")
+    with pytest.raises(EmulatorError, match="cp.async: writes shared memory that an issued wgmma still reads"):
+        run_wgmma(0, 1, "cp_async_16(b + 16 * threadIdx.x, B, 16); cp_async_commit();", "wgmma_copy_under")
+
+
+def test_a_wgmma_tile_not_aligned_to_its_swizzle_atom_reads_the_wrong_elements():
+    # the tiles start 16 bytes past a 1024-byte boundary: the kernel's swizzle and the hardware's disagree
+    body_shift = "unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023) + 16;"
+    name = "wgmma_misaligned"
+    source = WGMMA.replace("unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);", body_shift)
+    assert source != WGMMA
+    body = source.replace("KERNEL", name).replace("TA", "0").replace("TB", "0").replace("BEFORE_WAIT", "")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((16, 128)).astype(ml_dtypes.bfloat16)
+    d = np.full((64, 128), np.nan, np.float32)
+    build(KernelSource(name, body, threads=128, dynamic_smem=8192 + 4096 * 4 + 1024, target="sm_90a"))([a, b, d])
+    assert not np.allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-3, atol=1e-3)

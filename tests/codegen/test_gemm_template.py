@@ -171,3 +171,17 @@ def test_emit_refuses_what_it_does_not_accept():
         T.emit(mm((64,), (64, 64)), GemmSchedule(), h100)
     with pytest.raises(TesseraError, match="GemmSimtSchedule"):
         T.emit(mm((64, 64), (64, 64), DType.float32), GemmSchedule(), h100)
+
+
+def test_a_warpgroup_mma_kernel_builds_for_sm_90a_only():
+    from tessera_rw.codegen.compile import CompileError, compile_cuda
+    h100 = arch_named("h100")
+    op = mm((512, 512), (512, 512))
+    source = T.emit(op, T.schedules(op, h100)[0], h100)
+    assert source.target == "sm_90a" and compile_cuda(source, "sm_90").arch == "sm_90a"
+    with pytest.raises(CompileError, match="sm_90a-only instructions and cannot be built for sm_80"):
+        compile_cuda(source, "sm_80")
+    # nor is a warpgroup schedule emitted for an arch without warpgroup MMAs
+    from tessera_rw.algebra.errors import TesseraError
+    with pytest.raises(TesseraError, match="needs sm_90 warpgroup MMAs"):
+        T.emit(op, T.schedules(op, h100)[0], arch_named("a100"))

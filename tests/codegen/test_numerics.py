@@ -150,8 +150,9 @@ def test_fp32_gemm_stays_exact_fp32_simt_without_fast():
         assert isinstance(s, GemmSimtSchedule) and "mma_" not in source.source and not source.fast_math
         assert t.resources(op, s, H100).unit is MathUnit.FP32
     bf16 = matmul(1024, 1024, 1024, BF16, FAST)     # 16-bit operands: the same mma, only fast math changes
-    source = t.emit(bf16, t.schedules(bf16, H100)[0], H100)
-    assert "mma_bf16_16816(" in source.source and source.fast_math
+    for arch, mma in ((arch_named("A100-SXM"), "mma_bf16_16816("), (H100, "wgmma_m64n256k16_bf16<")):
+        source = t.emit(bf16, t.schedules(bf16, arch)[0], arch)
+        assert mma in source.source and source.fast_math
 
 
 def test_ragged_tf32_gemm_copies_elementwise():

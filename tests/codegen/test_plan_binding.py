@@ -11,6 +11,7 @@ from tessera_rw import numerics, op
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen import emulator, library_kernels
 from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.calibration import arch_for_sm
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
@@ -55,11 +56,12 @@ def placeholders(*shapes, dtype="bf16"):
 @pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
 def test_plans_bind_and_every_kernel_compiles_without_spills(kernel, shapes, kinds, sm):
     plan = kernel.program(*placeholders(*shapes)).plan
-    bound = bind_plan(plan, H100)
+    arch = arch_for_sm(sm)
+    bound = bind_plan(plan, arch)
     assert [b.kind for b in bound] == kinds
     for b in bound:
         assert b.schedule in b.schedules
-        source, compiled = b.compile(H100, sm)
+        source, compiled = b.compile(arch, sm)
         assert compiled.spill_bytes == 0, (b.op, compiled.spill_bytes)
         assert source.source.startswith(f"// {b.op.op}(")
 

@@ -2,7 +2,9 @@
 
 One kernel per template (its first sample at its first default schedule on H100-SXM), plus the code
 paths a first sample does not reach: the GEMM with a bias + GELU epilogue and with a GELU derivative
-epilogue, GEMMs reading a transposed operand in place, causal attention, the masked attention backward, depthwise convolution. A template change
+epilogue, GEMMs reading a transposed operand in place, causal attention, the masked attention backward,
+depthwise convolution; and the 16-bit GEMMs on A100-SXM, where they run on mma.sync (on H100 they
+run on warpgroup MMAs). A template change
 that alters generated code shows up as a diff in review; when the change is meant, accept it with
 
     TESSERA_UPDATE_SNAPSHOTS=1 python -m pytest -q tests/codegen/test_source_snapshots.py
@@ -22,7 +24,7 @@ import pytest
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.codegen.templates.registry import templates
@@ -39,6 +41,7 @@ class Case(NamedTuple):
     template: Template
     op: KernelOp
     label: str | None       # what tells this kernel from another of its kind, dtype and fusions
+    arch: ArchSpec = ARCH
 
     @property
     def file(self) -> str:
@@ -69,14 +72,21 @@ EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
     ("masked attention backward", lambda op: op.op == "flash_attention_bwd" and op.attr_map["has_mask"], None),
     ("depthwise convolution", _depthwise, "depthwise"),
 )
+# ... and on sm_80, where 16-bit GEMMs run on mma.sync (sm_90's first schedules are warpgroup MMAs)
+EXTRA_SM80: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
+    ("bf16 matmul", lambda op: op.op == "matmul" and op.operands[0].dtype is DType.bfloat16, "mma_sync"),
+    ("gemm with a bias + gelu epilogue",
+     lambda op: op.op == "gemm" and op.attr_map["has_bias"] and op.attr_map["activation"] == "gelu", "mma_sync"),
+)
 
 
 def cases() -> list[Case]:
     found = [Case(t, t.samples()[0], None) for t in templates() if t.samples()]
-    for what, wanted, label in EXTRA:
-        match = next((Case(t, op, label) for t in templates() for op in t.samples() if wanted(op)), None)
-        assert match is not None, f"no template sample is a {what}; the snapshot of that code path needs one"
-        found.append(match)
+    for extra, arch in ((EXTRA, ARCH), (EXTRA_SM80, arch_named("A100-SXM"))):
+        for what, wanted, label in extra:
+            match = next((Case(t, op, label, arch) for t in templates() for op in t.samples() if wanted(op)), None)
+            assert match is not None, f"no template sample is a {what}; the snapshot of that code path needs one"
+            found.append(match)
     return found
 
 
@@ -99,7 +109,7 @@ def _diff(old: str, new: str, name: str) -> str:
 
 def _source(case: Case) -> str:
     try:
-        source = case.template.emit(case.op, case.template.schedules(case.op, ARCH)[0], ARCH).source
+        source = case.template.emit(case.op, case.template.schedules(case.op, case.arch)[0], case.arch).source
     except LibraryKernelError as e:
         pytest.skip(f"{case.op.op} is a library call, no generated source: {e}")
     return source if source.endswith("\n") else source + "\n"

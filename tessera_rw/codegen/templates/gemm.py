@@ -1,13 +1,16 @@
 """GEMM: matmul, gemm (act(scale · a @ b + bias) + residual, cast) and matmul_bias_grad ([a; 1ᵀ] @ b)
 as one kernel per product.
 
-Two code paths. bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
+Three code paths. On sm_90, bf16/fp16 operands (any layout) and fp8 ones stored with k contiguous
+run on warpgroup MMAs (gemm_wgmma_cuda.py: wgmma reading both operands from 128-byte swizzled
+shared memory, built for sm_90a); their schedules (WgmmaSchedule) come first there, the mma.sync
+ones after. Everywhere, bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
 fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
 pipeline of `stages` buffers. fp8 operands (e4m3 or e5m2, both the same; sm_89 and newer) take
 the same kernel with mma.sync m16n8k32 and write bf16, fp16 or fp32. float32 operands run a SIMT FFMA kernel (full fp32 products, as
 numpy gives), except under the `fast` numerics policy: then they take the tensor-core path in
 tf32 (mma.sync m16n8k8, operands rounded by cvt.rna.tf32.f32, fp32 accumulation), about 7x the
-FFMA peak for a relative error near 1e-3 of the output's scale. Both keep the epilogue in
+FFMA peak for a relative error near 1e-3 of the output's scale. All keep the epilogue in
 registers and write the result once.
 An operand stored transposed (trans_a: A as [K, M], trans_b: B as [N, K], what a backward pass's
 Xᵀ and Wᵀ are) is read in place: its tiles are loaded as they lie and ldmatrix transposes them on
@@ -21,6 +24,8 @@ with one more row of A, all ones, that no load reads: its tiles fill that row in
 >>> t = TensorType((256, 256), DType.bfloat16)
 >>> op = KernelOp.of("matmul", (t, t), t, accum_dtype=None)
 >>> GemmTemplate().schedules(op, arch_named("h100"))[0].describe()
+'bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4'
+>>> GemmTemplate().schedules(op, arch_named("a100"))[0].describe()
 'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3'
 """
 
@@ -40,7 +45,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
-from tessera_rw.codegen.prelude import WGMMA_WIDTHS
+from tessera_rw.codegen.prelude import HOPPER_TARGET, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, WgmmaSchedule, blocks_per_sm,
                                                          registers, smem_bytes)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
@@ -258,7 +263,7 @@ class GemmTemplate(Template):
         fast = op.numerics is Numerics.FAST
         if isinstance(schedule, WgmmaSchedule):
             return KernelSource(name, header + emit_wgmma(p, schedule, name), schedule.threads, grid=grid,
-                                dynamic_smem=smem_bytes(p, schedule), fast_math=fast, arch_specific=True)
+                                dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET)
         body = emit_tensor_core(p, schedule, name) if p.tensor_core else emit_simt(p, schedule, name)
         return KernelSource(name, header + body, schedule.threads, grid=grid, fast_math=fast)
 
@@ -334,9 +339,9 @@ class GemmTemplate(Template):
 
 
 def _warpgroup_mma(p: GemmProblem, arch: ArchSpec) -> bool:
-    """Whether the product can run on sm_90's warpgroup MMAs: 16-bit operands in any layout, fp8 ones
-    with k contiguous in both (A as [M, K], B as [N, K]); not the ones row of a bias gradient."""
-    if arch.compute_capability != (9, 0) or p.tf32 or p.bias_grad or p.in_dtype not in TENSOR_CORE_DTYPES:
+    """Whether the product can run on sm_90's warpgroup MMAs: 16-bit operands in any layout (a bias
+    gradient's too), fp8 ones with k contiguous in both (A as [M, K], B as [N, K])."""
+    if arch.compute_capability != (9, 0) or p.tf32 or p.in_dtype not in TENSOR_CORE_DTYPES:
         return False
     return not p.fp8 or (not p.trans_a and p.trans_b)
 
@@ -372,7 +377,10 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     or less than modelled (16-wide warp tiles, deep k-tiles, 128-thread SIMT blocks with bk=16), so
     a tuner would time spilling kernels or trust a wrong occupancy."""
     if isinstance(s, WgmmaSchedule):
-        return True
+        # 4 warpgroups allocate a third more than modelled; fp8 rows copied byte by byte crowd
+        # 255 registers past 8 chunks a thread or 4 stages
+        chunks = (s.bm + s.bn) * 8 // s.threads
+        return s.threads <= 256 and (p.rows_aligned or not p.fp8 or (chunks <= 8 and s.stages <= 4))
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):
         warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n

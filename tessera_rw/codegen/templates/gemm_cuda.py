@@ -128,6 +128,17 @@ def launch_comment(p: GemmProblem, s: Schedule, name: str, signature: str) -> st
             f"no dynamic shared memory)\n// arguments: {signature}\n")
 
 
+def block_origin(ctype: str) -> str:
+    """The kernel lines placing a block: its tile's first row m0 and column n0, its batch z, and
+    the batch's A and B (of C type `ctype`) at Ab and Bb."""
+    return f"""    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
+    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
+    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
+    const int z = blockIdx.x / (TILES_N * TILES_M);
+    const {ctype}* Ab = A + gemm_boff_a(z);
+    const {ctype}* Bb = B + gemm_boff_b(z);"""
+
+
 def a_rows_name(p: GemmProblem) -> str:
     """The constant the kernel calls A's rows by: M, or MA below the ones row of a bias gradient."""
     return "MA" if p.bias_grad else "M"

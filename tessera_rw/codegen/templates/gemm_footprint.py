@@ -85,7 +85,11 @@ def registers(p: GemmProblem, s: Schedule) -> int:
     bytes instead of its chunks, and about 16 more for its addresses and byte transposes; sm_90
     unpacks each fragment word into two fp16 pairs for the fp16 MMAs its mma.sync runs as, so
     fragments take about twice the registers (x2.25). Calibrated on sm_90 only: sm_89 runs fp8
-    natively and ptxas allocates differently there (more than this for ragged 128x64 tiles). SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
+    natively and ptxas allocates differently there (more than this for ragged 128x64 tiles).
+    wgmma (sm_90): (bm/wg_m) x (bn/wg_n) / 128 accumulators per thread and no fragment registers
+    (both operands are read from shared memory), plus each cp.async chunk's addressing, which
+    ptxas keeps leaner here (~5.5 a chunk; ~11 copied element-wise, ~17 byte by byte) and drops
+    when the prologue issues every tile. SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
     the registers staging the next tile, and a fixed loop overhead.
     """
     if isinstance(s, GemmSchedule):
@@ -102,9 +106,11 @@ def registers(p: GemmProblem, s: Schedule) -> int:
         return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + staging + _TC_OVERHEAD
     if isinstance(s, WgmmaSchedule):
         accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
+        if -(-p.k // s.bk) <= s.stages - 2:   # every k-tile issued in the prologue: no loads in the loop
+            return accumulators + _WGMMA_PROLOGUE_ONLY
         chunks = (s.bm + s.bn) * s.bk * p.in_dtype.itemsize // 16 // s.threads
-        per_chunk = _CHUNK_REGISTERS if p.rows_aligned else _CHUNK_REGISTERS_COPY8
-        return accumulators + per_chunk * chunks + _WGMMA_OVERHEAD
+        per_chunk = _WGMMA_CHUNK if p.rows_aligned else _WGMMA_CHUNK_BYTES if p.fp8 else _WGMMA_CHUNK_COPY
+        return accumulators + math.ceil(per_chunk * chunks) + _WGMMA_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
     # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
     # so one set of coordinates serves the two
@@ -121,7 +127,11 @@ _FRAG_REUSE_FP8 = 2.25  # fp8 on sm_90: mma.sync runs as fp16 MMAs, each fragmen
 _STAGED_UNIT = 16      # fp8 staged through registers: a unit's 4 k-rows of 16 bytes, live across the MMAs
 _STAGED_ADDRESSING = 16  # a staged operand's row addresses, predicates and byte-transpose temporaries
 _TC_OVERHEAD = -8      # the chunk term over-counts shared row/column bases; net of tile origins and counters
-_WGMMA_OVERHEAD = 16    # descriptors, tile origins, loop counters of the wgmma kernel
+_WGMMA_CHUNK = 5.5      # wgmma kernel, per cp.async chunk: no fragments compete, so ptxas keeps less per chunk
+_WGMMA_CHUNK_COPY = 11  # wgmma kernel, per chunk copied element-wise through registers
+_WGMMA_CHUNK_BYTES = 17  # wgmma kernel, per fp8 chunk copied byte by byte
+_WGMMA_OVERHEAD = 20    # wgmma kernel: descriptors, tile origins, loop counters
+_WGMMA_PROLOGUE_ONLY = 28  # wgmma kernel whose k-loop issues no loads: descriptors and epilogue addressing
 _SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
 _SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
-from tessera_rw.codegen.templates.gemm_cuda import CTYPE, a_rows_name, common, launch_comment, ones_row_decl
+from tessera_rw.codegen.templates.gemm_cuda import (CTYPE, a_rows_name, block_origin, common, launch_comment,
+                                                 ones_row_decl)
 from tessera_rw.codegen.templates.gemm_problem import CP_ASYNC_BYTES
 
 if TYPE_CHECKING:
@@ -276,12 +277,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     __shared__ __align__(128) {t} sB[STAGES * BK * BN];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm0 = (warp / WARPS_N) * WARP_M, wn0 = (warp % WARPS_N) * WARP_N;
-    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
-    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
-    const {t}* Ab = A + gemm_boff_a(z);
-    const {t}* Bb = B + gemm_boff_b(z);
+{block_origin(t)}
 
     // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
     auto load_tile = [&](int stage, int kt) {{

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.codegen.templates.gemm_cuda import a_rows_name, common, launch_comment, ones_row_decl
+from tessera_rw.codegen.templates.gemm_cuda import a_rows_name, block_origin, common, launch_comment, ones_row_decl
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm import GemmSimtSchedule
@@ -58,12 +58,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     __shared__ __align__(16) float sA[2][BK][BM + PAD];
     __shared__ __align__(16) float sB[2][BK][BN];
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
-    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
-    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
-    const float* Ab = A + gemm_boff_a(z);
-    const float* Bb = B + gemm_boff_b(z);
+{block_origin("float")}
     float ra[LA], rb[LB];
     auto fetch = [&](int k0) {{   // the next tile into registers, zeros past the edges
         #pragma unroll

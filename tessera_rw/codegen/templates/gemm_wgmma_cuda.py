@@ -13,7 +13,8 @@ or 128 fp8 values) in 1024-byte atoms of 8 rows whose 16-byte chunks are XOR-swi
   the k-step's descriptor starts 16 rows further down.
 
 fp8 wgmma takes K-major operands only, so fp8 products with a transposed-across-k operand stay on
-mma.sync (gemm_mma_cuda.py). The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs:
+mma.sync (gemm_mma_cuda.py). A bias gradient's row of ones under A is written into each tile by
+plain stores, as the mma kernel does (fenced like the copies before the tensor cores read it). The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs:
 wgmma runs asynchronously, one k-tile's group still in flight while the next is issued, so the
 stage a refill overwrites is the one read two tiles back, retired by every warpgroup before the
 barrier that precedes the refill. cp.async writes through the generic proxy and wgmma reads
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.prelude import wgmma_name
-from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common, launch_comment
+from tessera_rw.codegen.templates.gemm_cuda import (CTYPE, a_rows_name, block_origin, common, launch_comment,
+                                                 ones_row_decl)
 from tessera_rw.codegen.templates.gemm_mma_cuda import chunk_copy, helpers, store_pair
 
 if TYPE_CHECKING:
@@ -51,32 +53,38 @@ __device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }"""
 def _load(p: GemmProblem, operand: str) -> str:
     """The loop copying one stage's tile of `operand` (A or B) into d{operand} in wgmma's layout."""
     k_major = (not p.trans_a) if operand == "A" else p.trans_b
-    extent, origin, limit = ("BM", "m0", "M") if operand == "A" else ("BN", "n0", "N")
-    src = f"{operand}b"
+    # the stored rows of A: MA under a bias gradient's ones row (row MA of the product's A)
+    extent, origin, limit = ("BM", "m0", a_rows_name(p)) if operand == "A" else ("BN", "n0", "N")
+    src, ones = f"{operand}b", operand == "A" and p.bias_grad
     if k_major:
         # rows along M (N), 8 chunks of k each; B as [N, K] or A as [M, K]
-        left, ok = f"kv = K - (k0 + c * EL)", f"{origin} + r < {limit} && kv > 0"
+        left, ok = "kv = K - (k0 + c * EL)", f"{origin} + r < {limit} && kv > 0"
         at = f"{src} + ({origin} + r) * K + k0 + c * EL"
         dst = f"d{operand} + r * ROW + gemm_swz(r, c) * EL"
         rows, chunks, note = extent, "8", "k-runs of one row each"
+        one = f"if (m0 + r == MA) gemm_ones8({dst}, kv);"          # the ones row: K - k0 ones, then zeros
     else:
         # rows along k, 64-wide blocks of M (N) one after another, BK rows apart
-        left, ok = f"mv = {limit} - ({origin} + c * EL)", f"k0 + r < K && mv > 0"
+        valid = f"{limit[0].lower()}v"      # mv or nv: elements of the stored row from chunk c on
+        left, ok = f"{valid} = {limit} - ({origin} + c * EL)", f"k0 + r < K && {valid} > 0"
         at = f"{src} + (k0 + r) * {limit} + {origin} + c * EL"
         dst = f"d{operand} + (c / 8) * BK * ROW + r * ROW + gemm_swz(r, c % 8) * EL"
         rows, chunks, note = "BK", f"({extent} / EL)", f"{extent}-runs of one k each"
+        one = f"if (k0 + r < K && mv >= 0 && mv < EL) gemm_one_after8({dst}, {at}, mv);"   # the one after row k's M
     copy, size = chunk_copy(p, left.split()[0])
+    prefix = f"{one}\n            else " if ones else ""
     return f"""#pragma unroll
         for (int i = 0; i < {rows} * {chunks} / THREADS; ++i) {{   // {note}
             const int id = tid + i * THREADS, r = id / {chunks}, c = id % {chunks}, {left};
             const bool ok = {ok};
-            {copy}({dst}, ok ? {at} : {src}, {size});
+            {prefix}{copy}({dst}, ok ? {at} : {src}, {size});
         }}"""
 
 
 def _descriptors(p: GemmProblem) -> tuple[str, str]:
     """(A's descriptor for slab i and k-step ks, B's for k-step ks) in the current stage cA / cB."""
-    # K-major: the slab's first row, KS values along it; MN-major: its 64-wide block, KS rows down
+    # K-major: the slab's first row, KS values along it (the leading offset unused: 1 by convention);
+    # MN-major: its 64-wide block, KS rows down, the next block BK rows on
     a = ("gemm_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM)" if not p.trans_a
          else "gemm_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
     b = ("gemm_desc(cB + wn0 * ROW + ks * KS, 16, ATOM)" if p.trans_b
@@ -99,7 +107,7 @@ def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
 {_DESCRIPTOR}
 
 extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
-    constexpr int M = {p.m}, N = {p.n}, K = {p.k};
+    constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_row_decl(p)}
     constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, STAGES = {s.stages}, THREADS = {s.threads};
     constexpr int WG_N = {s.wg_n}, WARPGROUP_M = BM / {s.wg_m}, WARPGROUP_N = BN / WG_N;
     constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = {el}, ROW = BK, KS = {32 // p.in_dtype.itemsize};
@@ -111,12 +119,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
     {t}* const sB = sA + STAGES * BM * BK;
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
-    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
-    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
-    const {t}* Ab = A + gemm_boff_a(z);
-    const {t}* Bb = B + gemm_boff_b(z);
+{block_origin(t)}
 
     // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
     auto load_tile = [&](int stage, int kt) {{
@@ -149,6 +152,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
         cp_async_commit();
         const {t}* cA = sA + (kt % STAGES) * BM * BK;
         const {t}* cB = sB + (kt % STAGES) * BK * BN;
+        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
         wgmma_fence();
         #pragma unroll
         for (int ks = 0; ks < BK / KS; ++ks)
@@ -157,8 +161,10 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
                 {mma}(&acc[i][0][0], {desc_a}, {desc_b});
         wgmma_commit();
         wgmma_wait<1>();               // tile kt - 1's MMAs are done; tile kt's run on
+        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
     }}
     wgmma_wait<0>();
+    wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
     cp_async_wait<0>();
 
     // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j

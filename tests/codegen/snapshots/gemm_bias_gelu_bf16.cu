@@ -1,6 +1,6 @@
 // gemm(bf16[2048,1024], bf16[1024,4096], bf16[4096], activation='gelu', dtype=<DType.bfloat16: 'bfloat16'>, has_bias=True, scale=1.0) -> bf16[2048,4096]
-// kernel kind gemm, fused ['bias', 'gelu'], schedule bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3, H100-SXM
-// launch: gemm_bf16_bf16_gelu_b_1x2048x4096x1024_128x128x32x2x2x3<<<512, 128>>> (a 1-d grid of resources().blocks, no dynamic shared memory)
+// kernel kind gemm, fused ['bias', 'gelu'], schedule bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4, H100-SXM
+// launch: gemm_bf16_bf16_gelu_b_1x2048x4096x1024_128x256x64x2x1x4<<<256, 256>>> (a 1-d grid of resources().blocks, 197632 bytes of dynamic shared memory)
 // arguments: const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const bf16_t* __restrict__ bias, bf16_t* __restrict__ C
 __device__ __forceinline__ long long gemm_boff_a(int z) { return 0LL; }
 __device__ __forceinline__ long long gemm_boff_b(int z) { return 0LL; }
@@ -13,20 +13,27 @@ __device__ __forceinline__ float gemm_epilogue(float v, int z, int r, int c, con
 }
 
 
-// XOR swizzle of 16-byte chunks: the rows one fragment read touches land in distinct bank groups
-__device__ __forceinline__ int gemm_swz_a(int r, int c) { return c ^ ((r / 2) & 3); }
-__device__ __forceinline__ int gemm_swz_b(int r, int c) { return c ^ ((r / 1) & 7); }
+// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units), 128-byte swizzle
+__device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
+    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
+         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+// where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
+__device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }
 
-extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_gelu_b_1x2048x4096x1024_128x128x32x2x2x3(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const bf16_t* __restrict__ bias, bf16_t* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_gelu_b_1x2048x4096x1024_128x256x64x2x1x4(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, const bf16_t* __restrict__ bias, bf16_t* __restrict__ C) {
     constexpr int M = 2048, N = 4096, K = 1024;
-    constexpr int BM = 128, BN = 128, BK = 32, STAGES = 3, THREADS = 128;
-    constexpr int WARP_M = 64, WARP_N = 64, WARPS_N = 2;
-    constexpr int MI = WARP_M / 16, NI = WARP_N / 8, CA = 4, CB = 16, EL = 8;
+    constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 256;
+    constexpr int WG_N = 1, WARPGROUP_M = BM / 2, WARPGROUP_N = BN / WG_N;
+    constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = 8, ROW = BK, KS = 16;
+    constexpr unsigned ROW_BYTES = 128, ATOM = 1024;
     constexpr int KT = (K + BK - 1) / BK;
-    __shared__ __align__(128) bf16_t sA[STAGES * BM * BK];
-    __shared__ __align__(128) bf16_t sB[STAGES * BK * BN];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm0 = (warp / WARPS_N) * WARP_M, wn0 = (warp % WARPS_N) * WARP_N;
+    // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
+    extern __shared__ __align__(16) unsigned char gemm_smem[];
+    bf16_t* const sA = (bf16_t*)(gemm_smem + ((ATOM - (smem_addr(gemm_smem) & (ATOM - 1))) & (ATOM - 1)));
+    bf16_t* const sB = sA + STAGES * BM * BK;
+    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
     // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
     const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
@@ -39,17 +46,17 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_gelu_b_1x2048x4
         const int k0 = kt * BK;
         bf16_t* dA = sA + stage * BM * BK;
         #pragma unroll
-        for (int i = 0; i < BM * CA / THREADS; ++i) {
-            const int id = tid + i * THREADS, r = id / CA, c = id % CA, kv = K - (k0 + c * EL);
+        for (int i = 0; i < BM * 8 / THREADS; ++i) {   // k-runs of one row each
+            const int id = tid + i * THREADS, r = id / 8, c = id % 8, kv = K - (k0 + c * EL);
             const bool ok = m0 + r < M && kv > 0;
-            cp_async_16(dA + r * BK + gemm_swz_a(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, ok ? 16 : 0);
+            cp_async_16(dA + r * ROW + gemm_swz(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, ok ? 16 : 0);
         }
         bf16_t* dB = sB + stage * BK * BN;
         #pragma unroll
-        for (int i = 0; i < BK * CB / THREADS; ++i) {
-            const int id = tid + i * THREADS, r = id / CB, c = id % CB, nv = N - (n0 + c * EL);
+        for (int i = 0; i < BK * (BN / EL) / THREADS; ++i) {   // BN-runs of one k each
+            const int id = tid + i * THREADS, r = id / (BN / EL), c = id % (BN / EL), nv = N - (n0 + c * EL);
             const bool ok = k0 + r < K && nv > 0;
-            cp_async_16(dB + r * BN + gemm_swz_b(r, c) * EL, ok ? Bb + (k0 + r) * N + n0 + c * EL : Bb, ok ? 16 : 0);
+            cp_async_16(dB + (c / 8) * BK * ROW + r * ROW + gemm_swz(r, c % 8) * EL, ok ? Bb + (k0 + r) * N + n0 + c * EL : Bb, ok ? 16 : 0);
         }
     };
 
@@ -62,42 +69,35 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_gelu_b_1x2048x4
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
     #pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
+    for (int st = 0; st < STAGES - 2; ++st) {
         if (st < KT) load_tile(st, st);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 2>();   // tile kt has landed
-        __syncthreads();               // and every warp is done with the stage refilled next
-        const int next = kt + STAGES - 1;
-        if (next < KT) load_tile(next % STAGES, next);
+        cp_async_wait<STAGES - 3>();   // tile kt has landed
+        fence_proxy_async();           // where the tensor cores read it
+        __syncthreads();               // for every thread; and every warpgroup has retired tile kt - 2's MMAs
+        const int next = kt + STAGES - 2;
+        if (next < KT) load_tile(next % STAGES, next);   // into tile kt - 2's stage
         cp_async_commit();
         const bf16_t* cA = sA + (kt % STAGES) * BM * BK;
         const bf16_t* cB = sB + (kt % STAGES) * BK * BN;
+        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
+        wgmma_fence();
         #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-            unsigned af[MI][4], bf[NI][2];
-            #pragma unroll
-            for (int i = 0; i < MI; ++i) {   // x4: rows 0-7 / 8-15 of chunks 2ks and 2ks+1, as the mma lays A out
-                const int r = wm0 + i * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
-                ldmatrix_x4(af[i], cA + r * BK + gemm_swz_a(r, c) * EL);
-            }
-            #pragma unroll
-            for (int j = 0; j < NI; j += 2) {
-                const int r = ks * 16 + (lane & 15), c = (wn0 + j * 8) / 8 + (lane >> 4);
-                unsigned q[4];
-                ldmatrix_x4_trans(q, cB + r * BN + gemm_swz_b(r, c) * EL);
-                bf[j][0] = q[0]; bf[j][1] = q[1]; bf[j + 1][0] = q[2]; bf[j + 1][1] = q[3];
-            }
+        for (int ks = 0; ks < BK / KS; ++ks)
             #pragma unroll
             for (int i = 0; i < MI; ++i)
-                #pragma unroll
-                for (int j = 0; j < NI; ++j) mma_bf16_16816(acc[i][j], af[i], bf[j]);
-        }
+                wgmma_m64n256k16_bf16<0, 1>(&acc[i][0][0], gemm_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM), gemm_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM));
+        wgmma_commit();
+        wgmma_wait<1>();               // tile kt - 1's MMAs are done; tile kt's run on
+        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
     }
+    wgmma_wait<0>();
+    wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
     cp_async_wait<0>();
 
-    // accumulator (i, j, e): row group lane/4 (+8 for e >= 2), column pair 2*(lane%4)
+    // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j
     const long long cz = gemm_boff_c(z);
     #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_gelu_b_1x2048x4
         for (int j = 0; j < NI; ++j)
             #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int r = m0 + wm0 + i * 16 + h * 8 + (lane >> 2);
+                const int r = m0 + wm0 + i * 64 + warp * 16 + h * 8 + (lane >> 2);
                 const int c = n0 + wn0 + j * 8 + (lane & 3) * 2;
                 if (r < M && c < N) {
                     const long long o = cz + (long long)r * N + c;
