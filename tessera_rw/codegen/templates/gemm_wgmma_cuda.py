@@ -14,10 +14,11 @@ or 128 fp8 values) in 1024-byte atoms of 8 rows whose 16-byte chunks are XOR-swi
 
 fp8 wgmma takes K-major operands only, so fp8 products with a transposed-across-k operand stay on
 mma.sync (gemm_mma_cuda.py). A bias gradient's row of ones under A is written into each tile by
-plain stores, as the mma kernel does (fenced like the copies before the tensor cores read it). The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs:
-wgmma runs asynchronously, one k-tile's group still in flight while the next is issued, so the
-stage a refill overwrites is the one read two tiles back, retired by every warpgroup before the
-barrier that precedes the refill. cp.async writes through the generic proxy and wgmma reads
+plain stores, as the mma kernel does (fenced like the copies before the tensor cores read it).
+
+The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs: wgmma runs asynchronously, one
+k-tile's group still in flight while the next is issued, so the stage a refill overwrites is the
+one read two tiles back, retired by every warpgroup before the barrier that precedes the refill. cp.async writes through the generic proxy and wgmma reads
 through the async one: each thread fences the proxies after its copies land, before that barrier.
 The epilogue is the mma kernel's: the wgmma accumulator layout per warp is mma.sync's m16n8.
 """
