@@ -154,9 +154,8 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned* r, const void* p) { 
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int valid) {
     if (valid < 0 || valid > 16) emu::fail("cp.async: the source size is not in 0..16");
     emu::require_aligned(dst, "cp.async: the shared address is not 16-byte aligned");
-    const unsigned char* arena = emu::dynamic_smem_arena();
-    if (arena && (unsigned char*)dst >= arena && (size_t)((unsigned char*)dst - arena) < emu::dynamic_smem_bytes()
-        && emu::block().async_reads[((unsigned char*)dst - arena) / 16])
+    const long at = emu::dynamic_smem_offset(dst);
+    if (at >= 0 && emu::block().async_reads[at / 16])
         emu::fail("cp.async: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group first)");
     if (valid) emu::require_aligned(src, "cp.async: the global address is not 16-byte aligned");
     emu::Copy c{dst, {}};
@@ -185,9 +184,8 @@ namespace emu {
 constexpr unsigned DYNAMIC_SMEM_WINDOW = 0x410;
 
 inline unsigned shared_address(const void* p) {
-    const unsigned char* arena = dynamic_smem_arena();
-    const size_t offset = (const unsigned char*)p - arena;
-    if (!arena || (const unsigned char*)p < arena || offset >= dynamic_smem_bytes())
+    const long offset = dynamic_smem_offset(p);
+    if (offset < 0)
         fail("smem_addr: not an address in dynamic shared memory (the only shared memory the emulator maps to addresses)");
     return DYNAMIC_SMEM_WINDOW + (unsigned)offset;
 }

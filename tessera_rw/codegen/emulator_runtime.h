@@ -146,6 +146,11 @@ inline Thread& self() { return *block().current; }
 // writing past what its launch asked for stops instead of reading the heap.
 inline unsigned char*& dynamic_smem_arena() { static unsigned char* arena = nullptr; return arena; }
 inline size_t& dynamic_smem_bytes() { static size_t bytes = 0; return bytes; }
+// where `p` lies in dynamic shared memory, in bytes from its start; -1 when it lies elsewhere
+inline long dynamic_smem_offset(const void* p) {
+    const unsigned char *arena = dynamic_smem_arena(), *at = (const unsigned char*)p;
+    return arena && at >= arena && (size_t)(at - arena) < dynamic_smem_bytes() ? (long)(at - arena) : -1;
+}
 inline void allocate_dynamic_smem(size_t bytes) {
     dynamic_smem_bytes() = bytes;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);

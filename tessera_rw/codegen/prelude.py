@@ -161,8 +161,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 def emulated_wgmma_helpers() -> str:
     """The wgmma helpers as the CPU emulator defines them (emulator_ptx.h's emu::wgmma), one per
     helper of HOPPER_HELPERS."""
-    kinds = {"bf16": "BF16", "f16": "F16", "e4m3": "E4M3", "e5m2": "E5M2"}
     return "".join(
         f"template <int TA, int TB> inline void {wgmma_name(n, kind)}(float* d, unsigned long long a, "
-        f"unsigned long long b) {{ emu::wgmma(d, a, b, {n}, {WGMMA_KINDS[kind]}, emu::WGMMA_{kinds[kind]}, TA, TB); }}\n"
+        f"unsigned long long b) {{ emu::wgmma(d, a, b, {n}, {WGMMA_KINDS[kind]}, emu::WGMMA_{kind.upper()}, "
+        f"TA, TB); }}\n"
         for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)

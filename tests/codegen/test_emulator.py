@@ -303,7 +303,7 @@ __device__ __forceinline__ int check_at(int row, int byte) { return row * 128 + 
 
 extern "C" __global__ void KERNEL(const bf16_t* A, const bf16_t* B, float* D) {
     extern __shared__ __align__(16) unsigned char raw[];
-    unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023) + SHIFT;
     unsigned char* b = a + 8192;
     for (int i = threadIdx.x; i < 64 * 16; i += 128) {           // A(m, k), 64 x 16
         const int m = i / 16, k = i % 16;
@@ -330,34 +330,32 @@ extern "C" __global__ void KERNEL(const bf16_t* A, const bf16_t* B, float* D) {
 """
 
 
-def run_wgmma(ta: int, tb: int, before_wait: str = "", name: str = ""):
+def run_wgmma(ta: int, tb: int, before_wait: str = "", name: str = "", shift: int = 0):
+    """Run WGMMA on random operands: (A, B, D, its source), the tiles `shift` bytes past an atom."""
     name = name or f"wgmma_check_{ta}{tb}"
     body = WGMMA.replace("KERNEL", name).replace("TA", str(ta)).replace("TB", str(tb)).replace(
-        "BEFORE_WAIT", before_wait)
+        "BEFORE_WAIT", before_wait).replace("SHIFT", str(shift))
     rng = np.random.default_rng(ta * 2 + tb)
     a = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((16, 128)).astype(ml_dtypes.bfloat16)
     source = KernelSource(name, body, threads=128, dynamic_smem=8192 + 4096 * 4 + 1024, target="sm_90a")
     d = np.full((64, 128), np.nan, np.float32)
     build(source)([a, b, d])
-    return a, b, d
+    return a, b, d, source
 
 
 @pytest.mark.parametrize("ta, tb", [(0, 0), (0, 1), (1, 0), (1, 1)], ids=["kk", "k-mn", "mn-k", "mn-mn"])
 def test_wgmma_reads_128_byte_swizzled_operands_through_their_descriptors(ta, tb):
-    a, b, d = run_wgmma(ta, tb)
+    a, b, d, source = run_wgmma(ta, tb)
     np.testing.assert_allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-5, atol=1e-5)
-    # the same text is a kernel NVRTC builds for sm_90a
-    name = f"wgmma_check_{ta}{tb}"
-    body = WGMMA.replace("KERNEL", name).replace("TA", str(ta)).replace("TB", str(tb)).replace("BEFORE_WAIT", "")
-    assert compile_cuda(KernelSource(name, body, threads=128, target="sm_90a"), "sm_90").arch == "sm_90a"
+    assert compile_cuda(source, "sm_90").arch == "sm_90a"       # the same text is a kernel NVRTC builds
 
 
 def test_wgmma_accumulators_read_before_the_wait_hold_their_old_values():
     early = ("{ const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;\n"
              "for (int e = 0; e < 64; ++e) D[(16 * w + g + 8 * (e % 4 / 2)) * 128 + 8 * (e / 4) + 2 * t + e % 2] = d[e];\n"
              "return; }")
-    _, _, d = run_wgmma(0, 0, early, "wgmma_early_read")
+    _, _, d, _ = run_wgmma(0, 0, early, "wgmma_early_read")
     assert np.all(d == 1.0)       # the product lands in the registers at the wait, not before
 
 
@@ -370,14 +368,5 @@ def test_shared_memory_changed_under_an_issued_wgmma_stops_the_run():
 
 def test_a_wgmma_tile_not_aligned_to_its_swizzle_atom_reads_the_wrong_elements():
     # the tiles start 16 bytes past a 1024-byte boundary: the kernel's swizzle and the hardware's disagree
-    body_shift = "unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023) + 16;"
-    name = "wgmma_misaligned"
-    source = WGMMA.replace("unsigned char* a = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);", body_shift)
-    assert source != WGMMA
-    body = source.replace("KERNEL", name).replace("TA", "0").replace("TB", "0").replace("BEFORE_WAIT", "")
-    rng = np.random.default_rng(5)
-    a = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
-    b = rng.standard_normal((16, 128)).astype(ml_dtypes.bfloat16)
-    d = np.full((64, 128), np.nan, np.float32)
-    build(KernelSource(name, body, threads=128, dynamic_smem=8192 + 4096 * 4 + 1024, target="sm_90a"))([a, b, d])
+    a, b, d, _ = run_wgmma(0, 0, name="wgmma_misaligned", shift=16)
     assert not np.allclose(d, a.astype(np.float64) @ b.astype(np.float64) + 1, rtol=1e-3, atol=1e-3)

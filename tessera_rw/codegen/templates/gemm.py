@@ -4,8 +4,8 @@ as one kernel per product.
 Three code paths. On sm_90, bf16/fp16 operands (any layout) and fp8 ones stored with k contiguous
 run on warpgroup MMAs (gemm_wgmma_cuda.py: wgmma reading both operands from 128-byte swizzled
 shared memory, built for sm_90a); their schedules (WgmmaSchedule) come first there, the mma.sync
-ones after. Everywhere, bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32 accumulators,
-fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
+ones after. Everywhere, bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32
+accumulators, fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
 pipeline of `stages` buffers. fp8 operands (e4m3 or e5m2, both the same; sm_89 and newer) take
 the same kernel with mma.sync m16n8k32 and write bf16, fp16 or fp32. float32 operands run a SIMT FFMA kernel (full fp32 products, as
 numpy gives), except under the `fast` numerics policy: then they take the tensor-core path in
@@ -32,6 +32,7 @@ with one more row of A, all ones, that no load reads: its tiles fill that row in
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
@@ -130,7 +131,7 @@ class GemmTemplate(Template):
         defaults = (_TF32_DEFAULTS if p.tf32 else _FP8_DEFAULTS if p.fp8 else _TC_DEFAULTS if p.tensor_core
                     else _SIMT_DEFAULTS)
         if _warpgroup_mma(p, arch):
-            defaults = tuple(_wgmma_schedule(p, s) for s in _WGMMA_DEFAULTS) + defaults
+            defaults = tuple(replace(s, bk=_wgmma_k(p)) for s in _WGMMA_DEFAULTS) + defaults
         return tuple(s for s in defaults if self._valid(p, s, arch))
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
@@ -146,7 +147,7 @@ class GemmTemplate(Template):
             grid = (GemmSchedule(bm, bn, bk, wm, wn, st) for bm in _TC_TILES for bn in _TC_TILES
                     for bk in _k_depths(p) for wm in _TC_WARPS for wn in _TC_WARPS for st in _TC_STAGES)
             if _warpgroup_mma(p, arch):
-                warpgroup = (WgmmaSchedule(bm, bn, ROW_BYTES // p.in_dtype.itemsize, gm, gn, st)
+                warpgroup = (WgmmaSchedule(bm, bn, _wgmma_k(p), gm, gn, st)
                              for bm in _WGMMA_TILES for bn in _WGMMA_TILES for gm in _WGMMA_GROUPS
                              for gn in _WGMMA_GROUPS for st in _WGMMA_STAGES)
                 grid = (*warpgroup, *grid)
@@ -162,8 +163,7 @@ class GemmTemplate(Template):
         if not self.accepts(op):
             return False
         p = GemmProblem.of(op)
-        wanted = (GemmSchedule, WgmmaSchedule) if p.tensor_core else GemmSimtSchedule
-        return isinstance(schedule, wanted) and self._valid(p, schedule, arch)
+        return isinstance(schedule, _schedule_kinds(p)) and self._valid(p, schedule, arch)
 
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
         if _lacks_unit(p, arch):
@@ -171,7 +171,7 @@ class GemmTemplate(Template):
         if isinstance(s, WgmmaSchedule):
             wide = s.bn // s.wg_n
             # every thread copies whole 16-byte chunks of both tiles (8 per 128-byte row)
-            return (_warpgroup_mma(p, arch) and s.bk * p.in_dtype.itemsize == ROW_BYTES and s.stages >= 3
+            return (_warpgroup_mma(p, arch) and s.bk == _wgmma_k(p) and s.stages >= 3
                     and s.bm % (64 * s.wg_m) == 0 and s.bn % s.wg_n == 0 and wide in WGMMA_WIDTHS
                     and 8 * s.bm % s.threads == 0 and 8 * s.bn % s.threads == 0
                     and smem_bytes(p, s) <= arch.smem_per_block and s.threads <= arch.max_threads_per_block
@@ -248,7 +248,7 @@ class GemmTemplate(Template):
         if reason := self.unavailable(op, arch):
             raise TesseraError(f"no gemm kernel for {op} on {arch.name}", op=op.op, hint=reason)
         p = GemmProblem.of(op)
-        wanted = (GemmSchedule, WgmmaSchedule) if p.tensor_core else (GemmSimtSchedule,)
+        wanted = _schedule_kinds(p)
         if not isinstance(schedule, wanted):
             raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a "
                                f"{' or '.join(w.__name__ for w in wanted)}, got {schedule!r}", op=op.op)
@@ -346,9 +346,14 @@ def _warpgroup_mma(p: GemmProblem, arch: ArchSpec) -> bool:
     return not p.fp8 or (not p.trans_a and p.trans_b)
 
 
-def _wgmma_schedule(p: GemmProblem, s: WgmmaSchedule) -> WgmmaSchedule:
-    """`s` with the k-depth of one 128-byte shared row of the problem's operands."""
-    return WgmmaSchedule(s.bm, s.bn, ROW_BYTES // p.in_dtype.itemsize, s.wg_m, s.wg_n, s.stages)
+def _wgmma_k(p: GemmProblem) -> int:
+    """The k-depth of a warpgroup-MMA stage: one 128-byte shared row of the problem's operands."""
+    return ROW_BYTES // p.in_dtype.itemsize
+
+
+def _schedule_kinds(p: GemmProblem) -> tuple[type[Schedule], ...]:
+    """The schedule classes the product's kernels take: tensor-core ones (mma.sync, wgmma) or SIMT."""
+    return (GemmSchedule, WgmmaSchedule) if p.tensor_core else (GemmSimtSchedule,)
 
 
 def _lacks_unit(p: GemmProblem, arch: ArchSpec) -> bool:
@@ -379,8 +384,8 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     if isinstance(s, WgmmaSchedule):
         # 4 warpgroups allocate a third more than modelled; fp8 rows copied byte by byte crowd
         # 255 registers past 8 chunks a thread or 4 stages
-        chunks = (s.bm + s.bn) * 8 // s.threads
-        return s.threads <= 256 and (p.rows_aligned or not p.fp8 or (chunks <= 8 and s.stages <= 4))
+        byte_copies_fit = s.chunks_per_thread <= 8 and s.stages <= 4
+        return s.threads <= 256 and (p.rows_aligned or not p.fp8 or byte_copies_fit)
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):
         warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n

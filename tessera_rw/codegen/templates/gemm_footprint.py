@@ -46,6 +46,11 @@ class WgmmaSchedule(Schedule):
     def threads(self) -> int:
         return 128 * self.wg_m * self.wg_n
 
+    @property
+    def chunks_per_thread(self) -> int:
+        """16-byte chunks each thread copies per stage: 8 per 128-byte row of either tile."""
+        return 8 * (self.bm + self.bn) // self.threads
+
 
 @dataclass(frozen=True)
 class GemmSimtSchedule(Schedule):
@@ -108,9 +113,8 @@ def registers(p: GemmProblem, s: Schedule) -> int:
         accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
         if -(-p.k // s.bk) <= s.stages - 2:   # every k-tile issued in the prologue: no loads in the loop
             return accumulators + _WGMMA_PROLOGUE_ONLY
-        chunks = (s.bm + s.bn) * s.bk * p.in_dtype.itemsize // 16 // s.threads
         per_chunk = _WGMMA_CHUNK if p.rows_aligned else _WGMMA_CHUNK_BYTES if p.fp8 else _WGMMA_CHUNK_COPY
-        return accumulators + math.ceil(per_chunk * chunks) + _WGMMA_OVERHEAD
+        return accumulators + math.ceil(per_chunk * s.chunks_per_thread) + _WGMMA_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
     # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
     # so one set of coordinates serves the two

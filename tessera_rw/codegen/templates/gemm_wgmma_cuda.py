@@ -18,9 +18,10 @@ plain stores, as the mma kernel does (fenced like the copies before the tensor c
 
 The pipeline keeps STAGES - 2 tiles in flight ahead of the MMAs: wgmma runs asynchronously, one
 k-tile's group still in flight while the next is issued, so the stage a refill overwrites is the
-one read two tiles back, retired by every warpgroup before the barrier that precedes the refill. cp.async writes through the generic proxy and wgmma reads
-through the async one: each thread fences the proxies after its copies land, before that barrier.
-The epilogue is the mma kernel's: the wgmma accumulator layout per warp is mma.sync's m16n8.
+one read two tiles back, retired by every warpgroup before the barrier that precedes the refill.
+cp.async writes through the generic proxy and wgmma reads through the async one: each thread fences
+the proxies after its copies land, before that barrier. The epilogue is the mma kernel's: the wgmma
+accumulator layout per warp is mma.sync's m16n8.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ ATOM_BYTES = 1024         # 8 rows: the swizzle's period, to which each tile is 
 _KIND = {DType.bfloat16: "bf16", DType.float16: "f16", DType.float8_e4m3: "e4m3", DType.float8_e5m2: "e5m2"}
 
 # the descriptor of a 128-byte swizzled operand whose first row starts at `tile` (1024-byte atoms)
-_DESCRIPTOR = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units), 128-byte swizzle
+_DESCRIPTOR = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
+// 128-byte swizzle
 __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
     return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
          | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);

@@ -13,7 +13,8 @@ __device__ __forceinline__ float gemm_epilogue(float v, int z, int r, int c, con
 }
 
 
-// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units), 128-byte swizzle
+// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
+// 128-byte swizzle
 __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
     return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
          | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);

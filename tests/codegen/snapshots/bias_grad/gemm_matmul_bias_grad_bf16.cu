@@ -16,7 +16,8 @@ __device__ __forceinline__ void gemm_ones8(unsigned short* dst, int valid) {
     for (int e = 0; e < 4; ++e) w[e] = (2 * e < valid ? 0x3F80u : 0u) | ((2 * e + 1 < valid ? 0x3F80u : 0u) << 16);
     *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
 }
-// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units), 128-byte swizzle
+// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
+// 128-byte swizzle
 __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
     return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
          | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
