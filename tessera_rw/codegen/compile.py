@@ -18,6 +18,7 @@ from functools import lru_cache
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.binary_cache import KernelFacts, binary_cache
 from tessera_rw.codegen.prelude import HOPPER_HELPERS, HOPPER_TARGET, PRELUDE
+from tessera_rw.codegen.tensor_map import TensorMapSpec
 
 
 class CompileError(TesseraError):
@@ -27,7 +28,8 @@ class CompileError(TesseraError):
 @dataclass(frozen=True)
 class KernelSource:
     """A generated kernel: its entry-point name, CUDA C++ text (without the prelude) and the launch
-    it was written for. Its arguments are the operand pointers in operand order, then the output."""
+    it was written for. Its arguments are the operand pointers in operand order, then the output,
+    then one TMA tensor map per entry of `tensor_maps` (built at launch from those pointers)."""
     name: str
     source: str
     threads: int = 0                          # block size it was written for (0: set at launch)
@@ -35,6 +37,7 @@ class KernelSource:
     dynamic_smem: int = 0                     # bytes of dynamic shared memory per block
     fast_math: bool = False                   # compile with --use_fast_math (the `fast` numerics policy)
     target: str | None = None                 # the arch-specific target its instructions need ('sm_90a': wgmma)
+    tensor_maps: tuple[TensorMapSpec, ...] = ()   # TMA maps it takes after the pointers
 
     @property
     def full_source(self) -> str:

@@ -158,7 +158,7 @@ class EmulatedKernel:
             for path, a in zip(files, arrays):
                 np.ascontiguousarray(a).tofile(path)
             command = [str(self.program), *map(str, self.source.grid), str(self.source.threads),
-                       str(self.source.dynamic_smem), *files]
+                       str(self.source.dynamic_smem), *files, *(m.emulator_argument() for m in self.source.tensor_maps)]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
             except FileNotFoundError:

@@ -192,7 +192,7 @@ inline unsigned shared_address(const void* p) {
 
 inline const unsigned char* shared_pointer(unsigned address, int bytes) {
     if (address < DYNAMIC_SMEM_WINDOW || address + bytes > DYNAMIC_SMEM_WINDOW + dynamic_smem_bytes())
-        fail("wgmma: a matrix descriptor reaches outside the block's dynamic shared memory");
+        fail("wgmma or TMA: an access reaches outside the block's dynamic shared memory");
     return dynamic_smem_arena() + (address - DYNAMIC_SMEM_WINDOW);
 }
 
@@ -289,4 +289,150 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
         for (auto& retire : t.mma_groups.front()) retire();
         t.mma_groups.erase(t.mma_groups.begin());
     }
+}
+
+// ---- sm_90a: mbarriers and TMA tensor copies ----
+
+// A tensor map as the emulator encodes it (the device's is 128 opaque bytes the driver writes):
+// the tensor's base, rank, extents (innermost first), byte strides of dims 1.., box, element size
+// and swizzle span in bytes (0: none).
+struct TmaMap {
+    const unsigned char* base;
+    int rank, element_bytes, swizzle;
+    long long dims[5], strides[5];
+    int box[5];
+};
+
+namespace emu {
+
+// Parse "operand,element_bytes,swizzle,rank,dims...,strides of dims 1..,box..." over the mapped
+// argument files: the map of the tensor in file `operand`. Returns an error or nullptr.
+inline const char* tensor_map(const char* spec, const std::vector<void*>& pointers, const std::vector<size_t>& sizes,
+                              TmaMap* map) {
+    std::vector<long long> v;
+    for (const char* p = spec; *p;) {
+        char* end;
+        v.push_back(std::strtoll(p, &end, 10));
+        if (end == p) return "not a list of integers";
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (v.size() < 4) return "too short";
+    const int operand = (int)v[0], rank = (int)v[3];
+    if (rank < 1 || rank > 5 || v.size() != 4 + 3 * (size_t)rank - 1) return "rank and lengths disagree";
+    if (operand < 0 || operand >= (int)pointers.size()) return "names an argument file that does not come before it";
+    *map = TmaMap{(const unsigned char*)pointers[operand], rank, (int)v[1], (int)v[2], {}, {}, {}};
+    long long last = map->element_bytes;          // one past the furthest byte the map reaches
+    for (int d = 0; d < rank; ++d) {
+        map->dims[d] = v[4 + d];
+        map->strides[d] = d ? v[4 + rank + d - 1] : map->element_bytes;
+        map->box[d] = (int)v[4 + 2 * rank - 1 + d];
+        if (map->dims[d] < 1 || map->box[d] < 1 || map->box[d] > 256) return "an extent or box is out of range";
+        if (d && map->strides[d] % 16) return "a stride is not a multiple of 16 bytes";
+        last += (map->dims[d] - 1) * map->strides[d];
+    }
+    if ((uintptr_t)map->base % 16) return "the tensor does not start 16-byte aligned";
+    if ((size_t)last > sizes[operand]) return "the map reaches past the end of its tensor";
+    if (map->swizzle && map->box[0] * map->element_bytes != map->swizzle)
+        return "the emulator swizzles boxes whose inner extent spans the swizzle exactly";
+    return nullptr;
+}
+
+inline Mbarrier& mbarrier(const void* bar) {
+    auto found = block().mbarriers.find(bar);
+    if (found == block().mbarriers.end())
+        fail("mbarrier: used before mbarrier.init (or before the __syncthreads that makes its init visible)");
+    return found->second;
+}
+
+// the phase completes when its arrivals are in and its transaction bytes have all landed
+inline void mbarrier_settle(Mbarrier& m) {
+    ++block().progress;
+    if (m.pending == 0 && m.tx == 0) {
+        ++m.phase;
+        m.pending = m.count;
+    }
+}
+
+inline void mbarrier_arrive(const void* bar, long long expect_tx) {
+    Mbarrier& m = mbarrier(bar);
+    if (m.pending == 0) fail("mbarrier: more arrivals in one phase than its count");
+    m.tx += expect_tx;
+    --m.pending;
+    mbarrier_settle(m);
+}
+
+// A TMA tile load: the box at `coords` (innermost first) lands in shared memory at `dst` at once,
+// elements outside the tensor as zeros, each 16-byte chunk at its address XOR the swizzle; then
+// its bytes complete as transactions on `bar`. Writing bytes an issued wgmma still reads stops the
+// run (a stage refilled before its MMAs retired).
+inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, const void* bar) {
+    if (map->rank != rank) fail("TMA: the copy's rank differs from its tensor map's");
+    const unsigned at = shared_address(dst);
+    if (at % 128) fail("TMA: the shared destination is not 128-byte aligned");
+    const int es = map->element_bytes;
+    long long elements = 1;
+    for (int d = 0; d < rank; ++d) elements *= map->box[d];
+    for (long long i = 0; i < elements; ++i) {
+        long long rest = i, offset = 0;
+        bool inside = true;
+        for (int d = 0; d < rank; ++d) {
+            const long long c = coords[d] + rest % map->box[d];
+            rest /= map->box[d];
+            inside &= c >= 0 && c < map->dims[d];
+            offset += c * map->strides[d];
+        }
+        unsigned address = at + (unsigned)(i * es);
+        if (map->swizzle == 128) address ^= ((address >> 7) & 7) << 4;
+        unsigned char* to = const_cast<unsigned char*>(shared_pointer(address, es));
+        if (block().async_reads[(address - DYNAMIC_SMEM_WINDOW) / 16])
+            fail("TMA: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group, "
+                 "then release the stage, before refilling it)");
+        if (inside) std::memcpy(to, map->base + offset, es);
+        else std::memset(to, 0, es);
+    }
+    Mbarrier& m = mbarrier(bar);
+    m.tx -= elements * es;
+    mbarrier_settle(m);
+}
+
+}  // namespace emu
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrivals) {
+    if (!arrivals) emu::fail("mbarrier.init: a barrier needs at least one arrival");
+    emu::shared_address(bar);
+    emu::block().mbarriers[bar] = emu::Mbarrier{(int)arrivals, (int)arrivals, 0, 0};
+    ++emu::block().progress;
+}
+__device__ __forceinline__ void fence_mbarrier_init() {}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) { emu::mbarrier_arrive(bar, 0); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    emu::mbarrier_arrive(bar, bytes);
+}
+// try_wait.parity: true once the phase of that parity has completed, i.e. the current phase's
+// parity differs; a thread told no yields, to be polled again after the others have run
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    const emu::Mbarrier& m = emu::mbarrier(bar);
+    if ((m.phase & 1) != (parity & 1)) {
+        ++emu::block().progress;
+        return true;
+    }
+    emu::yield(emu::POLLING);
+    return false;
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    while (!mbar_try_wait(bar, parity)) {}
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {
+    const int coords[] = {c0, c1};
+    emu::tma_load(dst, map, coords, 2, bar);
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, int c0, int c1, int c2, unsigned long long* bar) {
+    const int coords[] = {c0, c1, c2};
+    emu::tma_load(dst, map, coords, 3, bar);
 }

@@ -14,6 +14,10 @@
 // cp.async copies are deferred: the bytes land in shared memory only when cp_async_wait retires
 // their group, so a kernel that reads a stage before waiting for it reads the previous tile.
 //
+// A thread waiting on an mbarrier (mbar_try_wait failing) yields too, and is polled again after
+// every other thread has run as far as it can; a round in which no mbarrier changes while threads
+// poll is a deadlock (a wait on the wrong phase, a missing arrival), reported as an error.
+//
 // __shared__ variables are static locals, one copy shared by the threads of the running block;
 // dynamic shared memory is one arena ending against a page that faults. Both are filled with 0xFF
 // (NaN in every float type) before each block, and so is the top of every thread's stack.
@@ -27,6 +31,7 @@
 #include <cstring>
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <fcntl.h>
@@ -41,6 +46,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 // __shared__ variables are static, gathered in one section (on Linux) so that each block starts with
 // them filled with 0xFF, as a block's shared memory starts with whatever was there
 #ifdef __linux__
@@ -97,7 +103,7 @@ inline long long __double_as_longlong(double d) { return emu_bits<long long>(d);
 
 namespace emu {
 
-enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, POLLING, DONE };
 
 struct Copy { void* dst; unsigned char bytes[16]; };
 
@@ -116,8 +122,14 @@ struct Thread {
 struct Slot { unsigned words[8]; const void* pointer; double value; int kind; };
 enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA };
 
+// An mbarrier's state: arrivals it expects per phase, those still pending in the current phase,
+// transaction bytes outstanding (expected less completed), and phases completed so far.
+struct Mbarrier { int count, pending; long long tx; unsigned phase; };
+
 struct Block {
     std::vector<Thread> threads;
+    std::map<const void*, Mbarrier> mbarriers;   // by their address in shared memory
+    unsigned long long progress = 0;             // mbarrier events (init, arrival, transactions, a wait passed)
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
     std::vector<int> async_reads;             // per 16 bytes of dynamic shared memory: wgmmas issued, not retired, reading them
@@ -273,29 +285,61 @@ inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     // next starts, the last first or the first first (alternate blocks): a warp reads what another
     // has not yet written when a __syncthreads is missing, whichever way the data flows.
     const int warps = (threads + 31) / 32;
+    b.mbarriers.clear();
+    auto run_warp = [&](int w) -> const char* {
+        const int first = w * 32, last = std::min(threads, first + 32);
+        while (true) {
+            for (int l = last - 1; l >= first; --l)
+                if (b.threads[l].state == RUNNABLE) resume(b.threads[l]);
+            int live = 0, at_warp = 0, at_block = 0;
+            for (int l = first; l < last; ++l) {
+                const State s = b.threads[l].state;
+                live += s != DONE;
+                at_warp += s == AT_WARP_BARRIER;
+                at_block += s == AT_BLOCK_BARRIER;
+            }
+            if (at_warp && at_block)
+                return "a warp's lanes wait at different barriers (a divergent __syncthreads or warp collective)";
+            if (!at_warp) return nullptr;
+            if (live != last - first) return "a warp collective ran after some of its warp's lanes had exited";
+            for (int l = first; l < last; ++l) b.threads[l].state = RUNNABLE;
+        }
+    };
     while (true) {
+        const unsigned long long progress = b.progress;
         for (int i = 0; i < warps; ++i) {
-            const int w = last_warp_first ? warps - 1 - i : i;
-            const int first = w * 32, last = std::min(threads, first + 32);
-            while (true) {
-                for (int l = last - 1; l >= first; --l)
-                    if (b.threads[l].state == RUNNABLE) resume(b.threads[l]);
-                int live = 0, at_warp = 0, at_block = 0;
-                for (int l = first; l < last; ++l) {
-                    const State s = b.threads[l].state;
-                    live += s != DONE;
-                    at_warp += s == AT_WARP_BARRIER;
-                    at_block += s == AT_BLOCK_BARRIER;
-                }
-                if (at_warp && at_block)
-                    return "a warp's lanes wait at different barriers (a divergent __syncthreads or warp collective)";
-                if (!at_warp) break;
-                if (live != last - first) return "a warp collective ran after some of its warp's lanes had exited";
-                for (int l = first; l < last; ++l) b.threads[l].state = RUNNABLE;
+            const unsigned long long before = b.progress;
+            if (const char* error = run_warp(last_warp_first ? warps - 1 - i : i)) return error;
+            if (b.progress == before) continue;
+            // an mbarrier changed: the threads polling it go on at once, before the next warp runs, as
+            // a producer refills a stage the moment its last consumer releases it
+            for (int v = 0; v < warps; ++v) {
+                bool woken = false;
+                for (int l = v * 32; l < std::min(threads, v * 32 + 32); ++l)
+                    if (b.threads[l].state == POLLING) {
+                        b.threads[l].state = RUNNABLE;
+                        woken = true;
+                    }
+                if (woken)
+                    if (const char* error = run_warp(v)) return error;
             }
         }
-        bool waiting = false;
-        for (Thread& t : b.threads) waiting |= t.state == AT_BLOCK_BARRIER;
+        bool waiting = false, polling = false;
+        for (Thread& t : b.threads) {
+            waiting |= t.state == AT_BLOCK_BARRIER;
+            polling |= t.state == POLLING;
+        }
+        if (polling) {
+            // a __syncthreads waits for the polling threads too; they poll again unless nothing
+            // they wait on changed in a whole round, in which case nothing ever will
+            if (b.progress == progress)
+                return "deadlock: threads wait on mbarrier phases that never complete (a wait on the wrong parity, "
+                       "fewer arrivals or transaction bytes than the barrier expects, or a __syncthreads a waiting "
+                       "thread never reaches)";
+            for (Thread& t : b.threads)
+                if (t.state == POLLING) t.state = RUNNABLE;
+            continue;
+        }
         if (!waiting) return nullptr;     // every thread is done
         for (Thread& t : b.threads)
             if (t.state == AT_BLOCK_BARRIER) t.state = RUNNABLE;
@@ -340,22 +384,33 @@ inline const char* launch(void (*kernel)(A...), void** args, int nargs, int gx, 
 }  // namespace emu
 
 // The emulator's command line: grid x y z, threads, dynamic shared bytes, then one file per kernel
-// argument (operands, then the output), mapped shared so the output lands in its file.
+// argument (operands, then the output), mapped shared so the output lands in its file, then one
+// `tma=...` per TMA tensor map the kernel takes after them (emu::tensor_map, over those files).
 #define TESSERA_EMULATOR_MAIN(kernel)                                                              \
     int main(int argc, char** argv) {                                                              \
-        if (argc < 6) { std::fprintf(stderr, "usage: %s gx gy gz threads smem files...\n", argv[0]); return 2; } \
-        std::vector<void*> pointers(argc - 6);                                                     \
-        std::vector<void*> args(argc - 6);                                                         \
+        if (argc < 6) { std::fprintf(stderr, "usage: %s gx gy gz threads smem files... tma=...\n", argv[0]); return 2; } \
+        std::vector<void*> pointers, args;                                                         \
+        std::vector<size_t> sizes;                                                                 \
+        std::vector<TmaMap> maps;                                                                  \
+        maps.reserve(argc);                                                                        \
+        pointers.reserve(argc);                                                                    \
         for (int i = 6; i < argc; ++i) {                                                           \
+            if (!std::strncmp(argv[i], "tma=", 4)) {                                               \
+                const char* error = emu::tensor_map(argv[i] + 4, pointers, sizes, &maps.emplace_back()); \
+                if (error) { std::fprintf(stderr, "%s: %s\n", argv[i], error); return 2; }        \
+                args.push_back(&maps.back());                                                      \
+                continue;                                                                          \
+            }                                                                                      \
             const int fd = open(argv[i], O_RDWR);                                                  \
             struct stat st;                                                                        \
             if (fd < 0 || fstat(fd, &st)) { std::perror(argv[i]); return 2; }                      \
             void* p = st.st_size ? mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : nullptr; \
             if (p == MAP_FAILED) { std::perror(argv[i]); return 2; }                               \
-            pointers[i - 6] = p;                                                                   \
-            args[i - 6] = &pointers[i - 6];                                                        \
+            pointers.push_back(p);                                                                 \
+            sizes.push_back(st.st_size);                                                           \
+            args.push_back(&pointers.back());                                                      \
         }                                                                                          \
-        const char* error = emu::launch(kernel, args.data(), argc - 6, std::atoi(argv[1]), std::atoi(argv[2]), \
+        const char* error = emu::launch(kernel, args.data(), (int)args.size(), std::atoi(argv[1]), std::atoi(argv[2]), \
                                         std::atoi(argv[3]), std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10)); \
         if (error) { std::fprintf(stderr, "%s\n", error); return 3; }                             \
         return 0;                                                                                  \

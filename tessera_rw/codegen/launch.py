@@ -3,7 +3,8 @@
 A cubin is loaded once per (cubin, device). A kernel written for more than the default 48 KB of
 dynamic shared memory (attention) gets its opt-in attribute raised before its first launch, after a
 check against the device's limit. Kernel arguments are the operand pointers in operand order, then
-the output pointer, as every template emits them.
+the output pointer, as every template emits them, then the TMA tensor maps a kernel declares
+(KernelSource.tensor_maps), encoded from those pointers when the launch is bound.
 
 `run_kernel` checks its inputs against the op before touching a device, so a bad call reads the
 same on any machine:
@@ -170,12 +171,14 @@ def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTe
         wanted = loaded.kernel.num_arguments
     except Exception:   # drivers before 12.4 cannot say
         wanted = len(args)
-    if wanted != len(args):
-        raise DeviceError(f"kernel {source.name} takes {wanted} pointers, got {len(args)}",
+    if wanted != len(args) + len(source.tensor_maps):
+        raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {len(args)} pointers and "
+                          f"{len(source.tensor_maps)} tensor maps",
                           hint="pass the operands in operand order, then the output")
     from cuda.core import LaunchConfig
     config = LaunchConfig(grid=tuple(source.grid), block=source.threads, shmem_size=source.dynamic_smem)
-    return BoundLaunch(source.name, stream, config, loaded.kernel, tuple(np.uint64(a.ptr) for a in args))
+    maps = tuple(m.descriptor(args[m.operand].ptr) for m in source.tensor_maps)
+    return BoundLaunch(source.name, stream, config, loaded.kernel, (*(np.uint64(a.ptr) for a in args), *maps))
 
 
 def launch(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None) -> None:

@@ -155,6 +155,48 @@ template <int N> __device__ __forceinline__ void wgmma_hold(float* d) {
 // shared memory written through the generic proxy (stores, cp.async) made visible to the async
 // proxy that wgmma reads it through
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// A TMA tensor map (CUtensorMap): 128 opaque bytes the host encodes (cuTensorMapEncodeTiled) and
+// passes by value as a __grid_constant__ kernel parameter
+struct __align__(64) TmaMap { unsigned long long opaque[16]; };
+// mbarriers: 8 bytes of shared memory counting arrivals and transaction bytes per phase
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+// the barriers' initialization made visible to the async proxy (the TMA unit completes on them)
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bar)) : "memory");
+}
+// arrive, and expect `bytes` more of transactions (TMA copies) before the phase completes
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// whether the phase of parity `parity` has completed (waits a while in hardware before saying no)
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    while (!mbar_try_wait(bar, parity)) {}
+}
+// the warpgroup's registers per thread, lowered (a producer's) or raised (a consumer's) to N:
+// every thread of the warpgroup executes it, N a multiple of 8 in 24..256
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+// one TMA box from global memory into shared memory at `dst`, coordinates innermost first;
+// its bytes count as transactions on `bar`
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, int c0, int c1, int c2, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+                 : "memory");
+}
 """ + "".join(_wgmma(n, kind) for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)
 
 

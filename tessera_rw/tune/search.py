@@ -150,7 +150,8 @@ def _quiet_optuna():
 def _params(schedule: object) -> dict[str, object]:
     """A schedule as optuna parameters: its dataclass fields as categories (tuples as strings)."""
     if is_dataclass(schedule):
-        return {f.name: _scalar(getattr(schedule, f.name)) for f in fields(schedule)}
+        kind = {"kind": schedule.tag} if getattr(schedule, "tag", "") else {}
+        return kind | {f.name: _scalar(getattr(schedule, f.name)) for f in fields(schedule)}
     return {"schedule": _scalar(schedule)}
 
 

@@ -31,8 +31,10 @@ from tessera_rw.tune.cost import timing
 
 
 def schedule_config(schedule: Schedule) -> dict[str, object]:
-    """The schedule as a record's config: {'bm': 128, 'bn': 128, ...} (tuples become lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()}
+    """The schedule as a record's config: {'bm': 128, 'bn': 128, ...} (tuples become lists), with
+    its 'kind' when it has a tag (kinds of one template with the same fields)."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()}
+    return config | {"kind": schedule.tag} if schedule.tag else config
 
 
 def find_schedule(space: Iterable[Schedule], config: dict[str, object]) -> Schedule | None:

@@ -26,11 +26,13 @@ from tessera_rw.codegen.kernel_op import KernelOp
 
 @dataclass(frozen=True)
 class Schedule:
-    """Base of each template's schedule: a frozen record of its tunable parameters."""
+    """Base of each template's schedule: a frozen record of its tunable parameters. `tag` names the
+    kernel variant when one template has several schedule kinds with the same fields."""
+    tag: ClassVar[str] = ""
 
     def describe(self) -> str:
         """'bm=128 bn=128 bk=32 warps=4 stages=3'"""
-        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        return " ".join([self.tag] * bool(self.tag) + [f"{f.name}={getattr(self, f.name)}" for f in fields(self)])
 
 
 @dataclass(frozen=True)

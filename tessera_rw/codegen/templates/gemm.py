@@ -2,9 +2,9 @@
 as one kernel per product.
 
 Three code paths. On sm_90, bf16/fp16 operands (any layout) and fp8 ones stored with k contiguous
-run on warpgroup MMAs (gemm_wgmma_cuda.py: wgmma reading both operands from 128-byte swizzled
-shared memory, built for sm_90a); their schedules (WgmmaSchedule) come first there, the mma.sync
-ones after. Everywhere, bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32
+run on warpgroup MMAs (gemm_hopper.py: wgmma reading both operands from 128-byte swizzled shared
+memory, loaded by TMA where tensor maps apply, else by cp.async; built for sm_90a); their
+schedules come first there, the mma.sync ones after. Everywhere, bf16/fp16 operands run on tensor cores: mma.sync m16n8k16 with fp32
 accumulators, fragments read by ldmatrix from XOR-swizzled shared memory, tiles brought in by a cp.async
 pipeline of `stages` buffers. fp8 operands (e4m3 or e5m2, both the same; sm_89 and newer) take
 the same kernel with mma.sync m16n8k32 and write bf16, fp16 or fp32. float32 operands run a SIMT FFMA kernel (full fp32 products, as
@@ -24,7 +24,7 @@ with one more row of A, all ones, that no load reads: its tiles fill that row in
 >>> t = TensorType((256, 256), DType.bfloat16)
 >>> op = KernelOp.of("matmul", (t, t), t, accum_dtype=None)
 >>> GemmTemplate().schedules(op, arch_named("h100"))[0].describe()
-'bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4'
+'tma bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4'
 >>> GemmTemplate().schedules(op, arch_named("a100"))[0].describe()
 'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3'
 """
@@ -32,7 +32,6 @@ with one more row of A, all ones, that no load reads: its tiles fill that row in
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
@@ -46,13 +45,16 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
-from tessera_rw.codegen.prelude import HOPPER_TARGET, WGMMA_WIDTHS
-from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, WgmmaSchedule, blocks_per_sm,
-                                                         registers, smem_bytes)
+from tessera_rw.codegen.prelude import HOPPER_TARGET
+from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, TmaSchedule, WgmmaSchedule,
+                                                         blocks_per_sm, registers, smem_bytes)
+from tessera_rw.codegen.templates.gemm_hopper import (TMA_EFFICIENCY, WGMMA_EFFICIENCY, hopper_calibrated,
+                                                      hopper_defaults, hopper_grid, hopper_valid, warpgroup_mma)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
-from tessera_rw.codegen.templates.gemm_wgmma_cuda import ROW_BYTES, emit_wgmma
+from tessera_rw.codegen.templates.gemm_tma_cuda import emit_tma, tensor_maps
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import emit_wgmma
 
 _OUT_DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 # The launch passes no dynamic shared memory, so every schedule lives in the static 48 KiB.
@@ -72,12 +74,8 @@ _FP8_DEFAULTS = (GemmSchedule(128, 128, 64, 2, 4, 3), GemmSchedule(128, 64, 64, 
 # tf32 tiles hold 4-byte values: half the k-depth of the 16-bit tiles for the same shared memory
 _TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16, 2, 2, 3),
                   GemmSchedule(64, 64, 16, 2, 2, 4))
-# sm_90 warpgroup MMAs: 128-byte k-steps (64 bf16/fp16 values, 128 fp8), tiles in dynamic shared memory
-_WGMMA_DEFAULTS = (WgmmaSchedule(128, 256, 64, 2, 1, 4), WgmmaSchedule(128, 128, 64, 2, 1, 4),
-                   WgmmaSchedule(64, 128, 64, 1, 1, 4))
 # The tuning grids (space()); _valid keeps the points that fit and that the emitters can write.
 _TC_TILES, _TC_WARPS, _TC_STAGES = (64, 128, 256), (1, 2, 4), (2, 3, 4)
-_WGMMA_TILES, _WGMMA_GROUPS, _WGMMA_STAGES = (64, 128, 256), (1, 2), (3, 4, 5)
 _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 
 
@@ -130,9 +128,7 @@ class GemmTemplate(Template):
         p = GemmProblem.of(op)
         defaults = (_TF32_DEFAULTS if p.tf32 else _FP8_DEFAULTS if p.fp8 else _TC_DEFAULTS if p.tensor_core
                     else _SIMT_DEFAULTS)
-        if _warpgroup_mma(p, arch):
-            defaults = tuple(replace(s, bk=_wgmma_k(p)) for s in _WGMMA_DEFAULTS) + defaults
-        return tuple(s for s in defaults if self._valid(p, s, arch))
+        return hopper_defaults(p, arch) + tuple(s for s in defaults if self._valid(p, s, arch))
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
         p = GemmProblem.of(op)
@@ -146,11 +142,7 @@ class GemmTemplate(Template):
         if p.tensor_core:
             grid = (GemmSchedule(bm, bn, bk, wm, wn, st) for bm in _TC_TILES for bn in _TC_TILES
                     for bk in _k_depths(p) for wm in _TC_WARPS for wn in _TC_WARPS for st in _TC_STAGES)
-            if _warpgroup_mma(p, arch):
-                warpgroup = (WgmmaSchedule(bm, bn, _wgmma_k(p), gm, gn, st)
-                             for bm in _WGMMA_TILES for bn in _WGMMA_TILES for gm in _WGMMA_GROUPS
-                             for gn in _WGMMA_GROUPS for st in _WGMMA_STAGES)
-                grid = (*warpgroup, *grid)
+            grid = (*hopper_grid(p, arch), *grid)
         else:
             grid = (GemmSimtSchedule(bm, bn, bk, tm, tn) for bm in _SIMT_TILES for bn in _SIMT_TILES
                     for bk in _SIMT_BK for tm in _SIMT_THREAD_TILES for tn in _SIMT_THREAD_TILES)
@@ -168,14 +160,8 @@ class GemmTemplate(Template):
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
         if _lacks_unit(p, arch):
             return False
-        if isinstance(s, WgmmaSchedule):
-            wide = s.bn // s.wg_n
-            # every thread copies whole 16-byte chunks of both tiles (8 per 128-byte row)
-            return (_warpgroup_mma(p, arch) and s.bk == _wgmma_k(p) and s.stages >= 3
-                    and s.bm % (64 * s.wg_m) == 0 and s.bn % s.wg_n == 0 and wide in WGMMA_WIDTHS
-                    and 8 * s.bm % s.threads == 0 and 8 * s.bn % s.threads == 0
-                    and smem_bytes(p, s) <= arch.smem_per_block and s.threads <= arch.max_threads_per_block
-                    and registers(p, s) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads))
+        if isinstance(s, (WgmmaSchedule, TmaSchedule)):
+            return hopper_valid(p, s, arch)
         smem = smem_bytes(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
@@ -221,9 +207,10 @@ class GemmTemplate(Template):
         if p.tf32:
             # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
             unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
-        elif isinstance(s, WgmmaSchedule):
+        elif isinstance(s, (WgmmaSchedule, TmaSchedule)):
             # warpgroup MMAs keep the tensor cores fed from shared memory, no fragment loads between
-            unit, eff = (MathUnit.FP8 if p.fp8 else MathUnit.BF16), 0.8
+            unit = MathUnit.FP8 if p.fp8 else MathUnit.BF16
+            eff = TMA_EFFICIENCY if isinstance(s, TmaSchedule) else WGMMA_EFFICIENCY
         elif p.fp8:
             # sm_89 runs mma.sync on fp8 natively; sm_90 as fp16 MMAs (half the fp8 peak, less the
             # unpacking). An operand staged through registers costs shared stores and byte transposes
@@ -252,7 +239,7 @@ class GemmTemplate(Template):
         if not isinstance(schedule, wanted):
             raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a "
                                f"{' or '.join(w.__name__ for w in wanted)}, got {schedule!r}", op=op.op)
-        if isinstance(schedule, WgmmaSchedule) and not _warpgroup_mma(p, arch):
+        if isinstance(schedule, (WgmmaSchedule, TmaSchedule)) and not warpgroup_mma(p, arch):
             raise TesseraError(f"{schedule!r} needs sm_90 warpgroup MMAs, which {op} cannot use on {arch.name}",
                                op=op.op, hint="warpgroup MMAs take bf16/fp16 operands, or fp8 ones stored with k "
                                               "contiguous, on sm_90; use a GemmSchedule")
@@ -261,6 +248,14 @@ class GemmTemplate(Template):
                   f"{arch.name}\n")
         grid = (self.resources(op, schedule, arch).blocks, 1, 1)
         fast = op.numerics is Numerics.FAST
+        if isinstance(schedule, TmaSchedule):
+            if not self._valid(p, schedule, arch):
+                raise TesseraError(f"{schedule!r} does not fit {op} on {arch.name}", op=op.op,
+                                   hint="TMA loads need rows 16-byte aligned and no bias gradient; use a "
+                                        "WgmmaSchedule")
+            return KernelSource(name, header + emit_tma(p, schedule, name), schedule.threads, grid=grid,
+                                dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET,
+                                tensor_maps=tensor_maps(p, schedule))
         if isinstance(schedule, WgmmaSchedule):
             return KernelSource(name, header + emit_wgmma(p, schedule, name), schedule.threads, grid=grid,
                                 dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET)
@@ -338,22 +333,9 @@ class GemmTemplate(Template):
         )
 
 
-def _warpgroup_mma(p: GemmProblem, arch: ArchSpec) -> bool:
-    """Whether the product can run on sm_90's warpgroup MMAs: 16-bit operands in any layout (a bias
-    gradient's too), fp8 ones with k contiguous in both (A as [M, K], B as [N, K])."""
-    if arch.compute_capability != (9, 0) or p.tf32 or p.in_dtype not in TENSOR_CORE_DTYPES:
-        return False
-    return not p.fp8 or (not p.trans_a and p.trans_b)
-
-
-def _wgmma_k(p: GemmProblem) -> int:
-    """The k-depth of a warpgroup-MMA stage: one 128-byte shared row of the problem's operands."""
-    return ROW_BYTES // p.in_dtype.itemsize
-
-
 def _schedule_kinds(p: GemmProblem) -> tuple[type[Schedule], ...]:
     """The schedule classes the product's kernels take: tensor-core ones (mma.sync, wgmma) or SIMT."""
-    return (GemmSchedule, WgmmaSchedule) if p.tensor_core else (GemmSimtSchedule,)
+    return (GemmSchedule, WgmmaSchedule, TmaSchedule) if p.tensor_core else (GemmSimtSchedule,)
 
 
 def _lacks_unit(p: GemmProblem, arch: ArchSpec) -> bool:
@@ -381,11 +363,8 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     a 4x1 warp grid, deep k-tiles of 128-thread blocks, 4x8 thread tiles) or allocates a third more
     or less than modelled (16-wide warp tiles, deep k-tiles, 128-thread SIMT blocks with bk=16), so
     a tuner would time spilling kernels or trust a wrong occupancy."""
-    if isinstance(s, WgmmaSchedule):
-        # 4 warpgroups allocate a third more than modelled; fp8 rows copied byte by byte crowd
-        # 255 registers past 8 chunks a thread or 4 stages
-        byte_copies_fit = s.chunks_per_thread <= 8 and s.stages <= 4
-        return s.threads <= 256 and (p.rows_aligned or not p.fp8 or byte_copies_fit)
+    if isinstance(s, (WgmmaSchedule, TmaSchedule)):
+        return hopper_calibrated(p, s)
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):
         warp_m, warp_n = s.bm // s.warps_m, s.bn // s.warps_n

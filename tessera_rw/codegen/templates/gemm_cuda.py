@@ -21,6 +21,7 @@ so the epilogue reads the same in each.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
@@ -53,7 +54,7 @@ _DERIVATIVE = {
 
 def kernel_name(p: GemmProblem, s: Schedule) -> str:
     """The entry point's name: dtypes, epilogue, sizes and tile, one name per specialization."""
-    tile = "x".join(str(getattr(s, f)) for f in s.__dataclass_fields__)
+    tile = s.tag + "x".join(str(getattr(s, f.name)) for f in fields(s))
     epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "")
     layout = "" if p.layout == "nn" else "_" + p.layout
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD
+from tessera_rw.codegen.templates.gemm_tma_cuda import smem_bytes_of as tma_smem_bytes
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import smem_bytes_of as wgmma_smem_bytes
 
 
@@ -35,6 +37,7 @@ class GemmSchedule(Schedule):
 class WgmmaSchedule(Schedule):
     """Warpgroup-MMA tiling (sm_90): a bm x bn block tile split among wg_m x wg_n warpgroups of 128
     threads, bk values per stage (one 128-byte shared row: 64 bf16/fp16, 128 fp8)."""
+    tag: ClassVar[str] = "wg"
     bm: int = 128
     bn: int = 256
     bk: int = 64
@@ -50,6 +53,27 @@ class WgmmaSchedule(Schedule):
     def chunks_per_thread(self) -> int:
         """16-byte chunks each thread copies per stage: 8 per 128-byte row of either tile."""
         return 8 * (self.bm + self.bn) // self.threads
+
+
+@dataclass(frozen=True)
+class TmaSchedule(Schedule):
+    """Warpgroup-MMA tiling with TMA loads (sm_90): wg_m x wg_n consumer warpgroups split the bm x
+    bn tile as WgmmaSchedule's do, and one more warpgroup produces (one thread issuing the copies)."""
+    tag: ClassVar[str] = "tma"
+    bm: int = 128
+    bn: int = 256
+    bk: int = 64
+    wg_m: int = 2
+    wg_n: int = 1
+    stages: int = 4
+
+    @property
+    def consumers(self) -> int:
+        return self.wg_m * self.wg_n
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
 
 
 @dataclass(frozen=True)
@@ -73,6 +97,8 @@ def smem_bytes(p: GemmProblem, s: Schedule) -> int:
         return s.stages * (s.bm * s.bk + s.bk * s.bn) * p.in_dtype.itemsize
     if isinstance(s, WgmmaSchedule):
         return wgmma_smem_bytes(p, s)
+    if isinstance(s, TmaSchedule):
+        return tma_smem_bytes(p, s)
     return 2 * s.bk * (s.bm + SIMT_PAD + s.bn) * 4
 
 
@@ -94,7 +120,9 @@ def registers(p: GemmProblem, s: Schedule) -> int:
     wgmma (sm_90): (bm/wg_m) x (bn/wg_n) / 128 accumulators per thread and no fragment registers
     (both operands are read from shared memory), plus each cp.async chunk's addressing, which
     ptxas keeps leaner here (~5.5 a chunk; ~11 copied element-wise, ~17 byte by byte) and drops
-    when the prologue issues every tile. SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
+    when the prologue issues every tile. TMA (sm_90): a consumer's accumulators and ~28 more, no
+    copies; with two consumer warpgroups the kernel moves registers from the producer to them
+    (setmaxnreg), and what ptxas reports is the even share the block launches with. SIMT: tm*tn accumulators, tm+tn operands per k (double-buffered),
     the registers staging the next tile, and a fixed loop overhead.
     """
     if isinstance(s, GemmSchedule):
@@ -109,6 +137,10 @@ def registers(p: GemmProblem, s: Schedule) -> int:
         staging = sum(_STAGED_UNIT * -(-(rows * s.bk // fp8.UNIT_BYTES) // s.threads) + _STAGED_ADDRESSING
                       for rows, on in ((s.bm, p.stage_a), (s.bn, p.stage_b)) if on)
         return mi * ni * 4 + math.ceil(reuse * (mi * 4 + ni * 2)) + addressing + staging + _TC_OVERHEAD
+    if isinstance(s, TmaSchedule):
+        if s.consumers == 2:     # setmaxnreg: launched with an even share, the consumers take more
+            return registers_at_launch(s.threads)
+        return tma_consumer_registers(p, s)
     if isinstance(s, WgmmaSchedule):
         accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
         if -(-p.k // s.bk) <= s.stages - 2:   # every k-tile issued in the prologue: no loads in the loop
@@ -136,8 +168,24 @@ _WGMMA_CHUNK_COPY = 11  # wgmma kernel, per chunk copied element-wise through re
 _WGMMA_CHUNK_BYTES = 17  # wgmma kernel, per fp8 chunk copied byte by byte
 _WGMMA_OVERHEAD = 20    # wgmma kernel: descriptors, tile origins, loop counters
 _WGMMA_PROLOGUE_ONLY = 28  # wgmma kernel whose k-loop issues no loads: descriptors and epilogue addressing
+_TMA_OVERHEAD = 28      # TMA kernel: descriptors, barrier addresses, loop counters, epilogue addressing
+_REGISTER_FILE, _MAX_REGISTERS = 65536, 255   # per SM (and so per block at most), per thread
 _SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
 _SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
+
+
+def registers_at_launch(threads: int) -> int:
+    """Registers per thread a block of `threads` launches with when it takes the whole file
+    (ptxas allocates in units of 8), as a kernel that redistributes them with setmaxnreg does."""
+    return min(_MAX_REGISTERS, _REGISTER_FILE // threads // 8 * 8)
+
+
+def tma_consumer_registers(p: GemmProblem, s: TmaSchedule) -> int:
+    """Registers a TMA kernel's consumer thread needs: its accumulators, descriptors, barrier
+    addresses and counters; with a residual, about as many again (ptxas hoists its loads ahead of
+    the epilogue's stores, 64x64 to 128x64 tiles: within 10%)."""
+    accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
+    return accumulators * (2 if p.residual is not None else 1) + _TMA_OVERHEAD
 
 
 def blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:

@@ -35,7 +35,7 @@ from tessera_rw.codegen.templates.gemm_cuda import (CTYPE, a_rows_name, block_or
 from tessera_rw.codegen.templates.gemm_mma_cuda import chunk_copy, helpers, store_pair
 
 if TYPE_CHECKING:
-    from tessera_rw.codegen.templates.gemm_footprint import WgmmaSchedule
+    from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule, WgmmaSchedule
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 
 ROW_BYTES = 128           # one swizzled shared row: the 128-byte swizzle's width
@@ -43,7 +43,7 @@ ATOM_BYTES = 1024         # 8 rows: the swizzle's period, to which each tile is 
 _KIND = {DType.bfloat16: "bf16", DType.float16: "f16", DType.float8_e4m3: "e4m3", DType.float8_e5m2: "e5m2"}
 
 # the descriptor of a 128-byte swizzled operand whose first row starts at `tile` (1024-byte atoms)
-_DESCRIPTOR = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
+DESCRIPTOR_HELPERS = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
 // 128-byte swizzle
 __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
     return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
@@ -95,31 +95,78 @@ def _descriptors(p: GemmProblem) -> tuple[str, str]:
     return a, b
 
 
-def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
-    """The wgmma kernel, after its launch comment and device helpers."""
-    fns, signature, args = common(p)
+def tile_setup(p: GemmProblem, s: WgmmaSchedule | TmaSchedule) -> str:
+    """The kernel's first lines, shared by both wgmma kernels: sizes, tile constants, and the
+    stages sA / sB in dynamic shared memory, each aligned to a swizzle atom."""
     t = CTYPE[p.in_dtype]
-    el = 16 // p.in_dtype.itemsize
-    wn = s.bn // s.wg_n
-    mma = f"{wgmma_name(wn, _KIND[p.in_dtype])}<{int(p.trans_a)}, {int(not p.trans_b)}>"
-    desc_a, desc_b = _descriptors(p)
-    comment = launch_comment(p, s, name, signature).replace(
-        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
-    return comment + fns + f"""
-{helpers(p)}
-{_DESCRIPTOR}
-
-extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
-    constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_row_decl(p)}
+    return f"""    constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_row_decl(p)}
     constexpr int BM = {s.bm}, BN = {s.bn}, BK = {s.bk}, STAGES = {s.stages}, THREADS = {s.threads};
     constexpr int WG_N = {s.wg_n}, WARPGROUP_M = BM / {s.wg_m}, WARPGROUP_N = BN / WG_N;
-    constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = {el}, ROW = BK, KS = {32 // p.in_dtype.itemsize};
+    constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = {16 // p.in_dtype.itemsize}, ROW = BK, KS = {32 // p.in_dtype.itemsize};
     constexpr unsigned ROW_BYTES = {ROW_BYTES}, ATOM = {ATOM_BYTES};
     constexpr int KT = (K + BK - 1) / BK;
     // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
     extern __shared__ __align__(16) unsigned char gemm_smem[];
     {t}* const sA = ({t}*)(gemm_smem + ((ATOM - (smem_addr(gemm_smem) & (ATOM - 1))) & (ATOM - 1)));
-    {t}* const sB = sA + STAGES * BM * BK;
+    {t}* const sB = sA + STAGES * BM * BK;"""
+
+
+def accumulators() -> str:
+    """The warpgroup's fp32 accumulators, zeroed."""
+    return """    float acc[MI][NI][4];
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int j = 0; j < NI; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;"""
+
+
+def issue_mmas(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, indent: str) -> str:
+    """The statements issuing one k-tile's wgmmas from stage pointers cA / cB, as one group."""
+    mma = f"{wgmma_name(s.bn // s.wg_n, _KIND[p.in_dtype])}<{int(p.trans_a)}, {int(not p.trans_b)}>"
+    desc_a, desc_b = _descriptors(p)
+    return "\n".join(indent + line for line in f"""wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
+wgmma_fence();
+#pragma unroll
+for (int ks = 0; ks < BK / KS; ++ks)
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        {mma}(&acc[i][0][0], {desc_a}, {desc_b});
+wgmma_commit();""".splitlines())
+
+
+def store_accumulators(p: GemmProblem, args: str) -> str:
+    """The epilogue: each accumulator through gemm_epilogue into C, predicated on the edges."""
+    return f"""    // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j
+    const long long cz = gemm_boff_c(z);
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int j = 0; j < NI; ++j)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                const int r = m0 + wm0 + i * 64 + warp * 16 + h * 8 + (lane >> 2);
+                const int c = n0 + wn0 + j * 8 + (lane & 3) * 2;
+                if (r < M && c < N) {{
+                    const long long o = cz + (long long)r * N + c;
+{store_pair(p, args)}
+                }}
+            }}"""
+
+
+def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
+    """The wgmma kernel, after its launch comment and device helpers."""
+    fns, signature, args = common(p)
+    t = CTYPE[p.in_dtype]
+    comment = launch_comment(p, s, name, signature).replace(
+        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
+    return comment + fns + f"""
+{helpers(p)}
+{DESCRIPTOR_HELPERS}
+
+extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
+{tile_setup(p, s)}
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
 {block_origin(t)}
@@ -133,13 +180,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
         {_load(p, "B")}
     }};
 
-    float acc[MI][NI][4];
-    #pragma unroll
-    for (int i = 0; i < MI; ++i)
-        #pragma unroll
-        for (int j = 0; j < NI; ++j)
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+{accumulators()}
 
     #pragma unroll
     for (int st = 0; st < STAGES - 2; ++st) {{
@@ -155,14 +196,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
         cp_async_commit();
         const {t}* cA = sA + (kt % STAGES) * BM * BK;
         const {t}* cB = sB + (kt % STAGES) * BK * BN;
-        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
-        wgmma_fence();
-        #pragma unroll
-        for (int ks = 0; ks < BK / KS; ++ks)
-            #pragma unroll
-            for (int i = 0; i < MI; ++i)
-                {mma}(&acc[i][0][0], {desc_a}, {desc_b});
-        wgmma_commit();
+{issue_mmas(p, s, "        ")}
         wgmma_wait<1>();               // tile kt - 1's MMAs are done; tile kt's run on
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
     }}
@@ -170,21 +204,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
     wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
     cp_async_wait<0>();
 
-    // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j
-    const long long cz = gemm_boff_c(z);
-    #pragma unroll
-    for (int i = 0; i < MI; ++i)
-        #pragma unroll
-        for (int j = 0; j < NI; ++j)
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {{
-                const int r = m0 + wm0 + i * 64 + warp * 16 + h * 8 + (lane >> 2);
-                const int c = n0 + wn0 + j * 8 + (lane & 3) * 2;
-                if (r < M && c < N) {{
-                    const long long o = cz + (long long)r * N + c;
-{store_pair(p, args)}
-                }}
-            }}
+{store_accumulators(p, args)}
 }}
 """
 

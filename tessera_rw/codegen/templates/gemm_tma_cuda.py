@@ -1,0 +1,179 @@
+"""The Hopper GEMM kernel with TMA loads and a producer warpgroup (sm_90a).
+
+The block is wg_m x wg_n consumer warpgroups, which issue the wgmmas and run the epilogue exactly
+as the cp.async kernel's do (gemm_wgmma_cuda.py: same shared layout, descriptors, accumulators),
+and one producer warpgroup after them, of which one thread does all the loading: per k-tile and
+stage, one TMA copy per operand box (a K-major operand's whole tile, an MN-major one's 64-wide
+blocks), the tensor map writing each box in the 128-byte swizzled layout wgmma reads and
+zero-filling what lies past M, N or K. No consumer thread spends an instruction or a register on
+addresses, predicates or copies.
+
+Two mbarriers per stage hand the tiles over:
+- full[s]: the producer arrives on it, expecting the stage's bytes; the TMA copies complete the
+  phase as they land. A consumer waits on it before issuing the stage's MMAs.
+- empty[s]: each consumer warp arrives on it once its wgmmas on the stage have retired (one
+  k-tile later, after `wgmma.wait_group 1`); the producer waits on it before refilling the stage.
+The parity waited for is the phase's: round kt / STAGES of stage kt % STAGES.
+
+Products the TMA cannot map fall back to the cp.async kernel (`tma_blocker`): rows not 16-byte
+aligned (a tensor map's strides must be), an operand broadcast over some batch dims but not all,
+and bias gradients (their row of ones under A is written into each tile, which TMA cannot do).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from tessera_rw.codegen.tensor_map import TensorMapSpec
+from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common, launch_comment
+from tessera_rw.codegen.templates.gemm_mma_cuda import helpers
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import (ATOM_BYTES, DESCRIPTOR_HELPERS, ROW_BYTES, accumulators,
+                                                         issue_mmas, store_accumulators, tile_setup)
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule
+    from tessera_rw.codegen.templates.gemm_problem import GemmProblem
+
+MBARRIER_BYTES = 8
+
+
+def tma_blocker(p: GemmProblem) -> str | None:
+    """Why the product's operands cannot be loaded through tensor maps, or None when they can."""
+    if p.bias_grad:
+        return "a bias gradient's row of ones is written into A's tiles, which a TMA copy cannot do"
+    if not (p.stride_aligned(p.a_stride) and p.stride_aligned(p.b_stride)):
+        return "a tensor map's row stride must be a multiple of 16 bytes"
+    for batch in (p.a_batch, p.b_batch):
+        if _batched(p, batch) is None:
+            return "an operand broadcast over some batch dims but not all has no single batch stride"
+    return None
+
+
+def _batched(p: GemmProblem, batch: tuple[int, ...]) -> bool | None:
+    """Whether an operand with leading dims `batch` has one matrix per batch of the product (True),
+    one for all of them (False), or neither (None)."""
+    if math.prod(batch) == 1:
+        return False
+    padded = (1,) * (len(p.batch) - len(batch)) + tuple(batch)
+    return True if padded == tuple(p.batch) else None
+
+
+def tensor_maps(p: GemmProblem, s: TmaSchedule) -> tuple[TensorMapSpec, TensorMapSpec]:
+    """The kernel's tensor maps in parameter order, A's then B's: a K-major operand's box is a whole tile (BK along its rows, BM or BN of
+    them), an MN-major one's a 64-wide block of BK rows; batched operands get a third dim."""
+    es = p.in_dtype.itemsize
+    wide = ROW_BYTES // es               # elements per swizzled row
+    maps = []
+    for operand, rows, k_major, extent in ((0, p.a_rows, not p.trans_a, s.bm), (1, p.n, p.trans_b, s.bn)):
+        inner, outer = (p.k, rows) if k_major else (rows, p.k)
+        box = (wide, extent) if k_major else (wide, s.bk)
+        dims, strides = (inner, outer), (inner * es,)
+        if _batched(p, p.a_batch if operand == 0 else p.b_batch):
+            batches = p.nbatch
+            dims, strides, box = (*dims, batches), (*strides, inner * outer * es), (*box, 1)
+        maps.append(TensorMapSpec(operand, es, dims, strides, box))
+    return maps[0], maps[1]
+
+
+def _copies(p: GemmProblem, s: TmaSchedule, operand: str) -> str:
+    """The producer's statements copying one stage's tile of `operand` into d{operand}."""
+    a = operand == "A"
+    spec = tensor_maps(p, s)[0 if a else 1]
+    k_major = (not p.trans_a) if a else p.trans_b
+    origin, extent = ("m0", "BM") if a else ("n0", "BN")
+    batch = ", z" if len(spec.dims) == 3 else ""
+    load = f"tma_load_{len(spec.dims)}d"
+    if k_major:
+        return f"{load}(d{operand}, &tma_{operand.lower()}, k0, {origin}{batch}, &full[s]);"
+    return (f"for (int b = 0; b < {extent} / BOX; ++b)   // 64-wide blocks, BK rows apart\n"
+            f"                    {load}(d{operand} + b * BK * BOX, &tma_{operand.lower()}, {origin} + b * BOX, k0{batch}, "
+            f"&full[s]);")
+
+
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232   # with two consumer warpgroups: 64512 of the 65536
+
+
+def _registers(s: TmaSchedule, change: str, indent: int) -> str:
+    """The setmaxnreg moving registers from the producer warpgroup to the consumers, for a block of
+    two consumer warpgroups (384 threads launch with at most 168 a thread, the consumers need more
+    for 128 accumulators and the epilogue); none for other blocks."""
+    if s.consumers != 2:
+        return ""
+    count = PRODUCER_REGISTERS if change == "dec" else CONSUMER_REGISTERS
+    role = "the producer needs few" if change == "dec" else "to the consumers"
+    return f"{' ' * indent}setmaxnreg_{change}<{count}>();   // registers: {role}"
+
+
+def emit_tma(p: GemmProblem, s: TmaSchedule, name: str) -> str:
+    """The TMA kernel, after its launch comment and device helpers."""
+    fns, signature, args = common(p)
+    t = CTYPE[p.in_dtype]
+    signature += ", const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b"
+    comment = launch_comment(p, s, name, signature).replace(
+        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
+    return comment + fns + f"""
+{helpers(p)}
+{DESCRIPTOR_HELPERS}
+
+extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
+{tile_setup(p, s)}
+    constexpr int CONSUMERS = {s.consumers}, BOX = ROW_BYTES / sizeof({t});
+    constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof({t});
+    unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
+    unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
+    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
+    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
+    const int z = blockIdx.x / (TILES_N * TILES_M);
+    if (tid == 0) {{
+        for (int s = 0; s < STAGES; ++s) {{
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4 * CONSUMERS);
+        }}
+        fence_mbarrier_init();
+    }}
+    __syncthreads();
+
+    if (warpgroup == CONSUMERS) {{     // the producer warpgroup: its first thread issues every copy
+{_registers(s, "dec", 8)}
+        if (tid == CONSUMERS * 128) {{
+            for (int kt = 0; kt < KT; ++kt) {{
+                const int s = kt % STAGES, k0 = kt * BK;
+                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);   // tile kt - STAGES's MMAs retired
+                mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                {t}* dA = sA + s * BM * BK;
+                {t}* dB = sB + s * BK * BN;
+                {_copies(p, s, "A")}
+                {_copies(p, s, "B")}
+            }}
+        }}
+        return;
+    }}
+{_registers(s, "inc", 4)}
+    const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
+
+{accumulators()}
+
+    for (int kt = 0; kt < KT; ++kt) {{
+        const int s = kt % STAGES;
+        mbar_wait(&full[s], (kt / STAGES) & 1);            // tile kt has landed
+        const {t}* cA = sA + s * BM * BK;
+        const {t}* cB = sB + s * BK * BN;
+{issue_mmas(p, s, "        ")}
+        wgmma_wait<1>();                                    // tile kt - 1's MMAs are done; tile kt's run on
+        wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+    }}
+    wgmma_wait<0>();
+    wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
+
+{store_accumulators(p, args)}
+}}
+"""
+
+
+def smem_bytes_of(p: GemmProblem, s: TmaSchedule) -> int:
+    """Dynamic shared memory the kernel asks for: its stages, room to align them to an atom, and
+    two mbarriers per stage."""
+    return s.stages * (s.bm + s.bn) * s.bk * p.in_dtype.itemsize + ATOM_BYTES + 2 * s.stages * MBARRIER_BYTES
