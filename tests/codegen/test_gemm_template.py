@@ -12,7 +12,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, GemmTemplate
-from tessera_rw.codegen.templates.gemm_footprint import WgmmaSchedule
+from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule, WgmmaSchedule
 
 T = GemmTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
@@ -52,10 +52,13 @@ def test_resources_cover_the_work(op):
 def test_math_unit_and_schedule_kind_follow_the_dtype():
     bf16, fp32 = mm((256, 256), (256, 256)), mm((256, 256), (256, 256), DType.float32)
     h100, a100 = arch_named("h100"), arch_named("a100")
-    # sm_90 offers warpgroup MMAs first, then mma.sync; sm_80 mma.sync only
+    # sm_90 offers warpgroup MMAs first (TMA-fed, then cp.async-fed), then mma.sync; sm_80 mma.sync only
     kinds = [type(s) for s in T.schedules(bf16, h100)]
-    assert kinds[0] is WgmmaSchedule and GemmSchedule in kinds
-    assert kinds == sorted(kinds, key=lambda k: k is not WgmmaSchedule)
+    assert kinds[0] is TmaSchedule and WgmmaSchedule in kinds and GemmSchedule in kinds
+    assert kinds == sorted(kinds, key=[TmaSchedule, WgmmaSchedule, GemmSchedule].index)
+    # a bias gradient's ones row, or rows not 16-byte aligned, keep the cp.async wgmma kernel first
+    ragged = mm((1001, 999), (999, 1003))
+    assert type(T.schedules(ragged, h100)[0]) is WgmmaSchedule
     assert all(isinstance(s, GemmSchedule) for s in T.schedules(bf16, a100))
     assert all(isinstance(s, GemmSimtSchedule) for s in T.schedules(fp32, h100))
     assert T.resources(bf16, T.schedules(bf16, h100)[0], h100).unit is MathUnit.BF16
@@ -185,3 +188,6 @@ def test_a_warpgroup_mma_kernel_builds_for_sm_90a_only():
     from tessera_rw.algebra.errors import TesseraError
     with pytest.raises(TesseraError, match="needs sm_90 warpgroup MMAs"):
         T.emit(op, T.schedules(op, h100)[0], arch_named("a100"))
+    # the TMA kernel takes its operands' tensor maps after the pointers: A's, then B's
+    assert [m.operand for m in source.tensor_maps] == [0, 1]
+    assert "const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b)" in source.source

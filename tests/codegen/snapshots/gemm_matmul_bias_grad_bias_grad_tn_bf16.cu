@@ -1,6 +1,6 @@
 // matmul_bias_grad(bf16[2048,768], bf16[2048,3072], trans_a=True) -> bf16[769,3072]
-// kernel kind gemm, fused ['bias_grad'], schedule bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4, H100-SXM
-// launch: gemm_bf16_bf16_none_bgrad_tn_1x769x3072x2048_128x256x64x2x1x4<<<84, 256>>> (a 1-d grid of resources().blocks, 197632 bytes of dynamic shared memory)
+// kernel kind gemm, fused ['bias_grad'], schedule wg bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4, H100-SXM
+// launch: gemm_bf16_bf16_none_bgrad_tn_1x769x3072x2048_wg128x256x64x2x1x4<<<84, 256>>> (a 1-d grid of resources().blocks, 197632 bytes of dynamic shared memory)
 // arguments: const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C
 __device__ __forceinline__ long long gemm_boff_a(int z) { return 0LL; }
 __device__ __forceinline__ long long gemm_boff_b(int z) { return 0LL; }
@@ -28,7 +28,7 @@ __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsign
 // where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
 __device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_tn_1x769x3072x2048_128x256x64x2x1x4(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_tn_1x769x3072x2048_wg128x256x64x2x1x4(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C) {
     constexpr int M = 769, N = 3072, K = 2048;
     constexpr int MA = 768;   // rows of A; row MA is the virtual row of ones
     constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 256;
