@@ -94,7 +94,7 @@ def _descriptor(spec: TensorMapSpec, pointer: int):
         raise DeviceError(f"argument {spec.operand} starts at {pointer:#x}, which a TMA tensor map cannot: it must "
                           f"be {STRIDE_ALIGN}-byte aligned", hint="pass a tensor that owns its storage (.contiguous() "
                                                                   "copies a view that starts mid-allocation)")
-    view = StridedMemoryView.from_cuda_array_interface(_MappedTensor(spec, pointer), stream_ptr=None)
+    view = StridedMemoryView.from_cuda_array_interface(_MappedTensor(spec, pointer), stream_ptr=-1)
     try:
         return view.as_tensor_map(box_dim=tuple(reversed(spec.box)), swizzle=TensorMapSwizzle.SWIZZLE_128B)
     except Exception as e:

@@ -183,3 +183,25 @@ def test_a_tma_schedule_is_refused_where_tensor_maps_cannot_load():
     assert not any(isinstance(s, TmaSchedule) for s in template.schedules(op, H100))
     with pytest.raises(TesseraError, match="16-byte aligned"):
         template.emit(op, SCHEDULE, H100)
+
+
+def test_the_driver_sees_the_mapped_tensor_outermost_first_in_bytes():
+    from tessera_rw.codegen.tensor_map import _MappedTensor
+    spec = TensorMapSpec(1, 1, dims=(4096, 1024, 3), strides=(4096, 4096 * 1024), box=(128, 256, 1))
+    view = _MappedTensor(spec, 0x7F00_0000_0000).__cuda_array_interface__
+    assert view["shape"] == (3, 1024, 4096) and view["strides"] == (4096 * 1024, 4096, 1)
+    assert view["typestr"] == "|u1" and view["data"] == (0x7F00_0000_0000, False)
+
+
+def test_a_product_s_tensor_maps_cover_its_operands_exactly():
+    from tessera_rw.codegen.templates.gemm_problem import GemmProblem
+    from tessera_rw.codegen.templates.gemm_tma_cuda import tensor_maps
+    # A batched and stored [K, M]; B shared by every batch and stored [N, K]
+    a, b = read_as(TensorType((4, 256, 512), DType.float16), True), read_as(TensorType((512, 384), DType.float16), True)
+    op = KernelOp.of("gemm", (a, b), TensorType((4, 256, 384), DType.float16), scale=1.0, activation="none",
+                     has_bias=False, has_residual=False, accum_dtype=None, dtype=DType.float16, trans_a=True,
+                     trans_b=True)
+    map_a, map_b = tensor_maps(GemmProblem.of(op), TmaSchedule(128, 128, 64, 2, 1, 4))
+    assert (map_a.dims, map_a.strides, map_a.box) == ((256, 512, 4), (512, 512 * 512), (64, 64, 1))
+    assert (map_b.dims, map_b.strides, map_b.box) == ((512, 384), (1024,), (64, 128))
+    assert [m.operand for m in (map_a, map_b)] == [0, 1]
