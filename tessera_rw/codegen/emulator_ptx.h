@@ -428,6 +428,20 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
     while (!mbar_try_wait(bar, parity)) {}
 }
+// bar.sync id, 128: the last of the 128 to arrive opens it; the others poll until it has
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    if (id < 1 || id > 15) emu::fail("bar.sync: a named barrier's id is 1..15 (0 is __syncthreads')");
+    auto found = emu::block().named_barriers.try_emplace(id, emu::Mbarrier{128, 128, 0, 0}).first;
+    emu::Mbarrier& b = found->second;
+    const unsigned generation = b.phase;
+    ++emu::block().progress;
+    if (--b.pending == 0) {
+        b.pending = b.count;
+        ++b.phase;
+        return;
+    }
+    while (b.phase == generation) emu::yield(emu::POLLING);
+}
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {
     const int coords[] = {c0, c1};
     emu::tma_load(dst, map, coords, 2, bar);

@@ -129,6 +129,7 @@ struct Mbarrier { int count, pending; long long tx; unsigned phase; };
 struct Block {
     std::vector<Thread> threads;
     std::map<const void*, Mbarrier> mbarriers;   // by their address in shared memory
+    std::map<int, Mbarrier> named_barriers;      // bar.sync's, by id: arrivals pending, generations passed
     unsigned long long progress = 0;             // mbarrier events (init, arrival, transactions, a wait passed)
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
@@ -286,6 +287,7 @@ inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     // has not yet written when a __syncthreads is missing, whichever way the data flows.
     const int warps = (threads + 31) / 32;
     b.mbarriers.clear();
+    b.named_barriers.clear();
     auto run_warp = [&](int w) -> const char* {
         const int first = w * 32, last = std::min(threads, first + 32);
         while (true) {

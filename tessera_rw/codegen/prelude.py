@@ -186,6 +186,8 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // every thread of the warpgroup executes it, N a multiple of 8 in 24..256
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+// a barrier among the 128 threads of one warpgroup (`id` 1..15; 0 is __syncthreads')
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // one TMA box from global memory into shared memory at `dst`, coordinates innermost first;
 // its bytes count as transactions on `bar`
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {

@@ -205,3 +205,28 @@ def test_a_product_s_tensor_maps_cover_its_operands_exactly():
     assert (map_a.dims, map_a.strides, map_a.box) == ((256, 512, 4), (512, 512 * 512), (64, 64, 1))
     assert (map_b.dims, map_b.strides, map_b.box) == ((512, 384), (1024,), (64, 128))
     assert [m.operand for m in (map_a, map_b)] == [0, 1]
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["synced", "no warpgroup barrier"])
+def test_a_bias_gradient_s_ones_row_is_written_into_the_landed_tile_before_the_mmas(sync):
+    # dW and db of X [520, 72] and dY [520, 136]: A = Xᵀ read in place, its row 72 the ones
+    x = TensorType((520, 72), DType.bfloat16)
+    op = KernelOp.of("matmul_bias_grad", (x, TensorType((520, 136), DType.bfloat16)),
+                     TensorType((73, 136), DType.bfloat16), accum_dtype=None, trans_a=True)
+    source = GemmTemplate().emit(op, SCHEDULE, H100)
+    barrier = "warpgroup_sync(1 + warpgroup);"
+    assert barrier in source.source
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(t.shape).astype(ml_dtypes.bfloat16) for t in op.operands)
+    out = np.full((73, 136), np.nan, ml_dtypes.bfloat16)
+    if sync:
+        build(source)([a, b, out])
+        reference = np.vstack([a.astype(np.float64).T @ b.astype(np.float64), b.astype(np.float64).sum(axis=0)])
+        np.testing.assert_allclose(out.astype(np.float64), reference, rtol=2e-2, atol=0.5)
+        return
+    # without the barrier, a warp issues its MMAs before another warp has written its share of the row
+    unsynced = KernelSource(source.name + "_unsynced", source.source.replace(barrier, "").replace(
+        source.name, source.name + "_unsynced"), source.threads, source.grid, source.dynamic_smem,
+        target=source.target, tensor_maps=source.tensor_maps)
+    with pytest.raises(EmulatorError, match="changed before wgmma.wait_group"):
+        build(unsynced)([a, b, out])

@@ -251,8 +251,8 @@ class GemmTemplate(Template):
         if isinstance(schedule, TmaSchedule):
             if not self._valid(p, schedule, arch):
                 raise TesseraError(f"{schedule!r} does not fit {op} on {arch.name}", op=op.op,
-                                   hint="TMA loads need rows 16-byte aligned and no bias gradient; use a "
-                                        "WgmmaSchedule")
+                                   hint="TMA loads need rows 16-byte aligned (and a bias gradient one "
+                                        "warpgroup across N); use a WgmmaSchedule")
             return KernelSource(name, header + emit_tma(p, schedule, name), schedule.threads, grid=grid,
                                 dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET,
                                 tensor_maps=tensor_maps(p, schedule))

@@ -4,9 +4,9 @@ Two kernels issue wgmma (both compiled for sm_90a, both reading the operands fro
 128-byte swizzled shared tiles):
 - gemm_tma_cuda.py, with TmaSchedule: a producer warpgroup loads the tiles with TMA copies and
   mbarriers hand the stages over; the consumers only issue MMAs. It needs tensor maps of the
-  operands (`tma_blocker`: rows 16-byte aligned, no partial batch broadcast, no bias gradient).
+  operands (`tma_blocker`: rows 16-byte aligned, no partial batch broadcast).
 - gemm_wgmma_cuda.py, with WgmmaSchedule: every thread copies its share with cp.async; it takes
-  every product wgmma can run, ragged rows and bias gradients included.
+  every product wgmma can run, ragged rows included.
 On sm_90 their schedules come first (TMA's where it applies), then the mma.sync ones.
 
 >>> from tessera_rw.algebra.dtypes import DType
@@ -94,8 +94,9 @@ def hopper_valid(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, arch: ArchSpec)
     if isinstance(s, TmaSchedule):
         # two consumer warpgroups run on what setmaxnreg gives them
         room = CONSUMER_REGISTERS if s.consumers == 2 else arch.registers_per_thread
+        # a bias gradient's ones row is written by the one warpgroup reading its slab of A
         return (fits and tma_blocker(p) is None and s.stages >= 2 and max(s.bm, s.bn) <= MAX_BOX
-                and tma_consumer_registers(p, s) <= room)
+                and tma_consumer_registers(p, s) <= room and (not p.bias_grad or s.wg_n == 1))
     # every thread copies whole 16-byte chunks of both tiles (8 per 128-byte row)
     return fits and s.stages >= 3 and 8 * s.bm % s.threads == 0 and 8 * s.bn % s.threads == 0
 

@@ -15,9 +15,13 @@ Two mbarriers per stage hand the tiles over:
   k-tile later, after `wgmma.wait_group 1`); the producer waits on it before refilling the stage.
 The parity waited for is the phase's: round kt / STAGES of stage kt % STAGES.
 
+A bias gradient's row of ones (row MA of A, past the tensor, so zero-filled by the copy) is
+written into each A tile by the warpgroup whose slab holds it, after the tile lands: each thread
+fences the proxies and the warpgroup meets at a named barrier before issuing its MMAs (only
+schedules with one warpgroup across N, so no other warpgroup reads that slab).
+
 Products the TMA cannot map fall back to the cp.async kernel (`tma_blocker`): rows not 16-byte
-aligned (a tensor map's strides must be), an operand broadcast over some batch dims but not all,
-and bias gradients (their row of ones under A is written into each tile, which TMA cannot do).
+aligned (a tensor map's strides must be) and operands broadcast over some batch dims but not all.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.tensor_map import TensorMapSpec
 from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common, launch_comment
 from tessera_rw.codegen.templates.gemm_mma_cuda import helpers
@@ -40,8 +45,6 @@ MBARRIER_BYTES = 8
 
 def tma_blocker(p: GemmProblem) -> str | None:
     """Why the product's operands cannot be loaded through tensor maps, or None when they can."""
-    if p.bias_grad:
-        return "a bias gradient's row of ones is written into A's tiles, which a TMA copy cannot do"
     if not (p.stride_aligned(p.a_stride) and p.stride_aligned(p.b_stride)):
         return "a tensor map's row stride must be a multiple of 16 bytes"
     for batch in (p.a_batch, p.b_batch):
@@ -105,6 +108,33 @@ def _registers(s: TmaSchedule, change: str, indent: int) -> str:
     return f"{' ' * indent}setmaxnreg_{change}<{count}>();   // registers: {role}"
 
 
+_ONE_BITS = {DType.bfloat16: "0x3F80u", DType.float16: "0x3C00u"}
+
+
+def _ones_here(p: GemmProblem) -> str:
+    """Whether this warpgroup's slab of A holds a bias gradient's row of ones (row MA)."""
+    if not p.bias_grad:
+        return ""
+    return "    const bool ones_here = MA >= m0 + wm0 && MA < m0 + wm0 + WARPGROUP_M;   // the bias gradient's row of A"
+
+
+def _ones_row(p: GemmProblem) -> str:
+    """The statements writing ones into row MA of the landed A tile cA, for k < K."""
+    if not p.bias_grad:
+        return ""
+    # K-major: row r of 128 swizzled bytes; MN-major: element r of each k-row, in its 64-wide block
+    at = ("r * ROW + gemm_swz(r, c / EL) * EL + c % EL" if not p.trans_a
+          else "r / BOX * BK * BOX + c * ROW + gemm_swz(c, r % BOX / EL) * EL + r % EL")
+    return f"""        if (ones_here) {{                                   // the copy zero-filled row MA: ones where k < K
+            const int r = MA - m0;
+            for (int c = tid & 127; c < BK; c += 128)
+                if (kt * BK + c < K) ((unsigned short*)cA)[{at}] = {_ONE_BITS[p.in_dtype]};
+            fence_proxy_async();                           // where the tensor cores read them
+            warpgroup_sync(1 + warpgroup);                 // written by every thread before any MMA reads them
+        }}
+"""
+
+
 def emit_tma(p: GemmProblem, s: TmaSchedule, name: str) -> str:
     """The TMA kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
@@ -155,12 +185,13 @@ extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature})
 
 {accumulators()}
 
+{_ones_here(p)}
     for (int kt = 0; kt < KT; ++kt) {{
         const int s = kt % STAGES;
         mbar_wait(&full[s], (kt / STAGES) & 1);            // tile kt has landed
         const {t}* cA = sA + s * BM * BK;
         const {t}* cB = sB + s * BK * BN;
-{issue_mmas(p, s, "        ")}
+{_ones_row(p)}{issue_mmas(p, s, "        ")}
         wgmma_wait<1>();                                    // tile kt - 1's MMAs are done; tile kt's run on
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
         if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);

@@ -75,6 +75,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bf16_bf16_none_1x4096x
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
+
     for (int kt = 0; kt < KT; ++kt) {
         const int s = kt % STAGES;
         mbar_wait(&full[s], (kt / STAGES) & 1);            // tile kt has landed

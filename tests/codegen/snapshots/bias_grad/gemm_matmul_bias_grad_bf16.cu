@@ -1,7 +1,7 @@
 // matmul_bias_grad(bf16[768,1024], bf16[1024,1024]) -> bf16[769,1024]
-// kernel kind gemm, fused ['bias_grad'], schedule wg bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4, H100-SXM
-// launch: gemm_bf16_bf16_none_bgrad_1x769x1024x1024_wg128x256x64x2x1x4<<<28, 256>>> (a 1-d grid of resources().blocks, 197632 bytes of dynamic shared memory)
-// arguments: const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C
+// kernel kind gemm, fused ['bias_grad'], schedule tma bm=128 bn=256 bk=64 wg_m=2 wg_n=1 stages=4, H100-SXM
+// launch: gemm_bf16_bf16_none_bgrad_1x769x1024x1024_tma128x256x64x2x1x4<<<28, 384>>> (a 1-d grid of resources().blocks, 197696 bytes of dynamic shared memory)
+// arguments: const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C, const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b
 __device__ __forceinline__ long long gemm_boff_a(int z) { return 0LL; }
 __device__ __forceinline__ long long gemm_boff_b(int z) { return 0LL; }
 __device__ __forceinline__ long long gemm_boff_c(int z) { return 0LL; }
@@ -25,10 +25,10 @@ __device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsign
 // where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
 __device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_1x769x1024x1024_wg128x256x64x2x1x4(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C) {
+extern "C" __global__ void __launch_bounds__(384, 1) gemm_bf16_bf16_none_bgrad_1x769x1024x1024_tma128x256x64x2x1x4(const bf16_t* __restrict__ A, const bf16_t* __restrict__ B, bf16_t* __restrict__ C, const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b) {
     constexpr int M = 769, N = 1024, K = 1024;
     constexpr int MA = 768;   // rows of A; row MA is the virtual row of ones
-    constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 256;
+    constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 384;
     constexpr int WG_N = 1, WARPGROUP_M = BM / 2, WARPGROUP_N = BN / WG_N;
     constexpr int MI = WARPGROUP_M / 64, NI = WARPGROUP_N / 8, EL = 8, ROW = BK, KS = 16;
     constexpr unsigned ROW_BYTES = 128, ATOM = 1024;
@@ -37,34 +37,41 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_1
     extern __shared__ __align__(16) unsigned char gemm_smem[];
     bf16_t* const sA = (bf16_t*)(gemm_smem + ((ATOM - (smem_addr(gemm_smem) & (ATOM - 1))) & (ATOM - 1)));
     bf16_t* const sB = sA + STAGES * BM * BK;
+    constexpr int CONSUMERS = 2, BOX = ROW_BYTES / sizeof(bf16_t);
+    constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof(bf16_t);
+    unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
+    unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
-    const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
-    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
     const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
     const int z = blockIdx.x / (TILES_N * TILES_M);
-    const bf16_t* Ab = A + gemm_boff_a(z);
-    const bf16_t* Bb = B + gemm_boff_b(z);
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4 * CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
 
-    // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
-    auto load_tile = [&](int stage, int kt) {
-        const int k0 = kt * BK;
-        bf16_t* dA = sA + stage * BM * BK;
-        #pragma unroll
-        for (int i = 0; i < BM * 8 / THREADS; ++i) {   // k-runs of one row each
-            const int id = tid + i * THREADS, r = id / 8, c = id % 8, kv = K - (k0 + c * EL);
-            const bool ok = m0 + r < MA && kv > 0;
-            if (m0 + r == MA) gemm_ones8(dA + r * ROW + gemm_swz(r, c) * EL, kv);
-            else cp_async_16(dA + r * ROW + gemm_swz(r, c) * EL, ok ? Ab + (m0 + r) * K + k0 + c * EL : Ab, ok ? 16 : 0);
+    if (warpgroup == CONSUMERS) {     // the producer warpgroup: its first thread issues every copy
+        setmaxnreg_dec<40>();   // registers: the producer needs few
+        if (tid == CONSUMERS * 128) {
+            for (int kt = 0; kt < KT; ++kt) {
+                const int s = kt % STAGES, k0 = kt * BK;
+                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);   // tile kt - STAGES's MMAs retired
+                mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                bf16_t* dA = sA + s * BM * BK;
+                bf16_t* dB = sB + s * BK * BN;
+                tma_load_2d(dA, &tma_a, k0, m0, &full[s]);
+                for (int b = 0; b < BN / BOX; ++b)   // 64-wide blocks, BK rows apart
+                    tma_load_2d(dB + b * BK * BOX, &tma_b, n0 + b * BOX, k0, &full[s]);
+            }
         }
-        bf16_t* dB = sB + stage * BK * BN;
-        #pragma unroll
-        for (int i = 0; i < BK * (BN / EL) / THREADS; ++i) {   // BN-runs of one k each
-            const int id = tid + i * THREADS, r = id / (BN / EL), c = id % (BN / EL), nv = N - (n0 + c * EL);
-            const bool ok = k0 + r < K && nv > 0;
-            cp_async_16(dB + (c / 8) * BK * ROW + r * ROW + gemm_swz(r, c % 8) * EL, ok ? Bb + (k0 + r) * N + n0 + c * EL : Bb, ok ? 16 : 0);
-        }
-    };
+        return;
+    }
+    setmaxnreg_inc<232>();   // registers: to the consumers
+    const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
 
     float acc[MI][NI][4];
     #pragma unroll
@@ -74,20 +81,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_1
             #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    #pragma unroll
-    for (int st = 0; st < STAGES - 2; ++st) {
-        if (st < KT) load_tile(st, st);
-        cp_async_commit();
-    }
+    const bool ones_here = MA >= m0 + wm0 && MA < m0 + wm0 + WARPGROUP_M;   // the bias gradient's row of A
     for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 3>();   // tile kt has landed
-        fence_proxy_async();           // where the tensor cores read it
-        __syncthreads();               // for every thread; and every warpgroup has retired tile kt - 2's MMAs
-        const int next = kt + STAGES - 2;
-        if (next < KT) load_tile(next % STAGES, next);   // into tile kt - 2's stage
-        cp_async_commit();
-        const bf16_t* cA = sA + (kt % STAGES) * BM * BK;
-        const bf16_t* cB = sB + (kt % STAGES) * BK * BN;
+        const int s = kt % STAGES;
+        mbar_wait(&full[s], (kt / STAGES) & 1);            // tile kt has landed
+        const bf16_t* cA = sA + s * BM * BK;
+        const bf16_t* cB = sB + s * BK * BN;
+        if (ones_here) {                                   // the copy zero-filled row MA: ones where k < K
+            const int r = MA - m0;
+            for (int c = tid & 127; c < BK; c += 128)
+                if (kt * BK + c < K) ((unsigned short*)cA)[r * ROW + gemm_swz(r, c / EL) * EL + c % EL] = 0x3F80u;
+            fence_proxy_async();                           // where the tensor cores read them
+            warpgroup_sync(1 + warpgroup);                 // written by every thread before any MMA reads them
+        }
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
         wgmma_fence();
         #pragma unroll
@@ -96,12 +102,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) gemm_bf16_bf16_none_bgrad_1
             for (int i = 0; i < MI; ++i)
                 wgmma_m64n256k16_bf16<0, 1>(&acc[i][0][0], gemm_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM), gemm_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM));
         wgmma_commit();
-        wgmma_wait<1>();               // tile kt - 1's MMAs are done; tile kt's run on
+        wgmma_wait<1>();                                    // tile kt - 1's MMAs are done; tile kt's run on
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
     }
     wgmma_wait<0>();
     wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
-    cp_async_wait<0>();
 
     // accumulator (i, j, e) of warp w: row 16w + lane/4 (+8 for e >= 2) of slab i, column pair 2*(lane%4) of n8 block j
     const long long cz = gemm_boff_c(z);
