@@ -46,8 +46,8 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
 from tessera_rw.codegen.prelude import HOPPER_TARGET
-from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, TmaSchedule, WgmmaSchedule,
-                                                         blocks_per_sm, registers, smem_bytes)
+from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, TmaSchedule, WarpgroupTiling,
+                                                         WgmmaSchedule, blocks_per_sm, registers, smem_bytes)
 from tessera_rw.codegen.templates.gemm_hopper import (TMA_EFFICIENCY, WGMMA_EFFICIENCY, hopper_calibrated,
                                                       hopper_defaults, hopper_grid, hopper_valid, warpgroup_mma)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
@@ -160,7 +160,7 @@ class GemmTemplate(Template):
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
         if _lacks_unit(p, arch):
             return False
-        if isinstance(s, (WgmmaSchedule, TmaSchedule)):
+        if isinstance(s, WarpgroupTiling):
             return hopper_valid(p, s, arch)
         smem = smem_bytes(p, s)
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
@@ -207,7 +207,7 @@ class GemmTemplate(Template):
         if p.tf32:
             # tf32 mma.sync issues half the k per instruction plus a cvt per fragment element
             unit, eff = MathUnit.TF32, (0.7 if arch.compute_capability[0] < 9 else 0.55)
-        elif isinstance(s, (WgmmaSchedule, TmaSchedule)):
+        elif isinstance(s, WarpgroupTiling):
             # warpgroup MMAs keep the tensor cores fed from shared memory, no fragment loads between
             unit = MathUnit.FP8 if p.fp8 else MathUnit.BF16
             eff = TMA_EFFICIENCY if isinstance(s, TmaSchedule) else WGMMA_EFFICIENCY
@@ -239,7 +239,7 @@ class GemmTemplate(Template):
         if not isinstance(schedule, wanted):
             raise TesseraError(f"{'tf32' if p.tf32 else p.in_dtype} operands take a "
                                f"{' or '.join(w.__name__ for w in wanted)}, got {schedule!r}", op=op.op)
-        if isinstance(schedule, (WgmmaSchedule, TmaSchedule)) and not warpgroup_mma(p, arch):
+        if isinstance(schedule, WarpgroupTiling) and not warpgroup_mma(p, arch):
             raise TesseraError(f"{schedule!r} needs sm_90 warpgroup MMAs, which {op} cannot use on {arch.name}",
                                op=op.op, hint="warpgroup MMAs take bf16/fp16 operands, or fp8 ones stored with k "
                                               "contiguous, on sm_90; use a GemmSchedule")
@@ -363,7 +363,7 @@ def _calibrated(p: GemmProblem, s: Schedule) -> bool:
     a 4x1 warp grid, deep k-tiles of 128-thread blocks, 4x8 thread tiles) or allocates a third more
     or less than modelled (16-wide warp tiles, deep k-tiles, 128-thread SIMT blocks with bk=16), so
     a tuner would time spilling kernels or trust a wrong occupancy."""
-    if isinstance(s, (WgmmaSchedule, TmaSchedule)):
+    if isinstance(s, WarpgroupTiling):
         return hopper_calibrated(p, s)
     square = s.bn <= 2 * s.bm and s.bm <= 2 * s.bn
     if isinstance(s, GemmSchedule):

@@ -34,32 +34,10 @@ class GemmSchedule(Schedule):
 
 
 @dataclass(frozen=True)
-class WgmmaSchedule(Schedule):
+class WarpgroupTiling(Schedule):
     """Warpgroup-MMA tiling (sm_90): a bm x bn block tile split among wg_m x wg_n warpgroups of 128
-    threads, bk values per stage (one 128-byte shared row: 64 bf16/fp16, 128 fp8)."""
-    tag: ClassVar[str] = "wg"
-    bm: int = 128
-    bn: int = 256
-    bk: int = 64
-    wg_m: int = 2
-    wg_n: int = 1
-    stages: int = 4
-
-    @property
-    def threads(self) -> int:
-        return 128 * self.wg_m * self.wg_n
-
-    @property
-    def chunks_per_thread(self) -> int:
-        """16-byte chunks each thread copies per stage: 8 per 128-byte row of either tile."""
-        return 8 * (self.bm + self.bn) // self.threads
-
-
-@dataclass(frozen=True)
-class TmaSchedule(Schedule):
-    """Warpgroup-MMA tiling with TMA loads (sm_90): wg_m x wg_n consumer warpgroups split the bm x
-    bn tile as WgmmaSchedule's do, and one more warpgroup produces (one thread issuing the copies)."""
-    tag: ClassVar[str] = "tma"
+    threads that issue the MMAs, bk values per stage (one 128-byte shared row: 64 bf16/fp16, 128
+    fp8). Its kinds differ in how the stages are filled."""
     bm: int = 128
     bn: int = 256
     bk: int = 64
@@ -69,7 +47,34 @@ class TmaSchedule(Schedule):
 
     @property
     def consumers(self) -> int:
+        """Warpgroups issuing MMAs."""
         return self.wg_m * self.wg_n
+
+    @property
+    def accumulators(self) -> int:
+        """fp32 accumulators per thread of a consumer warpgroup."""
+        return (self.bm // self.wg_m) * (self.bn // self.wg_n) // 128
+
+
+@dataclass(frozen=True)
+class WgmmaSchedule(WarpgroupTiling):
+    """Warpgroup-MMA tiling whose threads all fill the stages with cp.async."""
+    tag: ClassVar[str] = "wg"
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.consumers
+
+    @property
+    def chunks_per_thread(self) -> int:
+        """16-byte chunks each thread copies per stage: 8 per 128-byte row of either tile."""
+        return 8 * (self.bm + self.bn) // self.threads
+
+
+@dataclass(frozen=True)
+class TmaSchedule(WarpgroupTiling):
+    """Warpgroup-MMA tiling with TMA loads: one more warpgroup produces (one thread issuing the copies)."""
+    tag: ClassVar[str] = "tma"
 
     @property
     def threads(self) -> int:
@@ -142,11 +147,10 @@ def registers(p: GemmProblem, s: Schedule) -> int:
             return registers_at_launch(s.threads)
         return tma_consumer_registers(p, s)
     if isinstance(s, WgmmaSchedule):
-        accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
         if -(-p.k // s.bk) <= s.stages - 2:   # every k-tile issued in the prologue: no loads in the loop
-            return accumulators + _WGMMA_PROLOGUE_ONLY
+            return s.accumulators + _WGMMA_PROLOGUE_ONLY
         per_chunk = _WGMMA_CHUNK if p.rows_aligned else _WGMMA_CHUNK_BYTES if p.fp8 else _WGMMA_CHUNK_COPY
-        return accumulators + math.ceil(per_chunk * s.chunks_per_thread) + _WGMMA_OVERHEAD
+        return s.accumulators + math.ceil(per_chunk * s.chunks_per_thread) + _WGMMA_OVERHEAD
     staged = (s.bm * s.bk + s.bk * s.bn) // s.threads
     # A stored transposed and B as is, with bm == bn: both staged loads walk (k = id / bm, id % bm),
     # so one set of coordinates serves the two
@@ -184,8 +188,7 @@ def tma_consumer_registers(p: GemmProblem, s: TmaSchedule) -> int:
     """Registers a TMA kernel's consumer thread needs: its accumulators, descriptors, barrier
     addresses and counters; with a residual, about as many again (ptxas hoists its loads ahead of
     the epilogue's stores, 64x64 to 128x64 tiles: within 10%)."""
-    accumulators = (s.bm // s.wg_m) * (s.bn // s.wg_n) // 128
-    return accumulators * (2 if p.residual is not None else 1) + _TMA_OVERHEAD
+    return s.accumulators * (2 if p.residual is not None else 1) + _TMA_OVERHEAD
 
 
 def blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:

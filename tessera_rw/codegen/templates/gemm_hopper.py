@@ -27,8 +27,8 @@ from dataclasses import replace
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.prelude import WGMMA_WIDTHS
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.codegen.templates.gemm_footprint import (TmaSchedule, WgmmaSchedule, registers, smem_bytes,
-                                                         tma_consumer_registers)
+from tessera_rw.codegen.templates.gemm_footprint import (TmaSchedule, WarpgroupTiling, WgmmaSchedule, registers,
+                                                         smem_bytes, tma_consumer_registers)
 from tessera_rw.codegen.templates.gemm_problem import TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_tma_cuda import CONSUMER_REGISTERS, tma_blocker
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import ROW_BYTES
@@ -82,7 +82,7 @@ def hopper_grid(p: GemmProblem, arch: ArchSpec) -> Iterable[Schedule]:
     return (*(tma if tma_blocker(p) is None else ()), *copies)
 
 
-def hopper_valid(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, arch: ArchSpec) -> bool:
+def hopper_valid(p: GemmProblem, s: WarpgroupTiling, arch: ArchSpec) -> bool:
     """Whether a wgmma schedule fits the product and the arch: warpgroups tile the block with a
     wgmma width, shared memory and registers fit; cp.async threads copy whole chunks; TMA boxes
     hold a K-major tile."""
@@ -101,11 +101,11 @@ def hopper_valid(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, arch: ArchSpec)
     return fits and s.stages >= 3 and 8 * s.bm % s.threads == 0 and 8 * s.bn % s.threads == 0
 
 
-def hopper_calibrated(p: GemmProblem, s: WgmmaSchedule | TmaSchedule) -> bool:
+def hopper_calibrated(p: GemmProblem, s: WarpgroupTiling) -> bool:
     """Whether the register model was checked against ptxas at `s` (see gemm._calibrated)."""
     if isinstance(s, TmaSchedule):
         # one consumer with more than 64 accumulators: ptxas spends 5-60% more than modelled
-        return s.consumers == 2 or (s.consumers == 1 and s.bm * s.bn // 128 <= 64)
+        return s.consumers == 2 or (s.consumers == 1 and s.accumulators <= 64)
     # 4 warpgroups allocate a third more than modelled; fp8 rows copied byte by byte crowd
     # 255 registers past 8 chunks a thread or 4 stages
     byte_copies_fit = s.chunks_per_thread <= 8 and s.stages <= 4

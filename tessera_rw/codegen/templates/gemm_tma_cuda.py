@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.tensor_map import TensorMapSpec
-from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common, launch_comment
-from tessera_rw.codegen.templates.gemm_mma_cuda import helpers
-from tessera_rw.codegen.templates.gemm_wgmma_cuda import (ATOM_BYTES, DESCRIPTOR_HELPERS, ROW_BYTES, accumulators,
-                                                         issue_mmas, store_accumulators, tile_setup)
+from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import (ATOM_BYTES, ROW_BYTES, accumulators, issue_mmas,
+                                                         kernel_opening, store_accumulators)
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule
@@ -140,15 +139,7 @@ def emit_tma(p: GemmProblem, s: TmaSchedule, name: str) -> str:
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
     signature += ", const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b"
-    comment = launch_comment(p, s, name, signature).replace(
-        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
-    return comment + fns + f"""
-{helpers(p)}
-{DESCRIPTOR_HELPERS}
-
-extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
-{tile_setup(p, s)}
-    constexpr int CONSUMERS = {s.consumers}, BOX = ROW_BYTES / sizeof({t});
+    return kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s)) + f"""    constexpr int CONSUMERS = {s.consumers}, BOX = ROW_BYTES / sizeof({t});
     constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof({t});
     unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
     unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage

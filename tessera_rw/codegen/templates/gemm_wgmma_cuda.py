@@ -111,6 +111,21 @@ def tile_setup(p: GemmProblem, s: WgmmaSchedule | TmaSchedule) -> str:
     {t}* const sB = sA + STAGES * BM * BK;"""
 
 
+def kernel_opening(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, name: str, fns: str, signature: str,
+                   smem: int) -> str:
+    """A wgmma kernel up to its body's own lines: launch comment, device functions and helpers, the
+    entry point and tile_setup."""
+    comment = launch_comment(p, s, name, signature).replace(
+        "no dynamic shared memory", f"{smem} bytes of dynamic shared memory")
+    return comment + fns + f"""
+{helpers(p)}
+{DESCRIPTOR_HELPERS}
+
+extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
+{tile_setup(p, s)}
+"""
+
+
 def accumulators() -> str:
     """The warpgroup's fp32 accumulators, zeroed."""
     return """    float acc[MI][NI][4];
@@ -159,15 +174,7 @@ def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
     """The wgmma kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
-    comment = launch_comment(p, s, name, signature).replace(
-        "no dynamic shared memory", f"{smem_bytes_of(p, s)} bytes of dynamic shared memory")
-    return comment + fns + f"""
-{helpers(p)}
-{DESCRIPTOR_HELPERS}
-
-extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
-{tile_setup(p, s)}
-    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    return kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s)) + f"""    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
 {block_origin(t)}
 
