@@ -235,15 +235,19 @@ inline float wgmma_value(const unsigned char* p, WgmmaKind kind) {
 // reading the same shared bytes again: a kernel that changes them in between (a tile written after
 // it was issued), or issues a cp.async into them (a stage refilled too early: the copy may land at
 // once on the device), stops with a message; one that reads its accumulators before the wait reads
-// their old values.
-inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc, int n, int k, WgmmaKind kind,
-                  bool a_mn_major, bool b_mn_major) {
+// their old values. `a_rows` holds A's rows 16w + g and 16w + g + 8 (k values each) when A comes
+// from registers; empty, A is read from shared memory through `a_desc`.
+inline void wgmma_issue(float* d, const std::vector<float>& a_rows, unsigned long long a_desc,
+                        unsigned long long b_desc, int n, int k, WgmmaKind kind, bool a_mn_major, bool b_mn_major) {
     if (blockDim.x % 128) fail("wgmma: the block is not made of whole 128-thread warpgroups");
     const int es = kind == WGMMA_BF16 || kind == WGMMA_F16 ? 2 : 1;
     const int w = warp() % 4, g = lane() / 4, t = lane() % 4;
-    std::vector<unsigned> addresses;      // A: rows r0, r0 + 8 by k; then B: k by this thread's 2n/8 columns
-    for (int h = 0; h < 2; ++h)
-        for (int kk = 0; kk < k; ++kk) addresses.push_back(operand_address(a_desc, a_mn_major, es, 16 * w + g + 8 * h, kk));
+    const bool a_shared = a_rows.empty();
+    std::vector<unsigned> addresses;      // A (from shared memory): rows r0, r0 + 8 by k; then B: k by this thread's 2n/8 columns
+    if (a_shared)
+        for (int h = 0; h < 2; ++h)
+            for (int kk = 0; kk < k; ++kk) addresses.push_back(operand_address(a_desc, a_mn_major, es, 16 * w + g + 8 * h, kk));
+    const size_t b_first = addresses.size();
     for (int kk = 0; kk < k; ++kk)
         for (int c = 0; c < n / 4; ++c)
             addresses.push_back(operand_address(b_desc, b_mn_major, es, 8 * (c / 2) + 2 * t + c % 2, kk));
@@ -261,8 +265,8 @@ inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc
             if (std::memcmp(&issued[i * es], shared_pointer(addresses[i], es), es))
                 fail("wgmma: shared memory an issued wgmma reads changed before wgmma.wait_group retired it");
         for (unsigned c : chunks) --block().async_reads[c];
-        auto a = [&](int h, int kk) { return wgmma_value(&issued[(h * k + kk) * es], kind); };
-        auto b = [&](int kk, int c) { return wgmma_value(&issued[(2 * k + kk * (n / 4) + c) * es], kind); };
+        auto a = [&](int h, int kk) { return a_shared ? wgmma_value(&issued[(h * k + kk) * es], kind) : a_rows[h * k + kk]; };
+        auto b = [&](int kk, int c) { return wgmma_value(&issued[(b_first + kk * (n / 4) + c) * es], kind); };
         for (int e = 0; e < n / 2; ++e) {
             const int h = (e % 4) / 2, c = 2 * (e / 4) + e % 2;
             float acc = d[e];
@@ -272,11 +276,36 @@ inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc
     });
 }
 
+inline void wgmma(float* d, unsigned long long a_desc, unsigned long long b_desc, int n, int k, WgmmaKind kind,
+                  bool a_mn_major, bool b_mn_major) {
+    wgmma_issue(d, {}, a_desc, b_desc, n, k, kind, a_mn_major, b_mn_major);
+}
+
+// wgmma with A (64 x 16, 16-bit values) from registers: lane 4g + t of warp w holds a[0] = A(16w + g,
+// 2t..2t+1), a[1] = A(16w + g + 8, 2t..2t+1), a[2] and a[3] the same rows at columns 8 + 2t..9 + 2t,
+// two values to a register, the lower column in the low half. The warp's lanes publish their
+// registers; each reads its two rows from the quad that holds them.
+inline void wgmma_rs(float* d, const unsigned* a, unsigned long long b_desc, int n, WgmmaKind kind, bool b_mn_major) {
+    Slot mine{};
+    for (int i = 0; i < 4; ++i) mine.words[i] = a[i];
+    const Slot* s = exchange(mine, MMA);
+    const int g = lane() / 4;
+    std::vector<float> rows(2 * 16);
+    for (int h = 0; h < 2; ++h)
+        for (int kk = 0; kk < 16; ++kk) {
+            const unsigned word = s[4 * g + (kk % 8) / 2].words[2 * (kk / 8) + h];
+            const unsigned short half = (unsigned short)(kk % 2 ? word >> 16 : word & 0xFFFF);
+            rows[h * 16 + kk] = kind == WGMMA_BF16 ? bf16_to_f32(half) : f16_to_f32(half);
+        }
+    wgmma_issue(d, rows, 0, b_desc, n, 16, kind, false, b_mn_major);
+}
+
 }  // namespace emu
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return emu::shared_address(p); }
 __device__ __forceinline__ void wgmma_fence() {}
 template <int N> __device__ __forceinline__ void wgmma_hold(float*) {}
+template <int N> __device__ __forceinline__ void wgmma_hold(unsigned*) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_commit() {
     emu::Thread& t = emu::self();

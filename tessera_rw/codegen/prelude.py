@@ -109,10 +109,10 @@ PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS
 
 
 # Warpgroup MMAs (wgmma, sm_90a): D(64 x N) += A(64 x K) B(K x N), both operands read from shared
-# memory through 64-bit matrix descriptors, N/2 fp32 accumulators per thread of the 128-thread
-# warpgroup. One helper per (N, operand kind) a kernel may issue; 16-bit operands take their
-# major-ness as template arguments (TA: A stored M-major, TB: B stored N-major), fp8 ones are
-# always K-major. Kernels that use them are compiled for sm_90a (KernelSource.target).
+# memory through 64-bit matrix descriptors (or, in the `_rs` helpers, A from registers), N/2 fp32
+# accumulators per thread of the 128-thread warpgroup. One helper per (N, operand kind) a kernel
+# may issue; 16-bit operands take their major-ness as template arguments (TA: A stored M-major,
+# TB: B stored N-major), fp8 ones are always K-major. Kernels that use them are compiled for sm_90a (KernelSource.target).
 HOPPER_TARGET = "sm_90a"
 WGMMA_WIDTHS = (64, 128, 256)
 WGMMA_KINDS = {"bf16": 16, "f16": 16, "e4m3": 32, "e5m2": 32}      # operand kind: the instruction's k
@@ -138,7 +138,41 @@ def _wgmma(n: int, kind: str) -> str:
             f'                 : "l"(a), "l"(b){immediates});\n}}\n')
 
 
-HOPPER_HELPERS = r"""
+def wgmma_rs_name(n: int, kind: str) -> str:
+    """The helper issuing one m64 x n wgmma whose A comes from registers: 'wgmma_rs_m64n64k16_bf16'."""
+    return f"wgmma_rs_m64n{n}k16_{kind}"
+
+
+def _wgmma_rs(n: int, kind: str) -> str:
+    # A (64 x 16) from registers, four 32-bit pairs per thread laid out as an m64n16 accumulator:
+    # a[0] = (row g, columns 2t, 2t+1), a[1] = row g + 8, a[2] and a[3] the same 8 columns on
+    regs = n // 2
+    ops = ", ".join(f"%{i}" for i in range(regs))
+    outputs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    return (f"template <int TB> __device__ __forceinline__ void {wgmma_rs_name(n, kind)}("
+            f"float* d, const unsigned* a, unsigned long long b) {{\n"
+            f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "\n'
+            f'                 "{{{ops}}}, {{{a}}}, %{regs + 4}, 1, 1, 1, %{regs + 5};"\n'
+            f"                 : {outputs}\n"
+            f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));\n}}\n')
+
+
+RS_KINDS = ("bf16", "f16")             # register-A wgmmas: 16-bit operands
+
+
+# the device code and the emulator both build descriptors with this
+WGMMA_DESCRIPTOR = r"""
+// the matrix descriptor of a wgmma operand: its 128-byte swizzled tile's start address (1024-byte
+// atoms), leading and stride byte offsets (encoded in 16-byte units)
+__device__ __forceinline__ unsigned long long wgmma_desc(const void* tile, unsigned leading, unsigned stride) {
+    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
+         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+"""
+
+
+HOPPER_HELPERS = WGMMA_DESCRIPTOR + r"""
 // wgmma.fence: the accumulators' prior writes are ordered before the next wgmma that reads them
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -151,6 +185,12 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 template <int N> __device__ __forceinline__ void wgmma_hold(float* d) {
     #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// ... and of N registers an issued wgmma reads as its A operand: held until after wgmma.wait_group,
+// no other value takes them while the tensor cores may still read them
+template <int N> __device__ __forceinline__ void wgmma_hold(unsigned* a) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i]) :: "memory");
 }
 // shared memory written through the generic proxy (stores, cp.async) made visible to the async
 // proxy that wgmma reads it through
@@ -199,14 +239,18 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, int c0
                  :: "r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
                  : "memory");
 }
-""" + "".join(_wgmma(n, kind) for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)
+""" + "".join(_wgmma(n, kind) for kind in WGMMA_KINDS for n in WGMMA_WIDTHS) \
+  + "".join(_wgmma_rs(n, kind) for kind in RS_KINDS for n in WGMMA_WIDTHS)
 
 
 def emulated_wgmma_helpers() -> str:
     """The wgmma helpers as the CPU emulator defines them (emulator_ptx.h's emu::wgmma), one per
     helper of HOPPER_HELPERS."""
-    return "".join(
+    return WGMMA_DESCRIPTOR + "".join(
         f"template <int TA, int TB> inline void {wgmma_name(n, kind)}(float* d, unsigned long long a, "
         f"unsigned long long b) {{ emu::wgmma(d, a, b, {n}, {WGMMA_KINDS[kind]}, emu::WGMMA_{kind.upper()}, "
         f"TA, TB); }}\n"
-        for kind in WGMMA_KINDS for n in WGMMA_WIDTHS)
+        for kind in WGMMA_KINDS for n in WGMMA_WIDTHS) + "".join(
+        f"template <int TB> inline void {wgmma_rs_name(n, kind)}(float* d, const unsigned* a, "
+        f"unsigned long long b) {{ emu::wgmma_rs(d, a, b, {n}, emu::WGMMA_{kind.upper()}, TB); }}\n"
+        for kind in RS_KINDS for n in WGMMA_WIDTHS)

@@ -72,11 +72,13 @@ EXTRA: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
     ("masked attention backward", lambda op: op.op == "flash_attention_bwd" and op.attr_map["has_mask"], None),
     ("depthwise convolution", _depthwise, "depthwise"),
 )
-# ... and on sm_80, where 16-bit GEMMs run on mma.sync (sm_90's first schedules are warpgroup MMAs)
+# ... and on sm_80, where 16-bit GEMMs and attention run on mma.sync (sm_90's first schedules are
+# warpgroup MMAs)
 EXTRA_SM80: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
     ("bf16 matmul", lambda op: op.op == "matmul" and op.operands[0].dtype is DType.bfloat16, "mma_sync"),
     ("gemm with a bias + gelu epilogue",
      lambda op: op.op == "gemm" and op.attr_map["has_bias"] and op.attr_map["activation"] == "gelu", "mma_sync"),
+    ("causal attention", lambda op: op.op == "flash_attention" and op.attr_map["causal"], "mma_sync"),
 )
 
 

@@ -1,14 +1,20 @@
-"""FlashAttention-2 forward on mma.sync: softmax(scale · Q Kᵀ [+ mask] [causal]) V in one pass.
+"""FlashAttention-2 forward: softmax(scale · Q Kᵀ [+ mask] [causal]) V in one pass.
 
-One block owns BM query rows of one (batch, head); each warp owns 16·MT of those rows, keeps its Q
-fragment, its O accumulator (fp32) and its running row max / sum in registers, and streams the
-head's K/V in BN-key tiles through shared memory with cp.async (`stages` buffers in flight).
-Scores never reach memory; only an explicit mask operand moves an Sq×Sk matrix through HBM.
+One block owns BM query rows of one (batch, head); each warp owns 16·MT of those rows, keeps its O
+accumulator (fp32) and its running row max / sum in registers, and streams the head's K/V in
+BN-key tiles through shared memory with cp.async (`stages` buffers in flight). Scores never reach
+memory; only an explicit mask operand moves an Sq×Sk matrix through HBM. Two kernels:
+
+- AttentionSchedule: mma.sync (sm_80 on), Q's fragments held in registers (attention_cuda.py);
+- WarpgroupAttentionSchedule: sm_90's warpgroup MMAs, 64 query rows per warpgroup, Q read from
+  shared memory by each Q Kᵀ product (attention_wgmma_cuda.py). On sm_90 its schedules come first.
 
 >>> from tessera_rw.codegen.arch import arch_named
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
->>> t.schedules(op, arch_named("h100"))[0].describe()
+>>> [s.describe() for s in t.schedules(op, arch_named("h100"))][:3]
+['wg bm=128 bn=128 warps=8 stages=2', 'wg bm=128 bn=64 warps=8 stages=3', 'bm=128 bn=64 warps=8 stages=2']
+>>> t.schedules(op, arch_named("a100"))[0].describe()
 'bm=128 bn=64 warps=8 stages=2'
 """
 
@@ -16,13 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.prelude import WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
+from tessera_rw.codegen.templates.attention_wgmma_cuda import ATOM_BYTES, emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 # head_dim 256 keeps a 128-register O accumulator and 64 registers of Q per thread: ptxas reaches
@@ -33,9 +42,16 @@ SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_
 SIMT_OPS_PER_SCORE = 4        # scale-and-subtract FMA, running max, row-sum add, bf16 pack
 HIDDEN_SOFTMAX = 0.5          # share of the softmax SIMT time that other warps' MMAs do not hide
 MMA_SYNC_EFFICIENCY = {8: 0.7, 9: 0.5}   # mma.sync share of the tensor peak (sm_90's is wgmma's)
+# wgmma's share on sm_90: the products wait for each other and the softmax within a warpgroup (a
+# guess until timed on a device)
+WGMMA_EFFICIENCY = 0.75
 # The tuning grid (space()): warps per block, 16-row tiles per warp, keys per tile, cp.async stages
 GRID_WARPS, GRID_M_TILES, GRID_KEYS, GRID_STAGES = (2, 4, 8), (1, 2), (32, 64, 128), (1, 2, 3)
 CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key tiles, with edges)
+# sm_90's wgmma kernel: 64 rows per warpgroup, K/V tiles of 64 or 128 keys (a wgmma's width)
+WG_ROWS, WG_KEYS, WG_GROUPS, WG_STAGES = 64, (128, 64), (1, 2, 3), (2, 3)
+WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
+WG_CALIBRATED_REGISTERS = 216
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,12 @@ class AttentionSchedule(Schedule):
     def m_tiles(self) -> int:
         """16-row MMA tiles each warp owns."""
         return self.bm // (MMA_M * self.warps)
+
+
+@dataclass(frozen=True)
+class WarpgroupAttentionSchedule(AttentionSchedule):
+    """sm_90's wgmma kernel: bm = 64 query rows per warpgroup of 4 warps, bn keys per K/V tile."""
+    tag: ClassVar[str] = "wg"
 
 
 @dataclass(frozen=True)
@@ -125,13 +147,23 @@ class FlashAttentionTemplate(Template):
         # registers. Short sequences shrink the tiles to what they cover instead of computing padding.
         shape = _Shape.of(op)
         bn = min(64, _round_up(shape.sk, MMA_K))
-        found: list[AttentionSchedule] = []
+        found: list[AttentionSchedule] = list(self._warpgroup_defaults(op, shape, arch))
         for warps in (8, 4):
             warps = min(warps, -(-shape.sq // MMA_M))
             s = AttentionSchedule(MMA_M * warps, bn, warps, 2)
             if s not in found and self._valid(op, s, arch):
                 found.append(s)
         return tuple(found)
+
+    def _warpgroup_defaults(self, op: KernelOp, shape: _Shape, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
+        """sm_90's wgmma schedules: two warpgroups (one where the query has 64 rows or fewer) over
+        128-key tiles, double-buffered, then over 64-key tiles, triple-buffered."""
+        if arch.compute_capability != (9, 0) or min(shape.sq, shape.sk) < WG_ROWS:
+            return ()          # short sequences: mma.sync's tiles shrink to them, 64-row wgmmas do not
+        groups = min(2, -(-shape.sq // WG_ROWS))
+        picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 2),
+                  WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 3))
+        return tuple(s for s in picked if self._valid(op, s, arch))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # As schedules() does, blocks and key tiles shrink to what a short sequence covers, more
@@ -143,6 +175,10 @@ class FlashAttentionTemplate(Template):
                 for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows
                 for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
                 for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
+        if arch.compute_capability == (9, 0) and min(shape.sq, shape.sk) >= WG_ROWS:
+            grid += [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
+                     for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
+                     for bn in WG_KEYS for stages in WG_STAGES]
         return grid_space(self.schedules(op, arch), grid,
                           lambda s: self._valid(op, s, arch) and self._calibrated(shape, s, rows, keys))
 
@@ -151,6 +187,10 @@ class FlashAttentionTemplate(Template):
         every sample: no spills, within 25%). Beyond the largest default's estimate ptxas reaches
         255 registers and spills; two-warp blocks meet its 128-register step with spills; with a
         mask, key tiles other than 64 wide move its allocation a third away from the model."""
+        if isinstance(s, WarpgroupAttentionSchedule):
+            # one warpgroup: ptxas spends up to 45% more than the model where S or O is 64 registers
+            return self._registers(shape, s) <= WG_CALIBRATED_REGISTERS and (
+                s.warps > 4 or s.bn == shape.d == 64)
         return (s.warps >= min(4, rows) and self._registers(shape, s) <= CALIBRATED_REGISTERS
                 and (shape.mask is None or s.bn == min(64, keys)))
 
@@ -159,6 +199,10 @@ class FlashAttentionTemplate(Template):
 
     def _valid(self, op: KernelOp, s: AttentionSchedule, arch: ArchSpec) -> bool:
         shape = _Shape.of(op)
+        if isinstance(s, WarpgroupAttentionSchedule) and not (
+                arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
+                and s.bn in WGMMA_WIDTHS and s.stages >= 2 and shape.d in WGMMA_WIDTHS):
+            return False
         return (s.warps >= 1 and 32 * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
                 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1
                 and self._smem(shape, s) <= arch.smem_per_block
@@ -167,11 +211,17 @@ class FlashAttentionTemplate(Template):
 
     @staticmethod
     def _smem(shape: _Shape, s: AttentionSchedule) -> int:
-        return (s.bm + 2 * s.stages * s.bn) * shape.d * 2
+        # the wgmma kernel aligns its tiles to the swizzle's atoms
+        align = ATOM_BYTES if isinstance(s, WarpgroupAttentionSchedule) else 0
+        return (s.bm + 2 * s.stages * s.bn) * shape.d * 2 + align
 
     @staticmethod
     def _registers(shape: _Shape, s: AttentionSchedule) -> int:
         mt, d = s.m_tiles, shape.d
+        edges = 12 if shape.causal or shape.sk % s.bn or shape.mask is not None else 0   # per-score predicates
+        if isinstance(s, WarpgroupAttentionSchedule):
+            # O and S accumulators, P packed to 16-bit pairs; Q stays in shared memory
+            return d // 2 + s.bn // 2 + s.bn // 4 + 4 + WG_ADDRESSING + edges
         o_acc = mt * d * MMA_M // 32                 # fp32 O rows of this warp, spread over 32 lanes
         scores = mt * s.bn * MMA_M // 32             # fp32 S (then P) fragment of one K tile
         q_frag = mt * d * MMA_M // 64                # bf16 pairs: two elements per register
@@ -179,7 +229,6 @@ class FlashAttentionTemplate(Template):
         v_frags = d // 4                             # one k-step of V's B fragments: D/8 pairs
         k_frags = s.bn // 4                          # ... and of K's: BN/8 pairs, hoisted ahead of the MMAs
         addressing = 24                              # tile pointers, smem addresses, loop counters
-        edges = 12 if shape.causal or shape.sk % s.bn or shape.mask is not None else 0   # per-score predicates
         if -(-shape.sk // s.bn) == 1:
             # one key tile: nothing is carried around the loop, so ptxas streams Q's fragments into
             # S and each O column out to memory; only S and one k-step of V stay live together
@@ -217,16 +266,18 @@ class FlashAttentionTemplate(Template):
         spill = max(0, regs - arch.registers_per_thread) * 4 * 2
         return Resources(threads=threads, blocks=shape.bh * q_blocks, registers=regs,
                          smem_bytes=self._smem(shape, s), hbm_bytes=hbm, flops=flops, unit=MathUnit.BF16,
-                         efficiency=self._efficiency(shape.d, arch), spill_bytes=spill)
+                         efficiency=self._efficiency(shape.d, arch, s), spill_bytes=spill)
 
     @staticmethod
-    def _efficiency(d: int, arch: ArchSpec) -> float:
-        """The share of the bf16 tensor peak reached, per score: the MMA time at mma.sync's share of
-        the peak plus the softmax's SIMT/SFU time that overlapping warps leave exposed."""
+    def _efficiency(d: int, arch: ArchSpec, s: AttentionSchedule) -> float:
+        """The share of the bf16 tensor peak reached, per score: the MMA time at mma.sync's (or
+        wgmma's) share of the peak plus the softmax's SIMT/SFU time that overlapping warps leave
+        exposed."""
         clock = arch.sm_count * arch.clock_mhz * 1e6
         tensor_rate = arch.peak_flops(MathUnit.BF16) / clock          # flops per SM per clock
         lanes = arch.peak_flops(MathUnit.FP32) / clock / 2            # fp32 FMA lanes per SM
-        base = MMA_SYNC_EFFICIENCY.get(arch.compute_capability[0], 0.5)
+        base = (WGMMA_EFFICIENCY if isinstance(s, WarpgroupAttentionSchedule)
+                else MMA_SYNC_EFFICIENCY.get(arch.compute_capability[0], 0.5))
         mma = 4 * d / tensor_rate
         softmax = 1 / SFU_PER_SM + SIMT_OPS_PER_SCORE / lanes
         return round((4 * d + 5) / tensor_rate / (mma / base + HIDDEN_SOFTMAX * softmax), 3)
@@ -237,6 +288,8 @@ class FlashAttentionTemplate(Template):
         if not self.accepts(op):
             raise ValueError(f"flash_attention template cannot implement {op}")
         shape = _Shape.of(op)
+        if isinstance(s, WarpgroupAttentionSchedule):
+            return emit_wgmma_kernel(op, shape, s, self._smem(shape, s))
         return emit_kernel(op, shape, s, self._smem(shape, s))
 
     def samples(self) -> tuple[KernelOp, ...]:

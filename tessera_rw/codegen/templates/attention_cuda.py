@@ -40,12 +40,22 @@ MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_t
 
 
 def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
-    """The kernel for `op` under schedule `s`, after a comment giving its launch (`smem` bytes of
-    dynamic shared memory, as the template counts them)."""
+    """The mma.sync kernel for `op` under schedule `s`, after a comment giving its launch (`smem`
+    bytes of dynamic shared memory, as the template counts them)."""
+    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    return fill_kernel(KERNEL, op, shape, s, smem, LAUNCH_BOUNDS=f"{s.warps} * 32",
+                       MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816")
+
+
+def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int, target: str | None = None,
+                **holes: str) -> KernelSource:
+    """`text` (a forward kernel) with its holes filled for `op` under `s`, after its launch comment;
+    `holes` are the kernel's own, beyond those every forward kernel has."""
     q, k, v = op.operands[:3]
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     elem = f"{tag}_t"
-    name = (f"flash_attention_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+    kind = f"{s.tag}_" if s.tag else ""
+    name = (f"flash_attention_{kind}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
             f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
@@ -56,9 +66,8 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
               f"(q, k, v{', mask' if mask is not None else ''}, out); dynamic shared memory {smem} bytes "
               f"(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
               f"// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n")
-    source = Text(KERNEL).substitute(
-        NAME=name, ELEM=elem, MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816",
-        PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
+    source = Text(text).substitute(
+        NAME=name, ELEM=elem, PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
         BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
         SCALE_LOG2=f"{shape.scale * LOG2E!r}f", CAUSAL="true" if shape.causal else "false",
         HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
@@ -66,10 +75,10 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
         MASK_VALUE=MASK_LOAD[mask.dtype] if mask is not None else "0.f",
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
-        MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets)
+        MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets, **holes)
     return KernelSource(name, header + source, threads=32 * s.warps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
-                        fast_math=op.numerics is Numerics.FAST)
+                        fast_math=op.numerics is Numerics.FAST, target=target)
 
 
 def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,
@@ -139,11 +148,15 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
 
 """
 
-KERNEL = TILE_HELPERS + r"""
-extern "C" __global__ void __launch_bounds__($WARPS * 32)
+# the pieces both forward kernels share (attention_wgmma_cuda.py writes the other); the names they
+# use: S and O as m16n8 accumulator fragments s[MT][BN/8][4] and o[MT][D/8][4] (lane 4g + t4 holds
+# rows g and g + 8 of its warp's 16 at columns 2·t4, 2·t4 + 1 of each 8), k0 the tile's first key
+SIGNATURE = r"""extern "C" __global__ void __launch_bounds__($LAUNCH_BOUNDS)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
       $MASK_ARG$ELEM* __restrict__ out) {
-    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
+"""
+
+CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
     constexpr int MT = BM / (16 * WARPS);                 // 16-row MMA tiles per warp
     constexpr int SQ = $SQ, SK = $SK, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = $SCALE_LOG2;             // the softmax runs in base 2: scale · log2(e)
@@ -151,13 +164,9 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = $CAUSAL, HAS_MASK = $HAS_MASK, MASK_BOOL = $MASK_BOOL;
     constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
+"""
 
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    $ELEM* q_s = ($ELEM*)fa_smem;                         // [BM][D]
-    $ELEM* k_s = q_s + BM * D;                            // [STAGES][BN][D]
-    $ELEM* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
-
-    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+BLOCK_INDEX = r"""    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
 $OFFSETS
@@ -167,28 +176,9 @@ $OFFSETS
     const $MASK_T* mp = $MASK_PTR;
     // causal: key tiles past the block's last row are all masked, so they are never loaded
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+"""
 
-    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
-        }
-        cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();                          // the Q group is complete
-    __syncthreads();
-
-    unsigned qf[MT][D / 16][4];                           // this warp's Q rows as mma A fragments
-    #pragma unroll
-    for (int m = 0; m < MT; ++m)
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            ldmatrix_x4(qf[m][kk], q_s + fa_swizzle(row0 - q0 + m * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
-
-    float o[MT][D / 8][4];
+RUNNING_STATE = r"""    float o[MT][D / 8][4];
     float m_run[MT][2], l_run[MT][2];                     // rows g and g + 8: running max (base 2), partial sum
     #pragma unroll
     for (int m = 0; m < MT; ++m) {
@@ -198,37 +188,9 @@ $OFFSETS
         l_run[m][0] = l_run[m][1] = 0.f;
     }
 
-    for (int t = 0; t < n_tiles; ++t) {
-        const int next = t + STAGES - 1;
-        if (next < n_tiles) {
-            const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
-        }
-        cp_async_commit();                                // an empty group keeps the wait count uniform
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
-        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
-        const $ELEM* vt = v_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+"""
 
-        // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
-        float s[MT][BN / 8][4];
-        #pragma unroll
-        for (int m = 0; m < MT; ++m)
-            #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            #pragma unroll
-            for (int j = 0; j < BN / 16; ++j) {
-                unsigned b[4];
-                ldmatrix_x4(b, kt + fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D));
-                #pragma unroll
-                for (int m = 0; m < MT; ++m) { $MMA(s[m][2 * j], qf[m][kk], b); $MMA(s[m][2 * j + 1], qf[m][kk], b + 2); }
-            }
-
-        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
+ONLINE_SOFTMAX = r"""        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
         const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
         #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -271,7 +233,86 @@ $OFFSETS
                 for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }
             }
 
-        // O += P V: the S accumulators are already laid out as A fragments; V needs transposed ldmatrix
+"""
+
+STORE_OUTPUT = r"""    #pragma unroll
+    for (int m = 0; m < MT; ++m)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[m][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
+            const int row = row0 + m * 16 + g + 8 * h;
+            if (row < SQ) {
+                $ELEM* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
+                #pragma unroll
+                for (int n = 0; n < D / 8; ++n)
+                    *(unsigned*)(dst + n * 8) = $PACK(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
+            }
+        }
+}
+"""
+
+
+KERNEL = TILE_HELPERS + SIGNATURE + CONSTANTS + r"""
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    $ELEM* q_s = ($ELEM*)fa_smem;                         // [BM][D]
+    $ELEM* k_s = q_s + BM * D;                            // [STAGES][BN][D]
+    $ELEM* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
+
+""" + BLOCK_INDEX + r"""
+    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < n_tiles) {
+            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();                          // the Q group is complete
+    __syncthreads();
+
+    unsigned qf[MT][D / 16][4];                           // this warp's Q rows as mma A fragments
+    #pragma unroll
+    for (int m = 0; m < MT; ++m)
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            ldmatrix_x4(qf[m][kk], q_s + fa_swizzle(row0 - q0 + m * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
+
+""" + RUNNING_STATE + r"""    for (int t = 0; t < n_tiles; ++t) {
+        const int next = t + STAGES - 1;
+        if (next < n_tiles) {
+            const int st = next % STAGES;
+            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+        }
+        cp_async_commit();                                // an empty group keeps the wait count uniform
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
+        const $ELEM* vt = v_s + (t % STAGES) * BN * D;
+        const int k0 = t * BN;
+
+        // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
+        float s[MT][BN / 8][4];
+        #pragma unroll
+        for (int m = 0; m < MT; ++m)
+            #pragma unroll
+            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            #pragma unroll
+            for (int j = 0; j < BN / 16; ++j) {
+                unsigned b[4];
+                ldmatrix_x4(b, kt + fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D));
+                #pragma unroll
+                for (int m = 0; m < MT; ++m) { $MMA(s[m][2 * j], qf[m][kk], b); $MMA(s[m][2 * j + 1], qf[m][kk], b + 2); }
+            }
+
+""" + ONLINE_SOFTMAX + r"""        // O += P V: the S accumulators are already laid out as A fragments; V needs transposed ldmatrix
         #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             unsigned a[MT][4];
@@ -293,21 +334,4 @@ $OFFSETS
         __syncthreads();                                  // the stage is refilled next iteration
     }
 
-    #pragma unroll
-    for (int m = 0; m < MT; ++m)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = l_run[m][h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
-            const int row = row0 + m * 16 + g + 8 * h;
-            if (row < SQ) {
-                $ELEM* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
-                #pragma unroll
-                for (int n = 0; n < D / 8; ++n)
-                    *(unsigned*)(dst + n * 8) = $PACK(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
-            }
-        }
-}
-"""
+""" + STORE_OUTPUT

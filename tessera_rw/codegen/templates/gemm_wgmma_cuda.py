@@ -42,14 +42,8 @@ ROW_BYTES = 128           # one swizzled shared row: the 128-byte swizzle's widt
 ATOM_BYTES = 1024         # 8 rows: the swizzle's period, to which each tile is aligned
 _KIND = {DType.bfloat16: "bf16", DType.float16: "f16", DType.float8_e4m3: "e4m3", DType.float8_e5m2: "e5m2"}
 
-# the descriptor of a 128-byte swizzled operand whose first row starts at `tile` (1024-byte atoms)
-DESCRIPTOR_HELPERS = """// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
-// 128-byte swizzle
-__device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
-    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
-         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
-}
-// where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
+# where the 16-byte chunk c (0-7) of row r of a 128-byte swizzled tile lies (tiles on 1024-byte atoms)
+SWIZZLE_HELPER = """// where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
 __device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }"""
 
 
@@ -88,10 +82,10 @@ def _descriptors(p: GemmProblem) -> tuple[str, str]:
     """(A's descriptor for slab i and k-step ks, B's for k-step ks) in the current stage cA / cB."""
     # K-major: the slab's first row, KS values along it (the leading offset unused: 1 by convention);
     # MN-major: its 64-wide block, KS rows down, the next block BK rows on
-    a = ("gemm_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM)" if not p.trans_a
-         else "gemm_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
-    b = ("gemm_desc(cB + wn0 * ROW + ks * KS, 16, ATOM)" if p.trans_b
-         else "gemm_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
+    a = ("wgmma_desc(cA + (wm0 + i * 64) * ROW + ks * KS, 16, ATOM)" if not p.trans_a
+         else "wgmma_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
+    b = ("wgmma_desc(cB + wn0 * ROW + ks * KS, 16, ATOM)" if p.trans_b
+         else "wgmma_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM)")
     return a, b
 
 
@@ -119,7 +113,7 @@ def kernel_opening(p: GemmProblem, s: WgmmaSchedule | TmaSchedule, name: str, fn
         "no dynamic shared memory", f"{smem} bytes of dynamic shared memory")
     return comment + fns + f"""
 {helpers(p)}
-{DESCRIPTOR_HELPERS}
+{SWIZZLE_HELPER}
 
 extern "C" __global__ void __launch_bounds__({s.threads}, 1) {name}({signature}) {{
 {tile_setup(p, s)}

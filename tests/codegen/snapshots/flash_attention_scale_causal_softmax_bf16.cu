@@ -1,34 +1,30 @@
 // flash_attention(bf16[2,16,2048,128], bf16[2,16,2048,128], bf16[2,16,2048,128], causal=True, scale=0.08838834764831845) -> bf16[2,16,2048,128]
-// schedule: bm=128 bn=64 warps=8 stages=2
-// launch: flash_attention_bf16_d128_causal_bm128_bn64_w8_s2<<<512, 256, 98304>>>(q, k, v, out); dynamic shared memory 98304 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
+// schedule: wg bm=128 bn=128 warps=8 stages=2
+// launch: flash_attention_wg_bf16_d128_causal_bm128_bn128_w8_s2<<<512, 256, 164864>>>(q, k, v, out); dynamic shared memory 164864 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
 // contiguous row-major operands; blocks are (batch·head, query block), query block fastest
 
-// element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
-// by row, so the 8 row addresses of one ldmatrix land in 8 different bank groups
-__device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
-    return row * width + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
-}
-
-// rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
-template <int ROWS, int WIDTH, int THREADS>
-__device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
-    constexpr int CHUNKS = ROWS * WIDTH / 8;
+// rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
+// layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk (c ^ row) % 8; later rows
+// read as zero
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
+    constexpr int CHUNKS = ROWS * D / 8;
     #pragma unroll
     for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
         const int c = it * THREADS + tid;
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
-            const int r = c / (WIDTH / 8), col = (c % (WIDTH / 8)) * 8;
+            const int r = c / (D / 8), cc = c % (D / 8);
             // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
-            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * WIDTH + col, r < valid ? 16 : 0);
+            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + r * D + cc * 8,
+                        r < valid ? 16 : 0);
         }
     }
 }
 
-
-extern "C" __global__ void __launch_bounds__(8 * 32)
-flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+extern "C" __global__ void __launch_bounds__(8 * 32, 1)
+flash_attention_wg_bf16_d128_causal_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
       bf16_t* __restrict__ out) {
-    constexpr int BM = 128, BN = 64, D = 128, WARPS = 8, STAGES = 2, THREADS = 32 * WARPS;
+    constexpr int BM = 128, BN = 128, D = 128, WARPS = 8, STAGES = 2, THREADS = 32 * WARPS;
     constexpr int MT = BM / (16 * WARPS);                 // 16-row MMA tiles per warp
     constexpr int SQ = 2048, SK = 2048, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = 0.12751743082459868f;             // the softmax runs in base 2: scale · log2(e)
@@ -36,11 +32,14 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = true, HAS_MASK = false, MASK_BOOL = false;
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
+    constexpr unsigned ATOM = 1024, ROW_BYTES = 128;
+    static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
 
+    // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16_t* q_s = (bf16_t*)fa_smem;                         // [BM][D]
-    bf16_t* k_s = q_s + BM * D;                            // [STAGES][BN][D]
-    bf16_t* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
+    bf16_t* const q_s = (bf16_t*)(fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1)));  // [D/64][BM][64]
+    bf16_t* const k_s = q_s + BM * D;                      // [STAGES][D/64][BN][64]
+    bf16_t* const v_s = k_s + STAGES * BN * D;             // [STAGES][D/64][BN][64]
 
     const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -56,26 +55,18 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     const float* mp = nullptr;
     // causal: key tiles past the block's last row are all masked, so they are never loaded
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    const int warpgroup = tid >> 7;
 
-    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
         }
         cp_async_commit();
     }
-    cp_async_wait<STAGES - 1>();                          // the Q group is complete
-    __syncthreads();
-
-    unsigned qf[MT][D / 16][4];                           // this warp's Q rows as mma A fragments
-    #pragma unroll
-    for (int m = 0; m < MT; ++m)
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            ldmatrix_x4(qf[m][kk], q_s + fa_swizzle(row0 - q0 + m * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8, D));
 
     float o[MT][D / 8][4];
     float m_run[MT][2], l_run[MT][2];                     // rows g and g + 8: running max (base 2), partial sum
@@ -88,34 +79,34 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     }
 
     for (int t = 0; t < n_tiles; ++t) {
-        const int next = t + STAGES - 1;
+        cp_async_wait<STAGES - 2>();                      // Q and tile t have landed
+        fence_proxy_async();                              // where the tensor cores read them
+        __syncthreads();                                  // for every thread; and tile t - 1's MMAs are retired
+        const int next = t + STAGES - 1;                  // into the stage tile t - 1 held
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
         const bf16_t* vt = v_s + (t % STAGES) * BN * D;
         const int k0 = t * BN;
 
-        // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
+        // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
         float s[MT][BN / 8][4];
         #pragma unroll
-        for (int m = 0; m < MT; ++m)
-            #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+        for (int j = 0; j < BN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
+        wgmma_hold<BN / 2>(&s[0][0][0]);
+        wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            #pragma unroll
-            for (int j = 0; j < BN / 16; ++j) {
-                unsigned b[4];
-                ldmatrix_x4(b, kt + fa_swizzle(j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8, D));
-                #pragma unroll
-                for (int m = 0; m < MT; ++m) { mma_bf16_16816(s[m][2 * j], qf[m][kk], b); mma_bf16_16816(s[m][2 * j + 1], qf[m][kk], b + 2); }
-            }
+            wgmma_m64n128k16_bf16<0, 0>(&s[0][0][0],
+                wgmma_desc(q_s + (kk / 4) * BM * 64 + warpgroup * 64 * 64 + (kk % 4) * 16, 16, ATOM),
+                wgmma_desc(kt + (kk / 4) * BN * 64 + (kk % 4) * 16, 16, ATOM));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<BN / 2>(&s[0][0][0]);
 
         // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
         const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
@@ -160,26 +151,24 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
                 for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }
             }
 
-        // O += P V: the S accumulators are already laid out as A fragments; V needs transposed ldmatrix
+        // O += P V: P's 16-bit pairs are the register A operand as they lie; V's rows (keys) are k
+        unsigned p[BN / 16][4];
         #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            unsigned a[MT][4];
-            #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                a[m][0] = pack_bf16x2(s[m][2 * kk][0], s[m][2 * kk][1]);
-                a[m][1] = pack_bf16x2(s[m][2 * kk][2], s[m][2 * kk][3]);
-                a[m][2] = pack_bf16x2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-                a[m][3] = pack_bf16x2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-            }
-            #pragma unroll
-            for (int n = 0; n < D / 16; ++n) {
-                unsigned b[4];
-                ldmatrix_x4_trans(b, vt + fa_swizzle(kk * 16 + (lane & 15), n * 16 + (lane >> 4) * 8, D));
-                #pragma unroll
-                for (int m = 0; m < MT; ++m) { mma_bf16_16816(o[m][2 * n], a[m], b); mma_bf16_16816(o[m][2 * n + 1], a[m], b + 2); }
-            }
+            p[kk][0] = pack_bf16x2(s[0][2 * kk][0], s[0][2 * kk][1]);
+            p[kk][1] = pack_bf16x2(s[0][2 * kk][2], s[0][2 * kk][3]);
+            p[kk][2] = pack_bf16x2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            p[kk][3] = pack_bf16x2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
-        __syncthreads();                                  // the stage is refilled next iteration
+        wgmma_hold<D / 2>(&o[0][0][0]);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_rs_m64n128k16_bf16<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0][0]);
+        wgmma_hold<BN / 4>(&p[0][0]);                    // P's registers stay live until the MMAs retire
     }
 
     #pragma unroll

@@ -19,12 +19,6 @@ __device__ __forceinline__ void gemm_one_after8(unsigned short* dst, const unsig
     }
     *(uint4*)dst = make_uint4(w[0], w[1], w[2], w[3]);
 }
-// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte units),
-// 128-byte swizzle
-__device__ __forceinline__ unsigned long long gemm_desc(const void* tile, unsigned leading, unsigned stride) {
-    return (unsigned long long)((smem_addr(tile) & 0x3FFFFu) >> 4) | ((unsigned long long)(leading >> 4) << 16)
-         | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
-}
 // where the 16-byte chunk c (0-7) of row r of a swizzled tile lies: bits 4-6 of its address XOR bits 7-9
 __device__ __forceinline__ int gemm_swz(int r, int c) { return (c ^ r) & 7; }
 
@@ -104,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bf16_bf16_none_bgrad_t
         for (int ks = 0; ks < BK / KS; ++ks)
             #pragma unroll
             for (int i = 0; i < MI; ++i)
-                wgmma_m64n256k16_bf16<1, 1>(&acc[i][0][0], gemm_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM), gemm_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM));
+                wgmma_m64n256k16_bf16<1, 1>(&acc[i][0][0], wgmma_desc(cA + (wm0 + i * 64) / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM), wgmma_desc(cB + wn0 / 64 * BK * ROW + ks * KS * ROW, BK * ROW_BYTES, ATOM));
         wgmma_commit();
         wgmma_wait<1>();                                    // tile kt - 1's MMAs are done; tile kt's run on
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
