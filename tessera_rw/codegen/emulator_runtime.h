@@ -250,6 +250,8 @@ inline std::function<void()>& kernel_body() { static std::function<void()> f; re
 inline void thread_entry() {
     kernel_body()();
     Block& b = block();
+    if (!b.current->mma_groups.empty() || !b.current->open_mmas.empty())
+        fail("a thread finished with wgmmas in flight (wgmma.wait_group 0 before reading their accumulators)");
     b.current->state = DONE;
     swapcontext(&b.current->context, &b.scheduler);
 }

@@ -63,8 +63,8 @@ def test_a_register_a_wgmma_reads_the_m64n16_fragment_layout():
     np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-# one head of 520 keys, causal, D = 128: 64-key tiles in 2 stages, each refilled three times over
-SCHEDULE = WarpgroupAttentionSchedule(bm=128, bn=64, warps=8, stages=2)
+# one head of 520 keys, causal, D = 128: 64-key tiles in 3 stages, each refilled twice or more
+SCHEDULE = WarpgroupAttentionSchedule(bm=128, bn=64, warps=8, stages=3)
 
 
 def _attention():
@@ -101,24 +101,31 @@ def test_the_wgmma_kernel_matches_the_reference_over_refilled_stages():
     np.testing.assert_allclose(_run(), _reference(q, k, v), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("old, new", [
+@pytest.mark.parametrize("old, new, message", [
     # the barrier before a refill: a stage is overwritten while the other warpgroup still reads it
     ("        __syncthreads();                                  // for every thread",
-     "        // no barrier"),
+     "        // no barrier", "an issued wgmma reads changed"),
     # V's second 64-wide block of the head dim read from the wrong place
-    ("wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM)", "wgmma_desc(vt + kk * 16 * 64, ATOM, ATOM)"),
-    # O read back before the P V products retire
-    ("        wgmma_wait<0>();\n        wgmma_hold<D / 2>", "        wgmma_hold<D / 2>"),
+    ("wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM)", "wgmma_desc(vt + kk * 16 * 64, ATOM, ATOM)", None),
+    # O rescaled while the previous tile's P V still accumulates into it: a refill lands under it
+    ("wgmma_wait<0>();                                  // tile t - 1's P V", "// tile t - 1's P V",
+     "writes shared memory that an issued wgmma still reads"),
+    # O stored before the last tile's P V retires
+    ("    wgmma_wait<0>();\n    wgmma_hold<D / 2>(&o[0][0][0]);\n    wgmma_hold<BN / 4>",
+     "    wgmma_hold<D / 2>(&o[0][0][0]);\n    wgmma_hold<BN / 4>", "finished with wgmmas in flight"),
+    # S read before its wgmmas retire (only the P V behind it may still run)
+    ("wgmma_wait<1>();", "wgmma_wait<2>();", None),
     # P's rows g + 8 and columns 8.. swapped in the register operand
     ("p[kk][1] = pack_bf16x2(s[0][2 * kk][2], s[0][2 * kk][3]);\n"
      "            p[kk][2] = pack_bf16x2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);",
      "p[kk][2] = pack_bf16x2(s[0][2 * kk][2], s[0][2 * kk][3]);\n"
-     "            p[kk][1] = pack_bf16x2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);"),
+     "            p[kk][1] = pack_bf16x2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);", None),
 ])
-def test_a_broken_wgmma_kernel_fails(old, new):
-    _, (q, k, v) = _attention()
-    try:
-        out = _run(old, new)
-    except EmulatorError:
-        return
-    assert not np.allclose(out, _reference(q, k, v), rtol=2e-2, atol=2e-2)
+def test_a_broken_wgmma_kernel_fails(old, new, message):
+    """Each mutation stops the run with `message`, or (None) gives a wrong result."""
+    if message:
+        with pytest.raises(EmulatorError, match=message):
+            _run(old, new)
+    else:
+        _, (q, k, v) = _attention()
+        assert not np.allclose(_run(old, new), _reference(q, k, v), rtol=2e-2, atol=2e-2)

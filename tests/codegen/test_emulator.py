@@ -354,9 +354,14 @@ def test_wgmma_reads_128_byte_swizzled_operands_through_their_descriptors(ta, tb
 def test_wgmma_accumulators_read_before_the_wait_hold_their_old_values():
     early = ("{ const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;\n"
              "for (int e = 0; e < 64; ++e) D[(16 * w + g + 8 * (e % 4 / 2)) * 128 + 8 * (e / 4) + 2 * t + e % 2] = d[e];\n"
-             "return; }")
+             "wgmma_wait<0>(); return; }")
     _, _, d, _ = run_wgmma(0, 0, early, "wgmma_early_read")
     assert np.all(d == 1.0)       # the product lands in the registers at the wait, not before
+
+
+def test_a_thread_that_ends_with_wgmmas_in_flight_stops_the_run():
+    with pytest.raises(EmulatorError, match="finished with wgmmas in flight"):
+        run_wgmma(0, 0, "return;", "wgmma_never_waited")
 
 
 def test_shared_memory_changed_under_an_issued_wgmma_stops_the_run():

@@ -13,7 +13,7 @@ memory; only an explicit mask operand moves an Sq×Sk matrix through HBM. Two ke
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
 >>> [s.describe() for s in t.schedules(op, arch_named("h100"))][:3]
-['wg bm=128 bn=128 warps=8 stages=2', 'wg bm=128 bn=64 warps=8 stages=3', 'bm=128 bn=64 warps=8 stages=2']
+['wg bm=128 bn=128 warps=8 stages=3', 'wg bm=128 bn=64 warps=8 stages=4', 'bm=128 bn=64 warps=8 stages=2']
 >>> t.schedules(op, arch_named("a100"))[0].describe()
 'bm=128 bn=64 warps=8 stages=2'
 """
@@ -49,7 +49,7 @@ WGMMA_EFFICIENCY = 0.75
 GRID_WARPS, GRID_M_TILES, GRID_KEYS, GRID_STAGES = (2, 4, 8), (1, 2), (32, 64, 128), (1, 2, 3)
 CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key tiles, with edges)
 # sm_90's wgmma kernel: 64 rows per warpgroup, K/V tiles of 64 or 128 keys (a wgmma's width)
-WG_ROWS, WG_KEYS, WG_GROUPS, WG_STAGES = 64, (128, 64), (1, 2, 3), (2, 3)
+WG_ROWS, WG_KEYS, WG_GROUPS, WG_STAGES = 64, (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
 
@@ -157,12 +157,12 @@ class FlashAttentionTemplate(Template):
 
     def _warpgroup_defaults(self, op: KernelOp, shape: _Shape, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         """sm_90's wgmma schedules: two warpgroups (one where the query has 64 rows or fewer) over
-        128-key tiles, double-buffered, then over 64-key tiles, triple-buffered."""
+        128-key tiles in 3 stages, then over 64-key tiles in 4."""
         if arch.compute_capability != (9, 0) or min(shape.sq, shape.sk) < WG_ROWS:
             return ()          # short sequences: mma.sync's tiles shrink to them, 64-row wgmmas do not
         groups = min(2, -(-shape.sq // WG_ROWS))
-        picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 2),
-                  WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 3))
+        picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 3),
+                  WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 4))
         return tuple(s for s in picked if self._valid(op, s, arch))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
@@ -201,7 +201,7 @@ class FlashAttentionTemplate(Template):
         shape = _Shape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule) and not (
                 arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
-                and s.bn in WGMMA_WIDTHS and s.stages >= 2 and shape.d in WGMMA_WIDTHS):
+                and s.bn in WGMMA_WIDTHS and s.stages >= 3 and shape.d in WGMMA_WIDTHS):
             return False
         return (s.warps >= 1 and 32 * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
                 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1

@@ -44,7 +44,12 @@ def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) ->
     bytes of dynamic shared memory, as the template counts them)."""
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     return fill_kernel(KERNEL, op, shape, s, smem, LAUNCH_BOUNDS=f"{s.warps} * 32",
-                       MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816")
+                       MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816", RESCALE_O=RESCALE_IN_PLACE)
+
+
+# ONLINE_SOFTMAX's last step for a row: O's running sum rescaled to the new max at once
+RESCALE_IN_PLACE = """#pragma unroll
+                for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }"""
 
 
 def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int, target: str | None = None,
@@ -150,7 +155,8 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
 
 # the pieces both forward kernels share (attention_wgmma_cuda.py writes the other); the names they
 # use: S and O as m16n8 accumulator fragments s[MT][BN/8][4] and o[MT][D/8][4] (lane 4g + t4 holds
-# rows g and g + 8 of its warp's 16 at columns 2·t4, 2·t4 + 1 of each 8), k0 the tile's first key
+# rows g and g + 8 of its warp's 16 at columns 2·t4, 2·t4 + 1 of each 8), k0 the tile's first key;
+# ONLINE_SOFTMAX ends each row with $RESCALE_O, where `corr` scales the row's O to the new max
 SIGNATURE = r"""extern "C" __global__ void __launch_bounds__($LAUNCH_BOUNDS)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
       $MASK_ARG$ELEM* __restrict__ out) {
@@ -229,8 +235,7 @@ ONLINE_SOFTMAX = r"""        // online softmax; only the ragged last tile and ti
                         sum += p;
                     }
                 l_run[m][h] = l_run[m][h] * corr + sum;
-                #pragma unroll
-                for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }
+                $RESCALE_O
             }
 
 """

@@ -23,7 +23,7 @@ the MMAs on the stage the next refill overwrites.
 >>> op = t.samples()[0]
 >>> s = t.schedules(op, arch_named("h100"))[0]
 >>> emit_wgmma_kernel(op, _Shape.of(op), s, 99328).name
-'flash_attention_wg_bf16_d64_bm128_bn128_w8_s2'
+'flash_attention_wg_bf16_d64_bm128_bn128_w8_s3'
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def emit_wgmma_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: i
     alignment slack included)."""
     kind = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     return fill_kernel(KERNEL, op, shape, s, smem, target=HOPPER_TARGET, LAUNCH_BOUNDS=f"{s.warps} * 32, 1",
-                       WG_S=wgmma_name(s.bn, kind), WG_PV=wgmma_rs_name(shape.d, kind))
+                       WG_S=wgmma_name(s.bn, kind), WG_PV=wgmma_rs_name(shape.d, kind),
+                       RESCALE_O="rescale[m][h] = corr;                 // once the pending P V retires")
 
 
 TILE_LOADER = r"""
@@ -74,6 +75,7 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 
 KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM = """ + str(ATOM_BYTES) + r""", ROW_BYTES = 128;
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
+    static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
 
     // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -86,7 +88,7 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
     fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
+    for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
             fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
             fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
@@ -94,11 +96,24 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
         cp_async_commit();
     }
 
-""" + RUNNING_STATE + r"""    for (int t = 0; t < n_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();                      // Q and tile t have landed
+""" + RUNNING_STATE + r"""    unsigned p[BN / 16][4];                               // the previous tile's P, packed: the pending P V's A
+    float rescale[MT][2];                                 // rows g and g + 8: O's factor to the new max
+    // O += P V for tile `tile`: P's 16-bit pairs are the register A operand as they lie; V's rows
+    // (keys) are k, its head dim (contiguous) n
+    auto issue_pv = [&](int tile) {
+        const $ELEM* vt = v_s + (tile % STAGES) * BN * D;
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            $WG_PV<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
+    };
+
+    // Per tile t: S_t = Q K_t and, behind it, tile t - 1's O += P V are issued together; the
+    // softmax of S_t runs while P V is still on the tensor cores, and O is rescaled once it retires.
+    for (int t = 0; t < n_tiles; ++t) {
+        cp_async_wait<STAGES - 3>();                      // Q and tile t have landed
         fence_proxy_async();                              // where the tensor cores read them
-        __syncthreads();                                  // for every thread; and tile t - 1's MMAs are retired
-        const int next = t + STAGES - 1;                  // into the stage tile t - 1 held
+        __syncthreads();                                  // for every thread; and tile t - 2 is retired everywhere
+        const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
         if (next < n_tiles) {
             const int st = next % STAGES;
             fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
@@ -106,7 +121,6 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const $ELEM* kt = k_s + (t % STAGES) * BN * D;
-        const $ELEM* vt = v_s + (t % STAGES) * BN * D;
         const int k0 = t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
@@ -114,6 +128,7 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
         #pragma unroll
         for (int j = 0; j < BN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
         wgmma_hold<BN / 2>(&s[0][0][0]);
+        wgmma_hold<D / 2>(&o[0][0][0]);
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
@@ -121,11 +136,21 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
                 wgmma_desc(q_s + (kk / 4) * BM * 64 + warpgroup * 64 * 64 + (kk % 4) * 16, 16, ATOM),
                 wgmma_desc(kt + (kk / 4) * BN * 64 + (kk % 4) * 16, 16, ATOM));
         wgmma_commit();
-        wgmma_wait<0>();
+        if (t > 0) issue_pv(t - 1);
+        wgmma_commit();                                   // (empty on the first tile)
+        wgmma_hold<D / 2>(&o[0][0][0]);                   // no copy of O or S is taken while they are written
+        wgmma_hold<BN / 2>(&s[0][0][0]);
+        wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
-""" + ONLINE_SOFTMAX + r"""        // O += P V: P's 16-bit pairs are the register A operand as they lie; V's rows (keys) are k
-        unsigned p[BN / 16][4];
+""" + ONLINE_SOFTMAX + r"""        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free
+        wgmma_hold<D / 2>(&o[0][0][0]);
+        wgmma_hold<BN / 4>(&p[0][0]);
+        #pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[0][n][0] *= rescale[0][0]; o[0][n][1] *= rescale[0][0];
+            o[0][n][2] *= rescale[0][1]; o[0][n][3] *= rescale[0][1];
+        }
         #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             p[kk][0] = $PACK(s[0][2 * kk][0], s[0][2 * kk][1]);
@@ -133,15 +158,14 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM =
             p[kk][2] = $PACK(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
             p[kk][3] = $PACK(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
-        wgmma_hold<D / 2>(&o[0][0][0]);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            $WG_PV<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold<D / 2>(&o[0][0][0]);
-        wgmma_hold<BN / 4>(&p[0][0]);                    // P's registers stay live until the MMAs retire
     }
+    // the last tile's P V
+    wgmma_hold<D / 2>(&o[0][0][0]);
+    wgmma_fence();
+    issue_pv(n_tiles - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0][0]);
+    wgmma_hold<BN / 4>(&p[0][0]);
 
 """ + STORE_OUTPUT

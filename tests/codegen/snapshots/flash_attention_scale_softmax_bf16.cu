@@ -1,6 +1,6 @@
 // flash_attention(bf16[4,16,4096,64], bf16[4,16,4096,64], bf16[4,16,4096,64], scale=0.125) -> bf16[4,16,4096,64]
-// schedule: wg bm=128 bn=128 warps=8 stages=2
-// launch: flash_attention_wg_bf16_d64_bm128_bn128_w8_s2<<<2048, 256, 82944>>>(q, k, v, out); dynamic shared memory 82944 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
+// schedule: wg bm=128 bn=128 warps=8 stages=3
+// launch: flash_attention_wg_bf16_d64_bm128_bn128_w8_s3<<<2048, 256, 115712>>>(q, k, v, out); dynamic shared memory 115712 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
 // contiguous row-major operands; blocks are (batch·head, query block), query block fastest
 
 // rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
@@ -22,9 +22,9 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 }
 
 extern "C" __global__ void __launch_bounds__(8 * 32, 1)
-flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+flash_attention_wg_bf16_d64_bm128_bn128_w8_s3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
       bf16_t* __restrict__ out) {
-    constexpr int BM = 128, BN = 128, D = 64, WARPS = 8, STAGES = 2, THREADS = 32 * WARPS;
+    constexpr int BM = 128, BN = 128, D = 64, WARPS = 8, STAGES = 3, THREADS = 32 * WARPS;
     constexpr int MT = BM / (16 * WARPS);                 // 16-row MMA tiles per warp
     constexpr int SQ = 4096, SK = 4096, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = 0.18033688011112042f;             // the softmax runs in base 2: scale · log2(e)
@@ -34,6 +34,7 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
     constexpr unsigned ATOM = 1024, ROW_BYTES = 128;
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
+    static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
 
     // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -60,7 +61,7 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
     fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
+    for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
             fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
             fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
@@ -78,11 +79,24 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
         l_run[m][0] = l_run[m][1] = 0.f;
     }
 
+    unsigned p[BN / 16][4];                               // the previous tile's P, packed: the pending P V's A
+    float rescale[MT][2];                                 // rows g and g + 8: O's factor to the new max
+    // O += P V for tile `tile`: P's 16-bit pairs are the register A operand as they lie; V's rows
+    // (keys) are k, its head dim (contiguous) n
+    auto issue_pv = [&](int tile) {
+        const bf16_t* vt = v_s + (tile % STAGES) * BN * D;
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_rs_m64n64k16_bf16<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
+    };
+
+    // Per tile t: S_t = Q K_t and, behind it, tile t - 1's O += P V are issued together; the
+    // softmax of S_t runs while P V is still on the tensor cores, and O is rescaled once it retires.
     for (int t = 0; t < n_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();                      // Q and tile t have landed
+        cp_async_wait<STAGES - 3>();                      // Q and tile t have landed
         fence_proxy_async();                              // where the tensor cores read them
-        __syncthreads();                                  // for every thread; and tile t - 1's MMAs are retired
-        const int next = t + STAGES - 1;                  // into the stage tile t - 1 held
+        __syncthreads();                                  // for every thread; and tile t - 2 is retired everywhere
+        const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
         if (next < n_tiles) {
             const int st = next % STAGES;
             fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
@@ -90,7 +104,6 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
-        const bf16_t* vt = v_s + (t % STAGES) * BN * D;
         const int k0 = t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
@@ -98,6 +111,7 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
         #pragma unroll
         for (int j = 0; j < BN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
         wgmma_hold<BN / 2>(&s[0][0][0]);
+        wgmma_hold<D / 2>(&o[0][0][0]);
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
@@ -105,7 +119,9 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
                 wgmma_desc(q_s + (kk / 4) * BM * 64 + warpgroup * 64 * 64 + (kk % 4) * 16, 16, ATOM),
                 wgmma_desc(kt + (kk / 4) * BN * 64 + (kk % 4) * 16, 16, ATOM));
         wgmma_commit();
-        wgmma_wait<0>();
+        if (t > 0) issue_pv(t - 1);
+        wgmma_commit();                                   // (empty on the first tile)
+        wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
         // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
@@ -147,12 +163,17 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
                         sum += p;
                     }
                 l_run[m][h] = l_run[m][h] * corr + sum;
-                #pragma unroll
-                for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }
+                rescale[m][h] = corr;                 // once the pending P V retires
             }
 
-        // O += P V: P's 16-bit pairs are the register A operand as they lie; V's rows (keys) are k
-        unsigned p[BN / 16][4];
+        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free
+        wgmma_hold<D / 2>(&o[0][0][0]);
+        wgmma_hold<BN / 4>(&p[0][0]);
+        #pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[0][n][0] *= rescale[0][0]; o[0][n][1] *= rescale[0][0];
+            o[0][n][2] *= rescale[0][1]; o[0][n][3] *= rescale[0][1];
+        }
         #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             p[kk][0] = pack_bf16x2(s[0][2 * kk][0], s[0][2 * kk][1]);
@@ -160,16 +181,15 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s2(const bf16_t* __restrict__ q, cons
             p[kk][2] = pack_bf16x2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
             p[kk][3] = pack_bf16x2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
-        wgmma_hold<D / 2>(&o[0][0][0]);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_rs_m64n64k16_bf16<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold<D / 2>(&o[0][0][0]);
-        wgmma_hold<BN / 4>(&p[0][0]);                    // P's registers stay live until the MMAs retire
     }
+    // the last tile's P V
+    wgmma_hold<D / 2>(&o[0][0][0]);
+    wgmma_fence();
+    issue_pv(n_tiles - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0][0]);
+    wgmma_hold<BN / 4>(&p[0][0]);
 
     #pragma unroll
     for (int m = 0; m < MT; ++m)
