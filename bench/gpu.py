@@ -273,7 +273,7 @@ def run_row(row: Row, protocol: Protocol, ceilings: Ceilings, quick: bool) -> Re
     result.notes.insert(0, f"schedule {best.describe()}")
     result.ours = time_ours(row.op, inputs, best, protocol)
     result.torch = time_torch(lambda: row.torch_fn(*inputs), protocol)
-    del inputs
+    inputs = None                  # the operands' device memory goes back before the next row
     torch.cuda.empty_cache()
     return result
 

@@ -16,7 +16,7 @@ from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.plan_binding import NoTemplateError, bind_plan
 from tessera_rw.codegen.templates.base import ScheduleError
-from tessera_rw.execute import run_program, where_to_run
+from tessera_rw.execute import where_to_run
 from tessera_rw.tune.plan_tuner import tunable_ops
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.tune.measure import Measurement, interleaved
-from tessera_rw.tune.search import SEED_TRIALS, Strategy, search_space
+from tessera_rw.tune.search import SEED_TRIALS, search_space
 
 
 class Table:

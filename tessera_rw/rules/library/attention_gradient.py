@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera_rw.algebra import api as op
 from tessera_rw.algebra.ops.attention import explicit_attention_grads
 from tessera_rw.algebra.ops.attention_backward import STATS
 from tessera_rw.rules.library.algebra import const, rand
