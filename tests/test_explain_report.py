@@ -133,7 +133,7 @@ def test_cli_emits_cuda_that_compiles(tmp_path, capsys):
                  "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
     files = sorted((tmp_path / "causal_attention").glob("*.cu"))
-    assert len(files) == 1 and files[0].name.startswith("00_flash_attention_bf16_d64_causal_bm")
+    assert len(files) == 1 and files[0].name.startswith("00_flash_attention_wg_bf16_d64_causal_bm")   # sm_90: wgmma
     source = files[0].read_text()
     assert files[0].stem[3:] + "(" in source and "typedef" in source  # the prelude included: compiles alone
     row = next(ln for ln in out.splitlines() if files[0].name in ln).split()

@@ -10,7 +10,7 @@ imports nothing from attention.py at run time.
 >>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate, _Shape
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
->>> arch = arch_named("h100")
+>>> arch = arch_named("a100")
 >>> s = t.schedules(op, arch)[0]
 >>> emit_kernel(op, _Shape.of(op), s, t.resources(op, s, arch).smem_bytes).name
 'flash_attention_bf16_d64_bm128_bn64_w8_s2'

@@ -121,6 +121,8 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s3(const bf16_t* __restrict__ q, cons
         wgmma_commit();
         if (t > 0) issue_pv(t - 1);
         wgmma_commit();                                   // (empty on the first tile)
+        wgmma_hold<D / 2>(&o[0][0][0]);                   // no copy of O or S is taken while they are written
+        wgmma_hold<BN / 2>(&s[0][0][0]);
         wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
