@@ -112,7 +112,8 @@ PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS
 # memory through 64-bit matrix descriptors (or, in the `_rs` helpers, A from registers), N/2 fp32
 # accumulators per thread of the 128-thread warpgroup. One helper per (N, operand kind) a kernel
 # may issue; 16-bit operands take their major-ness as template arguments (TA: A stored M-major,
-# TB: B stored N-major), fp8 ones are always K-major. Kernels that use them are compiled for sm_90a (KernelSource.target).
+# TB: B stored N-major), fp8 ones are always K-major. Kernels that use them are compiled for
+# sm_90a (KernelSource.target).
 HOPPER_TARGET = "sm_90a"
 WGMMA_WIDTHS = (64, 128, 256)
 WGMMA_KINDS = {"bf16": 16, "f16": 16, "e4m3": 32, "e5m2": 32}      # operand kind: the instruction's k
@@ -160,6 +161,10 @@ def _wgmma_rs(n: int, kind: str) -> str:
 
 RS_KINDS = ("bf16", "f16")             # register-A wgmmas: 16-bit operands
 
+
+# The operands' shared layout: rows of 128 bytes whose 16-byte chunks are XOR-swizzled by row, in
+# atoms of 8 rows (1024 bytes) to which every tile is aligned
+ROW_BYTES, ATOM_BYTES = 128, 1024
 
 # the device code and the emulator both build descriptors with this
 WGMMA_DESCRIPTOR = r"""

@@ -29,9 +29,9 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.prelude import WGMMA_WIDTHS
+from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
-from tessera_rw.codegen.templates.attention_wgmma_cuda import ATOM_BYTES, emit_wgmma_kernel
+from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
 # head_dim 256 keeps a 128-register O accumulator and 64 registers of Q per thread: ptxas reaches
@@ -97,6 +97,16 @@ class _Shape:
                    bool(a.get("causal")), q.shape[-1] ** -0.5 if scale is None else float(scale),
                    op.operands[3] if a.get("has_mask") else None)
 
+    @property
+    def kind(self) -> str:
+        """The operands' kind as kernel and helper names spell it: 'bf16' or 'f16'."""
+        return "bf16" if self.dtype is DType.bfloat16 else "f16"
+
+    def warpgroup_mma(self, arch: ArchSpec) -> bool:
+        """Whether sm_90's wgmma kernel serves it: sequences short of 64 stay on mma.sync, whose tiles
+        shrink to them (a wgmma is 64 rows)."""
+        return arch.compute_capability == (9, 0) and min(self.sq, self.sk) >= WG_ROWS
+
     def key_tiles(self, q0: int, s: AttentionSchedule) -> int:
         """K/V tiles the block starting at query row q0 visits (causal stops at its last row)."""
         tiles = -(-self.sk // s.bn)
@@ -158,8 +168,8 @@ class FlashAttentionTemplate(Template):
     def _warpgroup_defaults(self, op: KernelOp, shape: _Shape, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         """sm_90's wgmma schedules: two warpgroups (one where the query has 64 rows or fewer) over
         128-key tiles in 3 stages, then over 64-key tiles in 4."""
-        if arch.compute_capability != (9, 0) or min(shape.sq, shape.sk) < WG_ROWS:
-            return ()          # short sequences: mma.sync's tiles shrink to them, 64-row wgmmas do not
+        if not shape.warpgroup_mma(arch):
+            return ()
         groups = min(2, -(-shape.sq // WG_ROWS))
         picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 3),
                   WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 4))
@@ -175,7 +185,7 @@ class FlashAttentionTemplate(Template):
                 for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows
                 for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
                 for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
-        if arch.compute_capability == (9, 0) and min(shape.sq, shape.sk) >= WG_ROWS:
+        if shape.warpgroup_mma(arch):
             grid += [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
                      for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
                      for bn in WG_KEYS for stages in WG_STAGES]

@@ -42,9 +42,8 @@ MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_t
 def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
     """The mma.sync kernel for `op` under schedule `s`, after a comment giving its launch (`smem`
     bytes of dynamic shared memory, as the template counts them)."""
-    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
-    return fill_kernel(KERNEL, op, shape, s, smem, LAUNCH_BOUNDS=f"{s.warps} * 32",
-                       MMA="mma_bf16_16816" if tag == "bf16" else "mma_f16_16816", RESCALE_O=RESCALE_IN_PLACE)
+    return fill_kernel(KERNEL, op, shape, s, smem, LAUNCH_BOUNDS=f"{s.warps} * 32", MMA=f"mma_{shape.kind}_16816",
+                       RESCALE_O=RESCALE_IN_PLACE)
 
 
 # ONLINE_SOFTMAX's last step for a row: O's running sum rescaled to the new max at once
@@ -57,10 +56,10 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
     """`text` (a forward kernel) with its holes filled for `op` under `s`, after its launch comment;
     `holes` are the kernel's own, beyond those every forward kernel has."""
     q, k, v = op.operands[:3]
-    tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
+    tag = shape.kind
     elem = f"{tag}_t"
-    kind = f"{s.tag}_" if s.tag else ""
-    name = (f"flash_attention_{kind}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+    variant = f"{s.tag}_" if s.tag else ""
+    name = (f"flash_attention_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
             f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"

@@ -30,25 +30,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.prelude import HOPPER_TARGET, wgmma_name, wgmma_rs_name
+from tessera_rw.codegen.prelude import ATOM_BYTES, HOPPER_TARGET, ROW_BYTES, wgmma_name, wgmma_rs_name
 from tessera_rw.codegen.templates.attention_cuda import (BLOCK_INDEX, CONSTANTS, ONLINE_SOFTMAX, RUNNING_STATE,
                                                        SIGNATURE, STORE_OUTPUT, fill_kernel)
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention import AttentionSchedule, _Shape
 
-ATOM_BYTES = 1024         # 8 swizzled 128-byte rows: the period the tiles are aligned to
-
-
 def emit_wgmma_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
     """The wgmma kernel for `op` under schedule `s` (`smem` bytes of dynamic shared memory, the
     alignment slack included)."""
-    kind = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     return fill_kernel(KERNEL, op, shape, s, smem, target=HOPPER_TARGET, LAUNCH_BOUNDS=f"{s.warps} * 32, 1",
-                       WG_S=wgmma_name(s.bn, kind), WG_PV=wgmma_rs_name(shape.d, kind),
+                       WG_S=wgmma_name(s.bn, shape.kind), WG_PV=wgmma_rs_name(shape.d, shape.kind),
                        RESCALE_O="rescale[m][h] = corr;                 // once the pending P V retires")
 
 
@@ -73,7 +68,7 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 
 """
 
-KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + r"""    constexpr unsigned ATOM = """ + str(ATOM_BYTES) + r""", ROW_BYTES = 128;
+KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM = {ATOM_BYTES}, ROW_BYTES = {ROW_BYTES};""" + r"""
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
     static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
 

@@ -25,13 +25,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tessera_rw.codegen.arch import ArchSpec
-from tessera_rw.codegen.prelude import WGMMA_WIDTHS
+from tessera_rw.codegen.prelude import ROW_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_footprint import (TmaSchedule, WarpgroupTiling, WgmmaSchedule, registers,
                                                          smem_bytes, tma_consumer_registers)
 from tessera_rw.codegen.templates.gemm_problem import TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_tma_cuda import CONSUMER_REGISTERS, tma_blocker
-from tessera_rw.codegen.templates.gemm_wgmma_cuda import ROW_BYTES
 
 # 128-byte k-steps (64 bf16/fp16 values, 128 fp8); bk is set per problem (wgmma_k)
 _TMA_DEFAULTS = (TmaSchedule(128, 256, 64, 2, 1, 4), TmaSchedule(128, 128, 64, 2, 1, 6),

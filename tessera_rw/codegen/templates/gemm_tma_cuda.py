@@ -30,10 +30,11 @@ import math
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.prelude import ATOM_BYTES, ROW_BYTES
 from tessera_rw.codegen.tensor_map import TensorMapSpec
 from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common
-from tessera_rw.codegen.templates.gemm_wgmma_cuda import (ATOM_BYTES, ROW_BYTES, accumulators, issue_mmas,
-                                                         kernel_opening, store_accumulators)
+from tessera_rw.codegen.templates.gemm_wgmma_cuda import (accumulators, issue_mmas, kernel_opening,
+                                                         store_accumulators)
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule

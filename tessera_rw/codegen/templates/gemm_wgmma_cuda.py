@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.codegen.prelude import wgmma_name
+from tessera_rw.codegen.prelude import ATOM_BYTES, ROW_BYTES, wgmma_name
 from tessera_rw.codegen.templates.gemm_cuda import (CTYPE, a_rows_name, block_origin, common, launch_comment,
                                                  ones_row_decl)
 from tessera_rw.codegen.templates.gemm_mma_cuda import chunk_copy, helpers, store_pair
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule, WgmmaSchedule
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 
-ROW_BYTES = 128           # one swizzled shared row: the 128-byte swizzle's width
-ATOM_BYTES = 1024         # 8 rows: the swizzle's period, to which each tile is aligned
 _KIND = {DType.bfloat16: "bf16", DType.float16: "f16", DType.float8_e4m3: "e4m3", DType.float8_e5m2: "e5m2"}
 
 # where the 16-byte chunk c (0-7) of row r of a 128-byte swizzled tile lies (tiles on 1024-byte atoms)
