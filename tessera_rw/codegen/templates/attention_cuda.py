@@ -171,7 +171,9 @@ CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, ST
     constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
 """
 
-BLOCK_INDEX = r"""    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+BLOCK_INDEX = r"""    // a head's query blocks run side by side (they share its K and V in L2); causal ones longest first,
+    // so the short blocks fill the last wave
+    const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
 $OFFSETS

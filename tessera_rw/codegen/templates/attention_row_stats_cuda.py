@@ -49,7 +49,8 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
     $ELEM* q_s = ($ELEM*)fa_smem;                         // [BM][D]
     $ELEM* k_s = q_s + BM * D;                            // [STAGES][BN][D]
 
-    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    // a head's query blocks side by side, causal ones longest first (as the forward kernels)
+    const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
     const int q0 = qb * BM, row0 = q0 + warp * 16;

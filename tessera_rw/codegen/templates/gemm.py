@@ -15,8 +15,9 @@ registers and write the result once.
 An operand stored transposed (trans_a: A as [K, M], trans_b: B as [N, K], what a backward pass's
 Xᵀ and Wᵀ are) is read in place: its tiles are loaded as they lie and ldmatrix transposes them on
 the way to the fragments, so it costs the same as a plain one. Shapes are baked into the source as
-constants; the grid is flat (column tiles, row tiles, then the flattened batch) and a broadcast
-operand gets batch stride 0. matmul_bias_grad is a product
+constants; the grid is flat (tiles, then the flattened batch: column tiles fastest, or groups of
+tile rows walked column by column where that keeps more of the operands in L2, gemm_tile_order.py)
+and a broadcast operand gets batch stride 0. matmul_bias_grad is a product
 with one more row of A, all ones, that no load reads: its tiles fill that row in shared memory
 (predicated like the ragged edges), so the bias gradient comes out as row M of the result.
 
@@ -53,6 +54,7 @@ from tessera_rw.codegen.templates.gemm_hopper import (TMA_EFFICIENCY, WGMMA_EFFI
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
+from tessera_rw.codegen.templates.gemm_tile_order import TileOrder, tile_order
 from tessera_rw.codegen.templates.gemm_tma_cuda import emit_tma, tensor_maps
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import emit_wgmma
 
@@ -77,6 +79,15 @@ _TF32_DEFAULTS = (GemmSchedule(128, 128, 16, 2, 4, 3), GemmSchedule(128, 64, 16,
 # The tuning grids (space()); _valid keeps the points that fit and that the emitters can write.
 _TC_TILES, _TC_WARPS, _TC_STAGES = (64, 128, 256), (1, 2, 4), (2, 3, 4)
 _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
+
+
+def _tile_order(op: KernelOp, s: Schedule, arch: ArchSpec) -> TileOrder:
+    """The grid's walk over the output tiles (gemm_tile_order.py) for a wave of the blocks the
+    schedule keeps resident on every SM."""
+    p = GemmProblem.of(op)
+    wave = arch.sm_count * blocks_per_sm(s.threads, registers(p, s), smem_bytes(p, s), arch)
+    a, b = op.operands[:2]
+    return tile_order(-(-p.m // s.bm), -(-p.n // s.bn), wave, a.nbytes, b.nbytes, arch.l2_bytes)
 
 
 class GemmTemplate(Template):
@@ -187,20 +198,9 @@ class GemmTemplate(Template):
         blocks = tiles_m * tiles_n * p.nbatch
         regs = registers(p, s)
         smem = smem_bytes(p, s)
-        per_sm = blocks_per_sm(s.threads, regs, smem, arch)
-        wave = max(1, arch.sm_count * per_sm)
         a, b = op.operands[:2]
         extra = sum(t.nbytes for t in op.operands[2:])
-        # A's row panel is shared by the blocks of one tile row, which run side by side in a wave
-        # (grid.x walks N first), so HBM sees it once per wave-width of columns. B is swept once
-        # per tile row; it stays in L2 when it fits beside the A panels (half of L2), else each
-        # wave, covering wave/tiles_n tile rows, brings it in again.
-        if a.nbytes + b.nbytes <= arch.l2_bytes // 2:
-            a_reads = b_reads = 1
-        else:
-            a_reads = -(-tiles_n // min(tiles_n, wave))
-            b_reads = 1 if b.nbytes <= arch.l2_bytes // 2 else -(-tiles_m // max(1, wave // tiles_n))
-        hbm = a.nbytes * a_reads + b.nbytes * b_reads + extra + op.result.nbytes
+        hbm = _tile_order(op, s, arch).hbm_bytes(a.nbytes, b.nbytes) + extra + op.result.nbytes
         # the ones row of a bias-gradient product runs through the MMAs like any row of A
         epilogue = max(0, op.flops - 2 * p.nbatch * p.m * p.n * p.k)
         flops = 2 * p.nbatch * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk + epilogue
@@ -247,19 +247,21 @@ class GemmTemplate(Template):
         header = (f"// {op}\n// kernel kind gemm, fused {list(self.fused(op))}, schedule {schedule.describe()}, "
                   f"{arch.name}\n")
         grid = (self.resources(op, schedule, arch).blocks, 1, 1)
+        group = _tile_order(op, schedule, arch).group
         fast = op.numerics is Numerics.FAST
         if isinstance(schedule, TmaSchedule):
             if not self._valid(p, schedule, arch):
                 raise TesseraError(f"{schedule!r} does not fit {op} on {arch.name}", op=op.op,
                                    hint="TMA loads need rows 16-byte aligned (and a bias gradient one "
                                         "warpgroup across N); use a WgmmaSchedule")
-            return KernelSource(name, header + emit_tma(p, schedule, name), schedule.threads, grid=grid,
+            return KernelSource(name, header + emit_tma(p, schedule, name, group), schedule.threads, grid=grid,
                                 dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET,
                                 tensor_maps=tensor_maps(p, schedule))
         if isinstance(schedule, WgmmaSchedule):
-            return KernelSource(name, header + emit_wgmma(p, schedule, name), schedule.threads, grid=grid,
+            return KernelSource(name, header + emit_wgmma(p, schedule, name, group), schedule.threads, grid=grid,
                                 dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET)
-        body = emit_tensor_core(p, schedule, name) if p.tensor_core else emit_simt(p, schedule, name)
+        body = (emit_tensor_core(p, schedule, name, group) if p.tensor_core else
+                emit_simt(p, schedule, name, group))
         return KernelSource(name, header + body, schedule.threads, grid=grid, fast_math=fast)
 
     def samples(self) -> tuple[KernelOp, ...]:

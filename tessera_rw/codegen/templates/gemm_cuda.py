@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
@@ -129,13 +130,11 @@ def launch_comment(p: GemmProblem, s: Schedule, name: str, signature: str) -> st
             f"no dynamic shared memory)\n// arguments: {signature}\n")
 
 
-def block_origin(ctype: str) -> str:
-    """The kernel lines placing a block: its tile's first row m0 and column n0, its batch z, and
-    the batch's A and B (of C type `ctype`) at Ab and Bb."""
-    return f"""    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
-    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
+def block_origin(ctype: str, group: int) -> str:
+    """The kernel lines placing a block: its tile's first row m0 and column n0 and its batch z
+    (walking `group` tile rows per group, gemm_tile_order.py), and the batch's A and B (of C type
+    `ctype`) at Ab and Bb."""
+    return f"""{tile_origin(group)}
     const {ctype}* Ab = A + gemm_boff_a(z);
     const {ctype}* Bb = B + gemm_boff_b(z);"""
 

@@ -235,7 +235,7 @@ def store_pair(p: GemmProblem, args: str) -> str:
     return "\n".join(" " * 20 + line for line in store.splitlines())
 
 
-def emit_tensor_core(p: GemmProblem, s: GemmSchedule, name: str) -> str:
+def emit_tensor_core(p: GemmProblem, s: GemmSchedule, name: str, group: int) -> str:
     """The mma.sync kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
@@ -277,7 +277,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     __shared__ __align__(128) {t} sB[STAGES * BK * BN];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm0 = (warp / WARPS_N) * WARP_M, wn0 = (warp % WARPS_N) * WARP_N;
-{block_origin(t)}
+{block_origin(t, group)}
 
     // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
     auto load_tile = [&](int stage, int kt) {{

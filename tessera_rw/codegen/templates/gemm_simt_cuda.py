@@ -39,7 +39,7 @@ def _b_coordinates(p: GemmProblem) -> tuple[str, str]:
     return "r = id / BN, c = id % BN", "(k0 + r) * N + n0 + c"
 
 
-def emit_simt(p: GemmProblem, s: GemmSimtSchedule, name: str) -> str:
+def emit_simt(p: GemmProblem, s: GemmSimtSchedule, name: str, group: int) -> str:
     """The FFMA kernel for fp32 operands, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     store = _STORE1[p.out_dtype]
@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     __shared__ __align__(16) float sA[2][BK][BM + PAD];
     __shared__ __align__(16) float sB[2][BK][BN];
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
-{block_origin("float")}
+{block_origin("float", group)}
     float ra[LA], rb[LB];
     auto fetch = [&](int k0) {{   // the next tile into registers, zeros past the edges
         #pragma unroll

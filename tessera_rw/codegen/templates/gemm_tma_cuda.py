@@ -33,6 +33,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.prelude import ATOM_BYTES, ROW_BYTES
 from tessera_rw.codegen.tensor_map import TensorMapSpec
 from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common
+from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import (accumulators, issue_mmas, kernel_opening,
                                                          store_accumulators)
 
@@ -135,7 +136,7 @@ def _ones_row(p: GemmProblem) -> str:
 """
 
 
-def emit_tma(p: GemmProblem, s: TmaSchedule, name: str) -> str:
+def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int) -> str:
     """The TMA kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
@@ -145,9 +146,7 @@ def emit_tma(p: GemmProblem, s: TmaSchedule, name: str) -> str:
     unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
     unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
-    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
+{tile_origin(group)}
     if (tid == 0) {{
         for (int s = 0; s < STAGES; ++s) {{
             mbar_init(&full[s], 1);

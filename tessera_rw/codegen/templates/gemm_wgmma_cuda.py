@@ -162,13 +162,13 @@ def store_accumulators(p: GemmProblem, args: str) -> str:
             }}"""
 
 
-def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str) -> str:
+def emit_wgmma(p: GemmProblem, s: WgmmaSchedule, name: str, group: int) -> str:
     """The wgmma kernel, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
     return kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s)) + f"""    const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
-{block_origin(t)}
+{block_origin(t, group)}
 
     // one k-tile into one stage; chunks past M, N or K are zero-filled (0 valid bytes)
     auto load_tile = [&](int stage, int kt) {{

@@ -47,7 +47,8 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     bf16_t* q_s = (bf16_t*)fa_smem;                         // [BM][D]
     bf16_t* k_s = q_s + BM * D;                            // [STAGES][BN][D]
 
-    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    // a head's query blocks side by side, causal ones longest first (as the forward kernels)
+    const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
     const int q0 = qb * BM, row0 = q0 + warp * 16;

@@ -41,7 +41,9 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     bf16_t* k_s = q_s + BM * D;                            // [STAGES][BN][D]
     bf16_t* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
 
-    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    // a head's query blocks run side by side (they share its K and V in L2); causal ones longest first,
+    // so the short blocks fill the last wave
+    const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
     long long q_off = 0, k_off = 0, v_off = 0;

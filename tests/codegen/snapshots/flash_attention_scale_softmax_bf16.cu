@@ -42,7 +42,9 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s3(const bf16_t* __restrict__ q, cons
     bf16_t* const k_s = q_s + BM * D;                      // [STAGES][D/64][BN][64]
     bf16_t* const v_s = k_s + STAGES * BN * D;             // [STAGES][D/64][BN][64]
 
-    const int qb = blockIdx.x % NQB, bh = blockIdx.x / NQB;
+    // a head's query blocks run side by side (they share its K and V in L2); causal ones longest first,
+    // so the short blocks fill the last wave
+    const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
     long long q_off = 0, k_off = 0, v_off = 0;

@@ -30,9 +30,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bf16_bf16_none_1x4096x
     unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
     unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    // one flat grid: groups of GROUP tile rows, each walked column by column (a wave's blocks share GROUP
+    // row panels of A and a few column panels of B), then the next group, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
+    constexpr int GROUP = 16;
+    const int z = blockIdx.x / (TILES_N * TILES_M), tile = blockIdx.x % (TILES_N * TILES_M);
+    const int first = tile / (GROUP * TILES_N) * GROUP, in_group = tile % (GROUP * TILES_N);
+    const int rows = TILES_M - first < GROUP ? TILES_M - first : GROUP;   // the last group may be short
+    const int m0 = (first + in_group % rows) * BM, n0 = in_group / rows * BN;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);

@@ -25,10 +25,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_1x4096x409
     __shared__ __align__(128) bf16_t sB[STAGES * BK * BN];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm0 = (warp / WARPS_N) * WARP_M, wn0 = (warp % WARPS_N) * WARP_N;
-    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
+    // one flat grid: groups of GROUP tile rows, each walked column by column (a wave's blocks share GROUP
+    // row panels of A and a few column panels of B), then the next group, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);
+    constexpr int GROUP = 16;
+    const int z = blockIdx.x / (TILES_N * TILES_M), tile = blockIdx.x % (TILES_N * TILES_M);
+    const int first = tile / (GROUP * TILES_N) * GROUP, in_group = tile % (GROUP * TILES_N);
+    const int rows = TILES_M - first < GROUP ? TILES_M - first : GROUP;   // the last group may be short
+    const int m0 = (first + in_group % rows) * BM, n0 = in_group / rows * BN;
     const bf16_t* Ab = A + gemm_boff_a(z);
     const bf16_t* Bb = B + gemm_boff_b(z);
 

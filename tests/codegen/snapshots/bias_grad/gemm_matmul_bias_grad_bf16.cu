@@ -36,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bf16_bf16_none_bgrad_1
     unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
     unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
     const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
     const int z = blockIdx.x / (TILES_N * TILES_M);
