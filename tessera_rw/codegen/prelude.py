@@ -115,7 +115,7 @@ PRELUDE = TYPES + PORTABLE_HELPERS + PTX_HELPERS
 # TB: B stored N-major), fp8 ones are always K-major. Kernels that use them are compiled for
 # sm_90a (KernelSource.target).
 HOPPER_TARGET = "sm_90a"
-WGMMA_WIDTHS = (64, 128, 256)
+WGMMA_WIDTHS = (32, 64, 128, 256)
 WGMMA_KINDS = {"bf16": 16, "f16": 16, "e4m3": 32, "e5m2": 32}      # operand kind: the instruction's k
 
 

@@ -86,7 +86,7 @@ class _MappedTensor:
 
 @lru_cache(maxsize=1024)
 def _descriptor(spec: TensorMapSpec, pointer: int):
-    from cuda.core._tensor_map import TensorMapSwizzle
+    from cuda.core._tensor_map import TensorMapL2Promotion, TensorMapSwizzle
     from cuda.core.utils import StridedMemoryView
 
     from tessera_rw.codegen.device import DeviceError
@@ -96,7 +96,9 @@ def _descriptor(spec: TensorMapSpec, pointer: int):
                                                                   "copies a view that starts mid-allocation)")
     view = StridedMemoryView.from_cuda_array_interface(_MappedTensor(spec, pointer), stream_ptr=-1)
     try:
-        return view.as_tensor_map(box_dim=tuple(reversed(spec.box)), swizzle=TensorMapSwizzle.SWIZZLE_128B)
+        # boxes are read whole: L2 fetches them in 256-byte sectors (what CUTLASS asks for too)
+        return view.as_tensor_map(box_dim=tuple(reversed(spec.box)), swizzle=TensorMapSwizzle.SWIZZLE_128B,
+                                  l2_promotion=TensorMapL2Promotion.L2_256B)
     except Exception as e:
         raise DeviceError(f"the driver refused the TMA tensor map of argument {spec.operand} "
                           f"({type(e).__name__}: {e}); map {spec}",

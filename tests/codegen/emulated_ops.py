@@ -189,6 +189,13 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention f16 float mask per batch": attention(2, 2, 2, 128, 64, F16, mask=F16, mask_batch=(2, 1)),
         "attention GQA 4/2 heads D=128 bf16": attention(1, 4, 2, 128, 128, BF16),
         "attention S=16 D=128 bool mask f16": attention(1, 2, 2, 16, 128, F16, mask=BOOL),
+        # head dims beyond 64 and 128: 96 and 32 swizzle within groups of 4 chunks, 80 of 2; 256
+        # runs on sm_90's wgmma kernel alone, over 32-key tiles
+        "attention S=130 D=96 causal bf16": attention(1, 2, 2, 130, 96, BF16, causal=True),
+        "attention S=70 D=80 f16 mask": attention(1, 2, 2, 70, 80, F16, mask=F16),
+        "attention GQA 4/2 heads S=100 D=32 bf16": attention(1, 4, 2, 100, 32, BF16),
+        "attention S=150 D=256 causal bf16": attention(1, 2, 2, 150, 256, BF16, causal=True),
+        "attention S=40 D=256 bool mask f16": attention(1, 2, 2, 40, 256, F16, mask=BOOL),
     }
     for name, template in (("row stats", rows), ("backward", bwd)):
         ops |= {

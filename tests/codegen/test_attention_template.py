@@ -31,7 +31,7 @@ def test_every_sample_has_schedules_and_sound_resources(arch):
     for op in TEMPLATE.samples():
         assert TEMPLATE.accepts(op)
         schedules = TEMPLATE.schedules(op, arch)
-        assert schedules, op
+        assert bool(schedules) != bool(TEMPLATE.unavailable(op, arch)), op
         sq = op.operands[0].shape[-2]
         heads = op.result.numel // (sq * op.result.shape[-1])
         for s in schedules:
@@ -69,8 +69,9 @@ def test_short_sequences_shrink_the_tiles():
 
 @pytest.mark.parametrize("op, why", [
     (attention((2, 4, 128, 64), (2, 4, 128, 64), DType.float32), "fp32 stays unfused"),
-    (attention((2, 4, 128, 256), (2, 4, 128, 256)), "head_dim 256 spills"),
-    (attention((2, 4, 128, 96), (2, 4, 128, 96)), "head_dim 96"),
+    (attention((2, 4, 128, 72), (2, 4, 128, 72)), "head_dim 72: not a multiple of 16"),
+    (attention((2, 4, 128, 192), (2, 4, 128, 192)), "head_dim 192: beyond mma.sync, not a wgmma width"),
+    (attention((2, 4, 128, 512), (2, 4, 128, 512)), "head_dim 512"),
     (attention((2, 4, 128, 64), (2, 4, 128, 64), v_dim=128), "Dv != D"),
     (attention((2, 4, 128, 64), (2, 4, 128, 64), kv_dtype=DType.float16), "mixed dtypes"),
     (attention((2, 4, 128, 64), (2, 4, 128, 64), mask=TensorType((128, 128), DType.int32)), "int mask"),
@@ -98,3 +99,22 @@ def test_batch_offsets_broadcast_and_group_heads():
     assert "k_off += (long long)i * 8192;" in code                    # batch stride: 2 heads · 64 · 64
     assert "m_off" in code.splitlines()[0] and "m_off +=" not in code
     assert strides == (1, 0)
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 80, 96, 112])
+def test_head_dims_up_to_128_run_on_mma_sync_everywhere(d):
+    op = attention((1, 4, 512, d), (1, 4, 512, d), causal=True)
+    for arch in ARCHS:
+        schedules = TEMPLATE.schedules(op, arch)
+        assert schedules and all(type(s) is AttentionSchedule for s in schedules), (d, arch.name)
+
+
+def test_head_dim_256_runs_on_sm_90_wgmma_only_and_says_why_elsewhere():
+    op = attention((1, 8, 16, 256), (1, 8, 16, 256))        # even a short query: two warpgroups
+    h100, a100 = arch_named("h100"), arch_named("a100")
+    assert [s.describe() for s in TEMPLATE.schedules(op, h100)] == [
+        "wg bm=128 bn=32 warps=8 stages=4", "wg bm=128 bn=32 warps=8 stages=3"]
+    assert all(s.bn == 32 for s in TEMPLATE.space(op, h100))
+    assert TEMPLATE.unavailable(op, h100) is None
+    assert TEMPLATE.schedules(op, a100) == () and TEMPLATE.space(op, a100) == ()
+    assert "256" in TEMPLATE.unavailable(op, a100) and "sm_90" in TEMPLATE.unavailable(op, a100)

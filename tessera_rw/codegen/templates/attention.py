@@ -34,9 +34,13 @@ from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 
-# head_dim 256 keeps a 128-register O accumulator and 64 registers of Q per thread: ptxas reaches
-# 255 registers and spills once a mask or causal bounds are added, so it is left unfused
-HEAD_DIMS = (64, 128)
+# Head dims: the mma.sync kernel takes any multiple of 16 up to 128 (one k-step of Q Kᵀ is 16 wide);
+# at 256 its O accumulator (128 registers a thread) and Q fragments (64) spill. The wgmma kernel
+# keeps Q in shared memory and takes 64, 128 and 256 (its tiles are 64-value swizzled column
+# blocks); it alone serves 256, on sm_90, two warpgroups over 32-key tiles so up to 5 stages fit.
+MMA_SYNC_MAX_HEAD_DIM = 128
+WG_HEAD_DIMS = (64, 128, 256)
+WIDE_HEAD_KEYS, WIDE_HEAD_STAGES = 32, (3, 4, 5)
 MMA_M, MMA_K = 16, 16         # mma.sync m16n8k16: rows per warp tile, keys per k-step
 SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_90 (4 per partition)
 SIMT_OPS_PER_SCORE = 4        # scale-and-subtract FMA, running max, row-sum add, bf16 pack
@@ -102,10 +106,16 @@ class _Shape:
         """The operands' kind as kernel and helper names spell it: 'bf16' or 'f16'."""
         return "bf16" if self.dtype is DType.bfloat16 else "f16"
 
+    @property
+    def mma_sync(self) -> bool:
+        """Whether the mma.sync kernel can hold this head dim."""
+        return self.d <= MMA_SYNC_MAX_HEAD_DIM
+
     def warpgroup_mma(self, arch: ArchSpec) -> bool:
-        """Whether sm_90's wgmma kernel serves it: sequences short of 64 stay on mma.sync, whose tiles
-        shrink to them (a wgmma is 64 rows)."""
-        return arch.compute_capability == (9, 0) and min(self.sq, self.sk) >= WG_ROWS
+        """Whether sm_90's wgmma kernel serves it: sequences short of 64 stay on mma.sync where it
+        can take them, whose tiles shrink to them (a wgmma is 64 rows)."""
+        return (arch.compute_capability == (9, 0) and self.d in WG_HEAD_DIMS
+                and (not self.mma_sync or min(self.sq, self.sk) >= WG_ROWS))
 
     def key_tiles(self, q0: int, s: AttentionSchedule) -> int:
         """K/V tiles the block starting at query row q0 visits (causal stops at its last row)."""
@@ -122,12 +132,13 @@ def _round_up(x: int, to: int) -> int:
 
 
 class FlashAttentionTemplate(Template):
-    """flash_attention with bf16/fp16 q, k, v of one dtype, head_dim 64 or 128 and Dv == D; any
-    broadcast batch, GQA heads, causal, and a bool or float (fp32/fp16/bf16) mask.
+    """flash_attention with bf16/fp16 q, k, v of one dtype, a head dim (Dv == D) that is a multiple
+    of 16 up to 128, or 256 on sm_90; any broadcast batch, GQA heads, causal, and a bool or float
+    (fp32/fp16/bf16) mask.
 
     >>> t = FlashAttentionTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True, True, True]
+    [True, True, True, True, True, True, True, True, True]
     """
     kind = "flash_attention"
     ops = frozenset({"flash_attention"})
@@ -135,13 +146,15 @@ class FlashAttentionTemplate(Template):
     def accepts(self, op: KernelOp) -> bool:
         """bf16/fp16 only: fp32 (and fp64) attention stays unfused, since its products would run on
         the SIMT pipe or tf32, where the unfused GEMM + softmax plan is as fast and keeps fp32's
-        accuracy. head_dim 256 is rejected too (see HEAD_DIMS)."""
+        accuracy. Head dims are multiples of 16 up to 128, and 256 (on sm_90 only, see WG_HEAD_DIMS)."""
         if op.op not in self.ops or len(op.operands) < 3:
             return False
         q, k, v = op.operands[:3]
         if q.dtype not in (DType.bfloat16, DType.float16) or not (q.dtype == k.dtype == v.dtype == op.result.dtype):
             return False
-        if q.shape[-1] not in HEAD_DIMS or v.shape[-1] != q.shape[-1] or min(q.ndim, k.ndim, v.ndim) < 2:
+        d = q.shape[-1]
+        if not (d % 16 == 0 and 16 <= d <= MMA_SYNC_MAX_HEAD_DIM or d in WG_HEAD_DIMS) or v.shape[-1] != d \
+                or min(q.ndim, k.ndim, v.ndim) < 2:
             return False
         mask = op.operands[3] if op.attr_map.get("has_mask") else None
         return mask is None or mask.dtype in MASK_TYPES
@@ -158,7 +171,7 @@ class FlashAttentionTemplate(Template):
         shape = _Shape.of(op)
         bn = min(64, _round_up(shape.sk, MMA_K))
         found: list[AttentionSchedule] = list(self._warpgroup_defaults(op, shape, arch))
-        for warps in (8, 4):
+        for warps in (8, 4) if shape.mma_sync else ():
             warps = min(warps, -(-shape.sq // MMA_M))
             s = AttentionSchedule(MMA_M * warps, bn, warps, 2)
             if s not in found and self._valid(op, s, arch):
@@ -170,10 +183,21 @@ class FlashAttentionTemplate(Template):
         128-key tiles in 3 stages, then over 64-key tiles in 4."""
         if not shape.warpgroup_mma(arch):
             return ()
+        if not shape.mma_sync:       # a head dim of 256: two warpgroups even for a short query (one spills)
+            picked = (WarpgroupAttentionSchedule(2 * WG_ROWS, WIDE_HEAD_KEYS, 8, 4),
+                      WarpgroupAttentionSchedule(2 * WG_ROWS, WIDE_HEAD_KEYS, 8, 3))
+            return tuple(s for s in picked if self._valid(op, s, arch))
         groups = min(2, -(-shape.sq // WG_ROWS))
         picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 3),
                   WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 4))
         return tuple(s for s in picked if self._valid(op, s, arch))
+
+    def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
+        shape = _Shape.of(op)
+        if not shape.mma_sync and not shape.warpgroup_mma(arch):
+            return (f"a head dim of {shape.d} fits only the wgmma kernel of sm_90 (mma.sync's fragments would "
+                    f"spill), and {arch.name} is {arch.sm}: on it this attention runs unfused")
+        return None
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # As schedules() does, blocks and key tiles shrink to what a short sequence covers, more
@@ -185,10 +209,13 @@ class FlashAttentionTemplate(Template):
                 for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows
                 for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
                 for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
+        if not shape.mma_sync:
+            grid = []
         if shape.warpgroup_mma(arch):
             grid += [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
                      for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
-                     for bn in WG_KEYS for stages in WG_STAGES]
+                     for bn in (WG_KEYS if shape.mma_sync else (WIDE_HEAD_KEYS,))
+                     for stages in (WG_STAGES if shape.mma_sync else WIDE_HEAD_STAGES)]
         return grid_space(self.schedules(op, arch), grid,
                           lambda s: self._valid(op, s, arch) and self._calibrated(shape, s, rows, keys))
 
@@ -209,9 +236,11 @@ class FlashAttentionTemplate(Template):
 
     def _valid(self, op: KernelOp, s: AttentionSchedule, arch: ArchSpec) -> bool:
         shape = _Shape.of(op)
-        if isinstance(s, WarpgroupAttentionSchedule) and not (
-                arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
-                and s.bn in WGMMA_WIDTHS and s.stages >= 3 and shape.d in WGMMA_WIDTHS):
+        if isinstance(s, WarpgroupAttentionSchedule):
+            if not (arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
+                    and s.bn in WGMMA_WIDTHS and s.stages >= 3 and shape.d in WG_HEAD_DIMS):
+                return False
+        elif not shape.mma_sync:
             return False
         return (s.warps >= 1 and 32 * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
                 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1
@@ -317,4 +346,7 @@ class FlashAttentionTemplate(Template):
                 attn(2, 8, 8, 1024, 64, f16, mask=f16, mask_batch=(2, 1)),
                 attn(2, 16, 4, 2048, 128, bf),
                 attn(3, 8, 8, 1000, 64, bf, causal=True),
-                attn(1, 2, 2, 16, 128, f16, mask=DType.bool))
+                attn(1, 2, 2, 16, 128, f16, mask=DType.bool),
+                attn(2, 12, 12, 1024, 96, bf, causal=True),
+                attn(1, 8, 8, 2048, 256, bf, causal=True),
+                attn(1, 8, 8, 512, 256, f16, mask=f16, mask_batch=(1, 1)))

@@ -59,8 +59,8 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
         const int c = it * THREADS + tid;
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (D / 8), cc = c % (D / 8);
-            // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
-            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + r * D + cc * 8,
+            // a row past `valid` copies zero bytes from the tile's first row, inside the tensor
+            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + (r < valid ? r * D + cc * 8 : 0),
                         r < valid ? 16 : 0);
         }
     }

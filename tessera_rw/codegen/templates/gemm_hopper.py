@@ -40,6 +40,8 @@ _WGMMA_DEFAULTS = (WgmmaSchedule(128, 256, 64, 2, 1, 4), WgmmaSchedule(128, 128,
 # the tuning grid: tiles, warpgroups per axis, stages (TMA's deeper: nothing per stage in registers)
 _TILES, _GROUPS = (64, 128, 256), (1, 2)
 _WGMMA_STAGES, _TMA_STAGES = (3, 4, 5), (3, 4, 6, 8)
+# a warpgroup's slab of N spans whole 64-value swizzled blocks of B
+SLAB_WIDTHS = tuple(n for n in WGMMA_WIDTHS if n % 64 == 0)
 MAX_BOX = 256          # a TMA box is at most 256 rows: a K-major tile's bm or bn
 
 # fraction of the bf16/fp8 peak: the cp.async kernel's threads spend issue slots on copies; the
@@ -87,7 +89,7 @@ def hopper_valid(p: GemmProblem, s: WarpgroupTiling, arch: ArchSpec) -> bool:
     hold a K-major tile."""
     wide = s.bn // s.wg_n
     fits = (warpgroup_mma(p, arch) and s.bk == wgmma_k(p) and s.bm % (64 * s.wg_m) == 0 and s.bn % s.wg_n == 0
-            and wide in WGMMA_WIDTHS and smem_bytes(p, s) <= arch.smem_per_block
+            and wide in SLAB_WIDTHS and smem_bytes(p, s) <= arch.smem_per_block
             and s.threads <= arch.max_threads_per_block
             and registers(p, s) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads))
     if isinstance(s, TmaSchedule):

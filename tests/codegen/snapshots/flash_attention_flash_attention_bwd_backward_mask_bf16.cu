@@ -4,9 +4,12 @@
 // out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the dK/dV jobs, then the dQ jobs
 
 // element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
-// by row, so the 8 row addresses of one ldmatrix land in 8 different bank groups
+// by row, so the 8 row addresses of one ldmatrix land in different bank groups: within aligned groups
+// of 8 chunks where the row has whole ones (64-value rows), else of 4 or 2 (a head dim of 96, 80),
+// so a chunk never leaves its row
 __device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
-    return row * width + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+    const int chunks = width >> 3, group = chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : chunks % 2 == 0 ? 2 : 1;
+    return row * width + (((col >> 3) ^ (row & (group - 1))) << 3) + (col & 7);
 }
 
 // rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
