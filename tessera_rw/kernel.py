@@ -113,10 +113,16 @@ class Kernel:
         call, skips inspect's general binding (a few microseconds of every warm call)."""
         if not kwargs and len(args) == len(self._positional) and self._positional_only_call:
             return zip(self._positional, args)
+        params = self._signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        listing = f"its parameters are {', '.join(params)}" if params else "it takes no parameters"
+        if unknown := [k for k in kwargs if k not in params and not takes_any]:
+            raise ArgumentError(f"kernel {self.name}: unexpected keyword argument {', '.join(map(repr, unknown))}; "
+                                f"{listing}", site=user_site())
         try:
             return self._signature.bind(*args, **kwargs).arguments.items()
         except TypeError as e:
-            raise ArgumentError(f"kernel {self.name}: {e}", site=user_site()) from None
+            raise ArgumentError(f"kernel {self.name}: {e}; {listing}", site=user_site()) from None
 
     def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
         tensors, values, statics, placeholders = {}, {}, {}, False

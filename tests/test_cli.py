@@ -27,6 +27,7 @@ def test_explain_with_inputs(capsys):
 
 @pytest.mark.parametrize("args, says", [
     (["--explain", "nope.py:f"], "no such file"),
+    (["--explain", "README.md"], "is not a Python file"),
     (["--explain", "examples/attention.py:missing"], "no function 'missing'"),
     (["--explain", "examples/attention.py:"], "FILE.py:FUNCTION"),
     (["--explain", "examples/attention.py:attention", "--input", "z=4x8"], "has no parameter 'z'"),

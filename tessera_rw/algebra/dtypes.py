@@ -38,6 +38,8 @@ class DType(enum.Enum):
             return value
         if isinstance(value, str):
             found = _BY_NAME.get(value.lower())
+            if value.lower() in _AMBIGUOUS:
+                raise DTypeError(f"dtype {value!r} is ambiguous: {_AMBIGUOUS[value.lower()]}; say 'float32' or 'float64'")
             if found is None:
                 raise DTypeError(
                     f"unknown dtype {value!r}; known: {', '.join(_BY_NAME)}")
@@ -121,7 +123,7 @@ _SHORT = {
 }
 _ALIASES = {
     "fp64": DType.float64, "f64": DType.float64, "double": DType.float64,
-    "fp32": DType.float32, "f32": DType.float32, "float": DType.float32,
+    "fp32": DType.float32, "f32": DType.float32,
     "fp16": DType.float16, "f16": DType.float16, "half": DType.float16,
     "bf16": DType.bfloat16,
     "fp8_e4m3": DType.float8_e4m3, "float8_e4m3fn": DType.float8_e4m3, "f8e4m3": DType.float8_e4m3,
@@ -130,6 +132,8 @@ _ALIASES = {
     "c64": DType.complex64, "c128": DType.complex128,
 }
 _BY_NAME = {d.value: d for d in DType} | _ALIASES
+# names numpy and torch read differently: refused rather than guessed
+_AMBIGUOUS = {"float": "numpy reads it as float64 and torch as float32"}
 _BY_NUMPY = {v: k for k, v in _NUMPY.items()}
 
 # Floats ordered by how much they can represent; promotion takes the wider.

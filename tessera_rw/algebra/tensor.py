@@ -19,7 +19,17 @@ class TensorMethods:
     __slots__ = ()
     shape: tuple[int, ...]
     dtype: DType
-    __array_ufunc__ = None  # `np.ones(3) * t` defers to t.__rmul__ instead of iterating over t
+
+    def __array_ufunc__(self, ufunc, method: str, *inputs: Any, **kwargs: Any):
+        """numpy meets a tensor. `array + tensor` reaches here as np.add(array, tensor) and runs
+        the operator's op, operands in order; numpy's own math (np.exp(t)) is refused, naming ours."""
+        op = _OPERATOR_UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
+        if op is None:
+            _refuse_numpy(ufunc.__name__)
+        return getattr(api, op)(*inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _refuse_numpy(func.__name__)
 
     @property
     def ndim(self) -> int:
@@ -140,6 +150,22 @@ class TensorSpec(TensorMethods):
 
     def __repr__(self) -> str:
         return f"tensor({self.shape}, {self.dtype})"
+
+
+# the ufuncs numpy calls for Python's operators between an array and a tensor, and our ops for them
+_OPERATOR_UFUNCS = {
+    "add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "divide", "true_divide": "divide",
+    "power": "power", "matmul": "matmul", "bitwise_and": "logical_and", "bitwise_or": "logical_or",
+    "less": "less", "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
+    "equal": "equal", "not_equal": "not_equal",
+}
+
+
+def _refuse_numpy(name: str):
+    from tessera_rw.algebra.builder import user_site
+    ours = f"op.{name}" if hasattr(api, name) else "the tessera_rw.op function"
+    raise ArgumentError(f"numpy's {name} was given a traced tensor: numpy runs on arrays with values, and a "
+                        f"tensor being traced has none yet", site=user_site(), hint=f"use {ours} inside @op.kernel")
 
 
 class _LazyApi:

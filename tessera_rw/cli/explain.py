@@ -55,6 +55,8 @@ def parse_input(text: str) -> tuple[str, TensorSpec]:
 
 def _import(file: Path) -> Any:
     spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{file} is not a Python file: give a .py file (or FILE.py:FUNCTION)")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.parent.resolve()))
     try:

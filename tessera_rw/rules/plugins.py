@@ -116,13 +116,17 @@ def discover(strict: bool | None = None,
                 raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {TESSERA_RW_VERSION}",
                                   hint="upgrade the plugin or tessera_rw")
         except Exception as e:  # a broken plugin must not take the compiler down with it
-            message = f"rule plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}"
-            if strict:
-                raise PluginError(message) from e
-            warnings.warn(message, PluginWarning, stacklevel=2)
+            skip(f"rule plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}", strict, cause=e)
             continue
         loaded.append(LoadedPack(pack, dist))
     return tuple(loaded)
+
+
+def skip(message: str, strict: bool | None, hint: str | None = None, cause: Exception | None = None) -> None:
+    """Warn that a plugin is skipped, or raise PluginError under strict mode (TESSERA_STRICT_PLUGINS=1)."""
+    if _env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict:
+        raise PluginError(message, hint=hint) from cause
+    warnings.warn(message + (f" ({hint})" if hint else ""), PluginWarning, stacklevel=3)
 
 
 def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> None:

@@ -11,23 +11,42 @@ from typing import Callable, Iterable
 
 from tessera_rw.algebra.ops import register
 from tessera_rw.rules.library import BUILTIN_RULESETS
-from tessera_rw.rules.plugins import LoadedPack, check_unique, discover
+from tessera_rw.rules.plugins import LoadedPack, check_unique, discover, skip
 from tessera_rw.rules.rule import Ruleset
+from tessera_rw.rules.saturate import setup_error
 
 
 def rulesets(plugins: bool = True, strict: bool | None = None,
              entry_points: Callable[[], Iterable] | None = None) -> tuple[Ruleset, ...]:
     packs = discover(strict, entry_points) if plugins else ()
-    return BUILTIN_RULESETS + plugin_rulesets(packs)
+    return BUILTIN_RULESETS + plugin_rulesets(packs, strict)
 
 
-def plugin_rulesets(packs: Iterable[LoadedPack]) -> tuple[Ruleset, ...]:
-    """Check the packs against each other and the built-ins, declare their ops, tag their rulesets."""
+def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> tuple[Ruleset, ...]:
+    """Check the packs against each other and the built-ins, declare their ops, tag their rulesets;
+    a pack whose rules egglog refuses is skipped with a warning (raised when strict), as discovery
+    skips one that fails to load."""
     packs = tuple(packs)
     check_unique(BUILTIN_RULESETS, packs)
     found = []
     for lp in packs:
         for op in lp.pack.ops:
             register(op)
-        found += [dataclasses.replace(rs, origin=lp.distribution) for rs in lp.pack.rulesets]
+        tagged = tuple(dataclasses.replace(rs, origin=lp.distribution) for rs in lp.pack.rulesets)
+        if error := _refusal(lp.distribution, lp.pack.name, lp.pack.version, tagged):
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: egglog refuses its rules: "
+                 f"{error}", strict, hint="fix the rule's pattern or its `when` guard")
+            continue
+        found += tagged
     return tuple(found)
+
+
+_REFUSALS: dict[tuple[str, str, str], str | None] = {}
+
+
+def _refusal(distribution: str, name: str, version: str, rulesets: tuple[Ruleset, ...]) -> str | None:
+    """egglog's objection to declaring a pack's rulesets beside the built-ins, once per process and pack."""
+    key = (distribution, name, version)
+    if key not in _REFUSALS:
+        _REFUSALS[key] = setup_error(BUILTIN_RULESETS + rulesets)
+    return _REFUSALS[key]

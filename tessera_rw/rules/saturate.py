@@ -100,6 +100,16 @@ def _setup_program(encoding: Encoding, rulesets: Sequence[Ruleset]) -> str:
     return "\n".join(lines)
 
 
+def setup_error(rulesets: Sequence[Ruleset]) -> str | None:
+    """What egglog says against declaring `rulesets` (a rule naming an unknown function, a guard
+    that does not parse), or None when they declare cleanly, as every rewrite will."""
+    try:
+        _run(bindings.EGraph(), _setup_program(Encoding(unions=[], outputs=()), rulesets))
+    except Exception as e:       # egglog's EggSmolError, whatever the binding calls it
+        return f"{type(e).__name__}: " + " ".join(str(e).split())
+    return None
+
+
 def _run(egraph: bindings.EGraph, program: str) -> list:
     """Run a program whose commands each sit on one line. Lines are parsed one by one: egglog's
     parser is quadratic in the length of the text it is given (a 48-layer model took 30 s whole)."""

@@ -25,6 +25,12 @@ def test_host_twins_round_trip():
         assert DType.parse(d.numpy) is d
 
 
+def test_float_is_refused_as_ambiguous_and_the_python_type_is_float64():
+    with pytest.raises(DTypeError, match="ambiguous.*float32.*float64"):
+        DType.parse("float")
+    assert DType.parse(float) is DType.float64
+
+
 def test_unknown_dtypes_are_named():
     with pytest.raises(DTypeError, match="float13"):
         DType.parse("float13")

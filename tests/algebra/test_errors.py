@@ -120,6 +120,42 @@ def test_wrong_number_of_arguments():
     assert "kernel f" in str(info.value) and "y" in str(info.value)
 
 
+def test_an_unexpected_keyword_is_named_with_the_parameters():
+    @op.kernel
+    def f(a, b):
+        return a + b
+
+    with pytest.raises(ArgumentError, match=r"unexpected keyword argument 'c'; its parameters are a, b"):
+        f(X, c=X)
+    with pytest.raises(ArgumentError, match=r"missing a required argument: 'b'; its parameters are a, b"):
+        f(a=X)
+
+
+def test_numpy_functions_on_traced_tensors_name_our_op_and_the_line():
+    @op.kernel
+    def f(x):
+        return np.exp(x)
+
+    @op.kernel
+    def g(x):
+        return np.sum(x, axis=0)
+
+    for kernel, ours in ((f, "op.exp"), (g, "op.sum")):
+        with pytest.raises(ArgumentError) as info:
+            kernel(X)
+        assert f"use {ours}" in str(info.value) and "test_errors.py" in str(info.value)
+
+
+def test_numpy_operands_meet_tensors_through_the_operators():
+    @op.kernel
+    def f(x):
+        return np.full(X.shape, 3.0, np.float32) - x * np.float32(2), np.zeros(X.shape, np.float32) < x
+
+    diff, less = f(X)
+    np.testing.assert_allclose(diff, 3.0 - X * 2, rtol=1e-6)
+    np.testing.assert_array_equal(less, X > 0)
+
+
 def test_every_error_is_a_tessera_error():
     for cls in (ArgumentError, AxisError, DTypeError, ResultError, ShapeError):
         assert issubclass(cls, TesseraError)

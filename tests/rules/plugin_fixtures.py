@@ -28,6 +28,13 @@ def future_pack() -> RulePack:
     return RulePack(name="future", version="1.0", tessera_rw=">=9", rulesets=(Ruleset("future", ()),))
 
 
+def unparsable_pack() -> RulePack:
+    """A rule whose guard names a function egglog does not know."""
+    bad = Rule("unknown-guard", "tanh(x) = tanh(x) when nonsense", lhs=t.tanh(x, of=(s, d)), rhs=t.tanh(x, of=(s, d)),
+               when=("(= (nonsense x) 1)",))
+    return RulePack(name="unparsable", version="1.0", rulesets=(Ruleset("unparsable", (bad,)),))
+
+
 def broken_pack() -> RulePack:
     raise RuntimeError("this plugin is broken on purpose")
 

@@ -49,6 +49,16 @@ def test_broken_plugins_warn_with_their_name_and_the_rest_works():
         assert discover(entry_points=fake(f"{FIXTURES}:future_pack")) == ()
 
 
+def test_a_pack_whose_rules_egglog_refuses_is_skipped_and_kernels_still_compile():
+    with pytest.warns(PluginWarning, match=r"\(unparsable\) was skipped: egglog refuses its rules: .*Unbound function nonsense"):
+        found = rulesets(entry_points=fake(f"{FIXTURES}:unparsable_pack", f"{FIXTURES}:wrong_pack"))
+    assert "unparsable" not in {rs.name for rs in found} and "wrong_algebra" in {rs.name for rs in found}
+    graph = op.kernel(lambda x: op.exp(x) * 2).trace(op.tensor((4,), "float32"))
+    assert rewrite(graph, found).report.stop_reason
+    with pytest.raises(PluginError, match="nonsense"):
+        rulesets(strict=True, entry_points=fake(f"{FIXTURES}:unparsable_pack"))
+
+
 def test_strict_mode_raises():
     with pytest.raises(PluginError, match="broken on purpose"):
         discover(strict=True, entry_points=fake(f"{FIXTURES}:broken_pack"))
