@@ -47,6 +47,13 @@ def test_bad_invocations_print_one_line_and_exit_2(args, says, capsys, monkeypat
     assert message.startswith("tessera-rewrite: ") and hint.startswith(("usage: ", "hint: "))
 
 
+def test_help_names_the_other_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"tessera-rewrite {name}" in out for name in ("tune", "rules", "cache"))
+
+
 def test_console_script_is_installed():
     done = subprocess.run([sys.executable, "-m", "tessera_rw.cli", "--explain", "missing.py:f"],
                           capture_output=True, text=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -14,15 +16,21 @@ from tessera_rw.cli.usage import USAGE, Parser, UsageError, one_line
 SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
 
 
-PIPED_WIDTH = 100       # piped output reads at 100 columns, whatever the terminal
+PIPED_WIDTH = 100       # piped output reads at 100 columns, unless COLUMNS says otherwise
+OTHER_COMMANDS = """other commands (each takes --help):
+  tessera-rewrite tune FILE.py:FUNCTION     autotune a kernel's schedules into the cache
+  tessera-rewrite rules [--check] [PACK]    list the rulesets, built-in and plugins; check their soundness
+  tessera-rewrite cache list|export|import|clear   look at and move the autotune cache"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    console = Console(width=PIPED_WIDTH) if piped else Console()
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
-        parser = Parser(prog="tessera-rewrite" + (f" {name}" if name else ""))
+        parser = Parser(prog="tessera-rewrite" + (f" {name}" if name else ""),
+                        epilog=None if name else OTHER_COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
         module = SUBCOMMANDS[name] if name else explain
         module.add_arguments(parser)
         args = parser.parse_args(argv[1:] if name else argv)

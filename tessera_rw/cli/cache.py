@@ -20,9 +20,10 @@ from rich.console import Console
 
 from tessera_rw.cli.usage import UsageError
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.arch import KNOWN_ARCHS, ArchError, arch_named
 from tessera_rw.report import compact_schedule, report_table
 from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
-from tessera_rw.tune.records import TuneRecord
+from tessera_rw.tune.records import TuneRecord, arch_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,12 +44,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     cache = TuneCache(args.name)
+    if getattr(args, "arch", None):
+        _check_arch(cache, args.arch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TuneCacheWarning)
         status = _ACTIONS[args.action](cache, args, console)
     for w in caught:   # a file set aside is worth one line, not a Python warning with a source location
         print(f"tessera-rewrite: warning: {w.message}", file=sys.stderr)
     return status
+
+
+def _check_arch(cache: TuneCache, arch: str) -> None:
+    """An --arch tessera_rw does not know and the cache holds no records of is a typo, not an empty list."""
+    try:
+        arch_named(arch)
+    except ArchError:
+        if arch_name(arch) not in cache.archs():
+            held = ", ".join(cache.archs()) or "none"
+            raise UsageError(f"unknown architecture {arch!r}: the cache holds records of {held}; known: "
+                             f"{', '.join(a.name for a in KNOWN_ARCHS)}") from None
 
 
 def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
@@ -59,7 +73,7 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
     for col in ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by"):
         table.add_column(col, justify="right" if col == "µs" else "left", overflow="fold",
-                         no_wrap=col in ("op", "arch", "config", "µs"))
+                         no_wrap=col in ("op", "arch", "µs", "chosen by"))
     for r in records:
         table.add_row(r.op_name, _shapes(r), " ".join(DType.parse(d).short for d in r.dtypes), r.arch,
                       compact_schedule(_config(r)), f"{r.time_us:.2f}",

@@ -352,6 +352,8 @@ def test_cli_clear_asks_on_a_terminal(cli, monkeypatch):
     (["list", "--name", "../x"], "not a plain file name"),
     (["import", "/nonexistent/x.json"], "cannot read /nonexistent/x.json"),
     (["list", "--format", "yaml"], "invalid choice"),
+    (["list", "--arch", "sm_99"], "unknown architecture 'sm_99'"),
+    (["clear", "--arch", "h1000", "--yes"], "unknown architecture 'h1000'"),
 ])
 def test_cli_bad_invocations_exit_2(cli, argv, says):
     status, out, err = cli(*argv)
@@ -372,3 +374,4 @@ def test_cli_reports_a_bad_file_as_one_warning_line(cli, tmp_path):
     status, out, err = cli("list", "--format", "json")
     assert status == 0 and json.loads(out) == []
     assert err.count("\n") == 1 and err.startswith("tessera-rewrite: warning: autotune cache file") and "moved aside" in err
+
