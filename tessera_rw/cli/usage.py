@@ -27,7 +27,9 @@ class Parser(argparse.ArgumentParser):
 def one_line(error: TesseraError) -> str:
     """A TesseraError as one line: what is wrong, the operands and where (its hint goes on the next)."""
     head = f"{error.op}: {error.detail}" if error.op else error.detail
-    parts = [head.replace("\n", "; ")]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    parts = [" ".join(f"{line}" if line.endswith(":") or i == len(lines) - 1 else f"{line};"
+                      for i, line in enumerate(lines))]
     if error.operands:
         parts.append(f"operands {error.operands}")
     if error.site:

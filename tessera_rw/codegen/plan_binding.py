@@ -98,8 +98,9 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
             continue
         bound.append(BoundStep(step, op, template, chosen, space, call))
     if missing:
-        hint = ("float64 and a few rare ops run on the host only: pass numpy arrays (TESSERA_DEVICE=cpu), "
-                "or use float32/bfloat16 inputs")
+        hint = ("float64, operands of two dtypes in one product (bf16 @ f32) and a few rare ops run on the host "
+                "only: pass numpy arrays (TESSERA_DEVICE=cpu), or cast the operands to one of float32, bfloat16, "
+                "float16")
         if libraries:
             hint += "; " + library_kernels.INSTALL_HINT
         raise NoTemplateError(f"plan {plan.name}: {len(missing)} kernel(s) have no GPU template:\n" + "\n".join(missing),

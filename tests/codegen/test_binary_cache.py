@@ -48,16 +48,26 @@ def test_arch_and_fast_math_are_separate_entries(fresh_cache, monkeypatch):
     assert len(list((fresh_cache / "binaries" / "entries").rglob("*"))) >= 6   # 3 cubins + 3 records (+ dirs)
 
 
-def test_a_corrupt_record_is_a_miss_and_is_rewritten(fresh_cache):
+def test_a_corrupt_record_is_a_miss_and_is_rewritten(fresh_cache, monkeypatch):
+    import cuda.core
     kernel = KernelSource("cached_c", SOURCE.format(tag="c"))
     first = compile_cuda(kernel, "sm_90")
-    for record in (fresh_cache / "binaries" / "entries").rglob("*"):
-        if record.is_file() and record.read_bytes().startswith(b"{"):
-            record.write_bytes(b'{"name": "cached_c", "registers": "many"}')
+    records = [r for r in (fresh_cache / "binaries" / "entries").rglob("*")
+               if r.is_file() and r.read_bytes().startswith(b"{")]
+    for record in records:
+        record.write_bytes(b'{"name": "cached_c", "registers": "many"}')
+    compiles = []
+
+    class CountedProgram(cuda.core.Program):
+        def compile(self, *args, **kwargs):
+            compiles.append(args)
+            return super().compile(*args, **kwargs)
+    monkeypatch.setattr(cuda.core, "Program", CountedProgram)
     compile_module._compile.cache_clear()
     again = compile_cuda(kernel, "sm_90")
+    assert len(compiles) == 1                 # the corrupt record was a miss: NVRTC ran again
     assert (again.cubin, again.registers) == (first.cubin, first.registers)
-    assert again.log != first.log            # compiled afresh: ptxas timed it anew
+    assert all(b'"many"' not in r.read_bytes() for r in records)      # and the record was rewritten
 
 
 def test_switched_off_it_writes_nothing(fresh_cache, monkeypatch):
