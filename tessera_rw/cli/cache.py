@@ -23,7 +23,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.arch import KNOWN_ARCHS, ArchError, arch_named
 from tessera_rw.report import compact_schedule, report_table
 from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
-from tessera_rw.tune.records import TuneRecord, arch_name
+from tessera_rw.tune.records import TuneRecord
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def _check_arch(cache: TuneCache, arch: str) -> None:
     try:
         arch_named(arch)
     except ArchError:
-        if arch_name(arch) not in cache.archs():
+        if arch not in cache.archs():      # records of an arch tessera_rw does not know keep its name
             held = ", ".join(cache.archs()) or "none"
             raise UsageError(f"unknown architecture {arch!r}: the cache holds records of {held}; known: "
                              f"{', '.join(a.name for a in KNOWN_ARCHS)}") from None

@@ -28,7 +28,8 @@ def one_line(error: TesseraError) -> str:
     """A TesseraError as one line: what is wrong, the operands and where (its hint goes on the next)."""
     head = f"{error.op}: {error.detail}" if error.op else error.detail
     lines = [line.strip() for line in head.splitlines() if line.strip()]
-    parts = [" ".join(f"{line}" if line.endswith(":") or i == len(lines) - 1 else f"{line};"
+    # a listing after a colon reads on after it; other lines end with a semicolon
+    parts = [" ".join(line if line.endswith(":") or i == len(lines) - 1 else line + ";"
                       for i, line in enumerate(lines))]
     if error.operands:
         parts.append(f"operands {error.operands}")

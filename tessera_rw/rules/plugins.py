@@ -105,7 +105,6 @@ def discover(strict: bool | None = None,
     """Load every installed rule pack. `entry_points` replaces discovery (tests inject packs)."""
     if _env_flag("TESSERA_DISABLE_PLUGINS"):
         return ()
-    strict = _env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict
     found = entry_points() if entry_points else metadata.entry_points(group=ENTRY_POINT_GROUP)
     loaded = []
     for ep in found:

@@ -171,7 +171,7 @@ class FlashAttentionTemplate(Template):
         shape = _Shape.of(op)
         bn = min(64, _round_up(shape.sk, MMA_K))
         found: list[AttentionSchedule] = list(self._warpgroup_defaults(op, shape, arch))
-        for warps in (8, 4) if shape.mma_sync else ():
+        for warps in (8, 4):
             warps = min(warps, -(-shape.sq // MMA_M))
             s = AttentionSchedule(MMA_M * warps, bn, warps, 2)
             if s not in found and self._valid(op, s, arch):
@@ -186,10 +186,10 @@ class FlashAttentionTemplate(Template):
         if not shape.mma_sync:       # a head dim of 256: two warpgroups even for a short query (one spills)
             picked = (WarpgroupAttentionSchedule(2 * WG_ROWS, WIDE_HEAD_KEYS, 8, 4),
                       WarpgroupAttentionSchedule(2 * WG_ROWS, WIDE_HEAD_KEYS, 8, 3))
-            return tuple(s for s in picked if self._valid(op, s, arch))
-        groups = min(2, -(-shape.sq // WG_ROWS))
-        picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 3),
-                  WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 4))
+        else:
+            groups = min(2, -(-shape.sq // WG_ROWS))
+            picked = (WarpgroupAttentionSchedule(WG_ROWS * groups, 128, 4 * groups, 3),
+                      WarpgroupAttentionSchedule(WG_ROWS * groups, 64, 4 * groups, 4))
         return tuple(s for s in picked if self._valid(op, s, arch))
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
@@ -209,8 +209,6 @@ class FlashAttentionTemplate(Template):
                 for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows
                 for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
                 for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
-        if not shape.mma_sync:
-            grid = []
         if shape.warpgroup_mma(arch):
             grid += [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
                      for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
