@@ -3,7 +3,7 @@
 >>> from tessera_rw import op
 """
 
-from tessera_rw import graph, numerics, op, profiler
+from tessera_rw import eager, graph, numerics, op, profiler
 from tessera_rw.tuning import autotune
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import (

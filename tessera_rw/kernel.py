@@ -184,8 +184,8 @@ class Kernel:
         found = self._programs.get(key)
         if found is None:
             from tessera_rw.pipeline import compile_program
-            graph = self._traces[signature].graph
-            found = self._programs[key] = compile_program(graph, None, self.tune_settings())
+            traced = self._traces[signature]
+            found = self._programs[key] = compile_program(traced.graph, None, self.tune_settings(), traced.pins)
         return found
 
     def program(self, *args: Any, **kwargs: Any) -> CompiledProgram:

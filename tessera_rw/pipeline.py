@@ -16,9 +16,10 @@ with tuned kernels (from the cache when it knows the answer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec, target_arch
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.base import Schedule
@@ -28,7 +29,8 @@ from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import RewriteResult, rewrite
 from tessera_rw.tune.candidate_choice import CandidateChoice, choose_candidate
 from tessera_rw.tune.extract import Candidate, extract_candidates
-from tessera_rw.tune.plan_tuner import TuneSettings, default_schedules
+from tessera_rw.tune.pins import PinnedStep, pin_steps, warn_unused
+from tessera_rw.tune.plan_tuner import TuneSettings, default_schedules, tunable_ops
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,17 @@ class CompiledProgram:
     plan: KernelPlan
     schedules: tuple[tuple[int, Schedule], ...] = ()   # (step index, schedule) the plan runs with
     tuning: CandidateChoice | None = None               # what tuning weighed, when it ran
+    pinned: tuple[PinnedStep, ...] = ()                 # steps whose schedule a user's pin fixed
 
     @property
     def candidate(self) -> Candidate:
         return self.candidates[self.chosen]
 
 
-def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSettings | None = None) -> CompiledProgram:
+def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSettings | None = None,
+                    pins: tuple[SchedulePin, ...] = ()) -> CompiledProgram:
     """Saturate `graph`, extract candidates for `arch`, choose one (by the cost model, or by tuning
-    under `tuning`), lower it and schedule its kernels."""
+    under `tuning`), lower it and schedule its kernels; `pins` fix some GEMM kernels' tiles."""
     arch = arch or target_arch()
     graph = graph.verify()
     result = rewrite(graph, rulesets())
@@ -59,8 +63,14 @@ def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSett
     numerics = current_numerics()
     if tuning is None:
         plan = lower(candidates[0].graph)
-        return CompiledProgram(graph, arch, result, candidates, 0, "cost_model", plan,
-                               default_schedules(plan, arch, numerics))
-    choice = choose_candidate(graph, candidates, arch, tuning, numerics)
-    return CompiledProgram(graph, arch, result, candidates, choice.index, choice.chosen_by, choice.plan,
-                           choice.tuning.schedules, choice)
+        pinned = pin_steps(tunable_ops(plan, numerics, arch), arch, pins)
+        schedules = dict(default_schedules(plan, arch, numerics)) | {p.step: p.tuning.schedule for p in pinned}
+        program = CompiledProgram(graph, arch, result, candidates, 0, "cost_model", plan,
+                                  tuple(sorted(schedules.items())), pinned=pinned)
+    else:
+        choice = choose_candidate(graph, candidates, arch, replace(tuning, pins=tuple(pins)), numerics)
+        pinned = pin_steps(tunable_ops(choice.plan, numerics, arch), arch, pins)
+        program = CompiledProgram(graph, arch, result, candidates, choice.index, choice.chosen_by, choice.plan,
+                                  choice.tuning.schedules, choice, pinned)
+    warn_unused(pins, program.pinned, [step.op for step in program.plan.steps])
+    return program

@@ -177,6 +177,13 @@ def _timings(program: CompiledProgram | None) -> str:
     return f" ({', '.join(times)})"
 
 
+def pinned_text(program: CompiledProgram) -> Text:
+    """One line per step whose schedule a user's tile_shape fixed, and where it was asked for."""
+    lines = [f"pinned: step {p.step} {p.tuning.kind} runs {compact_schedule(p.tuning.schedule.describe())} "
+             f"for {p.pin.describe()}{p.pin.where()}, not tuned" for p in program.pinned]
+    return Text("\n".join(lines))
+
+
 def generated_kernels_table(program: CompiledProgram) -> RenderableType:
     """The plan's kernels as the GPU runs them: CUDA function, schedule, launch, source size."""
     from tessera_rw.kernel_sources import generated_kernels
@@ -216,4 +223,6 @@ def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
     yield Text(choice_reason(report, program), style="bold")
     if program is not None:
         yield Text(str(program.plan))
+        if program.pinned:
+            yield pinned_text(program)
         yield generated_kernels_table(program)

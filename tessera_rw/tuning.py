@@ -160,10 +160,10 @@ class Autotune:
         """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype`; see the module."""
         kernel = _as_kernel(fn)
         name = kernel.name
-        graph = kernel.trace(*_placeholders(kernel, name, shapes, dtype))
+        traced = kernel.traced(kernel.bind(*_placeholders(kernel, name, shapes, dtype)))
         settings = TuneSettings(method=method, cache=cache, restriction=search_space or SpaceRestriction(),
                                 max_trials=max_trials, time_budget_s=time_budget_s)
-        program = compile_program(graph, arch, settings)
+        program = compile_program(traced.graph, arch, settings, traced.pins)
         return TuneConfig(name, program, tuned_kernels(program))
 
     def load(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", *, cache: str | None = None,
@@ -172,12 +172,14 @@ class Autotune:
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
         kernel = _as_kernel(fn)
         arch = arch or target_arch()
-        program = compile_program(kernel.trace(*_placeholders(kernel, kernel.name, shapes, dtype)), arch)
+        traced = kernel.traced(kernel.bind(*_placeholders(kernel, kernel.name, shapes, dtype)))
+        program = compile_program(traced.graph, arch, pins=traced.pins)
         store = TuneCache(cache or self.cache)
         defaults = dict(program.schedules)
+        pinned = {p.step for p in program.pinned}
         found = []
         for i, op in tunable_ops(program.plan, current_numerics(), arch):
-            hit = cached_schedule(op, arch, store)
+            hit = None if i in pinned else cached_schedule(op, arch, store)
             if hit is None:
                 continue
             schedule, record = hit

@@ -20,14 +20,17 @@ from tessera_rw.algebra.builder import make_input
 from tessera_rw.algebra.errors import ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.schedule_pin import SchedulePin, collecting_pins
 from tessera_rw.algebra.tensor import SymbolicTensor
 
 
 @dataclass(frozen=True)
 class Traced:
-    """A traced function: its graph and how its outputs were structured (one, tuple or list)."""
+    """A traced function: its graph, how its outputs were structured (one, tuple or list) and the
+    schedules its matmuls pinned (`op.matmul(..., tile_shape=...)`)."""
     graph: Graph
     structure: type | None  # None: a single tensor; tuple or list: a sequence of tensors
+    pins: tuple[SchedulePin, ...] = ()
 
 
 def _definition_site(fn: Callable) -> str:
@@ -55,8 +58,8 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     values = {n: SymbolicTensor(node) for n, node in zip(tensors, inputs)} | dict(statics)
     signature = inspect.signature(fn)
     bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
-    with tracing():
+    with tracing(), collecting_pins() as pins:
         result = fn(*bound.args, **bound.kwargs)
     items, structure = _collect(fn, result)
     graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs, tuple(r.node for r in items))
-    return Traced(graph, structure)
+    return Traced(graph, structure, tuple(pins))

@@ -29,7 +29,9 @@ from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
+from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.tune.kernel_tuner import KernelTuning, Method, tune_kernel
+from tessera_rw.tune.pins import pin_steps
 from tessera_rw.tune.search import Strategy, Trial
 from tessera_rw.tune.space import SpaceRestriction
 
@@ -37,7 +39,8 @@ from tessera_rw.tune.space import SpaceRestriction
 @dataclass(frozen=True)
 class TuneSettings:
     """How to tune: method ('auto' | 'on_device' | 'cost_model'), the named cache (None: no cache),
-    the user's search-space restriction, the trial budget per kernel and an overall time budget."""
+    the user's search-space restriction, the trial budget per kernel, an overall time budget, and
+    the program's schedule pins (its pinned GEMM kernels are not tuned)."""
     method: str = "auto"
     cache: str | None = "default"
     restriction: SpaceRestriction = field(default_factory=SpaceRestriction)
@@ -45,6 +48,7 @@ class TuneSettings:
     time_budget_s: float | None = None
     strategy: str = Strategy.MODEL.value
     cache_root: str | None = None         # the cache folder's parent (None: TESSERA_CACHE_DIR or ~/.tessera)
+    pins: tuple[SchedulePin, ...] = ()
 
     def open_cache(self) -> TuneCache | None:
         return None if self.cache is None else TuneCache(self.cache, self.cache_root)
@@ -93,12 +97,18 @@ def default_schedules(plan: KernelPlan, arch: ArchSpec,
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
               *, on_trial: Callable[[KernelOp, Trial], None] | None = None) -> PlanTuning:
-    """Tune every kernel of `plan` for `arch` under `settings`."""
+    """Tune every kernel of `plan` for `arch` under `settings` (a pinned kernel takes its pin)."""
     method = Method.resolve(settings.method, plan.name)
     cache = settings.open_cache()
+    ops = tunable_ops(plan, numerics, arch)
+    pinned = {p.step: p.tuning for p in pin_steps(ops, arch, settings.pins)}
     done: dict[KernelOp, KernelTuning] = {}
     steps, kernels = [], []
-    for i, op in tunable_ops(plan, numerics, arch):
+    for i, op in ops:
+        if i in pinned:
+            steps.append(i)
+            kernels.append(pinned[i])
+            continue
         if op not in done:
             hear = None if on_trial is None else (lambda trial, op=op: on_trial(op, trial))
             done[op] = tune_kernel(op, arch, method=method, cache=cache, restriction=settings.restriction,

@@ -9,14 +9,18 @@ from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, t
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.ops.spectral import NORMS
+from tessera_rw.algebra.schedule_pin import parse_tile_shape
 from tessera_rw.algebra.shapes import normalize_axis
 
 
-def matmul(a, b, accum_dtype=None):
-    """a @ b with numpy semantics; `accum_dtype="fp32"` sets the kernels' accumulator."""
+def matmul(a, b, accum_dtype=None, tile_shape=None):
+    """a @ b with numpy semantics; `accum_dtype="fp32"` sets the kernels' accumulator;
+    `tile_shape=(bm, bn, bk)` (or (bm, bn)) pins the tile of the GEMM kernel computing this
+    product, which is then not tuned (see algebra/schedule_pin.py)."""
     with op_context("matmul", (a, b), ("a", "b")):
         accum = None if accum_dtype is None else DType.parse(accum_dtype)
-    return apply("matmul", (a, b), accum_dtype=accum)
+        tile = None if tile_shape is None else parse_tile_shape(tile_shape)
+    return apply("matmul", (a, b), tile_shape=tile, accum_dtype=accum)
 
 
 def _per_axis(value, spatial: int, what: str) -> tuple[int, ...]:

@@ -3,7 +3,9 @@
 - any operand is a SymbolicTensor (inside a trace): the result is a SymbolicTensor; numpy arrays
   met there become literal nodes;
 - else any operand is a TensorSpec placeholder: the result is a placeholder of the inferred type;
-- else (arrays and scalars): the op runs now on the host and returns a numpy array.
+- else (arrays and scalars): the op runs now and returns an array: on the host by the numpy
+  reference, unless the eager runner the package installs (`set_eager_runner`) takes the call, as
+  it does for GPU arrays and pinned schedules (it compiles and runs the one-op graph).
 Python and numpy scalars take the dtype of the tensors they meet (as torch does), so `x * 0.5`
 and `x / np.sqrt(d)` keep x's bfloat16.
 """
@@ -14,7 +16,7 @@ import contextlib
 import contextvars
 import enum
 import numbers
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -25,7 +27,12 @@ from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
 from tessera_rw.algebra.ops import opdef
+from tessera_rw.algebra.schedule_pin import SchedulePin, record_pin
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
+
+# (graph, input values by name, pins) -> the result, or None to leave the call to the numpy reference
+EagerRunner = Callable[[Graph, dict[str, Any], tuple[SchedulePin, ...]], Any]
+_EAGER_RUNNER: list[EagerRunner] = []
 
 _TRACE_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("tessera_trace_depth", default=0)
 
@@ -125,14 +132,20 @@ def _safe_type(value: Any) -> TensorType | None:
         return None
 
 
-def apply(op_name: str, operands: Sequence[Any], **attrs: Any) -> Any:
-    """Apply op `op_name` to user operands (tensors, arrays, scalars) with normalized attrs."""
+def set_eager_runner(runner: EagerRunner) -> None:
+    """Install what runs eager calls it wants to (the package's compile-and-run path)."""
+    _EAGER_RUNNER[:] = [runner]
+
+
+def apply(op_name: str, operands: Sequence[Any], tile_shape: tuple[int, ...] | None = None, **attrs: Any) -> Any:
+    """Apply op `op_name` to user operands (tensors, arrays, scalars) with normalized attrs;
+    `tile_shape` (a parsed tile) pins the schedule of the product's GEMM kernel."""
     names = opdef(op_name).operands
     with op_context(op_name, operands, names):
         types = [type_of(v) for v in operands]
     mode = mode_of(operands)
     tensor_dtypes = [t.dtype for t in types if t is not None]
-    feeds: dict[str, np.ndarray] = {}
+    feeds: dict[str, Any] = {}
     inputs: list[Node] = []
     nodes = []
     for i, (value, t) in enumerate(zip(operands, types)):
@@ -152,10 +165,18 @@ def apply(op_name: str, operands: Sequence[Any], **attrs: Any) -> Any:
         else:
             inputs.append(make_input(f"arg{i}", t.shape, t.dtype))
             nodes.append(inputs[-1])
-            feeds[f"arg{i}"] = np.asarray(value)
+            feeds[f"arg{i}"] = value
     node = make(op_name, *nodes, **attrs)
+    pins = () if tile_shape is None else (SchedulePin.of([a.type for a in node.args], tile_shape, user_site()),)
     if mode is Mode.SYMBOLIC:
+        for pin in pins:
+            record_pin(pin)
         return SymbolicTensor(node)
     if mode is Mode.PLACEHOLDER:
         return TensorSpec(node.shape, node.dtype)
-    return evaluate(Graph(op_name, tuple(inputs), (node,)), feeds)[0]
+    graph = Graph(op_name, tuple(inputs), (node,))
+    if _EAGER_RUNNER:
+        result = _EAGER_RUNNER[0](graph, feeds, pins)
+        if result is not None:
+            return result
+    return evaluate(graph, {n: np.asarray(v) for n, v in feeds.items()})[0]
