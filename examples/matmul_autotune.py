@@ -1,12 +1,14 @@
 """Autotuning a matmul and a linear layer: choosing tiles, pipeline depth and warps per shape.
 
-Three ways in, from the least to the most control:
+Four ways in, from the least to the most control:
 
 1. `autotune(op.matmul, shapes=(M, N, K), dtype=...)`: tune one op at one shape now, get its config.
 2. `@op.autotune(cache=...)`: a kernel that tunes each new (shapes, dtypes) signature on its first
    call and keeps the result, so a later process tunes nothing.
 3. `kernel.schedule.search_space(...)` then `kernel.schedule.autotune(...)`: narrow the space to the
    values you allow, and tune now.
+4. `op.matmul(a, b, tile_shape=(bm, bn, bk))`: pin the tile of the GEMM kernel computing that
+   product (eagerly or inside a kernel); it is not tuned, and `--explain` says so.
 
 `method="auto"` times candidate schedules on the GPU (each checked against the numpy reference
 first) when there is one; without a GPU it ranks them by the roofline cost model. Results live in a
@@ -81,7 +83,13 @@ def main() -> int:
     cfg = linear_gelu.schedule.autotune(**example_inputs(), cost_model="roofline", max_trials=20, cache=CACHE)
     print(f"linear_gelu 1024×768 → 3072 bf16: {cfg}  (chosen by {cfg.chosen_by})")
     console.print(cfg.table())           # every schedule weighed (empty when the cache answered)
-    return 0 if ok else 1
+
+    # 4. pin the tile yourself: the product runs the GEMM kernel with 64x64 tiles, untuned
+    pinned = op.matmul(x, w, tile_shape=(64, 64))
+    pinned_error = max_relative_error(pinned, np.asarray(x, np.float64) @ w)
+    pinned_ok = pinned_error < TOLERANCE
+    print(f"{'pinned matmul':18s} max relative error {pinned_error:.1e}  {'ok' if pinned_ok else 'FAILED'}")
+    return 0 if ok and pinned_ok else 1
 
 
 if __name__ == "__main__":
