@@ -16,6 +16,21 @@ typedef unsigned char fp8_t;
 # Helpers written in plain CUDA C++ (the CPU emulator compiles them as they are).
 PORTABLE_HELPERS = r"""
 __device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((unsigned)h) << 16); }
+// fp8 widened to fp32 exactly, in plain arithmetic (sm_80 has no fp8 conversion instruction):
+// e4m3 (bias 7, no infinities, S.1111.111 is NaN) and e5m2 (bias 15, IEEE-like infinities and NaNs)
+__device__ __forceinline__ float e4m3_to_f32(fp8_t x) {
+    const unsigned e = (x >> 3) & 0xFu, m = x & 7u;
+    float mag = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    if (e == 15u && m == 7u) mag = __uint_as_float(0x7fc00000u);
+    return (x & 0x80u) ? -mag : mag;
+}
+__device__ __forceinline__ float e5m2_to_f32(fp8_t x) {
+    const unsigned e = (x >> 2) & 0x1Fu, m = x & 3u;
+    const float mag = e == 0u ? (float)m * 1.52587890625e-05f
+                    : e == 31u ? __uint_as_float(m ? 0x7fc00000u : 0x7f800000u)
+                    : __uint_as_float(((e + 112u) << 23) | (m << 21));
+    return (x & 0x80u) ? -mag : mag;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
     #pragma unroll

@@ -266,6 +266,8 @@ def _elementwise_ops() -> dict[str, KernelOp]:
         "where masked fill": of("where", TensorType((1, 1, 64, 64), BOOL), TensorType((2, 4, 64, 64), BF16),
                                 TensorType((), BF16)),
         "cast f32 -> bf16": of("cast", x32, dtype=BF16),
+        "cast e4m3 -> bf16": of("cast", TensorType((256, 512), E4M3), dtype=BF16),
+        "e5m2 times f32 bias": of("mul", TensorType((256, 384), E5M2), TensorType((384,), F32)),
         "lt broadcast f32": of("lt", x32, TensorType((384,), F32)),
         "logical_and bool": of("logical_and", TensorType((256, 512), BOOL), TensorType((256, 512), BOOL)),
         "tril bf16": of("tril", big, k=0),

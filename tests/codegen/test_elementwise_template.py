@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.emulator import run_emulated
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.elementwise import ElementwiseTemplate, coalesce, offset_expr
 
@@ -60,8 +63,22 @@ def test_vector_width_follows_the_inner_axis():
 
 def test_accepts_refuses_what_it_cannot_do():
     fp8 = TensorType((64, 64), DType.float8_e4m3)
-    assert not T.accepts(KernelOp.of("exp", (fp8,), fp8))
+    assert not T.accepts(KernelOp.of("exp", (fp8,), fp8))               # reads fp8, never writes it
+    assert T.accepts(KernelOp.of("cast", (fp8,), TensorType((64, 64), DType.bfloat16), dtype=DType.bfloat16))
     x = TensorType((64, 64), DType.float32)
     assert not T.accepts(KernelOp.of("softmax", (x,), x, axis=1))
     assert T.accepts(KernelOp.of("exp", (x,), x))
     assert T.fused(SAMPLES[[op.op for op in SAMPLES].index("fused_elementwise")]) == ("mul", "relu", "add")
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("dtype", [DType.float8_e4m3, DType.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_every_fp8_value_widens_to_float32_exactly(dtype):
+    """All 256 bit patterns (subnormals, ±0, the largest finite, NaN, e5m2's infinities) through the
+    kernel's software conversion, bit for bit against ml_dtypes."""
+    x = np.arange(256, dtype=np.uint8).view(dtype.numpy)
+    op = KernelOp.of("cast", (TensorType((256,), dtype),), TensorType((256,), DType.float32), dtype=DType.float32)
+    got, want = run_emulated(op, [x], arch="a100"), x.astype(np.float32)
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all()
+    assert (got.view(np.uint32)[~nan] == want.view(np.uint32)[~nan]).all()

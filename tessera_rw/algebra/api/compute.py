@@ -6,7 +6,8 @@ import math
 import numbers
 
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
-from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.api.elementwise import cast
+from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.ops.spectral import NORMS
 from tessera_rw.algebra.schedule_pin import parse_tile_shape
@@ -16,11 +17,25 @@ from tessera_rw.algebra.shapes import normalize_axis
 def matmul(a, b, accum_dtype=None, tile_shape=None):
     """a @ b with numpy semantics; `accum_dtype="fp32"` sets the kernels' accumulator;
     `tile_shape=(bm, bn, bk)` (or (bm, bn)) pins the tile of the GEMM kernel computing this
-    product, which is then not tuned (see algebra/schedule_pin.py)."""
+    product, which is then not tuned (see algebra/schedule_pin.py).
+
+    Operands of two float dtypes (fp8 × bf16, say) meet in their common dtype: the narrower one is
+    cast up first, exactly (every fp8 value is a bf16 value, every bf16 one a float32), so the
+    product runs as a GEMM of one dtype with the result dtype numpy's promotion gives."""
     with op_context("matmul", (a, b), ("a", "b")):
         accum = None if accum_dtype is None else DType.parse(accum_dtype)
         tile = None if tile_shape is None else parse_tile_shape(tile_shape)
+        a, b = _common_dtype(a, b)
     return apply("matmul", (a, b), tile_shape=tile, accum_dtype=accum)
+
+
+def _common_dtype(a, b):
+    """(a, b) with the narrower of two float operand dtypes cast to their promotion."""
+    ta, tb = type_of(a), type_of(b)
+    if ta is None or tb is None or ta.dtype is tb.dtype or not (ta.dtype.is_float and tb.dtype.is_float):
+        return a, b
+    common = promote(ta.dtype, tb.dtype)
+    return (a if ta.dtype is common else cast(a, common)), (b if tb.dtype is common else cast(b, common))
 
 
 def _per_axis(value, spatial: int, what: str) -> tuple[int, ...]:

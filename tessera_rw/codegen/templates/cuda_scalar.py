@@ -29,8 +29,14 @@ from tessera_rw.codegen.templates.base import Schedule
 # ---- scalar types ---------------------------------------------------------------------------
 
 STORAGE = {DType.float32: "float", DType.float16: "f16_t", DType.bfloat16: "bf16_t", DType.float64: "double",
-           DType.int32: "int", DType.int64: "long long", DType.bool: "unsigned char"}
-SUPPORTED = frozenset(STORAGE)   # fp8 has no conversion that sm_80 can run; complex is the fft's
+           DType.int32: "int", DType.int64: "long long", DType.bool: "unsigned char",
+           DType.float8_e4m3: "fp8_t", DType.float8_e5m2: "fp8_t"}
+# fp8 widening to fp32: exact, in plain arithmetic (the prelude's helpers), so any arch reads fp8
+FP8_LOADS = {DType.float8_e4m3: "e4m3_to_f32", DType.float8_e5m2: "e5m2_to_f32"}
+# dtypes every element-walking template reads and writes (complex is the fft's)
+SUPPORTED = frozenset(STORAGE) - frozenset(FP8_LOADS)
+# ...and what the elementwise template also reads: fp8 (narrowing to fp8 is the GEMM epilogue's)
+READABLE = frozenset(STORAGE)
 MAX_ACCESS_BYTES = 16            # the widest single global load/store (ld.global.v4.b32)
 
 
@@ -47,6 +53,8 @@ def words(d: DType) -> int:
 
 def load(d: DType, x: str) -> str:
     """A stored value of `d` as its compute type."""
+    if d in FP8_LOADS:
+        return f"{FP8_LOADS[d]}({x})"
     return {DType.bfloat16: f"bf16_to_f32({x})", DType.float16: f"f16_to_f32({x})",
             DType.bool: f"({x} != 0)"}.get(d, x)
 

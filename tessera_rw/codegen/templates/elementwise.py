@@ -31,7 +31,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, READABLE, STORAGE, SUPPORTED, VEC_STRUCT,
                                                       broadcast_strides, coalesce, contiguous_strides, ctype,
                                                       emit_tree, expr_ops, index_type, kernel_name, literal, load,
                                                       offset_expr, scalar_op, store, vector_widths, words)
@@ -58,6 +58,8 @@ REG_PER_BOOL_WORD = 1.25
 REG_PER_STORED_WORD = 0.75
 REG_PER_MASK_LANE = 0.4   # tril / triu: row and column per lane
 MAX_LANES_IN_FLIGHT = 4   # ptxas overlaps the transcendental sequences of about four lanes
+# an fp8 operand's software widening (prelude's e4m3_to_f32 / e5m2_to_f32): temporaries per lane in flight
+FP8_DECODE_TEMPS = {DType.float8_e4m3: 1.75, DType.float8_e5m2: 1.0}
 HEAVY_TEMPS = {"exp": 1, "log": 1, "sigmoid": 1, "silu": 1, "sin": 2, "cos": 2, "pow": 3, "tanh": 3.5,
                "gelu_tanh": 3.5, "erf": 4, "gelu": 4, "sqrt": 0.5, "rsqrt": 0.5}
 GRID_WAVES = 4            # grid-stride: this many full waves of resident blocks, then loop
@@ -75,8 +77,8 @@ class ElementwiseTemplate(Template):
     ops = frozenset(n for n in BUILTIN_OPS if OPS[n].kind is OpKind.ELEMENTWISE) | CREATION  # the ops cuda_scalar spells
 
     def accepts(self, op: KernelOp) -> bool:
-        types = op.operands + (op.result,)
-        return op.op in self.ops and all(t.dtype in SUPPORTED for t in types) and op.result.numel > 0
+        return (op.op in self.ops and all(t.dtype in READABLE for t in op.operands) and op.result.dtype in SUPPORTED
+                and op.result.numel > 0)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         if op.op == "fused_elementwise":
@@ -149,6 +151,7 @@ class ElementwiseTemplate(Template):
                 regs += REG_PER_LOADED_WORD * max(1, v * t.dtype.itemsize // 4) + REG_PER_LANE * v * words(t.dtype)
         lanes_in_flight = min(v, MAX_LANES_IN_FLIGHT)
         regs += sum(HEAVY_TEMPS.get(n, 0) for n in self._ops_weighted(op)) * lanes_in_flight
+        regs += sum(FP8_DECODE_TEMPS.get(t.dtype, 0) for t in op.operands) * lanes_in_flight
         if not op.operands:  # creation ops: only the packed result vector is live
             regs += REG_PER_STORED_WORD * max(1, v * op.result.dtype.itemsize // 4)
         if op.op in TRIANGLE:
@@ -245,6 +248,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             ew("sub", big, col),                                   # inner-broadcast operand
             ew("where", mask, scores, TensorType((), bf)),         # masked fill
             ew("cast", x32, dtype=bf),
+            ew("cast", TensorType((4096, 4096), DType.float8_e4m3), dtype=bf),    # fp8 widened in software
+            ew("mul", TensorType((2048, 1024), DType.float8_e5m2), TensorType((), f32)),
             ew("lt", x32, TensorType((1024,), f32)),
             ew("logical_and", TensorType((4096, 4096), b), TensorType((4096, 4096), b)),
             ew("tril", big, k=0),
