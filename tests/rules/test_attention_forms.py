@@ -45,6 +45,18 @@ def causal(q, k, v):
     return op.softmax(op.where(keep, q @ k.mT / math.sqrt(D), -math.inf), axis=-1) @ v
 
 
+def causal_with_fill(fill):
+    def causal_filled(q, k, v):
+        seq = q.shape[-2]
+        keep = op.tril(op.ones((seq, seq), "bool"))
+        return op.softmax(op.where(keep, q @ k.mT * 0.25, fill), axis=-1) @ v
+    return causal_filled
+
+
+CAUSAL_FILLS = {"causal-minus-1e9": -1e9, "causal-minus-1e4": -1e4,
+                "causal-finfo-min": float(np.finfo(np.float32).min)}
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -89,6 +101,7 @@ FORMS = {
     "where-mask": (where_mask, QKV | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
     "finfo-min-mask": (finfo_mask, QKV | {"keep": RNG.random((B, 1, S, S)) > 0.2}),
     "causal": (causal, QKV),
+    **{name: (causal_with_fill(fill), QKV) for name, fill in CAUSAL_FILLS.items()},
     "pre-transposed-k": (pretransposed_k, {"q": QKV["q"], "kt": rand(B, H, D, S), "v": QKV["v"]}),
     "permuted-bshd": (permuted_bshd, {n: rand(B, S, H, D) for n in "qkv"}),
     "fp32-softmax-bf16": (fp32_softmax, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
@@ -117,9 +130,17 @@ def test_attention_form_reaches_flash_attention(form):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
 
 
-def test_causal_form_becomes_a_causal_flag():
-    fn, inputs = FORMS["causal"]
+@pytest.mark.parametrize("form", ["causal", *CAUSAL_FILLS])
+def test_causal_form_becomes_a_causal_flag(form):
+    fn, inputs = FORMS[form]
     result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])
     root = result.output_classes()[0]
     assert any(n.op == "flash_attention" and dict(n.attrs)["causal"] and not dict(n.attrs)["has_mask"]
                for n in result.view.classes[root])
+
+
+def test_a_causal_fill_above_the_limit_stays_a_mask():
+    """−100 does not vanish under exp for scores of order 100: that mask is not causal's."""
+    result = rewrite(op.kernel(causal_with_fill(-100.0)).trace(**QKV), [ALGEBRA, ATTENTION])
+    root = result.output_classes()[0]
+    assert not any(n.op == "flash_attention" and dict(n.attrs)["causal"] for n in result.view.classes[root])

@@ -5,7 +5,10 @@ written: the scale on either side of the product or as a division, the softmax s
 where-masks, causal masks from tril, pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts.
 The remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, and a lower-
 triangular bool mask is `causal`. (A finfo.min mask is not a bool mask: a fully masked row averages
-V instead of giving NaN, so it stays an additive mask.)
+V instead of giving NaN, so it stays an additive mask.) A causal mask filled with any value at or
+below CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write) is filled with −∞: a lower-
+triangular mask keeps every row's first key, and exp(fill − row max) is 0 in float32 whenever some
+score of the row exceeds fill + 104, so the softmax is the same.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ q, kt, v, mask, m, c, cd, ss, sd, ax, acc, s, d, full_shape = t.vars("q kt v mas
 T = (s, d)
 K, K_FACTS = mT(kt)
 SOFTMAX_ON_LAST_AXIS = ("(= ax (- (vec-length ss) 1))", "(>= (vec-length ss) 2)")
+CAUSAL_FILL_LIMIT = -1e4
 
 
 def qkv(rng: np.random.Generator, lead: int = 2) -> dict[str, np.ndarray]:
@@ -137,7 +141,25 @@ def _mask_rules():
                        rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
 
 
-RULES = RULES + tuple(_mask_rules()) + tuple(_gqa_rules())
+def _causal_fill_example(rng: np.random.Generator):
+    n = int(rng.integers(1, 9))
+    fill = float(rng.choice([-1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))
+    body = (lambda x: op.softmax(op.where(op.tril(op.ones((x.shape[-2], x.shape[-1]), "bool")), x, fill), axis=-1))
+    return body, {"x": rand(rng, int(rng.integers(1, 4)), n, n)}
+
+
+def _causal_fill_rule() -> Rule:
+    tril = t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0)
+    return Rule("causal-fill-is-neg-inf", "softmax(where(tril, x, c)) = softmax(where(tril, x, −∞)) for c ≤ −1e4",
+                lhs=t.softmax(t.where(tril, Expr("x"), const(), of=(ss, sd)), axis=ax, of=T),
+                rhs=t.softmax(t.where(tril, Expr("x"), const(value=float("-inf"), dtype=sd), of=(ss, sd)),
+                              axis=ax, of=T),
+                when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
+                                             f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
+                example=_causal_fill_example)
+
+
+RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules())
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
