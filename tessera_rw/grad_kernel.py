@@ -90,9 +90,11 @@ class GradKernel(Kernel):
     def traced(self, call: BoundCall) -> Traced:
         found = self._traces.get(call.signature)
         if found is None:
-            forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__).graph
+            forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)
             structure = tuple if isinstance(self.argnums, tuple) else None
-            found = self._traces[call.signature] = Traced(grad_graph(forward, self._input_positions(call)), structure)
+            # the forward's pins fix its products where the gradient program computes them again
+            found = self._traces[call.signature] = Traced(grad_graph(forward.graph, self._input_positions(call)),
+                                                          structure, forward.pins)
         return found
 
     def _inline(self, args: tuple, kwargs: dict) -> Any:

@@ -170,3 +170,15 @@ def test_eager_calls_on_numpy_without_a_pin_compile_nothing(monkeypatch):
 def test_placeholders_take_a_pin_and_give_the_result_type():
     y = op.matmul(op.tensor((4, 64, 32), BF16), op.tensor((32, 48), BF16), tile_shape=(64, 64))
     assert y.shape == (4, 64, 48)
+
+
+def test_a_gradient_program_keeps_the_pin_on_the_forward_product_it_recomputes():
+    def loss(x, w):
+        h = op.matmul(x, w, tile_shape=(64, 128, 32))
+        return op.sum(op.gelu(h))
+    g = op.grad(loss, argnums=(0, 1))
+    x, w = op.tensor((256, 128), BF16), op.tensor((128, 512), BF16)
+    program = g.program(x, w)
+    [pinned] = program.pinned                         # gelu' needs the forward product again
+    assert (pinned.pin.m, pinned.pin.n, pinned.pin.k) == (256, 512, 128)
+    assert tile_of(dict(program.schedules)[pinned.step]) == (64, 128, 32)
