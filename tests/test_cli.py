@@ -123,3 +123,30 @@ def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, c
                  "k=1x2x64x64:bf16", "--input", "v=1x2x64x64:bf16", "--method", "on_device"]) == 2
     err = capsys.readouterr().err
     assert "has none" in err and "cost_model" in err
+
+
+PINNED_MLP = '''
+from tessera_rw import op
+
+@op.kernel
+def mlp(x, w1, w2):
+    h = op.gelu(op.matmul(x, w1, tile_shape=(128, 128, 32)))
+    return op.matmul(h, w2, tile_shape={second})
+
+def example_inputs():
+    return {{"x": op.tensor((1024, 768), "bf16"), "w1": op.tensor((768, 3072), "bf16"),
+             "w2": op.tensor((3072, 768), "bf16")}}
+'''
+
+
+def test_explain_shows_the_pinned_tiles_and_refuses_one_the_kernel_cannot_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_ARCH", "H100-SXM")
+    good, bad = tmp_path / "pinned.py", tmp_path / "badly_pinned.py"
+    good.write_text(PINNED_MLP.format(second="(64, 64)"))
+    bad.write_text(PINNED_MLP.format(second="(100, 64)"))
+    assert main(["--explain", f"{good}:mlp"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned: step 0 gemm runs 128x128x32" in out and "pinned: step 1 gemm runs 64x64x" in out
+    assert main(["--explain", f"{bad}:mlp"]) == 2
+    err = capsys.readouterr().err
+    assert "tile_shape=(100, 64) on the 1024×768×3072 matmul" in err and "badly_pinned.py:7" in err

@@ -177,8 +177,8 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
 def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) -> ExplainReport:
     """Trace, rewrite, extract and lower (and tune, when asked) one kernel at these inputs."""
     call = kernel.bind(**inputs)
-    graph = kernel.traced(call).graph
-    program = compile_program(graph, arch, TuneSettings(method="auto") if tune else None)
+    traced = kernel.traced(call)
+    program = compile_program(traced.graph, arch, TuneSettings(method="auto") if tune else None, traced.pins)
     return explain_report(program, call.tensors)
 
 
