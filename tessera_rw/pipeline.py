@@ -63,14 +63,13 @@ def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSett
     numerics = current_numerics()
     if tuning is None:
         plan = lower(candidates[0].graph)
-        pinned = pin_steps(tunable_ops(plan, numerics, arch), arch, pins)
+        pinned = pin_steps(tunable_ops(plan, numerics, arch), arch, pins) if pins else ()
         schedules = dict(default_schedules(plan, arch, numerics)) | {p.step: p.tuning.schedule for p in pinned}
         program = CompiledProgram(graph, arch, result, candidates, 0, "cost_model", plan,
                                   tuple(sorted(schedules.items())), pinned=pinned)
     else:
         choice = choose_candidate(graph, candidates, arch, replace(tuning, pins=tuple(pins)), numerics)
-        pinned = pin_steps(tunable_ops(choice.plan, numerics, arch), arch, pins)
         program = CompiledProgram(graph, arch, result, candidates, choice.index, choice.chosen_by, choice.plan,
-                                  choice.tuning.schedules, choice, pinned)
+                                  choice.tuning.schedules, choice, choice.tuning.pinned)
     warn_unused(pins, program.pinned, [step.op for step in program.plan.steps])
     return program

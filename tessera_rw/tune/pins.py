@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tessera_rw.algebra.builder import describe_operands
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec
@@ -83,7 +84,7 @@ def pinned_tuning(op: KernelOp, arch: ArchSpec, pin: SchedulePin) -> KernelTunin
         more = f" and {len(tiles) - _LISTED_TILES} more" if len(tiles) > _LISTED_TILES else ""
         raise ArgumentError(f"{pin.describe()}: the {kind} kernel computing it on {arch.name} has no schedule "
                             f"with that tile that fits", op="matmul",
-                            operands=", ".join(f"{n}: {t}" for n, t in zip("ab", op.operands)), site=pin.site,
+                            operands=describe_operands(("a", "b"), op.operands[:2]), site=pin.site,
                             hint=f"its tiles (bm, bn, bk): {listed}{more}; or leave tile_shape out and let the "
                                  "cost model or autotune choose") from None
     return KernelTuning(op, kind, space.schedules[0], best_schedule(template, op, arch)[0], PINNED,

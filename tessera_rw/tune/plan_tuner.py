@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -29,9 +30,8 @@ from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
-from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.tune.kernel_tuner import KernelTuning, Method, tune_kernel
-from tessera_rw.tune.pins import pin_steps
+from tessera_rw.tune.pins import PinnedStep, pin_steps
 from tessera_rw.tune.search import Strategy, Trial
 from tessera_rw.tune.space import SpaceRestriction
 
@@ -60,6 +60,7 @@ class PlanTuning:
     plan: KernelPlan
     steps: tuple[int, ...]                     # indices of the tuned steps
     kernels: tuple[KernelTuning, ...]          # one per index in `steps`
+    pinned: tuple[PinnedStep, ...] = ()        # the steps a user's pin fixed (their kernels are in `kernels`)
 
     @property
     def schedules(self) -> tuple[tuple[int, Schedule], ...]:
@@ -101,7 +102,8 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
     method = Method.resolve(settings.method, plan.name)
     cache = settings.open_cache()
     ops = tunable_ops(plan, numerics, arch)
-    pinned = {p.step: p.tuning for p in pin_steps(ops, arch, settings.pins)}
+    pinned_steps = pin_steps(ops, arch, settings.pins)
+    pinned = {p.step: p.tuning for p in pinned_steps}
     done: dict[KernelOp, KernelTuning] = {}
     steps, kernels = [], []
     for i, op in ops:
@@ -116,4 +118,4 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
                                    strategy=settings.strategy, on_trial=hear)
         steps.append(i)
         kernels.append(done[op])
-    return PlanTuning(plan, tuple(steps), tuple(kernels))
+    return PlanTuning(plan, tuple(steps), tuple(kernels), pinned_steps)
