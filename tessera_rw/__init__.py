@@ -9,8 +9,9 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import (
     ArgumentError, AttributeValueError, AxisError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.tune.records import package_version
 
-__version__ = "0.1.0"
+__version__ = package_version()
 
 __all__ = ["op", "numerics", "autotune", "profiler", "graph", "DType", "Graph", "TesseraError", "ShapeError",
            "AxisError", "DTypeError", "AttributeValueError", "ArgumentError", "ResultError", "VerifyError", "__version__"]

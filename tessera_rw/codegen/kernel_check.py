@@ -2,8 +2,8 @@
 
 Three parts, each usable without a GPU:
 
-- `random_inputs(op, rng)`: values for every operand in its own dtype, never zero, with their exact
-  float64 (complex128) twins, so the reference computes on the very numbers the kernel reads;
+- `random_inputs(op, rng)` (kernel_inputs.py): values for every operand in its own dtype, never
+  zero, with their exact float64 (complex128) twins;
 - `expected(op, inputs, rng, unit)`: the float64 reference, on a stratified subset of independent
   output rows when the whole one would take numpy seconds, with the tolerance of the output dtype;
 - `check(exp, out, what)`: raises AssertionError saying which element is off, by how much, against
@@ -11,6 +11,7 @@ Three parts, each usable without a GPU:
   an element the kernel never wrote fails here even outside the checked rows).
 
 >>> from tessera_rw.algebra.node import TensorType
+>>> from tessera_rw.codegen.kernel_inputs import random_inputs
 >>> t = TensorType((4, 6), DType.float32)
 >>> op = KernelOp.of("exp", (t,), t)
 >>> rng = np.random.default_rng(0)
@@ -34,8 +35,7 @@ from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.arch import MathUnit
-from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
-from tessera_rw.codegen.cpu_attention_backward import row_stats_blockwise
+from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 
@@ -97,90 +97,6 @@ def reduction_length(op: KernelOp) -> int:
     if op.op == "spectral_contract":
         return ops[0].shape[1] // attrs["groups"]
     return 1
-
-
-# ---- inputs ----------------------------------------------------------------------------------------
-
-# Values come from a fresh pool of a prime count, repeated to fill the tensor: drawing 10^8 normals
-# takes numpy seconds, and a prime period never lines up with a power-of-two stride or tile, so a
-# kernel reading a neighbouring row or tile still reads different numbers.
-POOL = 1_000_003
-POSITIVE_OPS = frozenset({"log", "sqrt", "rsqrt", "reciprocal", "pow", "div"})
-KEEP = 0.75            # attention keeps most keys: a row with every key masked would be NaN
-INT_RANGE = 100        # integer operands in ±[1, 100): sums of thousands stay exact in int32
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """Operands in their own dtypes (what the kernel reads), and their values in float64 / complex128
-    (integers and bools as they are) on demand: operand i is `pools[i]` repeated to fill its shape."""
-    arrays: tuple[np.ndarray, ...]
-    pools: tuple[np.ndarray, ...]        # the wide twins of each operand's pool
-
-    def wide(self, i: int) -> np.ndarray:
-        return np.resize(self.pools[i], self.arrays[i].size).reshape(self.arrays[i].shape)
-
-    def wide_take(self, i: int, rows: np.ndarray, axis: int) -> np.ndarray:
-        """wide(i).take(rows, axis), without widening the rest of the operand."""
-        shape = self.arrays[i].shape
-        index = [np.arange(n) for n in shape]
-        index[axis] = rows
-        strides = np.cumprod((1,) + shape[:0:-1])[::-1]
-        flat = sum(g * int(st) for g, st in zip(np.ix_(*index), strides))
-        return self.pools[i][flat % self.pools[i].size]
-
-
-def _positive(op: KernelOp) -> bool:
-    """Ops with a domain (log, sqrt, a divisor) get inputs in [0.5, 2]: no NaN, no huge quotients."""
-    expr = " ".join(str(op.attr_map.get(k, "")) for k in ("expr", "post"))
-    return op.op in POSITIVE_OPS or any(f"{name}(" in expr for name in POSITIVE_OPS)
-
-
-def _pool(dtype: DType, rng: np.random.Generator, positive: bool, keep: float) -> np.ndarray:
-    if dtype is DType.bool:
-        return rng.random(POOL) < keep
-    if dtype.is_integer:
-        return (rng.integers(1, INT_RANGE, POOL) * rng.choice((-1, 1), POOL)).astype(dtype.numpy)
-    if dtype.is_complex:
-        return (rng.standard_normal(POOL) + 1j * rng.standard_normal(POOL)).astype(dtype.numpy)
-    values = rng.uniform(0.5, 2.0, POOL) if positive else rng.standard_normal(POOL)
-    return values.astype(dtype.numpy)
-
-
-def _wide(x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind == "c":
-        return x.astype(np.complex128)
-    if x.dtype.kind in "biu":
-        return x
-    return x.astype(np.float64)
-
-
-def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
-    """Random operands for `op`, never zero: normal(0, 1) floats (uniform [0.5, 2] for ops with a
-    positive domain), nonzero integers, random bool masks."""
-    arrays, pools = [], []
-    positive = _positive(op)
-    keep = KEEP if op.op == "flash_attention" else 0.5
-    for t in op.operands:
-        pool = _pool(t.dtype, rng, positive, keep)
-        arrays.append(np.resize(pool, math.prod(t.shape)).reshape(t.shape))
-        pools.append(_wide(pool))
-    if op.op == "flash_attention_bwd":
-        _consistent_row_stats(op, arrays, pools)
-    return Inputs(tuple(arrays), tuple(pools))
-
-
-def _consistent_row_stats(op: KernelOp, arrays: list, pools: list) -> None:
-    """flash_attention_bwd's stats operand as a backward pass meets it: each row's logsumexp of the
-    scores of these q and k (so P = exp(S − lse) stays within [0, 1]) and Σ dO·O with O the
-    attention's output (so dP − D is centred as in training, and dS as small)."""
-    q, k, v, do = (np.resize(pools[i], arrays[i].size).reshape(arrays[i].shape) for i in range(4))
-    attrs = op.attr_map
-    mask = (np.resize(pools[5], arrays[5].size).reshape(arrays[5].shape),) if attrs["has_mask"] else ()
-    flags = dict(scale=attrs["scale"], causal=attrs["causal"], has_mask=attrs["has_mask"])
-    o = flash_attention_blockwise(q, k, v, *mask, **flags)
-    arrays[4] = row_stats_blockwise(q, k, o, do, *mask, **flags).astype(op.operands[4].dtype.numpy)
-    pools[4] = arrays[4].astype(np.float64).ravel()
 
 
 # ---- the reference, on independent rows when the whole is slow -------------------------------------

@@ -28,7 +28,8 @@ from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.device import require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import empty_like_kind, to_device, to_host
-from tessera_rw.codegen.kernel_check import check, expected, random_inputs
+from tessera_rw.codegen.kernel_check import check, expected
+from tessera_rw.codegen.kernel_inputs import random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import bind, l2_flush_buffer
 from tessera_rw.codegen.numerics import Numerics

@@ -23,6 +23,7 @@ import math
 import re
 from datetime import datetime, timezone
 from functools import cache
+from importlib import metadata
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainValidator, StrictBool,
@@ -125,10 +126,17 @@ def driver_version() -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
+def package_version() -> str:
+    """tessera_rw's version as installed (pyproject.toml's), or 'unknown' when run from a bare checkout."""
+    try:
+        return metadata.version("tessera-rw")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def current_versions() -> Versions:
     """The versions this process would record, e.g. Versions('0.1.0', 'tessera_rw-codegen-1', '13.0', 'none')."""
-    import tessera_rw  # read when asked: the package finishes importing before anyone tunes
-    return Versions(tessera_rw.__version__, CODEGEN_VERSION.decode(), nvrtc_version(), driver_version())
+    return Versions(package_version(), CODEGEN_VERSION.decode(), nvrtc_version(), driver_version())
 
 
 def arch_name(arch: ArchSpec | str) -> str:

@@ -21,7 +21,7 @@ from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
-from tessera_rw.codegen.templates.conv import conv_op
+from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import spectral_op
 from tests.codegen.ragged_ops import RAGGED, matmul, of
 

@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from tessera_rw.codegen.arch import ArchSpec
-from tessera_rw.codegen.kernel_check import check, expected, random_inputs
+from tessera_rw.codegen.kernel_check import check, expected
+from tessera_rw.codegen.kernel_inputs import random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule, Template
 

@@ -10,7 +10,9 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.conv import ConvSchedule, DepthwiseSchedule, DirectConvTemplate, conv_op
+from tessera_rw.codegen.templates.conv import ConvSchedule, DirectConvTemplate
+from tessera_rw.codegen.templates.conv_depthwise import DepthwiseSchedule
+from tessera_rw.codegen.templates.conv_problem import conv_op
 
 T = DirectConvTemplate()
 SAMPLES = T.samples()

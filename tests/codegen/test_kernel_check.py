@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tessera_rw.codegen import kernel_check as kc
+from tessera_rw.codegen import kernel_inputs as ki
 from tests.codegen.ragged_ops import RAGGED, attention, conv1d, of, rowwise
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
@@ -20,7 +21,7 @@ from tessera_rw.codegen.templates.registry import templates_for
 BF16, F32 = DType.bfloat16, DType.float32
 
 
-def host_kernel(op: KernelOp, inputs: kc.Inputs) -> np.ndarray:
+def host_kernel(op: KernelOp, inputs: ki.Inputs) -> np.ndarray:
     """What a correct kernel computes: float32 arithmetic on the stored inputs, rounded to the result."""
     arrays = [a.astype(np.float32) if a.dtype.kind not in "biuc" else a for a in inputs.arrays]
     return np.asarray(OPS[op.op].reference(*arrays, **op.attr_map)).astype(op.result.dtype.numpy)
@@ -38,7 +39,7 @@ def test_tolerance_grows_with_the_reduction_and_for_narrow_types():
 def test_inputs_are_never_zero_and_their_wide_twins_hold_the_same_values():
     t = TensorType((3, 700, 999), BF16)         # more elements than the pool: values repeat, shifted
     op = of("add", t, TensorType((999,), BF16))
-    inputs = kc.random_inputs(op, np.random.default_rng(1))
+    inputs = ki.random_inputs(op, np.random.default_rng(1))
     x = inputs.arrays[0]
     assert x.dtype == BF16.numpy and x.shape == t.shape and np.all(x.astype(np.float32) != 0)
     np.testing.assert_array_equal(inputs.wide(0), x.astype(np.float64))
@@ -48,13 +49,13 @@ def test_inputs_are_never_zero_and_their_wide_twins_hold_the_same_values():
 
 def test_domains_masks_and_integers():
     rng = np.random.default_rng(2)
-    log = kc.random_inputs(of("log", TensorType((1000,), F32)), rng).arrays[0]
+    log = ki.random_inputs(of("log", TensorType((1000,), F32)), rng).arrays[0]
     assert log.min() >= 0.5
-    where = kc.random_inputs(of("where", TensorType((1000,), DType.bool), TensorType((1000,), F32),
+    where = ki.random_inputs(of("where", TensorType((1000,), DType.bool), TensorType((1000,), F32),
                                 TensorType((), F32)), rng)
     assert 0.3 < where.arrays[0].mean() < 0.7 and where.arrays[2].shape == ()
-    ints = kc.random_inputs(of("sum", TensorType((64, 64), DType.int32), axes=(0,), keepdims=False), rng).arrays[0]
-    assert ints.dtype == np.int32 and np.all(ints != 0) and np.abs(ints).max() < kc.INT_RANGE
+    ints = ki.random_inputs(of("sum", TensorType((64, 64), DType.int32), axes=(0,), keepdims=False), rng).arrays[0]
+    assert ints.dtype == np.int32 and np.all(ints != 0) and np.abs(ints).max() < ki.INT_RANGE
 
 
 @pytest.mark.parametrize("op", [
@@ -74,7 +75,7 @@ def test_reference_on_row_subsets_is_the_whole_reference_restricted(op, monkeypa
     monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
     monkeypatch.setattr(kc, "MIN_ROWS", 4)
     rng = np.random.default_rng(3)
-    inputs = kc.random_inputs(op, rng)
+    inputs = ki.random_inputs(op, rng)
     part = kc.expected(op, inputs, rng)
     assert part.rows is not None and len(part.rows) < op.result.shape[part.axis]
     whole = OPS[op.op].reference(*[inputs.wide(i) for i in range(len(op.operands))], **op.attr_map)
@@ -87,7 +88,7 @@ def test_reference_on_row_subsets_is_the_whole_reference_restricted(op, monkeypa
 def test_a_correct_float32_kernel_passes_and_one_wrong_element_fails(name):
     op = RAGGED[name]
     rng = np.random.default_rng(4)
-    inputs = kc.random_inputs(op, rng)
+    inputs = ki.random_inputs(op, rng)
     exp = kc.expected(op, inputs, rng)
     out = host_kernel(op, inputs)
     kc.check(exp, out, name)
@@ -103,7 +104,7 @@ def test_an_unwritten_element_outside_the_checked_rows_fails(monkeypatch):
     monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
     op = rowwise("softmax", 512, 64, BF16)
     rng = np.random.default_rng(5)
-    inputs = kc.random_inputs(op, rng)
+    inputs = ki.random_inputs(op, rng)
     exp = kc.expected(op, inputs, rng)
     out = host_kernel(op, inputs)
     unchecked = next(r for r in range(512) if r not in set(exp.rows.tolist()))
@@ -116,7 +117,7 @@ def test_an_unwritten_bool_element_fails_even_where_true_is_expected():
     t = TensorType((64, 32), DType.float32)
     op = of("lt", t, t)
     rng = np.random.default_rng(6)
-    inputs = kc.random_inputs(op, rng)
+    inputs = ki.random_inputs(op, rng)
     exp = kc.expected(op, inputs, rng)
     out = np.asarray(exp.value).copy()
     at = tuple(int(i) for i in np.argwhere(out)[0])
@@ -128,7 +129,7 @@ def test_an_unwritten_bool_element_fails_even_where_true_is_expected():
 def test_wrong_dtype_or_shape_fails():
     op = RAGGED["sum rows of 1001 f32"]
     rng = np.random.default_rng(6)
-    inputs = kc.random_inputs(op, rng)
+    inputs = ki.random_inputs(op, rng)
     exp = kc.expected(op, inputs, rng)
     with pytest.raises(AssertionError, match="want float32"):
         kc.check(exp, host_kernel(op, inputs).astype(np.float64), "sum")

@@ -12,7 +12,8 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.conv import DirectConvTemplate, conv_op
+from tessera_rw.codegen.templates.conv import DirectConvTemplate
+from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import (CuFFTSchedule, FFTTemplate, LibraryKernelError,
                                                    SpectralContractTemplate, spectral_op)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera_rw.codegen.kernel_check import check, expected, random_inputs
+from tessera_rw.codegen.kernel_check import check, expected
+from tessera_rw.codegen.kernel_inputs import random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.codegen.templates.registry import templates, templates_for

@@ -1,0 +1,114 @@
+"""A convolution's sizes as both conv kernels see them, and the limits they share.
+
+ConvProblem normalizes conv1d and conv2d to two spatial axes (conv1d: a height of one) and names
+the implicit GEMM of one group. conv_op builds a conv KernelOp from shapes for samples and tests.
+
+>>> p = ConvProblem.of(conv_op((8, 64, 56, 56), (64, 64, 3, 3), DType.bfloat16, padding=((1, 1), (1, 1))))
+>>> p.gemm, p.tensor_cores, p.depthwise
+((25088, 64, 576), True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.kernel_op import KernelOp
+
+# 16-bit inputs run on tensor cores: (CUDA type, name suffix of the kernel's helpers)
+TENSOR_CORE_DTYPES = {DType.bfloat16: ("bf16_t", "bf16"), DType.float16: ("f16_t", "f16")}
+STATIC_SMEM_LIMIT = 48 * 1024            # static __shared__ arrays; more needs dynamic smem and opt-in
+MAX_GRID_YZ = 65535
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """The convolution's sizes, normalized to two spatial axes (conv1d: height 1)."""
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    groups: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]                 # low padding (top, left); high padding only sets oh, ow
+    dilation: tuple[int, int]
+    dtype: DType
+
+    @classmethod
+    def of(cls, op: KernelOp) -> ConvProblem:
+        x, w = op.operands
+        a = op.attr_map
+        flat = len(x.shape) == 3             # conv1d: prepend a height axis of size one
+
+        def two(values, unit):
+            return (unit,) + tuple(values) if flat else tuple(values)
+
+        def shape(t: TensorType) -> tuple[int, ...]:
+            return t.shape[:2] + (1,) + t.shape[2:] if flat else t.shape
+
+        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(op.result)
+        pads = two(a["padding"], (0, 0))
+        return cls(n=n, c=c, h=h, w=wd, o=o, groups=a["groups"], kh=kh, kw=kw, oh=oh, ow=ow,
+                   stride=two(a["stride"], 1), pad=(pads[0][0], pads[1][0]), dilation=two(a["dilation"], 1),
+                   dtype=x.dtype)
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def og(self) -> int:
+        return self.o // self.groups
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """(M, N, K) of one group's implicit GEMM."""
+        return self.n * self.oh * self.ow, self.og, self.cg * self.kh * self.kw
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self.dtype in TENSOR_CORE_DTYPES
+
+    @property
+    def depthwise(self) -> bool:
+        """One input channel per group: the implicit GEMM would be one output channel wide."""
+        return self.cg == 1
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << (n - 1).bit_length()
+
+
+def register_limit(threads: int, arch: ArchSpec) -> int:
+    """What ptxas may use under __launch_bounds__(threads): the file split over one block."""
+    return min(arch.registers_per_thread, arch.registers_per_sm // threads)
+
+
+def conv_op(x: tuple[int, ...], w: tuple[int, ...], dtype: DType, *, padding, stride=None, dilation=None,
+            groups: int = 1) -> KernelOp:
+    """A conv1d/conv2d KernelOp from shapes and normalized attributes (the result shape is inferred).
+
+    >>> conv_op((1, 4, 10), (8, 4, 3), DType.float32, padding=((1, 1),)).result.shape
+    (1, 8, 10)
+    """
+    spatial = len(x) - 2
+    attrs = dict(stride=stride or (1,) * spatial, padding=padding, dilation=dilation or (1,) * spatial,
+                 groups=groups)
+    name = f"conv{spatial}d"
+    operands = (TensorType(x, dtype), TensorType(w, dtype))
+    return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
+
+

@@ -1,0 +1,113 @@
+"""The package's shape as DESIGN.md draws it: imports point down the layers, modules import without
+cycles, plugins use the public API only, and no module grows into a god file.
+
+Imports are read from the source (ast), every one of them: a lazy import inside a function is a
+dependency all the same.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tessera_rw"
+# DESIGN.md's table: algebra → rules → lower → codegen → tune → the top level (API, CLI)
+LAYERS = {"algebra": 1, "rules": 2, "lower": 3, "codegen": 4, "tune": 5}
+TOP = 6
+PUBLIC_MODULES = {"tessera_rw", "tessera_rw.op", "tessera_rw.plugin", "tessera_rw.numerics", "tessera_rw.graph"}
+MAX_LINES = 420          # "where a file grows past ~400 lines, it is two concepts"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def imports(path: Path, *, module_level_only: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for each tessera_rw import in the file; module_level_only skips those
+    inside functions and under `if TYPE_CHECKING:` (the ones that run while the module imports)."""
+    tree = ast.parse(path.read_text())
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    nodes = _module_level(tree.body) if module_level_only else ast.walk(tree)
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+            else:
+                found.append((node.lineno, node.module or ""))
+    return [(line, name) for line, name in found if name.split(".")[0] == "tessera_rw"]
+
+
+def _module_level(body: list[ast.stmt]):
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            yield from _module_level(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _module_level(node.body + node.orelse + node.finalbody)
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_layer_table_covers_every_package():
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages - {"cli"} <= set(LAYERS), "a new package needs a row in DESIGN.md's layer table"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down_the_layers(path):
+    here = layer(module_name(path))
+    upward = [f"line {line}: {name} (layer {layer(name)})" for line, name in imports(path) if layer(name) > here]
+    assert not upward, f"{module_name(path)} (layer {here}) imports up: {upward}"
+
+
+def test_modules_import_without_cycles():
+    graph = {module_name(p): set() for p in SOURCES}
+    for path in SOURCES:
+        for _, name in imports(path, module_level_only=True):
+            # `from tessera_rw.x import y` may name a module y or a symbol of x: keep whichever exists
+            target = name if name in graph else name.rpartition(".")[0]
+            if target in graph and target != module_name(path):
+                graph[module_name(path)].add(target)
+    # a package's __init__ importing its own modules is how packages are built; not a cycle
+    edges = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(t):] + [m, t]))
+            if t not in state:
+                visit(t, trail + [m])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "plugins").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_plugins_use_the_public_api_only(path):
+    private = [f"line {line}: {name}" for line, name in imports(path) if name not in PUBLIC_MODULES]
+    assert not private, f"{path.name} reaches past the public API: {private}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_a_god_file(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module_name(path)} has {lines} lines: split it along the concept it mixes"
