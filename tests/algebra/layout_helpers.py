@@ -82,7 +82,7 @@ def constant(rng, dtype):
 
 @st.composite
 def index_for(draw, shape):
-    """A basic index for `shape`: ints, slices (steps >= 1, bounds possibly out of range), Nones and
+    """A basic index for `shape`: ints, slices (any nonzero step, bounds possibly out of range), Nones and
     at most one Ellipsis, which may sit between explicitly indexed leading and trailing axes."""
     n = len(shape)
     lead = draw(st.integers(0, n))
@@ -98,7 +98,7 @@ def index_for(draw, shape):
             items.append(draw(st.integers(-d, d - 1)))
         else:
             bound = st.one_of(st.none(), st.integers(-2 * d - 3, 2 * d + 3))
-            items.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3, 7]))))
+            items.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3, 7, -1, -2, -5]))))
         if draw(st.integers(0, 3)) == 0:
             items.append(None)
     if ellipsis and Ellipsis not in items:

@@ -68,14 +68,25 @@ def test_chained_slices_in_one_kernel():
     assert_bitexact(f(x), x[1:, None, ..., ::2][..., -2, 1:][:, :, ::3])
 
 
-@pytest.mark.parametrize("index", [slice(None, None, -1), (0, slice(3, 0, -1)), (E, slice(None, None, -2))],
+@pytest.mark.parametrize("index", [slice(None, None, -1), (0, slice(3, 0, -1)), (E, slice(None, None, -2)),
+                                   (slice(2, None, -1), slice(-1, 0, -3)), (slice(0, 1, -1),), (slice(1, 2, -1), 0)],
                          ids=repr)
-def test_negative_step_raises_shape_error(index):
+def test_negative_steps_read_backwards(index):
     x = rand(np.random.default_rng(7), (3, 4), "float32")
-    with pytest.raises(ShapeError):
-        traced(lambda t: t[index])(x)
-    with pytest.raises(ShapeError):
-        op.tensor((3, 4), "float32")[index]
+    assert_bitexact(traced(lambda t: t[index])(x), x[index])
+    assert op.tensor((3, 4), "float32")[index].shape == x[index].shape
+
+
+@pytest.mark.parametrize("axis", [None, 0, -1, (0, 2), (2, 0, 1)], ids=repr)
+def test_flip_values(axis):
+    x = rand(np.random.default_rng(8), (3, 1, 5), "bfloat16")
+    assert_bitexact(op.flip(x, axis), np.flip(x, axis))
+    assert_bitexact(traced(lambda t: op.flip(t, axis))(x), np.flip(x, axis))
+
+
+def test_flip_of_size_one_axes_adds_no_node():
+    t = op.tensor((3, 1), "float32")
+    assert op.flip(t, 1) is t
 
 
 def test_zero_step_raises_shape_error():

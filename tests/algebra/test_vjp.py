@@ -196,6 +196,7 @@ CASES = [
     Case("slice", (t(7, 6),), dict(starts=(1, 0), stops=(6, 6), steps=(2, 1))),
     Case("slice", (t(9, 8),), dict(starts=(0, 2), stops=(9, 7), steps=(3, 2))),
     Case("slice", (t(5, dtype=C128),), dict(starts=(1,), stops=(5,), steps=(2,))),
+    Case("flip", (t(4, 5),), dict(axes=(1,))), Case("flip", (t(3, 2, 4, dtype=C128),), dict(axes=(0, 2))),
     Case("pad", (t(3, 4),), dict(pads=((1, 2), (0, 3)), value=0.0)),
     Case("pad", (t(2, 3),), dict(pads=((0, 0), (2, 1)), value=1.5)),
     Case("concatenate", (t(2, 3), t(2, 1), t(2, 4)), dict(axis=1)),

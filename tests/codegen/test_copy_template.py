@@ -1,4 +1,4 @@
-"""The copy template (transpose, pad, concatenate, slice, broadcast_to): every sample compiles for
+"""The copy template (transpose, pad, concatenate, slice, flip, broadcast_to): every sample compiles for
 sm_80 and sm_90 without spills, the register estimate is within 25% of ptxas, resources are sane."""
 
 from __future__ import annotations
@@ -45,3 +45,11 @@ def test_accepts_refuses_what_it_cannot_do():
     x = TensorType((64, 64), DType.float32)
     assert not T.accepts(KernelOp.of("reshape", (x,), TensorType((4096,), x.dtype), shape=(4096,)))
     assert T.accepts(KernelOp.of("transpose", (x,), x, axes=(1, 0)))
+
+
+def test_flip_reads_backwards_with_vectors_only_when_the_inner_axis_keeps_its_order():
+    inner, outer = (op for op in SAMPLES if op.op == "flip")
+    assert {s.vec for s in T.schedules(inner, ARCHS[1])} == {1}
+    assert max(s.vec for s in T.schedules(outer, ARCHS[1])) > 1
+    source = T.emit(inner, T.schedules(inner, ARCHS[1])[0], ARCHS[1]).source
+    assert "4095u + ((i) % 4096u) * -1u" in source        # the row's far end, walking back

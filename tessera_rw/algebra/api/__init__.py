@@ -8,12 +8,12 @@ from tessera_rw.algebra.api.elementwise import (
     less_equal, log, logical_and, logical_not, logical_or, maximum, minimum, multiply, negative,
     not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, subtract, tanh, where)
 from tessera_rw.algebra.api.layout import (
-    broadcast_to, concatenate, expand_dims, getitem, pad, reshape, squeeze, swapaxes, transpose)
+    broadcast_to, concatenate, expand_dims, flip, getitem, pad, reshape, squeeze, swapaxes, transpose)
 from tessera_rw.algebra.api.reduction import layernorm, log_softmax, max, mean, min, rmsnorm, softmax, sum
 
 __all__ = [
     "abs", "add", "apply", "arange", "broadcast_to", "cast", "complex_mul", "concatenate", "conv1d", "conv2d",
-    "cos", "divide", "equal", "erf", "exp", "expand_dims", "fft", "flash_attention", "full", "gelu", "getitem",
+    "cos", "divide", "equal", "erf", "exp", "expand_dims", "fft", "flash_attention", "flip", "full", "gelu", "getitem",
     "greater", "greater_equal", "ifft", "irfft", "layernorm", "less", "less_equal", "log", "log_softmax",
     "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean", "min", "minimum",
     "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu", "reshape", "rfft",

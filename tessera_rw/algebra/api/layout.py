@@ -118,8 +118,22 @@ def concatenate(xs, axis: int = 0):
     return apply("concatenate", xs, axis=ax)
 
 
+def flip(x, axis=None):
+    """numpy.flip: reverse the order of elements along `axis` (an int, a tuple, or None for all axes).
+
+    >>> flip(np.arange(6).reshape(2, 3), axis=-1).tolist()
+    [[2, 1, 0], [5, 4, 3]]
+    """
+    x = tensor_operand(x)
+    with op_context("flip", (x,), ("x",)):
+        shape = type_of(x).shape
+        axes = normalize_axes(axis, len(shape))
+    reversed_axes = tuple(a for a in axes if shape[a] > 1)      # reversing one element moves nothing
+    return apply("flip", (x,), axes=reversed_axes) if reversed_axes else x
+
+
 def getitem(x, index):
-    """Basic indexing: ints, slices with positive steps, None and Ellipsis."""
+    """Basic indexing: ints, slices (a negative step reads the axis backwards), None and Ellipsis."""
     x = tensor_operand(x)
     with op_context("getitem", (x,), ("x",)):
         shape = type_of(x).shape
@@ -133,7 +147,7 @@ def getitem(x, index):
         if at is not None:
             items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
         items = items + (slice(None),) * (len(shape) - sum(1 for i in items if i is not None))
-        starts, stops, steps, out_shape = [], [], [], []
+        starts, stops, steps, out_shape, flipped = [], [], [], [], []
         axis = 0
         for item in items:
             if item is None:
@@ -143,13 +157,16 @@ def getitem(x, index):
             if isinstance(item, slice):
                 if not all(v is None or isinstance(v, numbers.Integral) for v in (item.start, item.stop, item.step)):
                     raise ShapeError(f"slice bounds must be ints or None, got {item}")
-                if item.step is not None and item.step <= 0:
-                    raise ShapeError(f"negative or zero slice steps are not supported (got {item.step})",
-                                     hint="reverse with a separate op, or slice forwards")
-                start, stop, step = item.indices(size)
-                stop = max(stop, start)
-                starts.append(start); stops.append(stop); steps.append(step)
-                out_shape.append(len(range(start, stop, step)))
+                if item.step == 0:
+                    raise ShapeError("slice step cannot be zero")
+                picked = range(*item.indices(size))
+                if picked.step < 0 and len(picked) > 1:   # the same elements read forwards, then flipped
+                    picked = picked[::-1]
+                    flipped.append(len(out_shape))
+                start, step = (picked.start, picked.step) if len(picked) else (0, 1)
+                starts.append(start); stops.append(start + step * (len(picked) - 1) + 1 if picked else 0)
+                steps.append(abs(step))
+                out_shape.append(len(picked))
             elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
                 i = int(item)
                 if not -size <= i < size:
@@ -162,4 +179,4 @@ def getitem(x, index):
     sliced = x
     if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * len(shape), shape, (1,) * len(shape)):
         sliced = apply("slice", (x,), starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
-    return reshape(sliced, tuple(out_shape))
+    return flip(reshape(sliced, tuple(out_shape)), tuple(flipped)) if flipped else reshape(sliced, tuple(out_shape))

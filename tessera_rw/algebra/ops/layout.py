@@ -71,6 +71,12 @@ def _slice(x: np.ndarray, starts, stops, steps) -> np.ndarray:
     return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
 
 
+def _infer_flip(x: TensorType, axes: tuple[int, ...]) -> TensorType:
+    if list(axes) != sorted(set(axes)) or any(not 0 <= a < x.ndim for a in axes):
+        raise AxisError(f"flip axes {axes} must be distinct axes of a rank-{x.ndim} tensor, in order")
+    return x
+
+
 def _infer_concatenate(*xs: TensorType, axis: int) -> TensorType:
     if not xs:
         raise ShapeError("needs at least one operand")
@@ -106,6 +112,10 @@ def _slice_vjp(g, y, x, starts, stops, steps):
     return (pad_zeros(g, [(a, d - a - n) for a, d, n in zip(starts, x.shape, g.shape)]),)
 
 
+def _flip_vjp(g, y, x, axes):
+    return (api.flip(g, axes),)
+
+
 def _concatenate_vjp(g, y, *xs, axis):
     bounds = np.cumsum([0] + [x.shape[axis] for x in xs])
     return tuple(crop(g, axis, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]))
@@ -120,6 +130,8 @@ DEFS = (
           lambda x, shape: np.broadcast_to(x, shape), exact=True, vjp=lambda g, y, x, shape: (unbroadcast(g, x),)),
     OpDef("pad", ("x",), OpKind.LAYOUT, _infer_pad, _pad, exact=True, vjp=_pad_vjp),
     OpDef("slice", ("x",), OpKind.LAYOUT, _infer_slice, _slice, exact=True, vjp=_slice_vjp),
+    OpDef("flip", ("x",), OpKind.LAYOUT, _infer_flip, lambda x, axes: np.flip(x, axes), exact=True,
+          vjp=_flip_vjp, doc="numpy.flip: the elements of each axis in `axes` in reverse order"),
     OpDef("concatenate", ("xs",), OpKind.LAYOUT, _infer_concatenate,
           lambda *xs, axis: np.concatenate(xs, axis=axis), variadic=True, exact=True, vjp=_concatenate_vjp),
 )

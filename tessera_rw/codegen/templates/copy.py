@@ -1,4 +1,4 @@
-"""Copy kernels: a layout op materialized (transpose, pad, concatenate, slice, broadcast_to).
+"""Copy kernels: a layout op materialized (transpose, pad, concatenate, slice, flip, broadcast_to).
 
 Two paths. A transpose that moves the innermost axis goes through shared memory: a block reads
 a TILE x TILE tile along the input's inner axis and writes it along the output's (both
@@ -49,10 +49,10 @@ class CopySchedule(Schedule):
 
 
 class CopyTemplate(Template):
-    """transpose, pad (constant), concatenate, slice (strided) and broadcast_to as one pass."""
+    """transpose, pad (constant), concatenate, slice (strided), flip and broadcast_to as one pass."""
 
     kind = "copy"
-    ops = frozenset({"transpose", "pad", "concatenate", "slice", "broadcast_to"})
+    ops = frozenset({"transpose", "pad", "concatenate", "slice", "flip", "broadcast_to"})
 
     def accepts(self, op: KernelOp) -> bool:
         types = op.operands + (op.result,)
@@ -82,6 +82,8 @@ class CopyTemplate(Template):
             return lo % v == 0 and op.operands[0].shape[-1] % v == 0
         if op.op == "slice":
             return a["steps"][-1] == 1 and a["starts"][-1] % v == 0 and op.operands[0].shape[-1] % v == 0
+        if op.op == "flip":   # a reversed inner axis reads each run backwards: scalar loads
+            return out.ndim - 1 not in a["axes"]
         if op.op == "concatenate":
             inner = math.prod(out.shape[a["axis"] + 1:])
             return all((t.shape[a["axis"]] * inner) % v == 0 for t in op.operands)
@@ -105,6 +107,11 @@ class CopyTemplate(Template):
             st = contiguous_strides(x.shape)
             base = sum(s0 * s for s0, s in zip(a["starts"], st))
             sizes, (strides,) = coalesce(out, [tuple(step * s for step, s in zip(a["steps"], st))])
+            return f"{base}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
+        if op.op == "flip":   # from the far end of each flipped axis, walking back (unsigned wrap-around)
+            st = contiguous_strides(x.shape)
+            base = sum((x.shape[d] - 1) * st[d] for d in a["axes"])
+            sizes, (strides,) = coalesce(out, [tuple(-s if d in a["axes"] else s for d, s in enumerate(st))])
             return f"{base}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
         raise AssertionError(op.op)
 
@@ -146,7 +153,7 @@ class CopyTemplate(Template):
                 start += width
             return lines + ["}"]
         src, _ = self._source(op)
-        if op.op == "broadcast_to" and v > 1 or v == 1 or op.op in ("transpose", "slice"):
+        if op.op == "broadcast_to" and v > 1 or v == 1 or op.op in ("transpose", "slice", "flip"):
             return [f"const {vt} r = *reinterpret_cast<const {vt}*>(in0 + ({src}));"]
         raise AssertionError(op.op)
 
@@ -285,6 +292,8 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             mk("slice", (TensorType((4096, 4096), f32),), starts=(0, 128), stops=(4096, 1152), steps=(2, 1)),
             mk("slice", (TensorType((4096, 4096), bf),), starts=(0, 0), stops=(4096, 4096), steps=(1, 2)),
             mk("broadcast_to", (TensorType((1, 4096), bf),), shape=(2048, 4096)),
+            mk("flip", (TensorType((4096, 4096), bf),), axes=(1,)),                       # scalar reads
+            mk("flip", (TensorType((16, 1024, 768), f32),), axes=(0, 1)),                # vector reads
         )
 
 

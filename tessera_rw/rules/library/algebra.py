@@ -181,6 +181,9 @@ RULES = (
          when=("(= (shp x) s)",),
          example=lambda rng: (lambda x: op.reshape(op.reshape(x, (-1,)), x.shape) * 2.0, {"x": rand(rng, 0, 0)}),
          needs=("reshape-of-reshape",)),
+    Rule("flip-of-flip", "flip(flip(x, axes), axes) = x",
+         lhs=t.flip(t.flip(x, axes=m), axes=m, of=T), rhs=x,
+         example=lambda rng: (lambda x: op.flip(x[::-1], 0) * 2.0, {"x": rand(rng, 0, 0)})),
     Rule("mT-of-matmul", "(AB)ᵀ = BᵀAᵀ",
          lhs=t.transpose(t.matmul(a, b, accum_dtype=acc, of=(s1, None)), axes=m, of=T),
          rhs=t.matmul(mT(b)[0], mT(a)[0], accum_dtype=acc, of=T),
@@ -220,4 +223,4 @@ RULES = (
                               {"x": rand(rng, 3, 8, dtype=ml_dtypes.bfloat16)})),
 )
 
-ALGEBRA = Ruleset("algebra", RULES, doc="scalars, divisions, transposes, softmax forms, masks, casts")
+ALGEBRA = Ruleset("algebra", RULES, doc="scalars, divisions, transposes, flips, softmax forms, masks, casts")
