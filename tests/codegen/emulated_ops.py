@@ -295,6 +295,8 @@ def _copy_ops() -> dict[str, KernelOp]:
         "flip columns bf16": of("flip", TensorType((96, 250), BF16), axes=(1,)),
         "flip outer axes f32": of("flip", TensorType((3, 50, 64), F32), axes=(0, 1)),
         "flip every axis f32": of("flip", TensorType((6, 7, 10), F32), axes=(0, 1, 2)),
+        "transpose 192x160 e4m3": of("transpose", TensorType((192, 160), DType.float8_e4m3), axes=(1, 0)),
+        "pad rows e5m2": of("pad", TensorType((40, 64), DType.float8_e5m2), pads=((3, 5), (0, 0)), value=-1.5),
     }
 
 

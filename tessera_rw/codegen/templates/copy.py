@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -27,9 +29,9 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
-                                                      broadcast_strides, coalesce, contiguous_strides, kernel_name,
-                                                      literal, offset_expr, vector_widths)
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, VEC_STRUCT, broadcast_strides,
+                                                      coalesce, contiguous_strides, kernel_name, literal, offset_expr,
+                                                      vector_widths)
 
 TILE = 32
 SECTOR_BYTES = 32         # a strided read still moves whole sectors
@@ -56,7 +58,8 @@ class CopyTemplate(Template):
 
     def accepts(self, op: KernelOp) -> bool:
         types = op.operands + (op.result,)
-        return (op.op in self.ops and all(t.dtype in SUPPORTED for t in types) and op.result.numel > 0
+        # a copy moves storage as it is: every stored dtype, fp8 included
+        return (op.op in self.ops and all(t.dtype in STORAGE for t in types) and op.result.numel > 0
                 and all(t.numel < MAX_INDEX for t in types))
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
@@ -131,10 +134,7 @@ class CopyTemplate(Template):
                 inside.append(f"(unsigned)c{d} < {x.shape[d]}u")
                 offset.append(f"c{d} * {st[d]}")
                 inner *= size
-            fill = literal(a["value"], op.result.dtype) if not op.result.dtype.is_low_precision else \
-                f"f32_to_{'bf16' if op.result.dtype is DType.bfloat16 else 'f16'}({literal(a['value'], DType.float32)})"
-            if op.result.dtype is DType.bool:
-                fill = f"(unsigned char){int(bool(a['value']))}"
+            fill = _fill(a["value"], op.result.dtype)
             return lines + [f"{vt} r;", f"if ({' && '.join(inside) or 'true'}) {{",
                             f"    r = *reinterpret_cast<const {vt}*>(in0 + ({' + '.join(offset) or '0'}));",
                             "} else {", f"    for (int j = 0; j < {v}; ++j) r.v[j] = {fill};", "}"]
@@ -295,6 +295,17 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             mk("flip", (TensorType((4096, 4096), bf),), axes=(1,)),                       # scalar reads
             mk("flip", (TensorType((16, 1024, 768), f32),), axes=(0, 1)),                # vector reads
         )
+
+
+def _fill(value: float, dtype: DType) -> str:
+    """The C value of a pad's fill in the result's storage type."""
+    if dtype is DType.bool:
+        return f"(unsigned char){int(bool(value))}"
+    if dtype in (DType.float8_e4m3, DType.float8_e5m2):   # its byte, as ml_dtypes rounds the value
+        return f"(fp8_t){np.asarray(value, dtype.numpy).view(np.uint8).item():#04x}"
+    if dtype.is_low_precision:
+        return f"f32_to_{'bf16' if dtype is DType.bfloat16 else 'f16'}({literal(value, DType.float32)})"
+    return literal(value, dtype)
 
 
 # The register model (fit to ptxas 12.x on samples(), within 20% on sm_80 and sm_90). The gather's
