@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.schedule_pin import SchedulePin
-from tessera_rw.codegen.arch import ArchSpec, target_arch
+from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.lower.lowering import lower
@@ -52,11 +52,11 @@ class CompiledProgram:
         return self.candidates[self.chosen]
 
 
-def compile_program(graph: Graph, arch: ArchSpec | None = None, tuning: TuneSettings | None = None,
+def compile_program(graph: Graph, arch: ArchSpec | str | None = None, tuning: TuneSettings | None = None,
                     pins: tuple[SchedulePin, ...] = ()) -> CompiledProgram:
     """Saturate `graph`, extract candidates for `arch`, choose one (by the cost model, or by tuning
     under `tuning`), lower it and schedule its kernels; `pins` fix some GEMM kernels' tiles."""
-    arch = arch or target_arch()
+    arch = resolve_arch(arch)
     graph = graph.verify()
     result = rewrite(graph, rulesets())
     candidates = extract_candidates(result, arch)

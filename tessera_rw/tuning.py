@@ -26,7 +26,7 @@ from typing import Any
 
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
-from tessera_rw.codegen.arch import ArchSpec, target_arch
+from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.kernel import Kernel
@@ -156,8 +156,9 @@ class Autotune:
 
     def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
                  cache: str | None = DEFAULT_CACHE, max_trials: int = 50, time_budget_s: float | None = None,
-                 search_space: SpaceRestriction | None = None, arch: ArchSpec | None = None) -> TuneConfig:
-        """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype`; see the module."""
+                 search_space: SpaceRestriction | None = None, arch: ArchSpec | str | None = None) -> TuneConfig:
+        """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype` for `arch` (an ArchSpec,
+        a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
         kernel = _as_kernel(fn)
         name = kernel.name
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, name, shapes, dtype)))
@@ -167,11 +168,11 @@ class Autotune:
         return TuneConfig(name, program, tuned_kernels(program))
 
     def load(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", *, cache: str | None = None,
-             arch: ArchSpec | None = None) -> TuneConfig | None:
+             arch: ArchSpec | str | None = None) -> TuneConfig | None:
         """The cached config for `fn` at `shapes` (the nearest cached shape's, marked interpolated,
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
         kernel = _as_kernel(fn)
-        arch = arch or target_arch()
+        arch = resolve_arch(arch)
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, kernel.name, shapes, dtype)))
         program = compile_program(traced.graph, arch, pins=traced.pins)
         store = TuneCache(cache or self.cache)

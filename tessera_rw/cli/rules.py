@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tessera_rw.cli.usage import UsageError
+from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
 from tessera_rw.rules.soundness import check_rule
@@ -23,7 +23,7 @@ from tessera_rw.rules.soundness import check_rule
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("packs", nargs="*", metavar="PACK", help="pack or distribution names (default: all)")
     p.add_argument("--check", action="store_true", help="run the soundness check on every rule")
-    p.add_argument("--seeds", type=int, default=5, help="random instances per rule (default 5)")
+    p.add_argument("--seeds", type=positive_int, default=5, help="random instances per rule (default 5)")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 

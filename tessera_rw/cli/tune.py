@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera_rw.cli.explain import load_target, target_inputs
+from tessera_rw.cli.usage import positive_float, positive_int
 from tessera_rw.tune.progress import describe
 from tessera_rw.tuning import autotune
 
@@ -28,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=["auto", "on_device", "cost_model"], default="auto",
                    help="on_device times on the GPU; cost_model ranks by the roofline model; auto: on_device "
                         "when a GPU is present")
-    p.add_argument("--max-trials", type=int, default=50, help="schedules measured per kernel (default 50)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS", help="stop each kernel's search")
+    p.add_argument("--max-trials", type=positive_int, default=50, help="schedules measured per kernel (default 50)")
+    p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS", help="stop each kernel's search")
     p.add_argument("--cache", default="default", help="the named cache to read and write (default: default)")
     p.add_argument("--format", choices=["text", "json"], default="text")
 

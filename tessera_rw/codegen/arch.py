@@ -138,8 +138,8 @@ KNOWN_ARCHS: tuple[ArchSpec, ...] = (
              smem_per_sm=228 * _KB, smem_per_block=227 * _KB),
 )
 
-_HOW_TO_ADD = ("set TESSERA_ARCH to one of them, or describe the GPU with "
-               "tessera_rw.codegen.arch.ArchSpec(...) and pass it as arch=")
+_HOW_TO_ADD = ("name one of them (or a compute capability such as sm_90) with --arch, TESSERA_ARCH or "
+               "autotune(..., arch=), or describe the GPU with tessera_rw.codegen.arch.ArchSpec(...) and pass that")
 
 
 def _key(text: str) -> str:
@@ -190,6 +190,18 @@ def current_arch(environ: Mapping[str, str] = os.environ) -> ArchSpec:
     """`TESSERA_ARCH` if set, else the architecture of GPU 0."""
     name = environ.get(ARCH_ENV)
     return arch_named(name) if name else _detected()
+
+
+def resolve_arch(arch: ArchSpec | str | None) -> ArchSpec:
+    """An ArchSpec as given, a known name or compute capability ('A100-SXM', 'sm_80'), or None for
+    target_arch().
+
+    >>> resolve_arch("sm_80").name
+    'A100-SXM'
+    """
+    if arch is None:
+        return target_arch()
+    return arch_named(arch) if isinstance(arch, str) else arch
 
 
 def target_arch(default: str = "H100-SXM") -> ArchSpec:

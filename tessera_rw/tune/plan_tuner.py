@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -49,6 +50,15 @@ class TuneSettings:
     strategy: str = Strategy.MODEL.value
     cache_root: str | None = None         # the cache folder's parent (None: TESSERA_CACHE_DIR or ~/.tessera)
     pins: tuple[SchedulePin, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.max_trials, int) or isinstance(self.max_trials, bool) or self.max_trials < 1:
+            raise ArgumentError(f"autotune: max_trials must be a positive int, got {self.max_trials!r}",
+                                hint="each kernel measures at least one schedule; max_trials=1 takes the model's best")
+        if self.time_budget_s is not None and not (isinstance(self.time_budget_s, (int, float))
+                                                   and self.time_budget_s > 0):
+            raise ArgumentError(f"autotune: time_budget_s must be a positive number of seconds or None, "
+                                f"got {self.time_budget_s!r}", hint="None tunes until max_trials")
 
     def open_cache(self) -> TuneCache | None:
         return None if self.cache is None else TuneCache(self.cache, self.cache_root)

@@ -103,7 +103,7 @@ def search_space(space: Sequence[object], estimates: Sequence[float], measurer: 
         if len(trials) >= max_trials:
             stop = "max_trials"
             break
-        if time_budget_s is not None and clock() - start >= time_budget_s:
+        if trials and time_budget_s is not None and clock() - start >= time_budget_s:   # one trial at least
             stop = "time_budget"
             break
         batch = proposer.propose(min(BATCH, max_trials - len(trials)), measured)
