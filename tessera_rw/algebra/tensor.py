@@ -102,6 +102,22 @@ class TensorMethods:
         raise ArgumentError("iterating over a traced tensor is not supported",
                             hint="index it (x[i]) or use op.reshape / slicing")
 
+    def _no_value(self, what: str):
+        raise ArgumentError(f"{what} of a {type(self).__name__} {TensorType(self.shape, self.dtype)}: it has no "
+                            "value while tracing",
+                            hint="keep it a tensor (op functions take tensors, and a Python number broadcasts); "
+                                 "return it from the kernel to read its value")
+
+    def __float__(self): self._no_value("float()")
+    def __int__(self): self._no_value("int()")
+    def __complex__(self): self._no_value("complex()")
+    def __index__(self): self._no_value("using as an index")
+
+    def __setitem__(self, index, value):
+        raise ArgumentError(f"cannot assign into a {type(self).__name__} {TensorType(self.shape, self.dtype)}: "
+                            "traced tensors are values, not buffers",
+                            hint="build the new tensor instead: op.where(mask, value, x), op.pad or op.concatenate")
+
 
 class SymbolicTensor(TensorMethods):
     """A tensor inside a trace: a handle on the graph node that computes it."""
@@ -133,6 +149,11 @@ class TensorSpec(TensorMethods):
     placeholders give placeholders of the result's shape and dtype.
     """
     __slots__ = ("shape", "dtype")
+
+    def __array__(self, *args: Any, **kwargs: Any):
+        raise ArgumentError(f"a placeholder op.tensor({self.shape}, {self.dtype.name!r}) has no data",
+                            hint="pass numpy (or CuPy / torch) arrays to compute values; placeholders trace, "
+                                 "explain and compile without data")
 
     def __init__(self, shape, dtype: Any = "float32"):
         try:

@@ -17,6 +17,7 @@ import inspect
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
@@ -104,23 +105,52 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     """The kernel's tensor arguments by name, placeholders or arrays: from --input, else the module's
     example_inputs() (the entries this kernel's parameters name)."""
     if given:
-        inputs = dict(parse_input(t) for t in given)
+        parsed = [parse_input(t) for t in given]
+        inputs = dict(parsed)
+        if len(inputs) < len(parsed):
+            repeated = next(n for i, (n, _) in enumerate(parsed) if n in dict(parsed[:i]))
+            raise UsageError(f"--input {repeated}=... is given twice: give each argument once")
         unknown = [n for n in inputs if n not in kernel.parameter_names]
         if unknown:
             raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
                              f"{', '.join(kernel.parameter_names)}")
-        required = [p.name for p in inspect.signature(kernel.fn).parameters.values()
-                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        missing = [n for n in required if n not in inputs]
+        missing = [n for n in _required(kernel) if n not in inputs]
         if missing:
             raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
                              f"{', '.join(missing)}")
     elif callable(getattr(module, "example_inputs", None)):
-        inputs = {n: v for n, v in module.example_inputs().items() if n in kernel.parameter_names}
+        where = f"example_inputs() of {module.__file__}"
+        try:
+            given_inputs = module.example_inputs()
+        except Exception as e:
+            raise UsageError(f"{where} raised {type(e).__name__}: {e}{user_line(e, module.__file__)}") from None
+        if not isinstance(given_inputs, dict):
+            raise UsageError(f"{where} returned a {type(given_inputs).__name__}: it should return a dict of "
+                             "arrays or op.tensor placeholders by parameter name")
+        inputs = {n: v for n, v in given_inputs.items() if n in kernel.parameter_names}
+        missing = [n for n in _required(kernel) if n not in inputs]
+        if missing:
+            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; {where} has no "
+                             f"{', '.join(missing)} (it gives {', '.join(given_inputs) or 'nothing'}): add them, "
+                             "or pass --input")
     else:
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
                          "in its module)")
     return inputs
+
+
+def _required(kernel: Kernel) -> list[str]:
+    return [p.name for p in inspect.signature(kernel.fn).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def user_line(error: BaseException, filename: str) -> str:
+    """' at FILE:LINE: source' of the deepest frame of `error`'s traceback in the user's file."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" — at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
 def specs_of(inputs: dict[str, Any]) -> dict[str, TensorSpec]:
@@ -176,8 +206,17 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
 
 def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) -> ExplainReport:
     """Trace, rewrite, extract and lower (and tune, when asked) one kernel at these inputs."""
-    call = kernel.bind(**inputs)
-    traced = kernel.traced(call)
+    try:
+        call = kernel.bind(**inputs)
+    except ArgumentError as e:   # its site would be this command's own frame: the inputs' origin says more
+        raise UsageError(e.detail + (f"; {e.hint}" if e.hint else "")) from None
+    try:
+        traced = kernel.traced(call)
+    except TesseraError:
+        raise
+    except Exception as e:   # the user's function failed while tracing: one line, pointing at it
+        raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
+                         f"{user_line(e, kernel.fn.__code__.co_filename)}") from None
     program = compile_program(traced.graph, arch, TuneSettings(method="auto") if tune else None, traced.pins)
     return explain_report(program, call.tensors)
 
@@ -212,8 +251,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and check it against the unfused reference")
 
 
+def writable_directory(path: Path) -> Path:
+    """`path`, created if need be, or a UsageError saying why it cannot hold the .cu files."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"--emit-cuda {path}: not a directory; give a directory for the .cu files") from None
+    except OSError as e:
+        raise UsageError(f"--emit-cuda {path}: cannot create it ({e.strerror})") from None
+    return path
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     arch = arch_named(args.arch) if args.arch else target_arch()
+    if args.emit_cuda is not None:
+        writable_directory(args.emit_cuda)
     targets = [(kernel, module) for target in args.explain
                for kernels, module in [load_targets(target)] for kernel in kernels]
     if args.input and len(targets) > 1:
