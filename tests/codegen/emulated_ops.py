@@ -221,6 +221,10 @@ def _rowwise_ops() -> dict[str, KernelOp]:
         "rmsnorm rows of 4096 bf16": rowwise("rmsnorm", 8, 4096, BF16),
         "softmax rows of 65536 f32": rowwise("softmax", 2, 65536, F32),
         "layernorm rows of 65536 bf16 no weights": rowwise("layernorm", 2, 65536, BF16, weights=False),
+        # rows of one element: every lane but the first holds the neutral value
+        "softmax rows of 1 f32": rowwise("softmax", 64, 1, F32),
+        "rmsnorm rows of 1 bf16": rowwise("rmsnorm", 32, 1, BF16),
+        "layernorm rows of 3 f32": rowwise("layernorm", 16, 3, F32),
         "fused scale mask softmax": of("fused_normalization", short, scale, mask, expr="add(mul($0,$1),$2)",
                                        norm="softmax", axes=(1,), eps=0.0, has_weight=False, has_bias=False,
                                        post="$0"),

@@ -14,6 +14,7 @@ square) are computed and combined across a row's threads.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA
@@ -98,7 +99,7 @@ def resident_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max
 
     def each(lines: list[str], guarded: bool = True) -> list[str]:
         inner = []
-        if (ragged and guarded) or any("c" in x.replace("continue", "") for x in lines if "c]" in x or "+ c" in x):
+        if (ragged and guarded) or any(re.search(r"\bc\b", x) for x in lines):   # the column, where a line reads it
             inner = [f"const unsigned c = (k * {tpr}u + lane) * {v}u;"]
         if ragged and guarded:
             inner += [f"if (c >= {length}u) continue;"]
