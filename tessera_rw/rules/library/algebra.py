@@ -212,7 +212,11 @@ RULES = (
     Rule("where-lowest-is-additive-mask", "where(m, x, finfo.min) = x + where(m, 0, finfo.min)",
          lhs=t.where(m, x, const(), of=T),
          rhs=t.add(x, t.where(m, const(value=0.0, dtype=d), const(), of=(Expr("sm"), d)), of=T),
-         when=("(= (dt x) d)", "(= cd d)", "(= c (lowest d))", "(= sm (shp m))"),
+         # only where x + finfo.min rounds to finfo.min for any reasonable score (|x| < 1e31, added in
+         # float32 or wider): float16's and fp8's lowest are small enough that the scores survive the
+         # sum, and a fully masked row would no longer be uniform
+         when=("(= (dt x) d)", "(= cd d)", "(= c (lowest d))", "(= sm (shp m))", *(
+             f'(!= d "{narrow}")' for narrow in ("float16", "float8_e4m3", "float8_e5m2"))),
          example=lambda rng: (lambda x, m: op.where(m > 0, x, float(np.finfo(np.float32).min)),
                               {"x": rand(rng, 3, 4), "m": rand(rng, 3, 1)})),
     Rule("softmax-in-wider-type", "cast(softmax(cast(x, f32)), d) = softmax(x) when x is d",
