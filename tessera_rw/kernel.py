@@ -70,7 +70,23 @@ class BoundCall:
     @functools.cached_property
     def signature(self) -> Signature:
         return tuple((n, t) for n, t in self.tensors.items()) + tuple(
-            (n, ("static", type(v).__name__, v)) for n, v in self.statics.items())
+            (n, ("static", type(v).__name__, static_key(v))) for n, v in self.statics.items())
+
+
+def static_key(value: Any) -> Any:
+    """A static value as a signature holds it: floats by their bits, so that -0.0 and 0.0 trace apart
+    and a NaN finds its own trace again.
+
+    >>> static_key(-0.0) == static_key(0.0), static_key(float("nan")) == static_key(float("nan"))
+    (False, True)
+    """
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, complex):
+        return value.real.hex(), value.imag.hex()
+    if isinstance(value, tuple):
+        return tuple(static_key(v) for v in value)
+    return value
 
 
 class Kernel:

@@ -39,6 +39,14 @@ def test_static_scalars_are_part_of_the_signature():
     assert len(calls) == 2
 
 
+def test_static_floats_are_keyed_by_their_bits():
+    f, calls = counting_kernel()
+    x, w = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+    for scale in (0.0, -0.0, float("nan"), float("nan"), 0.0):
+        f(x, w, scale=scale)
+    assert len(calls) == 3          # -0.0 traces apart from 0.0; a NaN finds its own trace again
+
+
 def test_positional_and_keyword_arguments_give_the_same_graph():
     f, _ = counting_kernel()
     x, w = op.tensor((4, 8), "bf16"), op.tensor((8, 3), "bf16")
