@@ -1,8 +1,9 @@
-"""Eager op calls that compile: ops on GPU arrays, and ops with a pinned schedule.
+"""Eager op calls that compile: ops on GPU arrays, ops with a pinned schedule, ops under a policy.
 
-An op called on arrays outside a kernel runs at once. On numpy arrays with nothing pinned, the
-numpy reference computes it (exact, and nothing to compile). On CuPy or torch CUDA arrays, or
-with a pin (`op.matmul(a, b, tile_shape=(128, 128, 64))`), the one-op graph goes through the same
+An op called on arrays outside a kernel runs at once. On numpy arrays with nothing pinned and the
+default numerics policy, the numpy reference computes it (exact, and nothing to compile). On CuPy
+or torch CUDA arrays, with a pin (`op.matmul(a, b, tile_shape=(128, 128, 64))`), or inside a
+`numerics.policy("kahan_sum")` or `("fast")` block, the one-op graph goes through the same
 pipeline as an `@op.kernel` call and runs where a kernel call would: the result has the inputs'
 kind. Programs are kept per (graph, numerics policy, pins, tuning settings), so a warm eager call
 compiles nothing.
@@ -34,11 +35,15 @@ from tessera_rw.tuning import autotune
 
 
 def run_eager(graph: Graph, values: dict[str, Any], pins: tuple[SchedulePin, ...]) -> Any:
-    """The op's result when this call compiles (GPU arrays or pins), else None (numpy reference)."""
-    if not pins and not any(_on_gpu(v) for v in values.values()):
+    """The op's result when this call compiles (GPU arrays, pins, a policy), else None (numpy reference)."""
+    numerics = current_numerics()
+    if not pins and numerics is DEFAULT_NUMERICS and not any(_on_gpu(v) for v in values.values()):
         return None
-    program = _program(graph.name, graph.inputs, graph.outputs, current_numerics(), pins, autotune.settings())
+    program = _program(graph.name, graph.inputs, graph.outputs, numerics, pins, autotune.settings())
     return run_program(program, values)[0]
+
+
+DEFAULT_NUMERICS = Numerics.DETERMINISTIC     # what the numpy reference computes exactly
 
 
 def _on_gpu(value: Any) -> bool:

@@ -354,3 +354,12 @@ def test_deterministic_kernels_repeat_bit_for_bit(op):
     inputs = [rng.standard_normal(t.shape).astype(t.dtype.numpy) for t in op.operands]
     runs = [_run(op, *inputs) for _ in range(3)]
     assert all(r.tobytes() == runs[0].tobytes() for r in runs[1:])
+
+
+def test_an_eager_op_under_a_policy_computes_what_a_kernel_would():
+    from tessera_rw import numerics, op
+    x = np.tile(np.array([1e8] + [1.0] * 16 + [-1e8], np.float32), (3, 1))     # 16 ones lost beside 1e8
+    with numerics.policy("kahan_sum"):
+        kernel_sum = op.kernel(lambda a: op.sum(a, axis=-1))(x)
+        np.testing.assert_array_equal(op.sum(x, axis=-1), kernel_sum)
+        np.testing.assert_array_equal(op.sum(x, axis=-1), np.full(3, 16.0, np.float32))
