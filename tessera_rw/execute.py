@@ -46,6 +46,11 @@ def _has_gpu_templates(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> 
         return False
 
 
+def _has_empty_tensors(plan: KernelPlan) -> bool:
+    """A plan over zero-size tensors launches nothing worth a device: the host computes it at once."""
+    return any(b.nbytes == 0 for b in plan.buffers)
+
+
 def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
     """'cpu', 'gpu' or 'emulator' for this call."""
     forced = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
@@ -60,7 +65,8 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
         return forced
     if on_device:
         return "gpu"
-    if gpu_available() and _has_gpu_templates(program.plan, program.arch, current_numerics()):
+    if gpu_available() and not _has_empty_tensors(program.plan) and \
+            _has_gpu_templates(program.plan, program.arch, current_numerics()):
         return "gpu"
     return "cpu"
 

@@ -169,3 +169,13 @@ def test_every_example_reads_at_100_columns(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) <= 100
     assert sum(ln.startswith("chosen: ") for ln in lines) >= len(EXAMPLES)
+
+
+def test_zero_size_tensors_explain_and_run():
+    attention = op.kernel(lambda q, k, v: op.softmax(q @ k.mT * 0.125, axis=-1) @ v)
+    t = op.tensor((0, 4, 128, 64), "bf16")
+    report = attention.explain(t, t, t)
+    assert all(c.est_us < float("inf") for c in report.candidates)
+    q = np.zeros((0, 4, 128, 64), np.float32)
+    assert attention(q, q, q).shape == (0, 4, 128, 64)
+    np.testing.assert_array_equal(op.kernel(lambda x: op.sum(x, axis=0))(np.zeros((0, 3), np.float32)), np.zeros(3))

@@ -102,6 +102,8 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
     if per_sm == 0 or res.threads > arch.max_threads_per_block:
         compute = memory = math.inf
         occupancy = 0.0
+    elif res.blocks == 0:         # an empty tensor: nothing to compute or move
+        compute = memory = occupancy = 0.0
     else:
         busiest = math.ceil(res.blocks / arch.sm_count)            # blocks on the busiest SM
         resident_warps = min(per_sm, busiest) * warps
