@@ -128,3 +128,22 @@ def test_head_split_and_merge_round_trip_is_the_input():
     view = result.view
     out = view.decode(smallest_choice(view), result.output_classes()[0])
     assert Graph("h", g.inputs, (out,)).op_counts() == {"add": 1}
+
+
+def test_a_cycle_from_an_extra_rule_keeps_fused_expressions_bounded(monkeypatch):
+    """log(exp(x)) = x puts x in its own e-class's operands: elementwise fusion must not nest the
+    expression without end (it doubled each iteration until Python's recursion limit)."""
+    import tessera_rw.pipeline as pipeline
+    from tessera_rw.rules.library.fusion import MAX_FUSED_OPS
+
+    t = TermBuilder()
+    x, s, d = t.vars("x s d")
+    cycle = Ruleset("cycle", (Rule("log-of-exp", "log(exp(x)) = x", lhs=t.log(t.exp(x, of=(s, d)), of=(s, d)), rhs=x),))
+    builtin = pipeline.rulesets
+    monkeypatch.setattr(pipeline, "rulesets", lambda: builtin() + (cycle,))
+    f = op.kernel(lambda x: op.log(op.exp(x)) + 1.0)
+    report = f.explain(op.tensor((4, 5), "f32"))
+    assert report.egraph.stop_reason == "saturated"
+    assert all(str(a).count("(") <= MAX_FUSED_OPS for k in report.program.plan.steps for a in k.node.attr_map.values())
+    xs = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_allclose(f(xs), xs + 1.0, atol=1e-5)

@@ -2,7 +2,9 @@
 `fused_elementwise` node whose `expr` spells the chain over its inputs, e.g. `mul(relu($0),$1)`.
 
 Each fusible op lifts into a one-op fused node; a fused node that feeds input $k of another is
-substituted into it (its inputs taking the place of $k), up to MAX_FUSED_INPUTS inputs.
+substituted into it (its inputs taking the place of $k), up to MAX_FUSED_INPUTS inputs and
+MAX_FUSED_OPS ops: where the e-graph holds a cycle (x = log(exp(x)), from a plugin's rule, say)
+substitution could otherwise nest the expression without end, doubling it each iteration.
 Where an intermediate has other users the e-graph keeps both forms; extraction weighs the recompute.
 """
 
@@ -22,6 +24,7 @@ from tessera_rw.rules.schema import egg_string
 t = TermBuilder()
 s, d, e_in, e_out = t.vars("s d e_in e_out")
 T = (s, d)
+MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches
 
 API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power}
 
@@ -105,6 +108,7 @@ def _merge_rules():
                 yield Rule(f"fuse-into-input-{k}-of-{n}-from-{m}", "f(…, g(…), …) = (f∘g)(…)",
                            lhs=t.fused_elementwise(*outer_args, expr=e_out, of=T),
                            rhs=t.fused_elementwise(*merged, expr=Expr(_substituted(n, m, k)), of=T),
+                           when=(f'(< (+ (count-matches e_in "(") (count-matches e_out "(")) {MAX_FUSED_OPS})',),
                            example=_merge_example(n, m, k), needs=ALL_FUSION_RULE_NAMES)
 
 
