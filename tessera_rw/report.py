@@ -19,8 +19,9 @@ from rich.text import Text
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.templates.registry import templates
 from tessera_rw.tune.cost import KernelCost
 
 if TYPE_CHECKING:
@@ -79,8 +80,18 @@ def rewrite_summary(report: ExplainReport, program: CompiledProgram | None) -> T
     for rule in sorted(report.rules, key=lambda r: (r.ruleset, -r.matches, r.name)):
         table.add_row(rule.ruleset, rule.name, str(rule.matches))
     if program is not None:
-        table.caption = iteration_lines(program)
+        table.caption = "\n".join((iteration_lines(program), *unbuildable_lines(program)))
     return table
+
+
+def unbuildable_lines(program: CompiledProgram) -> list[str]:
+    """A line per op the rewrites reached that no kernel template implements (a plugin's fused op
+    without a template): extraction cannot choose it, so no candidate shows it."""
+    implemented = {name for template in templates() for name in template.ops}
+    reached = {enode.op for nodes in program.rewrite.view.classes.values() for enode in nodes}
+    missing = sorted(reached - implemented - BUILTIN_OPS)
+    return [f"{name}: the rewrites reached it, but no kernel template implements it, so no candidate uses it "
+            "(a plugin that declares a fused op also needs a template for it)" for name in missing]
 
 
 def iteration_lines(program: CompiledProgram) -> str:

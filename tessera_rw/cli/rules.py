@@ -38,6 +38,10 @@ def _select(packs: list[str]):
     origins = {names.get(p, p) for p in packs}
     unknown = [p for p in packs if names.get(p, p) not in {rs.origin for rs in everything}
                and p not in {rs.name for rs in everything}]
+    skipped = [p for p in unknown if p in names]
+    if skipped:
+        raise UsageError(f"rule pack {skipped[0]} is installed but was skipped: its rulesets did not load "
+                         "(the warning above says why)")
     if unknown:
         known = ", ".join(sorted(set(names) | set(names.values()) | {rs.name for rs in everything}))
         raise UsageError(f"no installed rule pack or ruleset named {', '.join(unknown)}; installed: {known}")

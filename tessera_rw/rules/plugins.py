@@ -128,6 +128,10 @@ def skip(message: str, strict: bool | None, hint: str | None = None, cause: Exce
     warnings.warn(message + (f" ({hint})" if hint else ""), PluginWarning, stacklevel=3)
 
 
+_BOTH_HINT = ("rename it in one package, uninstall one (pip uninstall {}), or set TESSERA_DISABLE_PLUGINS=1 "
+              "to run without plugins")
+
+
 def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> None:
     """Raise PluginError naming both providers of any repeated ruleset or op name."""
     owners: dict[str, str] = {rs.name: "tessera_rw" for rs in builtin}
@@ -136,9 +140,10 @@ def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> Non
         for rs in lp.pack.rulesets:
             if rs.name in owners:
                 raise PluginError(f"ruleset {rs.name!r} is provided by both {owners[rs.name]!r} and {lp.distribution!r}",
-                                  hint="rename one of them or uninstall one package")
+                                  hint=_BOTH_HINT.format(lp.distribution))
             owners[rs.name] = lp.distribution
         for op in lp.pack.ops:
             if op.name in op_owners and OPS.get(op.name) is not op:
-                raise PluginError(f"op {op.name!r} is provided by both {op_owners[op.name]!r} and {lp.distribution!r}")
+                raise PluginError(f"op {op.name!r} is provided by both {op_owners[op.name]!r} and {lp.distribution!r}",
+                                  hint=_BOTH_HINT.format(lp.distribution))
             op_owners[op.name] = lp.distribution
