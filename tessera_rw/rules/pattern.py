@@ -36,7 +36,8 @@ class Expr:
 
 
 class TermBuilder:
-    """`t.<op>(*operands, **attrs, shape=, dtype=)` builds the egglog text of a term."""
+    """`t.<op>(*operands, **attrs, of=(shape, dtype))` builds the egglog text of a term; `of` names its
+    type (pattern variables or literals), which every right-hand-side term needs."""
 
     def __init__(self, extra_ops: tuple[OpDef, ...] = ()) -> None:
         """`extra_ops`: ops declared by a plugin, usable in its patterns before they are registered."""
