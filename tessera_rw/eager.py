@@ -37,13 +37,10 @@ from tessera_rw.tuning import autotune
 def run_eager(graph: Graph, values: dict[str, Any], pins: tuple[SchedulePin, ...]) -> Any:
     """The op's result when this call compiles (GPU arrays, pins, a policy), else None (numpy reference)."""
     numerics = current_numerics()
-    if not pins and numerics is DEFAULT_NUMERICS and not any(_on_gpu(v) for v in values.values()):
+    if not pins and numerics is Numerics.DEFAULT and not any(_on_gpu(v) for v in values.values()):
         return None
     program = _program(graph.name, graph.inputs, graph.outputs, numerics, pins, autotune.settings())
     return run_program(program, values)[0]
-
-
-DEFAULT_NUMERICS = Numerics.DETERMINISTIC     # what the numpy reference computes exactly
 
 
 def _on_gpu(value: Any) -> bool:

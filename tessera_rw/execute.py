@@ -38,17 +38,16 @@ DEVICES = ("cpu", "gpu", "emulator")
 
 
 @lru_cache(maxsize=256)
-def _has_gpu_templates(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
+def _runs_on_gpu(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
+    """Whether every kernel has a GPU template; a plan over zero-size tensors launches nothing worth
+    a device, so the host computes it at once."""
+    if any(b.nbytes == 0 for b in plan.buffers):
+        return False
     try:
         bind_plan(plan, arch, numerics)
         return True
     except NoTemplateError:
         return False
-
-
-def _has_empty_tensors(plan: KernelPlan) -> bool:
-    """A plan over zero-size tensors launches nothing worth a device: the host computes it at once."""
-    return any(b.nbytes == 0 for b in plan.buffers)
 
 
 def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
@@ -65,8 +64,7 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
         return forced
     if on_device:
         return "gpu"
-    if gpu_available() and not _has_empty_tensors(program.plan) and \
-            _has_gpu_templates(program.plan, program.arch, current_numerics()):
+    if gpu_available() and _runs_on_gpu(program.plan, program.arch, current_numerics()):
         return "gpu"
     return "cpu"
 

@@ -106,10 +106,10 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     example_inputs() (the entries this kernel's parameters name)."""
     if given:
         parsed = [parse_input(t) for t in given]
-        inputs = dict(parsed)
-        if len(inputs) < len(parsed):
-            repeated = next(n for i, (n, _) in enumerate(parsed) if n in dict(parsed[:i]))
+        names = [name for name, _ in parsed]
+        if repeated := next((n for n in names if names.count(n) > 1), None):
             raise UsageError(f"--input {repeated}=... is given twice: give each argument once")
+        inputs = dict(parsed)
         unknown = [n for n in inputs if n not in kernel.parameter_names]
         if unknown:
             raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "

@@ -179,4 +179,4 @@ def getitem(x, index):
     sliced = x
     if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * len(shape), shape, (1,) * len(shape)):
         sliced = apply("slice", (x,), starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
-    return flip(reshape(sliced, tuple(out_shape)), tuple(flipped)) if flipped else reshape(sliced, tuple(out_shape))
+    return flip(reshape(sliced, tuple(out_shape)), tuple(flipped))      # no axes flipped: flip returns it

@@ -106,17 +106,17 @@ class CopyTemplate(Template):
         if op.op == "broadcast_to":
             sizes, (strides,) = coalesce(out, [broadcast_strides(out, x.shape)])
             return offset_expr("i", sizes or (1,), strides or (0,)), []
+        st = contiguous_strides(x.shape)
         if op.op == "slice":
-            st = contiguous_strides(x.shape)
             base = sum(s0 * s for s0, s in zip(a["starts"], st))
-            sizes, (strides,) = coalesce(out, [tuple(step * s for step, s in zip(a["steps"], st))])
-            return f"{base}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
-        if op.op == "flip":   # from the far end of each flipped axis, walking back (unsigned wrap-around)
-            st = contiguous_strides(x.shape)
+            walk = tuple(step * s for step, s in zip(a["steps"], st))
+        elif op.op == "flip":   # from the far end of each flipped axis, walking back (unsigned wrap-around)
             base = sum((x.shape[d] - 1) * st[d] for d in a["axes"])
-            sizes, (strides,) = coalesce(out, [tuple(-s if d in a["axes"] else s for d, s in enumerate(st))])
-            return f"{base}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
-        raise AssertionError(op.op)
+            walk = tuple(-s if d in a["axes"] else s for d, s in enumerate(st))
+        else:
+            raise AssertionError(op.op)
+        sizes, (strides,) = coalesce(out, [walk])
+        return f"{base}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
 
     def _gather_body(self, op: KernelOp, v: int) -> list[str]:
         t = STORAGE[op.result.dtype]
