@@ -183,7 +183,8 @@ RULES = (
          needs=("reshape-of-reshape",)),
     Rule("flip-of-flip", "flip(flip(x, axes), axes) = x",
          lhs=t.flip(t.flip(x, axes=m), axes=m, of=T), rhs=x,
-         example=lambda rng: (lambda x: op.flip(x[::-1], 0) * 2.0, {"x": rand(rng, 0, 0)})),
+         example=lambda rng: (lambda x: op.flip(x[::-1], 0) * 2.0,
+                              {"x": rand(rng, int(rng.integers(2, 7)), 0)})),  # a length-1 axis flips to itself
     Rule("mT-of-matmul", "(AB)ᵀ = BᵀAᵀ",
          lhs=t.transpose(t.matmul(a, b, accum_dtype=acc, of=(s1, None)), axes=m, of=T),
          rhs=t.matmul(mT(b)[0], mT(a)[0], accum_dtype=acc, of=T),
