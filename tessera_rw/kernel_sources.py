@@ -46,9 +46,10 @@ class GeneratedKernel:
 
 
 def generated_kernels(program: CompiledProgram) -> tuple[GeneratedKernel, ...]:
-    """Every step of the program's plan with its source under the schedule it runs. Raises
-    NoTemplateError (a TesseraError naming the steps) when some step has no GPU template."""
-    bound = bind_plan(program.plan, program.arch, current_numerics(), dict(program.schedules))
+    """Every step of the program's plan with its source under the schedule it runs; a library step
+    is listed whether or not the library loads on this machine. Raises NoTemplateError (a
+    TesseraError naming the steps) when some step has no GPU template."""
+    bound = bind_plan(program.plan, program.arch, current_numerics(), dict(program.schedules), runnable=False)
     return tuple(_generated(i, b, program) for i, b in enumerate(bound))
 
 

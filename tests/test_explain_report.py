@@ -141,6 +141,16 @@ def test_cli_emits_cuda_that_compiles(tmp_path, capsys):
     assert 64 <= registers <= 255 and spills == 0
 
 
+def test_cli_emits_the_generated_kernels_of_a_plan_with_library_steps(tmp_path, monkeypatch, capsys):
+    from tessera_rw.codegen import library_kernels
+    monkeypatch.setattr(library_kernels, "library_available", lambda name: False)   # as without nvmath-python
+    assert main(["--explain", str(ROOT / "examples/hyena_conv.py"), "--emit-cuda", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cuFFT ") == 3 and "none for the GPU" not in out
+    written = sorted(p.name[:2] for p in (tmp_path / "hyena_block").glob("*.cu"))
+    assert written == ["00", "01", "02", "03", "04", "05", "08", "10", "11", "12"]   # every step but the 3 cuFFT calls
+
+
 def test_cli_tune_without_a_gpu_chooses_by_the_cost_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")

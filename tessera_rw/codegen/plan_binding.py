@@ -4,7 +4,7 @@ This is where a plan meets the GPU's limits: a step whose op no template impleme
 dtypes (float64 has no GPU template, nor do a few rare ops) is named in one error that lists every
 such step, so the plan can run on the numpy executor instead. A library step (the FFTs, which
 cuFFT runs) binds to its library call when the library loads in this process; otherwise it is
-named in that error too, with the reason.
+named in that error too, with the reason (unless the plan is bound only to be listed or emitted).
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -72,9 +72,11 @@ class BoundStep:
 
 
 def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DETERMINISTIC,
-              schedules: Mapping[int, Schedule] | None = None) -> tuple[BoundStep, ...]:
+              schedules: Mapping[int, Schedule] | None = None, *, runnable: bool = True) -> tuple[BoundStep, ...]:
     """Every step of `plan` bound to its template; `schedules` pins some steps' schedules by index
-    (the others take the cost model's order: the template's first schedule)."""
+    (the others take the cost model's order: the template's first schedule). With `runnable`
+    False a library step binds to its call as described, whether or not the library loads here:
+    enough to list and emit a plan's kernels, not to launch them."""
     bound, missing, libraries = [], [], set()
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
@@ -85,7 +87,8 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
         template, call = found[0], None
         if template.library is not None:
             try:
-                call = library_kernels.library_call(op, template.library)
+                call = (library_kernels.library_call(op, template.library) if runnable
+                        else FFTCall.of(op))
             except TesseraError as e:
                 missing.append(f"  step {i}: {op} (a {template.library} call, not made here: {e.detail})")
                 if not library_kernels.library_available(template.library):

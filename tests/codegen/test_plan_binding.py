@@ -116,6 +116,15 @@ def test_library_kernels_are_named_with_the_reason_while_their_library_is_missin
     assert str(e.value).count("cuFFT call") == 3 and "nvmath-python" in str(e.value)
 
 
+def test_a_plan_bound_to_be_listed_keeps_its_library_steps_while_the_library_is_missing(monkeypatch):
+    monkeypatch.setattr(library_kernels, "library_available", lambda name: False)
+    plan = long_conv.program(*placeholders((2, 64, 4096), (64, 64, 1024), dtype="float32")).plan
+    bound = bind_plan(plan, H100, runnable=False)
+    assert [(b.kind, b.call.transform.name) for b in bound if b.is_library] == [("fft", "R2C"), ("fft", "R2C"),
+                                                                               ("ifft", "C2R")]
+    assert len(bound) == len(plan.steps)
+
+
 def test_library_kernels_bind_to_their_calls_when_the_library_loads(monkeypatch):
     monkeypatch.setattr(library_kernels, "library_available", lambda name: True)
     plan = long_conv.program(*placeholders((2, 64, 4096), (64, 64, 1024), dtype="float32")).plan
