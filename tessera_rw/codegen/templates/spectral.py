@@ -34,6 +34,7 @@ _FLOATS_PER_COMPLEX = 2
 _CONTRACT_EFFICIENCY = 0.7
 _BLOCKS_IN_FLIGHT_SHARE = 2   # an SM typically holds about half its warp slots' worth of these blocks
 _CONTRACT_ADDRESSING = 24       # tile origin, 64-bit x/w/y bases, channel counter, predicates, one w value
+_SINGLE_CHANNEL_ADDRESSING = 14  # the same without the channel loop (one input channel per group)
 _MAX_INDEX = 2**31 - 1
 
 
@@ -102,7 +103,7 @@ class SpectralContractTemplate(Template):
         for threads, fpt, ob, nb in _CANDIDATES:
             # a tile wider than the op only computes padding: clip it (this may repeat a candidate)
             s = SpectralSchedule(threads, fpt, min(ob, sc.og), min(nb, sc.n))
-            if s not in found and self._registers(s) <= _register_limit(threads, arch):
+            if s not in found and self._registers(s, sc) <= _register_limit(threads, arch):
                 found.append(s)
         return tuple(found[:3])
 
@@ -117,11 +118,17 @@ class SpectralContractTemplate(Template):
         return (isinstance(s, SpectralSchedule) and self.accepts(op) and s.threads % 32 == 0
                 and 0 < s.threads <= arch.max_threads_per_block
                 and min(s.freq_per_thread, s.out_channels_per_block, s.batch_per_block) >= 1
-                and self._registers(s) <= _register_limit(s.threads, arch))
+                and self._registers(s, _Contract.of(op)) <= _register_limit(s.threads, arch))
 
     @staticmethod
-    def _registers(s: SpectralSchedule) -> int:
-        """Complex accumulators + one channel's x values (w values stream through, one at a time)."""
+    def _registers(s: SpectralSchedule, sc: _Contract) -> int:
+        """Complex accumulators + one channel's x values (w values stream through, one at a time).
+        With one input channel per group (depthwise) the channel loop runs once and nothing
+        accumulates: each product is stored as it is made, and what stays live is the x values
+        and the w values of the other output channels."""
+        if sc.cg == 1:
+            live = s.batch_per_block + 2 * (s.out_channels_per_block - 1)
+            return _FLOATS_PER_COMPLEX * s.freq_per_thread * live + _SINGLE_CHANNEL_ADDRESSING
         per_freq = s.batch_per_block * s.out_channels_per_block + s.batch_per_block
         return _FLOATS_PER_COMPLEX * s.freq_per_thread * per_freq + _CONTRACT_ADDRESSING
 
@@ -143,7 +150,7 @@ class SpectralContractTemplate(Template):
         freq_tiles_in_flight = -(-in_flight // (to * tn * sc.groups))
         slab = x_bytes * min(1.0, freq_tiles_in_flight * s.threads * s.freq_per_thread / sc.f)
         x_traffic = x_bytes * (to if slab > arch.l2_bytes // 2 else 1)
-        registers = self._registers(s)
+        registers = self._registers(s, sc)
         return Resources(
             threads=s.threads, blocks=tf * to * tn * sc.groups, registers=registers, smem_bytes=0,
             hbm_bytes=x_traffic + w_bytes + op.result.nbytes,
@@ -172,7 +179,8 @@ class SpectralContractTemplate(Template):
 
     def samples(self) -> tuple[KernelOp, ...]:
         return (spectral_op((16, 64, 1057), (64, 64, 1057)),
-                spectral_op((8, 64, 94, 48), (128, 16, 94, 48), groups=4))
+                spectral_op((8, 64, 94, 48), (128, 16, 94, 48), groups=4),
+                spectral_op((4, 96, 1025), (96, 1, 1025), groups=96))       # depthwise, as a long conv
 
 
 _CONTRACT = r"""
