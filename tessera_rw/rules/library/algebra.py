@@ -106,6 +106,37 @@ def _compose_rules():
                    example=_permutations(n))
 
 
+BROADCASTING_OPS = {"add": lambda p, q: p + q, "sub": lambda p, q: p - q, "mul": lambda p, q: p * q,
+                    "div": lambda p, q: p / q, "maximum": op.maximum, "minimum": op.minimum}
+
+
+def _broadcast_example(name: str, left: bool):
+    fn = BROADCASTING_OPS[name]
+
+    def example(rng: np.random.Generator):
+        x = rand(rng, 0, 0, 0)
+        # fewer dims than x (a broadcast to its own shape is no broadcast), some of them 1
+        y = rand(rng, *(int(n) if rng.random() < 0.5 else 1 for n in x.shape[int(rng.integers(1, 3)):]))
+        if left:
+            return (lambda x, y: fn(op.broadcast_to(y, x.shape), x)), {"x": x, "y": y}
+        return (lambda x, y: fn(x, op.broadcast_to(y, x.shape))), {"x": x, "y": y}
+    return example
+
+
+def _broadcast_rules():
+    """An elementwise op broadcasts its operands itself: an operand spread to the other's shape
+    beforehand (as the VJP of a sum spreads its cotangent) need not be materialized."""
+    y = Expr("y")
+    for name in BROADCASTING_OPS:
+        build = getattr(t, name)
+        yield Rule(f"broadcast-into-{name}-rhs", f"{name}(x, broadcast_to(y, shape(x))) = {name}(x, y)",
+                   lhs=build(x, t.broadcast_to(y, shape=s1), of=T), rhs=build(x, y, of=T),
+                   when=("(= (shp x) s1)",), example=_broadcast_example(name, left=False))
+        yield Rule(f"broadcast-into-{name}-lhs", f"{name}(broadcast_to(y, shape(x)), x) = {name}(y, x)",
+                   lhs=build(t.broadcast_to(y, shape=s1), x, of=T), rhs=build(y, x, of=T),
+                   when=("(= (shp x) s1)",), example=_broadcast_example(name, left=True))
+
+
 RULES = (
     Rule("div-by-constant", "x / c = x · (1/c)",
          lhs=t.div(x, const(), of=T),
@@ -132,6 +163,7 @@ RULES = (
          when=(f"(= m (swap-last {rank('s1')}))",),
          example=lambda rng: (lambda x: x.mT.mT + 1.0, {"x": rand(rng, 0, 0, 0)})),
     *_compose_rules(),
+    *_broadcast_rules(),
     Rule("identity-permutation", "transpose(x, id) = x",
          lhs=t.transpose(x, axes=m, of=T), rhs=x,
          when=("(= m (identity-perm (vec-length s)))",),
