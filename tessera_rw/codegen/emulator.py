@@ -101,11 +101,16 @@ def _compile(cxx: str, args: list[str], what: str) -> None:
                             hint="the kernel uses a CUDA feature emulator_runtime.h does not provide")
 
 
+_RUNTIME_OBJECT = "emulator_runtime.o"
+
+
 def _prelude_dir(cxx: str) -> Path:
     """A directory holding emulator_prelude() as a header, precompiled (g++ reads the .gch beside it
-    in place of the text: a third of each kernel's compile time); built once per prelude and compiler."""
+    in place of the text), and the scheduler of emulator_runtime.cpp compiled against it, which
+    every kernel's program links; built once per prelude, runtime and compiler."""
     text = emulator_prelude()
-    digest = hashlib.sha256("\0".join((text, cxx, *_FLAGS)).encode()).hexdigest()[:16]
+    runtime = (_HERE / "emulator_runtime.cpp").read_text()
+    digest = hashlib.sha256("\0".join((text, runtime, cxx, *_FLAGS)).encode()).hexdigest()[:16]
     path = _program_dir() / f"prelude-{digest}"
     header = path / _PRELUDE_NAME
     if not header.exists():
@@ -113,6 +118,10 @@ def _prelude_dir(cxx: str) -> Path:
         with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=path) as tmp:
             staged = Path(tmp) / _PRELUDE_NAME
             staged.write_text(text)
+            source = Path(tmp) / "emulator_runtime.cpp"
+            source.write_text(runtime)
+            _compile(cxx, ["-c", "-I", tmp, "-o", f"{tmp}/{_RUNTIME_OBJECT}", str(source)], "the emulator's runtime")
+            os.replace(f"{tmp}/{_RUNTIME_OBJECT}", path / _RUNTIME_OBJECT)
             if Path(cxx).name.endswith("g++"):
                 _compile(cxx, ["-x", "c++-header", "-o", f"{staged}.gch", str(staged)], "the emulator's prelude")
                 os.replace(f"{staged}.gch", f"{header}.gch")
@@ -192,7 +201,8 @@ def build(source: KernelSource) -> EmulatedKernel:
         with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=target.parent) as tmp:
             cpp, program = Path(tmp) / "kernel.cpp", Path(tmp) / "kernel"
             cpp.write_text(text)
-            _compile(cxx, ["-I", str(prelude), "-o", str(program), str(cpp)], f"kernel {source.name}")
+            _compile(cxx, ["-I", str(prelude), "-o", str(program), str(cpp), str(prelude / _RUNTIME_OBJECT)],
+                     f"kernel {source.name}")
             os.replace(program, target)      # atomic: a concurrent build of the same kernel is the same file
     return EmulatedKernel(source, target)
 

@@ -334,37 +334,9 @@ struct TmaMap {
 
 namespace emu {
 
-// Parse "operand,element_bytes,swizzle,rank,dims...,strides of dims 1..,box..." over the mapped
-// argument files: the map of the tensor in file `operand`. Returns an error or nullptr.
-inline const char* tensor_map(const char* spec, const std::vector<void*>& pointers, const std::vector<size_t>& sizes,
-                              TmaMap* map) {
-    std::vector<long long> v;
-    for (const char* p = spec; *p;) {
-        char* end;
-        v.push_back(std::strtoll(p, &end, 10));
-        if (end == p) return "not a list of integers";
-        p = *end == ',' ? end + 1 : end;
-    }
-    if (v.size() < 4) return "too short";
-    const int operand = (int)v[0], rank = (int)v[3];
-    if (rank < 1 || rank > 5 || v.size() != 4 + 3 * (size_t)rank - 1) return "rank and lengths disagree";
-    if (operand < 0 || operand >= (int)pointers.size()) return "names an argument file that does not come before it";
-    *map = TmaMap{(const unsigned char*)pointers[operand], rank, (int)v[1], (int)v[2], {}, {}, {}};
-    long long last = map->element_bytes;          // one past the furthest byte the map reaches
-    for (int d = 0; d < rank; ++d) {
-        map->dims[d] = v[4 + d];
-        map->strides[d] = d ? v[4 + rank + d - 1] : map->element_bytes;
-        map->box[d] = (int)v[4 + 2 * rank - 1 + d];
-        if (map->dims[d] < 1 || map->box[d] < 1 || map->box[d] > 256) return "an extent or box is out of range";
-        if (d && map->strides[d] % 16) return "a stride is not a multiple of 16 bytes";
-        last += (map->dims[d] - 1) * map->strides[d];
-    }
-    if ((uintptr_t)map->base % 16) return "the tensor does not start 16-byte aligned";
-    if ((size_t)last > sizes[operand]) return "the map reaches past the end of its tensor";
-    if (map->swizzle && map->box[0] * map->element_bytes != map->swizzle)
-        return "the emulator swizzles boxes whose inner extent spans the swizzle exactly";
-    return nullptr;
-}
+// The map of one tensor from its command-line spec over the mapped argument files (or an error).
+const char* tensor_map(const char* spec, const std::vector<void*>& pointers, const std::vector<size_t>& sizes,
+                       TmaMap* map);   // in emulator_runtime.cpp
 
 inline Mbarrier& mbarrier(const void* bar) {
     auto found = block().mbarriers.find(bar);

@@ -70,7 +70,7 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 
-dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 template <class A, class B> inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }
 template <class A, class B> inline auto max(A a, B b) -> decltype(a + b) { return a < b ? b : a; }
@@ -247,175 +247,30 @@ constexpr size_t POISONED_STACK_BYTES = 32 * 1024;
 
 inline std::function<void()>& kernel_body() { static std::function<void()> f; return f; }
 
-inline void thread_entry() {
-    kernel_body()();
-    Block& b = block();
-    if (!b.current->mma_groups.empty() || !b.current->open_mmas.empty())
-        fail("a thread finished with wgmmas in flight (wgmma.wait_group 0 before reading their accumulators)");
-    b.current->state = DONE;
-    swapcontext(&b.current->context, &b.scheduler);
-}
-
-inline void resume(Thread& t) {
-    Block& b = block();
-    b.current = &t;
-    threadIdx = t.index;
-    t.state = RUNNABLE;
-    swapcontext(&b.scheduler, &t.context);
-}
-
-// Run one block to completion; returns an error message or nullptr.
-inline const char* run_block(int threads, std::vector<char*>& stacks, size_t dynamic_smem, bool last_warp_first) {
-    Block& b = block();
-    b.threads.assign(threads, Thread{});
-    b.slots.assign(((threads + 31) / 32) * 2 * 32, Slot{});
-    b.gathered.assign(((threads + 31) / 32) * 2, 0);
-    b.async_reads.assign(dynamic_smem / 16 + 1, 0);
-    if (dynamic_smem) std::memset(dynamic_smem_arena(), 0xFF, dynamic_smem);
-#ifdef __linux__
-    if (__start_emu_shared) std::memset(__start_emu_shared, 0xFF, __stop_emu_shared - __start_emu_shared);
-#endif
-    for (int i = 0; i < threads; ++i) {
-        Thread& t = b.threads[i];
-        t.index.x = i;
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = stacks[i];
-        t.context.uc_stack.ss_size = STACK_BYTES;
-        t.context.uc_link = nullptr;
-        makecontext(&t.context, thread_entry, 0);
-    }
-    // Warps run one at a time, each as far as it gets (through its warp collectives) before the
-    // next starts, the last first or the first first (alternate blocks): a warp reads what another
-    // has not yet written when a __syncthreads is missing, whichever way the data flows.
-    const int warps = (threads + 31) / 32;
-    b.mbarriers.clear();
-    b.named_barriers.clear();
-    auto run_warp = [&](int w) -> const char* {
-        const int first = w * 32, last = std::min(threads, first + 32);
-        while (true) {
-            for (int l = last - 1; l >= first; --l)
-                if (b.threads[l].state == RUNNABLE) resume(b.threads[l]);
-            int live = 0, at_warp = 0, at_block = 0;
-            for (int l = first; l < last; ++l) {
-                const State s = b.threads[l].state;
-                live += s != DONE;
-                at_warp += s == AT_WARP_BARRIER;
-                at_block += s == AT_BLOCK_BARRIER;
-            }
-            if (at_warp && at_block)
-                return "a warp's lanes wait at different barriers (a divergent __syncthreads or warp collective)";
-            if (!at_warp) return nullptr;
-            if (live != last - first) return "a warp collective ran after some of its warp's lanes had exited";
-            for (int l = first; l < last; ++l) b.threads[l].state = RUNNABLE;
-        }
-    };
-    while (true) {
-        const unsigned long long progress = b.progress;
-        for (int i = 0; i < warps; ++i) {
-            const unsigned long long before = b.progress;
-            if (const char* error = run_warp(last_warp_first ? warps - 1 - i : i)) return error;
-            if (b.progress == before) continue;
-            // an mbarrier changed: the threads polling it go on at once, before the next warp runs, as
-            // a producer refills a stage the moment its last consumer releases it
-            for (int v = 0; v < warps; ++v) {
-                bool woken = false;
-                for (int l = v * 32; l < std::min(threads, v * 32 + 32); ++l)
-                    if (b.threads[l].state == POLLING) {
-                        b.threads[l].state = RUNNABLE;
-                        woken = true;
-                    }
-                if (woken)
-                    if (const char* error = run_warp(v)) return error;
-            }
-        }
-        bool waiting = false, polling = false;
-        for (Thread& t : b.threads) {
-            waiting |= t.state == AT_BLOCK_BARRIER;
-            polling |= t.state == POLLING;
-        }
-        if (polling) {
-            // a __syncthreads waits for the polling threads too; they poll again unless nothing
-            // they wait on changed in a whole round, in which case nothing ever will
-            if (b.progress == progress)
-                return "deadlock: threads wait on mbarrier phases that never complete (a wait on the wrong parity, "
-                       "fewer arrivals or transaction bytes than the barrier expects, or a __syncthreads a waiting "
-                       "thread never reaches)";
-            for (Thread& t : b.threads)
-                if (t.state == POLLING) t.state = RUNNABLE;
-            continue;
-        }
-        if (!waiting) return nullptr;     // every thread is done
-        for (Thread& t : b.threads)
-            if (t.state == AT_BLOCK_BARRIER) t.state = RUNNABLE;
-    }
-}
+// The scheduler (blocks run one after another, their threads as coroutines) and the command line
+// live in emulator_runtime.cpp, compiled once beside the precompiled prelude and linked into every
+// kernel's program: compiled with each kernel, they were most of its compile time. `bind` makes
+// the kernel the body the threads run; the rest of the command line says how to launch it.
+int run_main(int argc, char** argv, const char* (*bind)(void** args, int nargs));
 
 template <class... A, size_t... I>
 inline void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
     kernel(*static_cast<A*>(args[I])...);
 }
 
+// Make `kernel`, over the argument pointers `args`, the body every thread runs.
 template <class... A>
-inline const char* launch(void (*kernel)(A...), void** args, int nargs, int gx, int gy, int gz, int threads,
-                          size_t dynamic_smem) {
+inline const char* bind_kernel(void (*kernel)(A...), void** args, int nargs) {
     if (nargs != (int)sizeof...(A)) return "the launch passes a different number of arguments than the kernel takes";
     kernel_body() = [=] { call(kernel, args, std::index_sequence_for<A...>{}); };
-    if (dynamic_smem) allocate_dynamic_smem(dynamic_smem);
-    // each stack sits above 64 KiB that fault, so an overflow stops the run instead of corrupting
-    // memory; its top (where the frames are) starts as 0xFF bytes, so a register the kernel reads
-    // before writing holds NaN, not zero
-    const size_t guard = 64 * 1024;
-    std::vector<char*> stacks(threads);
-    for (char*& stack : stacks) {
-        char* region = (char*)mmap(nullptr, STACK_BYTES + guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (region == MAP_FAILED) return "out of memory for thread stacks";
-        mprotect(region, guard, PROT_NONE);
-        stack = region + guard;
-        std::memset(stack + STACK_BYTES - POISONED_STACK_BYTES, 0xFF, POISONED_STACK_BYTES);
-    }
-    blockDim = dim3{unsigned(threads), 1, 1};
-    gridDim = dim3{unsigned(gx), unsigned(gy), unsigned(gz)};
-    for (int z = 0; z < gz; ++z)
-        for (int y = 0; y < gy; ++y)
-            for (int x = 0; x < gx; ++x) {
-                blockIdx = dim3{unsigned(x), unsigned(y), unsigned(z)};
-                const bool last_warp_first = (x + gx * (y + gy * z)) % 2 == 0;
-                if (const char* error = run_block(threads, stacks, dynamic_smem, last_warp_first)) return error;
-            }
     return nullptr;
 }
 
 }  // namespace emu
 
-// The emulator's command line: grid x y z, threads, dynamic shared bytes, then one file per kernel
-// argument (operands, then the output), mapped shared so the output lands in its file, then one
-// `tma=...` per TMA tensor map the kernel takes after them (emu::tensor_map, over those files).
+// A kernel's program: grid x y z, threads, dynamic shared bytes, then one file per kernel argument
+// (operands, then the output), then one `tma=...` per TMA tensor map (emu::run_main reads them).
 #define TESSERA_EMULATOR_MAIN(kernel)                                                              \
     int main(int argc, char** argv) {                                                              \
-        if (argc < 6) { std::fprintf(stderr, "usage: %s gx gy gz threads smem files... tma=...\n", argv[0]); return 2; } \
-        std::vector<void*> pointers, args;                                                         \
-        std::vector<size_t> sizes;                                                                 \
-        std::vector<TmaMap> maps;                                                                  \
-        maps.reserve(argc);                                                                        \
-        pointers.reserve(argc);                                                                    \
-        for (int i = 6; i < argc; ++i) {                                                           \
-            if (!std::strncmp(argv[i], "tma=", 4)) {                                               \
-                const char* error = emu::tensor_map(argv[i] + 4, pointers, sizes, &maps.emplace_back()); \
-                if (error) { std::fprintf(stderr, "%s: %s\n", argv[i], error); return 2; }        \
-                args.push_back(&maps.back());                                                      \
-                continue;                                                                          \
-            }                                                                                      \
-            const int fd = open(argv[i], O_RDWR);                                                  \
-            struct stat st;                                                                        \
-            if (fd < 0 || fstat(fd, &st)) { std::perror(argv[i]); return 2; }                      \
-            void* p = st.st_size ? mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : nullptr; \
-            if (p == MAP_FAILED) { std::perror(argv[i]); return 2; }                               \
-            pointers.push_back(p);                                                                 \
-            sizes.push_back(st.st_size);                                                           \
-            args.push_back(&pointers.back());                                                      \
-        }                                                                                          \
-        const char* error = emu::launch(kernel, args.data(), (int)args.size(), std::atoi(argv[1]), std::atoi(argv[2]), \
-                                        std::atoi(argv[3]), std::atoi(argv[4]), std::strtoull(argv[5], nullptr, 10)); \
-        if (error) { std::fprintf(stderr, "%s\n", error); return 3; }                             \
-        return 0;                                                                                  \
+        return emu::run_main(argc, argv, [](void** args, int nargs) { return emu::bind_kernel(kernel, args, nargs); }); \
     }
