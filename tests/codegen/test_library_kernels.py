@@ -315,7 +315,7 @@ def test_with_cufft_the_convolution_plan_binds(monkeypatch):
     assert [b.kind for b in bound] == ["copy", "fft", "fft", "gemm", "ifft", "copy"]
     calls = [b.call for b in bound if b.is_library]
     assert [c.transform for c in calls] == [Transform.R2C, Transform.R2C, Transform.C2R]
-    assert calls[1].staged == TensorType((64, 64, 5119), DType.float32)     # the weight is zero-padded to n
+    assert calls[1].staged == TensorType((64, 64, 5120), DType.float32)     # the weight, zero-padded to n = 5120
     for b in bound:
         assert b.schedule in b.schedules
         if b.is_library:

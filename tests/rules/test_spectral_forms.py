@@ -71,3 +71,30 @@ def test_a_real_scalar_times_a_spectrum_enters_the_egraph(monkeypatch):
     assert np.allclose(op.kernel(lambda x: op.irfft(op.rfft(x) * 2.0, n=8))(x), 2 * x)
     with pytest.raises(TesseraError, match="complex constant"):
         op.kernel(lambda x: op.irfft(op.rfft(x) * (1 + 2j), n=8))(x)
+
+
+def test_transforms_run_at_fast_lengths():
+    """The egglog expression of a fast length agrees with its Python twin and is 2^k times an odd
+    factor of the table; a causal conv padded to 8191 samples (a prime) transforms at 8192."""
+    from egglog import bindings
+
+    from tessera_rw.rules.tables import FFT_ODD_FACTORS, fast_fft_length, fast_fft_length_of
+
+    egraph = bindings.EGraph()
+    for n in list(range(1, 300)) + [8191, 12287, 16383, 100_003, 1 << 20]:
+        (got,) = egraph.run_program(*egraph.parse_program(f"(extract {fast_fft_length(str(n))})"))
+        value = int(got.termdag.to_string(got.term))
+        assert value == fast_fft_length_of(n) and n <= value <= max(1.12 * n, n + 1), n
+        odd = value // (value & -value)
+        assert odd in FFT_ODD_FACTORS, (n, value)
+
+    x = RNG.standard_normal((1, 2, 4096)).astype(np.float32)
+    w = RNG.standard_normal((2, 1, 4096)).astype(np.float32)
+    graph = op.kernel(lambda x, w: op.conv1d(x, w, padding=(4095, 0), groups=2)).trace(x, w)
+    result = rewrite(graph, BUILTIN_RULESETS)
+    view, root = result.view, result.output_classes()[0]
+    fft = next(n for n in view.classes[root] if n.op == "slice")
+    form = Graph("c", graph.inputs, (view.decode(smallest_choice(view) | {root: fft}, root),)).verify()
+    assert {n.attr_map["n"] for n in form.nodes if n.op in ("rfft", "irfft")} == {8192}
+    want = evaluate(graph, {"x": x, "w": w})[0]
+    np.testing.assert_allclose(evaluate(form, {"x": x, "w": w})[0], want, atol=1e-4 * np.abs(want).max())

@@ -2,7 +2,7 @@
 
     conv1d(x, w) = crop(irfft(Σ_c rfft(pad x) · conj(rfft w)))
 
-with the channel sum (and groups, depthwise included) done per frequency by `spectral_contract`.
+at a fast transform length (2^a 3^b 5^c 7^d) at or above the padded length, with the channel sum (and groups, depthwise included) done per frequency by `spectral_contract`.
 The rewrite only adds the FFT form to the convolution's e-class; the cost model chooses between
 them (direct for short kernels, FFT for long ones).
 """
@@ -16,6 +16,7 @@ from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
+from tessera_rw.rules.tables import fast_fft_length
 
 t = TermBuilder()
 x, w, g, pads, s, d = t.vars("x w g pads s d")
@@ -24,16 +25,19 @@ SIZES = ("(= sx (shp x))", "(= sw (shp w))", "(= (dt x) d)", "(= (dt w) d)",
          "(= n (vec-get sx 0))", "(= ch (vec-get sx 1))", "(= len (vec-get sx 2))",
          "(= o (vec-get sw 0))", "(= cg (vec-get sw 1))", "(= kw (vec-get sw 2))",
          "(= lo (vec-get pads 0))", "(= hi (vec-get pads 1))", "(= lp (+ len (+ lo hi)))",
-         "(= nf (+ (/ lp 2) 1))", "(= lout (+ (- lp kw) 1))", "(= cd (spectrum d))", "(= rd (real-of cd))")
+         f"(= nt {fast_fft_length('lp')})", "(= nf (+ (/ nt 2) 1))", "(= lout (+ (- lp kw) 1))",
+         "(= cd (spectrum d))", "(= rd (real-of cd))")
 
 
 def _fft_conv1d() -> Expr:
-    """The FFT form of conv1d(x, w), in the real type `rd` of its spectrum."""
-    padded = t.pad(x, pads=E("(vec-of 0 0 0 0 lo hi)"), value=0.0, of=(E("(vec-of n ch lp)"), d))
-    xf = t.rfft(padded, axis=2, n=E("lp"), norm="backward", of=(E("(vec-of n ch nf)"), E("cd")))
-    wf = t.rfft(w, axis=2, n=E("lp"), norm="backward", of=(E("(vec-of o cg nf)"), E("cd")))
+    """The FFT form of conv1d(x, w), in the real type `rd` of its spectrum. The transforms run at
+    `nt`, a fast length at or above the padded length `lp`: the valid outputs t < lp - kw + 1 read
+    x only up to lp - 1, so the zeros beyond change none of them (no circular wrap reaches them)."""
+    padded = t.pad(x, pads=E("(vec-of 0 0 0 0 lo (+ hi (- nt lp)))"), value=0.0, of=(E("(vec-of n ch nt)"), d))
+    xf = t.rfft(padded, axis=2, n=E("nt"), norm="backward", of=(E("(vec-of n ch nf)"), E("cd")))
+    wf = t.rfft(w, axis=2, n=E("nt"), norm="backward", of=(E("(vec-of o cg nf)"), E("cd")))
     yf = t.spectral_contract(xf, wf, groups=g, of=(E("(vec-of n o nf)"), E("cd")))
-    y = t.irfft(yf, axis=2, n=E("lp"), norm="backward", of=(E("(vec-of n o lp)"), E("rd")))
+    y = t.irfft(yf, axis=2, n=E("nt"), norm="backward", of=(E("(vec-of n o nt)"), E("rd")))
     return t.slice(y, starts=E("(vec-of 0 0 0)"), stops=E("(vec-of n o lout)"), steps=E("(vec-of 1 1 1)"),
                    of=(s, E("rd")))
 
@@ -73,23 +77,25 @@ SIZES_2D = ("(= sx (shp x))", "(= sw (shp w))", "(= (dt x) d)", "(= (dt w) d)",
             "(= n (vec-get sx 0))", "(= ch (vec-get sx 1))", "(= o (vec-get sw 0))", "(= cg (vec-get sw 1))",
             "(= hp (+ (vec-get sx 2) (+ (vec-get pads 0) (vec-get pads 1))))",
             "(= wp (+ (vec-get sx 3) (+ (vec-get pads 2) (vec-get pads 3))))",
-            "(= fw (+ (/ wp 2) 1))", "(= hout (+ (- hp (vec-get sw 2)) 1))", "(= wout (+ (- wp (vec-get sw 3)) 1))",
+            f"(= ht {fast_fft_length('hp')})", f"(= wt {fast_fft_length('wp')})",
+            "(= fw (+ (/ wt 2) 1))", "(= hout (+ (- hp (vec-get sw 2)) 1))", "(= wout (+ (- wp (vec-get sw 3)) 1))",
             "(= cd (spectrum d))", "(= rd (real-of cd))")
 
 
 def _spectrum_2d(term: Expr, lead: str, height: str) -> Expr:
-    """rfft over the last axis, then fft over the one before: the 2-d spectrum of a real image."""
-    rows = t.rfft(term, axis=3, n=E("wp"), norm="backward", of=(E(f"(vec-of {lead} {height} fw)"), E("cd")))
-    return t.fft(rows, axis=2, n=E("hp"), norm="backward", of=(E(f"(vec-of {lead} hp fw)"), E("cd")))
+    """rfft over the last axis, then fft over the one before: the 2-d spectrum of a real image, at
+    the fast lengths ht x wt."""
+    rows = t.rfft(term, axis=3, n=E("wt"), norm="backward", of=(E(f"(vec-of {lead} {height} fw)"), E("cd")))
+    return t.fft(rows, axis=2, n=E("ht"), norm="backward", of=(E(f"(vec-of {lead} ht fw)"), E("cd")))
 
 
 def _fft_conv2d() -> Expr:
-    padded = t.pad(x, pads=E("(vec-of 0 0 0 0 (vec-get pads 0) (vec-get pads 1) (vec-get pads 2) (vec-get pads 3))"),
-                   value=0.0, of=(E("(vec-of n ch hp wp)"), d))
-    yf = t.spectral_contract(_spectrum_2d(padded, "n ch", "hp"), _spectrum_2d(w, "o cg", "(vec-get sw 2)"), groups=g,
-                             of=(E("(vec-of n o hp fw)"), E("cd")))
-    cols = t.ifft(yf, axis=2, n=E("hp"), norm="backward", of=(E("(vec-of n o hp fw)"), E("cd")))
-    y = t.irfft(cols, axis=3, n=E("wp"), norm="backward", of=(E("(vec-of n o hp wp)"), E("rd")))
+    pads_2d = "(vec-of 0 0 0 0 (vec-get pads 0) (+ (vec-get pads 1) (- ht hp)) (vec-get pads 2) (+ (vec-get pads 3) (- wt wp)))"
+    padded = t.pad(x, pads=E(pads_2d), value=0.0, of=(E("(vec-of n ch ht wt)"), d))
+    yf = t.spectral_contract(_spectrum_2d(padded, "n ch", "ht"), _spectrum_2d(w, "o cg", "(vec-get sw 2)"), groups=g,
+                             of=(E("(vec-of n o ht fw)"), E("cd")))
+    cols = t.ifft(yf, axis=2, n=E("ht"), norm="backward", of=(E("(vec-of n o ht fw)"), E("cd")))
+    y = t.irfft(cols, axis=3, n=E("wt"), norm="backward", of=(E("(vec-of n o ht wt)"), E("rd")))
     return t.slice(y, starts=E("(vec-of 0 0 0 0)"), stops=E("(vec-of n o hout wout)"), steps=E("(vec-of 1 1 1 1)"),
                    of=(s, E("rd")))
 
