@@ -37,10 +37,15 @@ def _feed(node: Node, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
     return value.astype(node.dtype.numpy, copy=False)
 
 
+def widened(args: list[np.ndarray]) -> list[np.ndarray]:
+    """`args` with 16- and 8-bit floats widened to float32, the precision kernels compute in."""
+    return [a.astype(np.float32) if a.dtype.name in _LOW_PRECISION else a for a in args]
+
+
 def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
     op = OPS[node.op]
     if not op.exact:
-        args = [a.astype(np.float32) if a.dtype.name in _LOW_PRECISION else a for a in args]
+        args = widened(args)
     result = np.asarray(op.reference(*args, **node.attr_map))
     if node.op == "constant":
         return result  # a Python scalar stays in its compute type (float32), as in a kernel's literal

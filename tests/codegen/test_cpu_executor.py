@@ -129,3 +129,28 @@ def test_missing_and_misshapen_inputs_are_named():
         run_plan_on_cpu(plan, {})
     with pytest.raises(ArgumentError, match=r"input 'x' has shape \(4,\), the plan was built for \(3,\)"):
         run_plan_on_cpu(plan, {"x": np.zeros(4, np.float32)})
+
+
+@pytest.mark.parametrize("transform, dtype", [("rfft", np.float32), ("rfft", BF16), ("irfft", np.complex64),
+                                              ("fft", np.complex64), ("ifft", np.complex128), ("rfft", np.float64)])
+@pytest.mark.parametrize("n, norm", [(None, "backward"), (24, "ortho"), (9, "forward")])
+def test_the_fft_family_runs_through_scipy_as_numpy_defines_it(transform, dtype, n, norm):
+    from tessera_rw.algebra.builder import make, make_input
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.evaluate import evaluate
+    from tessera_rw.algebra.graph import Graph
+    from tessera_rw.codegen.cpu_executor import HOST_KERNELS, run_plan_on_cpu
+    from tessera_rw.lower.lowering import lower
+
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal((3, 16, 5)) + (1j * rng.standard_normal((3, 16, 5)) if np.dtype(dtype).kind == "c"
+                                                 else 0)
+    x = values.astype(dtype)
+    length = n or (30 if transform == "irfft" else 16)      # by default the signal's own length
+    node = make(transform, make_input("x", x.shape, DType.parse(np.dtype(dtype).name)), n=length, axis=1, norm=norm)
+    graph = Graph("t", node.args, (node,))
+    assert transform in HOST_KERNELS
+    (got,) = run_plan_on_cpu(lower(graph), {"x": x})
+    (want,) = evaluate(graph, {"x": x})           # numpy.fft
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
