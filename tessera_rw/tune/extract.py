@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.graph import Graph
@@ -27,6 +27,7 @@ from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.rules.choice import cheapest_choice
 from tessera_rw.rules.egraph import CycleError, EGraphView, ENode
 from tessera_rw.rules.saturate import RewriteResult
+from tessera_rw.tune.chosen_program import ChosenProgram
 from tessera_rw.tune.cost import KernelCost, kernel_cost
 
 # A view or input costs nothing, but a term with fewer of them reads better: this tie-breaker (µs)
@@ -127,99 +128,6 @@ class _Costs:
         return lambda enode: self(enode) if fusion_depth(enode.op) <= depth and enode.op not in forbid else math.inf
 
 
-class _Program:
-    """The classes a choice reaches from the roots: their DFS post-order and how many chosen e-nodes
-    (or roots) reference each, so the effect of re-choosing one class is found by walking only the
-    part of the program that changes."""
-
-    def __init__(self, choice: dict[str, ENode], roots: Sequence[str]):
-        self.choice = choice
-        self.post: dict[str, int] = {}
-        self.refs: dict[str, int] = {}
-        for root in dict.fromkeys(roots):
-            self.refs[root] = self.refs.get(root, 0) + 1
-            self._visit(root)
-
-    def _visit(self, root: str) -> None:
-        if root in self.post:
-            return
-        path = {root}
-        stack = [(root, iter(dict.fromkeys(self.choice[root].operands)))]
-        while stack:
-            cid, operands = stack[-1]
-            for x in operands:
-                if x in path:
-                    raise CycleError(f"the chosen e-nodes form a cycle through e-class {x}")
-                first = x not in self.refs
-                self.refs[x] = self.refs.get(x, 0) + 1
-                if first:
-                    path.add(x)
-                    stack.append((x, iter(dict.fromkeys(self.choice[x].operands))))
-                    break
-            else:
-                stack.pop()
-                path.discard(cid)
-                self.post[cid] = len(self.post)
-
-    def _reaches(self, start: str, target: str) -> bool:
-        """Whether `start` depends on `target` in the current program (post-order prunes the search)."""
-        floor = self.post[target]
-        stack, seen = [start], {start}
-        while stack:
-            cid = stack.pop()
-            if cid == target:
-                return True
-            for x in self.choice[cid].operands:
-                if x not in seen and self.post.get(x, -1) >= floor:
-                    seen.add(x)
-                    stack.append(x)
-        return False
-
-    def delta(self, switches: Mapping[str, ENode], cost: Callable[[ENode], float]) -> float:
-        """How much the program's cost changes if each class of `switches` computes its e-node
-        instead (a class several of them bring in is paid once); inf on a cycle through one switch,
-        or where one switch drops another's class. A cycle through two shows when the program is
-        rebuilt.
-
-        The new e-nodes' needs are found first, walking only the classes outside the program, so the
-        classes the old e-nodes leave behind are searched only down to what stays read: in a deep
-        program whose layers hang off one another, neither walk runs to the inputs."""
-        change = sum(cost(enode) - cost(self.choice[cid]) for cid, enode in switches.items())
-        kept: set[str] = set()          # program classes the new e-nodes read
-        paid: set[str] = set()          # classes outside the program they bring in
-        for cid, enode in switches.items():
-            seen: set[str] = set()
-            stack = list(dict.fromkeys(enode.operands))
-            while stack:
-                x = stack.pop()
-                if x in seen:
-                    continue
-                seen.add(x)
-                if x == cid:
-                    return math.inf
-                if x in self.post:
-                    if self.post[x] > self.post[cid] and self._reaches(x, cid):
-                        return math.inf
-                    kept.add(x)
-                    continue
-                if x not in paid:
-                    paid.add(x)
-                    change += cost(self.choice[x])
-                stack.extend(self.choice[x].operands)
-        removed: set[str] = set()
-        dropped: dict[str, int] = {}
-        stack = [x for cid in switches for x in dict.fromkeys(self.choice[cid].operands) if x not in kept]
-        while stack:  # classes only the old e-nodes kept alive
-            x = stack.pop()
-            dropped[x] = dropped.get(x, 0) + 1
-            if dropped[x] == self.refs[x]:
-                removed.add(x)
-                stack.extend(o for o in dict.fromkeys(self.choice[x].operands) if o not in kept)
-        if any(cid in removed for cid in switches):
-            return math.inf
-        return change - sum(cost(self.choice[x]) for x in removed)
-
-
 def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                cost: Callable[[ENode], float]) -> dict[str, ENode]:
     """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
@@ -242,9 +150,9 @@ def _switch_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     place needs h = gelu(pre) with pre already computed, not h's tree-cheapest form, a GEMM
     recomputing pre). Each switch makes the program cheaper, so this only improves on `choice`."""
     for _ in range(DAG_SWEEPS):
-        program = _Program(choice, roots).post
+        program = ChosenProgram(choice, roots).post
         switched = _single_switches(view, _priced_beside(view, choice, roots, cost), roots, cost)
-        if all(switched[c] is choice[c] for c in program) and _Program(switched, roots).post == program:
+        if all(switched[c] is choice[c] for c in program) and ChosenProgram(switched, roots).post == program:
             return switched
         choice = switched
     return choice
@@ -254,7 +162,7 @@ def _priced_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                    cost: Callable[[ENode], float]) -> dict[str, ENode]:
     """`choice` with every class outside its program re-chosen at tree cost, the program's own
     e-nodes costing nothing."""
-    program = set(_Program(choice, roots).post)
+    program = set(ChosenProgram(choice, roots).post)
     beside = cheapest_choice(view, lambda e: 0.0 if e.eclass in program and choice[e.eclass] is e else cost(e))
     return {cid: (enode if cid in program else beside.get(cid, enode)) for cid, enode in choice.items()}
 
@@ -262,11 +170,11 @@ def _priced_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
 def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                      cost: Callable[[ENode], float]) -> dict[str, ENode]:
     choice = dict(choice)
-    program = _Program(choice, roots)
-    memo: dict[str, frozenset[str]] = {}
     for _ in range(DAG_SWEEPS):
+        program = ChosenProgram(choice, roots)   # each sweep in a fresh DFS order: operands before users
+        memo: dict[str, frozenset[str]] = {}
         improved = False
-        for cid in list(program.post):   # operands before users
+        for cid in list(program.post):
             if cid not in program.post:
                 continue  # dropped by an earlier switch in this sweep
             current = choice[cid]
@@ -276,8 +184,8 @@ def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence
                 if not _reads_paid_for(choice, program, enode, current, memo):
                     continue  # reads nothing already paid for: the tree choice stands
                 if program.delta({cid: enode}, cost) < -1e-9:
-                    choice[cid] = current = enode
-                    program = _Program(choice, roots)
+                    program.switch(cid, enode)     # changes `choice`, which the program shares
+                    current = enode
                     memo = {}
                     improved = True
         if not improved:
@@ -285,7 +193,7 @@ def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence
     return choice
 
 
-def _reads_paid_for(choice: dict[str, ENode], program: _Program, enode: ENode, current: ENode,
+def _reads_paid_for(choice: dict[str, ENode], program: ChosenProgram, enode: ENode, current: ENode,
                     memo: dict[str, frozenset[str]]) -> bool:
     """Whether `enode`, or a class it would bring into the program, reads a class the program
     computes anyway (besides what `current` reads): a view of a shared packed result qualifies."""
@@ -299,7 +207,7 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                    cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
     """The best pair of switches that bring in the same new class and together make the program
     cheaper (each alone costs more: the new class is paid once for both), or None."""
-    program = _Program(choice, roots)
+    program = ChosenProgram(choice, roots)
     memo: dict[str, frozenset[str]] = {}
     wanting: dict[str, list[tuple[str, ENode]]] = {}
     for cid in program.post:
@@ -321,14 +229,14 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             if total < -1e-9 and (best is None or total < best[0]):
                 trial = {**choice, c1: e1, c2: e2}
                 try:
-                    _Program(trial, roots)
+                    ChosenProgram(trial, roots)
                 except CycleError:
                     continue
                 best = (total, trial)
     return None if best is None else best[1]
 
 
-def _outside(choice: dict[str, ENode], program: _Program, cid: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
+def _outside(choice: dict[str, ENode], program: ChosenProgram, cid: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
     """The classes outside the program that computing `cid` as `choice` has it needs, `cid` included."""
     if cid not in memo:
         found, stack = set(), [cid]

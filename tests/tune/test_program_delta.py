@@ -1,4 +1,4 @@
-"""The cost change of re-choosing e-classes in an extracted program (extract._Program.delta): one
+"""The cost change of re-choosing e-classes in an extracted program (ChosenProgram.delta): one
 switch, two that share what they bring in, cycles, and a deep program where the answer is local."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from tessera_rw.rules.egraph import ENode
-from tessera_rw.tune.extract import _Program, share_more
+from tessera_rw.tune.chosen_program import ChosenProgram
+from tessera_rw.tune.extract import share_more
 
 COST = {"input": 0.0, "matmul": 10.0, "sum": 3.0, "matmul_bias_grad": 11.0, "slice": 0.0, "relu": 1.0,
         "gelu": 2.0}
@@ -33,13 +34,13 @@ class EGraph:
 
 
 def test_one_switch_pays_for_what_it_brings_in_and_saves_what_it_drops():
-    program = _Program(CHOICE, ("dw", "db"))
+    program = ChosenProgram(CHOICE, ("dw", "db"))
     assert program.delta({"dw": DW_VIEW}, cost) == 11.0 - 10.0
     assert program.delta({"db": DB_VIEW}, cost) == 11.0 - 3.0
 
 
 def test_two_switches_pay_once_for_the_class_both_bring_in():
-    program = _Program(CHOICE, ("dw", "db"))
+    program = ChosenProgram(CHOICE, ("dw", "db"))
     assert program.delta({"dw": DW_VIEW, "db": DB_VIEW}, cost) == 11.0 - 10.0 - 3.0
     chosen = share_more(EGraph(), CHOICE, ("dw", "db"), cost)
     assert chosen["dw"] is DW_VIEW and chosen["db"] is DB_VIEW
@@ -47,7 +48,7 @@ def test_two_switches_pay_once_for_the_class_both_bring_in():
 
 def test_a_switch_that_reads_its_own_class_or_a_user_of_it_is_a_cycle():
     a, b = node("a", "relu", "x"), node("b", "relu", "a")
-    program = _Program({"x": X, "a": a, "b": b}, ("b",))
+    program = ChosenProgram({"x": X, "a": a, "b": b}, ("b",))
     assert program.delta({"a": node("a", "gelu", "b")}, cost) == math.inf
     assert program.delta({"a": node("a", "gelu", "a")}, cost) == math.inf
 
@@ -60,7 +61,36 @@ def test_in_a_deep_chain_a_switch_costs_only_its_own_change():
     for i in range(2000):
         choice[f"h{i}"] = node(f"h{i}", "relu", previous)
         previous = f"h{i}"
-    program = _Program(choice, (previous,))
+    program = ChosenProgram(choice, (previous,))
     assert program.delta({previous: node(previous, "gelu", "h1998")}, cost) == 2.0 - 1.0
     # reading the input directly instead drops every layer below
     assert program.delta({previous: node(previous, "gelu", "x")}, cost) == 2.0 - 1.0 - 1999 * 1.0
+
+
+def test_a_switch_updates_the_program_as_a_fresh_build_would():
+    """Random layered e-graphs, random acyclic switches: after each one, the classes and reference
+    counts equal a fresh build's, and every chosen operand stands below its user in the order."""
+    import random
+
+    for seed in range(40):
+        rnd = random.Random(seed)
+        layers = [[f"c{i}_{j}" for j in range(rnd.randint(1, 4))] for i in range(rnd.randint(3, 9))]
+        classes = {c: [] for layer in layers for c in layer}
+        for depth, layer in enumerate(layers):
+            for c in layer:
+                for k in range(rnd.randint(1, 3)):     # e-nodes reading classes of lower layers
+                    below = [x for lower in layers[:depth] for x in lower]
+                    operands = tuple(rnd.sample(below, min(len(below), rnd.randint(0, 2))))
+                    classes[c].append(node(c, f"op{k}", *operands))
+        choice = {c: enodes[0] for c, enodes in classes.items()}
+        program = ChosenProgram(choice, layers[-1])
+        for _ in range(15):
+            cid = rnd.choice(list(program.post))
+            enode = rnd.choice(classes[cid])
+            if program.delta({cid: enode}, lambda e: 1.0) == math.inf:
+                continue
+            program.switch(cid, enode)
+            fresh = ChosenProgram(dict(choice), layers[-1])
+            assert program.refs == fresh.refs and set(program.post) == set(fresh.post), seed
+            assert all(program.post[x] < program.post[c] for c in program.post for x in choice[c].operands), seed
+            assert sorted(program.post.values()) == program._positions
