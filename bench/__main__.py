@@ -1,18 +1,24 @@
-"""`python -m bench cpu|registers|cost|gpu|tune [--quick]`: the benchmark suite's entry point."""
+"""`python -m bench cpu|registers|cost|gpu|tune [--quick]`: the benchmark suite's entry point;
+`python -m bench wheelhouse ...` gathers the wheels for a GPU host without internet."""
 
 import argparse
 import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["wheelhouse"]:
+        from bench import wheelhouse
+        return wheelhouse.run(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench", epilog="python -m bench wheelhouse --help: wheels "
+                                                                    "for a GPU host without internet")
     parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
     args = parser.parse_args(argv)
     if args.suite == "cpu":
         from bench import cpu
-        cpu.run()
+        return 0 if all(f.ok is not False for f in cpu.run()) else 1
     elif args.suite == "registers":
         from bench import registers
         return 0 if registers.run() else 1

@@ -1,13 +1,30 @@
-"""`python -m bench cpu`: host-side figures with their targets, in one table."""
+"""`python -m bench cpu`: host-side figures with their targets, in one table, written to bench/results.
+
+- the pipeline's stages (trace, saturate, extract, lower, emit, NVRTC compile) on five model
+  graphs: BERT-base, a 48-layer GPT stack, a Hyena long-conv block, a ResNet conv stack and an
+  MLP's backward by `op.grad`; e-graph sizes; ptxas's registers beside the estimates;
+- depth scaling: BERT's rewrite at 12 and 48 layers;
+- the numpy executor against numpy / scipy on the same inputs: blockwise attention's peak memory
+  at S = 8192 against the naive S×S form, the FFT convolution against scipy.signal's direct one;
+- the cost of a call: warm-call overhead and the first call of the attention example.
+
+Everything runs against a fresh cache folder (TESSERA_CACHE_DIR), so compile times are cold ones.
+Results: bench/results/cpu-<machine>-<date>.json and .md.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, replace
 
 from rich.console import Console
 from rich.table import Table
 
-from bench import models
+from bench import host_executor, models
+from bench.pipeline_stages import StageTimes, median_abs, run_model
+from bench.results_files import host_machine, markdown_table, slug, write_results
 from bench.timing import time_call
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.rules.library import BUILTIN_RULESETS
@@ -15,6 +32,7 @@ from tessera_rw.rules.saturate import rewrite
 from tessera_rw.tune.extract import extract_candidates
 
 H100 = arch_named("H100-SXM")
+MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -25,22 +43,39 @@ class Figure:
     target: str
     ok: bool | None  # None: recorded, no target
 
+    @property
+    def met(self) -> str:
+        return "" if self.ok is None else ("yes" if self.ok else "NO")
 
-def trace_fresh(kernel_factory, inputs) -> int:
-    """Trace a new kernel object (no per-signature cache) and return its node count."""
-    return len(kernel_factory().trace(**inputs).nodes)
+    @property
+    def shown(self) -> str:
+        return f"{self.value:.2f}" if abs(self.value) < 10 else f"{self.value:,.0f}"
 
 
-def tracing_figures() -> list[Figure]:
-    bert_inputs = models.placeholders(models.BERT_BASE, with_mask=True)
-    nodes = trace_fresh(models.bert_encoder, bert_inputs)
-    t = time_call(lambda: trace_fresh(models.bert_encoder, bert_inputs), reps=7)
-    gpt_inputs = models.placeholders(models.GPT_48, with_mask=False)
-    gpt_nodes = trace_fresh(models.gpt_stack, gpt_inputs)
-    t48 = time_call(lambda: trace_fresh(models.gpt_stack, gpt_inputs), reps=5)
+MODELS = {
+    "BERT-base, 12 layers": lambda: (models.bert_encoder(models.BERT_BASE),
+                                     models.placeholders(models.BERT_BASE, with_mask=True)),
+    "GPT, 48 layers": lambda: (models.gpt_stack(models.GPT_48), models.placeholders(models.GPT_48, with_mask=False)),
+    "Hyena long-conv block": models.hyena_block,
+    "ResNet, 4 basic blocks": models.resnet_stack,
+    "MLP backward (op.grad)": models.mlp_backward,
+}
+
+
+def stage_figures(stages: list[StageTimes]) -> list[Figure]:
+    bert = stages[0]
+    errors = tuple(e for s in stages for e in s.register_errors)
+    worst = max(errors, key=abs)
     return [
-        Figure(f"trace BERT-base 12 layers ({nodes} nodes)", t.median_ms, "ms", "< 200", t.median_ms < 200),
-        Figure(f"trace GPT 48 layers ({gpt_nodes} nodes)", t48.median_ms, "ms", "", None),
+        Figure(f"trace BERT-base 12 layers ({bert.graph_nodes} nodes)", bert.trace_s * 1e3, "ms", "< 200",
+               bert.trace_s < 0.2),
+        Figure("BERT-base 12-layer e-graph size", bert.enodes, "e-nodes", "< 50000", bert.enodes < 50_000),
+        Figure(f"register estimate vs ptxas, the models' {len(errors)} kernels: median |error|",
+               median_abs(errors) * 100, "%", "", None),
+        Figure("register estimate vs ptxas, the models' kernels: worst error", worst * 100, "%", "within ±25",
+               abs(worst) <= 0.25),
+        Figure("ptxas spills in the models' kernels", sum(s.spills for s in stages), "kernels", "0",
+               all(s.spills == 0 for s in stages)),
     ]
 
 
@@ -52,11 +87,11 @@ def saturate_and_extract(graph) -> tuple[int, int]:
     return result.report.enodes, chosen.graph.op_counts().get("flash_attention", 0)
 
 
-def rewrite_figures() -> list[Figure]:
+def depth_figures() -> list[Figure]:
     bert12 = models.bert_encoder(models.BERT_BASE).trace(**models.placeholders(models.BERT_BASE, with_mask=True))
     cfg48 = replace(models.BERT_BASE, layers=48)
     bert48 = models.bert_encoder(cfg48).trace(**models.placeholders(cfg48, with_mask=True))
-    enodes, fused = saturate_and_extract(bert12)
+    _, fused = saturate_and_extract(bert12)
     t12 = time_call(lambda: saturate_and_extract(bert12), reps=5)
     t48 = time_call(lambda: saturate_and_extract(bert48), reps=3)
     ratio = t48.median_s / t12.median_s
@@ -65,8 +100,22 @@ def rewrite_figures() -> list[Figure]:
                "< 1000", t12.median_ms < 1000 and fused == 12),
         Figure("saturate + extract BERT-base 48 layers", t48.median_ms, "ms", "", None),
         Figure("48-layer / 12-layer rewrite time", ratio, "x", "< 4", ratio < 4),
-        Figure("BERT-base 12-layer e-graph size", enodes, "e-nodes", "< 50000", enodes < 50_000),
     ]
+
+
+def executor_figures() -> tuple[list[Figure], list[host_executor.Versus]]:
+    attention = host_executor.attention_versus_naive()
+    direct, fft = host_executor.conv_versus_scipy()
+    figures = [
+        Figure(f"{attention.what}: peak memory, blockwise ({attention.plan}) / naive S×S",
+               attention.ours_peak / attention.baseline_peak * 100, "%", "< 10",
+               attention.ours_peak < 0.1 * attention.baseline_peak and attention.max_rel_error < 1e-4),
+        Figure(f"{attention.what}: time, naive / blockwise", attention.speedup, "x", "", None),
+        Figure(f"{direct.what} ({direct.plan})", direct.speedup, "x faster", "> 1",
+               direct.speedup > 1 and direct.max_rel_error < 1e-4),
+        Figure(fft.what, fft.speedup, "x faster", "", None),
+    ]
+    return figures, [attention, direct, fft]
 
 
 def call_figures() -> list[Figure]:
@@ -82,13 +131,74 @@ def call_figures() -> list[Figure]:
     ]
 
 
-def run() -> list[Figure]:
-    figures = tracing_figures() + rewrite_figures() + call_figures()
-    table = Table(title="tessera_rw CPU benchmark")
-    for col in ("figure", "value", "unit", "target", "met"):
-        table.add_column(col)
-    for f in figures:
-        met = "" if f.ok is None else ("yes" if f.ok else "NO")
-        table.add_row(f.name, f"{f.value:.2f}" if f.value < 10 else f"{f.value:.0f}", f.unit, f.target, met)
-    Console().print(table)
+STAGE_COLUMNS = ("model", "nodes", "e-nodes", "e-classes", "iters", "kernels", "compiled", "trace ms",
+                 "saturate ms", "extract ms", "lower ms", "emit ms", "NVRTC s", "regs |err| med")
+
+
+def stage_row(s: StageTimes) -> list[str]:
+    compiled = f"{s.distinct_sources}" + (f" (+{s.library_steps} cuFFT)" if s.library_steps else "")
+    return [s.model, str(s.graph_nodes), str(s.enodes), str(s.eclasses), str(s.iterations), str(s.kernels), compiled,
+            f"{s.trace_s * 1e3:.1f}", f"{s.saturate_s * 1e3:.0f}", f"{s.extract_s * 1e3:.0f}",
+            f"{s.lower_s * 1e3:.1f}", f"{s.emit_s * 1e3:.0f}", f"{s.compile_s:.1f}",
+            f"{median_abs(s.register_errors):.0%}"]
+
+
+def versus_row(v: host_executor.Versus) -> list[str]:
+    return [v.what, v.plan, f"{v.ours_s * 1e3:.0f}", f"{v.baseline_s * 1e3:.0f}", f"{v.speedup:.2f}x",
+            f"{v.ours_peak / MB:.1f}", f"{v.baseline_peak / MB:.1f}", f"{v.max_rel_error:.1e}"]
+
+
+VERSUS_COLUMNS = ("comparison", "our plan", "ours ms", "baseline ms", "speedup", "ours peak MB",
+                  "baseline peak MB", "max rel err")
+FIGURE_COLUMNS = ("figure", "value", "unit", "target", "met")
+
+
+def rich_table(title: str, header, rows) -> Table:
+    table = Table(title=title)
+    for column in header:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def measure() -> tuple[list[Figure], list[StageTimes], list[host_executor.Versus]]:
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-") as cache:
+        previous = os.environ.get("TESSERA_CACHE_DIR")
+        os.environ["TESSERA_CACHE_DIR"] = cache
+        try:
+            stages = [run_model(name, make, H100) for name, make in MODELS.items()]
+            executor, versus = executor_figures()
+            figures = stage_figures(stages) + depth_figures() + executor
+        finally:
+            if previous is None:
+                os.environ.pop("TESSERA_CACHE_DIR", None)
+            else:
+                os.environ["TESSERA_CACHE_DIR"] = previous
+    return figures + call_figures(), stages, versus
+
+
+def run(console: Console | None = None) -> list[Figure]:
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    figures, stages, versus = measure()
+    figure_rows = [(f.name, f.shown, f.unit, f.target, f.met) for f in figures]
+    stage_rows = [stage_row(s) for s in stages]
+    versus_rows = [versus_row(v) for v in versus]
+    console.print(rich_table("tessera_rw CPU benchmark", FIGURE_COLUMNS, figure_rows))
+    console.print(rich_table(f"pipeline stages, for {H100.name} ({H100.sm})", STAGE_COLUMNS, stage_rows))
+    console.print(rich_table("numpy executor vs numpy / scipy, same inputs", VERSUS_COLUMNS, versus_rows))
+    machine = host_machine()
+    markdown = "\n\n".join([
+        f"Machine: {machine['cpu']}, {machine['cores']} cores; Python {machine['python']}, numpy "
+        f"{machine['numpy']}, scipy {machine['scipy']}, egglog {machine['egglog']}, NVRTC "
+        f"{machine['nvidia-cuda-nvrtc']}.",
+        markdown_table(FIGURE_COLUMNS, figure_rows),
+        f"Pipeline stages, for {H100.name} ({H100.sm}); NVRTC compiles each distinct kernel cold:",
+        markdown_table(STAGE_COLUMNS, stage_rows),
+        "The numpy executor against numpy / scipy, same random inputs, agreement checked first:",
+        markdown_table(VERSUS_COLUMNS, versus_rows)])
+    document = {"suite": "cpu", "machine": machine, "figures": [asdict(f) for f in figures],
+                "models": [asdict(s) | {"total_s": s.total_s} for s in stages], "executor": [asdict(v) for v in versus]}
+    json_path, md_path = write_results(f"cpu-{slug(machine['cpu'])}-{machine['cores']}core", document, markdown)
+    console.print(f"written: {json_path}, {md_path}")
     return figures

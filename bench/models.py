@@ -94,3 +94,47 @@ def placeholders(cfg: TransformerShape, with_mask: bool) -> dict[str, op.tensor]
     if with_mask:
         inputs["mask"] = op.tensor((cfg.batch, 1, 1, cfg.seq), cfg.dtype)
     return inputs | {n: op.tensor(s, cfg.dtype) for n, s in weight_shapes(cfg).items()}
+
+
+# ---- the other model graphs of the CPU benchmark ---------------------------------------------------------
+
+def hyena_block(batch: int = 4, seq: int = 8192, width: int = 768, dtype: str = "float32"):
+    """A Hyena-style gated long convolution (the filter as long as the sequence), as in
+    examples/hyena_conv.py; returns (kernel, placeholders)."""
+    @op.kernel
+    def hyena(x, w_in, b_in, filt, skip, w_out, b_out):
+        u = op.transpose(x @ w_in + b_in, (0, 2, 1))
+        v, g1, g2 = u[:, :width], u[:, width:2 * width], u[:, 2 * width:]
+        z = g1 * v
+        y = op.conv1d(z, filt, padding=(seq - 1, 0), groups=width)
+        return op.transpose(g2 * (y + skip * z), (0, 2, 1)) @ w_out + b_out
+    shapes = {"x": (batch, seq, width), "w_in": (width, 3 * width), "b_in": (3 * width,), "filt": (width, 1, seq),
+              "skip": (width, 1), "w_out": (width, width), "b_out": (width,)}
+    return hyena, {n: op.tensor(s, dtype) for n, s in shapes.items()}
+
+
+def resnet_stack(blocks: int = 4, batch: int = 32, channels: int = 64, size: int = 56, dtype: str = "bf16"):
+    """ResNet basic blocks (3x3 conv, bias, relu, 3x3 conv, bias, residual, relu) over NCHW activations,
+    per-block weights stacked on a leading axis; returns (kernel, placeholders)."""
+    @op.kernel
+    def resnet(x, w1, b1, w2, b2):
+        for i in range(blocks):
+            h = op.relu(op.conv2d(x, w1[i], padding=1) + b1[i])
+            x = op.relu(op.conv2d(h, w2[i], padding=1) + b2[i] + x)
+        return x
+    c = channels
+    bias = (blocks, c, 1, 1)
+    shapes = {"x": (batch, c, size, size), "w1": (blocks, c, c, 3, 3), "b1": bias, "w2": (blocks, c, c, 3, 3),
+              "b2": bias}
+    return resnet, {n: op.tensor(s, dtype) for n, s in shapes.items()}
+
+
+def mlp_backward(tokens: int = 8192, width: int = 1024, hidden: int = 4096, dtype: str = "bf16"):
+    """The gradients (weights and biases) of a pre-norm GELU MLP's squared-error loss, by `op.grad`;
+    returns (kernel, placeholders)."""
+    def loss(x, g, w1, b1, w2, b2):
+        y = op.gelu(op.layernorm(x, g, None) @ w1 + b1) @ w2 + b2
+        return op.sum(y * y) * 0.5
+    shapes = {"x": (tokens, width), "g": (width,), "w1": (width, hidden), "b1": (hidden,), "w2": (hidden, width),
+              "b2": (width,)}
+    return op.grad(loss, argnums=(2, 3, 4, 5)), {n: op.tensor(s, dtype) for n, s in shapes.items()}

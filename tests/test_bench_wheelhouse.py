@@ -1,0 +1,48 @@
+"""`python -m bench wheelhouse`: what it asks pip for and what it leaves out (no network here: the
+commands are checked, not run)."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+from bench import wheelhouse
+
+
+def test_the_requirements_are_the_projects_with_their_extras():
+    base = wheelhouse.requirements()
+    assert any(r.startswith("egglog") for r in base) and any(r.startswith("pydantic") for r in base)
+    assert not any(r.startswith("pytest") for r in base)
+    assert any(r.startswith("pytest") for r in wheelhouse.requirements(["dev"]))
+    assert all("#" not in r and r == r.strip() for r in base)
+
+
+def test_requirements_are_pinned_to_what_is_installed_here():
+    pinned = wheelhouse.pinned_to_installed(["numpy>=1.26", "no-such-distribution>=1"])
+    assert pinned == [f"numpy=={version('numpy')}", "no-such-distribution>=1"]
+
+
+def test_the_download_asks_for_binary_wheels_of_the_target_python_and_platform(tmp_path):
+    command = wheelhouse.download_command(tmp_path, "3.12", "x86_64", ["egglog==13.2.0"])
+    assert command[:4] == [sys.executable, "-m", "pip", "download"] and command[-1] == "egglog==13.2.0"
+    assert "--only-binary=:all:" in command and command[command.index("--python-version") + 1] == "3.12"
+    platforms = [command[i + 1] for i, a in enumerate(command) if a == "--platform"]
+    assert "manylinux_2_28_x86_64" in platforms and "manylinux2014_x86_64" in platforms
+    assert all(p.endswith("_x86_64") for p in platforms)
+
+
+def test_the_build_makes_wheels_of_the_project_and_the_example_plugin(tmp_path):
+    command = wheelhouse.build_command(tmp_path)
+    assert command[3] == "wheel" and "--no-deps" in command
+    built = [Path(p) for p in command[-2:]]
+    assert (built[0] / "pyproject.toml").exists() and built[1].name == "rmsnorm_matmul"
+
+
+def test_skipped_distributions_leave_the_wheelhouse(tmp_path):
+    for name in ("numpy-2.5.5-cp312-cp312-manylinux_2_28_x86_64.whl", "typing_extensions-4.16.0-py3-none-any.whl",
+                 "egglog-13.2.0-cp312-cp312-manylinux2014_x86_64.whl"):
+        (tmp_path / name).write_bytes(b"")
+    gone = wheelhouse.skip_wheels(tmp_path, ["NumPy", "typing-extensions"])
+    assert sorted(p.name.split("-")[0] for p in gone) == ["numpy", "typing_extensions"]
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.whl")] == ["egglog"]
