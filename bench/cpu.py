@@ -49,7 +49,8 @@ class Figure:
 
     @property
     def shown(self) -> str:
-        return f"{self.value:.2f}" if abs(self.value) < 10 else f"{self.value:,.0f}"
+        whole = abs(self.value) >= 10 or float(self.value).is_integer()
+        return f"{self.value:,.0f}" if whole else f"{self.value:.2f}"
 
 
 MODELS = {
@@ -70,7 +71,7 @@ def stage_figures(stages: list[StageTimes]) -> list[Figure]:
         Figure(f"trace BERT-base 12 layers ({bert.graph_nodes} nodes)", bert.trace_s * 1e3, "ms", "< 200",
                bert.trace_s < 0.2),
         Figure("BERT-base 12-layer e-graph size", bert.enodes, "e-nodes", "< 50000", bert.enodes < 50_000),
-        Figure(f"register estimate vs ptxas, the models' {len(errors)} kernels: median |error|",
+        Figure(f"register estimate vs ptxas, the models' {len(errors)} kernels: median absolute error",
                median_abs(errors) * 100, "%", "", None),
         Figure("register estimate vs ptxas, the models' kernels: worst error", worst * 100, "%", "within ±25",
                abs(worst) <= 0.25),
@@ -132,7 +133,7 @@ def call_figures() -> list[Figure]:
 
 
 STAGE_COLUMNS = ("model", "nodes", "e-nodes", "e-classes", "iters", "kernels", "compiled", "trace ms",
-                 "saturate ms", "extract ms", "lower ms", "emit ms", "NVRTC s", "regs |err| med")
+                 "saturate ms", "extract ms", "lower ms", "emit ms", "NVRTC s", "regs error (median)")
 
 
 def stage_row(s: StageTimes) -> list[str]:
