@@ -21,6 +21,7 @@ from typing import Sequence
 
 from egglog import bindings
 
+from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.egraph import EGraphView
@@ -165,6 +166,7 @@ def enode_count(egraph: bindings.EGraph) -> int:
     return sum(n for name, n in sizes if name not in TABLE_FUNCTIONS and name != "Id")
 
 
+@with_collector_paused
 def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()) -> RewriteResult:
     """Saturate `graph` with `rulesets` under `limits`; the result holds the e-graph and the report."""
     start = time.perf_counter()

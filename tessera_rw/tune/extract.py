@@ -18,6 +18,7 @@ from itertools import combinations
 from typing import Callable, Sequence
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS
@@ -250,6 +251,7 @@ def _outside(choice: dict[str, ENode], program: ChosenProgram, cid: str, memo: d
     return memo[cid]
 
 
+@with_collector_paused
 def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, objective: Objective = Objective.TIME,
                        forbid: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
     """Up to `k` programs of distinct fusion depths from a saturated e-graph, cheapest first.
