@@ -4,7 +4,7 @@
   baseline is the naive form softmax(q kᵀ · scale) v, which holds the S×S scores. Peak memory is
   what numpy allocates during the call (tracemalloc sees numpy's allocations), inputs excluded.
 - A depthwise convolution with a filter as long as the sequence: the executor runs the plan the
-  cost model chose (rfft · spectral product · irfft through numpy.fft); the baselines are
+  cost model chose (rfft · spectral product · irfft through scipy.fft); the baselines are
   scipy.signal's direct correlation, channel by channel, and scipy's FFT convolution.
 
 Each pair is checked to agree before it is timed.

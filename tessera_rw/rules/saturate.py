@@ -105,30 +105,39 @@ class _PreparedEGraphs(threading.local):
     pushes onto a prepared e-graph and pops back to it when done."""
 
     def __init__(self):
-        self.by_rulesets: dict[tuple[Ruleset, ...], bindings.EGraph] = {}
+        self.by_rulesets: dict[tuple[Ruleset, ...], _Prepared] = {}
 
-    def take(self, rulesets: tuple[Ruleset, ...]) -> bindings.EGraph:
+    def take(self, rulesets: tuple[Ruleset, ...]) -> _Prepared:
         """The prepared e-graph of `rulesets`, out of the cache until `give_back`: a rewrite that
         fails halfway leaves it in an unknown state, and it is dropped instead."""
-        egraph = self.by_rulesets.pop(rulesets, None)
-        if egraph is None:
+        prepared = self.by_rulesets.pop(rulesets, None)
+        if prepared is None:
             egraph = bindings.EGraph()
             _run(egraph, _setup_program(Encoding(unions=[], outputs=()), rulesets))
-        return egraph
+            prepared = _Prepared(egraph, frozenset(_base_constructors()))
+        return prepared
 
-    def give_back(self, rulesets: tuple[Ruleset, ...], egraph: bindings.EGraph) -> None:
+    def give_back(self, rulesets: tuple[Ruleset, ...], prepared: _Prepared) -> None:
         if len(self.by_rulesets) >= _PREPARED_KEPT:
             self.by_rulesets.pop(next(iter(self.by_rulesets)))
-        self.by_rulesets[rulesets] = egraph
+        self.by_rulesets[rulesets] = prepared
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    egraph: bindings.EGraph
+    constructors: frozenset[tuple[str, int]]   # declared in it: ops registered later are not
 
 
 _PREPARED_KEPT = 4        # ruleset tuples kept prepared (the built-in packs, with and without plugins, ...)
 _prepared = _PreparedEGraphs()
 
 
-def _declare_extra_constructors(egraph: bindings.EGraph, encoding: Encoding) -> None:
-    """Declare the constructors of variadic ops at arities beyond the prepared ones."""
-    extra = sorted(encoding.constructors - _base_constructors())
+def _declare_extra_constructors(prepared: _Prepared, encoding: Encoding) -> None:
+    """Declare the constructors the graph uses beyond the prepared ones: variadic ops at other
+    arities, and ops registered since the e-graph was prepared."""
+    egraph = prepared.egraph
+    extra = sorted(encoding.constructors - prepared.constructors)
     if extra:
         _run(egraph, "\n".join([declaration(op, n) for op, n in extra] + [type_rule(op, n) for op, n in extra]))
 
@@ -168,16 +177,17 @@ def enode_count(egraph: bindings.EGraph) -> int:
 
 @with_collector_paused
 def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()) -> RewriteResult:
-    """Saturate `graph` with `rulesets` under `limits`; the result holds the e-graph and the report."""
+    """Saturate `graph` with `rulesets` under `limits`; the result holds a view of the saturated
+    e-graph (taken before it is popped back to the prepared rulesets) and the report."""
     start = time.perf_counter()
     encoding = encode(graph)
     rulesets = tuple(rulesets)
-    egraph = _prepared.take(rulesets)
-    _run(egraph, "(push)")
-    _declare_extra_constructors(egraph, encoding)
-    view, report = _saturate(egraph, encoding, rulesets, limits, start)
-    _run(egraph, "(pop)")
-    _prepared.give_back(rulesets, egraph)
+    prepared = _prepared.take(rulesets)
+    _run(prepared.egraph, "(push)")
+    _declare_extra_constructors(prepared, encoding)
+    view, report = _saturate(prepared.egraph, encoding, rulesets, limits, start)
+    _run(prepared.egraph, "(pop)")
+    _prepared.give_back(rulesets, prepared)
     return RewriteResult(graph, encoding, view, report)
 
 

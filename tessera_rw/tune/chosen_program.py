@@ -163,12 +163,12 @@ class ChosenProgram:
         reaches `cid` (delta checked), so the order stays topological."""
         floor = self.post[cid]
         moved: set[str] = set()
-        stack = [x for c in (cid, *added) for x in self.choice[c].operands if self.post.get(x, -1.0) > floor]
+        stack = [x for c in (cid, *added) for x in self.choice[c].operands if self.post.get(x, -math.inf) > floor]
         while stack:
             x = stack.pop()
             if x not in moved:
                 moved.add(x)
-                stack.extend(o for o in self.choice[x].operands if self.post.get(o, -1.0) > floor)
+                stack.extend(o for o in self.choice[x].operands if self.post.get(o, -math.inf) > floor)
         if not moved and not added:
             return
         for x in moved:

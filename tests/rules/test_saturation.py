@@ -147,3 +147,22 @@ def test_a_cycle_from_an_extra_rule_keeps_fused_expressions_bounded(monkeypatch)
     assert all(str(a).count("(") <= MAX_FUSED_OPS for k in report.program.plan.steps for a in k.node.attr_map.values())
     xs = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
     np.testing.assert_allclose(f(xs), xs + 1.0, atol=1e-5)
+
+
+def test_an_op_registered_after_the_rulesets_were_prepared_is_declared_for_its_graph(monkeypatch):
+    """Rewrites reuse an e-graph with the rulesets declared; an op registered since (a plugin's, when
+    its rules were refused and the built-in rulesets' e-graph is reused) is declared with the graph."""
+    import dataclasses
+
+    from tessera_rw.algebra.builder import make, make_input
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.ops import OPS, register
+
+    rewrite(chain(2), ())                                   # prepares the e-graph of no rulesets
+    monkeypatch.setitem(OPS, "late_exp", None)               # removed again after the test
+    register(dataclasses.replace(OPS["exp"], name="late_exp"))
+    x = make_input("x", (4,), DType.float32)
+    late = Graph("late", (x,), (make("late_exp", x),))
+    result = rewrite(late, ())
+    assert result.view.decode(smallest_choice(result.view), result.output_classes()[0]) is late.outputs[0]
+    assert rewrite(chain(2), ()).report.stop_reason is StopReason.saturated   # the prepared e-graph still serves

@@ -94,3 +94,15 @@ def test_a_switch_updates_the_program_as_a_fresh_build_would():
             assert program.refs == fresh.refs and set(program.post) == set(fresh.post), seed
             assert all(program.post[x] < program.post[c] for c in program.post for x in choice[c].operands), seed
             assert sorted(program.post.values()) == program._positions
+
+
+def test_switches_that_keep_placing_classes_at_the_bottom_of_the_order():
+    """Each switch brings a new leaf in below the lowest class: positions go below -1 without a
+    class new to the program being taken for one already in it."""
+    choice = {"a": node("a", "input"), "b": node("b", "input"), "r": node("r", "add", "a", "b")}
+    program = ChosenProgram(choice, ("r",))
+    for below, leaf in zip("acdef", "cdefg"):
+        choice[leaf] = node(leaf, "input")
+        program.switch(below, node(below, "exp", leaf))
+        assert program.refs == ChosenProgram(dict(choice), ("r",)).refs
+        assert all(program.post[x] < program.post[c] for c in program.post for x in choice[c].operands)
