@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from rich.table import Table
 
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
+from bench.results_files import write_atomically
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -316,12 +316,7 @@ def environment() -> list[str]:
 
 def save_results(name: str, header: list[str], text: str) -> Path:
     """Write bench/results/<name>: the header lines, then the recorded tables (replaced atomically)."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / name
-    tmp = path.with_suffix(".txt.tmp")
-    tmp.write_text("\n".join(header) + "\n\n" + text)
-    os.replace(tmp, path)
-    return path
+    return write_atomically(RESULTS / name, "\n".join(header) + "\n\n" + text)
 
 
 def protocol_for(arch, quick: bool) -> Protocol:

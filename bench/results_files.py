@@ -59,15 +59,21 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def write_atomically(path: Path, text: str) -> Path:
+    """Write `path` through a temporary file beside it, so a reader never sees half of it."""
+    path.parent.mkdir(exist_ok=True)
+    staged = path.with_suffix(path.suffix + ".tmp")
+    staged.write_text(text)
+    os.replace(staged, path)
+    return path
+
+
 def write_results(name: str, document: dict, markdown: str) -> tuple[Path, Path]:
     """Write bench/results/<name>-<today>.json and .md (the document gains schema, date and commit)."""
-    RESULTS.mkdir(exist_ok=True)
     stem = f"{name}-{date.today().isoformat()}"
     document = {"schema": SCHEMA, "date": date.today().isoformat(), "commit": commit(), **document}
     paths = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
     header = f"# {name}, {document['date']}, commit {document['commit']}\n\n"
     for path, text in zip(paths, (json.dumps(document, indent=2) + "\n", header + markdown + "\n")):
-        staged = path.with_suffix(path.suffix + ".tmp")
-        staged.write_text(text)
-        os.replace(staged, path)
+        write_atomically(path, text)
     return paths

@@ -86,15 +86,17 @@ class RewriteResult:
         return tuple(self.view.root(o) for o in self.encoding.outputs)
 
 
-def _base_constructors() -> set[tuple[str, int]]:
-    return {(op, n) for op in OPS for n in all_arities(op)}
+def _base_constructors() -> frozenset[tuple[str, int]]:
+    """(op, arity) of every registered op at the arities declared up front."""
+    return frozenset((op, n) for op in OPS for n in all_arities(op))
 
 
-def _setup_program(encoding: Encoding, rulesets: Sequence[Ruleset]) -> str:
-    constructors = _base_constructors() | encoding.constructors
-    lines = [PRELUDE, TABLES, "(ruleset types)"]
-    lines += [declaration(op, n) for op, n in sorted(constructors)]
-    lines += [type_rule(op, n) for op, n in sorted(constructors)]
+def _declarations(constructors) -> list[str]:
+    return [declaration(op, n) for op, n in sorted(constructors)] + [type_rule(op, n) for op, n in sorted(constructors)]
+
+
+def _setup_program(rulesets: Sequence[Ruleset], constructors: frozenset[tuple[str, int]]) -> str:
+    lines = [PRELUDE, TABLES, "(ruleset types)", *_declarations(constructors)]
     lines += [rs.egglog() for rs in rulesets]
     return "\n".join(lines)
 
@@ -112,9 +114,9 @@ class _PreparedEGraphs(threading.local):
         fails halfway leaves it in an unknown state, and it is dropped instead."""
         prepared = self.by_rulesets.pop(rulesets, None)
         if prepared is None:
-            egraph = bindings.EGraph()
-            _run(egraph, _setup_program(Encoding(unions=[], outputs=()), rulesets))
-            prepared = _Prepared(egraph, frozenset(_base_constructors()))
+            egraph, constructors = bindings.EGraph(), _base_constructors()
+            _run(egraph, _setup_program(rulesets, constructors))
+            prepared = _Prepared(egraph, constructors)
         return prepared
 
     def give_back(self, rulesets: tuple[Ruleset, ...], prepared: _Prepared) -> None:
@@ -136,17 +138,16 @@ _prepared = _PreparedEGraphs()
 def _declare_extra_constructors(prepared: _Prepared, encoding: Encoding) -> None:
     """Declare the constructors the graph uses beyond the prepared ones: variadic ops at other
     arities, and ops registered since the e-graph was prepared."""
-    egraph = prepared.egraph
-    extra = sorted(encoding.constructors - prepared.constructors)
+    extra = encoding.constructors - prepared.constructors
     if extra:
-        _run(egraph, "\n".join([declaration(op, n) for op, n in extra] + [type_rule(op, n) for op, n in extra]))
+        _run(prepared.egraph, "\n".join(_declarations(extra)))
 
 
 def setup_error(rulesets: Sequence[Ruleset]) -> str | None:
     """What egglog says against declaring `rulesets` (a rule naming an unknown function, a guard
     that does not parse), or None when they declare cleanly, as every rewrite will."""
     try:
-        _run(bindings.EGraph(), _setup_program(Encoding(unions=[], outputs=()), rulesets))
+        _run(bindings.EGraph(), _setup_program(rulesets, _base_constructors()))
     except Exception as e:       # egglog's EggSmolError, whatever the binding calls it
         return f"{type(e).__name__}: " + " ".join(str(e).split())
     return None
