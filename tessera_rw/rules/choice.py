@@ -24,10 +24,14 @@ def cheapest_choice(view: EGraphView, cost: Callable[[ENode], float]) -> dict[st
     Knuth's generalization of Dijkstra to e-graphs, settling classes cheapest first, O(e-nodes · log
     classes). Cycles are harmless: a class is settled once, by an e-node whose operands were settled
     before it. An e-node of infinite cost is never chosen; a class with no finite e-node is absent
-    from the result. Ties keep the earlier e-node."""
+    from the result. Ties keep the earlier e-node.
+
+    Totals are summed exactly, in integer units of 2⁻⁶⁴: a tree cost counts a shared operand once
+    per path to it, so a deep residual stack's totals grow as 2^depth (10⁴⁵ µs at 48 layers) and a
+    float sum would round away the difference between two e-nodes of one class."""
     users: dict[str, list[ENode]] = {}
     waiting: dict[str, int] = {}
-    heap: list[tuple[float, int, str, ENode]] = []
+    heap: list[tuple[int, int, str, ENode]] = []
     order = 0
     for enodes in view.classes.values():
         for enode in enodes:
@@ -35,10 +39,10 @@ def cheapest_choice(view: EGraphView, cost: Callable[[ENode], float]) -> dict[st
             for c in set(enode.operands):
                 users.setdefault(c, []).append(enode)
             if not enode.operands and math.isfinite(own := cost(enode)):
-                heap.append((own, order, enode.eclass, enode))
+                heap.append((_exact(own), order, enode.eclass, enode))
                 order += 1
     heapq.heapify(heap)
-    size: dict[str, float] = {}
+    size: dict[str, int] = {}
     best: dict[str, ENode] = {}
     while heap:
         total, _, cid, enode = heapq.heappop(heap)
@@ -48,11 +52,21 @@ def cheapest_choice(view: EGraphView, cost: Callable[[ENode], float]) -> dict[st
         for user in users.get(cid, ()):
             waiting[user.id] -= 1
             if waiting[user.id] == 0 and user.eclass not in size:
-                total = cost(user) + sum(size[c] for c in user.operands)
-                if math.isfinite(total):
-                    heapq.heappush(heap, (total, order, user.eclass, user))
+                own = cost(user)
+                if math.isfinite(own):
+                    heapq.heappush(heap, (_exact(own) + sum(size[c] for c in user.operands), order, user.eclass, user))
                     order += 1
     return best
+
+
+FIXED_POINT_BITS = 64
+
+
+def _exact(cost: float) -> int:
+    """A finite cost in integer units of 2⁻⁶⁴ (exact for any cost that is a multiple of them;
+    nearer zero, rounded down)."""
+    numerator, denominator = cost.as_integer_ratio()
+    return (numerator << FIXED_POINT_BITS) // denominator
 
 
 def variants(view: EGraphView, base: dict[str, ENode]) -> Iterator[tuple[ENode, dict[str, ENode]]]:
