@@ -4,6 +4,7 @@
   graphs: BERT-base, a 48-layer GPT stack, a Hyena long-conv block, a ResNet conv stack and an
   MLP's backward by `op.grad`; e-graph sizes; ptxas's registers beside the estimates;
 - depth scaling: BERT's rewrite at 12 and 48 layers;
+- extraction's programs against the exact optimum an integer linear program finds;
 - the numpy executor against numpy / scipy on the same inputs: blockwise attention's peak memory
   at S = 8192 against the naive S×S form, the FFT convolution against scipy.signal's direct one;
 - the cost of a call: warm-call overhead and the first call of the attention example.
@@ -104,6 +105,21 @@ def depth_figures() -> list[Figure]:
     ]
 
 
+def optimum_figures() -> list[Figure]:
+    """Extraction against the exact ILP optimum at every fusion depth."""
+    from bench.extraction_optimum import optimum_gaps, rule_example_gaps
+    gaps = rule_example_gaps(H100)
+    for name in ("BERT-base, 12 layers", "Hyena long-conv block", "ResNet, 4 basic blocks", "MLP backward (op.grad)"):
+        kernel, inputs = MODELS[name]()
+        gaps += optimum_gaps(name, kernel.trace(**inputs), H100)
+    worst = max(gaps, key=lambda g: g.gap)
+    proven = all(g.optimum.proven for g in gaps)
+    return [Figure(f"extraction vs exact ILP optimum (HiGHS), {len(gaps)} programs (BERT-base 12 layers, Hyena, "
+                   f"ResNet, MLP backward and every rule example, at each fusion depth): worst excess "
+                   f"({worst.model}, {worst.depth})", max(worst.gap, 0.0) * 100, "%", "0",
+                   proven and worst.gap < 1e-9)]
+
+
 def executor_figures() -> tuple[list[Figure], list[host_executor.Versus]]:
     attention = host_executor.attention_versus_naive()
     direct, fft = host_executor.conv_versus_scipy()
@@ -170,7 +186,7 @@ def measure() -> tuple[list[Figure], list[StageTimes], list[host_executor.Versus
         try:
             stages = [run_model(name, make, H100) for name, make in MODELS.items()]
             executor, versus = executor_figures()
-            figures = stage_figures(stages) + depth_figures() + executor
+            figures = stage_figures(stages) + depth_figures() + optimum_figures() + executor
         finally:
             if previous is None:
                 os.environ.pop("TESSERA_CACHE_DIR", None)

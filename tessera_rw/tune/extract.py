@@ -251,23 +251,40 @@ def _outside(choice: dict[str, ENode], program: ChosenProgram, cid: str, memo: d
     return memo[cid]
 
 
-@with_collector_paused
-def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, objective: Objective = Objective.TIME,
-                       forbid: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
-    """Up to `k` programs of distinct fusion depths from a saturated e-graph, cheapest first.
-    Ops in `forbid` are never chosen (e.g. {"rfft"} for the best program without the FFT path)."""
-    view = result.view
-    roots = result.output_classes()
+@dataclass(frozen=True)
+class DepthChoice:
+    """The program extraction chose at one fusion depth: an e-node per class (the classes the
+    roots reach are the program) and the per-e-node cost it was chosen under (inf for e-nodes
+    deeper than `depth` or forbidden)."""
+    depth: FusionDepth
+    choice: dict[str, ENode]
+    cost: Callable[[ENode], float]
+
+
+def choose_per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective = Objective.TIME,
+                     forbid: frozenset[str] = frozenset()) -> tuple[DepthChoice, ...]:
+    """The cheapest program at each fusion depth the e-graph can express its outputs at."""
+    view, roots = result.view, result.output_classes()
     costs = _Costs(view, arch, objective)
-    graph = result.graph
-    found: dict[tuple, Candidate] = {}
+    chosen = []
     for depth in FusionDepth:
         limited = costs.limited(depth, frozenset(forbid))
         tree = cheapest_choice(view, limited)
         if any(r not in tree for r in roots):
             continue  # the program needs fused ops deeper than this
-        choice = share_more(view, tree, roots, limited)
-        program = Graph(graph.name, graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
+        chosen.append(DepthChoice(depth, share_more(view, tree, roots, limited), limited))
+    return tuple(chosen)
+
+
+@with_collector_paused
+def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, objective: Objective = Objective.TIME,
+                       forbid: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
+    """Up to `k` programs of distinct fusion depths from a saturated e-graph, cheapest first.
+    Ops in `forbid` are never chosen (e.g. {"rfft"} for the best program without the FFT path)."""
+    view, roots, graph = result.view, result.output_classes(), result.graph
+    found: dict[tuple, Candidate] = {}
+    for chosen in choose_per_depth(result, arch, objective, forbid):
+        program = Graph(graph.name, graph.inputs, tuple(view.decode(chosen.choice, r) for r in roots)).verify()
         found.setdefault(program.outputs, candidate_of(program, arch))
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
         return (candidate_of(graph, arch),)

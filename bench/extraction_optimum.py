@@ -1,0 +1,116 @@
+"""Extraction beside the exact optimum: the cheapest program an e-graph holds at a fusion depth,
+found by an integer linear program (scipy's HiGHS), against the program extraction chose.
+
+The program (the formulation of egg's LP extractor): a 0/1 variable per e-node of finite cost; each
+root class computes one e-node; a chosen e-node needs one e-node chosen in each of its operand
+classes; a class computes at most one. Acyclicity: a level per class, and a chosen e-node's class
+stands at least one level above each of its operand classes (big-M), so no chosen cycle exists.
+Minimized: the sum of the chosen e-nodes' costs, each class paid once, as the DAG pass scores it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.rules.egraph import EGraphView, ENode
+from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.saturate import rewrite
+from tessera_rw.rules.soundness import example_graph
+from tessera_rw.tune.chosen_program import ChosenProgram
+from tessera_rw.tune.extract import choose_per_depth
+
+
+@dataclass(frozen=True)
+class Optimum:
+    cost: float
+    proven: bool            # HiGHS proved it optimal within its time limit (else its best incumbent)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OptimumGap:
+    """Extraction's program at one depth against the ILP's."""
+    model: str
+    depth: str
+    ours: float
+    optimum: Optimum
+
+    @property
+    def gap(self) -> float:
+        """How much dearer extraction's program is, as a fraction of the optimum (negative where
+        the ILP ran out of time with a worse incumbent)."""
+        return self.ours / self.optimum.cost - 1.0
+
+
+def program_cost(choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float]) -> float:
+    """A choice's program cost: each class the roots reach paid once."""
+    return sum(cost(choice[cid]) for cid in ChosenProgram(dict(choice), roots).post)
+
+
+def exact_optimum(view: EGraphView, roots: Sequence[str], cost: Callable[[ENode], float],
+                  time_limit_s: float = 60.0) -> Optimum:
+    """The cheapest acyclic choice from `view` computing `roots` under `cost`."""
+    enodes = [e for es in view.classes.values() for e in es if math.isfinite(cost(e)) and e.eclass not in e.operands]
+    level = {cid: len(enodes) + i for i, cid in enumerate(view.classes)}   # level variables follow the e-nodes
+    in_class: dict[str, list[int]] = {}
+    for i, enode in enumerate(enodes):
+        in_class.setdefault(enode.eclass, []).append(i)
+    rows, cols, vals, lower, upper = [], [], [], [], []
+
+    def constrain(coefficients: dict[int, float], low: float, high: float) -> None:
+        row = len(lower)
+        for col, val in coefficients.items():
+            rows.append(row), cols.append(col), vals.append(val)
+        lower.append(low), upper.append(high)
+
+    for root in dict.fromkeys(roots):
+        constrain({i: 1.0 for i in in_class.get(root, ())}, 1.0, 1.0)
+    for members in in_class.values():
+        constrain({i: 1.0 for i in members}, 0.0, 1.0)
+    big_m = len(view.classes) + 1.0
+    for i, enode in enumerate(enodes):
+        for operand in dict.fromkeys(enode.operands):
+            needs = {j: -1.0 for j in in_class.get(operand, ())}
+            needs[i] = 1.0
+            constrain(needs, -np.inf, 0.0)
+            constrain({level[enode.eclass]: 1.0, level[operand]: -1.0, i: -big_m}, 1.0 - big_m, np.inf)
+    n = len(enodes) + len(level)
+    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), n)).tocsr()
+    objective = np.array([cost(e) for e in enodes] + [0.0] * len(level))
+    integrality = np.array([1] * len(enodes) + [0] * len(level))
+    bounds = Bounds(np.zeros(n), np.array([1.0] * len(enodes) + [float(len(level))] * len(level)))
+    start = time.perf_counter()
+    solved = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
+                  bounds=bounds, options={"time_limit": time_limit_s})
+    if solved.x is None:
+        raise RuntimeError(f"HiGHS found no program within {time_limit_s} s: {solved.message}")
+    return Optimum(float(solved.fun), solved.status == 0, time.perf_counter() - start)
+
+
+def optimum_gaps(model: str, graph: Graph, arch: ArchSpec, time_limit_s: float = 60.0) -> list[OptimumGap]:
+    """Extraction's program at each fusion depth against the exact optimum at that depth."""
+    result = rewrite(graph, BUILTIN_RULESETS)
+    roots = result.output_classes()
+    return [OptimumGap(model, chosen.depth.label, program_cost(chosen.choice, roots, chosen.cost),
+                       exact_optimum(result.view, roots, chosen.cost, time_limit_s))
+            for chosen in choose_per_depth(result, arch)]
+
+
+def rule_example_gaps(arch: ArchSpec, seed: int = 0) -> list[OptimumGap]:
+    """`optimum_gaps` on every built-in rule's example program (saturated with every ruleset)."""
+    gaps = []
+    for ruleset in BUILTIN_RULESETS:
+        for rule in ruleset.rules:
+            if rule.example is not None:
+                graph, _ = example_graph(rule, np.random.default_rng(seed))
+                gaps += optimum_gaps(rule.name, graph, arch)
+    return gaps
