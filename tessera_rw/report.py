@@ -121,18 +121,43 @@ def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
     return table
 
 
+KERNEL_NAME_WIDTH = 22
+
+
+def _broken_at_plus(name: str, width: int = KERNEL_NAME_WIDTH) -> str:
+    """A kernel's name in lines of at most `width` characters where it can, broken after a '+'.
+
+    >>> print(_broken_at_plus("flash_attention+scale+causal+softmax"))
+    flash_attention+scale+
+    causal+softmax
+    """
+    lines = [""]
+    for part in name.split("+"):
+        piece = part if not lines[-1] else "+" + part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += "+"
+            lines.append(part)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines)
+
+
 def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None, title: str) -> Table:
     """The per-kernel breakdown: each kernel with what it fused, its resources and time. `costs` (the
     cost model's records, when the program is at hand) add the schedule, occupancy and what bounds it."""
     table = report_table(title)
+    table.pad_edge = False      # ten columns: a space apiece more would wrap them at 100 columns
     numeric = ("regs", "smem KB", "occ", "HBM MB", "GFLOP", "est µs")
     columns = ("kernel", "schedule", *numeric, "bound") if costs else ("kernel", *numeric)
     for column in columns:
+        # a long kernel name is broken after its '+'s (_broken_at_plus) and the schedule at its
+        # spaces; nothing else wraps, and no header breaks inside its word
         table.add_column(column, justify="right" if column in numeric else "left", overflow="fold",
-                         no_wrap=column == "kernel")
+                         no_wrap=column != "schedule", min_width=len(column))
     for i, k in enumerate(candidate.kernels):
         cost = costs[i] if costs else None
-        name = "+".join((k.kind, *k.fused)) + ("" if cost is None or cost.has_template else " (no template)")
+        name = _broken_at_plus("+".join((k.kind, *k.fused))) + ("" if cost is None or cost.has_template else
+                                                                 " (no template)")
         numbers = [str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{cost.occupancy:.0%}" if cost else "-",
                    _mb(k.hbm_bytes), _gflop(k.flops), _us(k.est_us)]
         if cost:
