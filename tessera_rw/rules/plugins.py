@@ -26,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.rules.rule import Ruleset
+from tessera_rw.rules.schema import camel
 
 ENTRY_POINT_GROUP = "tessera_rw.rules"
 TESSERA_RW_VERSION = "0.1.0"
@@ -88,9 +89,19 @@ def _distribution(ep: metadata.EntryPoint) -> str:
     return ep.dist.name if getattr(ep, "dist", None) is not None else ep.value.split(":")[0]
 
 
+_FROM_FACTORY: dict[Callable[[], object], object] = {}
+
+
 def _load_one(ep: metadata.EntryPoint) -> RulePack:
+    """The entry point's pack; a factory runs once per process (each run would make new ops of the
+    same names, which the first run already declared)."""
     provided = ep.load()
-    pack = provided() if callable(provided) and not isinstance(provided, RulePack) else provided
+    if callable(provided) and not isinstance(provided, RulePack):
+        if provided not in _FROM_FACTORY:
+            _FROM_FACTORY[provided] = provided()
+        pack = _FROM_FACTORY[provided]
+    else:
+        pack = provided
     if not isinstance(pack, RulePack):
         raise TypeError(f"entry point {ep.name!r} gave a {type(pack).__name__}, not a tessera_rw RulePack")
     return pack
@@ -132,18 +143,27 @@ _BOTH_HINT = ("rename it in one package, uninstall one (pip uninstall {}), or se
               "to run without plugins")
 
 
+# egglog rulesets the saturation driver declares itself
+RESERVED_RULESETS = ("insert", "types")
+
+
 def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> None:
-    """Raise PluginError naming both providers of any repeated ruleset or op name."""
-    owners: dict[str, str] = {rs.name: "tessera_rw" for rs in builtin}
-    op_owners: dict[str, str] = {name: "tessera_rw" for name in OPS}
+    """Raise PluginError naming both providers of any repeated ruleset or op name (a ruleset's
+    egglog name, its explosive half's included, and the driver's own rulesets count too)."""
+    owners: dict[str, str] = {name: "tessera_rw" for name in RESERVED_RULESETS}
+    owners.update((unit.name, "tessera_rw") for rs in builtin for unit in rs.units())
+    op_owners: dict[str, tuple[str, str]] = {camel(name): (name, "tessera_rw") for name in BUILTIN_OPS}
     for lp in packs:
         for rs in lp.pack.rulesets:
-            if rs.name in owners:
-                raise PluginError(f"ruleset {rs.name!r} is provided by both {owners[rs.name]!r} and {lp.distribution!r}",
+            for unit in rs.units():
+                if unit.name in owners:
+                    raise PluginError(f"ruleset {unit.name!r} is provided by both {owners[unit.name]!r} and "
+                                      f"{lp.distribution!r}", hint=_BOTH_HINT.format(lp.distribution))
+                owners[unit.name] = lp.distribution
+        for op in lp.pack.ops:   # ops whose names differ only in case share egglog's constructor names
+            name, owner = op_owners.get(camel(op.name), (op.name, None))
+            if owner is not None and OPS.get(op.name) is not op:
+                alike = "" if name == op.name else f" (as {name!r}: egglog spells both {camel(op.name)!r})"
+                raise PluginError(f"op {op.name!r} is provided by both {owner!r}{alike} and {lp.distribution!r}",
                                   hint=_BOTH_HINT.format(lp.distribution))
-            owners[rs.name] = lp.distribution
-        for op in lp.pack.ops:
-            if op.name in op_owners and OPS.get(op.name) is not op:
-                raise PluginError(f"op {op.name!r} is provided by both {op_owners[op.name]!r} and {lp.distribution!r}",
-                                  hint=_BOTH_HINT.format(lp.distribution))
-            op_owners[op.name] = lp.distribution
+            op_owners[camel(op.name)] = (op.name, lp.distribution)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable
 
-from tessera_rw.algebra.ops import register
+from tessera_rw.algebra.ops import OPS, register, unregister
 from tessera_rw.rules.library import BUILTIN_RULESETS
 from tessera_rw.rules.plugins import LoadedPack, check_unique, discover, skip
 from tessera_rw.rules.rule import Ruleset
@@ -24,29 +24,40 @@ def rulesets(plugins: bool = True, strict: bool | None = None,
 
 def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> tuple[Ruleset, ...]:
     """Check the packs against each other and the built-ins, declare their ops, tag their rulesets;
-    a pack whose rules egglog refuses is skipped with a warning (raised when strict), as discovery
-    skips one that fails to load."""
+    a pack whose rules egglog refuses, alone or beside the packs accepted before it, is skipped
+    with a warning (raised when strict) and its ops are taken back, as discovery skips one that
+    fails to load."""
     packs = tuple(packs)
     check_unique(BUILTIN_RULESETS, packs)
-    found = []
+    found: list[Ruleset] = []
+    accepted: list[tuple[str, str, str]] = []
     for lp in packs:
-        for op in lp.pack.ops:
+        added = [op for op in lp.pack.ops if OPS.get(op.name) is not op]
+        for op in added:
             register(op)
         tagged = tuple(dataclasses.replace(rs, origin=lp.distribution) for rs in lp.pack.rulesets)
-        if error := _refusal(lp.distribution, lp.pack.name, lp.pack.version, tagged):
-            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: egglog refuses its rules: "
-                 f"{error}", strict, hint="fix the rule's pattern or its `when` guard")
+        key = (lp.distribution, lp.pack.name, lp.pack.version)
+        if error := _refusal(tuple(accepted), key, (*found, *tagged)):
+            for op in added:
+                unregister(op)
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: egglog refuses its rules"
+                 f"{' beside those of ' + ', '.join(repr(d) for d, _, _ in accepted) if accepted else ''}: {error}",
+                 strict, hint="fix the rule's pattern or its `when` guard, and give its functions and ops "
+                              "names of the plugin's own")
             continue
         found += tagged
+        accepted.append(key)
     return tuple(found)
 
 
-_REFUSALS: dict[tuple[str, str, str], str | None] = {}
+_REFUSALS: dict[tuple, str | None] = {}
 
 
-def _refusal(distribution: str, name: str, version: str, rulesets: tuple[Ruleset, ...]) -> str | None:
-    """egglog's objection to declaring a pack's rulesets beside the built-ins, once per process and pack."""
-    key = (distribution, name, version)
+def _refusal(accepted: tuple[tuple[str, str, str], ...], pack: tuple[str, str, str],
+             rulesets: tuple[Ruleset, ...]) -> str | None:
+    """egglog's objection to declaring a pack's rulesets beside the built-ins and the packs accepted
+    before it, once per process for each such combination."""
+    key = (accepted, pack)
     if key not in _REFUSALS:
         _REFUSALS[key] = setup_error(BUILTIN_RULESETS + rulesets)
     return _REFUSALS[key]

@@ -40,3 +40,47 @@ def broken_pack() -> RulePack:
 
 
 not_a_pack = 42
+
+
+def _elementwise_op(name: str):
+    from tessera_rw.plugin import OpDef, OpKind
+    return OpDef(name, ("a",), OpKind.ELEMENTWISE, infer=lambda a: a, reference=lambda a: a)
+
+
+FACTORY_CALLS = []
+
+
+def factory_pack() -> RulePack:
+    """A factory (which entry points may name) whose every run makes a new op of one name."""
+    FACTORY_CALLS.append(1)
+    return RulePack(name="factory", version="1.0", rulesets=(Ruleset("factory_rules", ()),),
+                    ops=(_elementwise_op("factory_fused"),))
+
+
+def refused_with_op_pack() -> RulePack:
+    """An op, and a rule egglog refuses: the op must not outlive the skipped pack."""
+    bad = Rule("unknown-guard-2", "tanh(x) = tanh(x) when nonsense", lhs=t.tanh(x, of=(s, d)),
+               rhs=t.tanh(x, of=(s, d)), when=("(= (nonsense2 x) 1)",))
+    return RulePack(name="refused-op", version="1.0", rulesets=(Ruleset("refused_op_rules", (bad,)),),
+                    ops=(_elementwise_op("refused_fused"),))
+
+
+def helper_pack_a() -> RulePack:
+    return RulePack(name="helper-a", version="1.0",
+                    rulesets=(Ruleset("helper_a", (), facts="(function plugin_helper (i64) i64 :merge old)"),))
+
+
+def helper_pack_b() -> RulePack:
+    """Declares the same egglog function as helper_pack_a: fine alone, refused beside it."""
+    return RulePack(name="helper-b", version="1.0",
+                    rulesets=(Ruleset("helper_b", (), facts="(function plugin_helper (i64) i64 :merge old)"),))
+
+
+def reserved_name_pack() -> RulePack:
+    return RulePack(name="reserved", version="1.0", rulesets=(Ruleset("insert", ()),))
+
+
+def case_clash_pack() -> RulePack:
+    """An op spelled like the built-in matmul's egglog constructor."""
+    return RulePack(name="case-clash", version="1.0", rulesets=(Ruleset("case_clash", ()),),
+                    ops=(_elementwise_op("Matmul"),))

@@ -68,6 +68,42 @@ def test_a_pack_whose_rules_egglog_refuses_is_skipped_and_kernels_still_compile(
         rulesets(strict=True, entry_points=fake(f"{FIXTURES}:unparsable_pack"))
 
 
+def test_a_skipped_pack_takes_its_ops_back_and_later_kernels_compile():
+    from tessera_rw.algebra.ops import OPS
+    from tessera_rw.pipeline import compile_program
+    with pytest.warns(PluginWarning, match=r"\(refused-op\) was skipped"):
+        rulesets(entry_points=fake(f"{FIXTURES}:refused_with_op_pack"))
+    assert "refused_fused" not in OPS
+    graph = op.kernel(lambda x: op.exp(x) * 2).trace(op.tensor((4,), "float32"))
+    assert compile_program(graph).candidates
+
+
+def test_packs_are_checked_together_the_later_of_two_clashing_ones_is_skipped():
+    with pytest.warns(PluginWarning, match=r"\(helper-b\) was skipped: egglog refuses its rules beside those of "
+                                           r"'tests.rules.plugin_fixtures'"):
+        found = rulesets(entry_points=fake(f"{FIXTURES}:helper_pack_a", f"{FIXTURES}:helper_pack_b"))
+    names = {rs.name for rs in found}
+    assert "helper_a" in names and "helper_b" not in names
+    graph = op.kernel(lambda x: op.exp(x) * 2).trace(op.tensor((4,), "float32"))
+    assert rewrite(graph, found).report.stop_reason
+
+
+def test_a_factory_runs_once_so_its_ops_are_not_declared_twice():
+    from tests.rules import plugin_fixtures
+    first = rulesets(entry_points=fake(f"{FIXTURES}:factory_pack"))
+    again = rulesets(entry_points=fake(f"{FIXTURES}:factory_pack"))
+    assert [rs.name for rs in first] == [rs.name for rs in again] and "factory_rules" in {rs.name for rs in again}
+    assert len(plugin_fixtures.FACTORY_CALLS) == 1
+
+
+@pytest.mark.parametrize("pack, clash", [("reserved_name_pack", "ruleset 'insert'"),
+                                         ("case_clash_pack", "op 'Matmul' is provided by both 'tessera_rw' "
+                                                             "(as 'matmul'")])
+def test_names_the_driver_or_egglog_already_use_are_refused(pack, clash):
+    with pytest.raises(PluginError, match=clash.replace("(", r"\(")):
+        rulesets(entry_points=fake(f"{FIXTURES}:{pack}"))
+
+
 def test_strict_mode_raises():
     with pytest.raises(PluginError, match="broken on purpose"):
         discover(strict=True, entry_points=fake(f"{FIXTURES}:broken_pack"))

@@ -21,6 +21,14 @@ def register(op: OpDef) -> OpDef:
     return op
 
 
+def unregister(op: OpDef) -> None:
+    """Take back an op `register` added (a plugin found unusable after its ops were declared)."""
+    if op.name in BUILTIN_OPS:
+        raise TesseraError(f"op {op.name!r} is built in and cannot be unregistered")
+    if OPS.get(op.name) is op:
+        del OPS[op.name]
+
+
 def opdef(name: str) -> OpDef:
     try:
         return OPS[name]
