@@ -14,9 +14,11 @@ import sys
 import sysconfig
 from typing import Any, Sequence
 
+import numpy as np
+
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
 from tessera_rw.algebra.ops import opdef
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,6 +82,16 @@ def python_scalar(value: float | int | bool, dtype: DType) -> float | int | bool
     return float(value)
 
 
+def beyond_double(scalar: float | int | bool | complex, dtype: DType) -> bool:
+    """Whether `scalar` is an integer of `dtype` that a double (the e-graph's number) cannot hold."""
+    return dtype.is_integer and int(float(scalar)) != scalar
+
+
 def make_constant(value: float | int | bool, dtype: DType) -> Node:
-    """A 0-d constant of `dtype`."""
-    return make("constant", value=python_scalar(value, dtype), dtype=dtype)
+    """A 0-d constant of `dtype`. An integer that a double cannot hold (|value| > 2⁵³, the
+    e-graph's number type) is held as a 0-d literal array instead, which the rewrites pass through
+    untouched, so it comes out exact."""
+    scalar = python_scalar(value, dtype)
+    if beyond_double(scalar, dtype):
+        return make("literal", value=ArrayLiteral(np.array(scalar, dtype=dtype.numpy)), dtype=dtype)
+    return make("constant", value=scalar, dtype=dtype)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import DType, DTypeError
+from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.dtypes import promote
 
 
@@ -51,3 +52,15 @@ def test_promotion_is_symmetric(a, b, want):
 def test_limits():
     assert DType.bfloat16.eps == 2 ** -7 and DType.float8_e4m3.lowest == -448
     assert DType.float32.lowest == float(np.finfo(np.float32).min)
+
+
+def test_int64_constants_beyond_two_to_the_53_come_out_exact():
+    # the e-graph's numbers are doubles; such constants travel as literals, not rounded
+    from tessera_rw import op
+    big = 2**53 + 1
+    x = np.arange(3, dtype=np.int64)
+    assert np.array_equal(op.kernel(lambda x: x * 3 + big)(x), x * 3 + big)
+    assert np.array_equal(op.kernel(lambda x: x - op.full((3,), -big, dtype="int64"))(x), x + big)
+    assert np.array_equal(op.kernel(lambda x: op.pad(x, 1, constant_values=big))(x), np.pad(x, 1, constant_values=big))
+    with pytest.raises(AttributeValueError, match="beyond 2\\*\\*53"):
+        op.kernel(lambda x: x + op.arange(big, big + 3))(x)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from tessera_rw.algebra.api.dispatch import apply, op_context
-from tessera_rw.algebra.builder import python_scalar
+from tessera_rw.algebra.api.layout import broadcast_to
+from tessera_rw.algebra.builder import beyond_double, python_scalar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.tensor import TensorSpec
@@ -17,7 +20,10 @@ def full(shape, fill_value, dtype="float32"):
         spec = TensorSpec(shape, dtype)
         if not isinstance(fill_value, (numbers.Number,)):
             raise AttributeValueError(f"fill_value must be a number, got {fill_value!r}")
-    return apply("full", (), shape=spec.shape, value=python_scalar(fill_value, spec.dtype), dtype=spec.dtype)
+    value = python_scalar(fill_value, spec.dtype)
+    if beyond_double(value, spec.dtype):    # held exactly, as a literal
+        return broadcast_to(np.array(value, dtype=spec.dtype.numpy), spec.shape)
+    return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
 
 
 def ones(shape, dtype="float32"): return full(shape, 1, dtype)
@@ -33,7 +39,10 @@ def arange(start, stop=None, step=1, dtype=None):
             raise AttributeValueError(f"arange bounds must be numbers, got {start!r}, {stop!r}, {step!r}")
         integral = all(isinstance(v, numbers.Integral) for v in (start, stop, step))
         dt = DType.parse(dtype) if dtype is not None else DType.int64 if integral else DType.float32
-    bounds = {k: python_scalar(v, dt) for k, v in (("start", start), ("stop", stop), ("step", step))}
+        bounds = {k: python_scalar(v, dt) for k, v in (("start", start), ("stop", stop), ("step", step))}
+        if any(beyond_double(v, dt) for v in bounds.values()):
+            raise AttributeValueError(f"arange bounds {start}, {stop}, {step} go beyond 2**53, which the e-graph "
+                                      "cannot hold exactly", hint="add the large offset to an arange of small bounds")
     return apply("arange", (), dtype=dt, **bounds)
 
 

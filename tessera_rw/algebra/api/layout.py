@@ -8,7 +8,8 @@ import numbers
 import numpy as np
 
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
-from tessera_rw.algebra.builder import python_scalar
+from tessera_rw.algebra.builder import beyond_double, python_scalar
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
@@ -106,7 +107,13 @@ def pad(x, pad_width, constant_values: float = 0):
     value = constant_values.item() if isinstance(constant_values, np.generic) else constant_values
     if not isinstance(value, (int, float)):
         raise AttributeValueError(f"pad: constant_values must be a number, got {constant_values!r}")
-    return apply("pad", (x,), pads=pairs, value=python_scalar(value, type_of(x).dtype))
+    dtype = type_of(x).dtype
+    scalar = python_scalar(value, dtype)
+    if beyond_double(scalar, dtype):    # the e-graph's doubles would round it: the border is a literal
+        inside = apply("pad", (apply("full", (), shape=type_of(x).shape, value=True, dtype=DType.bool),), pads=pairs,
+                       value=False)
+        return apply("where", (inside, apply("pad", (x,), pads=pairs, value=0), np.array(scalar, dtype.numpy)))
+    return apply("pad", (x,), pads=pairs, value=scalar)
 
 
 def concatenate(xs, axis: int = 0):
