@@ -17,14 +17,27 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import ArrayLiteral, Node
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.rules.schema import attr_names, codec, constructor_name
+from tessera_rw.rules.schema import attr_names, camel, codec, constructor_name
 
 
 
-def _constructors() -> dict[str, tuple[str, int]]:
-    """egglog constructor name -> (op, arity), for the ops declared now (plugins add some)."""
-    return {constructor_name(op, n): (op.name, n)
-            for op in OPS.values() for n in ((len(op.operands),) if not op.variadic else range(0, 33))}
+class _Constructors:
+    """egglog constructor name -> (op, arity), for the ops declared now (plugins add some): a
+    fixed-arity op's constructor is its camel-case name, a variadic op's has its arity appended,
+    whatever the arity (a concatenation of 40 tensors is `Concatenate40`)."""
+
+    def __init__(self) -> None:
+        self.fixed = {constructor_name(op, 0): (op.name, len(op.operands)) for op in OPS.values() if not op.variadic}
+        self.variadic = {camel(op.name): op.name for op in OPS.values() if op.variadic}
+
+    def get(self, name: str) -> tuple[str, int] | None:
+        if name in self.fixed:
+            return self.fixed[name]
+        digits = len(name) - len(name.rstrip("0123456789"))
+        for cut in range(len(name) - digits, len(name)):     # the longest op name first
+            if name[:cut] in self.variadic:
+                return self.variadic[name[:cut]], int(name[cut:])
+        return None
 
 
 class CycleError(TesseraError):
@@ -66,7 +79,7 @@ class EGraphView:
         data = json.loads(serialized_json)
         nodes = data["nodes"]
         self.literals = dict(literals)
-        by_constructor = _constructors()
+        by_constructor = _Constructors()
         self.ids: dict[int, str] = {}          # encoder Id -> e-class
         self.classes: dict[str, list[ENode]] = {}
         for nid, node in nodes.items():

@@ -18,6 +18,7 @@ from itertools import combinations
 from typing import Callable, Sequence
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -265,6 +266,10 @@ def choose_per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective
                      forbid: frozenset[str] = frozenset()) -> tuple[DepthChoice, ...]:
     """The cheapest program at each fusion depth the e-graph can express its outputs at."""
     view, roots = result.view, result.output_classes()
+    if missing := [r for r in roots if r not in view.classes]:
+        raise TesseraError(f"graph {result.graph.name!r}: output e-class(es) {', '.join(missing)} are missing from "
+                           "the e-graph's view (a constructor it could not read back)",
+                           hint="report this with the kernel; TESSERA_DISABLE_PLUGINS=1 rules out a plugin's ops")
     costs = _Costs(view, arch, objective)
     chosen = []
     for depth in FusionDepth:

@@ -166,3 +166,17 @@ def test_an_op_registered_after_the_rulesets_were_prepared_is_declared_for_its_g
     result = rewrite(late, ())
     assert result.view.decode(smallest_choice(result.view), result.output_classes()[0]) is late.outputs[0]
     assert rewrite(chain(2), ()).report.stop_reason is StopReason.saturated   # the prepared e-graph still serves
+
+
+def test_a_variadic_op_of_any_arity_reads_back_from_the_e_graph():
+    # a concatenation of 40 tensors is the constructor Concatenate40: its class must be in the view
+    # (before, arities above 32 were not read back and extraction fell back to the input graph)
+    from tessera_rw.rules.egraph import _Constructors
+    parts = 40
+    graph = op.kernel(lambda x: op.concatenate([op.softmax(x * 2.0, axis=-1)] * parts, axis=0)).trace(
+        op.tensor((8, 16), "float32"))
+    result = rewrite(graph, BUILTIN_RULESETS)
+    root = result.output_classes()[0]
+    assert root in result.view.classes and "concatenate" in result.view.ops_in(root)
+    assert _Constructors().get("Concatenate40") == ("concatenate", 40)
+    assert _Constructors().get("Matmul") == ("matmul", 2) and _Constructors().get("NoSuchOp3") is None
