@@ -131,7 +131,7 @@ class ChosenProgram:
                 stack.extend(o for o in dict.fromkeys(self.choice[x].operands) if o not in kept)
         if any(cid in removed for cid in switches):
             return math.inf
-        return change - sum(cost(self.choice[x]) for x in removed)
+        return change - math.fsum(cost(self.choice[x]) for x in removed)    # exact: the set's order is the hash's
 
     def switch(self, cid: str, enode: ENode) -> None:
         """Make class `cid` (in the program) compute `enode`, which `delta` found acyclic: count the

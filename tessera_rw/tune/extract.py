@@ -217,7 +217,8 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
         for enode in view.classes[cid]:
             if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
                 continue
-            for new in set().union(*(_outside(choice, program, o, memo) for o in enode.operands)):
+            brought_in = set().union(*(_outside(choice, program, o, memo) for o in enode.operands))
+            for new in sorted(brought_in):      # in a fixed order: equal pairs tie alike in every process
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
     best: tuple[float, dict[str, ENode]] | None = None

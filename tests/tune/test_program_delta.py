@@ -106,3 +106,28 @@ def test_switches_that_keep_placing_classes_at_the_bottom_of_the_order():
         program.switch(below, node(below, "exp", leaf))
         assert program.refs == ChosenProgram(dict(choice), ("r",)).refs
         assert all(program.post[x] < program.post[c] for c in program.post for x in choice[c].operands)
+
+
+PAIR_TIE = """
+from tests.hand_built_egraphs import enode, view_of
+from tessera_rw.tune.extract import share_more
+cost = {"input": 0.0, "big": 11.0, "big5": 5.0, "A": 1.0, "B": 1.0, "C": 1.0, "pk": 5.0, "rk": 5.0}
+x, dw, db = enode("x", "input"), enode("dw", "big", "x"), enode("db", "big5", "x")
+p, r = enode("p", "pk", "x"), enode("r", "rk", "x")
+view = view_of(x, dw, enode("dw", "A", "p", "r"), db, enode("db", "B", "p"), enode("db", "C", "r"), p, r)
+choice = share_more(view, {"x": x, "dw": dw, "db": db, "p": p, "r": r}, ("dw", "db"), lambda e: cost[e.op])
+print(choice["dw"].op, choice["db"].op)
+"""
+
+
+def test_equal_pairs_of_switches_tie_alike_whatever_the_hash_seed():
+    # (dw: A, db: B) and (dw: A, db: C) cost the same; the one chosen must not follow string hashing
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    answers = {subprocess.run([sys.executable, "-c", PAIR_TIE], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": root}).stdout
+               for seed in range(6)}
+    assert len(answers) == 1, answers
