@@ -180,7 +180,7 @@ class Autotune:
         pinned = {p.step for p in program.pinned}
         found = []
         for i, op in tunable_ops(program.plan, current_numerics(), arch):
-            hit = None if i in pinned else cached_schedule(op, arch, store)
+            hit = None if i in pinned else cached_schedule(op, arch, store, restriction=kernel.restriction)
             if hit is None:
                 continue
             schedule, record = hit

@@ -63,11 +63,14 @@ class TuneError(TesseraError):
     """A kernel could not be tuned: every schedule failed."""
 
 
-def signature_hash(op: KernelOp, template: Template) -> str:
+def signature_hash(op: KernelOp, template: Template, restriction: SpaceRestriction | None = None) -> str:
     """What, besides shapes and dtypes, decides a kernel's code: op, attributes, result dtype,
-    numerics policy and kind. 16 hex digits, stable across processes."""
-    text = repr((op.op, op.attrs, op.result.dtype.value, op.numerics.value, template.kind_of(op)))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    numerics policy and kind; and a user's restriction of the space searched, so the best of a
+    restricted search never answers for the whole space. 16 hex digits, stable across processes."""
+    key = (op.op, op.attrs, op.result.dtype.value, op.numerics.value, template.kind_of(op))
+    if restriction is not None and not restriction.is_free:
+        key += (restriction,)
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -91,22 +94,30 @@ class KernelTuning:
 
 
 def _record(op: KernelOp, template: Template, arch: ArchSpec, schedule: Schedule, time_us: float,
-            chosen_by: ChosenBy, noise_us: float = 0.0, trials: int = 0) -> TuneRecord:
-    return TuneRecord.create(op_name=op.op, signature_hash=signature_hash(op, template),
+            chosen_by: ChosenBy, noise_us: float = 0.0, trials: int = 0,
+            restriction: SpaceRestriction | None = None) -> TuneRecord:
+    return TuneRecord.create(op_name=op.op, signature_hash=signature_hash(op, template, restriction),
                              shapes=[t.shape for t in op.operands], dtypes=[t.dtype for t in op.operands],
                              arch=arch, config=schedule_config(schedule), time_us=time_us, chosen_by=chosen_by,
                              noise_us=noise_us, trials=trials)
 
 
 def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Sequence[Schedule] | None = None,
-                    interpolate: bool = True) -> tuple[Schedule, TuneRecord] | None:
+                    interpolate: bool = True, restriction: SpaceRestriction | None = None,
+                    ) -> tuple[Schedule, TuneRecord] | None:
     """The cached schedule for `op` on `arch` (or, with `interpolate`, the nearest shape's, its
     record marked interpolated) when that schedule is still in `space` (default: the template's
-    whole space); else None."""
+    whole space); else None. Under a `restriction`, its own searches' records answer first, then
+    the whole space's best where the restriction admits it."""
     template = templates_for(op)[0]
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
-    sig = signature_hash(op, template)
+    sig = signature_hash(op, template, restriction)
     record = cache.get(op.op, sig, shapes, dtypes, arch)
+    if record is None and sig != (whole := signature_hash(op, template)):
+        record = cache.get(op.op, whole, shapes, dtypes, arch)
+        if record is not None and find_schedule(template.space(op, arch) if space is None else space,
+                                                record.config) is None:
+            record = None
     if record is None and interpolate:
         record = cache.nearest(op.op, shapes, dtypes, arch, signature_hash=sig)
     if record is None:
@@ -133,7 +144,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
         m = Method.COST_MODEL if measurer.method == "cost_model" else Method.ON_DEVICE
     first = None
     if cache is not None:
-        hit = cached_schedule(op, arch, cache, space=space.schedules)
+        hit = cached_schedule(op, arch, cache, space=space.schedules, restriction=restriction)
         if hit is not None:
             schedule, record = hit
             if not record.interpolated and (record.chosen_by is ChosenBy.ON_DEVICE or m is Method.COST_MODEL):
@@ -163,7 +174,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
     record = None
     if measurer.method in ("on_device", "cost_model"):      # a replay is not this machine's result
         record = _record(op, template, arch, best.schedule, best.measurement.median_us, chosen_by,
-                         best.measurement.noise_us, len(result.trials))
+                         best.measurement.noise_us, len(result.trials), restriction)
         if cache is not None:
             cache.put(record)
     return KernelTuning(op, template.kind_of(op), best.schedule, space.default, measurer.method,

@@ -142,3 +142,18 @@ def test_a_replayed_measurement_is_never_written_to_the_cache(cache):
         method = "replay"
     tune_kernel(matmul(256, 256, 256), H100, cache=cache, measurer=Replay(), max_trials=4)
     assert cache.records() == []
+
+
+def test_a_restricted_search_never_answers_for_the_whole_space(cache):
+    op, arch = matmul(1024, 1024, 1024), arch_named("H100-SXM")
+    free = tune_kernel(op, arch, method="cost_model", cache=None)
+    narrow = SpaceRestriction.of(tile_sizes=[(64, 64)], pipeline_stages=[2])
+    restricted = tune_kernel(op, arch, method="cost_model", cache=cache, restriction=narrow)
+    assert restricted.schedule != free.schedule and restricted.time_us > free.time_us
+    later = tune_kernel(op, arch, method="cost_model", cache=cache)
+    assert later.chosen_by == "cost_model" and later.schedule == free.schedule      # searched, not the cache
+    again = tune_kernel(op, arch, method="cost_model", cache=cache, restriction=narrow)
+    assert again.chosen_by == "cache" and again.schedule == restricted.schedule
+    # the whole space's best answers a restricted call when the restriction admits it
+    admitting = SpaceRestriction.of(pipeline_stages=[knobs(free.schedule)["pipeline_stages"]])
+    assert tune_kernel(op, arch, method="cost_model", cache=cache, restriction=admitting).chosen_by == "cache"
