@@ -7,7 +7,8 @@ cache (pydantic, nothing evaluated).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> from tessera_rw.algebra.node import TensorType
->>> from tessera_rw.tune.measure import Measurement
+>>> from tessera_rw.rules.schema import ATTRS, DTYPE, OPT_DTYPE
+from tessera_rw.tune.measure import Measurement
 >>> t = TensorType((64, 64), DType.float32)
 >>> log = TimingLog.of(KernelOp.of("exp", (t,), t), "H100-SXM", "test",
 ...                    [({"threads": 256, "vec": 4}, Measurement.of([3.0, 3.2])),
@@ -29,6 +30,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.rules.schema import ATTRS, DTYPE, OPT_DTYPE
 from tessera_rw.tune.measure import Measurement
 from tessera_rw.tune.records import ConfigKey, ConfigValue, FileToken, Finite, Shape, Token
 from tessera_rw.tune.space import schedule_config
@@ -58,7 +60,19 @@ class LoggedOp(BaseModel):
     def of(op: KernelOp) -> LoggedOp:
         return LoggedOp(op=op.op, operands=tuple(LoggedTensor(shape=t.shape, dtype=t.dtype.value) for t in op.operands),
                         result=LoggedTensor(shape=op.result.shape, dtype=op.result.dtype.value),
-                        attrs=dict(op.attrs), numerics=op.numerics.value)
+                        attrs={k: v.value if isinstance(v, DType) else v for k, v in op.attrs},
+                        numerics=op.numerics.value)
+
+
+# attributes that hold a dtype: logged by name, parsed back
+DTYPE_ATTRS = frozenset(name for name, c in ATTRS.items() if c in (DTYPE, OPT_DTYPE))
+
+
+def _attr(name: str, value: Any) -> Any:
+    """A logged attribute as the op has it: tuples from lists, dtypes from their names."""
+    if name in DTYPE_ATTRS and value is not None:
+        return DType.parse(value)
+    return _tuples(value)
 
 
 def _tuples(value: Any) -> Any:
@@ -103,7 +117,7 @@ class TimingLog(BaseModel):
 
     def kernel_op(self) -> KernelOp:
         o = self.op
-        attrs = {k: _tuples(v) for k, v in o.attrs.items()}
+        attrs = {k: _attr(k, v) for k, v in o.attrs.items()}
         return KernelOp.of(o.op, tuple(t.tensor_type() for t in o.operands), o.result.tensor_type(),
                            numerics=o.numerics, **attrs)
 

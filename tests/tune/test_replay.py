@@ -114,3 +114,13 @@ def test_a_log_with_bad_fields_is_rejected(tmp_path):
                     '"recorded": "2026-01-01T00:00:00Z", "op": {}, "entries": []}')
     with pytest.raises(ValidationError):
         TimingLog.load(path)
+
+
+def test_every_template_sample_op_round_trips_through_a_timing_log():
+    # dtype attributes (cast's target, full's and arange's dtype) come back as DTypes, not names
+    from tessera_rw.codegen.templates.registry import templates
+    ops = [op for t in templates() for op in t.samples()]
+    for op in ops:
+        log = TimingLog.of(op, "H100-SXM", "test", [({"threads": 256}, Measurement.of([1.0]))])
+        assert TimingLog.model_validate_json(log.model_dump_json(by_alias=True)).kernel_op() == op, op
+    assert {"cast", "full", "arange"} <= {op.op for op in ops}
