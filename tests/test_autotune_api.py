@@ -130,3 +130,27 @@ def test_progress_stays_silent_off_a_terminal():
     progress.on_trial(object(), Trial(0, "a", 1.0, Measurement(1.0)))
     progress.close()
     assert not progress.shown and out.getvalue() == ""
+
+
+def test_the_time_budget_is_the_whole_plans(monkeypatch):
+    # each kernel searches in what the ones before it left (before, each kernel had the whole budget)
+    import time
+
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.lower.lowering import lower
+    from tessera_rw.tune import plan_tuner
+    budgets, tune_kernel = [], plan_tuner.tune_kernel
+
+    def slow_tune_kernel(op, arch, *, time_budget_s, **settings):
+        budgets.append(time_budget_s)
+        time.sleep(0.1)
+        return tune_kernel(op, arch, time_budget_s=time_budget_s, **settings)
+
+    monkeypatch.setattr(plan_tuner, "tune_kernel", slow_tune_kernel)
+    k = op.kernel(lambda x, w1, w2: op.relu(op.exp(x) @ w1) @ w2)
+    plan = lower(k.trace(op.tensor((64, 32), "float32"), op.tensor((32, 48), "float32"),
+                         op.tensor((48, 16), "float32")))
+    settings = plan_tuner.TuneSettings(method="cost_model", cache=None, time_budget_s=0.15)
+    plan_tuner.tune_plan(plan, arch_named("H100-SXM"), settings)
+    assert len(budgets) >= 3, plan
+    assert budgets[0] <= 0.15 and budgets[1] <= budgets[0] - 0.09 and budgets[2] <= 1e-6   # 2 x 0.1 s > 0.15 s

@@ -18,6 +18,7 @@ Without tuning, each step runs the cost model's pick among its template's defaul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,8 +109,11 @@ def default_schedules(plan: KernelPlan, arch: ArchSpec,
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
               *, on_trial: Callable[[KernelOp, Trial], None] | None = None) -> PlanTuning:
-    """Tune every kernel of `plan` for `arch` under `settings` (a pinned kernel takes its pin)."""
+    """Tune every kernel of `plan` for `arch` under `settings` (a pinned kernel takes its pin). The
+    time budget is the whole plan's: each kernel searches in what the ones before it left, and
+    measures one schedule at least (the model's best) when nothing is left."""
     method = Method.resolve(settings.method, plan.name)
+    deadline = None if settings.time_budget_s is None else time.monotonic() + settings.time_budget_s
     cache = settings.open_cache()
     ops = tunable_ops(plan, numerics, arch)
     pinned_steps = pin_steps(ops, arch, settings.pins)
@@ -123,8 +127,9 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
             continue
         if op not in done:
             hear = None if on_trial is None else (lambda trial, op=op: on_trial(op, trial))
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
             done[op] = tune_kernel(op, arch, method=method, cache=cache, restriction=settings.restriction,
-                                   max_trials=settings.max_trials, time_budget_s=settings.time_budget_s,
+                                   max_trials=settings.max_trials, time_budget_s=left,
                                    strategy=settings.strategy, on_trial=hear)
         steps.append(i)
         kernels.append(done[op])
