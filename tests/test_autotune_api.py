@@ -154,3 +154,20 @@ def test_the_time_budget_is_the_whole_plans(monkeypatch):
     plan_tuner.tune_plan(plan, arch_named("H100-SXM"), settings)
     assert len(budgets) >= 3, plan
     assert budgets[0] <= 0.15 and budgets[1] <= budgets[0] - 0.09 and budgets[2] <= 1e-6   # 2 x 0.1 s > 0.15 s
+
+
+def test_a_programs_cached_choice_is_keyed_by_its_policy_and_its_candidates():
+    # the record names a candidate by index: another policy, or other rules, mean other candidates
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.numerics import Numerics
+    from tessera_rw.rules.library import BUILTIN_RULESETS
+    from tessera_rw.rules.saturate import rewrite
+    from tessera_rw.tune.candidate_choice import program_key
+    from tessera_rw.tune.extract import extract_candidates
+    graph = op.kernel(lambda x, w: op.gelu(x @ w)).trace(op.tensor((64, 32), "bf16"), op.tensor((32, 16), "bf16"))
+    candidates = extract_candidates(rewrite(graph, BUILTIN_RULESETS), arch_named("H100-SXM"))
+    assert len(candidates) >= 2
+    key = program_key(graph, candidates, Numerics.DETERMINISTIC)
+    assert key == program_key(graph, candidates, Numerics.DETERMINISTIC)
+    assert key != program_key(graph, candidates, Numerics.FAST)
+    assert key != program_key(graph, candidates[:1], Numerics.DETERMINISTIC)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.codegen.arch import ArchSpec
@@ -49,10 +50,13 @@ class CandidateChoice:
     weighed: tuple[Weighed, ...]   # empty when the cache answered
 
 
-def program_key(graph: Graph) -> tuple[str, str]:
-    """(op_name, signature_hash) of a program's record: its name as a token, and a hash of its text."""
+def program_key(graph: Graph, candidates: Sequence[Candidate], numerics: Numerics) -> tuple[str, str]:
+    """(op_name, signature_hash) of a program's record: its name as a token, and a hash of its text,
+    the numerics policy and the candidates weighed (the record names one of them by its index: other
+    rules, such as a plugin's, or another policy make other candidates)."""
     name = "program:" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", graph.name) or "kernel")
-    return name[:120], hashlib.sha256(str(graph).encode()).hexdigest()[:16]
+    text = "\n\n".join([str(graph), numerics.value, *(str(c.graph) for c in candidates)])
+    return name[:120], hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSpec, settings: TuneSettings,
@@ -61,7 +65,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
     """Tune the close candidates of `graph` and pick one (see the module)."""
     method = Method.resolve(settings.method, graph.name)
     cache = settings.open_cache()
-    op_name, sig = program_key(graph)
+    op_name, sig = program_key(graph, candidates, numerics)
     shapes, dtypes = [i.type.shape for i in graph.inputs], [i.type.dtype for i in graph.inputs]
     if cache is not None:
         record = cache.get(op_name, sig, shapes, dtypes, arch)
@@ -80,9 +84,12 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
         if on_trial is not None:
             on_trial(op, trial)
     tunings: dict[int, PlanTuning] = {}
+    deadline = None if settings.time_budget_s is None else time.monotonic() + settings.time_budget_s
     try:
-        for i in close:
-            tunings[i] = tune_plan(plans[i], arch, settings, numerics, on_trial=heard)
+        for n, i in enumerate(close):     # a time budget is shared out among the candidates left
+            share = settings if deadline is None else replace(
+                settings, time_budget_s=max(deadline - time.monotonic(), 1e-9) / (len(close) - n))
+            tunings[i] = tune_plan(plans[i], arch, share, numerics, on_trial=heard)
     finally:
         progress.close({k.op: k.schedule for t in tunings.values() for k in t.kernels})
     if method is Method.ON_DEVICE:
