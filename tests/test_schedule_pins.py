@@ -108,6 +108,21 @@ def test_equal_products_pinned_to_different_tiles_are_refused():
         two.program(t, t, t)
 
 
+def test_equal_products_pinned_alike_pin_each_step_once_and_warn_of_nothing():
+    @op.kernel
+    def two(a, b, c):
+        left = op.matmul(a, b, tile_shape=(64, 64))
+        right = op.matmul(c, b, tile_shape=(64, 64))        # a second pin, from another line
+        return left @ right
+    t = op.tensor((256, 256), BF16)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PinWarning)
+        program = compiled(two, (t, t, t))
+    steps = [p.step for p in program.pinned]      # all three products are 256³: a pin names its dims
+    assert len(steps) == len(set(steps)) == 3
+
+
 def test_tuning_leaves_the_pinned_kernel_alone_and_tunes_the_others(tmp_path):
     @op.kernel
     def mlp(x, w1, w2):

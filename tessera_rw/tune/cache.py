@@ -193,9 +193,10 @@ class TuneCache:
             try:
                 with self._locked(path):
                     return self._load(path, arch, locked=True)
-            except OSError as e:
+            except (OSError, TuneCacheError) as e:     # a reader never fails on a bad file: it skips it
+                reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0]
                 warnings.warn(f"autotune cache file {path} {problem}; ignored (could not move it aside: "
-                              f"{e.strerror})", TuneCacheWarning, stacklevel=3)
+                              f"{reason})", TuneCacheWarning, stacklevel=3)
                 return ()
         aside = _set_aside(path)
         warnings.warn(f"autotune cache file {path} {problem}; moved aside to {aside.name} and ignored",

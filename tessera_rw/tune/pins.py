@@ -66,9 +66,9 @@ def pin_steps(ops: Sequence[tuple[int, KernelOp]], arch: ArchSpec, pins: Sequenc
     found = []
     for i, op in ops:
         dims = product_dims(op)
-        for pin in pins:
-            if dims == pin.dims:
-                found.append(PinnedStep(i, pin, pinned_tuning(op, arch, pin)))
+        pin = next((p for p in pins if p.dims == dims), None)    # pins of one dims agree (conflicts are refused)
+        if pin is not None:
+            found.append(PinnedStep(i, pin, pinned_tuning(op, arch, pin)))
     return tuple(found)
 
 
@@ -104,9 +104,9 @@ def _refuse_conflicts(pins: Sequence[SchedulePin]) -> None:
 
 def warn_unused(pins: Sequence[SchedulePin], pinned: Sequence[PinnedStep], kernels: Sequence[str]) -> None:
     """A PinWarning for each pin no step took; `kernels` names the chosen plan's kernels."""
-    taken = {p.pin for p in pinned}
+    taken = {(p.pin.dims, p.pin.tile) for p in pinned}    # a step takes the first of equal pins for all of them
     for pin in pins:
-        if pin not in taken:
+        if (pin.dims, pin.tile) not in taken:
             listing = ", ".join(kernels) if kernels else "none"
             warnings.warn(PinWarning(
                 f"op.matmul {pin.describe()}{pin.where()} is not used: no generated GEMM kernel of the chosen plan "

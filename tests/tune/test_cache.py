@@ -204,6 +204,24 @@ def test_bad_file_is_moved_aside_with_a_warning(cache, kind):
         assert cache.put(rec()) and get(cache).config == CONFIG
 
 
+def test_a_reader_skips_a_bad_file_it_cannot_lock_to_move_aside(cache, monkeypatch):
+    from filelock import FileLock
+
+    from tessera_rw.tune import cache as cache_module
+    path = cache.path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    monkeypatch.setattr(cache_module, "LOCK_TIMEOUT_S", 0.05)
+    holder = FileLock(str(path) + ".lock")      # another process writing, for longer than the timeout
+    holder.acquire()
+    try:
+        with pytest.warns(TuneCacheWarning, match="could not move it aside: .*stayed locked"):
+            assert get(cache) is None
+    finally:
+        holder.release()
+    assert path.exists()
+
+
 def test_a_write_over_a_bad_file_keeps_the_bad_one_for_inspection(cache):
     path = cache.path("H100-SXM")
     path.parent.mkdir(parents=True)
