@@ -65,10 +65,11 @@ def emit_cuda(program: CompiledProgram, directory: str | Path,
               compile: bool = True) -> list[tuple[GeneratedKernel, Path, CompiledKernel | None]]:
     """Write each generated kernel to `directory` as NN_name.cu (made if missing); compile each one
     for the program's arch when `compile` (NVRTC needs no GPU) to report its ptxas facts."""
+    kernels = generated_kernels(program)        # raises before any folder is made when a step has no template
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for kernel in generated_kernels(program):
+    for kernel in kernels:
         if kernel.source is None:
             continue
         path = out / kernel.file_name

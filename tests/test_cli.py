@@ -150,3 +150,15 @@ def test_explain_shows_the_pinned_tiles_and_refuses_one_the_kernel_cannot_run(tm
     assert main(["--explain", f"{bad}:mlp"]) == 2
     err = capsys.readouterr().err
     assert "tile_shape=(100, 64) on the 1024×768×3072 matmul" in err and "badly_pinned.py:7" in err
+
+
+def test_emit_cuda_skips_a_host_only_function_and_writes_the_others(tmp_path, capsys):
+    module = tmp_path / "mixed.py"
+    module.write_text("import numpy as np\nfrom tessera_rw import op\n\n@op.kernel\ndef host_only(a, b):\n"
+                      "    return op.gelu(a @ b)\n\n\ndef example_inputs():\n"
+                      "    return {'a': np.ones((64, 32)), 'b': np.ones((32, 16))}\n")     # float64: no GPU template
+    out = tmp_path / "cuda"
+    assert main(["--explain", str(module), str(ROOT / "examples/attention.py:attention"), "--emit-cuda", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "no CUDA written for host_only" in printed and "CUDA written to" in printed
+    assert not (out / "host_only").exists() and len(list((out / "attention").glob("*.cu"))) == 1

@@ -29,6 +29,7 @@ from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
+from tessera_rw.codegen.plan_binding import NoTemplateError
 from tessera_rw.execute import run_program, where_to_run
 from tessera_rw.explain_report import ExplainReport, explain_report
 from tessera_rw.kernel import Kernel
@@ -37,7 +38,7 @@ from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import explain_renderables, node_flops, report_table
 from tessera_rw.tune.plan_tuner import TuneSettings
 
-from tessera_rw.cli.usage import UsageError
+from tessera_rw.cli.usage import UsageError, one_line
 
 
 def parse_input(text: str) -> tuple[str, TensorSpec]:
@@ -281,7 +282,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             for item in explain_renderables(report):
                 console.print(item)
         if args.emit_cuda is not None:
-            side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
+            try:
+                side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
+            except NoTemplateError as e:     # the host runs it; the other functions still get their CUDA
+                side.print(f"no CUDA written for {kernel.name}: {one_line(e)}")
         if args.run:
             run_once(report.program, inputs, side)
     if args.format == "json":
