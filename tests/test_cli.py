@@ -162,3 +162,10 @@ def test_emit_cuda_skips_a_host_only_function_and_writes_the_others(tmp_path, ca
     printed = capsys.readouterr().out
     assert "no CUDA written for host_only" in printed and "CUDA written to" in printed
     assert not (out / "host_only").exists() and len(list((out / "attention").glob("*.cu"))) == 1
+
+
+def test_tune_writes_to_the_kernels_own_cache(tmp_path, monkeypatch, capsys):
+    from tessera_rw.tune.cache import TuneCache
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    assert main(["tune", str(ROOT / "examples/matmul_autotune.py:linear_gelu"), "--method", "cost_model"]) == 0
+    assert TuneCache("examples").records() and not TuneCache("default").records()     # @op.autotune(cache="examples")

@@ -218,7 +218,8 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
     except Exception as e:   # the user's function failed while tracing: one line, pointing at it
         raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
                          f"{user_line(e, kernel.fn.__code__.co_filename)}") from None
-    program = compile_program(traced.graph, arch, TuneSettings(method="auto") if tune else None, traced.pins)
+    settings = (kernel.tune_settings() or TuneSettings(method="auto")) if tune else None   # its own cache, if named
+    program = compile_program(traced.graph, arch, settings, traced.pins)
     return explain_report(program, call.tensors)
 
 

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "when a GPU is present")
     p.add_argument("--max-trials", type=positive_int, default=50, help="schedules measured per kernel (default 50)")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS", help="stop each kernel's search")
-    p.add_argument("--cache", default="default", help="the named cache to read and write (default: default)")
+    p.add_argument("--cache", default=None, help="the named cache to read and write (default: the kernel's "
+                                                 "@op.autotune(cache=...), else 'default')")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
@@ -39,8 +40,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     kernel, module = load_target(args.target)
     inputs = target_inputs(kernel, module, args.input)
     specs = [inputs[name] for name in kernel.parameter_names if name in inputs]
+    own = kernel.tuning.cache if kernel.tuning is not None else None
     cfg = autotune(kernel, shapes=[s.shape for s in specs], dtype=[s.dtype for s in specs], method=args.method,
-                   cache=args.cache, max_trials=args.max_trials, time_budget_s=args.time_budget)
+                   cache=args.cache or own or "default", max_trials=args.max_trials, time_budget_s=args.time_budget,
+                   search_space=kernel.restriction)
     program = cfg.program
     if args.format == "json":
         console.file.write(json.dumps({
