@@ -85,6 +85,8 @@ class TuneConfig:
         return Group(*tables)
 
     def __repr__(self) -> str:
+        if self.chosen_by == "interpolated":      # the times are the nearest tuned shapes'
+            return f"<TuneConfig {self.name}: {self} (interpolated: {self.time_us:.1f} µs at the nearest tuned shape)>"
         return f"<TuneConfig {self.name}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
 
 
@@ -191,7 +193,8 @@ class Autotune:
         if not found:
             return None
         schedules = defaults | {i: k.schedule for i, k in found}
-        loaded = replace(program, chosen_by="cache", schedules=tuple(sorted(schedules.items())))
+        by = "interpolated" if any(k.chosen_by == "interpolated" for _, k in found) else "cache"
+        loaded = replace(program, chosen_by=by, schedules=tuple(sorted(schedules.items())))
         return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
 
     def save_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
