@@ -37,6 +37,7 @@ def test_explain_with_inputs(capsys):
     (["--explain", "examples/attention.py:attention", "--input", "q=4x8", "--input", "k=5x8",
       "--input", "v=4x8"], "matmul"),
     ([], "--explain"),
+    (["bogus"], "unknown command 'bogus': the commands are rules, cache, tune"),
 ])
 def test_bad_invocations_print_one_line_and_exit_2(args, says, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -80,6 +80,8 @@ class TensorMethods:
 
     def __getitem__(self, index): return api.getitem(self, index)
     def reshape(self, *shape): return api.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def flatten(self): return api.reshape(self, (-1,))
+    def ravel(self): return api.reshape(self, (-1,))
     def transpose(self, *axes): return api.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     def swapaxes(self, a: int, b: int): return api.swapaxes(self, a, b)
     def astype(self, dtype): return api.cast(self, dtype)
@@ -107,6 +109,18 @@ class TensorMethods:
                             "value while tracing",
                             hint="keep it a tensor (op functions take tensors, and a Python number broadcasts); "
                                  "return it from the kernel to read its value")
+
+    def _no_op(self, what: str, hint: str):
+        raise ArgumentError(f"{what} of a {type(self).__name__} {TensorType(self.shape, self.dtype)} is not an op "
+                            "of tessera_rw", hint=hint)
+
+    _NO_FLOOR = ("there is no floor op: for non-negative a / b, op.cast(a / b, 'int32') truncates to a // b "
+                 "(and a - that * b is a % b); otherwise compute it outside the kernel")
+
+    def __floordiv__(self, other): self._no_op("floor division (//)", self._NO_FLOOR)
+    def __rfloordiv__(self, other): self._no_op("floor division (//)", self._NO_FLOOR)
+    def __mod__(self, other): self._no_op("the remainder (%)", self._NO_FLOOR)
+    def __rmod__(self, other): self._no_op("the remainder (%)", self._NO_FLOOR)
 
     def __float__(self): self._no_value("float()")
     def __int__(self): self._no_value("int()")

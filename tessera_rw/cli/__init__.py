@@ -29,6 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=PIPED_WIDTH) if piped else Console()
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
+        if argv and name is None and not argv[0].startswith("-"):
+            raise UsageError(f"unknown command {argv[0]!r}: the commands are {', '.join(SUBCOMMANDS)}; "
+                             f"to explain a file, --explain {argv[0]}")
         parser = Parser(prog="tessera-rewrite" + (f" {name}" if name else ""),
                         epilog=None if name else OTHER_COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
         module = SUBCOMMANDS[name] if name else explain

@@ -19,8 +19,9 @@ from typing import Any
 
 from tessera_rw.algebra.errors import TesseraError
 
-NO_GPU_HINT = ("run on a machine with an NVIDIA GPU and driver, or use the numpy executor "
-               "(everything but launching and on-device timing works without a GPU)")
+NO_GPU_HINT = ("run on a machine with an NVIDIA GPU and driver, or use the numpy executor: unset "
+               "TESSERA_DEVICE or set TESSERA_DEVICE=cpu (everything but launching and on-device timing works "
+               "without a GPU)")
 
 
 class DeviceError(TesseraError):

@@ -159,3 +159,12 @@ def test_numpy_operands_meet_tensors_through_the_operators():
 def test_every_error_is_a_tessera_error():
     for cls in (ArgumentError, AxisError, DTypeError, ResultError, ShapeError):
         assert issubclass(cls, TesseraError)
+
+
+def test_floor_division_and_remainder_say_there_is_no_such_op_and_flatten_reshapes():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for fn, says in ((lambda x: x // 2, "floor division"), (lambda x: 7 % x, "remainder")):
+        with pytest.raises(ArgumentError, match=f"{says} .* of a SymbolicTensor f32\\[3,4\\] is not an op") as info:
+            op.kernel(fn)(x)
+        assert "op.cast(a / b, 'int32')" in info.value.hint
+    np.testing.assert_array_equal(op.kernel(lambda x: x.flatten() * 2)(x), x.flatten() * 2)
