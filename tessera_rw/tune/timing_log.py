@@ -7,8 +7,7 @@ cache (pydantic, nothing evaluated).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> from tessera_rw.algebra.node import TensorType
->>> from tessera_rw.rules.schema import ATTRS, DTYPE, OPT_DTYPE
-from tessera_rw.tune.measure import Measurement
+>>> from tessera_rw.tune.measure import Measurement
 >>> t = TensorType((64, 64), DType.float32)
 >>> log = TimingLog.of(KernelOp.of("exp", (t,), t), "H100-SXM", "test",
 ...                    [({"threads": 256, "vec": 4}, Measurement.of([3.0, 3.2])),
