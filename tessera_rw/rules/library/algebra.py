@@ -158,11 +158,11 @@ def _folding_rules():
                example=lambda rng: ((lambda x: x * op.full((), 0.5) + 1.0), {"x": rand(rng, 0, 0)}))
     spread = {"reshape": lambda x: op.reshape(op.full((x.size,), 0.5), x.shape),
               "broadcast_to": lambda x: op.broadcast_to(op.full((1, x.shape[1]), 0.5), x.shape)}
-    for name, fn in spread.items():
+    for name, fn in spread.items():      # x has 2 rows at least: a full of one row then broadcasts
         yield Rule(f"{name}-of-full", f"{name}(full(s1, v), s) = full(s, v)",
                    lhs=getattr(t, name)(t.full(shape=s1, value=va, dtype=d), shape=s, of=T),
                    rhs=t.full(shape=s, value=va, dtype=d, of=T),
-                   example=lambda rng, fn=fn: ((lambda x: x * fn(x)), {"x": rand(rng, 0, 0)}))
+                   example=lambda rng, fn=fn: ((lambda x: x * fn(x)), {"x": rand(rng, int(rng.integers(2, 7)), 0)}))
     yield Rule("reshape-of-constant", "reshape(constant(v), s) = full(s, v)",
                lhs=t.reshape(const(value=va, dtype=d), shape=s, of=T),
                rhs=t.full(shape=s, value=va, dtype=d, of=T),
