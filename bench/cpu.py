@@ -112,12 +112,11 @@ def optimum_figures() -> list[Figure]:
     for name in ("BERT-base, 12 layers", "Hyena long-conv block", "ResNet, 4 basic blocks", "MLP backward (op.grad)"):
         kernel, inputs = MODELS[name]()
         gaps += optimum_gaps(name, kernel.trace(**inputs), H100)
-    worst = max(gaps, key=lambda g: g.gap)
-    proven = all(g.optimum.proven for g in gaps)
+    worst = max(gaps, key=lambda g: abs(g.gap))
     return [Figure(f"extraction vs exact ILP optimum (HiGHS), {len(gaps)} programs (BERT-base 12 layers, Hyena, "
-                   f"ResNet, MLP backward and every rule example, at each fusion depth): worst excess "
-                   f"({worst.model}, {worst.depth})", max(worst.gap, 0.0) * 100, "%", "0",
-                   proven and worst.gap < 1e-9)]
+                   f"ResNet, MLP backward and every rule example, at each fusion depth): largest difference "
+                   f"({worst.model}, {worst.depth})", abs(worst.gap) * 100, "%", "0",
+                   all(g.matches for g in gaps))]
 
 
 def executor_figures() -> tuple[list[Figure], list[host_executor.Versus]]:

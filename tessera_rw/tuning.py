@@ -52,6 +52,9 @@ class TuneConfig:
 
     @property
     def chosen_by(self) -> str:
+        """How the program was chosen; 'interpolated' when the cache answered from nearby shapes."""
+        if self.program.chosen_by == "cache" and any(k.chosen_by == "interpolated" for k in self.kernels):
+            return "interpolated"
         return self.program.chosen_by
 
     @property
@@ -193,8 +196,7 @@ class Autotune:
         if not found:
             return None
         schedules = defaults | {i: k.schedule for i, k in found}
-        by = "interpolated" if any(k.chosen_by == "interpolated" for _, k in found) else "cache"
-        loaded = replace(program, chosen_by=by, schedules=tuple(sorted(schedules.items())))
+        loaded = replace(program, chosen_by="cache", schedules=tuple(sorted(schedules.items())))
         return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
 
     def save_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "when a GPU is present")
     p.add_argument("--max-trials", type=positive_int, default=50, help="schedules measured per kernel on the GPU (default 50); the cost model, "
                         "costing microseconds a schedule, ranks them all")
-    p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS", help="stop each kernel's search")
+    p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
+                   help="the whole tuning's time budget, shared by its kernels")
     p.add_argument("--cache", default=None, help="the named cache to read and write (default: the kernel's "
                                                  "@op.autotune(cache=...), else 'default')")
     p.add_argument("--format", choices=["text", "json"], default="text")

@@ -34,7 +34,7 @@ class _Constructors:
         if name in self.fixed:
             return self.fixed[name]
         digits = len(name) - len(name.rstrip("0123456789"))
-        for cut in range(len(name) - digits, len(name)):     # the longest op name first
+        for cut in range(len(name) - digits, len(name)):     # the op name without digits first
             if name[:cut] in self.variadic:
                 return self.variadic[name[:cut]], int(name[cut:])
         return None

@@ -180,7 +180,7 @@ class _ModelProposer:
             self.study = optuna.create_study(sampler=sampler, direction="minimize")
         self.seeded = list(range(min(SEED_TRIALS, len(space))))   # the space is ranked: the model's best
         self.pending: dict[int, object] = {}
-        self.worst = 0.0
+        self.worst: float | None = None           # the slowest success so far: the scale of a failure
         self.failed_unscaled: list[int] = []      # failures before any success: told once one sets a scale
 
     def propose(self, n: int, measured: set[int]) -> list[int]:
@@ -208,15 +208,15 @@ class _ModelProposer:
         return min((i for i in range(len(self.space)) if i not in taken), key=distance)
 
     def observe(self, index: int, m: Measurement) -> None:
-        if not m.ok and self.worst == 0.0:
+        if not m.ok and self.worst is None:
             self.failed_unscaled.append(index)    # 'far worse' than nothing yet: no value to tell
             return
         if m.ok:
-            self.worst = max(self.worst, m.median_us)
+            self.worst = max(self.worst or 0.0, m.median_us)
             self._tell(index, math.log(max(m.median_us, 1e-9)))
         failures, self.failed_unscaled = ([index] if not m.ok else []) + self.failed_unscaled, []
         for failed in failures:     # a failure teaches 'far worse than anything seen'
-            self._tell(failed, math.log(self.worst * 10))
+            self._tell(failed, math.log(max(self.worst, 1e-9) * 10))
 
     def _tell(self, index: int, value: float) -> None:
         with _quiet_optuna() as optuna:

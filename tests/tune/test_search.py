@@ -194,3 +194,19 @@ def test_failures_before_any_success_never_teach_the_model_search_that_they_are_
     failed = [t.schedule for t in result.trials if not t.measurement.ok]
     assert len(failed) <= SEED_TRIALS + 1, failed     # before: failures scored best, so TPE proposed more of them
     assert result.best.schedule.a >= 5
+
+
+def test_a_zero_time_success_after_failures_does_not_stop_the_model_search():
+    from dataclasses import dataclass
+
+    from tessera_rw.codegen.templates.base import Schedule
+
+    @dataclass(frozen=True)
+    class Tile(Schedule):
+        a: int
+        b: int
+
+    space = [Tile(a, b) for a in range(8) for b in range(8)]
+    table = Table({s: 0.0 if s.a == 7 else 100.0 for s in space if s.a != 0})     # seeds fail, then 0 µs
+    result = search_space(space, [float(i) for i in range(len(space))], table, strategy="model", max_trials=20)
+    assert result.best.measurement.ok

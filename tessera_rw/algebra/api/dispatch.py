@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from tessera_rw.algebra.builder import describe_operands, make, make_constant, make_input, user_site
+from tessera_rw.algebra.constant_folding import folded
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
@@ -167,6 +168,8 @@ def apply(op_name: str, operands: Sequence[Any], tile_shape: tuple[int, ...] | N
             nodes.append(inputs[-1])
             feeds[f"arg{i}"] = value
     node = make(op_name, *nodes, **attrs)
+    if mode is Mode.SYMBOLIC:
+        node = folded(node)
     pins = () if tile_shape is None else (SchedulePin.of([a.type for a in node.args], tile_shape, user_site()),)
     if mode is Mode.SYMBOLIC:
         for pin in pins:

@@ -137,42 +137,10 @@ def _broadcast_rules():
                    when=("(= (shp x) s1)",), example=_broadcast_example(name, left=True))
 
 
-FOLDED = {"add": ("+", lambda p, q: p + q), "sub": ("-", lambda p, q: p - q), "mul": ("*", lambda p, q: p * q)}
-
-
-def _folding_rules():
-    """Arithmetic on constants is done once, in f64 (exact for two float32 or narrower operands),
-    and constants spread to a shape stay constants, so a gradient's seed (ones, scaled, reshaped,
-    broadcast) and an exponent such as 2 - 1 cost no kernel."""
-    va, vb, lo = Expr("va"), Expr("vb"), Expr("lo")
-    for name, (egg, fn) in FOLDED.items():
-        yield Rule(f"fold-{name}-constants", f"a {egg} b of two constants is one constant",
-                   lhs=getattr(t, name)(const(value=va, dtype=d), const(value=vb, dtype=d), of=((), d)),
-                   rhs=const(value=Expr(f"({egg} va vb)"), dtype=d),
-                   when=("(= lo (lowest d))",),            # float dtypes only (integers wrap; f64 does not)
-                   example=lambda rng, fn=fn: ((lambda x: x * fn(op.full((), 3.0), 0.5)), {"x": rand(rng, 0, 0)}),
-                   needs=("full-of-no-shape-is-constant",))
-    yield Rule("full-of-no-shape-is-constant", "full((), v) = constant(v)",
-               lhs=t.full(shape=Expr("(vec-empty)"), value=va, dtype=d, of=((), d)),
-               rhs=const(value=va, dtype=d),
-               example=lambda rng: ((lambda x: x * op.full((), 0.5) + 1.0), {"x": rand(rng, 0, 0)}))
-    spread = {"reshape": lambda x: op.reshape(op.full((x.size,), 0.5), x.shape),
-              "broadcast_to": lambda x: op.broadcast_to(op.full((1, x.shape[1]), 0.5), x.shape)}
-    for name, fn in spread.items():      # x has 2 rows at least: a full of one row then broadcasts
-        yield Rule(f"{name}-of-full", f"{name}(full(s1, v), s) = full(s, v)",
-                   lhs=getattr(t, name)(t.full(shape=s1, value=va, dtype=d), shape=s, of=T),
-                   rhs=t.full(shape=s, value=va, dtype=d, of=T),
-                   example=lambda rng, fn=fn: ((lambda x: x * fn(x)), {"x": rand(rng, int(rng.integers(2, 7)), 0)}))
-    yield Rule("reshape-of-constant", "reshape(constant(v), s) = full(s, v)",
-               lhs=t.reshape(const(value=va, dtype=d), shape=s, of=T),
-               rhs=t.full(shape=s, value=va, dtype=d, of=T),
-               example=lambda rng: ((lambda x: x * op.reshape(op.full((), 0.5), (1, 1)) + 1.0), {"x": rand(rng, 0, 0)}),
-               needs=("full-of-no-shape-is-constant",))
-    yield Rule("scaled-full", "full(s, v) · c = full(s, v·c)",
-               lhs=t.mul(t.full(shape=s, value=va, dtype=d), const(value=vb, dtype=d), of=T),
-               rhs=t.full(shape=s, value=Expr("(* va vb)"), dtype=d, of=T),
-               when=("(= lo (lowest d))",),
-               example=lambda rng: ((lambda x: x * (op.full(x.shape, 0.5) * 4.0)), {"x": rand(rng, 0, 0)}))
+def _power_rules():
+    """Small constant powers need no pow kernel. (Arithmetic on constants, and reshapes and
+    broadcasts of them, are folded while tracing, in numpy's arithmetic of the dtype: egglog's f64
+    would skip the rounding of each step.)"""
     one, two = Expr("1.0"), Expr("2.0")
     yield Rule("pow-one", "x ** 1 = x (when the 1 broadcasts nothing)",
                lhs=t.pow(x, const(value=one, dtype=d), of=T), rhs=x,
@@ -185,7 +153,7 @@ def _folding_rules():
 
 
 RULES = (
-    *_folding_rules(),
+    *_power_rules(),
     Rule("div-by-constant", "x / c = x · (1/c)",
          lhs=t.div(x, const(), of=T),
          rhs=t.mul(x, const(value=Expr("(/ 1.0 c)")), of=T),
