@@ -42,6 +42,7 @@ def test_a_gradient_seed_folds_to_a_constant():
     assert set(graph.op_counts()) <= {"full"}, graph        # dL/dx = 1.5 everywhere, no kernel
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")    # 65504 · 300 in fp16/fp8
 @settings(max_examples=40, deadline=None)
 @given(dtype=st.sampled_from(DTYPES), ops=st.lists(st.sampled_from(sorted(BINARY)), min_size=1, max_size=4),
        values=st.lists(st.sampled_from([0.0, 1.0, -2.0, 0.1, 3.5, 1e-8, 300.0, 65504.0]), min_size=5, max_size=5),
