@@ -1,5 +1,6 @@
 """Constant folding while tracing: an elementwise op whose operands are all constants (or `full`
-tensors), or a reshape, broadcast or transpose of one, becomes one constant.
+tensors, or broadcast constants), or a reshape, broadcast or transpose of one, becomes one
+constant, broadcast to its shape (which elementwise consumers absorb, so nothing is materialized).
 
 The value is the numpy reference's, in the op's own dtype, so folding changes nothing a program
 computes: `bf16(1) + 1e-8 - 1` folds to the 0 that bf16 arithmetic gives. Folding is done here,
@@ -25,26 +26,36 @@ from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import OPS
 
-UNIFORM_SOURCES = ("constant", "full")          # nodes whose every element is one value
 KEEPS_UNIFORM = ("reshape", "broadcast_to", "transpose")
-BY_POSITION = ("tril", "triu")                  # elementwise in kind, but each element's value depends on where it is
+BY_POSITION = ("tril", "triu")       # elementwise in kind, but an element's value depends on where it is
+
+
+def uniform_value(node: Node) -> np.ndarray | None:
+    """The one value (0-d) of a node whose elements all hold it, as the reference evaluates it: a
+    constant (in its compute type, as a kernel's literal), a `full` or a broadcast constant (in
+    their dtype); else None."""
+    if node.op == "constant":
+        return evaluate_node(node, [])
+    if node.op == "broadcast_to" and node.args[0].op == "constant":
+        return evaluate_node(node.args[0], []).astype(node.dtype.numpy)
+    if node.op == "full":
+        return np.asarray(node.attr("value")).astype(node.dtype.numpy)
+    return None
 
 
 def folded(node: Node) -> Node:
-    """`node`, or the constant (0-d) or `full` it computes when its operands are all uniform."""
-    if not node.args or not all(a.op in UNIFORM_SOURCES for a in node.args):
+    """`node`, or the constant it computes (broadcast to its shape) when its operands are all
+    uniform. Only one element is computed, whatever the shape."""
+    if not node.args or node.dtype.is_complex:     # the e-graph holds no complex constants
         return node
     if (OPS[node.op].kind is not OpKind.ELEMENTWISE or node.op in BY_POSITION) and node.op not in KEEPS_UNIFORM:
         return node
-    if node.dtype.is_complex:
-        return node                                # the e-graph holds no complex constants
-    value = evaluate_node(node, [evaluate_node(a, []) for a in node.args])
-    flat = value.reshape(-1)
-    if flat.size == 0 or not (flat == flat[0]).all():
-        return node                                # empty, not one value, or NaN (which no rule should see)
-    scalar = python_scalar(flat[0].item(), node.dtype)
-    if beyond_double(scalar, node.dtype):
+    values = [uniform_value(a) for a in node.args]
+    if any(v is None for v in values):
         return node
-    if not node.shape:
-        return make_constant(scalar, node.dtype)
-    return make("full", shape=node.shape, value=scalar, dtype=node.dtype)
+    value = values[0] if node.op in KEEPS_UNIFORM else evaluate_node(node, values)
+    scalar = python_scalar(np.asarray(value).astype(node.dtype.numpy).item(), node.dtype)
+    if scalar != scalar or beyond_double(scalar, node.dtype):
+        return node                                # NaN, which no rule should see, or an int a double cannot hold
+    constant = make_constant(scalar, node.dtype)
+    return constant if not node.shape else make("broadcast_to", constant, shape=node.shape)
