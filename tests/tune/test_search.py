@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.tune.measure import Measurement, interleaved
 from tessera_rw.tune.search import SEED_TRIALS, search_space
 
@@ -177,36 +179,25 @@ def test_search_of_250_schedules_by_model_takes_well_under_a_second_per_trial():
     assert (time.perf_counter() - start) / 40 < 0.25
 
 
+@dataclass(frozen=True)
+class Tile(Schedule):
+    a: int
+    b: int
+
+
+GRID = [Tile(a, b) for a in range(8) for b in range(8)]     # ranked: the cost model favours a == 0
+
+
 def test_failures_before_any_success_never_teach_the_model_search_that_they_are_best():
     # the cost model's favourites (a == 0) all fail on this device; the fast region is a == 7
-    from dataclasses import dataclass
-
-    from tessera_rw.codegen.templates.base import Schedule
-
-    @dataclass(frozen=True)
-    class Tile(Schedule):
-        a: int
-        b: int
-
-    space = [Tile(a, b) for a in range(8) for b in range(8)]
-    table = Table({s: 100.0 - 10 * s.a for s in space if s.a != 0})
-    result = search_space(space, [float(i) for i in range(len(space))], table, strategy="model", max_trials=20)
+    table = Table({s: 100.0 - 10 * s.a for s in GRID if s.a != 0})
+    result = search_space(GRID, [float(i) for i in range(len(GRID))], table, strategy="model", max_trials=20)
     failed = [t.schedule for t in result.trials if not t.measurement.ok]
     assert len(failed) <= SEED_TRIALS + 1, failed     # before: failures scored best, so TPE proposed more of them
     assert result.best.schedule.a >= 5
 
 
 def test_a_zero_time_success_after_failures_does_not_stop_the_model_search():
-    from dataclasses import dataclass
-
-    from tessera_rw.codegen.templates.base import Schedule
-
-    @dataclass(frozen=True)
-    class Tile(Schedule):
-        a: int
-        b: int
-
-    space = [Tile(a, b) for a in range(8) for b in range(8)]
-    table = Table({s: 0.0 if s.a == 7 else 100.0 for s in space if s.a != 0})     # seeds fail, then 0 µs
-    result = search_space(space, [float(i) for i in range(len(space))], table, strategy="model", max_trials=20)
+    table = Table({s: 0.0 if s.a == 7 else 100.0 for s in GRID if s.a != 0})     # seeds fail, then 0 µs
+    result = search_space(GRID, [float(i) for i in range(len(GRID))], table, strategy="model", max_trials=20)
     assert result.best.measurement.ok
