@@ -174,10 +174,10 @@ class Kernel:
         from tessera_rw.schedule_control import ScheduleControl
         return ScheduleControl(self)
 
-    def tune_settings(self) -> TuneSettings | None:
-        """How calls of this kernel tune: its own settings, else autotune.enable's, else None (the
-        cost model's choice and default schedules). A search_space narrows either."""
-        settings = self.tuning or _autotune().settings()
+    def tune_settings(self, default: TuneSettings | None = None) -> TuneSettings | None:
+        """How calls of this kernel tune: its own settings, else autotune.enable's, else `default`
+        (None: the cost model's choice and default schedules). A search_space narrows any of them."""
+        settings = self.tuning or _autotune().settings() or default
         if settings is not None and self.restriction is not None:
             settings = replace(settings, restriction=self.restriction)
         return settings

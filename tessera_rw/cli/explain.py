@@ -37,7 +37,6 @@ from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import explain_renderables, node_flops, report_table
 from tessera_rw.tune.plan_tuner import TuneSettings
-from tessera_rw.tune.space import SpaceRestriction
 
 from tessera_rw.cli.usage import UsageError, one_line
 
@@ -219,9 +218,7 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
     except Exception as e:   # the user's function failed while tracing: one line, pointing at it
         raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
                          f"{user_line(e, kernel.fn.__code__.co_filename)}") from None
-    # its own cache and search space, if it names them
-    settings = (kernel.tune_settings() or TuneSettings(method="auto", restriction=kernel.restriction
-                                                       or SpaceRestriction())) if tune else None
+    settings = kernel.tune_settings(default=TuneSettings(method="auto")) if tune else None   # its own cache, space
     program = compile_program(traced.graph, arch, settings, traced.pins)
     return explain_report(program, call.tensors)
 

@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=["auto", "on_device", "cost_model"], default="auto",
                    help="on_device times on the GPU; cost_model ranks by the roofline model; auto: on_device "
                         "when a GPU is present")
-    p.add_argument("--max-trials", type=positive_int, default=50, help="schedules measured per kernel on the GPU (default 50); the cost model, "
-                        "costing microseconds a schedule, ranks them all")
+    p.add_argument("--max-trials", type=positive_int, default=50,
+                   help="schedules measured per kernel on the GPU (default 50); the cost model, costing "
+                        "microseconds a schedule, ranks them all")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                    help="the whole tuning's time budget, shared by its kernels")
     p.add_argument("--cache", default=None, help="the named cache to read and write (default: the kernel's "

@@ -111,18 +111,21 @@ def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Se
     the whole space's best where the restriction admits it."""
     template = templates_for(op)[0]
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
+
+    def in_space(record: TuneRecord) -> Schedule | None:
+        return find_schedule(template.space(op, arch) if space is None else space, record.config)
+
     sig = signature_hash(op, template, restriction)
     record = cache.get(op.op, sig, shapes, dtypes, arch)
     if record is None and sig != (whole := signature_hash(op, template)):
         record = cache.get(op.op, whole, shapes, dtypes, arch)
-        if record is not None and find_schedule(template.space(op, arch) if space is None else space,
-                                                record.config) is None:
+        if record is not None and in_space(record) is None:
             record = None
     if record is None and interpolate:
         record = cache.nearest(op.op, shapes, dtypes, arch, signature_hash=sig)
     if record is None:
         return None
-    found = find_schedule(template.space(op, arch) if space is None else space, record.config)
+    found = in_space(record)
     return (found, record) if found is not None else None
 
 

@@ -214,7 +214,9 @@ class _ModelProposer:
         if m.ok:
             self.worst = max(self.worst or 0.0, m.median_us)
             self._tell(index, math.log(max(m.median_us, 1e-9)))
-        failures, self.failed_unscaled = ([index] if not m.ok else []) + self.failed_unscaled, []
+            failures, self.failed_unscaled = self.failed_unscaled, []
+        else:
+            failures = [index]
         for failed in failures:     # a failure teaches 'far worse than anything seen'
             self._tell(failed, math.log(max(self.worst, 1e-9) * 10))
 

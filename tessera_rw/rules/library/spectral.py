@@ -2,7 +2,9 @@
 
     conv1d(x, w) = crop(irfft(Σ_c rfft(pad x) · conj(rfft w)))
 
-at a fast transform length (2^a 3^b 5^c 7^d) at or above the padded length, with the channel sum (and groups, depthwise included) done per frequency by `spectral_contract`.
+at a fast transform length (2^a 3^b 5^c 7^d, tables.fast_fft_length) at or above the padded
+length, with the channel sum (and groups, depthwise included) done per frequency by
+`spectral_contract`.
 The rewrite only adds the FFT form to the convolution's e-class; the cost model chooses between
 them (direct for short kernels, FFT for long ones).
 """
