@@ -1,4 +1,4 @@
-"""`python -m bench cpu|registers|cost|gpu|tune [--quick]`: the benchmark suite's entry point;
+"""`python -m bench cpu|registers|cost|gpu|tune [--quick]|sanitize`: the benchmark suite's entry point;
 `python -m bench wheelhouse ...` gathers the wheels for a GPU host without internet."""
 
 import argparse
@@ -12,7 +12,7 @@ def main(argv=None) -> int:
         return wheelhouse.run(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", epilog="python -m bench wheelhouse --help: wheels "
                                                                     "for a GPU host without internet")
-    parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune"], help="which suite to run")
+    parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune", "sanitize"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
     args = parser.parse_args(argv)
@@ -28,6 +28,9 @@ def main(argv=None) -> int:
     elif args.suite == "gpu":
         from bench import gpu
         return gpu.run(quick=args.quick)
+    elif args.suite == "sanitize":
+        from bench import sanitize
+        return sanitize.run()
     elif args.suite == "tune":
         from bench import gpu_tuning
         return gpu_tuning.run(quick=args.quick)

@@ -21,6 +21,7 @@ import io
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +43,7 @@ RESULTS = Path(__file__).parent / "results"
 COMPILE_LIMIT_S = 60                 # torch.compile gets this long; a slower compile is reported, not waited for
 TOLERANCE = {DType.bfloat16: 1e-2, DType.float16: 1e-2, DType.float32: 1e-4}   # ‖out − ref‖ / ‖ref‖
 COPY_BYTES = 1 << 30
+COMPILE_WORKERS = 8
 CEILING_N = 8192
 BF16, E4M3 = DType.bfloat16, DType.float8_e4m3
 
@@ -235,6 +237,34 @@ def versus_compiled(row: Row, ours: Result, protocol: Protocol) -> Result:
     return result
 
 
+def precompile(kernels, arch) -> None:
+    """Compile every (template, op, schedule) of `kernels` in parallel into the binary cache, so that
+    the rows, checked and timed one kernel at a time, only load them. A kernel that fails to emit or
+    compile is left for its row, which reports the error."""
+    from cuda.core import Device
+    from tessera_rw.codegen.compile import compile_cuda
+    sm = f"sm_{Device(0).arch}"
+
+    def compile_one(kernel) -> None:
+        template, op, schedule = kernel
+        try:
+            compile_cuda(template.emit(op, schedule, arch), sm)
+        except Exception:
+            pass
+
+    with ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
+        list(pool.map(compile_one, kernels))
+
+
+def row_schedules(row: Row, arch, quick: bool) -> list:
+    """The default schedules a row checks (the first only with --quick)."""
+    from tessera_rw.codegen.templates.registry import templates_for
+    found = templates_for(row.op)
+    if not found or found[0].unavailable(row.op, arch):
+        return []
+    return found[0].schedules(row.op, arch)[:1 if quick else None]
+
+
 def run_row(row: Row, protocol: Protocol, ceilings: Ceilings, quick: bool) -> Result:
     import torch
     from tessera_rw.codegen.arch import current_arch
@@ -258,7 +288,7 @@ def run_row(row: Row, protocol: Protocol, ceilings: Ceilings, quick: bool) -> Re
     inputs = row.make()
     ref = row.reference(*inputs)
     result.torch_error = rel_error(row.torch_fn(*inputs), ref)
-    schedules = found[0].schedules(row.op, current_arch())[:1 if quick else None]
+    schedules = row_schedules(row, current_arch(), quick)
     checked = [(s, rel_error(run_poisoned(row.op, inputs, s), ref)) for s in schedules]
     del ref
     wrong = [f"{s.describe()}: error {error:.1e} over {tol:.0e}" for s, error in checked if not error <= tol]
@@ -333,6 +363,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     from bench.gpu_backward import backward_rows
     from bench.gpu_fftconv import long_conv
     from tessera_rw.codegen.arch import current_arch
+    from tessera_rw.codegen.templates.registry import templates_for
     arch = current_arch()
     protocol = protocol_for(arch, quick)
     ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
@@ -345,7 +376,9 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     for line in header:
         console.print(line, markup=False)
     results = []
-    for row in rows(quick):
+    all_rows = rows(quick)
+    precompile([(templates_for(r.op)[0], r.op, s) for r in all_rows for s in row_schedules(r, arch, quick)], arch)
+    for row in all_rows:
         try:
             results.append(run_row(row, protocol, ceilings, quick))
             if row.compiled and results[-1].ours is not None:
