@@ -117,8 +117,16 @@ _COALESCED_BATCH = 32
 @dataclass(frozen=True)
 class FFTCall:
     """One rfft / irfft / fft / ifft step as cuFFT runs it. Strides, distances and steps count
-    elements of the buffer read (`planned`) and of the result: transform b of execution l reads
-    element k at l*in_step + b*idist + k*istride and writes at l*out_step + b*odist + k*ostride."""
+    elements of the buffer read (`planned`) and of the buffer written (the result, or a padded copy
+    of it): transform b of execution l reads element k at l*in_step + b*idist + k*istride and
+    writes at l*out_step + b*odist + k*ostride.
+
+    cuFFT refuses (INVALID_VALUE) a real-side pointer that is not aligned to a complex element, so
+    an execution may start only at an even offset of a real buffer. Where a transform along a
+    middle axis would start odd ones, the real side's rows are padded by one element: `in_pitch`
+    and `out_pitch` are the distances between consecutive rows (indices of the axes before `axis`)
+    in the two buffers. A padded input is always staged; a padded output is written to a scratch
+    buffer and copied into the result (`unstage_source`)."""
     op: str
     source: TensorType              # the op's operand
     result: TensorType              # the op's result
@@ -135,6 +143,8 @@ class FFTCall:
     loops: int                      # executions
     in_step: int
     out_step: int
+    in_pitch: int
+    out_pitch: int
     scale: float                    # numpy's norm factor: applied while staging if there is a copy, else after
 
     @classmethod
@@ -156,24 +166,31 @@ class FFTCall:
         # A copy first when cuFFT cannot read the operand as it is: another dtype, too short along
         # the axis (zero padding), or the input of a C2R transform, which cuFFT overwrites and whose
         # imaginary parts at 0 and n/2 numpy ignores. A longer operand is cropped by the strides.
-        staged = None
-        if hermitian or source.dtype is not reads or source.shape[axis] < needed:
-            staged = TensorType(source.shape[:axis] + (needed,) + source.shape[axis + 1:], reads)
-        planned = source if staged is None else staged
+        copied = hermitian or source.dtype is not reads or source.shape[axis] < needed
+        real_input, real_output = transform in (Transform.R2C, Transform.D2Z), hermitian
         outer, inner = math.prod(source.shape[:axis]), math.prod(source.shape[axis + 1:])
-        lin, lout = planned.shape[axis], result.shape[axis]
-        if inner == 1 or (inner < _COALESCED_BATCH and outer > inner):     # batch over the outer axes
-            layout = dict(batch=outer, istride=inner, idist=lin * inner, ostride=inner, odist=lout * inner,
+        lin, lout = needed if copied else source.shape[axis], result.shape[axis]
+        in_pitch, out_pitch = lin * inner, lout * inner
+        if inner == 1 or (not (real_input or real_output) and inner < _COALESCED_BATCH and outer > inner):
+            # batch over the outer axes (one execution per inner index: only complex ones start odd)
+            layout = dict(batch=outer, istride=inner, idist=in_pitch, ostride=inner, odist=out_pitch,
                           loops=inner, in_step=1, out_step=1)
         else:                                                              # interleaved, one execution per outer
+            if outer > 1 and real_input and in_pitch % 2:    # rows padded to an even length: copied
+                copied, lin = True, needed
+                in_pitch = lin * inner + (lin * inner) % 2
+            if outer > 1 and real_output and out_pitch % 2:
+                out_pitch += 1
             layout = dict(batch=inner, istride=inner, idist=1, ostride=inner, odist=1,
-                          loops=outer, in_step=lin * inner, out_step=lout * inner)
+                          loops=outer, in_step=in_pitch, out_step=out_pitch)
+        staged = TensorType(source.shape[:axis] + (needed,) + source.shape[axis + 1:], reads) if copied else None
         # numpy: "backward" scales the inverse by 1/n, "forward" the forward one, "ortho" both by 1/sqrt(n)
         if norm == "ortho":
             scale = 1.0 / math.sqrt(n)
         else:
             scale = 1.0 / n if inverse == (norm == "backward") else 1.0
-        return cls(op.op, source, result, axis, n, transform, inverse, staged, scale=scale, **layout)
+        return cls(op.op, source, result, axis, n, transform, inverse, staged, in_pitch=in_pitch,
+                   out_pitch=out_pitch, scale=scale, **layout)
 
     @property
     def planned(self) -> TensorType:
@@ -188,6 +205,16 @@ class FFTCall:
     @property
     def double(self) -> bool:
         return self.transform in (Transform.D2Z, Transform.Z2D, Transform.Z2Z)
+
+    @property
+    def rows(self) -> int:
+        """The number of rows (indices of the axes before `axis`)."""
+        return math.prod(self.source.shape[:self.axis])
+
+    @property
+    def padded_output(self) -> bool:
+        """Whether cuFFT writes rows padded for alignment into a scratch buffer, copied into the result after."""
+        return self.out_pitch != math.prod(self.result.shape[self.axis:])
 
     @property
     def scale_output(self) -> bool:
@@ -230,8 +257,9 @@ def stage_source(call: FFTCall) -> KernelSource:
     src, dst, axis = call.source, call.staged, call.axis
     real = "double" if call.double else "float"
     load = "re = v.re; im = v.im;" if src.dtype.is_complex else f"re = {_WIDEN.get(src.dtype, 'v')};"
-    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[i] = r;" if dst.dtype.is_complex
-             else "dst[i] = re * S;")
+    at = "row * ROW_PITCH + k * INNER + j"
+    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[{at}] = r;" if dst.dtype.is_complex
+             else f"dst[{at}] = re * S;")
     half = call.n // 2 if call.n % 2 == 0 else -1
     clear = "if (k == 0 || k == HALF) im = 0;  // numpy's irfft ignores these\n        " if call.hermitian else ""
     name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
@@ -239,7 +267,7 @@ def stage_source(call: FFTCall) -> KernelSource:
 // launch: {name}(src, dst); grid={_grid(dst.numel)}, block=({_THREADS})
 {_STRUCTS}namespace {name}_config {{
 constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
-constexpr long long TOTAL = {dst.numel}, HALF = {half};
+constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch};
 constexpr {real} S = {_literal(call.scale, call.double)};
 }}
 extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[src.dtype]}* __restrict__ src,
@@ -255,6 +283,41 @@ extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[sr
 }}
 """
     return KernelSource(name, source, threads=_THREADS, grid=_grid(dst.numel))
+
+
+def unstage_source(call: FFTCall) -> KernelSource:
+    """The copy of cuFFT's padded rows into the result (see FFTCall.padded_output).
+
+    >>> spectrum = TensorType((3, 5, 3), DType.complex64)
+    >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 5), DType.float32), n=5, axis=2,
+    ...                              norm="backward"))
+    >>> call.padded_output
+    False
+    >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 3), DType.float32), n=5, axis=1,
+    ...                              norm="backward"))
+    >>> call.padded_output, call.out_pitch, unstage_source(call).name
+    (True, 16, 'fft_unstage_f32')
+    """
+    assert call.padded_output
+    out, axis = call.result, call.axis
+    name = f"fft_unstage_{out.dtype.short}"
+    source = f"""// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis {axis}
+// launch: {name}(src, y); grid={_grid(out.numel)}, block=({_THREADS})
+namespace {name}_config {{
+constexpr long long INNER = {math.prod(out.shape[axis + 1:])}, LEN = {out.shape[axis]};
+constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch};
+}}
+extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[out.dtype]}* __restrict__ src,
+                                                          {_CTYPE[out.dtype]}* __restrict__ y) {{
+    using namespace {name}_config;
+    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
+         i += (long long)gridDim.x * {_THREADS}) {{
+        const long long j = i % INNER, k = (i / INNER) % LEN, row = i / (INNER * LEN);
+        y[i] = src[row * ROW_PITCH + k * INNER + j];
+    }}
+}}
+"""
+    return KernelSource(name, source, threads=_THREADS, grid=_grid(out.numel))
 
 
 def scale_source(call: FFTCall) -> KernelSource:
@@ -313,15 +376,21 @@ class CuFFTKernel:
         sm = f"sm_{stream.device.arch}"
         self._stage = self._compiled(stage_source(call), sm) if call.staged is not None else None
         self._scale = self._compiled(scale_source(call), sm) if call.scale_output else None
-        self._scratch = None
-        if call.staged is not None and call.staged.nbytes:
-            buffer = stream.device.allocate(call.staged.nbytes, stream=stream)
-            self._scratch = DeviceTensor(int(buffer.handle), call.staged.shape, call.staged.dtype, buffer, "cuda",
-                                         device_index)
-            stream.sync()       # allocated in this stream's order; calls may come on others
+        self._unstage = self._compiled(unstage_source(call), sm) if call.padded_output else None
+        self._scratch = self._scratch_for(call.staged, call.rows * call.in_pitch, stream)
+        self._written = self._scratch_for(call.result if call.padded_output else None, call.rows * call.out_pitch,
+                                          stream)
+        stream.sync()           # allocated in this stream's order; calls may come on others
         self._handle = self._plan() if call.batch and call.loops else None    # nothing to transform
         if self._handle is not None:
             weakref.finalize(self, _destroy, cufft, self._handle)
+
+    def _scratch_for(self, t: TensorType | None, elements: int, stream: Any) -> DeviceTensor | None:
+        """A device buffer of `elements` of t's dtype, seen as t (whose rows may be padded within it)."""
+        if t is None or not elements:
+            return None
+        buffer = stream.device.allocate(elements * t.dtype.itemsize, stream=stream)
+        return DeviceTensor(int(buffer.handle), t.shape, t.dtype, buffer, "cuda", self.device_index)
 
     @staticmethod
     def _compiled(source: KernelSource, sm: str) -> tuple[KernelSource, CompiledKernel]:
@@ -368,6 +437,7 @@ class CuFFTKernel:
         if self._handle is None:
             return
         x, y = args
+        written = y if self._written is None else self._written
         with self._lock:
             if self._stage is not None:
                 bind(*self._stage, [x, self._scratch], stream)()
@@ -379,10 +449,12 @@ class CuFFTKernel:
             in_bytes, out_bytes = c.in_step * c.planned.dtype.itemsize, c.out_step * c.result.dtype.itemsize
             for i in range(c.loops):
                 self._checked(f"cufft{_EXEC[c.transform].title().replace('_', '')}", run, self._handle,
-                              x.ptr + i * in_bytes, y.ptr + i * out_bytes, *direction)
+                              x.ptr + i * in_bytes, written.ptr + i * out_bytes, *direction)
+            if self._unstage is not None:
+                bind(*self._unstage, [written, y], stream)()
             if self._scale is not None:
                 bind(*self._scale, [y], stream)()
 
 
 __all__ = ["CuFFTKernel", "FFTCall", "INSTALL_HINT", "LibraryCallError", "Transform", "library_available",
-           "library_call", "scale_source", "stage_source"]
+           "library_call", "scale_source", "stage_source", "unstage_source"]

@@ -7,6 +7,7 @@ FFT convolution against the numpy executor."""
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ from tessera_rw.codegen.device import gpu_available
 from tessera_rw.codegen.device_arrays import DeviceTensor
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.library_kernels import (CuFFTKernel, FFTCall, LibraryCallError, Transform, library_available,
-                                                library_call, scale_source, stage_source)
+                                                library_call, scale_source, stage_source, unstage_source)
 from tessera_rw.codegen.plan_binding import bind_plan
 from tessera_rw.codegen.templates.spectral import CuFFTSchedule, LibraryKernelError
 
@@ -36,8 +37,9 @@ SIGNALS = [("rfft", DType.float32), ("rfft", DType.float64), ("rfft", DType.bflo
            ("irfft", DType.complex64), ("irfft", DType.complex128), ("irfft", DType.float32),
            ("fft", DType.complex64), ("fft", DType.complex128), ("fft", DType.float32), ("fft", DType.bfloat16),
            ("ifft", DType.complex64), ("ifft", DType.complex128)]
-# (shape, axis): last axis (one execution), leading axis (interleaved), middle axis both ways
-LAYOUTS = [((4, 5, 6), 0), ((4, 5, 6), 1), ((4, 5, 6), 2), ((10, 6, 2), 1), ((2, 6, 40), 1)]
+# (shape, axis): last axis (one execution), leading axis (interleaved), middle axis both ways, and
+# odd rows along a middle axis (real sides padded to start each execution aligned)
+LAYOUTS = [((4, 5, 6), 0), ((4, 5, 6), 1), ((4, 5, 6), 2), ((10, 6, 2), 1), ((2, 6, 40), 1), ((3, 5, 3), 1)]
 
 
 def fft_op(name: str, shape: tuple[int, ...], dtype: DType, n: int, axis: int, norm: str) -> KernelOp:
@@ -75,7 +77,8 @@ def _constants(source: str) -> dict[str, float]:
 
 
 def stage_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
-    """The staging kernel's index arithmetic, from the constants it was emitted with."""
+    """The staging kernel's index arithmetic, from the constants it was emitted with: the flat
+    buffer cuFFT reads, its padding (never written) NaN."""
     c = _constants(stage_source(call).source)
     i = np.arange(c["TOTAL"])
     j, k, row = i % c["INNER"], (i // c["INNER"]) % c["DST_LEN"], i // (c["INNER"] * c["DST_LEN"])
@@ -85,27 +88,47 @@ def stage_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
     if call.hermitian:
         value = np.where((k == 0) | (k == c["HALF"]), value.real, value)
     value = value * c["S"]
-    return (value if call.staged.dtype.is_complex else value.real).reshape(call.staged.shape)
+    flat = np.full(call.rows * c["ROW_PITCH"], np.nan, complex)
+    flat[row * c["ROW_PITCH"] + k * c["INNER"] + j] = value
+    return flat if call.staged.dtype.is_complex else flat.real
+
+
+def unstage_on_host(call: FFTCall, written: np.ndarray) -> np.ndarray:
+    """The unstaging kernel's index arithmetic, from its constants: the result's elements."""
+    c = _constants(unstage_source(call).source + "S = 0x1p+0;")
+    i = np.arange(c["TOTAL"])
+    j, k, row = i % c["INNER"], (i // c["INNER"]) % c["LEN"], i // (c["INNER"] * c["LEN"])
+    return written[row * c["ROW_PITCH"] + k * c["INNER"] + j]
+
+
+def _real(t: TensorType) -> bool:
+    return not t.dtype.is_complex
 
 
 def run_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
-    """What cuFFT computes for `call`: each transform read and written through the described strides."""
-    planned = x if call.staged is None else stage_on_host(call, x)
-    assert planned.shape == call.planned.shape
+    """What cuFFT computes for `call`: each transform read and written through the described strides,
+    each execution starting aligned to a complex element (cuFFT refuses others)."""
+    flat = x.reshape(-1) if call.staged is None else stage_on_host(call, x)
+    assert flat.size == (x.size if call.staged is None else call.rows * call.in_pitch)
+    reads = call.n // 2 + 1 if call.hermitian else call.n
     if call.hermitian:      # what numpy ignores, cuFFT is given as zero (its C2R does not ignore it)
         ignored = [0] + ([call.n // 2] if call.n % 2 == 0 else [])
-        assert not np.take(planned, ignored, axis=call.axis).imag.any()
-    flat = planned.reshape(-1)
-    reads = call.n // 2 + 1 if call.hermitian else call.n
+        spectrum = flat.reshape(call.staged.shape)          # complex rows are never padded
+        assert not np.take(spectrum, ignored, axis=call.axis).imag.any()
     writes = call.result.shape[call.axis]
-    out = np.zeros(call.result.numel, np.complex128)
-    written = np.zeros(call.result.numel, int)
+    size = call.rows * call.out_pitch if call.padded_output else call.result.numel
+    out = np.zeros(size, np.complex128)
+    written = np.zeros(size, int)
     for loop in range(call.loops):
+        if call.loops > 1:
+            assert not (_real(call.planned) and loop * call.in_step % 2), f"execution {loop} reads a misaligned start"
+            assert not (_real(call.result) and loop * call.out_step % 2), f"execution {loop} writes a misaligned start"
         for b in range(call.batch):
             src = loop * call.in_step + b * call.idist + np.arange(reads) * call.istride
             dst = loop * call.out_step + b * call.odist + np.arange(writes) * call.ostride
             assert src.max() < flat.size and dst.max() < out.size
             v = flat[src]
+            assert not np.isnan(v).any(), "a transform reads padding"
             if call.transform in (Transform.R2C, Transform.D2Z):
                 y = np.fft.rfft(v)
             elif call.hermitian:
@@ -114,6 +137,8 @@ def run_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
                 y = np.fft.ifft(v) * call.n if call.inverse else np.fft.fft(v)
             out[dst] = y
             written[dst] += 1
+    if call.padded_output:
+        out, written = unstage_on_host(call, out), unstage_on_host(call, written)
     assert (written == 1).all(), "every result element is written exactly once"
     if call.scale_output:
         out *= _constants_scale(call)
@@ -176,6 +201,23 @@ def test_layouts():
     assert double.transform is Transform.Z2D and double.double
 
 
+def test_real_sides_start_every_execution_at_a_complex_element():
+    # along a middle axis a real transform runs interleaved, one execution per row, even for few
+    # inner columns: one per column would start every other one half a complex element in
+    few_inner = FFTCall.of(fft_op("rfft", (10, 6, 2), DType.float32, 6, 1, "backward"))
+    assert (few_inner.batch, few_inner.loops, few_inner.in_step, few_inner.staged) == (2, 10, 12, None)
+    # rows of odd length are padded by one: the input in its staging copy, the output in a scratch buffer
+    odd_in = FFTCall.of(fft_op("rfft", (3, 5, 3), DType.float32, 5, 1, "backward"))
+    assert odd_in.staged == TensorType((3, 5, 3), DType.float32) and odd_in.in_step == odd_in.in_pitch == 16
+    assert not odd_in.padded_output and odd_in.out_step == 9
+    odd_out = FFTCall.of(fft_op("irfft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
+    assert odd_out.in_pitch == 9 and odd_out.padded_output and odd_out.out_step == odd_out.out_pitch == 16
+    # one row needs no padding, and complex transforms never do
+    assert FFTCall.of(fft_op("rfft", (1, 5, 3), DType.float32, 5, 1, "backward")).staged is None
+    complex_rows = FFTCall.of(fft_op("fft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
+    assert (complex_rows.in_step, complex_rows.out_step, complex_rows.staged) == (15, 15, None)
+
+
 def test_unsupported_calls_say_why():
     fp8 = TensorType((4, 16), DType.float8_e4m3)
     o = KernelOp.of("rfft", (fp8,), TensorType((4, 9), DType.complex64), n=16, axis=1, norm="backward")
@@ -191,11 +233,13 @@ def test_unsupported_calls_say_why():
     ("rfft", DType.bfloat16, (3, 8, 5), 10, 1), ("rfft", DType.float16, (2, 40), 64, 1),
     ("fft", DType.float32, (6, 7), 7, 0), ("irfft", DType.complex64, (2, 64, 2560), 5119, 2),
     ("irfft", DType.complex128, (4, 6), 10, 1), ("rfft", DType.float64, (4, 6), 12, 1),
+    ("irfft", DType.complex128, (3, 5, 3), 5, 1),
 ])
 def test_the_kernels_around_the_call_compile_for_sm_90(name, dtype, shape, n, axis):
     call = FFTCall.of(fft_op(name, shape, dtype, n, axis, "ortho"))
     sources = [stage_source(call)] if call.staged is not None else []
     sources += [scale_source(call)] if call.scale_output else []
+    sources += [unstage_source(call)] if call.padded_output else []
     assert sources
     for source in sources:
         assert source.source.startswith("// fft ")
@@ -225,8 +269,12 @@ class RecordingCuFFT:
 
 
 class FakeStream:
+    """Allocations come at 0x9000, 0xA000, ... in order."""
     handle = 0x5
-    device = SimpleNamespace(arch="90", allocate=lambda nbytes, stream: SimpleNamespace(handle=0x9000))
+
+    def __init__(self):
+        handles = itertools.count(0x9000, 0x1000)
+        self.device = SimpleNamespace(arch="90", allocate=lambda nbytes, stream: SimpleNamespace(handle=next(handles)))
 
     def sync(self):
         pass
@@ -236,7 +284,8 @@ class FakeStream:
 def recorded(monkeypatch):
     cufft, launches = RecordingCuFFT(), []
     monkeypatch.setattr(library_kernels, "_runtime", lambda name: (cufft, ""))
-    monkeypatch.setattr(library_kernels, "resolve_stream", lambda stream, index: FakeStream())
+    stream = FakeStream()
+    monkeypatch.setattr(library_kernels, "resolve_stream", lambda s, index: stream)
     monkeypatch.setattr(library_kernels, "bind", lambda source, compiled, args, stream:
                         lambda: launches.append((source.name, [a.ptr for a in args])))
     return cufft, launches
@@ -256,6 +305,17 @@ def test_an_interleaved_inverse_stages_then_runs_one_execution_per_outer_index(r
     assert launches == [("fft_stage_c64_c64", [0x1000, 0x9000])]        # the operand is copied, not overwritten
     assert cufft.log == [("set_stream", 11, 0x5)] + [("exec_c2r", 11, 0x9000 + i * 9 * 40 * 8, 0x2000 + i * 16 * 40 * 4)
                                                       for i in range(3)]
+
+
+def test_padded_rows_are_written_to_scratch_then_copied_into_the_result(recorded):
+    cufft, launches = recorded
+    call = FFTCall.of(fft_op("irfft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
+    kernel = CuFFTKernel(call, 0)
+    cufft.log.clear()
+    kernel([tensor(call.source, 0x1000), tensor(call.result, 0x2000)], None)
+    # the staged spectrum at 0x9000, the padded rows at 0xA000, then copied into the result
+    assert launches == [("fft_stage_c64_c64", [0x1000, 0x9000]), ("fft_unstage_f32", [0xA000, 0x2000])]
+    assert cufft.log[1:] == [("exec_c2r", 11, 0x9000 + i * 3 * 3 * 8, 0xA000 + i * 16 * 4) for i in range(3)]
 
 
 def test_a_forward_transform_scales_its_result_in_place(recorded):
@@ -337,7 +397,8 @@ def _cufft_or_skip():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", SIGNALS, ids=lambda v: str(v))
-@pytest.mark.parametrize("shape, axis", [((4, 5, 6), 0), ((4, 5, 6), 2), ((10, 6, 2), 1), ((3, 2049), 1)], ids=str)
+@pytest.mark.parametrize("shape, axis", [((4, 5, 6), 0), ((4, 5, 6), 2), ((10, 6, 2), 1), ((3, 5, 3), 1), ((3, 2049), 1)],
+                         ids=str)
 @pytest.mark.parametrize("case, norm", [("natural", "backward"), ("crop", "ortho"), ("pad", "forward")])
 def test_cufft_matches_numpy(name, dtype, shape, axis, case, norm):
     from tessera_rw.codegen.device import resolve_stream
