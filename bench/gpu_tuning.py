@@ -8,6 +8,8 @@ Two parts, both against references in the same run:
 2. Timing logs: every schedule of each op's space, measured, written to
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
+3. Schedule sweeps: every schedule of a small space (the attention backward's four), timed and
+   printed beside the default the cost model picks.
 
 Results go to bench/results/tune-<arch>[-quick].txt.
 """
@@ -23,8 +25,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import attention_row, gemm_row, preflight, protocol_for, save_results
+from bench.gpu import BF16, attention_row, gemm_row, preflight, protocol_for, save_results
 from bench.gpu_timing import Protocol, time_torch
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
 
@@ -49,19 +52,44 @@ def log_ops(quick: bool) -> dict[str, KernelOp]:
     return found
 
 
-def record_log(name: str, op: KernelOp, arch, console: Console) -> Path:
-    """Measure every schedule of `op`'s space and write the timing log."""
-    import torch
+def sweep_ops() -> dict[str, KernelOp]:
+    """Kernels whose spaces are too small for a replay log (tests/tune/test_replay.py wants 8 or more
+    schedules): every schedule is measured and printed beside the default."""
+    from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
+    backward = FlashAttentionBwdTemplate()
+    return {"flash_attention_bwd bf16 B=2 H=8 S=2048 D=64 causal": backward.sample(2, 8, 2048, 64, BF16, True),
+            "flash_attention_bwd bf16 B=2 H=8 S=2048 D=128": backward.sample(2, 8, 2048, 128, BF16, False)}
+
+
+def measure_space(op: KernelOp, arch) -> list:
+    """(schedule, measurement) for every schedule of `op`'s space, checked before it is timed."""
     from tessera_rw.tune.device_measure import DeviceMeasurer
-    from tessera_rw.tune.space import schedule_config
-    from tessera_rw.tune.timing_log import TimingLog
     template = templates_for(op)[0]
     space = template.space(op, arch)
     measurer = DeviceMeasurer(template, op, arch)
     measured = []
     for start in range(0, len(space), LOG_BATCH):
         batch = space[start:start + LOG_BATCH]
-        measured += [(schedule_config(s), m) for s, m in zip(batch, measurer.measure(batch))]
+        measured += list(zip(batch, measurer.measure(batch)))
+    return measured
+
+
+def sweep(name: str, op: KernelOp, arch) -> list[str]:
+    """A line per schedule of `op`'s space, timed, the default schedule marked."""
+    default = templates_for(op)[0].schedules(op, arch)[0]
+    lines = []
+    for schedule, m in measure_space(op, arch):
+        timing = f"{m.median_us:9.1f} µs" if m.ok else f"failed: {m.failure}"
+        lines.append(f"  {name} [{schedule.describe()}]{' (default)' if schedule == default else ''}: {timing}")
+    return lines
+
+
+def record_log(name: str, op: KernelOp, arch, console: Console) -> Path:
+    """Measure every schedule of `op`'s space and write the timing log."""
+    import torch
+    from tessera_rw.tune.space import schedule_config
+    from tessera_rw.tune.timing_log import TimingLog
+    measured = [(schedule_config(s), m) for s, m in measure_space(op, arch)]
     log = TimingLog.of(op, arch.name, torch.cuda.get_device_name(0), measured)
     LOGS.mkdir(parents=True, exist_ok=True)
     path = LOGS / f"{name}-{arch.name}.json"
@@ -128,9 +156,18 @@ def run(quick: bool = False, console: Console | None = None) -> int:
         except Exception as e:
             failed = True
             console.print(f"  {name}: ERROR {type(e).__name__}: {e}", markup=False)
+    sweeps = ["schedule sweeps (every schedule of the space, timed by the tuner's measurer):"]
+    for name, op in sweep_ops().items():
+        try:
+            sweeps += sweep(name, op, arch)
+        except Exception as e:
+            failed = True
+            sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
     record = Console(record=True, width=240, file=io.StringIO())
     for target in (console, record):
         target.print(table)
+        for line in sweeps:
+            target.print(line, markup=False)
     path = save_results(f"tune-{arch.name}{'-quick' if quick else ''}.txt", header, record.export_text())
     console.print(f"written to {path}")
     return 1 if failed else 0
