@@ -27,7 +27,6 @@ from rich.table import Table
 
 from bench.gpu import BF16, attention_row, gemm_row, preflight, protocol_for, save_results
 from bench.gpu_timing import Protocol, time_torch
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
 

@@ -1,6 +1,6 @@
 """Tensors as kernels see them: a device pointer, a shape, a dtype, and whoever keeps the memory.
 
-numpy arrays are copied in (through pinned staging) and out; torch and CuPy CUDA tensors are used
+numpy arrays are copied in and out (through pinned staging, host_staging.py); torch and CuPy CUDA tensors are used
 in place through cuda.core's StridedMemoryView (DLPack / __cuda_array_interface__). Generated
 kernels read contiguous row-major operands, so a strided torch or CuPy tensor is first made
 contiguous by its own library; anything else strided is refused with the fix spelled out.
@@ -17,10 +17,8 @@ The pure parts (dtype tables, contiguity, what a value is) work without a GPU:
 
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,6 +26,7 @@ import numpy as np
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import DTypeError, TesseraError
 from tessera_rw.codegen.device import DeviceError, library_stream, order_after
+from tessera_rw.codegen.host_staging import copy_to_device, copy_to_host
 
 KINDS = ("numpy", "torch", "cupy", "cuda")
 
@@ -166,13 +165,6 @@ def _view(value: Any, stream_handle: int):
     return StridedMemoryView.from_any_interface(value, stream_handle)
 
 
-@cache
-def _pinned():
-    # cuMemAllocHost-backed: works on every driver (the pool-based resource needs host mempools)
-    from cuda.core import LegacyPinnedMemoryResource
-    return LegacyPinnedMemoryResource()
-
-
 def _stream_device(stream) -> int:
     return stream.device.device_id
 
@@ -238,11 +230,7 @@ def _copy_in(array: np.ndarray, stream) -> DeviceTensor:
     if array.nbytes == 0:
         return DeviceTensor(0, array.shape, dtype, None, "numpy", dev.device_id)
     buffer = dev.allocate(array.nbytes, stream=stream)
-    staging = _pinned().allocate(array.nbytes)
-    ctypes.memmove(int(staging.handle), array.ctypes.data, array.nbytes)
-    buffer.copy_from(staging, stream=stream)
-    stream.sync()              # the staging memory is freed next, so the copy must be done
-    staging.close(stream)
+    copy_to_device(array.ctypes.data, int(buffer.handle), array.nbytes, stream, owner=buffer)
     return DeviceTensor(int(buffer.handle), array.shape, dtype, buffer, "numpy", dev.device_id)
 
 
@@ -301,11 +289,5 @@ def to_host(t: DeviceTensor, stream) -> np.ndarray:
     out = np.empty(t.shape, dtype=t.dtype.numpy)
     if t.nbytes == 0:
         return out
-    from cuda.core import Buffer
-    source = Buffer.from_handle(t.ptr, t.nbytes, owner=t.owner)   # borrowed: never frees t's memory
-    staging = _pinned().allocate(t.nbytes)
-    source.copy_to(staging, stream=stream)
-    stream.sync()
-    ctypes.memmove(out.ctypes.data, int(staging.handle), t.nbytes)
-    staging.close(stream)
+    copy_to_host(t.ptr, out.ctypes.data, t.nbytes, stream, owner=t.owner)
     return out

@@ -177,6 +177,27 @@ def test_numpy_round_trip(dtype):
 
 
 @gpu
+def test_numpy_copies_reuse_one_pinned_buffer_and_cross_chunks(monkeypatch):
+    from tessera_rw.codegen import host_staging
+    real, sizes = host_staging.pinned_resource(), []
+
+    class Counting:
+        def allocate(self, size):
+            sizes.append(size)
+            return real.allocate(size)
+
+    monkeypatch.setattr(host_staging, "pinned_resource", Counting)
+    monkeypatch.setattr(host_staging, "_buffers", host_staging._ThreadBuffers())
+    s = resolve_stream()
+    big = _random((host_staging.CHUNK_BYTES // 4 * 2 + 3,), DType.float32, seed=1)   # two chunks and a tail
+    assert to_host(to_device(big, s), s).tobytes() == big.tobytes()
+    for seed in range(3):
+        x = _random((64, 33), DType.float32, seed=seed)
+        assert to_host(to_device(x, s), s).tobytes() == x.tobytes()
+    assert sizes == [host_staging.CHUNK_BYTES]        # one buffer, made at the first copy, reused after
+
+
+@gpu
 def test_hand_written_kernel_on_numpy():
     s = resolve_stream()
     x = _random(1000, DType.float32)
