@@ -2,30 +2,37 @@
 
 Run it where pip reaches PyPI. It downloads binary wheels of tessera_rw's dependencies (and their
 dependencies) for the target CPython version and platform, builds the wheels of tessera_rw and of
-the example plugin from this checkout, and leaves out what the host already has (`--skip`). On
-the host:
+the example plugin from this checkout, leaves out what the host already has (`--skip`) and what
+nothing imports at run time (egglog's notebook widgets: NOTEBOOK_ONLY), and strips the debug
+information from the compiled extensions (egglog's wheel goes from 49 to 6 MiB). On the host,
+each dependency being in the wheelhouse or already installed:
 
-    python -m pip install --no-index --find-links WHEELHOUSE tessera-rw tessera-rw-rmsnorm-matmul
+    python -m pip install --no-index --no-deps WHEELHOUSE/*.whl
 
 For a host whose image has numpy, scipy, the CUDA bindings, rich and pytest (as this project's
-GPU hosts do), leave those out:
+GPU hosts do), leave those out, and take nvmath-python along for the FFT steps on cuFFT:
 
-    python -m bench wheelhouse --python 3.12 --dest .whl --skip numpy scipy ml-dtypes cuda-bindings \\
-        cuda-core cuda-pathfinder nvidia-cuda-nvrtc filelock rich markdown-it-py mdurl pygments \\
-        packaging typing-extensions pyyaml tqdm cloudpickle click markupsafe mypy-extensions \\
+    python -m bench wheelhouse --python 3.12 --dest .whl --extras cufft --skip numpy scipy ml-dtypes \
+        cuda-bindings cuda-python nvidia-cuda-nvrtc filelock rich markdown-it-py mdurl pygments \
+        packaging typing-extensions pyyaml tqdm cloudpickle click markupsafe mypy-extensions \
         pathspec psutil
 
 Versions are those installed here unless `--newest` is given, so the host runs what the tests here
-ran with. egglog's wheel is most of the size (about 57 MiB of 66).
+ran with.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -82,6 +89,49 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+# egglog's declared dependencies for its notebook display: nothing tessera_rw runs imports them
+NOTEBOOK_ONLY = ("anywidget", "asttokens", "comm", "executing", "ipython", "ipython-pygments-lexers", "ipywidgets",
+                 "jedi", "jupyterlab-widgets", "matplotlib-inline", "parso", "pexpect", "prompt-toolkit", "psygnal",
+                 "ptyprocess", "pure-eval", "stack-data", "traitlets", "wcwidth", "widgetsnbextension")
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def strip_wheel(wheel: Path, strip: str = "strip") -> int:
+    """Strip the debug information from the shared libraries in `wheel` (in place, its RECORD
+    updated); the bytes saved."""
+    before = wheel.stat().st_size
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as source:
+        libraries = [n for n in source.namelist() if re.search(r"\.so(\.\d+)*$", n)]
+        if not libraries:
+            return 0
+        stripped = {}
+        for name in libraries:
+            path = Path(tmp) / Path(name).name
+            path.write_bytes(source.read(name))
+            subprocess.run([strip, "--strip-debug", str(path)], check=True)
+            stripped[name] = path.read_bytes()
+        rebuilt = Path(tmp) / wheel.name
+        with zipfile.ZipFile(rebuilt, "w", zipfile.ZIP_DEFLATED) as out:
+            for info in source.infolist():
+                data = stripped.get(info.filename, None)
+                data = source.read(info.filename) if data is None else data
+                if info.filename.endswith(".dist-info/RECORD"):
+                    lines = []
+                    for line in data.decode().splitlines():
+                        name = line.split(",", 1)[0]
+                        if name in stripped:
+                            line = f"{name},{_record_hash(stripped[name])},{len(stripped[name])}"
+                        lines.append(line)
+                    data = ("\n".join(lines) + "\n").encode()
+                info.compress_type = zipfile.ZIP_DEFLATED
+                out.writestr(info, data)
+        shutil.move(rebuilt, wheel)
+    return before - wheel.stat().st_size
+
+
 def skip_wheels(dest: Path, skip: Sequence[str]) -> list[Path]:
     """Delete the wheels of the distributions named in `skip` (the host has them); the deleted paths."""
     names = {normalized(n) for n in skip}
@@ -98,6 +148,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dest", type=Path, default=ROOT / ".whl", help="where the wheels go (default .whl)")
     parser.add_argument("--extras", nargs="*", default=[], help="optional dependency groups too, e.g. dev")
     parser.add_argument("--skip", nargs="*", default=[], help="distributions the host already has")
+    parser.add_argument("--keep-debug-info", action="store_true",
+                        help="leave the compiled extensions as released (default: debug information stripped)")
     parser.add_argument("--newest", action="store_true",
                         help="the newest releases the requirements admit (default: the versions installed here)")
     args = parser.parse_args(argv)
@@ -109,9 +161,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         if done.returncode:
             print(f"wheelhouse: {' '.join(command[2:4])} failed (exit {done.returncode})", file=sys.stderr)
             return done.returncode
-    skipped = skip_wheels(args.dest, args.skip)
+    skipped = skip_wheels(args.dest, [*args.skip, *NOTEBOOK_ONLY])
     wheels = sorted(args.dest.glob("*.whl"))
+    saved = 0 if args.keep_debug_info or not shutil.which("strip") else sum(map(strip_wheel, wheels))
     size = sum(w.stat().st_size for w in wheels) / 2**20
-    print(f"{len(wheels)} wheels, {size:.1f} MiB in {args.dest} ({len(skipped)} skipped as on the host). On the host:\n"
-          f"  python -m pip install --no-index --find-links {args.dest} tessera-rw tessera-rw-rmsnorm-matmul")
+    print(f"{len(wheels)} wheels, {size:.1f} MiB in {args.dest} ({len(skipped)} left out, {saved / 2**20:.0f} MiB "
+          f"of debug information stripped). On the host:\n"
+          f"  python -m pip install --no-index --no-deps {args.dest}/*.whl")
     return 0

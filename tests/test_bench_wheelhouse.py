@@ -3,9 +3,12 @@ commands are checked, not run)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 from bench import wheelhouse
 
@@ -46,3 +49,43 @@ def test_skipped_distributions_leave_the_wheelhouse(tmp_path):
     gone = wheelhouse.skip_wheels(tmp_path, ["NumPy", "typing-extensions"])
     assert sorted(p.name.split("-")[0] for p in gone) == ["numpy", "typing_extensions"]
     assert [p.name.split("-")[0] for p in tmp_path.glob("*.whl")] == ["egglog"]
+
+
+def test_notebook_only_dependencies_are_left_out(tmp_path):
+    (tmp_path / "ipython-9.18.1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "egglog-13.2.0-cp312-cp312-manylinux2014_x86_64.whl").write_bytes(b"")
+    wheelhouse.skip_wheels(tmp_path, wheelhouse.NOTEBOOK_ONLY)
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.whl")] == ["egglog"]
+
+
+@pytest.mark.skipif(not (shutil.which("cc") and shutil.which("strip")), reason="needs a C compiler and strip")
+def test_stripped_wheels_keep_their_files_and_a_true_record(tmp_path):
+    import base64
+    import hashlib
+    import subprocess
+    import zipfile
+    source = tmp_path / "lib.c"
+    source.write_text("int answer(void) { return 42; }\n" + "".join(
+        f"static int f{i}(int x) {{ return x * {i}; }}\nint g{i}(int x) {{ return f{i}(x); }}\n" for i in range(200)))
+    library = tmp_path / "lib.so"
+    subprocess.run(["cc", "-g3", "-O0", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    data = library.read_bytes()
+
+    def digest(b: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+
+    init = b"x = 1\n"
+    wheel = tmp_path / "pkg-1.0-cp312-cp312-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("pkg/__init__.py", init)
+        z.writestr("pkg/lib.so", data)
+        z.writestr("pkg-1.0.dist-info/RECORD", f"pkg/__init__.py,{digest(init)},6\n"
+                                               f"pkg/lib.so,{digest(data)},{len(data)}\npkg-1.0.dist-info/RECORD,,\n")
+    assert wheelhouse.strip_wheel(wheel) > 0
+    with zipfile.ZipFile(wheel) as z:
+        stripped = z.read("pkg/lib.so")
+        record = {line.split(",")[0]: line.split(",")[1:] for line in z.read("pkg-1.0.dist-info/RECORD").decode().split()}
+        assert z.read("pkg/__init__.py") == init
+    assert len(stripped) < len(data)
+    assert record["pkg/lib.so"] == [digest(stripped), str(len(stripped))]
+    assert record["pkg/__init__.py"] == [digest(init), "6"]
