@@ -4,9 +4,10 @@ A step whose template names a library (FFTTemplate: "cuFFT") has no generated so
 an `FFTCall`, the transform as cuFFT describes it (type, length, the batch layout along one axis
 of a dense row-major tensor, numpy's norm factor), and a `CuFFTKernel` runs that call on one
 device through nvmath-python's low-level cuFFT bindings. Where numpy's semantics need more than
-cuFFT does, two small generated kernels sit around the call: a staging copy (crop or zero-pad to
-n, widen 16-bit or real input, clear the imaginary parts a real inverse ignores, fold in the norm
-factor) and an in-place scale of the output.
+cuFFT does, small generated kernels sit around the call (fft_kernels.py): a staging copy (crop
+or zero-pad to n, widen 16-bit or real input, clear the imaginary parts a real inverse ignores,
+fold in the norm factor, pad rows for alignment), a copy of padded output rows into the result,
+and an in-place scale of the output.
 
 The description is pure and works on any machine:
 
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Sequence
 
-import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
@@ -35,6 +35,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.compile import CompiledKernel, KernelSource, compile_cuda
 from tessera_rw.codegen.device import resolve_stream
 from tessera_rw.codegen.device_arrays import DeviceTensor
+from tessera_rw.codegen.fft_kernels import scale_source, stage_source, unstage_source
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import bind
 
@@ -223,123 +224,6 @@ class FFTCall:
     def __str__(self) -> str:
         return (f"{self.transform.name} n={self.n} batch={self.batch} x{self.loops}: {self.source} -> {self.result}"
                 f"{'' if self.staged is None else ' staged ' + str(self.staged)}")
-
-
-# -- the generated kernels around the call -----------------------------------------------------------
-
-_THREADS = 256
-_MAX_BLOCKS = 1 << 16     # a grid-stride loop covers the rest: many waves on any GPU already
-_STRUCTS = ("struct __align__(8) fft_c64 { float re, im; };\n"
-            "struct __align__(16) fft_c128 { double re, im; };\n")
-_CTYPE = {DType.float32: "float", DType.float64: "double", DType.bfloat16: "bf16_t", DType.float16: "f16_t",
-          DType.complex64: "fft_c64", DType.complex128: "fft_c128"}
-_WIDEN = {DType.bfloat16: "bf16_to_f32(v)", DType.float16: "f16_to_f32(v)"}
-
-
-def _literal(value: float, double: bool) -> str:
-    """An exact C++17 hexadecimal literal: the factor the kernel multiplies by is the one we chose."""
-    return value.hex() if double else float(np.float32(value)).hex() + "f"
-
-
-def _grid(total: int) -> tuple[int, int, int]:
-    return (max(1, min(-(-total // _THREADS), _MAX_BLOCKS)), 1, 1)
-
-
-def stage_source(call: FFTCall) -> KernelSource:
-    """The copy of the operand into the dense buffer cuFFT reads (see FFTCall.staged).
-
-    >>> spectrum = TensorType((8, 33), DType.complex64)
-    >>> op = KernelOp.of("irfft", (spectrum,), TensorType((8, 64), DType.float32), n=64, axis=1, norm="backward")
-    >>> stage_source(FFTCall.of(op)).name
-    'fft_stage_c64_c64'
-    """
-    assert call.staged is not None
-    src, dst, axis = call.source, call.staged, call.axis
-    real = "double" if call.double else "float"
-    load = "re = v.re; im = v.im;" if src.dtype.is_complex else f"re = {_WIDEN.get(src.dtype, 'v')};"
-    at = "row * ROW_PITCH + k * INNER + j"
-    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[{at}] = r;" if dst.dtype.is_complex
-             else f"dst[{at}] = re * S;")
-    half = call.n // 2 if call.n % 2 == 0 else -1
-    clear = "if (k == 0 || k == HALF) im = 0;  // numpy's irfft ignores these\n        " if call.hermitian else ""
-    name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
-    source = f"""// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}
-// launch: {name}(src, dst); grid={_grid(dst.numel)}, block=({_THREADS})
-{_STRUCTS}namespace {name}_config {{
-constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
-constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch};
-constexpr {real} S = {_literal(call.scale, call.double)};
-}}
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[src.dtype]}* __restrict__ src,
-                                                          {_CTYPE[dst.dtype]}* __restrict__ dst) {{
-    using namespace {name}_config;
-    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
-         i += (long long)gridDim.x * {_THREADS}) {{
-        const long long j = i % INNER, k = (i / INNER) % DST_LEN, row = i / (INNER * DST_LEN);
-        {real} re = 0, im = 0;
-        if (k < SRC_LEN) {{ const {_CTYPE[src.dtype]} v = src[(row * SRC_LEN + k) * INNER + j]; {load} }}
-        {clear}{store}
-    }}
-}}
-"""
-    return KernelSource(name, source, threads=_THREADS, grid=_grid(dst.numel))
-
-
-def unstage_source(call: FFTCall) -> KernelSource:
-    """The copy of cuFFT's padded rows into the result (see FFTCall.padded_output).
-
-    >>> spectrum = TensorType((3, 5, 3), DType.complex64)
-    >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 5), DType.float32), n=5, axis=2,
-    ...                              norm="backward"))
-    >>> call.padded_output
-    False
-    >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 3), DType.float32), n=5, axis=1,
-    ...                              norm="backward"))
-    >>> call.padded_output, call.out_pitch, unstage_source(call).name
-    (True, 16, 'fft_unstage_f32')
-    """
-    assert call.padded_output
-    out, axis = call.result, call.axis
-    name = f"fft_unstage_{out.dtype.short}"
-    source = f"""// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis {axis}
-// launch: {name}(src, y); grid={_grid(out.numel)}, block=({_THREADS})
-namespace {name}_config {{
-constexpr long long INNER = {math.prod(out.shape[axis + 1:])}, LEN = {out.shape[axis]};
-constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch};
-}}
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[out.dtype]}* __restrict__ src,
-                                                          {_CTYPE[out.dtype]}* __restrict__ y) {{
-    using namespace {name}_config;
-    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
-         i += (long long)gridDim.x * {_THREADS}) {{
-        const long long j = i % INNER, k = (i / INNER) % LEN, row = i / (INNER * LEN);
-        y[i] = src[row * ROW_PITCH + k * INNER + j];
-    }}
-}}
-"""
-    return KernelSource(name, source, threads=_THREADS, grid=_grid(out.numel))
-
-
-def scale_source(call: FFTCall) -> KernelSource:
-    """The in-place multiply of the result by the norm factor, when no staging copy took it.
-
-    >>> x = TensorType((8, 64), DType.complex64)
-    >>> call = FFTCall.of(KernelOp.of("fft", (x,), x, n=64, axis=1, norm="ortho"))
-    >>> call.scale_output, scale_source(call).grid
-    (True, (4, 1, 1))
-    """
-    real = "double" if call.double else "float"
-    count = call.result.numel * (2 if call.result.dtype.is_complex else 1)
-    name = f"fft_scale_{call.result.dtype.short}"
-    source = f"""// fft scale for {call.op}: {call.result} times {call.scale!r}
-// launch: {name}(y); grid={_grid(count)}, block=({_THREADS})
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}({real}* __restrict__ y) {{
-    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < {count}LL;
-         i += (long long)gridDim.x * {_THREADS})
-        y[i] *= {_literal(call.scale, call.double)};
-}}
-"""
-    return KernelSource(name, source, threads=_THREADS, grid=_grid(count))
 
 
 # -- running it --------------------------------------------------------------------------------------

@@ -51,6 +51,19 @@ def test_model_search_needs_at_most_half_the_trials_of_random_search(path):
     assert model <= rand / 2, f"{path.stem}: model-based {model} trials, random {rand} (median over {len(SEEDS)} seeds)"
 
 
+@pytest.mark.parametrize("path", LOGS, ids=[p.stem for p in LOGS])
+def test_the_first_default_schedule_is_within_5_percent_of_the_exhaustive_best(path):
+    """What a call gets without tuning: the template's first default schedule, as measured."""
+    log = TimingLog.load(path)
+    op = log.kernel_op()
+    first = templates_for(op)[0].schedules(op, arch_named(log.arch))[0]
+    default = ReplayMeasurer(log).measure([first])[0]
+    best = min(e.measurement().median_us for e in log.entries if e.failure is None)
+    assert default.ok, f"{path.stem}: the default {first.describe()}: {default.failure}"
+    assert default.median_us <= (1 + TOLERANCE) * best, \
+        f"{path.stem}: the default {first.describe()} takes {default.median_us:.1f} µs, the best {best:.1f} µs"
+
+
 def test_gpu_timing_logs_are_recorded():
     if not LOGS:
         pytest.skip("no GPU timing logs under tests/data/tuning_logs yet: `python -m bench tune` on a GPU "

@@ -1,6 +1,6 @@
 // flash_attention(bf16[4,16,4096,64], bf16[4,16,4096,64], bf16[4,16,4096,64], scale=0.125) -> bf16[4,16,4096,64]
-// schedule: wg bm=128 bn=128 warps=8 stages=3
-// launch: flash_attention_wg_bf16_d64_bm128_bn128_w8_s3<<<2048, 256, 115712>>>(q, k, v, out); dynamic shared memory 115712 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
+// schedule: wg bm=128 bn=64 warps=8 stages=4
+// launch: flash_attention_wg_bf16_d64_bm128_bn64_w8_s4<<<2048, 256, 82944>>>(q, k, v, out); dynamic shared memory 82944 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
 // contiguous row-major operands; blocks are (batch·head, query block), query block fastest
 
 // rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
@@ -22,9 +22,9 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 }
 
 extern "C" __global__ void __launch_bounds__(8 * 32, 1)
-flash_attention_wg_bf16_d64_bm128_bn128_w8_s3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
       bf16_t* __restrict__ out) {
-    constexpr int BM = 128, BN = 128, D = 64, WARPS = 8, STAGES = 3, THREADS = 32 * WARPS;
+    constexpr int BM = 128, BN = 64, D = 64, WARPS = 8, STAGES = 4, THREADS = 32 * WARPS;
     constexpr int MT = BM / (16 * WARPS);                 // 16-row MMA tiles per warp
     constexpr int SQ = 4096, SK = 4096, NQB = (SQ + BM - 1) / BM, NKT = (SK + BN - 1) / BN;
     constexpr float SCALE_LOG2 = 0.18033688011112042f;             // the softmax runs in base 2: scale · log2(e)
@@ -117,7 +117,7 @@ flash_attention_wg_bf16_d64_bm128_bn128_w8_s3(const bf16_t* __restrict__ q, cons
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_m64n128k16_bf16<0, 0>(&s[0][0][0],
+            wgmma_m64n64k16_bf16<0, 0>(&s[0][0][0],
                 wgmma_desc(q_s + (kk / 4) * BM * 64 + warpgroup * 64 * 64 + (kk % 4) * 16, 16, ATOM),
                 wgmma_desc(kt + (kk / 4) * BN * 64 + (kk % 4) * 16, 16, ATOM));
         wgmma_commit();
