@@ -13,7 +13,7 @@ memory; only an explicit mask operand moves an Sq×Sk matrix through HBM. Two ke
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
 >>> [s.describe() for s in t.schedules(op, arch_named("h100"))][:3]
-['wg bm=128 bn=128 warps=8 stages=3', 'wg bm=128 bn=64 warps=8 stages=4', 'bm=128 bn=64 warps=8 stages=2']
+['wg bm=128 bn=64 warps=8 stages=4', 'wg bm=128 bn=128 warps=8 stages=3', 'bm=128 bn=64 warps=8 stages=2']
 >>> t.schedules(op, arch_named("a100"))[0].describe()
 'bm=128 bn=64 warps=8 stages=2'
 """

@@ -23,7 +23,7 @@ the MMAs on the stage the next refill overwrites.
 >>> op = t.samples()[0]
 >>> s = t.schedules(op, arch_named("h100"))[0]
 >>> emit_wgmma_kernel(op, _Shape.of(op), s, 99328).name
-'flash_attention_wg_bf16_d64_bm128_bn128_w8_s3'
+'flash_attention_wg_bf16_d64_bm128_bn64_w8_s4'
 """
 
 from __future__ import annotations
