@@ -12,28 +12,27 @@ Rows: bf16 GEMM vs torch.matmul; an fp8 (e4m3) GEMM vs torch._scaled_mm; flash a
 layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
 long FFT convolution (bench/gpu_fftconv.py); a linear layer's dW + db and attention's gradients
 (bench/gpu_backward.py). `--quick` takes fewer reps, the first schedule only,
-and no 8192^3 GEMM. The table is printed and written to bench/results/gpu-<arch>[-quick].txt.
+and no 8192^3 GEMM. Last, a warm `@op.kernel` call against its plan run directly. The table is
+printed and written to bench/results/gpu[-quick]-<device>-<date>.json and .md (bench/gpu_results.py),
+with the driver and the clocks before and after the run.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
-from bench.results_files import write_atomically
+from bench.gpu_results import (Result, gpu_machine, machine_lines, passed, results_markdown, rich_table, row_record,
+                                save)
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -58,20 +57,6 @@ class Row:
     flops: float
     bytes: float
     compiled: tuple[int, int, int] | None = None    # (M, N, K) of a torch.compile comparison
-
-
-@dataclass
-class Result:
-    name: str
-    status: str = "ok"
-    floor_ms: float = 0.0
-    ours: Timing | None = None
-    torch: Timing | None = None
-    rate_unit: str = "TFLOP/s"
-    work: float = 0.0                          # FLOPs, or bytes for memory-bound rows
-    error: float | None = None
-    torch_error: float | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def preflight() -> str | None:
@@ -308,45 +293,14 @@ def run_row(row: Row, protocol: Protocol, ceilings: Ceilings, quick: bool) -> Re
     return result
 
 
-def _rate(r: Result, t: Timing | None) -> str:
-    if t is None:
-        return ""
-    per_s = r.work / (t.median_ms * 1e-3)
-    return f"{per_s / 1e9:,.0f}" if r.rate_unit == "GB/s" else f"{per_s / 1e12:,.0f}"
-
-
-def table(results: list[Result], title: str) -> Table:
-    t = Table(title=title)
-    for column in ("row", "floor ms", "ours ms", "torch ms", "ours", "torch", "unit", "ours/torch speed",
-                   "ours % of floor", "error ours / torch", "status"):
-        t.add_column(column, justify="left" if column in ("row", "status", "unit") else "right")
-    for r in results:
-        ours, ref = r.ours, r.torch
-        t.add_row(escape(r.name), f"{r.floor_ms:.3f}", f"{ours.median_ms:.3f} ±{ours.spread:.0%}" if ours else "",
-                  f"{ref.median_ms:.3f} ±{ref.spread:.0%}" if ref else "", _rate(r, ours), _rate(r, ref), r.rate_unit,
-                  f"{ref.median_ms / ours.median_ms:.2f}" if ours and ref else "",
-                  f"{100 * r.floor_ms / ours.median_ms:.0f}%" if ours else "",
-                  " / ".join("-" if e is None else f"{e:.1e}" for e in (r.error, r.torch_error)),
-                  escape(r.status), style=None if r.status == "ok" or r.status.startswith(("owed", "not compared", "skipped")) else "red")
-    return t
-
-
-def environment() -> list[str]:
-    import cuda.core
-    import torch
-    import tessera_rw
-    from tessera_rw.codegen.arch import current_arch
-    props = torch.cuda.get_device_properties(0)
-    return [f"device: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
-            f"arch spec {current_arch().name}",
-            f"torch {torch.__version__} (CUDA {torch.version.cuda}), cuda.core {cuda.core.__version__}, "
-            f"tessera_rw {tessera_rw.__version__}, python {sys.version.split()[0]}",
-            f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
-
-
-def save_results(name: str, header: list[str], text: str) -> Path:
-    """Write bench/results/<name>: the header lines, then the recorded tables (replaced atomically)."""
-    return write_atomically(RESULTS / name, "\n".join(header) + "\n\n" + text)
+def call_overheads() -> dict:
+    """A warm `@op.kernel` call on a small numpy array against running its plan directly, on the GPU
+    (bench/kernel_calls.py): what a call costs beyond its kernels, copies in and out included."""
+    from bench.kernel_calls import warm_call_overhead_us
+    call_us, plan_us = warm_call_overhead_us()
+    return {"warm_call_us": call_us, "plan_run_us": plan_us,
+            "line": f"a warm @op.kernel call on a 4x64 float32 numpy array: {call_us:.1f} µs, its plan run "
+                    f"directly {plan_us:.1f} µs (copies in and out included), overhead {call_us - plan_us:.1f} µs"}
 
 
 def protocol_for(arch, quick: bool) -> Protocol:
@@ -367,7 +321,8 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     arch = current_arch()
     protocol = protocol_for(arch, quick)
     ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
-    header = environment() + [
+    machine = gpu_machine()
+    header = machine_lines(machine) + [
         f"{'--quick: ' if quick else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
         f"{protocol.flush_bytes >> 20} MiB L2 flush between reps, medians",
         f"measured ceilings: copy {ceilings.copy_bytes_per_s / 1e9:,.0f} GB/s (read + write), "
@@ -388,12 +343,17 @@ def run(quick: bool = False, console: Console | None = None) -> int:
         console.print(f"  {results[-1].name}: {results[-1].status}", markup=False)
     results.append(long_conv(protocol, ceilings))
     results.extend(backward_rows(protocol, ceilings, quick))
-    record = Console(record=True, width=240, file=io.StringIO())
-    for target in (console, record):
-        target.print(table(results, f"tessera_rw vs torch on {arch.name}"))
-        for r in results:
-            for note in r.notes:
-                target.print(f"  {r.name}: {note}", markup=False)
-    path = save_results(f"gpu-{arch.name}{'-quick' if quick else ''}.txt", header, record.export_text())
-    console.print(f"written to {path}")
-    return 0 if all(r.status == "ok" or r.status.startswith(("owed", "not compared", "skipped")) for r in results) else 1
+    calls = call_overheads()
+    console.print(rich_table(results, f"tessera_rw vs torch on {arch.name}"))
+    for r in results:
+        for note in r.notes:
+            console.print(f"  {r.name}: {note}", markup=False)
+    document = {"suite": "gpu", "quick": quick, "protocol": vars(protocol),
+                "ceilings": {"copy_bytes_per_s": ceilings.copy_bytes_per_s,
+                             "matmul_flops_per_s": ceilings.matmul_flops_per_s},
+                "rows": [row_record(r) for r in results], "calls": calls}
+    paths = save(f"gpu{'-quick' if quick else ''}", machine, document, "\n".join(f"{h}  " for h in header[3:])
+                 + "\n\n" + results_markdown(results) + "\n\n" + calls["line"])
+    console.print(calls["line"], markup=False)
+    console.print(f"written: {', '.join(map(str, paths))}")
+    return 0 if all(passed(r.status) for r in results) else 1

@@ -17,7 +17,8 @@ Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed l
 
 from __future__ import annotations
 
-from bench.gpu import Ceilings, Result
+from bench.gpu import Ceilings
+from bench.gpu_results import Result
 from bench.gpu_timing import Protocol, rel_error, time_torch
 from tessera_rw import op
 

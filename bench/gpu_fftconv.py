@@ -9,7 +9,8 @@ torch.fft, the filter's transform included on both sides.
 
 from __future__ import annotations
 
-from bench.gpu import Ceilings, Result
+from bench.gpu import Ceilings
+from bench.gpu_results import Result
 from bench.gpu_timing import Protocol, rel_error, time_torch
 from tessera_rw import op
 

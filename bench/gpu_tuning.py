@@ -11,12 +11,11 @@ Two parts, both against references in the same run:
 3. Schedule sweeps: every schedule of a small space (the attention backward's four), timed and
    printed beside the default the cost model picks.
 
-Results go to bench/results/tune-<arch>[-quick].txt.
+Results go to bench/results/tune[-quick]-<device>-<date>.json and .md.
 """
 
 from __future__ import annotations
 
-import io
 import sys
 import tempfile
 import time
@@ -25,7 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import BF16, attention_row, gemm_row, preflight, protocol_for, save_results
+from bench.gpu import BF16, attention_row, gemm_row, preflight, protocol_for
+from bench.gpu_results import gpu_machine, machine_lines, save
+from bench.results_files import markdown_table
 from bench.gpu_timing import Protocol, time_torch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
@@ -83,8 +84,8 @@ def sweep(name: str, op: KernelOp, arch) -> list[str]:
     return lines
 
 
-def record_log(name: str, op: KernelOp, arch, console: Console) -> Path:
-    """Measure every schedule of `op`'s space and write the timing log."""
+def record_log(name: str, op: KernelOp, arch, console: Console) -> str:
+    """Measure every schedule of `op`'s space and write the timing log; a line saying what it holds."""
     import torch
     from tessera_rw.tune.space import schedule_config
     from tessera_rw.tune.timing_log import TimingLog
@@ -94,9 +95,10 @@ def record_log(name: str, op: KernelOp, arch, console: Console) -> Path:
     path = LOGS / f"{name}-{arch.name}.json"
     log.save(path)
     ok = [m for _, m in measured if m.ok]
-    console.print(f"  {name}: {len(measured)} schedules, {len(ok)} ran, best {min(m.median_us for m in ok):.1f} µs "
-                  f"-> {path.relative_to(LOGS.parent.parent.parent)}", markup=False)
-    return path
+    line = (f"{name}: {len(measured)} schedules, {len(ok)} ran, best {min(m.median_us for m in ok):.1f} µs "
+            f"-> {path.relative_to(LOGS.parent.parent.parent)}")
+    console.print(f"  {line}", markup=False)
+    return line
 
 
 def tuned_vs_default(row, arch, protocol: Protocol, cache_root: str, quick: bool) -> list[str]:
@@ -128,46 +130,56 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    from bench.gpu import environment
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
     protocol = protocol_for(arch, quick)
-    header = environment() + ["tuned vs default: both timed by the tuner's measurer (15 interleaved rounds, "
-                              "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
+    machine = gpu_machine()
+    header = machine_lines(machine) + ["tuned vs default: both timed by the tuner's measurer (15 interleaved rounds, "
+                                       "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
     for line in header:
         console.print(line, markup=False)
-    table = Table(title=f"autotuning on {arch.name}")
-    for col in ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch/tuned", "trials/space",
-                "tuning", "second run", "tuned schedule"):
-        table.add_column(col)
+    columns = ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch/tuned", "trials/space", "tuning",
+               "second run", "tuned schedule")
+    tuned: list[list[str]] = []
     failed = False
     with tempfile.TemporaryDirectory() as cache_root:
         for row in tuning_rows(quick):
             try:
-                table.add_row(*tuned_vs_default(row, arch, protocol, cache_root, quick))
+                tuned.append(tuned_vs_default(row, arch, protocol, cache_root, quick))
             except Exception as e:      # one broken row is reported and the rest still run
                 failed = True
-                table.add_row(row.name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                tuned.append([row.name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}"]
+                             + [""] * (len(columns) - 2))
     console.print("timing logs:")
+    logs = []
     for name, op in log_ops(quick).items():
         try:
-            record_log(name, op, arch, console)
+            logs.append(record_log(name, op, arch, console))
         except Exception as e:
             failed = True
-            console.print(f"  {name}: ERROR {type(e).__name__}: {e}", markup=False)
-    sweeps = ["schedule sweeps (every schedule of the space, timed by the tuner's measurer):"]
+            logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
+            console.print(f"  {logs[-1]}", markup=False)
+    sweeps = []
     for name, op in sweep_ops().items():
         try:
             sweeps += sweep(name, op, arch)
         except Exception as e:
             failed = True
             sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
-    record = Console(record=True, width=240, file=io.StringIO())
-    for target in (console, record):
-        target.print(table)
-        for line in sweeps:
-            target.print(line, markup=False)
-    path = save_results(f"tune-{arch.name}{'-quick' if quick else ''}.txt", header, record.export_text())
-    console.print(f"written to {path}")
+    table = Table(title=f"autotuning on {arch.name}")
+    for col in columns:
+        table.add_column(col)
+    for cells in tuned:
+        table.add_row(*cells)
+    console.print(table)
+    console.print("schedule sweeps (every schedule of the space, timed by the tuner's measurer):")
+    for line in sweeps:
+        console.print(line, markup=False)
+    document = {"suite": "tune", "quick": quick, "tuned": [dict(zip(columns, cells)) for cells in tuned],
+                "timing_logs": logs, "sweeps": [line.strip() for line in sweeps]}
+    markdown = "\n\n".join([header[-1], markdown_table(columns, tuned), "timing logs:\n\n" + "\n".join(
+        f"- {line}" for line in logs), "schedule sweeps (every schedule of the space, timed by the tuner's "
+        "measurer):\n\n" + "\n".join(f"- {line.strip()}" for line in sweeps)])
+    paths = save(f"tune{'-quick' if quick else ''}", machine, document, markdown)
+    console.print(f"written: {', '.join(map(str, paths))}")
     return 1 if failed else 0
-

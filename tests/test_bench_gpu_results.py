@@ -1,0 +1,56 @@
+"""What `python -m bench gpu` writes, from rows made up here (no GPU): bench/results/<suite>-<device>-
+<date>.json with every number and the machine's driver and clocks, and the .md with the same table."""
+
+from __future__ import annotations
+
+import json
+
+from bench import gpu_results, results_files
+from bench.gpu_results import Result, passed, results_markdown, row_record, save
+from bench.gpu_timing import Timing
+
+MACHINE = {"device": "NVIDIA H200", "sms": 132, "memory_gib": 140, "arch_spec": "H200",
+           "nvidia_smi_before": {"driver_version": "580.159.04", "clocks.sm": "345 MHz", "clocks.max.sm": "1980 MHz",
+                                 "clocks.mem": "3201 MHz"},
+           "torch": "2.11.0", "cuda": "13.0", "cuda_core": "1.2.2", "tessera_rw": "0.1.0", "python": "3.12.3",
+           "started": "2026-11-26 00:12 UTC"}
+
+
+def rows() -> list[Result]:
+    gemm = Result("gemm bf16 4096^3 vs torch.matmul", floor_ms=0.174, ours=Timing(0.199, 0.0),
+                  torch=Timing(0.176, 0.01), work=2 * 4096 ** 3, error=1.7e-3, torch_error=1.7e-3,
+                  notes=["schedule tma bm=128 bn=256"])
+    softmax = Result("softmax bf16 8192x8192", floor_ms=0.075, ours=Timing(0.094, 0.0), torch=Timing(0.257, 0.0),
+                     rate_unit="GB/s", work=2 * 8192 * 8192 * 2)
+    owed = Result("long conv1d", status="owed: needs the plan runtime", rate_unit="GB/s")
+    wrong = Result("attention", status="FAILED: 1 of 4 schedules wrong on random data")
+    return [gemm, softmax, owed, wrong]
+
+
+def test_rows_become_records_and_a_markdown_table():
+    gemm, softmax, owed, wrong = rows()
+    record = row_record(gemm)
+    assert record["ours_per_torch_speed"] == round(0.176 / 0.199, 4)
+    assert abs(record["ours_rate"] - 2 * 4096 ** 3 / 0.199e-3 / 1e12) < 1e-9 and record["unit"] == "TFLOP/s"
+    assert abs(row_record(softmax)["ours_rate"] - 2 * 8192 * 8192 * 2 / 0.094e-3 / 1e9) < 1e-6
+    assert row_record(owed)["ours_ms"] is None and passed(owed.status) and not passed(wrong.status)
+    table = results_markdown(rows())
+    assert table.splitlines()[0].startswith("| row | floor ms | ours ms |")
+    assert "| 0.88 |" in table and "- gemm bf16 4096^3 vs torch.matmul: schedule tma bm=128 bn=256" in table
+
+
+def test_the_files_name_the_device_and_date_and_record_driver_and_clocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(results_files, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_results, "nvidia_smi", lambda: {"clocks.sm": "1980 MHz", "clocks.mem": "3201 MHz",
+                                                            "temperature.gpu": "52"})
+    document = {"suite": "gpu", "rows": [row_record(r) for r in rows()]}
+    json_path, md_path = save("gpu", MACHINE, document, results_markdown(rows()))
+    assert json_path.name.startswith("gpu-NVIDIA-H200-") and json_path.suffix == ".json"
+    saved = json.loads(json_path.read_text())
+    assert saved["schema"] == "tessera_rw.bench/1" and saved["commit"]
+    assert saved["machine"]["nvidia_smi_before"]["driver_version"] == "580.159.04"
+    assert saved["machine"]["nvidia_smi_after"]["clocks.sm"] == "1980 MHz"
+    assert [r["row"] for r in saved["rows"]] == [r.name for r in rows()]
+    text = md_path.read_text()
+    assert "driver 580.159.04" in text and "clocks at the end: SM 1980 MHz" in text
+    assert "| gemm bf16 4096^3 vs torch.matmul |" in text
