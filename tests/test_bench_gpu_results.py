@@ -54,3 +54,62 @@ def test_the_files_name_the_device_and_date_and_record_driver_and_clocks(tmp_pat
     text = md_path.read_text()
     assert "driver 580.159.04" in text and "clocks at the end: SM 1980 MHz" in text
     assert "| gemm bf16 4096^3 vs torch.matmul |" in text
+
+
+def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
+    """bench gpu's run() with the device work replaced: the orchestration, the table and the files."""
+    import io
+
+    from rich.console import Console
+
+    from bench import gpu, gpu_backward, gpu_fftconv
+    from tessera_rw.codegen import arch as arch_module
+    monkeypatch.setattr(results_files, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu, "preflight", lambda: None)
+    monkeypatch.setattr(gpu, "copy_bandwidth", lambda nbytes, protocol: 4.2e12)
+    monkeypatch.setattr(gpu, "matmul_rate", lambda n, protocol: 7.9e14)
+    monkeypatch.setattr(gpu, "gpu_machine", lambda: dict(MACHINE))
+    monkeypatch.setattr(gpu_results, "nvidia_smi", lambda: {})
+    monkeypatch.setattr(gpu, "precompile", lambda kernels, arch: None)
+    monkeypatch.setattr(gpu, "run_row", lambda row, protocol, ceilings, quick: Result(
+        row.name, floor_ms=1.0, ours=Timing(1.1, 0.0), torch=Timing(1.0, 0.0), work=row.flops or row.bytes,
+        rate_unit="GB/s" if row.flops == 0 else "TFLOP/s"))
+    monkeypatch.setattr(gpu, "versus_compiled", lambda row, ours, protocol: Result(row.name + " vs torch.compile"))
+    monkeypatch.setattr(gpu, "call_overheads", lambda: {"warm_call_us": 30.0, "plan_run_us": 28.0, "line": "calls"})
+    monkeypatch.setattr(gpu_fftconv, "long_conv", lambda protocol, ceilings: Result("long conv", status="owed: x"))
+    monkeypatch.setattr(gpu_backward, "backward_rows", lambda protocol, ceilings, quick: [Result("backward")])
+    monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
+    out = io.StringIO()
+    assert gpu.run(quick=True, console=Console(file=out, width=240)) == 0
+    [json_path] = tmp_path.glob("gpu-quick-NVIDIA-H200-*.json")
+    saved = json.loads(json_path.read_text())
+    names = [r["row"] for r in saved["rows"]]
+    assert names[0].startswith("gemm bf16 4096^3") and names[-2:] == ["long conv", "backward"]
+    assert any(n.endswith("vs torch.compile") for n in names) and saved["calls"]["warm_call_us"] == 30.0
+    assert saved["protocol"] == {"warmup": 3, "reps": 10, "flush_bytes": 2 * arch_module.arch_named("H200").l2_bytes}
+    assert "tessera_rw vs torch on H200" in out.getvalue()
+    assert json_path.with_suffix(".md").read_text().count("\n| ") == len(names) + 1
+
+
+def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from bench import gpu_tuning
+    from tessera_rw.codegen import arch as arch_module
+    monkeypatch.setattr(results_files, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_tuning, "preflight", lambda: None)
+    monkeypatch.setattr(gpu_tuning, "gpu_machine", lambda: dict(MACHINE))
+    monkeypatch.setattr(gpu_results, "nvidia_smi", lambda: {})
+    monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
+    monkeypatch.setattr(gpu_tuning, "tuned_vs_default", lambda row, arch, protocol, root, quick: [
+        row.name, "235.0", "192.0", "1.22x", "155.0", "0.81", "16/34", "2.0 s", "cache (3.0 ms)", "wg bm=128"])
+    monkeypatch.setattr(gpu_tuning, "record_log", lambda name, op, arch, console: f"{name}: 34 schedules")
+    monkeypatch.setattr(gpu_tuning, "sweep", lambda name, op, arch: [f"  {name} [rows=64]: 145.6 µs"])
+    assert gpu_tuning.run(quick=True, console=Console(file=io.StringIO(), width=240)) == 0
+    [json_path] = tmp_path.glob("tune-quick-NVIDIA-H200-*.json")
+    saved = json.loads(json_path.read_text())
+    assert [t["speed-up"] for t in saved["tuned"]] == ["1.22x", "1.22x"]
+    assert saved["timing_logs"] == ["gemm-bf16-2048: 34 schedules", "attention-bf16-s2048-d64: 34 schedules"]
+    assert len(saved["sweeps"]) == 2 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
