@@ -58,26 +58,16 @@ def stage_source(call: FFTCall) -> KernelSource:
     half = call.n // 2 if call.n % 2 == 0 else -1
     clear = "if (k == 0 || k == HALF) im = 0;  // numpy's irfft ignores these\n        " if call.hermitian else ""
     name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
-    source = f"""// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}
-// launch: {name}(src, dst); grid={_grid(dst.numel)}, block=({_THREADS})
-{_STRUCTS}namespace {name}_config {{
+    config = f"""{_STRUCTS}namespace {name}_config {{
 constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
 constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch};
 constexpr {real} S = {_literal(call.scale, call.double)};
-}}
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[src.dtype]}* __restrict__ src,
-                                                          {_CTYPE[dst.dtype]}* __restrict__ dst) {{
-    using namespace {name}_config;
-    for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
-         i += (long long)gridDim.x * {_THREADS}) {{
-        const long long j = i % INNER, k = (i / INNER) % DST_LEN, row = i / (INNER * DST_LEN);
-        {real} re = 0, im = 0;
+}}"""
+    body = f"""{real} re = 0, im = 0;
         if (k < SRC_LEN) {{ const {_CTYPE[src.dtype]} v = src[(row * SRC_LEN + k) * INNER + j]; {load} }}
-        {clear}{store}
-    }}
-}}
-"""
-    return KernelSource(name, source, threads=_THREADS, grid=_grid(dst.numel))
+        {clear}{store}"""
+    return _row_walk(name, f"// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}",
+                     config, (("src", src.dtype), ("dst", dst.dtype)), dst.numel, "DST_LEN", body)
 
 
 def unstage_source(call: FFTCall) -> KernelSource:
@@ -97,23 +87,35 @@ def unstage_source(call: FFTCall) -> KernelSource:
     assert call.padded_output
     out, axis = call.result, call.axis
     name = f"fft_unstage_{out.dtype.short}"
-    source = f"""// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis {axis}
-// launch: {name}(src, y); grid={_grid(out.numel)}, block=({_THREADS})
-namespace {name}_config {{
+    config = f"""namespace {name}_config {{
 constexpr long long INNER = {math.prod(out.shape[axis + 1:])}, LEN = {out.shape[axis]};
 constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch};
-}}
-extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[out.dtype]}* __restrict__ src,
-                                                          {_CTYPE[out.dtype]}* __restrict__ y) {{
+}}"""
+    return _row_walk(name, f"// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis "
+                     f"{axis}", config, (("src", out.dtype), ("y", out.dtype)), out.numel, "LEN",
+                     "y[i] = src[row * ROW_PITCH + k * INNER + j];")
+
+
+def _row_walk(name: str, comment: str, config: str, params: tuple[tuple[str, DType], tuple[str, DType]], total: int,
+              length: str, body: str) -> KernelSource:
+    """A kernel `name(const src*, dst*)` walking `total` elements in a grid-stride loop, each element i
+    split into (row, k along the axis, j among the inner elements) by the INNER and `length`
+    constants of `config`, running `body`."""
+    (src, src_dtype), (dst, dst_dtype) = params
+    source = f"""{comment}
+// launch: {name}({src}, {dst}); grid={_grid(total)}, block=({_THREADS})
+{config}
+extern "C" __global__ void __launch_bounds__({_THREADS}) {name}(const {_CTYPE[src_dtype]}* __restrict__ {src},
+                                                          {_CTYPE[dst_dtype]}* __restrict__ {dst}) {{
     using namespace {name}_config;
     for (long long i = (long long)blockIdx.x * {_THREADS} + threadIdx.x; i < TOTAL;
          i += (long long)gridDim.x * {_THREADS}) {{
-        const long long j = i % INNER, k = (i / INNER) % LEN, row = i / (INNER * LEN);
-        y[i] = src[row * ROW_PITCH + k * INNER + j];
+        const long long j = i % INNER, k = (i / INNER) % {length}, row = i / (INNER * {length});
+        {body}
     }}
 }}
 """
-    return KernelSource(name, source, threads=_THREADS, grid=_grid(out.numel))
+    return KernelSource(name, source, threads=_THREADS, grid=_grid(total))
 
 
 def scale_source(call: FFTCall) -> KernelSource:
