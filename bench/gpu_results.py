@@ -1,5 +1,5 @@
 """What `python -m bench gpu` and `python -m bench tune` record: the machine they ran on (device,
-driver, clocks before and after the run, libraries), every row as a record, and the files
+driver, clocks read before and after the run, libraries), every row as a record, and the files
 bench/results/<suite>-<device>-<date>.json and .md (results_files.write_results).
 
 >>> from bench.gpu_timing import Timing
@@ -100,11 +100,21 @@ def results_markdown(results: Sequence[Result]) -> str:
     return markdown_table(COLUMNS, [row_cells(r) for r in results]) + ("\n\n" + "\n".join(notes) if notes else "")
 
 
-def nvidia_smi(fields: Sequence[str] = _SMI_FIELDS) -> dict[str, str]:
-    """GPU 0's `nvidia-smi --query-gpu` fields ({} where nvidia-smi is missing or fails)."""
+def _measured_gpu() -> str:
+    """nvidia-smi's name for the GPU the figures come from, CUDA's device 0: its UUID (nvidia-smi's
+    indices follow PCI order and ignore CUDA_VISIBLE_DEVICES); "0" where torch cannot say."""
     try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=30)
+        import torch
+        return f"GPU-{torch.cuda.get_device_properties(0).uuid}"
+    except Exception:
+        return "0"
+
+
+def nvidia_smi(fields: Sequence[str] = _SMI_FIELDS) -> dict[str, str]:
+    """The measured GPU's `nvidia-smi --query-gpu` fields ({} where nvidia-smi is missing or fails)."""
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader",
+                               "-i", _measured_gpu()], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     values = done.stdout.strip().split(", ")
@@ -137,8 +147,9 @@ def machine_lines(machine: dict) -> list[str]:
 
 
 def save(suite: str, machine: dict, document: dict, markdown: str) -> tuple[Path, Path]:
-    """bench/results/<suite>-<device>-<date>.json and .md; the clocks are read again first (after
-    the run: under load, where the figures were taken)."""
+    """bench/results/<suite>-<device>-<date>.json and .md; nvidia-smi is read again first, just
+    after the last measurement (snapshots before and after the run, not a trace of the clocks
+    during it)."""
     machine = {**machine, "nvidia_smi_after": nvidia_smi()}
     smi = machine["nvidia_smi_after"]
     after = (f"clocks at the end: SM {smi.get('clocks.sm', '?')}, memory {smi.get('clocks.mem', '?')}, "

@@ -124,6 +124,15 @@ def tuned_vs_default(row, arch, protocol: Protocol, cache_root: str, quick: bool
             f"{tuning_s:.1f} s", f"{again.chosen_by} ({hit_ms:.1f} ms)", tuned.schedule.describe()]
 
 
+def _or_error(make, arg, lines: list[str]) -> dict:
+    """make(arg), or {} with the error appended to `lines` (what was measured before is kept)."""
+    try:
+        return make() if arg is None else make(arg)
+    except Exception as e:
+        lines.append(f"{getattr(make, '__name__', 'ops')}: ERROR {type(e).__name__}: {e}")
+        return {}
+
+
 def run(quick: bool = False, console: Console | None = None) -> int:
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     reason = preflight()
@@ -152,20 +161,19 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                              + [""] * (len(columns) - 2))
     console.print("timing logs:")
     logs = []
-    for name, op in log_ops(quick).items():
+    for name, op in _or_error(log_ops, quick, logs).items():
         try:
             logs.append(record_log(name, op, arch, console))
         except Exception as e:
-            failed = True
             logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
             console.print(f"  {logs[-1]}", markup=False)
     sweeps = []
-    for name, op in sweep_ops().items():
+    for name, op in _or_error(sweep_ops, None, sweeps).items():
         try:
             sweeps += sweep(name, op, arch)
         except Exception as e:
-            failed = True
             sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
+    failed = failed or any("ERROR" in line for line in logs + sweeps)
     table = Table(title=f"autotuning on {arch.name}")
     for col in columns:
         table.add_column(col)

@@ -100,18 +100,24 @@ def _record_hash(data: bytes) -> str:
 
 
 def strip_wheel(wheel: Path, strip: str = "strip") -> int:
-    """Strip the debug information from the shared libraries in `wheel` (in place, its RECORD
-    updated); the bytes saved."""
+    """Strip the debug information from the package's own shared libraries in `wheel` (in place, its
+    RECORD updated); the bytes saved. Libraries auditwheel vendored (under `<name>.libs/`) are left
+    as they are: their program headers were patched, and strip breaks them (numpy's OpenBLAS then
+    fails to load). Where strip fails, the wheel is left as it was."""
     before = wheel.stat().st_size
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as source:
-        libraries = [n for n in source.namelist() if re.search(r"\.so(\.\d+)*$", n)]
+        libraries = [n for n in source.namelist()
+                     if re.search(r"\.so(\.\d+)*$", n) and not n.split("/")[0].endswith(".libs")]
         if not libraries:
             return 0
         stripped = {}
         for name in libraries:
             path = Path(tmp) / Path(name).name
             path.write_bytes(source.read(name))
-            subprocess.run([strip, "--strip-debug", str(path)], check=True)
+            try:
+                subprocess.run([strip, "--strip-debug", str(path)], check=True, capture_output=True)
+            except (OSError, subprocess.CalledProcessError):
+                return 0
             stripped[name] = path.read_bytes()
         rebuilt = Path(tmp) / wheel.name
         with zipfile.ZipFile(rebuilt, "w", zipfile.ZIP_DEFLATED) as out:

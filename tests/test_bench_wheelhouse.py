@@ -79,6 +79,7 @@ def test_stripped_wheels_keep_their_files_and_a_true_record(tmp_path):
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("pkg/__init__.py", init)
         z.writestr("pkg/lib.so", data)
+        z.writestr("pkg.libs/libvendored-1a2b.so.1", data)     # auditwheel's: stripping would break it
         z.writestr("pkg-1.0.dist-info/RECORD", f"pkg/__init__.py,{digest(init)},6\n"
                                                f"pkg/lib.so,{digest(data)},{len(data)}\npkg-1.0.dist-info/RECORD,,\n")
     assert wheelhouse.strip_wheel(wheel) > 0
@@ -86,6 +87,16 @@ def test_stripped_wheels_keep_their_files_and_a_true_record(tmp_path):
         stripped = z.read("pkg/lib.so")
         record = {line.split(",")[0]: line.split(",")[1:] for line in z.read("pkg-1.0.dist-info/RECORD").decode().split()}
         assert z.read("pkg/__init__.py") == init
+        assert z.read("pkg.libs/libvendored-1a2b.so.1") == data
     assert len(stripped) < len(data)
     assert record["pkg/lib.so"] == [digest(stripped), str(len(stripped))]
     assert record["pkg/__init__.py"] == [digest(init), "6"]
+
+
+def test_a_wheel_strip_cannot_read_is_left_as_it_was(tmp_path):
+    import zipfile
+    wheel = tmp_path / "pkg-1.0-cp312-cp312-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("pkg/lib.so", b"not an ELF file")
+    before = wheel.read_bytes()
+    assert wheelhouse.strip_wheel(wheel) == 0 and wheel.read_bytes() == before
