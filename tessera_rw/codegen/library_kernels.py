@@ -241,10 +241,11 @@ def _destroy(cufft: Any, handle: int) -> None:
 
 
 class CuFFTKernel:
-    """One FFTCall made ready on one device: its cuFFT plan made, the staging and scale kernels
-    compiled for the device's sm, the staging buffer allocated. Each owner (a DevicePlan) holds its
-    own: a cuFFT plan has one work area that every execution uses, so two owners sharing one could
-    race on two streams; executions of one kernel are serialized by a lock.
+    """One FFTCall made ready on one device: its cuFFT plan made, the kernels around it compiled for
+    the device's sm, its scratch buffers allocated. Each owner (a DevicePlan) holds its own: a cuFFT
+    plan has one work area that every execution uses, so two owners sharing one could race on two
+    streams. A lock orders the enqueueing of one kernel's calls, not their running: like its
+    DevicePlan's, calls on two streams must not overlap in time.
 
     >>> CuFFTKernel(call, 0)([x, y], stream)       # doctest: +SKIP
     """

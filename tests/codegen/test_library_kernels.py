@@ -19,7 +19,7 @@ from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen import library_kernels
+from tessera_rw.codegen import emulator, library_kernels
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.device import gpu_available
@@ -151,6 +151,30 @@ def _constants_scale(call: FFTCall) -> float:
     return float.fromhex(literal)
 
 
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("name, dtype, shape, n", [
+    ("rfft", DType.float32, (3, 5, 3), 5), ("rfft", DType.bfloat16, (3, 5, 3), 7), ("rfft", DType.float64, (3, 5, 3), 4),
+    ("irfft", DType.complex64, (3, 5, 3), 5), ("irfft", DType.complex128, (3, 5, 3), 11),
+    ("rfft", DType.float16, (4, 6), 10), ("irfft", DType.complex64, (10, 6, 2), 10),
+], ids=str)
+def test_the_generated_copies_do_what_the_replay_says(name, dtype, shape, n):
+    """The staging and unstaging kernels, run by the CPU emulator on buffers of exactly the size the
+    runtime allocates (padding poisoned with NaN), against stage_on_host / unstage_on_host, which
+    the replay of every call above builds on."""
+    call = FFTCall.of(fft_op(name, shape, dtype, n, 1, "ortho"))
+    x = random(shape, dtype, seed=3)
+    staged = np.full(call.rows * call.in_pitch, np.nan, call.staged.dtype.numpy)
+    emulator.build(stage_source(call))([x, staged])
+    tol = 1e-15 if call.double else 1e-6
+    np.testing.assert_allclose(staged, stage_on_host(call, x).astype(staged.dtype), rtol=tol, atol=tol,
+                               equal_nan=True)
+    if call.padded_output:
+        written = random((call.rows * call.out_pitch,), call.result.dtype, seed=4)
+        out = np.full(call.result.shape, np.nan, call.result.dtype.numpy)
+        emulator.build(unstage_source(call))([written, out])
+        assert out.tobytes() == unstage_on_host(call, written).reshape(call.result.shape).tobytes()
+
+
 @pytest.mark.parametrize("name, dtype", SIGNALS, ids=lambda v: str(v))
 @pytest.mark.parametrize("shape, axis", LAYOUTS, ids=str)
 @pytest.mark.parametrize("case", ["natural", "crop", "pad"])
@@ -269,12 +293,16 @@ class RecordingCuFFT:
 
 
 class FakeStream:
-    """Allocations come at 0x9000, 0xA000, ... in order."""
+    """Allocations come at 0x9000, 0xA000, ... in order; their sizes are kept in `allocated`."""
     handle = 0x5
 
     def __init__(self):
-        handles = itertools.count(0x9000, 0x1000)
-        self.device = SimpleNamespace(arch="90", allocate=lambda nbytes, stream: SimpleNamespace(handle=next(handles)))
+        handles, self.allocated = itertools.count(0x9000, 0x1000), []
+
+        def allocate(nbytes, stream):
+            self.allocated.append(nbytes)
+            return SimpleNamespace(handle=next(handles))
+        self.device = SimpleNamespace(arch="90", allocate=allocate)
 
     def sync(self):
         pass
@@ -285,6 +313,7 @@ def recorded(monkeypatch):
     cufft, launches = RecordingCuFFT(), []
     monkeypatch.setattr(library_kernels, "_runtime", lambda name: (cufft, ""))
     stream = FakeStream()
+    cufft.stream = stream
     monkeypatch.setattr(library_kernels, "resolve_stream", lambda s, index: stream)
     monkeypatch.setattr(library_kernels, "bind", lambda source, compiled, args, stream:
                         lambda: launches.append((source.name, [a.ptr for a in args])))
@@ -311,11 +340,24 @@ def test_padded_rows_are_written_to_scratch_then_copied_into_the_result(recorded
     cufft, launches = recorded
     call = FFTCall.of(fft_op("irfft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
     kernel = CuFFTKernel(call, 0)
+    # the staged spectrum (3 rows of 3x3 complex64) and the padded rows (3 of 16 float32)
+    assert cufft.stream.allocated == [3 * 9 * 8, 3 * 16 * 4]
     cufft.log.clear()
     kernel([tensor(call.source, 0x1000), tensor(call.result, 0x2000)], None)
     # the staged spectrum at 0x9000, the padded rows at 0xA000, then copied into the result
     assert launches == [("fft_stage_c64_c64", [0x1000, 0x9000]), ("fft_unstage_f32", [0xA000, 0x2000])]
     assert cufft.log[1:] == [("exec_c2r", 11, 0x9000 + i * 3 * 3 * 8, 0xA000 + i * 16 * 4) for i in range(3)]
+
+
+def test_odd_rows_of_a_real_input_are_staged_at_an_even_pitch(recorded):
+    cufft, launches = recorded
+    call = FFTCall.of(fft_op("rfft", (3, 5, 3), DType.float32, 5, 1, "backward"))
+    kernel = CuFFTKernel(call, 0)
+    assert cufft.stream.allocated == [3 * 16 * 4]            # 3 rows of 15 float32, each padded to 16
+    cufft.log.clear()
+    kernel([tensor(call.source, 0x1000), tensor(call.result, 0x2000)], None)
+    assert launches == [("fft_stage_f32_f32", [0x1000, 0x9000])]
+    assert cufft.log[1:] == [("exec_r2c", 11, 0x9000 + i * 16 * 4, 0x2000 + i * 3 * 3 * 8) for i in range(3)]
 
 
 def test_a_forward_transform_scales_its_result_in_place(recorded):
