@@ -38,12 +38,13 @@ class HostBuffer:
 
 class PinnedStandIn:
     def __init__(self):
-        self.allocated = []
+        self.allocated, self.buffers = [], []
 
     def allocate(self, size):
         memory = np.empty(size, np.uint8)
         self.allocated.append(size)
-        return HostBuffer(memory.ctypes.data, size, memory)
+        self.buffers.append(HostBuffer(memory.ctypes.data, size, memory))
+        return self.buffers[-1]
 
 
 class Stream:
@@ -92,14 +93,26 @@ def test_one_pinned_buffer_is_reused_grown_and_capped(pinned):
     round_trip(np.arange(50, dtype=np.uint8), stream)
     round_trip(np.arange(5000, dtype=np.float32), stream)
     assert pinned.allocated == [32, 64, 96]             # grown in powers of two up to one chunk
+    assert [getattr(b, "closed", False) for b in pinned.buffers] == [True, True, False]   # the smaller ones freed
     round_trip(np.arange(5000, dtype=np.float32), stream)
     assert pinned.allocated == [32, 64, 96]
 
 
+def test_a_copy_in_is_done_before_the_next_one_reuses_the_buffer(pinned):
+    stream = Stream()
+    a, b = np.arange(20, dtype=np.uint8), np.arange(100, 120, dtype=np.uint8)
+    device_a, device_b = np.zeros(20, np.uint8), np.zeros(20, np.uint8)
+    host_staging.copy_to_device(a.ctypes.data, device_a.ctypes.data, a.nbytes, stream)
+    host_staging.copy_to_device(b.ctypes.data, device_b.ctypes.data, b.nbytes, stream)
+    stream.sync()
+    assert device_a.tolist() == a.tolist() and device_b.tolist() == b.tolist()
+
+
 def test_each_thread_and_device_has_its_own_buffer(pinned):
-    round_trip(np.arange(8, dtype=np.uint8), Stream(0))
-    round_trip(np.arange(8, dtype=np.uint8), Stream(1))
-    worker = threading.Thread(target=round_trip, args=(np.arange(8, dtype=np.uint8), Stream(0)))
+    x = np.arange(8, dtype=np.uint8)
+    assert round_trip(x, Stream(0)).tolist() == round_trip(x, Stream(1)).tolist() == x.tolist()
+    got = []
+    worker = threading.Thread(target=lambda: got.append(round_trip(x, Stream(0)).tolist()))
     worker.start()
     worker.join()
-    assert pinned.allocated == [32, 32, 32]
+    assert got == [x.tolist()] and pinned.allocated == [32, 32, 32]
