@@ -7,7 +7,7 @@
 # checkout (editable, with the example plugin) are installed into the host's python3 first (the
 # script stops if that fails). Steps, each stopped after SECONDS (default 600), its log written to
 # OUTDIR:
-#   tests     every gpu-marked test, on 14 workers        bench / benchq   python -m bench gpu [--quick]
+#   tests     every gpu-marked test                      bench / benchq   python -m bench gpu [--quick]
 #   tune / tuneq   python -m bench tune [--quick]         sanitize   racecheck, synccheck and memcheck
 # Default: tests benchq sanitize. The results files the run wrote (and the timing logs) are packed
 # into OUTDIR/results.tar; a step stopped at its limit writes none.
@@ -31,7 +31,10 @@ for step in "${STEPS[@]}"; do
   name=${step%%:*}; secs=${step#*:}; [ "$secs" = "$step" ] && secs=600
   stamp "$name"
   case $name in
-    tests) timeout "$secs" python3 -m pytest -m gpu -q -n 14 -o timeout=120 -o timeout_method=thread -rfE \
+    tests) # on 14 workers where pytest-xdist is installed, each test stopped after 120 s where pytest-timeout is
+           PARALLEL=$(python3 -c "import xdist" 2>/dev/null && echo "-n 14")
+           LIMITS=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "-o timeout=120 -o timeout_method=thread")
+           timeout "$secs" python3 -m pytest -m gpu -q $PARALLEL $LIMITS -rfE \
              > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc $?"; grep -E "passed|failed" "$OUT/gpu-tests.log" | tail -1
            grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | cut -c1-200 | head -40;;
     bench|benchq) timeout "$secs" python3 -m bench gpu $([ "$name" = benchq ] && echo --quick) > "$OUT/bench-gpu.log" 2>&1
