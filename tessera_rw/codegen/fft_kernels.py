@@ -52,7 +52,7 @@ def stage_source(call: FFTCall) -> KernelSource:
     src, dst, axis = call.source, call.staged, call.axis
     real = "double" if call.double else "float"
     load = "re = v.re; im = v.im;" if src.dtype.is_complex else f"re = {_WIDEN.get(src.dtype, 'v')};"
-    at = "row * ROW_PITCH + k * INNER + j"
+    at = "(row * INNER + j) * DST_LEN + k" if call.axis_last else "row * ROW_PITCH + k * INNER + j"
     store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[{at}] = r;" if dst.dtype.is_complex
              else f"dst[{at}] = re * S;")
     half = call.n // 2 if call.n % 2 == 0 else -1
@@ -60,7 +60,7 @@ def stage_source(call: FFTCall) -> KernelSource:
     name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
     config = f"""{_STRUCTS}namespace {name}_config {{
 constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
-constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch};
+constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch}, AXIS_LAST = {int(call.axis_last)};
 constexpr {real} S = {_literal(call.scale, call.double)};
 }}"""
     body = f"""{real} re = 0, im = 0;
@@ -71,29 +71,31 @@ constexpr {real} S = {_literal(call.scale, call.double)};
 
 
 def unstage_source(call: FFTCall) -> KernelSource:
-    """The copy of cuFFT's padded rows into the result (see FFTCall.padded_output).
+    """The copy of cuFFT's scratch output (padded rows, or the axis last) into the result (see
+    FFTCall.scratch_output).
 
     >>> from tessera_rw.codegen.library_kernels import FFTCall
     >>> spectrum = TensorType((3, 5, 3), DType.complex64)
     >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 5), DType.float32), n=5, axis=2,
     ...                              norm="backward"))
-    >>> call.padded_output
+    >>> call.scratch_output
     False
     >>> call = FFTCall.of(KernelOp.of("irfft", (spectrum,), TensorType((3, 5, 3), DType.float32), n=5, axis=1,
     ...                              norm="backward"))
-    >>> call.padded_output, call.out_pitch, unstage_source(call).name
+    >>> call.scratch_output, call.out_pitch, unstage_source(call).name
     (True, 16, 'fft_unstage_f32')
     """
-    assert call.padded_output
+    assert call.scratch_output
     out, axis = call.result, call.axis
     name = f"fft_unstage_{out.dtype.short}"
-    config = f"""namespace {name}_config {{
+    config = f"""{_STRUCTS}namespace {name}_config {{
 constexpr long long INNER = {math.prod(out.shape[axis + 1:])}, LEN = {out.shape[axis]};
-constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch};
+constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch}, AXIS_LAST = {int(call.axis_last)};
 }}"""
+    at = "(row * INNER + j) * LEN + k" if call.axis_last else "row * ROW_PITCH + k * INNER + j"
     return _row_walk(name, f"// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis "
                      f"{axis}", config, (("src", out.dtype), ("y", out.dtype)), out.numel, "LEN",
-                     "y[i] = src[row * ROW_PITCH + k * INNER + j];")
+                     f"y[i] = src[{at}];")
 
 
 def _row_walk(name: str, comment: str, config: str, params: tuple[tuple[str, DType], tuple[str, DType]], total: int,

@@ -113,6 +113,9 @@ _READABLE = frozenset({DType.float32, DType.float64, DType.bfloat16, DType.float
 # Interleaved batches (idist = 1) read coalesced once a warp's worth sit side by side; below that,
 # fewer executions matter more than the access pattern.
 _COALESCED_BATCH = 32
+# Past this many executions (a host call each), the axis is moved last in a staging copy and one
+# execution transforms every row, its result moved back by a second copy.
+MAX_EXECUTIONS = 8
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,12 @@ class FFTCall:
     middle axis would start odd ones, the real side's rows are padded by one element: `in_pitch`
     and `out_pitch` are the distances between consecutive rows (indices of the axes before `axis`)
     in the two buffers. A padded input is always staged; a padded output is written to a scratch
-    buffer and copied into the result (`unstage_source`)."""
+    buffer and copied into the result (`unstage_source`).
+
+    Where a layout would take more than MAX_EXECUTIONS executions, the call is `axis_last`: the
+    staging copy lays each transform's elements out contiguously (rows, then the inner elements,
+    then the axis), one execution transforms them all, and cuFFT writes a scratch buffer laid out
+    the same way, which the unstaging copy moves back into the result."""
     op: str
     source: TensorType              # the op's operand
     result: TensorType              # the op's result
@@ -146,6 +154,7 @@ class FFTCall:
     out_step: int
     in_pitch: int
     out_pitch: int
+    axis_last: bool                 # the staged operand and cuFFT's output hold each transform contiguously
     scale: float                    # numpy's norm factor: applied while staging if there is a copy, else after
 
     @classmethod
@@ -184,6 +193,11 @@ class FFTCall:
                 out_pitch += 1
             layout = dict(batch=inner, istride=inner, idist=1, ostride=inner, odist=1,
                           loops=outer, in_step=in_pitch, out_step=out_pitch)
+        axis_last = layout["loops"] > MAX_EXECUTIONS
+        if axis_last:                  # one execution over every transform, each contiguous
+            copied, in_pitch, out_pitch = True, needed * inner, lout * inner
+            layout = dict(batch=outer * inner, istride=1, idist=needed, ostride=1, odist=lout, loops=1,
+                          in_step=0, out_step=0)
         staged = TensorType(source.shape[:axis] + (needed,) + source.shape[axis + 1:], reads) if copied else None
         # numpy: "backward" scales the inverse by 1/n, "forward" the forward one, "ortho" both by 1/sqrt(n)
         if norm == "ortho":
@@ -191,7 +205,7 @@ class FFTCall:
         else:
             scale = 1.0 / n if inverse == (norm == "backward") else 1.0
         return cls(op.op, source, result, axis, n, transform, inverse, staged, in_pitch=in_pitch,
-                   out_pitch=out_pitch, scale=scale, **layout)
+                   out_pitch=out_pitch, axis_last=axis_last, scale=scale, **layout)
 
     @property
     def planned(self) -> TensorType:
@@ -213,9 +227,10 @@ class FFTCall:
         return math.prod(self.source.shape[:self.axis])
 
     @property
-    def padded_output(self) -> bool:
-        """Whether cuFFT writes rows padded for alignment into a scratch buffer, copied into the result after."""
-        return self.out_pitch != math.prod(self.result.shape[self.axis:])
+    def scratch_output(self) -> bool:
+        """Whether cuFFT writes a scratch buffer (rows padded for alignment, or the axis last), copied
+        into the result after."""
+        return self.axis_last or self.out_pitch != math.prod(self.result.shape[self.axis:])
 
     @property
     def scale_output(self) -> bool:
@@ -223,7 +238,7 @@ class FFTCall:
 
     def __str__(self) -> str:
         return (f"{self.transform.name} n={self.n} batch={self.batch} x{self.loops}: {self.source} -> {self.result}"
-                f"{'' if self.staged is None else ' staged ' + str(self.staged)}")
+                f"{'' if self.staged is None else ' staged ' + str(self.staged)}{' axis last' if self.axis_last else ''}")
 
 
 # -- running it --------------------------------------------------------------------------------------
@@ -261,9 +276,9 @@ class CuFFTKernel:
         sm = f"sm_{stream.device.arch}"
         self._stage = self._compiled(stage_source(call), sm) if call.staged is not None else None
         self._scale = self._compiled(scale_source(call), sm) if call.scale_output else None
-        self._unstage = self._compiled(unstage_source(call), sm) if call.padded_output else None
+        self._unstage = self._compiled(unstage_source(call), sm) if call.scratch_output else None
         self._scratch = self._scratch_for(call.staged, call.rows * call.in_pitch, stream)
-        self._written = self._scratch_for(call.result if call.padded_output else None, call.rows * call.out_pitch,
+        self._written = self._scratch_for(call.result if call.scratch_output else None, call.rows * call.out_pitch,
                                           stream)
         stream.sync()           # allocated in this stream's order; calls may come on others
         self._handle = self._plan() if call.batch and call.loops else None    # nothing to transform

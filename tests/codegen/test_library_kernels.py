@@ -37,9 +37,11 @@ SIGNALS = [("rfft", DType.float32), ("rfft", DType.float64), ("rfft", DType.bflo
            ("irfft", DType.complex64), ("irfft", DType.complex128), ("irfft", DType.float32),
            ("fft", DType.complex64), ("fft", DType.complex128), ("fft", DType.float32), ("fft", DType.bfloat16),
            ("ifft", DType.complex64), ("ifft", DType.complex128)]
-# (shape, axis): last axis (one execution), leading axis (interleaved), middle axis both ways, and
-# odd rows along a middle axis (real sides padded to start each execution aligned)
-LAYOUTS = [((4, 5, 6), 0), ((4, 5, 6), 1), ((4, 5, 6), 2), ((10, 6, 2), 1), ((2, 6, 40), 1), ((3, 5, 3), 1)]
+# (shape, axis): last axis (one execution), leading axis (interleaved), middle axis both ways, odd
+# rows along a middle axis (real sides padded to start each execution aligned), and more rows than
+# MAX_EXECUTIONS (the axis moved last)
+LAYOUTS = [((4, 5, 6), 0), ((4, 5, 6), 1), ((4, 5, 6), 2), ((10, 6, 2), 1), ((2, 6, 40), 1), ((3, 5, 3), 1),
+           ((12, 5, 40), 1)]
 
 
 def fft_op(name: str, shape: tuple[int, ...], dtype: DType, n: int, axis: int, norm: str) -> KernelOp:
@@ -89,7 +91,8 @@ def stage_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
         value = np.where((k == 0) | (k == c["HALF"]), value.real, value)
     value = value * c["S"]
     flat = np.full(call.rows * c["ROW_PITCH"], np.nan, complex)
-    flat[row * c["ROW_PITCH"] + k * c["INNER"] + j] = value
+    at = (row * c["INNER"] + j) * c["DST_LEN"] + k if c["AXIS_LAST"] else row * c["ROW_PITCH"] + k * c["INNER"] + j
+    flat[at] = value
     return flat if call.staged.dtype.is_complex else flat.real
 
 
@@ -98,7 +101,8 @@ def unstage_on_host(call: FFTCall, written: np.ndarray) -> np.ndarray:
     c = _constants(unstage_source(call).source + "S = 0x1p+0;")
     i = np.arange(c["TOTAL"])
     j, k, row = i % c["INNER"], (i // c["INNER"]) % c["LEN"], i // (c["INNER"] * c["LEN"])
-    return written[row * c["ROW_PITCH"] + k * c["INNER"] + j]
+    at = (row * c["INNER"] + j) * c["LEN"] + k if c["AXIS_LAST"] else row * c["ROW_PITCH"] + k * c["INNER"] + j
+    return written[at]
 
 
 def _real(t: TensorType) -> bool:
@@ -113,10 +117,13 @@ def run_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
     reads = call.n // 2 + 1 if call.hermitian else call.n
     if call.hermitian:      # what numpy ignores, cuFFT is given as zero (its C2R does not ignore it)
         ignored = [0] + ([call.n // 2] if call.n % 2 == 0 else [])
-        spectrum = flat.reshape(call.staged.shape)          # complex rows are never padded
-        assert not np.take(spectrum, ignored, axis=call.axis).imag.any()
+        if call.axis_last:                                   # rows, inner elements, the axis
+            taken = flat.reshape(call.rows, -1, reads)[..., ignored]
+        else:                                                # complex rows are never padded
+            taken = np.take(flat.reshape(call.staged.shape), ignored, axis=call.axis)
+        assert not taken.imag.any()
     writes = call.result.shape[call.axis]
-    size = call.rows * call.out_pitch if call.padded_output else call.result.numel
+    size = call.rows * call.out_pitch if call.scratch_output else call.result.numel
     out = np.zeros(size, np.complex128)
     written = np.zeros(size, int)
     for loop in range(call.loops):
@@ -137,7 +144,7 @@ def run_on_host(call: FFTCall, x: np.ndarray) -> np.ndarray:
                 y = np.fft.ifft(v) * call.n if call.inverse else np.fft.fft(v)
             out[dst] = y
             written[dst] += 1
-    if call.padded_output:
+    if call.scratch_output:
         out, written = unstage_on_host(call, out), unstage_on_host(call, written)
     assert (written == 1).all(), "every result element is written exactly once"
     if call.scale_output:
@@ -156,6 +163,7 @@ def _constants_scale(call: FFTCall) -> float:
     ("rfft", DType.float32, (3, 5, 3), 5), ("rfft", DType.bfloat16, (3, 5, 3), 7), ("rfft", DType.float64, (3, 5, 3), 4),
     ("irfft", DType.complex64, (3, 5, 3), 5), ("irfft", DType.complex128, (3, 5, 3), 11),
     ("rfft", DType.float16, (4, 6), 10), ("irfft", DType.complex64, (10, 6, 2), 10),
+    ("fft", DType.complex64, (12, 5, 40), 4), ("rfft", DType.bfloat16, (12, 5, 3), 7),
 ], ids=str)
 def test_the_generated_copies_do_what_the_replay_says(name, dtype, shape, n):
     """The staging and unstaging kernels, run by the CPU emulator on buffers of exactly the size the
@@ -168,7 +176,7 @@ def test_the_generated_copies_do_what_the_replay_says(name, dtype, shape, n):
     tol = 1e-15 if call.double else 1e-6
     np.testing.assert_allclose(staged, stage_on_host(call, x).astype(staged.dtype), rtol=tol, atol=tol,
                                equal_nan=True)
-    if call.padded_output:
+    if call.scratch_output:
         written = random((call.rows * call.out_pitch,), call.result.dtype, seed=4)
         out = np.full(call.result.shape, np.nan, call.result.dtype.numpy)
         emulator.build(unstage_source(call))([written, out])
@@ -225,17 +233,30 @@ def test_layouts():
     assert double.transform is Transform.Z2D and double.double
 
 
+def test_many_rows_move_the_axis_last_and_run_one_execution():
+    assert library_kernels.MAX_EXECUTIONS == 8
+    real = FFTCall.of(fft_op("rfft", (10, 6, 2), DType.float32, 6, 1, "backward"))
+    assert real.axis_last and real.scratch_output and real.staged == TensorType((10, 6, 2), DType.float32)
+    assert (real.batch, real.loops, real.istride, real.idist, real.ostride, real.odist) == (20, 1, 1, 6, 1, 4)
+    inverse = FFTCall.of(fft_op("irfft", (12, 5, 40), DType.complex64, 8, 1, "forward"))
+    assert inverse.axis_last and (inverse.batch, inverse.idist, inverse.odist) == (480, 5, 8)
+    # a complex transform over 40 columns runs interleaved up to 8 rows, then moves the axis last
+    assert not FFTCall.of(fft_op("fft", (8, 5, 40), DType.complex64, 5, 1, "backward")).axis_last
+    many = FFTCall.of(fft_op("fft", (9, 5, 40), DType.complex64, 5, 1, "ortho"))
+    assert many.axis_last and many.loops == 1 and not many.scale_output      # the scale folds into the copy
+
+
 def test_real_sides_start_every_execution_at_a_complex_element():
     # along a middle axis a real transform runs interleaved, one execution per row, even for few
     # inner columns: one per column would start every other one half a complex element in
-    few_inner = FFTCall.of(fft_op("rfft", (10, 6, 2), DType.float32, 6, 1, "backward"))
-    assert (few_inner.batch, few_inner.loops, few_inner.in_step, few_inner.staged) == (2, 10, 12, None)
+    few_inner = FFTCall.of(fft_op("rfft", (8, 6, 2), DType.float32, 6, 1, "backward"))
+    assert (few_inner.batch, few_inner.loops, few_inner.in_step, few_inner.staged) == (2, 8, 12, None)
     # rows of odd length are padded by one: the input in its staging copy, the output in a scratch buffer
     odd_in = FFTCall.of(fft_op("rfft", (3, 5, 3), DType.float32, 5, 1, "backward"))
     assert odd_in.staged == TensorType((3, 5, 3), DType.float32) and odd_in.in_step == odd_in.in_pitch == 16
-    assert not odd_in.padded_output and odd_in.out_step == 9
+    assert not odd_in.scratch_output and odd_in.out_step == 9
     odd_out = FFTCall.of(fft_op("irfft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
-    assert odd_out.in_pitch == 9 and odd_out.padded_output and odd_out.out_step == odd_out.out_pitch == 16
+    assert odd_out.in_pitch == 9 and odd_out.scratch_output and odd_out.out_step == odd_out.out_pitch == 16
     # one row needs no padding, and complex transforms never do
     assert FFTCall.of(fft_op("rfft", (1, 5, 3), DType.float32, 5, 1, "backward")).staged is None
     complex_rows = FFTCall.of(fft_op("fft", (3, 5, 3), DType.complex64, 5, 1, "backward"))
@@ -257,13 +278,13 @@ def test_unsupported_calls_say_why():
     ("rfft", DType.bfloat16, (3, 8, 5), 10, 1), ("rfft", DType.float16, (2, 40), 64, 1),
     ("fft", DType.float32, (6, 7), 7, 0), ("irfft", DType.complex64, (2, 64, 2560), 5119, 2),
     ("irfft", DType.complex128, (4, 6), 10, 1), ("rfft", DType.float64, (4, 6), 12, 1),
-    ("irfft", DType.complex128, (3, 5, 3), 5, 1),
+    ("irfft", DType.complex128, (3, 5, 3), 5, 1), ("fft", DType.complex128, (12, 5, 40), 5, 1),
 ])
 def test_the_kernels_around_the_call_compile_for_sm_90(name, dtype, shape, n, axis):
     call = FFTCall.of(fft_op(name, shape, dtype, n, axis, "ortho"))
     sources = [stage_source(call)] if call.staged is not None else []
     sources += [scale_source(call)] if call.scale_output else []
-    sources += [unstage_source(call)] if call.padded_output else []
+    sources += [unstage_source(call)] if call.scratch_output else []
     assert sources
     for source in sources:
         assert source.source.startswith("// fft ")
@@ -439,8 +460,8 @@ def _cufft_or_skip():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", SIGNALS, ids=lambda v: str(v))
-@pytest.mark.parametrize("shape, axis", [((4, 5, 6), 0), ((4, 5, 6), 2), ((10, 6, 2), 1), ((3, 5, 3), 1), ((3, 2049), 1)],
-                         ids=str)
+@pytest.mark.parametrize("shape, axis", [((4, 5, 6), 0), ((4, 5, 6), 2), ((10, 6, 2), 1), ((3, 5, 3), 1), ((3, 2049), 1),
+                                         ((12, 5, 40), 1)], ids=str)
 @pytest.mark.parametrize("case, norm", [("natural", "backward"), ("crop", "ortho"), ("pad", "forward")])
 def test_cufft_matches_numpy(name, dtype, shape, axis, case, norm):
     from tessera_rw.codegen.device import resolve_stream
