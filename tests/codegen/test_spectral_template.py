@@ -69,6 +69,32 @@ def test_long_transforms_take_two_passes():
     assert FFT.passes(fft("fft", TensorType((1 << 20, 8), DType.complex64), 1 << 20, 0), H100) == 2
 
 
+def test_fft_traffic_counts_the_copies_around_the_call():
+    h100 = arch_named("h100")
+
+    def traffic(name, shape, dtype, n, axis):
+        x = TensorType(shape, dtype)
+        attrs = dict(n=n, axis=axis, norm="backward")
+        op = KernelOp.of(name, (x,), OPS[name].infer(x, **attrs), **attrs)
+        return op, FFTTemplate().resources(op, CuFFTSchedule(), h100).hbm_bytes
+
+    # read as it is: one pass over the operand and the result
+    op, plain = traffic("rfft", (8, 4096), DType.float32, 4096, 1)
+    assert plain == op.operands[0].nbytes + op.result.nbytes
+    # zero-padded to n: the copy writes the padded float32 rows, cuFFT reads them
+    op, padded = traffic("rfft", (8, 64), DType.bfloat16, 4096, 1)
+    staged = 8 * 4096 * 4
+    assert padded == (op.operands[0].nbytes + staged) + (staged + op.result.nbytes)
+    # a C2R input is copied first (cuFFT overwrites it)
+    op, inverse = traffic("irfft", (8, 2049), DType.complex64, 4096, 1)
+    x, y = op.operands[0].nbytes, op.result.nbytes
+    assert inverse == (x + x) + (x + y)
+    # the axis moved last: the result comes back through a scratch copy
+    op, moved = traffic("fft", (16, 64, 40), DType.complex64, 64, 1)
+    x, y = op.operands[0].nbytes, op.result.nbytes
+    assert moved == (x + x) + (x + y) + (y + y)
+
+
 def test_fft_accepts_real_and_complex_floats_but_not_fp8():
     assert FFT.accepts(fft("rfft", TensorType((4, 64), DType.bfloat16), 64, 1))
     assert FFT.accepts(fft("fft", TensorType((4, 64), DType.complex128), 64, 1))

@@ -316,17 +316,25 @@ class FFTTemplate(Template):
         return 1 if n <= _CUFFT_SINGLE_PASS_POINTS and n * complex_bytes <= arch.smem_per_block else 2
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
-        x = op.operands[0]
+        """cuFFT's passes over what it reads and writes, and the copies the runtime makes around the
+        call (library_kernels.FFTCall): staging (widening, padding, a C2R input, the axis moved
+        last), unstaging a scratch output, scaling in place."""
+        from tessera_rw.codegen.library_kernels import FFTCall
+        x, result = op.operands[0], op.result
         n, axis = op.attr_map["n"], op.attr_map["axis"]
         batch = x.numel // max(x.shape[axis], 1)          # every axis but the transformed one
         passes = self.passes(op, arch)
         double = x.dtype in (DType.float64, DType.complex128)
-        widen = x.numel * (x.dtype.itemsize + DType.float32.itemsize) if x.dtype in _WIDENED else 0
-        read = x.numel * DType.float32.itemsize if widen else x.nbytes
+        call = FFTCall.of(op)
+        read = call.rows * call.in_pitch * call.planned.dtype.itemsize if call.staged is not None else x.nbytes
+        written = call.rows * call.out_pitch * result.dtype.itemsize if call.scratch_output else result.nbytes
+        copies = ((x.nbytes + read if call.staged is not None else 0)
+                  + (written + result.nbytes if call.scratch_output else 0)
+                  + (2 * result.nbytes if call.scale_output else 0))
         return Resources(
             threads=_CUFFT_THREADS, blocks=max(1, _cdiv(batch * n, _CUFFT_POINTS_PER_BLOCK)),
             registers=_CUFFT_REGISTERS, smem_bytes=min(n, _CUFFT_SINGLE_PASS_POINTS) * (16 if double else 8),
-            hbm_bytes=widen + passes * (read + op.result.nbytes), flops=op.flops,
+            hbm_bytes=copies + passes * (read + written), flops=op.flops,
             unit=MathUnit.FP64 if double else MathUnit.FP32, efficiency=_CUFFT_EFFICIENCY)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
