@@ -124,12 +124,12 @@ def tuned_vs_default(row, arch, protocol: Protocol, cache_root: str, quick: bool
             f"{tuning_s:.1f} s", f"{again.chosen_by} ({hit_ms:.1f} ms)", tuned.schedule.describe()]
 
 
-def _or_error(make, arg, lines: list[str]) -> dict:
-    """make(arg), or {} with the error appended to `lines` (what was measured before is kept)."""
+def _or_error(what: str, make, lines: list[str]) -> dict:
+    """make(), or {} with the error appended to `lines` (what was measured before is kept)."""
     try:
-        return make() if arg is None else make(arg)
+        return make()
     except Exception as e:
-        lines.append(f"{getattr(make, '__name__', 'ops')}: ERROR {type(e).__name__}: {e}")
+        lines.append(f"{what}: ERROR {type(e).__name__}: {e}")
         return {}
 
 
@@ -161,14 +161,14 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                              + [""] * (len(columns) - 2))
     console.print("timing logs:")
     logs = []
-    for name, op in _or_error(log_ops, quick, logs).items():
+    for name, op in _or_error("timing logs", lambda: log_ops(quick), logs).items():
         try:
             logs.append(record_log(name, op, arch, console))
         except Exception as e:
             logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
             console.print(f"  {logs[-1]}", markup=False)
     sweeps = []
-    for name, op in _or_error(sweep_ops, None, sweeps).items():
+    for name, op in _or_error("schedule sweeps", sweep_ops, sweeps).items():
         try:
             sweeps += sweep(name, op, arch)
         except Exception as e:

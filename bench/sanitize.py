@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from bench.gpu import (TOLERANCE, attention_row, epilogue_row, fp8_gemm_row, gemm_row, layernorm_row, precompile, preflight,
-                       softmax_row)
+from bench.gpu import (TOLERANCE, attention_row, epilogue_row, fp8_gemm_row, gemm_row, kernels_to_compile,
+                       layernorm_row, precompile, preflight, row_schedules, softmax_row)
 from bench.gpu_timing import rel_error, run_poisoned
 
 
@@ -31,17 +31,16 @@ def run() -> int:
         return 2
     from tessera_rw.codegen.arch import current_arch
     from tessera_rw.codegen.templates.registry import templates_for
-    arch, wrong = current_arch(), 0
-    runnable = [(row, templates_for(row.op)[0]) for row in small_rows()]
-    for row, template in runnable:
-        if reason := template.unavailable(row.op, arch):
-            print(f"{row.name}: skipped ({reason})")
-    runnable = [(row, t) for row, t in runnable if not t.unavailable(row.op, arch)]
-    precompile([(t, row.op, s) for row, t in runnable for s in t.schedules(row.op, arch)], arch)
-    for row, template in runnable:
+    arch, wrong, rows = current_arch(), 0, small_rows()
+    precompile(list(kernels_to_compile(rows, arch, quick=False)), arch)
+    for row in rows:
+        schedules = row_schedules(row, arch, quick=False)
+        if not schedules:
+            print(f"{row.name}: skipped ({templates_for(row.op)[0].unavailable(row.op, arch)})")
+            continue
         inputs = row.make()
         ref = row.reference(*inputs)
-        for schedule in template.schedules(row.op, arch):
+        for schedule in schedules:
             error = rel_error(run_poisoned(row.op, inputs, schedule), ref)
             ok = error <= TOLERANCE[row.op.result.dtype]
             wrong += not ok

@@ -1,9 +1,9 @@
 """Tensors as kernels see them: a device pointer, a shape, a dtype, and whoever keeps the memory.
 
-numpy arrays are copied in and out (through pinned staging, host_staging.py); torch and CuPy CUDA tensors are used
-in place through cuda.core's StridedMemoryView (DLPack / __cuda_array_interface__). Generated
-kernels read contiguous row-major operands, so a strided torch or CuPy tensor is first made
-contiguous by its own library; anything else strided is refused with the fix spelled out.
+numpy arrays are copied in and out (through pinned staging, host_staging.py); torch and CuPy CUDA
+tensors are used in place through cuda.core's StridedMemoryView (DLPack / __cuda_array_interface__).
+Generated kernels read contiguous row-major operands, so a strided torch or CuPy tensor is first
+made contiguous by its own library; anything else strided is refused with the fix spelled out.
 
 The pure parts (dtype tables, contiguity, what a value is) work without a GPU:
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Sequence
 
-
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
@@ -181,11 +180,16 @@ class FFTCall:
         outer, inner = math.prod(source.shape[:axis]), math.prod(source.shape[axis + 1:])
         lin, lout = needed if copied else source.shape[axis], result.shape[axis]
         in_pitch, out_pitch = lin * inner, lout * inner
-        if inner == 1 or (not (real_input or real_output) and inner < _COALESCED_BATCH and outer > inner):
-            # batch over the outer axes (one execution per inner index: only complex ones start odd)
+        over_outer = inner == 1 or (not (real_input or real_output) and inner < _COALESCED_BATCH and outer > inner)
+        axis_last = (inner if over_outer else outer) > MAX_EXECUTIONS
+        if axis_last:                  # one execution over every transform, each contiguous
+            copied, in_pitch = True, needed * inner
+            layout = dict(batch=outer * inner, istride=1, idist=needed, ostride=1, odist=lout, loops=1,
+                          in_step=0, out_step=0)
+        elif over_outer:               # one execution per inner index: only complex ones start odd
             layout = dict(batch=outer, istride=inner, idist=in_pitch, ostride=inner, odist=out_pitch,
                           loops=inner, in_step=1, out_step=1)
-        else:                                                              # interleaved, one execution per outer
+        else:                          # interleaved, one execution per outer index
             if outer > 1 and real_input and in_pitch % 2:    # rows padded to an even length: copied
                 copied, lin = True, needed
                 in_pitch = lin * inner + (lin * inner) % 2
@@ -193,11 +197,6 @@ class FFTCall:
                 out_pitch += 1
             layout = dict(batch=inner, istride=inner, idist=1, ostride=inner, odist=1,
                           loops=outer, in_step=in_pitch, out_step=out_pitch)
-        axis_last = layout["loops"] > MAX_EXECUTIONS
-        if axis_last:                  # one execution over every transform, each contiguous
-            copied, in_pitch, out_pitch = True, needed * inner, lout * inner
-            layout = dict(batch=outer * inner, istride=1, idist=needed, ostride=1, odist=lout, loops=1,
-                          in_step=0, out_step=0)
         staged = TensorType(source.shape[:axis] + (needed,) + source.shape[axis + 1:], reads) if copied else None
         # numpy: "backward" scales the inverse by 1/n, "forward" the forward one, "ortho" both by 1/sqrt(n)
         if norm == "ortho":
