@@ -6,7 +6,11 @@
 - Attention's gradients (B=4, H=16, S=4096, D=64 and 128, causal and not): ours is `op.grad` of
   Σ attention(q, k, v) ∘ w, i.e. the forward (for O), the row statistics and flash_attention_bwd;
   torch runs SDPA forward and its backward (`torch.autograd.grad`) on the same inputs, so both
-  sides compute O and then dQ, dK, dV. Target: at least half torch's speed.
+  sides compute O and then dQ, dK, dV. Then the backward alone under the `fast` policy, which lets
+  the key blocks sum dQ with atomics as SDPA's backward does: ours is the gradient plan's steps
+  after the forward (row statistics, flash_attention_bwd), each timed by CUDA events through the
+  profiler; torch's is `torch.autograd.grad` of one SDPA forward kept (`retain_graph`). Target:
+  the backward at least half torch's speed.
 - A GELU MLP's gradients (4096 tokens, 2048 → 8192 → 2048, bf16): ours is `op.grad` of
   Σ (gelu(x W1 + b1) W2) ∘ dy, whose dz gemm applies gelu'(pre) in its epilogue and whose weight
   gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target
@@ -19,8 +23,8 @@ from __future__ import annotations
 
 from bench.gpu import Ceilings
 from bench.gpu_results import Result
-from bench.gpu_timing import Protocol, rel_error, time_torch
-from tessera_rw import op
+from bench.gpu_timing import Protocol, Timing, rel_error, time_torch
+from tessera_rw import numerics, op, profiler
 
 TOKENS, D_IN, D_OUT = 8192, 4096, 4096
 TOLERANCE = 2e-2          # ‖out − ref‖ / ‖ref‖ of bf16 gradients
@@ -149,6 +153,62 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
     return result
 
 
+def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol,
+                            ceilings: Ceilings) -> Result:
+    # the backward's 5 products of 2·S·S·D per head (half under a causal mask)
+    flops = 5 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
+    io_bytes = 2 * b * h * s * d * (5 + 3)             # q, k, v, o, dO read; dq, dk, dv written
+    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} fast "
+                    f"vs SDPA backward", floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    try:
+        import torch
+        import torch.nn.functional as F
+        q, k, v, w = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(4))
+        with numerics.policy("fast"):
+            grad = op.grad(_attention_loss(causal), argnums=(0, 1, 2))
+            ours = grad(q, k, v, w)
+            plan = grad.program(q, k, v, w).plan
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        library = lambda: torch.autograd.grad(out, leaves, w, retain_graph=True)      # noqa: E731
+        want = float64_attention_grads(q, k, v, w, causal)
+        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
+        del want
+        if result.error > TOLERANCE:
+            result.status = "FAILED: wrong on random data"
+            return result
+        backward = {i for i, step in enumerate(plan.steps) if step.op != "flash_attention"}
+        result.notes.append("ours: the steps " + " -> ".join(plan.steps[i].op for i in sorted(backward))
+                            + " of the fast gradient plan (dQ summed with atomics)")
+        with numerics.policy("fast"):
+            result.ours = time_steps(lambda: grad(q, k, v, w), backward, len(plan.steps), protocol)
+        result.torch = time_torch(library, protocol)
+        torch.cuda.empty_cache()
+    except Exception as e:
+        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return result
+
+
+def time_steps(call, steps: set[int], count: int, protocol: Protocol, batches: int = 2) -> Timing:
+    """The time of some of a plan's steps per call: `call` runs the plan (`count` steps) under the
+    profiler, whose CUDA events bracket each step; per call, the durations of `steps` summed.
+    No flush between calls: a flush is a launch of its own, and would sit between the steps."""
+    for _ in range(protocol.warmup):
+        call()
+    runs = []
+    for _ in range(batches):
+        with profiler.session() as p:
+            for _ in range(protocol.reps):
+                call()
+        records = p.records
+        if len(records) != count * protocol.reps:
+            raise RuntimeError(f"the profiler saw {len(records)} launches, not {count} per call")
+        runs.append([sum(r.duration_ns for r in records[i * count:(i + 1) * count] if r.step in steps) / 1e6
+                     for i in range(protocol.reps)])
+    return Timing.of(runs[0], runs[-1])
+
+
 def float64_attention_grads(q, k, v, w, causal: bool):
     """dQ, dK, dV of Σ SDPA(q, k, v) ∘ w in float64 (torch's math kernel), one batch item at a
     time: the float64 scores of all of them would not fit beside the rest."""
@@ -166,4 +226,5 @@ def float64_attention_grads(q, k, v, w, causal: bool):
 def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[Result]:
     shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
     return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings)]
-            + [attention_backward(*shape, protocol, ceilings) for shape in shapes])
+            + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
+            + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes])

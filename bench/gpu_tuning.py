@@ -8,8 +8,9 @@ Two parts, both against references in the same run:
 2. Timing logs: every schedule of each op's space, measured, written to
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
-3. Schedule sweeps: every schedule of a small space (the attention backward's four), timed and
-   printed beside the default the cost model picks.
+3. Schedule sweeps: every schedule of a small space (the attention backward's four, and its eight
+   under `fast`, where dQ may be summed with atomics), timed and printed beside the default the
+   cost model picks.
 
 Results go to bench/results/tune[-quick]-<device>-<date>.json and .md.
 """
@@ -55,10 +56,13 @@ def log_ops(quick: bool) -> dict[str, KernelOp]:
 def sweep_ops() -> dict[str, KernelOp]:
     """Kernels whose spaces are too small for a replay log (tests/tune/test_replay.py wants 8 or more
     schedules): every schedule is measured and printed beside the default."""
+    from dataclasses import replace
+    from tessera_rw.codegen.numerics import Numerics
     from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
     backward = FlashAttentionBwdTemplate()
-    return {"flash_attention_bwd bf16 B=2 H=8 S=2048 D=64 causal": backward.sample(2, 8, 2048, 64, BF16, True),
-            "flash_attention_bwd bf16 B=2 H=8 S=2048 D=128": backward.sample(2, 8, 2048, 128, BF16, False)}
+    ops = {"flash_attention_bwd bf16 B=2 H=8 S=2048 D=64 causal": backward.sample(2, 8, 2048, 64, BF16, True),
+           "flash_attention_bwd bf16 B=2 H=8 S=2048 D=128": backward.sample(2, 8, 2048, 128, BF16, False)}
+    return ops | {f"{name} fast": replace(op, numerics=Numerics.FAST) for name, op in ops.items()}
 
 
 def measure_space(op: KernelOp, arch) -> list:

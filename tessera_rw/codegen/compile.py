@@ -29,7 +29,9 @@ class CompileError(TesseraError):
 class KernelSource:
     """A generated kernel: its entry-point name, CUDA C++ text (without the prelude) and the launch
     it was written for. Its arguments are the operand pointers in operand order, then the output,
-    then one TMA tensor map per entry of `tensor_maps` (built at launch from those pointers)."""
+    then, when `workspace_bytes` is not 0, a scratch buffer of that many bytes that every launch
+    zeroes first, then one TMA tensor map per entry of `tensor_maps` (built at launch from the
+    operands' pointers)."""
     name: str
     source: str
     threads: int = 0                          # block size it was written for (0: set at launch)
@@ -38,6 +40,7 @@ class KernelSource:
     fast_math: bool = False                   # compile with --use_fast_math (the `fast` numerics policy)
     target: str | None = None                 # the arch-specific target its instructions need ('sm_90a': wgmma)
     tensor_maps: tuple[TensorMapSpec, ...] = ()   # TMA maps it takes after the pointers
+    workspace_bytes: int = 0                  # zeroed scratch it takes after the output (0: none)
 
     @property
     def full_source(self) -> str:

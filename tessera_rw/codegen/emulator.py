@@ -160,11 +160,14 @@ class EmulatedKernel:
         """Run the kernel once over `arrays` (operands, then the output), as `source.grid` blocks of
         `source.threads` threads; what it writes to the arrays at positions `writes` (default: the
         output, the last, which is all a generated kernel writes) lands in them. The others are the
-        kernel's own copies, as a device's copies of host inputs are."""
+        kernel's own copies, as a device's copies of host inputs are. A kernel that takes a
+        workspace gets a zeroed one after the output, as a launch does."""
         check_launch_shape(self.source)
+        writes = [i % len(arrays) for i in writes]
+        scratch = [np.zeros(self.source.workspace_bytes, np.uint8)] if self.source.workspace_bytes else []
         with tempfile.TemporaryDirectory(prefix="tessera-emulator-", dir=_arguments_dir()) as tmp:
-            files = [os.path.join(tmp, f"arg{i}") for i in range(len(arrays))]
-            for path, a in zip(files, arrays):
+            files = [os.path.join(tmp, f"arg{i}") for i in range(len(arrays) + len(scratch))]
+            for path, a in zip(files, [*arrays, *scratch]):
                 np.ascontiguousarray(a).tofile(path)
             command = [str(self.program), *map(str, self.source.grid), str(self.source.threads),
                        str(self.source.dynamic_smem), *files, *(m.emulator_argument() for m in self.source.tensor_maps)]

@@ -214,6 +214,14 @@ inline void apply(const std::vector<Copy>& group) {
 inline void __syncthreads() { emu::yield(emu::AT_BLOCK_BARRIER); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::exchange(emu::Slot{}, emu::SYNCWARP); }
 
+// Blocks run one after another and a block's threads take turns on one core, so a read-modify-write
+// is atomic as it stands, and every write is visible to every later read (the fences order nothing
+// more; __ldcg reads what the last write left).
+template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
+inline void __threadfence() {}
+inline float4 __ldcg(const float4* p) { return *p; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
 namespace emu {
 
 // A shuffle: every lane publishes v, and reads lane `from`'s value when `from` lies in its own

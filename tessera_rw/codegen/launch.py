@@ -3,7 +3,9 @@
 A cubin is loaded once per (cubin, device). A kernel written for more than the default 48 KB of
 dynamic shared memory (attention) gets its opt-in attribute raised before its first launch, after a
 check against the device's limit. Kernel arguments are the operand pointers in operand order, then
-the output pointer, as every template emits them, then the TMA tensor maps a kernel declares
+the output pointer, as every template emits them, then the zeroed workspace a kernel asks for
+(KernelSource.workspace_bytes: allocated when the launch is bound unless the caller lends one,
+zeroed on the stream before every launch), then the TMA tensor maps a kernel declares
 (KernelSource.tensor_maps), encoded from those pointers when the launch is bound.
 
 `run_kernel` checks its inputs against the op before touching a device, so a bad call reads the
@@ -145,10 +147,13 @@ class BoundLaunch:
     config: Any
     kernel: Any
     args: tuple[Any, ...]
+    workspace: Any = None          # a cuda.core Buffer zeroed before each launch, or None
 
     def __call__(self) -> None:
         from cuda.core import launch as cuda_launch
         try:
+            if self.workspace is not None:
+                self.workspace.fill(0, stream=self.stream)
             cuda_launch(self.stream, self.config, self.kernel, *self.args)
         except Exception as e:
             raise DeviceError(f"launching kernel {self.name} failed ({type(e).__name__}: {e}); "
@@ -156,8 +161,11 @@ class BoundLaunch:
                               hint="check the grid, block and shared memory the emitter asked for") from e
 
 
-def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None) -> BoundLaunch:
-    """Load, configure and check everything for launching `compiled` on `args`; nothing is enqueued."""
+def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None,
+         workspace: DeviceTensor | None = None) -> BoundLaunch:
+    """Load, configure and check everything for launching `compiled` on `args` (operands, then the
+    output); nothing is enqueued. A kernel that asks for a workspace gets `workspace` (at least
+    `source.workspace_bytes` on the stream's device) or one allocated here."""
     check_launch_shape(source)
     stream = resolve_stream(stream)
     dev = stream.device
@@ -171,14 +179,29 @@ def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTe
         wanted = loaded.kernel.num_arguments
     except Exception:   # drivers before 12.4 cannot say
         wanted = len(args)
-    if wanted != len(args) + len(source.tensor_maps):
-        raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {len(args)} pointers and "
+    scratch = _workspace(source, workspace, stream)
+    pointers = [*args] + ([scratch] if scratch is not None else [])
+    if wanted != len(pointers) + len(source.tensor_maps):
+        raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {len(pointers)} pointers and "
                           f"{len(source.tensor_maps)} tensor maps",
                           hint="pass the operands in operand order, then the output")
-    from cuda.core import LaunchConfig
+    from cuda.core import Buffer, LaunchConfig
     config = LaunchConfig(grid=tuple(source.grid), block=source.threads, shmem_size=source.dynamic_smem)
     maps = tuple(m.descriptor(args[m.operand].ptr) for m in source.tensor_maps)
-    return BoundLaunch(source.name, stream, config, loaded.kernel, (*(np.uint64(a.ptr) for a in args), *maps))
+    zeroed = None if scratch is None else Buffer.from_handle(scratch.ptr, source.workspace_bytes, owner=scratch.owner)
+    return BoundLaunch(source.name, stream, config, loaded.kernel, (*(np.uint64(a.ptr) for a in pointers), *maps),
+                       zeroed)
+
+
+def _workspace(source: KernelSource, lent: DeviceTensor | None, stream) -> DeviceTensor | None:
+    """The workspace `source` takes: `lent` when it is big enough and on the stream's device, else a
+    new allocation; None for a kernel without one."""
+    need = source.workspace_bytes
+    if not need:
+        return None
+    if lent is not None and lent.nbytes >= need and lent.device == stream.device.device_id:
+        return lent
+    return empty_like_kind("cuda", (need,), DType.bool, None, stream)[0]
 
 
 def launch(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None) -> None:

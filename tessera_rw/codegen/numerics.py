@@ -7,13 +7,14 @@
                    Neumaier compensation term per thread, and partial sums merge as (sum,
                    compensation) pairs, so the error no longer grows with the row length.
 
-Why `deterministic` changes no generated code today: every template reduces in an order fixed by
-the source alone (a thread's strided walk, then warp shuffles in a fixed butterfly, then shared
-memory in warp order), never with atomics, and split-K does not exist. The same kernel on the same
-inputs therefore reproduces its bits on every run. A template that adds an atomic or
-order-dependent combination (split-K accumulating into the output, a stream-K fix-up) must emit it
-only when the policy is `fast`; tests/codegen/test_numerics.py greps every generated kernel for
-'atomic' to hold that line.
+Why `deterministic` costs nothing: every template reduces in an order fixed by the source alone
+(a thread's strided walk, then warp shuffles in a fixed butterfly, then shared memory in warp
+order), never with atomics, and split-K does not exist. The same kernel on the same inputs
+therefore reproduces its bits on every run. A template that adds an atomic or order-dependent
+combination must emit it only when the policy is `fast`: so far one does, the attention
+backward's dQ summed by the key blocks (flash_attention_bwd's dq="atomic" form, which saves two
+of seven products). tests/codegen/test_numerics.py greps every generated kernel for 'atomic' to
+hold that line.
 
 The policy is scoped (a context variable, so threads and asyncio tasks each see their own) and
 it is part of a KernelOp, so compiled kernels and costs keyed by KernelOp keep policies apart:

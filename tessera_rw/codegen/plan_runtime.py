@@ -3,7 +3,8 @@
 A `DevicePlan` is a plan made ready on one device under one numerics policy: every step bound to
 its template and compiled for the device's sm_XY (a library step, an FFT, gets its cuFFT plan
 made instead), temporaries allocated (a reused buffer is one allocation, sized for the largest
-value it holds), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
+value it holds), one workspace for the kernels that take one (sized for the largest; each launch
+zeroes it), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
 in place), allocates the output buffers of the first input's kind, enqueues every kernel and
 library call on the stream and hands the outputs back (numpy copied out).
 
@@ -100,6 +101,8 @@ class DevicePlan:
             kernels.append(_Compiled(b, library=calls[b.call]))
         self.kernels = tuple(kernels)
         self.output_groups = _output_groups(plan)
+        scratch = max((k.source.workspace_bytes for k in kernels if k.source is not None), default=0)
+        self.workspace = empty_like_kind("cuda", (scratch,), DType.bool, None, self.stream)[0] if scratch else None
         self.resident: dict[int, DeviceTensor] = {}
         for b in plan.buffers:
             if b.role is BufferRole.TEMP:
@@ -168,7 +171,7 @@ class DevicePlan:
             if k.library is not None:
                 launches.append(partial(k.library, args, stream))
             else:
-                launches.append(bind(k.source, k.binary, args, stream))
+                launches.append(bind(k.source, k.binary, args, stream, self.workspace))
         return launches
 
 

@@ -42,6 +42,16 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// dst[0] += a and dst[1] += b in global memory, as one vector reduction where the device has one
+// (sm_90's float2 atomicAdd), else as two; the sums' order depends on timing: `fast` kernels only
+__device__ __forceinline__ void atomic_add_f32x2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd((float2*)dst, make_float2(a, b));
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+#endif
+}
 """
 
 # Helpers spelled as PTX instructions; codegen/emulator_ptx.h defines each again for the CPU emulator.

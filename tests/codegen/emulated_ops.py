@@ -208,6 +208,14 @@ def _attention_ops() -> dict[str, KernelOp]:
             f"attention {name} f16 mask causal ragged": template.sample(1, 1, 100, 128, F16, True,
                                                                        mask=TensorType((100, 100), F16)),
         }
+    # under `fast` the backward's dQ is summed by the key blocks (dq="atomic"), the first default
+    ops |= {
+        f"attention backward fast {name}": under(Numerics.FAST, op) for name, op in (
+            ("S=128 D=64 bf16", bwd.sample(1, 2, 128, 64, BF16, False)),
+            ("S=200 D=64 causal f16", bwd.sample(1, 2, 200, 64, F16, True)),
+            ("S=72 D=128 f16", bwd.sample(1, 1, 72, 128, F16, False)),
+            ("f16 mask causal ragged", bwd.sample(1, 1, 100, 128, F16, True, mask=TensorType((100, 100), F16))))
+    }
     return ops
 
 

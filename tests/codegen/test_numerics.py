@@ -23,6 +23,7 @@ from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import (Numerics, NumericsError, compensated_sum, current_numerics,
                                          numerics_policy)
+from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, GemmTemplate
 from tessera_rw.codegen.templates.reduction import ReductionTemplate
 from tessera_rw.codegen.templates.registry import templates
@@ -245,15 +246,41 @@ def _every_sample():
                         yield template, op, template.emit(op, s, arch)
 
 
-def test_no_generated_kernel_uses_atomics_and_fast_math_follows_the_policy():
-    """Every kernel reduces in a fixed order without atomics, which is what makes `deterministic`
-    free. An atomic (split-K, stream-K) must be gated on the `fast` policy and this test taught so."""
-    seen = 0
+# the templates with an order-dependent form (atomics), which they may emit under `fast` alone
+ATOMIC_UNDER_FAST = {"FlashAttentionBwdTemplate"}     # dQ summed by the key blocks (dq="atomic")
+
+
+def test_no_kernel_uses_atomics_outside_fast_and_fast_math_follows_the_policy():
+    """Every kernel outside `fast` reduces in a fixed order without atomics, which is what makes
+    `deterministic` free. An atomic (split-K, stream-K, the attention backward's dQ sum) must be
+    gated on the `fast` policy and this test taught so."""
+    seen = atomic = 0
     for template, op, source in _every_sample():
-        assert "atomic" not in source.source.lower(), f"{type(template).__name__} emits an atomic for {op}"
+        uses = "atomic" in source.source.lower()
+        if op.numerics is not FAST or type(template).__name__ not in ATOMIC_UNDER_FAST:
+            assert not uses, f"{type(template).__name__} emits an atomic for {op}"
+        atomic += uses
         assert source.fast_math == (op.numerics is FAST), f"{type(template).__name__}: {op}"
         seen += 1
-    assert seen > 100
+    assert seen > 100 and atomic > 0
+
+
+def test_the_attention_backward_sums_dq_with_atomics_only_under_fast():
+    t = FlashAttentionBwdTemplate()
+    arch = arch_for_sm(CALIBRATION_ARCHS[-1])
+    op = t.samples()[0]
+    fast = replace(op, numerics=FAST)
+    atomic = t.schedules(fast, arch)[0]
+    assert atomic.dq == "atomic" and t.valid(fast, atomic, arch)
+    assert t.emit(fast, atomic, arch).workspace_bytes > 0
+    for policy in (Numerics.DETERMINISTIC, Numerics.KAHAN_SUM):
+        strict = replace(op, numerics=policy)
+        assert {s.dq for s in t.space(strict, arch)} == {"jobs"}
+        assert not t.valid(strict, atomic, arch)
+        with pytest.raises(ValueError, match="needs the 'fast' numerics policy"):
+            t.emit(strict, atomic, arch)
+        assert t.emit(strict, t.schedules(strict, arch)[0], arch).workspace_bytes == 0
+    assert {s.dq for s in t.space(fast, arch)} == {"jobs", "atomic"}
 
 
 # ---- the host's compensated sum ----------------------------------------------------------------

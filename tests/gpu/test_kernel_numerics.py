@@ -10,12 +10,16 @@ the failures of every schedule are reported together.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from tessera_rw.codegen.kernel_check import check, expected
 from tessera_rw.codegen.kernel_inputs import random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.codegen.templates.registry import templates, templates_for
 from tests.codegen.ragged_ops import RAGGED
@@ -91,3 +95,40 @@ def test_run_kernel_torch_in_torch_out():
     assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.bfloat16
     host = out.float().cpu().numpy().astype(op.result.dtype.numpy)
     check(expected(op, inputs, rng), host, f"run_kernel on torch tensors {op}")
+
+
+BACKWARD = FlashAttentionBwdTemplate()
+
+
+@pytest.mark.parametrize("index", range(len(BACKWARD.samples())))
+def test_attention_backward_under_fast_sums_dq_right_at_every_default_schedule(index):
+    """Under `fast` the key blocks add dQ up in a workspace with atomics (dq="atomic", the first
+    default) and the last to reach a query tile converts it: fences and counters the emulator,
+    which runs blocks one after another, cannot put to the test."""
+    op = replace(BACKWARD.samples()[index], numerics=Numerics.FAST)
+    check_every_schedule(BACKWARD, op)
+
+
+def test_a_bound_launch_zeroes_its_workspace_before_every_launch():
+    """Three launches of one BoundLaunch: the dQ sum starts from zero each time (a sum left over
+    from the launch before would double dQ), and only rounding order differs between them."""
+    from tessera_rw.codegen.arch import current_arch
+    from tessera_rw.codegen.launch import bind, finish, prepare
+    op = replace(BACKWARD.samples()[2], numerics=Numerics.FAST)      # causal, ragged: 1000 rows
+    arch = current_arch()
+    schedule = BACKWARD.schedules(op, arch)[0]
+    assert schedule.dq == "atomic"
+    rng = _rng(op)
+    inputs = random_inputs(op, rng)
+    reference = expected(op, inputs, rng)
+    p = prepare(op, inputs.arrays, schedule=schedule, arch=arch)
+    bound = bind(p.source, p.compiled, p.args, p.stream)
+    assert bound.workspace is not None and p.source.workspace_bytes > 0
+    runs = []
+    for i in range(3):
+        bound()
+        runs.append(np.asarray(finish(p)).astype(np.float64))
+        check(reference.on(BACKWARD.resources(op, schedule, arch).unit), runs[-1].astype(op.result.dtype.numpy),
+              f"launch {i + 1} of {op}")
+    scale = np.abs(runs[0]).max()
+    assert all(np.abs(r - runs[0]).max() <= 1e-2 * scale for r in runs[1:])

@@ -4,6 +4,9 @@ Both are FlashAttention-2's: the row statistics kernel is the forward's online s
 P V (plus Σ dO·O per row); the backward kernel recomputes P from those statistics tile by tile,
 with one block per ROWS keys accumulating dK and dV and one block per ROWS queries accumulating
 dQ, so nothing Sq×Sk reaches memory and no atomics are needed (attention_backward_cuda.py).
+Under the `fast` policy the backward kernel has a second form, `dq="atomic"`, FlashAttention-2's
+own: key blocks alone, each adding its share of dQ into an fp32 workspace with atomics, which
+computes five products per score where the fixed-order form computes seven.
 They take bf16/fp16 q, k, v, dO of one batch shape (a GQA or broadcast K/V arrives repeated),
 head_dim 64 or 128 with Dv == D, `causal`, and an explicit bool or float (fp32/fp16/bf16) mask
 that broadcasts over batch, heads and rows, read per score as the forward reads it.
@@ -12,7 +15,10 @@ that broadcasts over batch, heads and rows, read per score as the forward reads 
 >>> t = FlashAttentionBwdTemplate()
 >>> op = t.samples()[0]
 >>> t.schedules(op, arch_named("h100"))[0].describe()
-'rows=64 cols=64 warps=4 stages=2'
+'rows=64 cols=64 warps=4 stages=2 dq=jobs'
+>>> from dataclasses import replace
+>>> t.schedules(replace(op, numerics=Numerics.FAST), arch_named("h100"))[0].describe()
+'rows=64 cols=64 warps=4 stages=2 dq=atomic'
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up
-from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
+from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd, workspace_bytes
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
@@ -49,6 +56,20 @@ class BackwardSchedule(Schedule):
     cols: int = 64
     warps: int = 4
     stages: int = 2
+
+
+DQ_FORMS = ("jobs", "atomic")
+
+
+@dataclass(frozen=True)
+class GradientSchedule(BackwardSchedule):
+    """The backward kernel's schedule: `dq` "jobs" (blocks of ROWS queries of their own recompute S
+    and dP for dQ: a fixed order) or "atomic" (the key blocks add dS K into a workspace: `fast` only)."""
+    dq: str = "jobs"
+
+    @property
+    def atomic(self) -> bool:
+        return self.dq == "atomic"
 
 
 @dataclass(frozen=True)
@@ -271,43 +292,74 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
     def default_cols(self, d: int) -> int:
         return 64 if d <= 64 else 32          # D=128: dK and dV take 128 registers; 32-wide tiles keep S, dP small
 
+    @staticmethod
+    def forms(op: KernelOp) -> tuple[str, ...]:
+        """The dQ forms `op`'s numerics policy allows, the preferred first."""
+        return ("atomic", "jobs") if op.numerics is Numerics.FAST else ("jobs",)
+
+    def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
+        shape = BackwardShape.of(op)
+        base = super().schedules(op, arch)
+        found = [GradientSchedule(s.rows, s.cols, s.warps, s.stages, form) for form in self.forms(op) for s in base]
+        return tuple(s for s in found if self._valid(shape, s, arch))
+
+    def space(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
+        shape = BackwardShape.of(op)
+        grid = [GradientSchedule(MMA_M * w, c, w, st, form) for form in self.forms(op) for w in GRID_WARPS
+                for c in GRID_COLS for st in self.stage_counts(shape)]
+        return grid_space(self.schedules(op, arch), grid, lambda s: self._valid(shape, s, arch))
+
+    def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
+        return (isinstance(schedule, GradientSchedule) and schedule.dq in self.forms(op)
+                and super().valid(op, schedule, arch))
+
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
-        return (2 * s.rows + 2 * s.stages * s.cols) * shape.d * 2
+        ds_tile = s.rows * s.cols * 2 if isinstance(s, GradientSchedule) and s.atomic else 0
+        return (2 * s.rows + 2 * s.stages * s.cols) * shape.d * 2 + ds_tile
 
     def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
         # the dK/dV jobs hold the most: dK and dV (fp32 over 32 lanes: D registers together), Sᵀ and
         # dPᵀ (cols); ptxas spends some 45% more on fragments and addresses in flight,
-        # and past 255 it spills (D=128 with 64-wide tiles does)
+        # and past 255 it spills (D=128 with 64-wide tiles does). The atomic form's dQ share
+        # (16 × 32 per task) lives after Sᵀ, so it adds nothing to the peak.
         live = 2 * shape.d * MMA_M // 32 + 2 * s.cols * MMA_M // 32
         return int(1.45 * live) + 20
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         s = schedule
-        assert isinstance(s, BackwardSchedule)
+        assert isinstance(s, GradientSchedule)
         shape = BackwardShape.of(op)
         q, k, v, do, stats = op.operands[:5]
         kv_pairs = shape.pairs(s.rows, s.cols, by_keys=True)
-        q_pairs = shape.pairs(s.rows, s.cols, by_keys=False)
-        # dK/dV blocks: S, dP, dV, dK (4 products); dQ blocks: S, dP, dQ (3)
-        flops = kv_pairs * (8 * shape.d + 6) + q_pairs * (6 * shape.d + 5)
-        blocks = shape.bh * (-(-shape.sk // s.rows) + -(-shape.sq // s.rows))
+        q_pairs = 0 if s.atomic else shape.pairs(s.rows, s.cols, by_keys=False)
+        # dK/dV blocks: S, dP, dV, dK (4 products), and dQ's share in the atomic form (5); dQ blocks:
+        # S, dP, dQ (3)
+        flops = kv_pairs * ((10 if s.atomic else 8) * shape.d + 6) + q_pairs * (6 * shape.d + 5)
+        key_blocks = shape.bh * -(-shape.sk // s.rows)
+        blocks = key_blocks if s.atomic else key_blocks + shape.bh * -(-shape.sq // s.rows)
         per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
         streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
         if blocks * per_head > arch.l2_bytes // 2:     # each block's walk comes from HBM again
             streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
+        # the atomic form's workspace: zeroed, summed into in L2, read back once by the converting blocks
+        work = 2 * workspace_bytes(shape, s) if s.atomic else 0
         regs = self.registers(shape, s)
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
-                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes
+                         hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + work
                          + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
-                         efficiency=_efficiency(arch, shape.d, 7 / 2),
+                         efficiency=_efficiency(arch, shape.d, 5 if s.atomic else 7 / 2),
                          spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
-        assert isinstance(schedule, BackwardSchedule)
+        assert isinstance(schedule, GradientSchedule)
         if not self.accepts(op):
             raise ValueError(f"flash_attention_bwd template cannot implement {op}")
+        if schedule.dq not in self.forms(op):
+            raise ValueError(f"flash_attention_bwd: dq={schedule.dq!r} needs the 'fast' numerics policy "
+                             f"(its dQ sum's order depends on timing); {op.numerics.value!r} allows "
+                             f"{' or '.join(map(repr, self.forms(op)))}")
         shape = BackwardShape.of(op)
-        return emit_bwd(op, shape, schedule, self.smem(shape, schedule))
+        return emit_bwd(op, shape, schedule, self.smem(shape, schedule), schedule.atomic)
 
     def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
                mask: TensorType | None = None) -> KernelOp:

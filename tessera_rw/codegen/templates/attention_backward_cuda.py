@@ -9,6 +9,13 @@ dSᵀ Q); the other ⌈Sq/ROWS⌉ jobs own ROWS queries each and walk the key ti
 (S = Q Kᵀ, dP = dO Vᵀ, then dS K). P = exp(S − lse) is recomputed in both; no score reaches memory.
 dQ, dK, dV are written into one packed buffer: dQ at 0, dK after all of dQ, dV after all of dK.
 
+With `dq="atomic"` (the `fast` policy only: the sum's order then depends on timing) there are only
+the key blocks, as in FlashAttention-2: each also writes its dS tile to shared memory and adds its
+share dS K of the tile's dQ into an fp32 workspace with atomics, five products per score instead
+of seven. The workspace (KernelSource.workspace_bytes, zeroed before each launch) holds that dQ sum
+and one arrival counter per query tile; the key block that arrives last at a tile (the counters
+say which, after a fence) scales and converts the tile's dQ into the packed buffer.
+
 The templates in attention_backward.py choose schedules and model resources; this module only
 writes the chosen kernel out.
 """
@@ -72,20 +79,42 @@ def kernel_name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
             f"r{s.rows}_c{s.cols}_w{s.warps}_s{s.stages}")
 
 
-def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int) -> KernelSource:
-    name = kernel_name("flash_attention_bwd", shape, s)
-    blocks = shape.bh * (-(-shape.sk // s.rows) + -(-shape.sq // s.rows))
+def workspace_bytes(shape: BackwardShape, s: BackwardSchedule) -> int:
+    """The atomic form's zeroed workspace: the fp32 dQ sum [B·H][Sq][D], then one arrival counter
+    per (batch·head, query tile), rounded up to 16 bytes."""
+    counters = shape.bh * -(-shape.sq // s.cols)
+    return -(-(shape.bh * shape.sq * shape.d + counters) * 4 // 16) * 16
+
+
+def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int, atomic: bool) -> KernelSource:
+    """The backward kernel for `op` under `s`: dQ by jobs of its own, or (`atomic`) added up by the
+    key blocks in a workspace."""
+    name = kernel_name("flash_attention_bwd", shape, s) + ("_atomic" if atomic else "")
+    key_blocks = shape.bh * -(-shape.sk // s.rows)
+    blocks = key_blocks if atomic else key_blocks + shape.bh * -(-shape.sq // s.rows)
+    work = workspace_bytes(shape, s) if atomic else 0
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, "
-              f"{'mask, ' if shape.mask else ''}out); dynamic "
-              f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the "
-              f"dK/dV jobs, then the dQ jobs\n")
-    source = Text(MASK_HELPER + BWD_KERNEL).substitute(NAME=name, **backward_constants(shape, s))
+              f"{'mask, ' if shape.mask else ''}out{', work' if atomic else ''}); dynamic "
+              f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: "
+              + (f"the key blocks; work: {work} zeroed bytes (fp32 dQ sum, arrival counters)\n" if atomic
+                 else "the dK/dV jobs, then the dQ jobs\n"))
+    body = Text(MASK_HELPER + BWD_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
+    source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, **backward_constants(shape, s))
     return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
-                        dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
+                        dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
 
 
-BWD_KERNEL = r"""
+def dk_dv_steps(atomic: bool) -> dict[str, str]:
+    """The pieces of the key blocks' walk that differ between the two forms."""
+    if not atomic:
+        return dict(DQ_HELPERS="", DQ_PARAMS="", DQ_SMEM="", DS_STORE="", DQ_STEP="", DQ_FINISH="")
+    return dict(DQ_HELPERS=DQ_HELPERS,
+                DQ_PARAMS=", $ELEM* out, float* work",
+                DQ_SMEM=DQ_SMEM, DS_STORE=DS_STORE, DQ_STEP=DQ_STEP, DQ_FINISH=DQ_FINISH)
+
+
+BWD_HELPERS = r"""
 constexpr int ROWS = $ROWS, COLS = $COLS, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
 constexpr int SQ = $SQ, SK = $SK, BH = $BH;
 constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
@@ -152,15 +181,16 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $
     }
 }
 
-// ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers)
+$DQ_HELPERS// ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers);
+// in the form without dQ blocks they also add each tile's dS K share into dQ's sum
 __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
                                           const float* st, const $MASK_T* mp, $ELEM* dk_out, $ELEM* dv_out, int kr0,
-                                          unsigned char* smem) {
+                                          unsigned char* smem$DQ_PARAMS) {
     $ELEM* k_s = ($ELEM*)smem;                            // [ROWS][D]
     $ELEM* v_s = k_s + ROWS * D;                          // [ROWS][D]
     $ELEM* q_s = v_s + ROWS * D;                          // [STAGES][COLS][D]
     $ELEM* o_s = q_s + STAGES * COLS * D;                 // [STAGES][COLS][D], dO
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+$DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int key0 = kr0 + warp * 16;
     const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
     fa_load_tile<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
@@ -208,20 +238,23 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
                     float p = exp2_approx(x - lse2);
-                    if (!in || (CAUSAL && key > col)) p = 0.f;
+                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
                 }
             }
-        fab_accumulate(dv, s, ot, lane);
+$DS_STORE        fab_accumulate(dv, s, ot, lane);
         fab_accumulate(dk, dp, qt, lane);
-        __syncthreads();                                  // the stage is refilled next iteration
+$DQ_STEP        __syncthreads();                                  // the stage is refilled next iteration
     }
     fab_store(dk, SCALE, dk_out, key0, SK, lane);
     fab_store(dv, 1.f, dv_out, key0, SK, lane);
-}
+$DQ_FINISH}
 
-// ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
+"""
+
+# the jobs form's dQ blocks (ROWS queries each, recomputing S and dP over the key tiles) and its entry
+BWD_KERNEL_JOBS = r"""// ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
 __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $ELEM* v, const $ELEM* dout,
                                        const float* st, const $MASK_T* mp, $ELEM* dq_out, int qr0, unsigned char* smem) {
     $ELEM* q_s = ($ELEM*)smem;                            // [ROWS][D]
@@ -301,5 +334,122 @@ $MASK_OFFSET
                   job * ROWS, fa_smem);
     else
         fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, fa_smem);
+}
+"""
+
+# The atomic form: its shared memory beside the walk's (the dS tile, the marks of the query tiles
+# the block completes, cleared before the walk's first barrier), ...
+DQ_SMEM = r"""    $ELEM* ds_s = o_s + STAGES * COLS * D;                 // [ROWS][COLS], dSᵀ
+    __shared__ unsigned last_tiles[(NQT + 31) / 32];
+    for (int i = threadIdx.x; i < (NQT + 31) / 32; i += THREADS) last_tiles[i] = 0;
+"""
+
+# ... the key blocks' dS tile into shared memory (each warp its 16 keys' rows), ...
+DS_STORE = r"""        #pragma unroll
+        for (int j = 0; j < COLS / 8; ++j)
+            #pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *(unsigned*)(ds_s + fa_swizzle(warp * 16 + g + 8 * h, j * 8 + 2 * t4, COLS)) =
+                    $PACK(dp[j][2 * h], dp[j][2 * h + 1]);
+"""
+
+# ... then, once every warp's rows are in, the tile's dQ share added into the workspace's sum and
+# the block's arrival counted (this head's parts of `out` and `work` are found here, from the
+# kernel's parameters, rather than held in registers through the walk) ...
+DQ_STEP = r"""        __syncthreads();                                  // every warp's rows of dSᵀ are in ds_s
+        fab_dq_share(work + (long long)(blockIdx.x / NKB) * SQ * D, ds_s, k_s, c0, warp, lane);
+        fab_dq_arrive((unsigned*)(work + NQ) + (long long)(blockIdx.x / NKB) * NQT, last_tiles, t, tid);
+"""
+
+# ... and after the walk, with dK and dV stored and their registers free, the tiles this block
+# completed converted
+DQ_FINISH = r"""    fab_dq_finish(work + (long long)(blockIdx.x / NKB) * SQ * D, out + (long long)(blockIdx.x / NKB) * SQ * D,
+                  last_tiles, tid);
+"""
+
+DQ_HELPERS = r"""// query tile t is visited by the key blocks whose first key comes before its last query (all of
+// them without a causal mask): the arrivals that complete it
+__device__ __forceinline__ unsigned fab_visitors(int t) {
+    return CAUSAL ? (unsigned)min(NKB, ((t + 1) * COLS - 1) / ROWS + 1) : (unsigned)NKB;
+}
+
+// dQ[c0 + q][d] += Σ_key dS[q][key] K[key][d] over this block's ROWS keys, in tasks of 16 queries ×
+// DQ_COLS columns spread over the warps (16 columns beside D=128's dK and dV, which leave few
+// registers): dS's A fragments by transposed ldmatrix from dSᵀ (ds_s, [ROWS][COLS]), K's B
+// fragments by transposed ldmatrix from k_s
+__device__ __forceinline__ void fab_dq_share(float* dq_sum, const $ELEM* ds_s, const $ELEM* k_s, int c0, int warp, int lane) {
+    constexpr int DQ_COLS = D <= 64 ? 32 : 16, GROUPS = COLS / 16, TASKS = GROUPS * (D / DQ_COLS);
+    const int g = lane >> 2, t4 = lane & 3;
+    #pragma unroll 1
+    for (int task = warp; task < TASKS; task += WARPS) {
+        const int qg = task % GROUPS, d0 = (task / GROUPS) * DQ_COLS;
+        float acc[DQ_COLS / 8][4];
+        fab_zero(acc, DQ_COLS / 8);
+        #pragma unroll
+        for (int kk = 0; kk < ROWS / 16; ++kk) {
+            unsigned a[4];
+            ldmatrix_x4_trans(a, ds_s + fa_swizzle(kk * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                   qg * 16 + ((lane >> 3) & 1) * 8, COLS));
+            #pragma unroll
+            for (int n = 0; n < DQ_COLS / 16; ++n) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, k_s + fa_swizzle(kk * 16 + (lane & 15), d0 + n * 16 + (lane >> 4) * 8, D));
+                $MMA(acc[2 * n], a, b);
+                $MMA(acc[2 * n + 1], a, b + 2);
+            }
+        }
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = c0 + qg * 16 + g + 8 * h;
+            if (row < SQ) {
+                #pragma unroll
+                for (int n = 0; n < DQ_COLS / 8; ++n)
+                    atomic_add_f32x2(dq_sum + (long long)row * D + d0 + n * 8 + 2 * t4, acc[n][2 * h], acc[n][2 * h + 1]);
+            }
+        }
+    }
+}
+
+// This block's share of query tile t is added (each thread's adds fenced, then the block's
+// barrier): one arrival, and the tile marked in last_tiles when it is the one that completes it
+__device__ __forceinline__ void fab_dq_arrive(unsigned* arrivals, unsigned* last_tiles, int t, int tid) {
+    __threadfence();
+    __syncthreads();
+    if (tid == 0 && atomicAdd(arrivals + t, 1u) + 1u == fab_visitors(t))
+        last_tiles[t >> 5] |= 1u << (t & 31);
+}
+
+// The tiles this block completed: dQ = scale · sum as $ELEM, the sum read from L2
+__device__ __forceinline__ void fab_dq_finish(const float* dq_sum, $ELEM* dq_out, const unsigned* last_tiles, int tid) {
+    __syncthreads();                                      // the walk's last marks are in
+    __threadfence();
+    for (int w = 0; w < (NQT + 31) / 32; ++w)
+        for (unsigned bits = last_tiles[w]; bits; bits &= bits - 1) {
+            const int c0 = (w * 32 + __ffs(bits) - 1) * COLS;
+            for (int i = tid; i < COLS * D / 4; i += THREADS) {
+                const int row = c0 + i / (D / 4), col = (i % (D / 4)) * 4;
+                if (row < SQ) {
+                    const float4 x = __ldcg((const float4*)(dq_sum + (long long)row * D + col));
+                    *(uint2*)(dq_out + (long long)row * D + col) =
+                        make_uint2($PACK(x.x * SCALE, x.y * SCALE), $PACK(x.z * SCALE, x.w * SCALE));
+                }
+            }
+        }
+}
+
+"""
+
+BWD_KERNEL_ATOMIC = r"""
+extern "C" __global__ void __launch_bounds__(THREADS)
+$NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
+      const $ELEM* __restrict__ dout, const float* __restrict__ stats, $MASK_ARG$ELEM* __restrict__ out,
+      float* __restrict__ work) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    const int bh = blockIdx.x / NKB, kb = blockIdx.x % NKB;   // under a causal mask the first key blocks walk longest
+    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+    const float* st = stats + (long long)bh * SQ * 2;
+$MASK_OFFSET
+    fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
+              kb * ROWS, fa_smem, out, work);
 }
 """

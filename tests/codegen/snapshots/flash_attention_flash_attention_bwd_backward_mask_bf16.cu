@@ -1,5 +1,5 @@
 // flash_attention_bwd(bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], bf16[2,4,1024,64], f32[2,4,1024,2], bool[2,1,1024,1024], has_mask=True, scale=0.125) -> bf16[1572864]
-// schedule: rows=64 cols=64 warps=4 stages=2
+// schedule: rows=64 cols=64 warps=4 stages=2 dq=jobs
 // launch: flash_attention_bwd_bf16_d64_mask_r64_c64_w4_s2<<<256, 128, 49152>>>(q, k, v, do, stats, mask, out); dynamic shared memory 49152 bytes
 // out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the dK/dV jobs, then the dQ jobs
 
@@ -102,7 +102,8 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, b
     }
 }
 
-// ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers)
+// ROWS keys from kr0: dV = Σ Pᵀ dO and dK = scale Σ dSᵀ Q over the query tiles (this head's pointers);
+// in the form without dQ blocks they also add each tile's dS K share into dQ's sum
 __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* dout,
                                           const float* st, const unsigned char* mp, bf16_t* dk_out, bf16_t* dv_out, int kr0,
                                           unsigned char* smem) {
@@ -158,7 +159,7 @@ __device__ __forceinline__ void fab_dk_dv(const bf16_t* q, const bf16_t* k, cons
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
                     float p = exp2_approx(x - lse2);
-                    if (!in || (CAUSAL && key > col)) p = 0.f;
+                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
                 }
