@@ -102,10 +102,16 @@ def _randn(*shape: int):
 
 
 def gemm_row(n: int) -> Row:
-    t = TensorType((n, n), BF16)
-    return Row(f"gemm bf16 {n}^3 vs torch.matmul", op_of("matmul", t, t, accum_dtype=None),
-               lambda: (_randn(n, n), _randn(n, n)), lambda a, b: _torch().matmul(a, b),
-               lambda a, b: a.double() @ b.double(), 2 * n ** 3, 3 * n * n * 2)
+    return gemm_shape_row(n, n, n)
+
+
+def gemm_shape_row(m: int, k: int, n: int) -> Row:
+    """[m, k] @ [k, n] in bf16 (a cube is labelled n^3)."""
+    a, b = TensorType((m, k), BF16), TensorType((k, n), BF16)
+    label = f"{n}^3" if m == k == n else f"{m}x{k}x{n}"
+    return Row(f"gemm bf16 {label} vs torch.matmul", op_of("matmul", a, b, accum_dtype=None),
+               lambda: (_randn(m, k), _randn(k, n)), lambda x, y: _torch().matmul(x, y),
+               lambda x, y: x.double() @ y.double(), 2 * m * k * n, (m * k + k * n + m * n) * 2)
 
 
 def fp8_gemm_row(n: int) -> Row:

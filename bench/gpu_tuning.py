@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import BF16, attention_row, gemm_row, preflight, protocol_for
+from bench.gpu import BF16, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
 from bench.gpu_results import gpu_machine, machine_lines, save
 from bench.results_files import markdown_table
 from bench.gpu_timing import Protocol, time_torch
@@ -39,7 +39,8 @@ LOG_BATCH = 8
 def tuning_rows(quick: bool):
     rows = [gemm_row(2048), attention_row(4, 16, 2048, 64, False)]
     if not quick:
-        rows += [gemm_row(4096), attention_row(4, 16, 2048, 128, True)]
+        # and a GEMM off the square: 8192 tokens through a 4096 -> 1024 projection
+        rows += [gemm_row(4096), gemm_shape_row(8192, 4096, 1024), attention_row(4, 16, 2048, 128, True)]
     return rows
 
 
