@@ -2,9 +2,10 @@
 
 Reverse mode turns softmax(QKᵀ/√d) V into products that hold three Sq×Sk matrices (P, dP, dS).
 The `gradient` ruleset recognizes them and reads dQ, dK and dV off one `flash_attention_bwd` node
-that recomputes P tile by tile from each row's logsumexp (`attention_row_stats`), so the chosen
-plan is three kernels (the forward, the row statistics, the backward) storing nothing Sq×Sk, with
-the three gradients views of one output buffer.
+that recomputes P tile by tile from each row's logsumexp (`attention_row_stats`), which the
+forward writes beside its output (`flash_attention_lse`), so the chosen plan is three kernels
+(the forward, the row statistics read off it, the backward) storing nothing Sq×Sk, with the three
+gradients views of one output buffer.
 
     tessera-rewrite --explain examples/attention_backward.py --run     # the fusion trace
     python examples/attention_backward.py          # small inputs, checked against numpy

@@ -64,7 +64,8 @@ def causal_flash_attention(program: CompiledProgram) -> None:
 
 
 def fused_attention_backward(program: CompiledProgram) -> None:
-    assert step_ops(program) == ["flash_attention", "attention_row_stats", "flash_attention_bwd"], step_ops(program)
+    assert step_ops(program) == ["flash_attention_lse", "attention_row_stats_from_lse", "flash_attention_bwd"], \
+        step_ops(program)
     assert len({ref.buffer for ref in program.plan.outputs}) == 1              # dQ, dK, dV: views of one buffer
 
 

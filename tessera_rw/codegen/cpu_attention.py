@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.algebra.ops.attention_backward import split_lse
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -29,6 +30,23 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
     """softmax(scale·q kᵀ [+ mask], causal) v over (..., S, D) arrays, in float64 arithmetic for
     float64 inputs and float32 for every narrower float (the accumulation a GPU kernel does)."""
+    return _blockwise(q, k, v, mask, scale, causal, block_q, block_k)[0]
+
+
+def flash_attention_lse_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
+                                  causal: bool = False, has_mask: bool = False,
+                                  block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
+    """flash_attention_lse's packed result (the output flat, each row's logsumexp's high parts,
+    then their remainders), from the same walk as flash_attention_blockwise."""
+    out, lse = _blockwise(q, k, v, mask, scale, causal, block_q, block_k)
+    dtype = np.result_type(q, k, v)
+    hi, lo = split_lse(lse, dtype)
+    return np.concatenate([out.astype(dtype).ravel(), hi.ravel(), lo.ravel()])
+
+
+def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: tuple[np.ndarray, ...], scale: float,
+               causal: bool, block_q: int, block_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(output, logsumexp of each row's scores), query block by query block."""
     ct = np.float64 if np.result_type(q, k, v) == np.float64 else np.float32
     q, k, v = (np.asarray(a, ct) for a in (q, k, v))
     if q.ndim >= 3:
@@ -40,12 +58,14 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
     v = np.broadcast_to(v, batch + v.shape[-2:])
     m_full = np.broadcast_to(mask[0], batch + (sq, sk)) if mask else None
     out = np.empty(batch + (sq, dv), ct)
+    lse = np.empty(batch + (sq,), ct)
     scale = ct(scale)
     with np.errstate(invalid="ignore", divide="ignore"):
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
-            out[..., q0:q1, :] = _query_block(q[..., q0:q1, :], k, v, m_full, q0, scale, causal, block_k)
-    return out
+            out[..., q0:q1, :], lse[..., q0:q1] = _query_block(q[..., q0:q1, :], k, v, m_full, q0, scale, causal,
+                                                               block_k)
+    return out, lse
 
 
 def key_end(q0: int, rows: int, sk: int, causal: bool) -> int:
@@ -86,4 +106,4 @@ def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
         l = l * alpha + p.sum(axis=-1)
         acc = acc * alpha[..., None] + np.matmul(p, v[..., k0:k1, :])
         m = m_new
-    return acc / l[..., None]
+    return acc / l[..., None], np.where(np.isneginf(m), m, m + np.log(l))

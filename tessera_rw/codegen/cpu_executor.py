@@ -29,7 +29,7 @@ import scipy.fft
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
-from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
+from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
 from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
 from tessera_rw.codegen.step_timing import PlanRun, active_recorders, host_clock, report_step
@@ -66,6 +66,7 @@ def _scipy_transform(name: str) -> HostKernel:
 # Kernels whose host form differs from the op's reference; every other op runs its reference.
 HOST_KERNELS: dict[str, HostKernel] = {
     "flash_attention": _flash_attention,
+    "flash_attention_lse": lambda node, args: flash_attention_lse_blockwise(*args, **node.attr_map),
     "attention_row_stats": lambda node, args: row_stats_blockwise(*args, **node.attr_map),
     "flash_attention_bwd": lambda node, args: bwd_blockwise(*args, **node.attr_map),
     **{name: _scipy_transform(name) for name in ("fft", "ifft", "rfft", "irfft")},

@@ -117,9 +117,9 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
     return tuple(attrs.get("axes") or (attrs["axis"],))
 
 
-# ops whose reference runs whole: the packed attention gradients have no row axis, and the row
-# statistics read queries from three operands
-WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats"})
+# ops whose reference runs whole: the packed attention gradients and the forward with its row
+# logsumexps have no row axis, and the row statistics read queries from three operands
+WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse"})
 
 
 def _product_a(op: KernelOp) -> TensorType:

@@ -20,6 +20,8 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention import with_lse
+from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
 from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import spectral_op
@@ -208,6 +210,14 @@ def _attention_ops() -> dict[str, KernelOp]:
             f"attention {name} f16 mask causal ragged": template.sample(1, 1, 100, 128, F16, True,
                                                                        mask=TensorType((100, 100), F16)),
         }
+    # the forward that also writes each row's logsumexp (for the backward's row statistics)
+    ops |= {
+        "attention lse S=130 D=64 causal bf16": with_lse(attention(1, 2, 2, 130, 64, BF16, causal=True)),
+        "attention lse GQA 4/2 heads D=128 f16 bool mask": with_lse(attention(1, 4, 2, 100, 128, F16, mask=BOOL)),
+        "attention lse S=150 D=256 causal bf16": with_lse(attention(1, 2, 2, 150, 256, BF16, causal=True)),
+        "attention row stats from lse D=64 bf16": AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16),
+        "attention row stats from lse D=96 f16": AttentionStatsFromLseTemplate.sample((5, 33, 96), F16),
+    }
     # under `fast` the backward's dQ is summed by the key blocks (dq="atomic"), the first default
     ops |= {
         f"attention backward fast {name}": under(Numerics.FAST, op) for name, op in (

@@ -1,5 +1,6 @@
-"""The attention backward on the GPU of this machine: the gradient plan (forward, row statistics,
-flash_attention_bwd, dQ/dK/dV read as views of its packed buffer) run through the plan runtime,
+"""The attention backward on the GPU of this machine: the gradient plan (the forward writing each
+row's logsumexp, the row statistics read off it, flash_attention_bwd, dQ/dK/dV read as views of
+its packed buffer) run through the plan runtime,
 against float64 numpy on the same bf16/fp16 inputs and against the numpy executor running the
 same plan. test_kernel_numerics.py already checks each kernel's samples (masked ones included) at
 every default schedule with consistent row statistics (kernel_check); here the whole plan, ragged,
@@ -45,7 +46,7 @@ def test_gradient_plan_on_device_matches_float64_and_the_numpy_executor(b, h, s,
     grad = op.grad(loss_of(causal), argnums=(0, 1, 2))
     program = grad.program(q, k, v, w)
     steps = [step.op for step in program.plan.steps]
-    assert "flash_attention_bwd" in steps and "attention_row_stats" in steps, steps
+    assert steps == ["flash_attention_lse", "attention_row_stats_from_lse", "flash_attention_bwd"], steps
     from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
     inputs = {"q": q, "k": k, "v": v, "w": w}
     on_device = run_plan_on_gpu(program.plan, inputs)

@@ -4,6 +4,18 @@
                                                          scores, and Σ_d dO·O (FA2's D)
     grads = flash_attention_bwd(q, k, v, dO, stats)     [nq + nk + nv]: dQ, dK, dV packed flat
 
+The forward can hand the logsumexp over instead of the row statistics recomputing it:
+
+    fwd = flash_attention_lse(q, k, v)                  [no + 2·rows]: O flat, then each query
+                                                         row's logsumexp as a high part (rounded to
+                                                         bfloat16's 8 bits), all rows, then the
+                                                         remainders, all in O's dtype
+
+    stats = attention_row_stats_from_lse(fwd, dO)       [..., Sq, 2]: (hi + lo, Σ dO·O)
+
+so lse = hi + lo holds some 16 bits in bf16 (19 in fp16); the `gradient` ruleset writes that pair
+where the forward and the row statistics of the same attention both exist.
+
 With P = exp(S − lse) recomputed from Q and K block by block, dP = dO Vᵀ and dS = P ∘ (dP − D):
 dV = Pᵀ dO, dQ = scale · dS K, dK = scale · dSᵀ Q. The gradients are those of the broadcast
 operands (every head of a GQA K/V, every batch of a broadcast one): `dq_dk_dv_shapes` gives their
@@ -15,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra.autodiff.cotangents import before_fusion
@@ -22,8 +35,9 @@ from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.attention import _flops as _forward_flops
 from tessera_rw.algebra.ops.attention import _infer as _infer_forward
-from tessera_rw.algebra.ops.attention import expand_kv_heads, masked_scores
+from tessera_rw.algebra.ops.attention import attention_reference, expand_kv_heads, masked_scores
 from tessera_rw.algebra.shapes import fmt_shape
 
 STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
@@ -75,6 +89,56 @@ def _infer_bwd(q: TensorType, k: TensorType, v: TensorType, do: TensorType, stat
     return TensorType((sum(math.prod(s) for s in shapes),), promote(out.dtype, do.dtype))
 
 
+def _infer_lse(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+               scale: float, causal: bool, has_mask: bool) -> TensorType:
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+    return TensorType((lse_length(out.shape),), out.dtype)
+
+
+def lse_length(out_shape: tuple[int, ...]) -> int:
+    """flash_attention_lse's length for an output of `out_shape`: O, then two values per row."""
+    return math.prod(out_shape) + 2 * math.prod(out_shape[:-1])
+
+
+def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """lse as two values of `dtype`: lse rounded to bfloat16 (exact in any wider float type, so
+    the split is the same whatever type the reference computes in) and what that leaves, rounded
+    to `dtype`; an infinite lse leaves nothing."""
+    hi = lse.astype(ml_dtypes.bfloat16).astype(lse.dtype)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(np.isfinite(lse), lse - hi, 0)
+    return hi.astype(dtype), lo.astype(dtype)
+
+
+def attention_lse_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
+                            scale: float, causal: bool, has_mask: bool) -> np.ndarray:
+    out = attention_reference(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+    lse = np.broadcast_to(logsumexp_rows(masked_scores(q, k, mask, scale, causal)), out.shape[:-1])
+    hi, lo = split_lse(lse, out.dtype)
+    return np.concatenate([out.ravel(), hi.ravel(), lo.ravel()])
+
+
+def _infer_stats_from_lse(fwd: TensorType, do: TensorType) -> TensorType:
+    if do.ndim < 2 or not (fwd.dtype.is_float and do.dtype.is_float):
+        raise ShapeError(f"takes a float flash_attention_lse result and a float dO [..., Sq, Dv], got {fwd}, {do}")
+    if fwd.shape != (lse_length(do.shape),):
+        raise ShapeError(f"fwd {fwd} is not flash_attention_lse's result for an output like dO {do}",
+                         hint=f"pass flash_attention_lse(q, k, v) of length {lse_length(do.shape)}")
+    return TensorType(do.shape[:-1] + (STATS,), stats_dtype(promote(fwd.dtype, do.dtype)))
+
+
+def stats_from_lse_reference(fwd: np.ndarray, do: np.ndarray) -> np.ndarray:
+    n, rows = do.size, do.size // do.shape[-1]
+    o = fwd[:n].reshape(do.shape)
+    lse = (fwd[n:n + rows] + fwd[n + rows:]).reshape(do.shape[:-1])
+    d = np.sum(do * o, axis=-1)
+    return np.stack([lse, d], axis=-1).astype(np.result_type(lse, d))
+
+
+def _stats_from_lse_flops(out: TensorType, fwd: TensorType, do: TensorType) -> int:
+    return 2 * do.numel + out.numel
+
+
 def logsumexp_rows(s: np.ndarray) -> np.ndarray:
     """log Σ_j exp(s_ij) per row; −∞ for a row with every score −∞."""
     m = np.max(s, axis=-1)
@@ -109,6 +173,12 @@ def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
     return np.concatenate([dq.ravel(), dk.ravel(), dv.ravel()])
 
 
+def _lse_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+               scale: float, causal: bool, has_mask: bool) -> int:
+    o = _forward_type(q, k, v, mask, scale, causal, has_mask)
+    return _forward_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+
+
 def _pairs(out_batch: tuple[int, ...], sq: int, sk: int, causal: bool) -> float:
     return math.prod(out_batch) * sq * sk * (0.5 if causal else 1.0)
 
@@ -127,6 +197,12 @@ def _bwd_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, do:
 
 
 DEFS = (
+    OpDef("flash_attention_lse", ("q", "k", "v", "mask"), OpKind.ATTENTION, _infer_lse, attention_lse_reference,
+          _lse_flops, variadic=True, vjp=before_fusion("flash_attention_lse"),
+          doc="flash_attention's output flat, then each query row's logsumexp as a high part and a remainder"),
+    OpDef("attention_row_stats_from_lse", ("fwd", "do"), OpKind.ATTENTION, _infer_stats_from_lse,
+          stats_from_lse_reference, _stats_from_lse_flops, vjp=before_fusion("attention_row_stats_from_lse"),
+          doc="attention_row_stats read off flash_attention_lse's result: (hi + lo, Σ dO·O) per row"),
     OpDef("attention_row_stats", ("q", "k", "o", "do", "mask"), OpKind.ATTENTION, _infer_stats,
           row_stats_reference, _stats_flops, variadic=True, vjp=before_fusion("attention_row_stats"),
           doc="per query row: logsumexp of scale·QKᵀ (+mask, causal) and Σ dO·O, the attention backward's inputs"),

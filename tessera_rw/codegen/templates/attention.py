@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -95,7 +96,7 @@ class _Shape:
     def of(cls, op: KernelOp) -> _Shape:
         q, k = op.operands[0], op.operands[1]
         a = op.attr_map
-        batch = op.result.shape[:-2]
+        batch = output_type(op).shape[:-2]
         scale = a.get("scale")
         return cls(batch, math.prod(batch), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype,
                    bool(a.get("causal")), q.shape[-1] ** -0.5 if scale is None else float(scale),
@@ -127,6 +128,20 @@ class _Shape:
         return sum(self.key_tiles(q0, s) for q0 in range(0, self.sq, s.bm))
 
 
+def output_type(op: KernelOp) -> TensorType:
+    """The attention output O of a flash_attention or flash_attention_lse op (the latter's result
+    holds O flat, then the row statistics)."""
+    if op.op == "flash_attention":
+        return op.result
+    return OPS["flash_attention"].infer(*op.operands, **op.attr_map)
+
+
+def with_lse(op: KernelOp) -> KernelOp:
+    """The flash_attention_lse op of a flash_attention op: the same operands and flags."""
+    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **op.attr_map),
+                       numerics=op.numerics, **op.attr_map)
+
+
 def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
@@ -138,10 +153,10 @@ class FlashAttentionTemplate(Template):
 
     >>> t = FlashAttentionTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True, True, True, True, True, True]
+    [True, True, True, True, True, True, True, True, True, True, True]
     """
     kind = "flash_attention"
-    ops = frozenset({"flash_attention"})
+    ops = frozenset({"flash_attention", "flash_attention_lse"})      # the latter also writes each row's logsumexp
 
     def accepts(self, op: KernelOp) -> bool:
         """bf16/fp16 only: fp32 (and fp64) attention stays unfused, since its products would run on
@@ -162,7 +177,7 @@ class FlashAttentionTemplate(Template):
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map
         return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
-            + ("softmax",)
+            + ("softmax",) + (("logsumexp",) if op.op == "flash_attention_lse" else ())
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # 8 warps × 16 rows share each K/V tile among more rows; 4 warps × 16 rows keep more blocks
@@ -351,4 +366,6 @@ class FlashAttentionTemplate(Template):
                 attn(1, 2, 2, 16, 128, f16, mask=DType.bool),
                 attn(2, 12, 12, 1024, 96, bf, causal=True),
                 attn(1, 8, 8, 2048, 256, bf, causal=True),
-                attn(1, 8, 8, 512, 256, f16, mask=f16, mask_batch=(1, 1)))
+                attn(1, 8, 8, 512, 256, f16, mask=f16, mask_batch=(1, 1)),
+                with_lse(attn(4, 16, 16, 4096, 64, bf)),
+                with_lse(attn(3, 8, 8, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(3, 1))))

@@ -59,7 +59,7 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
     tag = shape.kind
     elem = f"{tag}_t"
     variant = f"{s.tag}_" if s.tag else ""
-    name = (f"flash_attention_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+    name = (f"{op.op}_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
             f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
@@ -69,9 +69,11 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
               f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {32 * s.warps}, {smem}>>>"
               f"(q, k, v{', mask' if mask is not None else ''}, out); dynamic shared memory {smem} bytes "
               f"(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
-              f"// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n")
+              f"// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
+              + (f"// out = [O | each row's logsumexp, high parts | their remainders]\n"
+                 if op.op == "flash_attention_lse" else ""))
     source = Text(text).substitute(
-        NAME=name, ELEM=elem, PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
+        NAME=name, ELEM=elem, STORE_LSE=store_lse(op, shape), PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
         BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
         SCALE_LOG2=f"{shape.scale * LOG2E!r}f", CAUSAL="true" if shape.causal else "false",
         HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
@@ -83,6 +85,26 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
     return KernelSource(name, header + source, threads=32 * s.warps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
                         fast_math=op.numerics is Numerics.FAST, target=target)
+
+
+def store_lse(op: KernelOp, shape: _Shape) -> str:
+    """flash_attention_lse's part of the output store: the row's logsumexp in base e, m + log2(l)
+    scaled by ln 2, written by the first lane of its quad as a high part (rounded to bf16) after O
+    and the remainder after all rows' high parts, in the element type; a fully masked row's is −∞
+    with no remainder, as the reference's. Nothing for flash_attention."""
+    if op.op != "flash_attention_lse":
+        return ""
+    to_elem = "f32_to_bf16" if shape.kind == "bf16" else "f32_to_f16"
+    rows = shape.bh * shape.sq
+    return f"""            if (t4 == 0 && row < SQ) {{
+                const long long at = {rows * shape.d}LL + (long long)bh * SQ + row;
+                const bool none = m_run[m][h] == NEG_INF;
+                const float lse = none ? NEG_INF : (m_run[m][h] + log2f(l)) * 0.6931471805599453f;
+                const float hi = bf16_to_f32(f32_to_bf16(lse));
+                out[at] = {to_elem}(hi);
+                out[at + {rows}LL] = {to_elem}(none ? 0.f : lse - hi);
+            }}
+"""
 
 
 def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,
@@ -259,7 +281,7 @@ STORE_OUTPUT = r"""    #pragma unroll
                 for (int n = 0; n < D / 8; ++n)
                     *(unsigned*)(dst + n * 8) = $PACK(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
             }
-        }
+$STORE_LSE        }
 }
 """
 

@@ -30,6 +30,7 @@ BUILTIN = (
     ("attention", "FlashAttentionTemplate"),
     ("attention_backward", "AttentionRowStatsTemplate"),
     ("attention_backward", "FlashAttentionBwdTemplate"),
+    ("attention_stats", "AttentionStatsFromLseTemplate"),
     ("rowwise", "RowwiseTemplate"),
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
