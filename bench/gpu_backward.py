@@ -137,12 +137,7 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
         def library():
             out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
             return torch.autograd.grad(out, leaves, w)
-        want = float64_attention_grads(q, k, v, w, causal)
-        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
-        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
-        del want
-        if result.error > TOLERANCE:
-            result.status = "FAILED: wrong on random data"
+        if not _checked(result, ours, library(), q, k, v, w, causal):
             return result
         steps = [st.op for st in grad.program(q, k, v, w).plan.steps]
         result.notes.append("ours: the plan " + " -> ".join(steps))
@@ -172,12 +167,7 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
         out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
         library = lambda: torch.autograd.grad(out, leaves, w, retain_graph=True)      # noqa: E731
-        want = float64_attention_grads(q, k, v, w, causal)
-        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
-        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
-        del want
-        if result.error > TOLERANCE:
-            result.status = "FAILED: wrong on random data"
+        if not _checked(result, ours, library(), q, k, v, w, causal):
             return result
         backward = {i for i, step in enumerate(plan.steps) if step.op not in ("flash_attention", "flash_attention_lse")}
         result.notes.append("ours: the steps " + " -> ".join(plan.steps[i].op for i in sorted(backward))
@@ -189,6 +179,18 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
     except Exception as e:
         result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return result
+
+
+def _checked(result: Result, ours, theirs, q, k, v, w, causal: bool) -> bool:
+    """Our and torch's attention gradients against float64 into `result`; False, with the status
+    set, when ours are wrong."""
+    want = float64_attention_grads(q, k, v, w, causal)
+    result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+    result.torch_error = max(rel_error(g, r) for g, r in zip(theirs, want))
+    if result.error > TOLERANCE:
+        result.status = "FAILED: wrong on random data"
+        return False
+    return True
 
 
 def time_steps(call, steps: set[int], count: int, protocol: Protocol, batches: int = 2) -> Timing:

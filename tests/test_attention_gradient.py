@@ -19,7 +19,9 @@ from tessera_rw import op
 from tessera_rw.algebra.errors import ShapeError
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.attention import attention_reference
-from tessera_rw.algebra.ops.attention_backward import bwd_reference, row_stats_reference
+from tessera_rw.algebra.ops.attention_backward import (attention_lse_reference, bwd_reference,
+                                                      row_stats_reference, split_lse, stats_from_lse_reference)
+from tessera_rw.codegen.cpu_attention import flash_attention_lse_blockwise
 from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 
 B, H, S, D = 2, 4, 256, 64
@@ -172,6 +174,25 @@ def test_blockwise_host_kernels_match_the_references(problem, seed):
     np.testing.assert_allclose(stats, row_stats_reference(q, k, o, do, *mask, **flags), rtol=1e-10, atol=1e-10)
     grads = bwd_blockwise(q, k, v, do, stats, *mask, **flags, block_q=block_q, block_k=block_k)
     np.testing.assert_allclose(grads, bwd_reference(q, k, v, do, stats, *mask, **flags), rtol=1e-9, atol=1e-10)
+    # the forward that writes each row's logsumexp, and the statistics read off it
+    fwd = flash_attention_lse_blockwise(q, k, v, *mask, **flags, block_q=block_q, block_k=block_k)
+    np.testing.assert_allclose(fwd, attention_lse_reference(q, k, v, *mask, **flags), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(stats_from_lse_reference(fwd, np.broadcast_to(do, o.shape)), stats,
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_the_logsumexp_split_in_two_16_bit_values_keeps_16_bits_or_more(dtype):
+    rng = np.random.default_rng(3)
+    lse = np.concatenate([rng.uniform(-30, 30, 2000), rng.uniform(-1e-3, 1e-3, 100), [0.0, -np.inf]])
+    hi, lo = split_lse(lse, np.dtype(dtype))
+    assert hi.dtype == lo.dtype == np.dtype(dtype)
+    normal = np.abs(lse) >= 2.0 ** -14          # fp16's normal range: a bf16 value there is exact in it
+    assert np.array_equal(hi[normal].astype(np.float64), lse[normal].astype(ml_dtypes.bfloat16).astype(np.float64))
+    kept = hi.astype(np.float64) + lo.astype(np.float64)
+    finite = np.isfinite(lse)
+    assert np.all(np.abs(kept[finite] - lse[finite]) <= 2.0 ** -16 * np.abs(lse[finite]) + 2.0 ** -24)
+    assert kept[-1] == -np.inf and lo[-1] == 0
 
 
 def test_a_fully_masked_row_gives_nan_like_the_forward():

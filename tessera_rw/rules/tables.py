@@ -78,5 +78,14 @@ def swapped_last(shape: str) -> str:
             f"(- {n} 2) (vec-get {shape} (- {n} 1)))")
 
 
+def numel(shape: str, rank: int) -> str:
+    """egglog text of the product of `shape`'s dims, for a shape of rank `rank` (egglog cannot
+    fold a vector, so rules that need a size come one per rank)."""
+    product = f"(vec-get {shape} 0)"
+    for i in range(1, rank):
+        product = f"(* {product} (vec-get {shape} {i}))"
+    return product
+
+
 def with_dim(shape: str, axis: str, size: str) -> str:
     return f"(vec-set {shape} {axis} {size})"

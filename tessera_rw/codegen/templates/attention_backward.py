@@ -34,7 +34,8 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up
-from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd, workspace_bytes
+from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
+from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space

@@ -25,6 +25,7 @@ from tessera_rw.algebra.ops.attention_backward import STATS
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
+from tessera_rw.rules.tables import numel
 
 t = TermBuilder()
 q, k, v, g, m, c, cz, hm, os, d, sd = t.vars("q k v g m c cz hm os d sd")
@@ -33,16 +34,9 @@ RANKS = (2, 3, 4)
 SCALE = 0.3
 
 
-def _numel(shape: str, rank: int) -> str:
-    product = f"(vec-get {shape} 0)"
-    for i in range(1, rank):
-        product = f"(* {product} (vec-get {shape} {i}))"
-    return product
-
-
 def _facts(rank: int) -> tuple[str, ...]:
     """O of shape os (rank `rank`) and dtype d; no its size, nr its rows, sd the statistics' dtype."""
-    return (f"(= (vec-length os) {rank})", f"(= no {_numel('os', rank)})", f"(= nr (/ no (vec-get os {rank - 1})))",
+    return (f"(= (vec-length os) {rank})", f"(= no {numel('os', rank)})", f"(= nr (/ no (vec-get os {rank - 1})))",
             "(= sd (accum-float d))")
 
 

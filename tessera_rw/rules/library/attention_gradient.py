@@ -27,7 +27,7 @@ from tessera_rw.algebra.ops.attention_backward import STATS
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
-from tessera_rw.rules.tables import swapped_last
+from tessera_rw.rules.tables import numel, swapped_last
 
 t = TermBuilder()
 q, kt, v, g, mask, c, ax, pk, s, d = t.vars("q kt v g mask c ax pk s d")
@@ -35,13 +35,6 @@ E = Expr
 T = (s, d)
 RANKS = (2, 3, 4)
 SCALE = 0.3
-
-
-def _numel(shape: str, rank: int) -> str:
-    product = f"(vec-get {shape} 0)"
-    for i in range(1, rank):
-        product = f"(* {product} (vec-get {shape} {i}))"
-    return product
 
 
 def _facts(rank: int) -> tuple[str, ...]:
@@ -52,7 +45,7 @@ def _facts(rank: int) -> tuple[str, ...]:
             *(f"(= (vec-length {x}_s) {rank})" for x in ("q", "kt", "v", "g")),
             *(f"(= (dt {x}) d)" for x in ("q", "kt", "v", "g")), *same_batch,
             f"(= ax {rank - 1})", f"(= pk (swap-last {rank}))", "(= sd (accum-float d))",
-            f"(= nq {_numel('q_s', rank)})", f"(= nk {_numel('kt_s', rank)})", f"(= nv {_numel('v_s', rank)})")
+            f"(= nq {numel('q_s', rank)})", f"(= nk {numel('kt_s', rank)})", f"(= nv {numel('v_s', rank)})")
 
 
 def _scores(masked: bool) -> Expr:
