@@ -6,14 +6,17 @@ for a run under compute-sanitizer (racecheck, synccheck, memcheck):
 The shapes are small so that the instrumented launches finish in seconds, yet each covers more than
 one tile (and a ragged one for the GEMM) so that barriers between pipeline stages and tiles are
 exercised. Each launch's output is poisoned first and checked against a float64 reference, so the
-run also fails on a wrong result. The exit status is 1 when any schedule is wrong.
+run also fails on a wrong result. The attention backward's kernels follow (the forward writing
+each row's logsumexp, the statistics read off it, flash_attention_bwd in its fixed-order form and,
+under `fast`, in its atomic one, whose cross-block fences and counters racecheck sees), checked
+against the ops' own references. The exit status is 1 when any schedule is wrong.
 """
 
 from __future__ import annotations
 
 import sys
 
-from bench.gpu import (TOLERANCE, attention_row, epilogue_row, fp8_gemm_row, gemm_row, kernels_to_compile,
+from bench.gpu import (BF16, TOLERANCE, attention_row, epilogue_row, fp8_gemm_row, gemm_row, kernels_to_compile,
                        layernorm_row, precompile, preflight, row_schedules, softmax_row)
 from bench.gpu_timing import rel_error, run_poisoned
 
@@ -22,6 +25,41 @@ def small_rows():
     return [gemm_row(512), epilogue_row(384, 320, 192), fp8_gemm_row(512),
             attention_row(1, 2, 384, 64, False), attention_row(1, 2, 384, 128, True),
             softmax_row(512), layernorm_row(512)]
+
+
+def backward_ops() -> list:
+    """The attention backward's kernels on small shapes, causal and not, D = 64 and 128."""
+    from dataclasses import replace
+    from tessera_rw.codegen.numerics import Numerics
+    from tessera_rw.codegen.templates.attention import with_lse
+    from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
+    from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
+    ops = []
+    for d, causal in ((64, False), (128, True)):
+        sample = FlashAttentionBwdTemplate().sample(1, 2, 384, d, BF16, causal)
+        ops += [with_lse(attention_row(1, 2, 384, d, causal).op), sample, replace(sample, numerics=Numerics.FAST)]
+    return ops + [AttentionStatsFromLseTemplate.sample((1, 2, 384, 64), BF16)]
+
+
+def check_op(op, arch) -> int:
+    """Every default schedule of `op` once, against its float64 reference: how many are wrong."""
+    import numpy as np
+    from tessera_rw.codegen.kernel_check import check, expected
+    from tessera_rw.codegen.kernel_inputs import random_inputs
+    from tessera_rw.codegen.templates.registry import templates_for
+    template, wrong = templates_for(op)[0], 0
+    for schedule in template.schedules(op, arch):
+        rng = np.random.default_rng(0)
+        inputs = random_inputs(op, rng)
+        reference = expected(op, inputs, rng).on(template.resources(op, schedule, arch).unit)
+        what = f"{op.op}{' (fast)' if op.numerics.value == 'fast' else ''} [{schedule.describe()}]"
+        try:
+            check(reference, run_poisoned(op, list(inputs.arrays), schedule), what)
+            print(f"{what}: ok", flush=True)
+        except AssertionError as e:
+            wrong += 1
+            print(f"{what}: WRONG {str(e).splitlines()[0]}", flush=True)
+    return wrong
 
 
 def run() -> int:
@@ -46,4 +84,6 @@ def run() -> int:
             wrong += not ok
             print(f"{row.name.split(' vs ')[0]} [{schedule.describe()}]: error {error:.1e} {'ok' if ok else 'WRONG'}",
                   flush=True)
+    for op in backward_ops():
+        wrong += check_op(op, arch)
     return 1 if wrong else 0

@@ -83,6 +83,8 @@ def reduction_length(op: KernelOp) -> int:
     kind, attrs, ops = OPS[op.op].kind, op.attr_map, op.operands
     if kind is OpKind.MATMUL:
         return ops[0].shape[-1]
+    if op.op == "attention_row_stats_from_lse":        # Σ dO·O over a row's head dim
+        return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
     if kind is OpKind.NORMALIZATION:
