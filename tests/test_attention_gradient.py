@@ -195,6 +195,14 @@ def test_the_logsumexp_split_in_two_16_bit_values_keeps_16_bits_or_more(dtype):
     assert kept[-1] == -np.inf and lo[-1] == 0
 
 
+def test_an_fp16_high_part_saturates_instead_of_overflowing():
+    # a padded row under a finfo(float16).min mask: lse ≈ −65497 rounds to −65536 in bfloat16
+    lse = np.array([-65497.0, 65490.0, -np.inf])
+    hi, lo = split_lse(lse, np.dtype(np.float16))
+    assert np.isfinite(hi[:2]).all() and hi[2] == -np.inf
+    assert np.allclose(hi[:2].astype(np.float64) + lo[:2].astype(np.float64), lse[:2], rtol=0, atol=0.1)
+
+
 def test_a_fully_masked_row_gives_nan_like_the_forward():
     rng = np.random.default_rng(0)
     q, k, v, do = (rng.standard_normal((3, 4)) for _ in range(4))

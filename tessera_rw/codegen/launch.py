@@ -175,12 +175,12 @@ def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTe
                               f"cuda:{dev.device_id}", hint="put every argument and the stream on one device")
     loaded = LoadedKernel.load(compiled, dev.device_id)
     loaded.allow_dynamic_smem(source.dynamic_smem, dev)
+    scratch = _workspace(source, workspace, stream)
+    pointers = [*args] + ([scratch] if scratch is not None else [])
     try:
         wanted = loaded.kernel.num_arguments
     except Exception:   # drivers before 12.4 cannot say
-        wanted = len(args)
-    scratch = _workspace(source, workspace, stream)
-    pointers = [*args] + ([scratch] if scratch is not None else [])
+        wanted = len(pointers) + len(source.tensor_maps)
     if wanted != len(pointers) + len(source.tensor_maps):
         raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {len(pointers)} pointers and "
                           f"{len(source.tensor_maps)} tensor maps",

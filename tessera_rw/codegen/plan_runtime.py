@@ -13,8 +13,8 @@ reshapes launch nothing). Outputs that are views of one value share its output b
 allocated flat and each caller gets a tensor over their own part of it (a torch or CuPy view, a
 DeviceTensor at the offset); an output that fills its buffer alone is allocated at its own shape.
 
-Temporaries belong to the DevicePlan, so two calls of one plan must not overlap in time on two
-streams; calls on one stream are ordered by it.
+Temporaries and the workspace belong to the DevicePlan, so two calls of one plan must not overlap
+in time on two streams; calls on one stream are ordered by it.
 
 >>> run_plan_on_gpu(plan, {"x": x})          # doctest: +SKIP
 (array([...], dtype=float32),)

@@ -100,11 +100,17 @@ def lse_length(out_shape: tuple[int, ...]) -> int:
     return math.prod(out_shape) + 2 * math.prod(out_shape[:-1])
 
 
+FP16_MAX = 65504.0
+
+
 def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """lse as two values of `dtype`: lse rounded to bfloat16 (exact in any wider float type, so
     the split is the same whatever type the reference computes in) and what that leaves, rounded
-    to `dtype`; an infinite lse leaves nothing."""
+    to `dtype`; an infinite lse leaves nothing. In float16 a finite high part saturates at ±65504
+    (a padded row under a finfo.min mask reaches it), the remainder taking the rest."""
     hi = lse.astype(ml_dtypes.bfloat16).astype(lse.dtype)
+    if np.dtype(dtype) == np.float16:
+        hi = np.where(np.isfinite(hi), np.clip(hi, -FP16_MAX, FP16_MAX), hi)
     with np.errstate(invalid="ignore"):
         lo = np.where(np.isfinite(lse), lse - hi, 0)
     return hi.astype(dtype), lo.astype(dtype)

@@ -90,17 +90,20 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
 def store_lse(op: KernelOp, shape: _Shape) -> str:
     """flash_attention_lse's part of the output store: the row's logsumexp in base e, m + log2(l)
     scaled by ln 2, written by the first lane of its quad as a high part (rounded to bf16) after O
-    and the remainder after all rows' high parts, in the element type; a fully masked row's is −∞
-    with no remainder, as the reference's. Nothing for flash_attention."""
+    and the remainder after all rows' high parts, in the element type (fp16: a finite high part
+    saturates at ±65504, as split_lse's); a fully masked row's is −∞ with no remainder, as the
+    reference's. Nothing for flash_attention."""
     if op.op != "flash_attention_lse":
         return ""
     to_elem = "f32_to_bf16" if shape.kind == "bf16" else "f32_to_f16"
+    rounded = "bf16_to_f32(f32_to_bf16(lse))"
+    high = rounded if shape.kind == "bf16" else f"none ? lse : fminf(fmaxf({rounded}, -65504.f), 65504.f)"
     rows = shape.bh * shape.sq
     return f"""            if (t4 == 0 && row < SQ) {{
                 const long long at = {rows * shape.d}LL + (long long)bh * SQ + row;
                 const bool none = m_run[m][h] == NEG_INF;
                 const float lse = none ? NEG_INF : (m_run[m][h] + log2f(l)) * 0.6931471805599453f;
-                const float hi = bf16_to_f32(f32_to_bf16(lse));
+                const float hi = {high};
                 out[at] = {to_elem}(hi);
                 out[at + {rows}LL] = {to_elem}(none ? 0.f : lse - hi);
             }}

@@ -35,8 +35,9 @@ SCALE = 0.3
 
 
 def _facts(rank: int) -> tuple[str, ...]:
-    """O of shape os (rank `rank`) and dtype d; no its size, nr its rows, sd the statistics' dtype."""
-    return (f"(= (vec-length os) {rank})", f"(= no {numel('os', rank)})", f"(= nr (/ no (vec-get os {rank - 1})))",
+    """O of shape os (rank `rank`) and dtype d, dO of that dtype too; no O's size, nr its rows, sd
+    the statistics' dtype."""
+    return (f"(= (vec-length os) {rank})", "(= (dt g) d)", f"(= no {numel('os', rank)})", f"(= nr (/ no (vec-get os {rank - 1})))",
             "(= sd (accum-float d))")
 
 
