@@ -11,7 +11,8 @@
   the key blocks sum dQ with atomics as SDPA's backward does: ours is the gradient plan's steps
   after the forward (the row statistics, flash_attention_bwd), each timed by CUDA events through the
   profiler; torch's is `torch.autograd.grad` of one SDPA forward kept (`retain_graph`). Target:
-  the backward at least half torch's speed.
+  the backward at least half torch's speed. The full run times the default (`deterministic`)
+  backward alone too.
 - A GELU MLP's gradients (4096 tokens, 2048 → 8192 → 2048, bf16): ours is `op.grad` of
   Σ (gelu(x W1 + b1) W2) ∘ dy, whose dz gemm applies gelu'(pre) in its epilogue and whose weight
   gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target
@@ -150,17 +151,17 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
 
 
 def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol,
-                            ceilings: Ceilings) -> Result:
+                            ceilings: Ceilings, policy: str = "fast") -> Result:
     # the backward's 5 products of 2·S·S·D per head (half under a causal mask)
     flops = 5 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     io_bytes = 2 * b * h * s * d * (5 + 3)             # q, k, v, o, dO read; dq, dk, dv written
-    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} fast "
+    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} {policy} "
                     f"vs SDPA backward", floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
         import torch.nn.functional as F
         q, k, v, w = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(4))
-        with numerics.policy("fast"):
+        with numerics.policy(policy):
             grad = op.grad(_attention_loss(causal), argnums=(0, 1, 2))
             ours = grad(q, k, v, w)
             plan = grad.program(q, k, v, w).plan
@@ -171,8 +172,9 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
             return result
         backward = {i for i, step in enumerate(plan.steps) if step.op not in ("flash_attention", "flash_attention_lse")}
         result.notes.append("ours: the steps " + " -> ".join(plan.steps[i].op for i in sorted(backward))
-                            + " of the fast gradient plan (dQ summed with atomics)")
-        with numerics.policy("fast"):
+                            + f" of the {policy} gradient plan"
+                            + (" (dQ summed with atomics)" if policy == "fast" else " (dQ by blocks of its own)"))
+        with numerics.policy(policy):
             result.ours = time_steps(lambda: grad(q, k, v, w), backward, len(plan.steps), protocol)
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
@@ -230,4 +232,6 @@ def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[R
     shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
     return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings)]
             + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
-            + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes])
+            + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes]
+            + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic")
+                                 for shape in shapes]))
