@@ -49,6 +49,7 @@ COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then 
 _FLAGS = ("-std=c++17", "-O1", "-w", "-fno-strict-aliasing")
 _HERE = Path(__file__).parent
 POISON = 0xFF                         # every output byte before the run: NaN in any float type
+BLOCK_ORDER_VARIABLE = "TESSERA_EMULATOR_BLOCK_ORDER"     # read by emulator_runtime.cpp's scheduler
 
 
 class EmulatorError(TesseraError):
@@ -156,12 +157,17 @@ class EmulatedKernel:
     source: KernelSource
     program: Path
 
-    def __call__(self, arrays: Sequence[np.ndarray], *, writes: Sequence[int] = (-1,), timeout: float = 600.0) -> None:
+    def __call__(self, arrays: Sequence[np.ndarray], *, writes: Sequence[int] = (-1,), timeout: float = 600.0,
+                 block_order: str = "ascending") -> None:
         """Run the kernel once over `arrays` (operands, then the output), as `source.grid` blocks of
         `source.threads` threads; what it writes to the arrays at positions `writes` (default: the
         output, the last, which is all a generated kernel writes) lands in them. The others are the
         kernel's own copies, as a device's copies of host inputs are. A kernel that takes a
-        workspace gets a zeroed one after the output, as a launch does."""
+        workspace gets a zeroed one after the output, as a launch does. `block_order` is the order
+        the blocks run in: "ascending", "reverse" or "shuffle:<seed>" (a kernel whose blocks meet
+        through global memory must be right in any)."""
+        if block_order not in ("ascending", "reverse") and not re.fullmatch(r"shuffle:\d+", block_order):
+            raise EmulatorError(f"block order {block_order!r} is not 'ascending', 'reverse' or 'shuffle:<seed>'")
         check_launch_shape(self.source)
         writes = [i % len(arrays) for i in writes]
         scratch = [np.zeros(self.source.workspace_bytes, np.uint8)] if self.source.workspace_bytes else []
@@ -172,7 +178,8 @@ class EmulatedKernel:
             command = [str(self.program), *map(str, self.source.grid), str(self.source.threads),
                        str(self.source.dynamic_smem), *files, *(m.emulator_argument() for m in self.source.tensor_maps)]
             try:
-                done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+                done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout,
+                                      env=os.environ | {BLOCK_ORDER_VARIABLE: block_order})
             except FileNotFoundError:
                 raise EmulatorError(f"the emulator's build of kernel {self.source.name} is gone ({self.program})",
                                     hint="clear the emulator's cache entry (build.cache_clear()) and build again") from None
@@ -216,10 +223,11 @@ def build_all(sources: Sequence[KernelSource]) -> list[EmulatedKernel]:
         return list(pool.map(build, sources))
 
 
-def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpec | str = "h100") -> np.ndarray:
+def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpec | str = "h100",
+                 block_order: str = "ascending") -> np.ndarray:
     """Run one op's generated kernel on the CPU: its template's kernel for `arch` at `schedule`
-    (default: the template's first), on numpy inputs; the output is poisoned with NaN bytes first,
-    so an element the kernel never writes stays NaN."""
+    (default: the template's first), on numpy inputs, its blocks in `block_order`; the output is
+    poisoned with NaN bytes first, so an element the kernel never writes stays NaN."""
     from tessera_rw.codegen.templates.registry import templates_for
     inputs = coerce_scalars(op, list(inputs))
     check_operands(op, inputs)
@@ -237,5 +245,5 @@ def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpe
     arrays = [np.ascontiguousarray(np.asarray(x, dtype=t.dtype.numpy)) for x, t in zip(inputs, op.operands)]
     out = np.empty(op.result.shape, op.result.dtype.numpy)
     out.reshape(-1).view(np.uint8)[:] = POISON
-    build(source)([*arrays, out])
+    build(source)([*arrays, out], block_order=block_order)
     return out

@@ -2,6 +2,8 @@
 // linked into each kernel's program; emulator_runtime.h says how a block runs.
 #include "tessera_emulator.h"
 
+#include <random>
+
 namespace emu {
 
 static void thread_entry() {
@@ -107,6 +109,22 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     }
 }
 
+// The order blocks run in, as linear indices (x fastest): ascending unless the environment's
+// TESSERA_EMULATOR_BLOCK_ORDER says "reverse" or "shuffle:<seed>". A kernel whose blocks meet
+// through global memory (counters, atomics) must be right in any order, as on a GPU.
+static std::vector<long long> block_order(long long blocks) {
+    std::vector<long long> order(blocks);
+    for (long long i = 0; i < blocks; ++i) order[i] = i;
+    const char* how = std::getenv("TESSERA_EMULATOR_BLOCK_ORDER");
+    if (how && !std::strcmp(how, "reverse")) {
+        std::reverse(order.begin(), order.end());
+    } else if (how && !std::strncmp(how, "shuffle:", 8)) {
+        std::mt19937_64 rng(std::strtoull(how + 8, nullptr, 10));
+        std::shuffle(order.begin(), order.end(), rng);
+    }
+    return order;
+}
+
 // Run the bound kernel over the grid, `threads` per block; returns an error message or nullptr.
 static const char* launch_grid(int gx, int gy, int gz, int threads, size_t dynamic_smem) {
     if (dynamic_smem) allocate_dynamic_smem(dynamic_smem);
@@ -124,13 +142,12 @@ static const char* launch_grid(int gx, int gy, int gz, int threads, size_t dynam
     }
     blockDim = dim3{unsigned(threads), 1, 1};
     gridDim = dim3{unsigned(gx), unsigned(gy), unsigned(gz)};
-    for (int z = 0; z < gz; ++z)
-        for (int y = 0; y < gy; ++y)
-            for (int x = 0; x < gx; ++x) {
-                blockIdx = dim3{unsigned(x), unsigned(y), unsigned(z)};
-                const bool last_warp_first = (x + gx * (y + gy * z)) % 2 == 0;
-                if (const char* error = run_block(threads, stacks, dynamic_smem, last_warp_first)) return error;
-            }
+    for (const long long linear : block_order((long long)gx * gy * gz)) {
+        const int x = int(linear % gx), y = int(linear / gx % gy), z = int(linear / ((long long)gx * gy));
+        blockIdx = dim3{unsigned(x), unsigned(y), unsigned(z)};
+        const bool last_warp_first = linear % 2 == 0;
+        if (const char* error = run_block(threads, stacks, dynamic_smem, last_warp_first)) return error;
+    }
     return nullptr;
 }
 

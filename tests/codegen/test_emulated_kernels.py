@@ -59,3 +59,20 @@ def test_kernel_matches_reference_beyond_the_default_schedules(name):
     if not picked:
         pytest.skip(f"the tuning space of {op} holds only its defaults")
     check_emulated(template, op, picked)
+
+
+ATOMIC = [name for name, op in EMULATED.items() if op.op == "flash_attention_bwd" and op.numerics.value == "fast"]
+
+
+@pytest.mark.parametrize("order", ["reverse", "shuffle:7"])
+@pytest.mark.parametrize("name", ATOMIC[:2])
+def test_the_atomic_backward_is_right_whichever_block_arrives_last(name, order):
+    """The key blocks of the atomic backward meet through the workspace: whichever block completes a
+    query tile converts it. Ascending order always makes the highest-numbered visitor the last; here
+    the blocks run backwards (block 0, which visits every tile, completes them all) and shuffled."""
+    op = EMULATED[name]
+    template = _template(op)
+    schedules = template.schedules(op, ARCH)
+    assert schedules[0].dq == "atomic"
+    check_schedules(template, op, schedules[:1], ARCH,
+                    lambda o, arrays, s, arch: emulator.run_emulated(o, arrays, schedule=s, arch=arch, block_order=order))
