@@ -94,8 +94,8 @@ def depth_figures() -> list[Figure]:
     cfg48 = replace(models.BERT_BASE, layers=48)
     bert48 = models.bert_encoder(cfg48).trace(**models.placeholders(cfg48, with_mask=True))
     _, fused = saturate_and_extract(bert12)
-    t12 = time_call(lambda: saturate_and_extract(bert12), reps=5)
-    t48 = time_call(lambda: saturate_and_extract(bert48), reps=3)
+    t12 = time_call(lambda: saturate_and_extract(bert12), reps=7)
+    t48 = time_call(lambda: saturate_and_extract(bert48), reps=5)
     ratio = t48.median_s / t12.median_s
     return [
         Figure(f"saturate + extract BERT-base 12 layers ({fused}/12 attentions fused)", t12.median_ms, "ms",
