@@ -1,7 +1,9 @@
 """Numerics policies: what a kernel may trade of its result's bits for speed or accuracy.
 
     fast           fp32 matrix products on tensor cores in tf32 (10-bit mantissa products, fp32
-                   accumulation), and NVRTC's fast math (approximate exp, tanh, division...).
+                   accumulation), NVRTC's fast math (approximate exp, tanh, division...), and
+                   sums whose order depends on timing (the attention backward's dQ, by atomics),
+                   so two runs may differ in the last bits.
     deterministic  the default: every run gives bitwise-identical results.
     kahan_sum      sums (sum, mean, softmax's denominator, layernorm/rmsnorm statistics) carry a
                    Neumaier compensation term per thread, and partial sums merge as (sum,
