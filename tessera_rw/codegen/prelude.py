@@ -42,14 +42,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// dst[0] += a and dst[1] += b in global memory, as one vector reduction where the device has one
-// (sm_90's float2 atomicAdd), else as two; the sums' order depends on timing: `fast` kernels only
-__device__ __forceinline__ void atomic_add_f32x2(float* dst, float a, float b) {
+// dst[0..3] += v in global memory (dst 16-byte aligned), as one vector reduction where the device
+// has one (sm_90's float4 atomicAdd), else as four; the sums' order depends on timing: `fast`
+// kernels only
+__device__ __forceinline__ void atomic_add_f32x4(float* dst, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd((float2*)dst, make_float2(a, b));
+    atomicAdd((float4*)dst, v);
 #else
-    atomicAdd(dst, a);
-    atomicAdd(dst + 1, b);
+    atomicAdd(dst, v.x);
+    atomicAdd(dst + 1, v.y);
+    atomicAdd(dst + 2, v.z);
+    atomicAdd(dst + 3, v.w);
 #endif
 }
 """

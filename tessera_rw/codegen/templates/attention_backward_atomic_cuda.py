@@ -80,14 +80,17 @@ __device__ __forceinline__ void fab_dq_share(float* dq_sum, const $ELEM* ds_s, c
                 $MMA(acc[2 * n + 1], a, b + 2);
             }
         }
+        // lanes t4 and t4 ^ 1 swap halves so that each adds four adjacent columns of one row: the
+        // even lane row g's, the odd lane row g + 8's, one 16-byte reduction each
+        const bool odd = t4 & 1;
+        const int row = c0 + qg * 16 + g + (odd ? 8 : 0);
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = c0 + qg * 16 + g + 8 * h;
-            if (row < SQ) {
-                #pragma unroll
-                for (int n = 0; n < DQ_COLS / 8; ++n)
-                    atomic_add_f32x2(dq_sum + (long long)row * D + d0 + n * 8 + 2 * t4, acc[n][2 * h], acc[n][2 * h + 1]);
-            }
+        for (int n = 0; n < DQ_COLS / 8; ++n) {
+            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? acc[n][0] : acc[n][2], 1);
+            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? acc[n][1] : acc[n][3], 1);
+            if (row < SQ)
+                atomic_add_f32x4(dq_sum + (long long)row * D + d0 + n * 8 + 4 * (t4 >> 1),
+                                 odd ? make_float4(r0, r1, acc[n][2], acc[n][3]) : make_float4(acc[n][0], acc[n][1], r0, r1));
         }
     }
 }
