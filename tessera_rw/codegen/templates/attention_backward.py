@@ -117,6 +117,15 @@ class BackwardShape:
         return self.bh * total
 
 
+def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:
+    """How many (batch·head)s have their blocks running at once: the blocks every SM holds (by
+    registers, shared memory and warps) over the blocks of one head. A head's blocks walk the same
+    tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
+    per_sm = max(1, min(arch.registers_per_sm // (threads * max(registers, 1)), arch.smem_per_sm // max(smem, 1),
+                        arch.max_warps_per_sm // max(threads // 32, 1)))
+    return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
+
+
 def _accepts(op: KernelOp, operands: int) -> bool:
     """`operands` operands and the mask if it has one (of a dtype the kernels read), the first four
     bf16/fp16 [.., S, D] tensors of one dtype and batch shape with head_dim 64 or 128."""
@@ -249,10 +258,11 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
         q, k, o, do = op.operands[:4]
         pairs = shape.pairs(s.rows, s.cols, by_keys=False)
         blocks = shape.bh * -(-shape.sq // s.rows)
-        # each query block re-reads its head's K; heads in flight share it through L2 while it fits
-        k_reads = k.nbytes if blocks * k.nbytes / shape.bh <= arch.l2_bytes // 2 else \
-            pairs // s.rows * shape.d * k.dtype.itemsize
         regs = self.registers(shape, s)
+        # each query block re-reads its head's K; heads in flight share it through L2 while it fits
+        heads = resident_heads(arch, blocks // shape.bh, 32 * s.warps, regs, self.smem(shape, s))
+        k_reads = k.nbytes if heads * k.nbytes / shape.bh <= arch.l2_bytes // 2 else \
+            pairs // s.rows * shape.d * k.dtype.itemsize
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
                          hbm_bytes=q.nbytes + k_reads + o.nbytes + do.nbytes + op.result.nbytes
                          + shape.mask_reads(pairs, arch),
@@ -345,11 +355,12 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         blocks = key_blocks if s.atomic else key_blocks + shape.bh * -(-shape.sq // s.rows)
         per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
         streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
-        if blocks * per_head > arch.l2_bytes // 2:     # each block's walk comes from HBM again
+        regs = self.registers(shape, s)
+        heads = resident_heads(arch, blocks // shape.bh, 32 * s.warps, regs, self.smem(shape, s))
+        if heads * per_head > arch.l2_bytes // 2:      # each block's walk comes from HBM again
             streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
         # the atomic form's workspace: zeroed, summed into in L2, read back once by the converting blocks
         work = 2 * workspace_bytes(shape, s) if s.atomic else 0
-        regs = self.registers(shape, s)
         return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
                          hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + work
                          + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
