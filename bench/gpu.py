@@ -37,12 +37,12 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.tune.device_measure import COMPILE_WORKERS
 
 RESULTS = Path(__file__).parent / "results"
 COMPILE_LIMIT_S = 60                 # torch.compile gets this long; a slower compile is reported, not waited for
 TOLERANCE = {DType.bfloat16: 1e-2, DType.float16: 1e-2, DType.float32: 1e-4}   # ‖out − ref‖ / ‖ref‖
 COPY_BYTES = 1 << 30
-COMPILE_WORKERS = 8
 CEILING_N = 8192
 BF16, E4M3 = DType.bfloat16, DType.float8_e4m3
 

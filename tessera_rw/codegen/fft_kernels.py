@@ -52,22 +52,18 @@ def stage_source(call: FFTCall) -> KernelSource:
     src, dst, axis = call.source, call.staged, call.axis
     real = "double" if call.double else "float"
     load = "re = v.re; im = v.im;" if src.dtype.is_complex else f"re = {_WIDEN.get(src.dtype, 'v')};"
-    at = "(row * INNER + j) * DST_LEN + k" if call.axis_last else "row * ROW_PITCH + k * INNER + j"
-    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[{at}] = r;" if dst.dtype.is_complex
-             else f"dst[{at}] = re * S;")
+    store = (f"{_CTYPE[dst.dtype]} r; r.re = re * S; r.im = im * S; dst[$AT] = r;" if dst.dtype.is_complex
+             else "dst[$AT] = re * S;")
     half = call.n // 2 if call.n % 2 == 0 else -1
     clear = "if (k == 0 || k == HALF) im = 0;  // numpy's irfft ignores these\n        " if call.hermitian else ""
-    name = f"fft_stage_{src.dtype.short}_{dst.dtype.short}"
-    config = f"""{_STRUCTS}namespace {name}_config {{
-constexpr long long INNER = {math.prod(dst.shape[axis + 1:])}, SRC_LEN = {src.shape[axis]}, DST_LEN = {dst.shape[axis]};
-constexpr long long TOTAL = {dst.numel}, HALF = {half}, ROW_PITCH = {call.in_pitch}, AXIS_LAST = {int(call.axis_last)};
-constexpr {real} S = {_literal(call.scale, call.double)};
-}}"""
+    extra = (f"constexpr long long SRC_LEN = {src.shape[axis]}, HALF = {half};\n"
+             f"constexpr {real} S = {_literal(call.scale, call.double)};\n")
     body = f"""{real} re = 0, im = 0;
         if (k < SRC_LEN) {{ const {_CTYPE[src.dtype]} v = src[(row * SRC_LEN + k) * INNER + j]; {load} }}
         {clear}{store}"""
-    return _row_walk(name, f"// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}",
-                     config, (("src", src.dtype), ("dst", dst.dtype)), dst.numel, "DST_LEN", body)
+    return _row_walk(f"fft_stage_{src.dtype.short}_{dst.dtype.short}",
+                     f"// fft staging for {call.op}: {src} -> {dst} along axis {axis}, scaled by {call.scale!r}",
+                     call, dst, call.in_pitch, "DST_LEN", extra, (("src", src.dtype), ("dst", dst.dtype)), body)
 
 
 def unstage_source(call: FFTCall) -> KernelSource:
@@ -87,23 +83,26 @@ def unstage_source(call: FFTCall) -> KernelSource:
     """
     assert call.scratch_output
     out, axis = call.result, call.axis
-    name = f"fft_unstage_{out.dtype.short}"
-    config = f"""{_STRUCTS}namespace {name}_config {{
-constexpr long long INNER = {math.prod(out.shape[axis + 1:])}, LEN = {out.shape[axis]};
-constexpr long long TOTAL = {out.numel}, ROW_PITCH = {call.out_pitch}, AXIS_LAST = {int(call.axis_last)};
-}}"""
-    at = "(row * INNER + j) * LEN + k" if call.axis_last else "row * ROW_PITCH + k * INNER + j"
-    return _row_walk(name, f"// fft unstaging for {call.op}: rows of {call.out_pitch} elements -> {out}, along axis "
-                     f"{axis}", config, (("src", out.dtype), ("y", out.dtype)), out.numel, "LEN",
-                     f"y[i] = src[{at}];")
+    return _row_walk(f"fft_unstage_{out.dtype.short}", f"// fft unstaging for {call.op}: rows of {call.out_pitch} "
+                     f"elements -> {out}, along axis {axis}", call, out, call.out_pitch, "LEN", "",
+                     (("src", out.dtype), ("y", out.dtype)), "y[i] = src[$AT];")
 
 
-def _row_walk(name: str, comment: str, config: str, params: tuple[tuple[str, DType], tuple[str, DType]], total: int,
-              length: str, body: str) -> KernelSource:
-    """A kernel `name(const src*, dst*)` walking `total` elements in a grid-stride loop, each element i
-    split into (row, k along the axis, j among the inner elements) by the INNER and `length`
-    constants of `config`, running `body`."""
+def _row_walk(name: str, comment: str, call: FFTCall, walked: TensorType, pitch: int, length: str, extra: str,
+              params: tuple[tuple[str, DType], tuple[str, DType]], body: str) -> KernelSource:
+    """A kernel `name(const src*, dst*)` walking the elements of `walked` in a grid-stride loop, each
+    element i split into (row, k along the axis, j among the inner elements) by the INNER and
+    `length` constants, running `body` with `$AT` standing for the element's index in the padded
+    buffer: rows `pitch` apart, or each transform contiguous when the axis is moved last.
+    `extra` declares the kernel's own constants."""
     (src, src_dtype), (dst, dst_dtype) = params
+    total, axis = walked.numel, call.axis
+    at = f"(row * INNER + j) * {length} + k" if call.axis_last else "row * ROW_PITCH + k * INNER + j"
+    config = f"""{_STRUCTS}namespace {name}_config {{
+constexpr long long INNER = {math.prod(walked.shape[axis + 1:])}, {length} = {walked.shape[axis]};
+constexpr long long TOTAL = {total}, ROW_PITCH = {pitch}, AXIS_LAST = {int(call.axis_last)};
+{extra}}}"""
+    body = body.replace("$AT", at)
     source = f"""{comment}
 // launch: {name}({src}, {dst}); grid={_grid(total)}, block=({_THREADS})
 {config}

@@ -232,6 +232,16 @@ class FFTCall:
         return self.axis_last or self.out_pitch != math.prod(self.result.shape[self.axis:])
 
     @property
+    def staged_elements(self) -> int:
+        """Elements of the staging buffer cuFFT reads (rows padded to `in_pitch`); 0 without one."""
+        return self.rows * self.in_pitch if self.staged is not None else 0
+
+    @property
+    def written_elements(self) -> int:
+        """Elements of the scratch output cuFFT writes (rows padded to `out_pitch`); 0 without one."""
+        return self.rows * self.out_pitch if self.scratch_output else 0
+
+    @property
     def scale_output(self) -> bool:
         return self.scale != 1.0 and self.staged is None
 
@@ -276,9 +286,8 @@ class CuFFTKernel:
         self._stage = self._compiled(stage_source(call), sm) if call.staged is not None else None
         self._scale = self._compiled(scale_source(call), sm) if call.scale_output else None
         self._unstage = self._compiled(unstage_source(call), sm) if call.scratch_output else None
-        self._scratch = self._scratch_for(call.staged, call.rows * call.in_pitch, stream)
-        self._written = self._scratch_for(call.result if call.scratch_output else None, call.rows * call.out_pitch,
-                                          stream)
+        self._scratch = self._scratch_for(call.staged, call.staged_elements, stream)
+        self._written = self._scratch_for(call.result if call.scratch_output else None, call.written_elements, stream)
         stream.sync()           # allocated in this stream's order; calls may come on others
         self._handle = self._plan() if call.batch and call.loops else None    # nothing to transform
         if self._handle is not None:

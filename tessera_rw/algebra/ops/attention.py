@@ -88,7 +88,11 @@ def masked_scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], sc
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
                         scale: float, causal: bool, has_mask: bool) -> np.ndarray:
     """The materialized form: every score in memory at once."""
-    s = masked_scores(q, k, mask, scale, causal)
+    return attention_of_scores(masked_scores(q, k, mask, scale, causal), v, q)
+
+
+def attention_of_scores(s: np.ndarray, v: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """softmax(s) v over the scores masked_scores gave for `q`, V's heads expanded to q's."""
     if q.ndim >= 3:
         v = expand_kv_heads(v, q.shape[-3])
     with np.errstate(invalid="ignore"):  # a fully masked row is NaN, as in torch's math SDPA

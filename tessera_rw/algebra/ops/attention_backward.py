@@ -37,7 +37,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.attention import _flops as _forward_flops
 from tessera_rw.algebra.ops.attention import _infer as _infer_forward
-from tessera_rw.algebra.ops.attention import attention_reference, expand_kv_heads, masked_scores
+from tessera_rw.algebra.ops.attention import attention_of_scores, expand_kv_heads, masked_scores
 from tessera_rw.algebra.shapes import fmt_shape
 
 STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
@@ -118,8 +118,9 @@ def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]
 
 def attention_lse_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
                             scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    out = attention_reference(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
-    lse = np.broadcast_to(logsumexp_rows(masked_scores(q, k, mask, scale, causal)), out.shape[:-1])
+    scores = masked_scores(q, k, mask, scale, causal)
+    out = attention_of_scores(scores, v, q)
+    lse = np.broadcast_to(logsumexp_rows(scores), out.shape[:-1])
     hi, lo = split_lse(lse, out.dtype)
     return np.concatenate([out.ravel(), hi.ravel(), lo.ravel()])
 

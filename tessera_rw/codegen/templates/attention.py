@@ -142,6 +142,15 @@ def with_lse(op: KernelOp) -> KernelOp:
                        numerics=op.numerics, **op.attr_map)
 
 
+def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:
+    """How many (batch·head)s have their blocks running at once: the blocks every SM holds (by
+    registers, shared memory and warps) over the blocks of one head. A head's blocks walk the same
+    tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
+    per_sm = max(1, min(arch.registers_per_sm // (threads * max(registers, 1)), arch.smem_per_sm // max(smem, 1),
+                        arch.max_warps_per_sm // max(threads // 32, 1)))
+    return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
+
+
 def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
@@ -303,13 +312,11 @@ class FlashAttentionTemplate(Template):
         flops = mma_flops + 5 * scores                   # scale, max, exp, sum, normalize per score
         regs = self._registers(shape, s)
         threads = 32 * s.warps
-        per_sm = max(1, min(arch.registers_per_sm // (threads * regs), arch.smem_per_sm // self._smem(shape, s),
-                            arch.max_warps_per_sm // s.warps))
         # Every query block re-reads its head's K/V. The blocks of the heads in flight share them
         # through L2 as long as those heads' K/V fit in half of it; beyond that each block's pass
         # comes from HBM again.
         kv_head = 2 * shape.sk * shape.d * q.dtype.itemsize
-        heads_in_flight = -(-arch.sm_count * per_sm // q_blocks)
+        heads_in_flight = resident_heads(arch, q_blocks, threads, regs, self._smem(shape, s))
         kv_bytes = k.nbytes + v.nbytes
         if heads_in_flight * kv_head > arch.l2_bytes // 2:
             kv_bytes = shape.bh * tiles * s.bn * shape.d * 2 * q.dtype.itemsize
@@ -367,5 +374,7 @@ class FlashAttentionTemplate(Template):
                 attn(2, 12, 12, 1024, 96, bf, causal=True),
                 attn(1, 8, 8, 2048, 256, bf, causal=True),
                 attn(1, 8, 8, 512, 256, f16, mask=f16, mask_batch=(1, 1)),
-                with_lse(attn(4, 16, 16, 4096, 64, bf)),
-                with_lse(attn(3, 8, 8, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(3, 1))))
+                # the logsumexp part has no row axis, so its check runs the whole reference: sizes
+                # whose float64 scores stay near 100 MB, as the backward's samples
+                with_lse(attn(2, 4, 4, 1024, 64, bf)),
+                with_lse(attn(1, 2, 2, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(1, 1))))

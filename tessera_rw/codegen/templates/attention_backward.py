@@ -33,7 +33,8 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up
+from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up,
+                                                    resident_heads)
 from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
@@ -57,9 +58,6 @@ class BackwardSchedule(Schedule):
     cols: int = 64
     warps: int = 4
     stages: int = 2
-
-
-DQ_FORMS = ("jobs", "atomic")
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,12 @@ class BackwardShape:
             return 0
         return self.mask.nbytes if self.mask.nbytes <= arch.l2_bytes // 2 else pairs * self.mask.dtype.itemsize
 
+    def backward_blocks(self, rows: int, atomic: bool) -> int:
+        """flash_attention_bwd's grid: a block per `rows` keys of every head, and (but for the
+        atomic form) one per `rows` queries."""
+        key_blocks = self.bh * -(-self.sk // rows)
+        return key_blocks if atomic else key_blocks + self.bh * -(-self.sq // rows)
+
     def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
         """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
         `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries walking key tiles."""
@@ -115,15 +119,6 @@ class BackwardShape:
                 tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
             total += max(tiles, 0) * rows * cols
         return self.bh * total
-
-
-def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:
-    """How many (batch·head)s have their blocks running at once: the blocks every SM holds (by
-    registers, shared memory and warps) over the blocks of one head. A head's blocks walk the same
-    tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
-    per_sm = max(1, min(arch.registers_per_sm // (threads * max(registers, 1)), arch.smem_per_sm // max(smem, 1),
-                        arch.max_warps_per_sm // max(threads // 32, 1)))
-    return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
 
 
 def _accepts(op: KernelOp, operands: int) -> bool:
@@ -351,8 +346,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         # dK/dV blocks: S, dP, dV, dK (4 products), and dQ's share in the atomic form (5); dQ blocks:
         # S, dP, dQ (3)
         flops = kv_pairs * ((10 if s.atomic else 8) * shape.d + 6) + q_pairs * (6 * shape.d + 5)
-        key_blocks = shape.bh * -(-shape.sk // s.rows)
-        blocks = key_blocks if s.atomic else key_blocks + shape.bh * -(-shape.sq // s.rows)
+        blocks = shape.backward_blocks(s.rows, s.atomic)
         per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
         streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
         regs = self.registers(shape, s)
@@ -376,7 +370,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
                              f"(its dQ sum's order depends on timing); {op.numerics.value!r} allows "
                              f"{' or '.join(map(repr, self.forms(op)))}")
         shape = BackwardShape.of(op)
-        return emit_bwd(op, shape, schedule, self.smem(shape, schedule), schedule.atomic)
+        return emit_bwd(op, shape, schedule, self.smem(shape, schedule))
 
     def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
                mask: TensorType | None = None) -> KernelOp:

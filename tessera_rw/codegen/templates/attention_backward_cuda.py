@@ -35,7 +35,7 @@ from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_
                                                          mask_strides, offset_statements)
 
 if TYPE_CHECKING:
-    from tessera_rw.codegen.templates.attention_backward import BackwardShape, BackwardSchedule
+    from tessera_rw.codegen.templates.attention_backward import BackwardSchedule, BackwardShape, GradientSchedule
 
 
 # a bool mask's term is 0 or -inf; a float mask's is its value in base 2
@@ -81,12 +81,12 @@ def kernel_name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
             f"r{s.rows}_c{s.cols}_w{s.warps}_s{s.stages}")
 
 
-def emit_bwd(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem: int, atomic: bool) -> KernelSource:
-    """The backward kernel for `op` under `s`: dQ by jobs of its own, or (`atomic`) added up by the
-    key blocks in a workspace."""
+def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int) -> KernelSource:
+    """The backward kernel for `op` under `s`: dQ by jobs of its own, or (`s.atomic`) added up by
+    the key blocks in a workspace."""
+    atomic = s.atomic
     name = kernel_name("flash_attention_bwd", shape, s) + ("_atomic" if atomic else "")
-    key_blocks = shape.bh * -(-shape.sk // s.rows)
-    blocks = key_blocks if atomic else key_blocks + shape.bh * -(-shape.sq // s.rows)
+    blocks = shape.backward_blocks(s.rows, atomic)
     work = workspace_bytes(shape, s) if atomic else 0
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, "

@@ -326,8 +326,8 @@ class FFTTemplate(Template):
         passes = self.passes(op, arch)
         double = x.dtype in (DType.float64, DType.complex128)
         call = FFTCall.of(op)
-        read = call.rows * call.in_pitch * call.planned.dtype.itemsize if call.staged is not None else x.nbytes
-        written = call.rows * call.out_pitch * result.dtype.itemsize if call.scratch_output else result.nbytes
+        read = call.staged_elements * call.planned.dtype.itemsize if call.staged is not None else x.nbytes
+        written = call.written_elements * result.dtype.itemsize if call.scratch_output else result.nbytes
         copies = ((x.nbytes + read if call.staged is not None else 0)
                   + (written + result.nbytes if call.scratch_output else 0)
                   + (2 * result.nbytes if call.scale_output else 0))
