@@ -66,6 +66,8 @@ class GradKernel(Kernel):
 
     def __init__(self, fn: Callable | Kernel, argnums: Argnums = 0):
         super().__init__(fn.fn if isinstance(fn, Kernel) else fn)
+        if isinstance(fn, Kernel):             # a kernel's own tuning settings carry over to its gradient
+            self.tuning, self.restriction = fn.tuning, fn.restriction
         self.argnums = argnums
         self._wrt = _normalized_argnums(argnums, self._positional, self.fn.__name__)
 

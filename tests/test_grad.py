@@ -253,8 +253,25 @@ def test_errors_name_the_function_and_what_to_do():
         op.grad(linear_loss, argnums=(0, 2, 3))
     with pytest.raises(ArgumentError, match="argnums must be an int"):
         op.grad(linear_loss, argnums="w")
-    with pytest.raises(DTypeError, match="'n' is i64"):
+    with pytest.raises(DTypeError, match="'n' is i64") as e:
         op.grad(lambda x, n: op.sum(x * op.cast(n, "float64")), argnums=(0, 1))(x, np.arange(3))
+    assert "leave integer and bool inputs out of argnums" in str(e.value)
+    with pytest.raises(DTypeError, match="'z' is c128.*real floating-point inputs only") as e:
+        op.grad(lambda z: op.sum(op.abs(z)))(np.ones(3, np.complex128))
+    assert "op.rfft" in str(e.value)
+
+
+def test_the_gradient_of_a_tuned_kernel_keeps_its_tuning():
+    @op.autotune(cache="grad_tuning", method="cost_model", max_trials=7)
+    @op.kernel
+    def loss(x, w):
+        return op.sum(op.relu(x @ w))
+
+    loss.schedule.search_space(warps=[4])
+    g = op.grad(loss, argnums=1)
+    assert g.tuning == loss.tuning and g.tuning.cache == "grad_tuning" and g.tuning.max_trials == 7
+    assert g.restriction == loss.restriction is not None
+    assert op.grad(lambda x: op.sum(x)).tuning is None
 
 
 def _named(name, fn):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import sys
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
 from tessera_rw.algebra.ops import opdef
 
@@ -64,7 +65,24 @@ def make(op_name: str, *args: Node, **attrs: Any) -> Node:
     except TesseraError as e:
         raise e.with_context(op=op_name, operands=describe_operands(op.operands, types),
                              site=user_site()) from None
+    except TypeError:
+        _check_binds(op_name, op.infer, types, attrs)
+        raise
     return Node(op_name, args, attrs, result)
+
+
+def _check_binds(op_name: str, infer: Any, types: tuple[TensorType, ...], attrs: dict[str, Any]) -> None:
+    """Raise an ArgumentError naming what is missing or extra when `attrs` (or the operand count) do
+    not fit the op's shape rule; return when they do (the TypeError came from inside it)."""
+    try:
+        inspect.signature(infer).bind(*types, **attrs)
+    except TypeError as e:
+        operands = opdef(op_name).operands
+        params = inspect.signature(infer).parameters.values()
+        wanted = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in operands]
+        raise ArgumentError(f"cannot be applied to {len(types)} operand(s) with attributes {sorted(attrs)}: {e}",
+                            op=op_name, operands=describe_operands(operands, types),
+                            hint=f"its attributes are {wanted}" if wanted else None, site=user_site()) from None
 
 
 def make_input(name: str, shape: tuple[int, ...], dtype: DType) -> Node:

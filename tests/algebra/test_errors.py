@@ -168,3 +168,14 @@ def test_floor_division_and_remainder_say_there_is_no_such_op_and_flatten_reshap
             op.kernel(fn)(x)
         assert "op.cast(a / b, 'int32')" in info.value.hint
     np.testing.assert_array_equal(op.kernel(lambda x: x.flatten() * 2)(x), x.flatten() * 2)
+
+
+def test_op_apply_with_missing_or_unknown_attributes_names_them():
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(ArgumentError, match=r"(?s)gemm: .*missing a required argument: 'scale'.*"
+                                            r"a: f32\[2,2\].*attributes are \['scale', 'activation'"):
+        op.apply("gemm", (a, a))
+    with pytest.raises(ArgumentError, match="exp: .*unexpected keyword argument 'foo'"):
+        op.apply("exp", (a,), foo=1)
+    with pytest.raises(ArgumentError, match="exp: cannot be applied to 2 operand"):
+        op.apply("exp", (a, a))

@@ -166,8 +166,9 @@ class BeforeFusion:
 
     def __call__(self, g: Tensor, out: Tensor, *operands: Tensor, **attrs: Any) -> Cotangents:
         raise TesseraError("is a fused op that rewrites produce; it has no VJP",
-                           op=self.op_name, hint="differentiate before fusion: op.grad(fn) differentiates "
-                                                 "fn's traced graph, which holds no fused ops")
+                           op=self.op_name, hint="write fn with the plain ops it fuses (matmul, add, an "
+                                                 "activation, ...): op.grad differentiates those, and the "
+                                                 "gradient's own rewrites fuse them again")
 
 
 def before_fusion(op_name: str) -> BeforeFusion:

@@ -69,8 +69,10 @@ def _targets(graph: Graph, wrt: Sequence[int]) -> tuple[Node, ...]:
     for t in targets:
         if not t.dtype.is_float:
             raise DTypeError(f"{graph.name}: input {t.attr('name')!r} is {t.type}; gradients are taken "
-                             "with respect to floating-point inputs only",
-                             hint="leave integer and bool inputs out of argnums")
+                             "with respect to real floating-point inputs only",
+                             hint="differentiate with respect to the real input it is computed from (move the "
+                             "op.rfft / op.fft that makes it inside fn)" if t.dtype.is_complex else
+                             "leave integer and bool inputs out of argnums")
     return targets
 
 
