@@ -34,6 +34,7 @@ from tessera_rw.tune.extract import extract_candidates
 
 H100 = arch_named("H100-SXM")
 MB = 1e6
+BF16_AGREEMENT = 1e-2     # bf16 outputs against the float64 reference: 2^-8 rounding, relative to the largest
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def executor_figures() -> tuple[list[Figure], list[host_executor.Versus]]:
     figures = [
         Figure(f"{attention.what}: peak memory, blockwise ({attention.plan}) / naive S×S",
                attention.ours_peak / attention.baseline_peak * 100, "%", "< 10",
-               attention.ours_peak < 0.1 * attention.baseline_peak and attention.max_rel_error < 1e-4),
+               attention.ours_peak < 0.1 * attention.baseline_peak and attention.max_rel_error < BF16_AGREEMENT),
         Figure(f"{attention.what}: time, naive / blockwise", attention.speedup, "x", "", None),
         Figure(f"{direct.what} ({direct.plan})", direct.speedup, "x faster", "> 1",
                direct.speedup > 1 and direct.max_rel_error < 1e-4),

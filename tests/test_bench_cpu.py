@@ -31,7 +31,7 @@ def test_a_model_with_fft_steps_counts_them_as_library_calls(tmp_path, monkeypat
 
 def test_blockwise_attention_holds_less_memory_than_the_naive_form_and_agrees_with_it():
     v = host_executor.attention_versus_naive(heads=1, seq=512, dim=32, reps=1)
-    assert v.plan == "flash_attention" and v.max_rel_error < 1e-5
+    assert v.plan == "flash_attention" and v.max_rel_error < 1e-2      # bf16 outputs
     assert 0 < v.ours_peak < v.baseline_peak and v.ours_s > 0 and v.baseline_s > 0
 
 

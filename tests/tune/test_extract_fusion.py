@@ -140,15 +140,19 @@ def test_extraction_is_deterministic_and_survives_cycles():
 
 
 def test_an_op_written_without_a_gpu_template_is_the_candidate_and_runs_on_the_host(monkeypatch):
-    """float64 flash attention has no GPU template (its cost is infinite), so no extraction is finite:
-    the program as written is the one candidate, and the numpy executor runs it in float64."""
+    """float64 flash attention has no GPU template (its cost is infinite). Up to the unfused form's
+    score limit the attention ruleset spells it out, so a finite unfused candidate exists; beyond it
+    no extraction is finite, so the program as written is the one candidate. The numpy executor
+    runs either in float64."""
     import numpy as np
     from tessera_rw import op
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")
-    r = np.random.default_rng(0).standard_normal((2, 2, 6, 4))
     f = op.kernel(lambda q, k, v: op.flash_attention(q, k, v))
-    program = f.program(r, r, r)
+    big = op.tensor((1, 2, 8192, 64), "float64")                  # 2·8192² scores: over the limit
+    program = f.program(big, big, big)
     assert len(program.candidates) == 1 and not program.candidate.kernels[0].has_template
+    r = np.random.default_rng(0).standard_normal((2, 2, 6, 4))
+    assert "flash_attention" not in [s.op for s in f.program(r, r, r).plan.steps]
     s = r @ r.swapaxes(-1, -2) / 2
     p = np.exp(s - s.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ r

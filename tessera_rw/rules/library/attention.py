@@ -19,6 +19,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.api.dispatch import apply
+from tessera_rw.rules.library import attention_unfused
 from tessera_rw.rules.library.algebra import const, mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -159,7 +160,7 @@ def _causal_fill_rule() -> Rule:
                 example=_causal_fill_example)
 
 
-RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules())
+RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
