@@ -157,7 +157,7 @@ def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None
     for i, k in enumerate(candidate.kernels):
         cost = costs[i] if costs else None
         name = _broken_at_plus("+".join((k.kind, *k.fused))) + ("" if cost is None or cost.has_template else
-                                                                 " (no template)")
+                                                                 f" (no template: {cost.op.op})")
         numbers = [str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{cost.occupancy:.0%}" if cost else "-",
                    _mb(k.hbm_bytes), _gflop(k.flops), _us(k.est_us)]
         if cost:

@@ -54,8 +54,6 @@ class ScheduleControl:
             raise ArgumentError(f"{self.kernel.name}.schedule.autotune: unknown cost model {cost_model!r}",
                                 hint=f"use one of {list(COST_MODELS)}")
         k = self.kernel
-        k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
-        k.forget_programs()
         if args or kwargs:
             call = k.bind(*args, **kwargs)
             k.traced(call)
@@ -66,8 +64,14 @@ class ScheduleControl:
             raise ArgumentError(f"{k.name}.schedule.autotune: the kernel has not been called or traced yet, so "
                                 "there is no shape to tune for",
                                 hint=f"pass example arguments: {k.name}.schedule.autotune(op.tensor((..), 'bf16'), ...)")
-        configs = []
-        for signature in signatures:
-            program = k.program_of(signature)
-            configs.append(TuneConfig(k.name, program, tuned_kernels(program)))
+        before = k.tuning
+        k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
+        k.forget_programs()
+        try:
+            configs = [TuneConfig(k.name, program, tuned_kernels(program))
+                       for program in (k.program_of(signature) for signature in signatures)]
+        except BaseException:
+            k.tuning = before                 # a failed call leaves the kernel as it was
+            k.forget_programs()
+            raise
         return configs[0] if len(configs) == 1 else configs

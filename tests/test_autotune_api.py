@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from tessera_rw import autotune, op
-from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.codegen.device import gpu_available
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.progress import TuningProgress
 from tessera_rw.tune.search import Trial
@@ -93,6 +94,11 @@ def test_schedule_search_space_and_autotune_on_a_kernel():
         return op.matmul(a, b)
     with pytest.raises(ArgumentError, match="has not been called or traced"):
         mm.schedule.autotune(method="cost_model")
+    assert mm.tuning is None                    # a failed call turns no tuning on
+    if not gpu_available():                     # on_device fails without a GPU, once the kernel is traced
+        with pytest.raises(TesseraError, match="has none"):
+            mm.schedule.autotune(op.tensor((64, 64), "bf16"), op.tensor((64, 64), "bf16"), method="on_device")
+        assert mm.tuning is None and mm.program(op.tensor((64, 64), "bf16"), op.tensor((64, 64), "bf16")).tuning is None
     mm.schedule.search_space(tile_sizes=[(64, 64)], pipeline_stages=[2, 3])
     cfg = mm.schedule.autotune(op.tensor((1024, 1024), "bf16"), op.tensor((1024, 1024), "bf16"),
                                method="cost_model", max_trials=10)

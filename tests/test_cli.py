@@ -112,6 +112,7 @@ def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path,
     assert main(["tune", target, *shape, "--method", "cost_model", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["chosen_by"] == "cache" and report["kernels"][0]["kind"] == "flash_attention"
+    assert report["fusion_depth"] == 2 and report["fusion"] == "fully fused"     # as explain's JSON has it
 
 
 def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):

@@ -20,6 +20,7 @@ SCHEMA_KEYS = {"schema", "function", "inputs", "egraph", "rules", "candidates", 
 EGRAPH_KEYS = {"iterations", "enodes", "eclasses", "seconds", "stop_reason"}
 CANDIDATE_KEYS = {"fusion_depth", "hbm_bytes", "flops", "est_us", "kernels"}
 KERNEL_KEYS = {"kind", "fused", "hbm_bytes", "flops", "registers", "smem_bytes", "est_us"}
+KINDS = {"gemm", "flash_attention", "softmax", "layernorm", "reduction", "elementwise", "fft", "ifft", "conv", "copy"}
 
 
 def assert_schema(document: dict) -> None:
@@ -32,6 +33,7 @@ def assert_schema(document: dict) -> None:
     for c in document["candidates"]:
         assert set(c) == CANDIDATE_KEYS and c["fusion_depth"] in (0, 1, 2)
         assert all(set(k) == KERNEL_KEYS and isinstance(k["fused"], list) for k in c["kernels"])
+        assert all(k["kind"] in KINDS for k in c["kernels"]), [k["kind"] for k in c["kernels"]]
     assert 0 <= document["chosen"] < len(document["candidates"])
     assert document["chosen_by"] in ("cost_model", "on_device", "cache")
     ExplainReport.model_validate(document)
@@ -47,6 +49,19 @@ def attention(q, k, v):
 def report() -> ExplainReport:
     spec = op.tensor((2, 8, 512, 64), "bf16")
     return attention.explain(spec, spec, spec)
+
+
+def test_kernels_without_a_template_report_a_kind_of_the_vocabulary():
+    @op.kernel
+    def mixed(q, x):                 # float64: no GPU template for any of it
+        a = op.softmax((q @ q.mT) * 0.1, axis=-1) @ q
+        return op.sum(a, axis=-1) + op.sum(op.irfft(op.rfft(x) * 2.0, n=x.shape[-1]), axis=-1)[:, None, None]
+
+    spec = op.tensor((2, 4, 32, 16), "float64")
+    document = json.loads(mixed.explain(spec, op.tensor((2, 64), "float64")).to_json())
+    assert_schema(document)
+    kinds = {k["kind"] for c in document["candidates"] for k in c["kernels"]}
+    assert {"gemm", "softmax", "fft", "ifft"} <= kinds
 
 
 def test_kernel_explain_reports_the_fusion(report):
@@ -107,7 +122,7 @@ def test_a_kernel_without_a_gpu_template_is_named_and_its_unknown_time_is_null(r
     plain = f.explain(np.ones((8, 8)))                     # float64 matmul: the numpy executor only
     assert_schema(json.loads(plain.to_json()))
     text = str(plain)
-    assert "matmul (no template)" in text and "generated kernels: none for the GPU" in text
+    assert "gemm (no template: matmul)" in text and "generated kernels: none for the GPU" in text
     fused = report.program.candidate.kernels[0]           # a fused op no template has costs infinity
     assert kernel_info(replace(fused, est_us=math.inf)).est_us is None
 

@@ -140,7 +140,11 @@ def layout_loss(x, w):
     h = op.rmsnorm(op.silu(x), w)                                            # (4, 6)
     pooled = op.concatenate([op.max(h, axis=-1, keepdims=True), op.min(h[:, ::2], axis=-1, keepdims=True)], axis=-1)
     padded = op.pad(pooled, ((1, 0), (0, 2)))                                # (5, 4)
-    return op.sum(padded[1:, :2] * h[:, 4:]) + op.sum(op.sigmoid(h[:, 1:4]).T @ h[:, :2])
+    mirrored = op.pad(h, ((2, 1), (0, 3)), mode="reflect")                   # (7, 9)
+    borders = op.sum(op.pad(h, ((0, 1), (2, 2)), mode="symmetric")[:, ::3]) + op.sum(
+        op.pad(h, 2, mode="wrap") * op.pad(h, 2, mode="edge"))
+    return (op.sum(padded[1:, :2] * h[:, 4:]) + op.sum(op.sigmoid(h[:, 1:4]).T @ h[:, :2])
+            + 0.1 * op.sum(mirrored * mirrored) + borders)
 
 
 @pytest.mark.parametrize("fn, shapes, argnums", [

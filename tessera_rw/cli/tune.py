@@ -51,7 +51,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.format == "json":
         console.file.write(json.dumps({
             "schema": "tessera_rw.tune/1", "function": kernel.name, "summary": str(cfg),
-            "candidate": program.chosen, "fusion_depth": program.candidate.fusion_depth.label,
+            "candidate": program.chosen, "fusion_depth": int(program.candidate.fusion_depth),
+            "fusion": program.candidate.fusion_depth.label,
             "chosen_by": program.chosen_by,
             "kernels": [{"op": k.op.op, "kind": k.kind, "schedule": describe(k.schedule), "default": describe(k.default),
                          "time_us": k.time_us, "noise_us": k.noise_us, "chosen_by": k.chosen_by,

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from tessera_rw.algebra.opdef import OpKind
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, first_schedule
@@ -123,13 +125,36 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
                       arch.launch_us, spill, est, has_template)
 
 
+# The kernel kind an op without a template reports, by how it moves data (the vocabulary of the
+# explain report's `kind`).
+GENERIC_KINDS = {OpKind.SOURCE: "elementwise", OpKind.ELEMENTWISE: "elementwise", OpKind.REDUCTION: "reduction",
+                 OpKind.LAYOUT: "copy", OpKind.MATMUL: "gemm", OpKind.CONV: "conv",
+                 OpKind.ATTENTION: "flash_attention"}
+GENERIC_NAMED_KINDS = {"softmax": "softmax", "log_softmax": "softmax", "layernorm": "layernorm",
+                       "rmsnorm": "layernorm", "fft": "fft", "rfft": "fft", "ifft": "ifft", "irfft": "ifft"}
+
+
+def generic_kind(op: KernelOp) -> str:
+    """The kind of the kernel computing `op` where no template implements it (float64, say).
+
+    >>> from tessera_rw.algebra.dtypes import DType
+    >>> from tessera_rw.algebra.node import TensorType
+    >>> x = TensorType((4, 4), DType.float64)
+    >>> generic_kind(KernelOp.of("matmul", (x, x), x, accum_dtype=None)), generic_kind(KernelOp.of("mul", (x, x), x))
+    ('gemm', 'elementwise')
+    """
+    if op.op in GENERIC_NAMED_KINDS:
+        return GENERIC_NAMED_KINDS[op.op]
+    return GENERIC_KINDS.get(opdef(op.op).kind, "elementwise")
+
+
 def _generic(op: KernelOp, arch: ArchSpec) -> KernelCost:
     """An op no template implements: a streaming SIMT kernel over its result, read and write once."""
     threads = 256
     blocks = max(1, math.ceil(op.result.numel / (threads * 4)))
     res = Resources(threads=threads, blocks=blocks, registers=32, smem_bytes=0,
                     hbm_bytes=op.operand_bytes + op.result.nbytes, flops=op.flops, unit=MathUnit.FP32)
-    return timing(op, op.op, (), "generic", res, arch, has_template=False)
+    return timing(op, generic_kind(op), (), "generic", res, arch, has_template=False)
 
 
 def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, KernelCost]:

@@ -83,7 +83,28 @@ class DeviceMeasurer:
         out = to_host(self.sets[0][-1], self.stream)
         unit = self.template.resources(self.op, schedule, self.arch).unit
         check(self.reference.on(unit), out, f"{self.op} at {schedule.describe()}")
+        _VERIFIED.add((self.op, schedule))
         return launches
+
+
+_VERIFIED: set[tuple[KernelOp, Schedule]] = set()     # kernels that passed their check in this process
+
+
+def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, binary, stream) -> None:
+    """Run the compiled `schedule` of `op` once on random inputs and check it against the numpy
+    reference (AssertionError when wrong), unless it passed already in this process: how a kernel
+    that tuning did not measure (a pinned one, one read from the cache) is checked before a plan
+    holding it is timed."""
+    if (op, schedule) in _VERIFIED:
+        return
+    rng = np.random.default_rng(zlib.crc32(str(op).encode()))
+    inputs = random_inputs(op, rng)
+    reference = expected(op, inputs, rng).on(template.resources(op, schedule, current_arch()).unit)
+    args = [to_device(np.ascontiguousarray(a), stream, index=i) for i, a in enumerate(inputs.arrays)]
+    out = empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0]
+    bind(source, binary, [*args, out], stream)()
+    check(reference, to_host(out, stream), f"{op} at {schedule.describe()}")
+    _VERIFIED.add((op, schedule))
 
     def measure(self, schedules: Sequence[Schedule]) -> list[Measurement]:
         results: dict[int, Measurement] = {}
@@ -132,8 +153,9 @@ def _random_value(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np
 def time_plans(plans: Sequence[tuple[KernelPlan, tuple[tuple[int, Schedule], ...]]], numerics: Numerics, *,
                device_index: int = 0, rounds: int = ROUNDS, warmup: int = WARMUP) -> list[Measurement]:
     """Whole plans of one program (same inputs), each with its schedules, timed interleaved on the GPU
-    on one set of random inputs, an L2 flush before each run. A plan that fails to compile or run
-    gets the reason as its failure."""
+    on one set of random inputs, an L2 flush before each run. Each generated kernel is checked
+    against its reference first (verify_kernel). A plan that fails to compile, check or run gets
+    the reason as its failure."""
     require_gpu("timing plans", op=plans[0][0].name if plans else "plan")
     from cuda.core import EventOptions
     from tessera_rw.codegen.plan_runtime import device_plan
@@ -148,8 +170,14 @@ def time_plans(plans: Sequence[tuple[KernelPlan, tuple[tuple[int, Schedule], ...
     for i, (plan, schedules) in enumerate(plans):
         try:
             ready[i] = device_plan(plan, device_index, numerics, schedules)
+            for k in ready[i].kernels:
+                if k.source is not None:
+                    verify_kernel(k.step.template, k.step.op, k.step.schedule, k.source, k.binary, stream)
             ready[i].run(values)
             ready[i].stream.sync()
+        except AssertionError as e:
+            results[i] = Measurement.failed(f"wrong results: {e}")
+            ready.pop(i, None)
         except Exception as e:        # one candidate's failure leaves the others to compete
             results[i] = Measurement.failed(f"{type(e).__name__}: {e}")
             ready.pop(i, None)

@@ -119,6 +119,27 @@ def test_pad_values(shape, dtype, seed, form, data):
         both(lambda t: op.pad(t, pw, constant_values=cv), x, np.pad(x, pw, constant_values=cv))
 
 
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple), dtype=dtype_names, seed=seeds,
+       mode=st.sampled_from(["edge", "reflect", "symmetric", "wrap"]), data=st.data())
+def test_pad_modes_that_read_the_array_match_numpy(shape, dtype, seed, mode, data):
+    x = rand(np.random.default_rng(seed), shape, dtype)
+    limit = (lambda n: n - 1) if mode == "reflect" else (lambda n: n)
+    pw = tuple((data.draw(st.integers(0, limit(n))), data.draw(st.integers(0, limit(n)))) for n in shape)
+    both(lambda t: op.pad(t, pw, mode=mode), x, np.pad(x, pw, mode=mode))
+
+
+def test_pad_mode_errors_say_what_fits():
+    x = rand(np.random.default_rng(5), (2, 3), "float32")
+    with pytest.raises(AttributeValueError, match="mode 'reflect' pads axis 0 of length 2 by \\(2, 2\\): at most 1"):
+        op.pad(x, 2, mode="reflect")
+    with pytest.raises(AttributeValueError, match="not a padding mode") as e:
+        op.pad(x, 1, mode="median")
+    assert "'wrap'" in e.value.hint
+    with pytest.raises(AttributeValueError, match="constant_values applies to mode 'constant'"):
+        op.pad(x, 1, mode="edge", constant_values=1.0)
+
+
 def test_pad_bf16_constant_is_rounded_like_numpy():
     x = rand(np.random.default_rng(3), (2, 3), "bfloat16")
     both(lambda t: op.pad(t, ((1, 0), (2, 1)), constant_values=0.1), x,

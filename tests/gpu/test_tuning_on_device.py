@@ -75,3 +75,25 @@ def test_time_plans_weighs_a_programs_candidates(tmp_path, monkeypatch):
     finally:
         autotune.enable(False)
     assert np.isfinite(out.astype(np.float32)).all()
+
+
+def test_a_pinned_kernel_is_checked_before_its_plan_is_timed(tmp_path, monkeypatch):
+    from tessera_rw import autotune, op
+    from tessera_rw.tune import device_measure
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(device_measure, "_VERIFIED", set())
+
+    @op.kernel
+    def mlp(x, w, v):
+        return op.softmax(op.matmul(x, w, tile_shape=(64, 64, 32)), axis=-1) @ v
+    shapes = [(512, 256), (256, 512), (512, 128)]
+    cfg = autotune(mlp, shapes=shapes, dtype="bf16", method="on_device", max_trials=4)
+    pinned = [k for k in cfg.program.tuning.tuning.kernels if k.chosen_by == "pinned"]
+    assert pinned and all((k.op, k.schedule) in device_measure._VERIFIED for k in pinned)
+
+    def wrong(template, op_, schedule, source, binary, stream):   # a kernel that fails its check
+        raise AssertionError("stand-in mismatch")
+    monkeypatch.setattr(device_measure, "verify_kernel", wrong)
+    from tessera_rw.codegen.numerics import current_numerics
+    [measurement] = device_measure.time_plans([(cfg.program.plan, cfg.program.schedules)], current_numerics())
+    assert not measurement.ok and "wrong results: stand-in mismatch" in measurement.failure

@@ -8,7 +8,8 @@ from tessera_rw.algebra.api.elementwise import (
     less_equal, log, logical_and, logical_not, logical_or, maximum, minimum, multiply, negative,
     not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, subtract, tanh, where)
 from tessera_rw.algebra.api.layout import (
-    broadcast_to, concatenate, expand_dims, flip, getitem, pad, reshape, squeeze, swapaxes, transpose)
+    broadcast_to, concatenate, expand_dims, flip, getitem, reshape, squeeze, swapaxes, transpose)
+from tessera_rw.algebra.api.padding import pad
 from tessera_rw.algebra.api.reduction import layernorm, log_softmax, max, mean, min, rmsnorm, softmax, sum
 
 __all__ = [

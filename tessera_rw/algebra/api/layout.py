@@ -1,20 +1,17 @@
-"""Layout op functions: transpose, swapaxes, reshape, broadcast_to, pad, concatenate, indexing."""
+"""Layout op functions: transpose, swapaxes, reshape, broadcast_to, concatenate, flip, indexing."""
 
 from __future__ import annotations
 
 import math
 import numbers
 
-import numpy as np
-
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
-from tessera_rw.algebra.builder import beyond_double, python_scalar
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
 
-def _ints(values, what: str) -> tuple[int, ...]:
+def int_tuple(values, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as a tuple of ints; anything else is an error naming `what`."""
     values = (values,) if isinstance(values, numbers.Integral) else tuple(values)
     if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
         raise AttributeValueError(f"{what} must be ints, got {values!r}")
@@ -26,7 +23,7 @@ def transpose(x, axes=None):
     x = tensor_operand(x)
     with op_context("transpose", (x,), ("x",)):
         ndim = type_of(x).ndim
-        perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in _ints(axes, "axes"))
+        perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in int_tuple(axes, "axes"))
         if sorted(perm) != list(range(ndim)):
             raise AttributeValueError(f"axes {axes} are not a permutation of {ndim} axes")
     if perm == tuple(range(ndim)):
@@ -49,7 +46,7 @@ def reshape(x, shape):
     x = tensor_operand(x)
     with op_context("reshape", (x,), ("x",)):
         t = type_of(x)
-        dims = _ints(shape, "shape")
+        dims = int_tuple(shape, "shape")
         if dims.count(-1) > 1 or any(d < -1 for d in dims):
             raise ShapeError(f"invalid target shape {dims}: at most one -1 and no other negative sizes")
         if -1 in dims:
@@ -83,37 +80,10 @@ def squeeze(x, axis=None):
 def broadcast_to(x, shape):
     x = tensor_operand(x)
     with op_context("broadcast_to", (x,), ("x",)):
-        dims = _ints(shape, "shape")
+        dims = int_tuple(shape, "shape")
     if dims == type_of(x).shape:
         return x
     return apply("broadcast_to", (x,), shape=dims)
-
-
-def pad(x, pad_width, constant_values: float = 0):
-    """numpy.pad in constant mode: an int, (before, after), or one pair per axis."""
-    x = tensor_operand(x)
-    with op_context("pad", (x,), ("x",)):
-        ndim = type_of(x).ndim
-        if isinstance(pad_width, numbers.Integral):
-            pairs = ((int(pad_width), int(pad_width)),) * ndim
-        else:
-            items = tuple(pad_width)
-            if len(items) == 2 and all(isinstance(v, numbers.Integral) for v in items):
-                pairs = (tuple(_ints(items, "pad_width")),) * ndim
-            else:
-                pairs = tuple(tuple(_ints(p, "pad_width")) for p in items)
-            if len(pairs) != ndim or any(len(p) != 2 for p in pairs):
-                raise AttributeValueError(f"pad_width {pad_width!r} must give (before, after) for each of {ndim} axes")
-    value = constant_values.item() if isinstance(constant_values, np.generic) else constant_values
-    if not isinstance(value, (int, float)):
-        raise AttributeValueError(f"pad: constant_values must be a number, got {constant_values!r}")
-    dtype = type_of(x).dtype
-    scalar = python_scalar(value, dtype)
-    if beyond_double(scalar, dtype):    # the e-graph's doubles would round it: the border is a literal
-        inside = apply("pad", (apply("full", (), shape=type_of(x).shape, value=True, dtype=DType.bool),), pads=pairs,
-                       value=False)
-        return apply("where", (inside, apply("pad", (x,), pads=pairs, value=0), np.array(scalar, dtype.numpy)))
-    return apply("pad", (x,), pads=pairs, value=scalar)
 
 
 def concatenate(xs, axis: int = 0):
@@ -128,6 +98,7 @@ def concatenate(xs, axis: int = 0):
 def flip(x, axis=None):
     """numpy.flip: reverse the order of elements along `axis` (an int, a tuple, or None for all axes).
 
+    >>> import numpy as np
     >>> flip(np.arange(6).reshape(2, 3), axis=-1).tolist()
     [[2, 1, 0], [5, 4, 3]]
     """
