@@ -6,7 +6,6 @@ Each rule keeps the type of what it rewrites; new intermediate terms get their t
 
 from __future__ import annotations
 
-import math
 
 import ml_dtypes
 import numpy as np
@@ -251,23 +250,6 @@ RULES = (
          lhs=t.softmax(x, axis=ax, of=T),
          rhs=_explicit_softmax(x, ax),
          example=lambda rng: (lambda x: op.softmax(x, axis=0), {"x": rand(rng, 0, 0)})),
-    Rule("where-neg-inf-is-additive-mask", "where(m, x, −∞) = x + where(m, 0, −∞)",
-         lhs=t.where(m, x, const(value=NEG_INF), of=T),
-         rhs=t.add(x, t.where(m, const(value=0.0, dtype=d), const(value=NEG_INF, dtype=d),
-                              of=(Expr("sm"), d)), of=T),
-         when=("(= (dt x) d)", "(= cd d)", "(= sm (shp m))"),
-         example=lambda rng: (lambda x, m: op.where(m > 0, x, -math.inf),
-                              {"x": rand(rng, 3, 4), "m": rand(rng, 1, 4)})),
-    Rule("where-lowest-is-additive-mask", "where(m, x, finfo.min) = x + where(m, 0, finfo.min)",
-         lhs=t.where(m, x, const(), of=T),
-         rhs=t.add(x, t.where(m, const(value=0.0, dtype=d), const(), of=(Expr("sm"), d)), of=T),
-         # only where x + finfo.min rounds to finfo.min for any reasonable score (|x| < 1e31, added in
-         # float32 or wider): float16's and fp8's lowest are small enough that the scores survive the
-         # sum, and a fully masked row would no longer be uniform
-         when=("(= (dt x) d)", "(= cd d)", "(= c (lowest d))", "(= sm (shp m))", *(
-             f'(!= d "{narrow}")' for narrow in ("float16", "float8_e4m3", "float8_e5m2"))),
-         example=lambda rng: (lambda x, m: op.where(m > 0, x, float(np.finfo(np.float32).min)),
-                              {"x": rand(rng, 3, 4), "m": rand(rng, 3, 1)})),
     Rule("softmax-in-wider-type", "cast(softmax(cast(x, f32)), d) = softmax(x) when x is d",
          lhs=t.cast(t.softmax(t.cast(x, dtype="float32"), axis=ax), dtype=dx, of=T),
          rhs=t.softmax(x, axis=ax, of=T),
@@ -276,4 +258,4 @@ RULES = (
                               {"x": rand(rng, 3, 8, dtype=ml_dtypes.bfloat16)})),
 )
 
-ALGEBRA = Ruleset("algebra", RULES, doc="scalars, divisions, transposes, flips, softmax forms, masks, casts")
+ALGEBRA = Ruleset("algebra", RULES, doc="scalars, divisions, transposes, flips, softmax forms, casts")

@@ -14,8 +14,9 @@ blocks (views, no copy). All three rules build the same two nodes, so one backwa
 them. The dV rule sees neither V nor dS in its own pattern, so it joins on the dS term. The packed
 length is a product of dims, which egglog spells per rank: the rules come in ranks 2..4 (batch
 and heads), with K, V and dO of Q's batch; broadcast or GQA K/V reach them repeated, as the VJP
-writes them. A bool or causal mask arrives as an additive where(m, 0, −∞) mask, which the
-`attention` ruleset's mask rules turn back into a bool mask or the causal flag.
+writes them. A mask is additive (s + M) or a bool mask the VJP applies as where(m, s, −∞) (a
+causal mask too, as tril(1)); the fused nodes take the bool mask itself, and the `attention`
+ruleset's mask rules turn a tril mask into the causal flag.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ E = Expr
 T = (s, d)
 RANKS = (2, 3, 4)
 SCALE = 0.3
+MASKS = ("none", "additive", "where")
 
 
 def _facts(rank: int) -> tuple[str, ...]:
@@ -48,39 +50,41 @@ def _facts(rank: int) -> tuple[str, ...]:
             f"(= nq {numel('q_s', rank)})", f"(= nk {numel('kt_s', rank)})", f"(= nv {numel('v_s', rank)})")
 
 
-def _scores(masked: bool) -> Expr:
+def _scores(masked: str) -> Expr:
     scaled = t.mul(t.matmul(q, kt), const())
-    return t.add(scaled, mask) if masked else scaled
+    if masked == "where":
+        return t.where(mask, scaled, const(value=float("-inf"), dtype=Expr("cf")))
+    return t.add(scaled, mask) if masked == "additive" else scaled
 
 
-def _p(masked: bool) -> Expr:
+def _p(masked: str) -> Expr:
     return t.softmax(_scores(masked), axis=ax)
 
 
-def _ds(masked: bool) -> Expr:
+def _ds(masked: str) -> Expr:
     p = _p(masked)
     dp = t.matmul(g, t.transpose(v, axes=pk))
     return t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True)))
 
 
-def _packed(masked: bool) -> Expr:
+def _packed(masked: str) -> Expr:
     """flash_attention_bwd(Q, K, V, dO, attention_row_stats(Q, K, O, dO)) of dtype d, flat."""
     k = t.transpose(kt, axes=pk, of=(E(swapped_last("kt_s")), d))
-    extra = (mask,) if masked else ()
-    flags = dict(scale=c, causal=False, has_mask=masked)
+    extra = () if masked == "none" else (mask,)
+    flags = dict(scale=c, causal=False, has_mask=bool(extra))
     out = t.flash_attention(q, k, v, *extra, **flags, of=(E("g_s"), d))
     stats = t.attention_row_stats(q, k, out, g, *extra, **flags, of=(E(f"(vec-set g_s ax {STATS})"), E("sd")))
     return t.flash_attention_bwd(q, k, v, g, stats, *extra, **flags, of=(E("(vec-of (+ nq (+ nk nv)))"), d))
 
 
-def _block(masked: bool, start: str, stop: str) -> Expr:
+def _block(masked: str, start: str, stop: str) -> Expr:
     """Elements [start, stop) of the packed gradients, in the shape of the rule's left side."""
     flat = t.slice(_packed(masked), starts=E(f"(vec-of {start})"), stops=E(f"(vec-of {stop})"),
                    steps=E("(vec-of 1)"), of=(E(f"(vec-of (- {stop} {start}))"), d))
     return t.reshape(flat, shape=s, of=T)
 
 
-def _inputs(rng: np.random.Generator, rank: int, masked: bool) -> dict[str, np.ndarray]:
+def _inputs(rng: np.random.Generator, rank: int, masked: str) -> dict[str, np.ndarray]:
     batch = tuple(int(n) for n in rng.integers(1, 4, size=rank - 2))
     # two keys at least: with one, P ≡ 1 and dQ, dK are exactly zero on one side of the rule and
     # rounding noise on the other (D = dO·O equals dP only up to rounding)
@@ -91,17 +95,19 @@ def _inputs(rng: np.random.Generator, rank: int, masked: bool) -> dict[str, np.n
     f64 = dict(dtype=np.float64)
     arrays = {"q": rand(rng, *batch, sq, dh, **f64), "k": rand(rng, *batch, sk, dh, **f64),
               "v": rand(rng, *batch, sk, dv, **f64), "g": rand(rng, *batch, sq, dv, **f64)}
-    return arrays | ({"mask": rand(rng, sq, sk, **f64)} if masked else {})
+    if masked == "where":       # every row keeps its first two keys (fully masked is NaN, one kept is P ≡ 1)
+        return arrays | {"mask": (rng.random((sq, sk)) > 0.4) | (np.arange(sk) < 2)}
+    return arrays | ({"mask": rand(rng, sq, sk, **f64)} if masked == "additive" else {})
 
 
-def _example(rank: int, masked: bool):
+def _example(rank: int, masked: str):
     def grads(q, k, v, g, mask=None):
         return explicit_attention_grads(q, k, v, g, SCALE, mask)[:3]
     return lambda rng: (grads, _inputs(rng, rank, masked))
 
 
 def _rules():
-    for masked in (False, True):
+    for masked in MASKS:
         scaled_ds = t.mul(_ds(masked), const())
         lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
                "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
@@ -112,7 +118,9 @@ def _rules():
             for grad in ("dq", "dk", "dv"):
                 # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
                 join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
-                yield Rule(f"attention-{grad}-fused{'-masked' if masked else ''}-{rank}d",
+                join += ('(= (dt mask) "bool")',) if masked == "where" else ()
+                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked]
+                yield Rule(f"attention-{grad}-fused{suffix}-{rank}d",
                            f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
                            lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
                            example=_example(rank, masked))
