@@ -53,9 +53,36 @@ class DType(enum.Enum):
             raise DTypeError(f"dtype {np_dtype} has no tessera_rw equivalent; known: {', '.join(d.value for d in DType)}")
         return found
 
+    def __eq__(self, other: object) -> bool:
+        """A dtype equals itself and, as numpy's dtypes do, its names, aliases and numpy / ml_dtypes
+        dtypes, so `x.dtype == np.float16` or `x.dtype == "bf16"` reads right in a traced function.
+
+        >>> DType.float16 == np.float16, DType.bfloat16 == "bf16", DType.float32 == "float64"
+        (True, True, False)
+        """
+        if isinstance(other, DType):
+            return self is other
+        if isinstance(other, (str, np.dtype, type)):
+            try:
+                return self is DType.parse(other)
+            except DTypeError:
+                return False
+        return NotImplemented
+
+    __hash__ = enum.Enum.__hash__
+
     @property
     def numpy(self) -> np.dtype:
         return _NUMPY[self]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy / ml_dtypes dtype, so numpy takes a DType where it takes a dtype.
+
+        >>> float(np.finfo(DType.float16).min)
+        -65504.0
+        """
+        return self.numpy
 
     @property
     def itemsize(self) -> int:

@@ -64,3 +64,18 @@ def test_int64_constants_beyond_two_to_the_53_come_out_exact():
     assert np.array_equal(op.kernel(lambda x: op.pad(x, 1, constant_values=big))(x), np.pad(x, 1, constant_values=big))
     with pytest.raises(AttributeValueError, match="beyond 2\\*\\*53"):
         op.kernel(lambda x: x + op.arange(big, big + 3))(x)
+
+
+def test_a_dtype_compares_and_converts_as_numpy_dtypes_do():
+    from tessera_rw import op
+    assert DType.float16 == np.float16 and DType.float16 == np.dtype("float16") and DType.bfloat16 == "bf16"
+    assert DType.bfloat16 == ml_dtypes.bfloat16 and not DType.float32 == "float64" and DType.float64 != None  # noqa: E711
+    assert DType.float32 != "no such dtype" and len({DType.float32, DType.float32}) == 1
+    assert np.dtype(DType.bfloat16) == ml_dtypes.bfloat16 and float(np.finfo(DType.float32).min) < -3e38
+
+    @op.kernel
+    def doubled_in_half(x):                 # a traced function branching on its input's dtype
+        fill = float(np.finfo(x.dtype).min)
+        return op.where(x > 0, x * 2 if x.dtype == np.float16 else x, fill)
+    half, single = np.ones(2, np.float16), np.ones(2, np.float32)
+    assert doubled_in_half(half).tolist() == [2, 2] and doubled_in_half(single).tolist() == [1, 1]
