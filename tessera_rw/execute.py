@@ -2,7 +2,8 @@
 
 Where it runs: `TESSERA_DEVICE=cpu` or `=gpu` decides outright; otherwise CUDA arrays (torch,
 CuPy) run on the GPU, and numpy arrays run on the GPU when one is present and every kernel of
-the plan has a GPU template for its dtypes (float64 has none), else on the host.
+the plan has a GPU template for its dtypes (float64 has none), else on the host (with a
+HostFallbackWarning when a GPU is present).
 `TESSERA_DEVICE=emulator` runs the plan's generated CUDA kernels on the host, in the CPU emulator
 (codegen/emulator.py): the GPU's kernels, checked without a GPU, slowly.
 
@@ -18,12 +19,13 @@ the plan has a GPU template for its dtypes (float64 has none), else on the host.
 from __future__ import annotations
 
 import os
+import warnings
 from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
 
-from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.errors import ArgumentError, HostFallbackWarning
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
 from tessera_rw.codegen.device import gpu_available
@@ -40,13 +42,15 @@ DEVICES = ("cpu", "gpu", "emulator")
 @lru_cache(maxsize=256)
 def _runs_on_gpu(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
     """Whether every kernel has a GPU template; a plan over zero-size tensors launches nothing worth
-    a device, so the host computes it at once."""
+    a device, so the host computes it at once. A plan that has steps without a template warns once
+    (HostFallbackWarning) that it runs on the host, naming them."""
     if any(b.nbytes == 0 for b in plan.buffers):
         return False
     try:
         bind_plan(plan, arch, numerics)
         return True
-    except NoTemplateError:
+    except NoTemplateError as e:
+        warnings.warn(HostFallbackWarning(f"{plan.name} runs on the host, not the GPU: {e}"), stacklevel=4)
         return False
 
 

@@ -18,6 +18,7 @@ import enum
 import functools
 import inspect
 import numbers
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
 from tessera_rw.algebra.builder import user_site
-from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
@@ -89,6 +90,9 @@ def static_key(value: Any) -> Any:
     return value
 
 
+RETRACE_WARNING = 8        # distinct values of one float argument before a call says each retraces
+
+
 class Kernel:
     """A traced tensor function. Call it on arrays to run it, on op.tensor placeholders to get
     the result's shape and dtype; `graphs` holds one Graph per signature seen so far."""
@@ -100,12 +104,14 @@ class Kernel:
         variadic = [p.name for p in self._params.values()
                     if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
         if variadic:
-            raise ArgumentError(f"@op.kernel function {fn.__name__} takes *{variadic[0]}; kernels need "
+            stars = "*" if self._params[variadic[0]].kind is inspect.Parameter.VAR_POSITIONAL else "**"
+            raise ArgumentError(f"@op.kernel function {fn.__name__} takes {stars}{variadic[0]}; kernels need "
                                 "named parameters so each input can be named in graphs and reports")
         self._positional = tuple(self._params)
         self._positional_only_call = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                                          for p in self._params.values())
         self._traces: dict[Signature, Traced] = {}
+        self._float_values: dict[str, set] = {}              # the values each float argument was traced with
         self._programs: dict[tuple, CompiledProgram] = {}
         self._array_calls: dict[tuple, tuple[CompiledProgram, Any]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
@@ -162,7 +168,22 @@ class Kernel:
         found = self._traces.get(call.signature)
         if found is None:
             found = self._traces[call.signature] = trace(self.fn, call.tensors, call.statics, name=self.name)
+            self._note_float_values(call.statics)
         return found
+
+    def _note_float_values(self, statics: dict[str, Any]) -> None:
+        """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING values."""
+        for name, value in statics.items():
+            if isinstance(value, float):
+                seen = self._float_values.setdefault(name, set())
+                seen.add(static_key(value))
+                if len(seen) == RETRACE_WARNING:
+                    site = user_site()
+                    warnings.warn(RetraceWarning(
+                        f"kernel {self.name}: argument {name!r} has taken {len(seen)} float values, and each is a "
+                        f"constant of its own trace, traced and compiled anew{f' (at {site})' if site else ''}; "
+                        f"pass it as a 0-d array, np.asarray({name}, np.float32), to make it an input of one "
+                        "program"), stacklevel=2)
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""

@@ -59,3 +59,13 @@ class ResultError(TesseraError):
 
 class VerifyError(TesseraError):
     """A graph whose nodes disagree with their ops' rules (a bug in a pass, not in user code)."""
+
+
+class HostFallbackWarning(UserWarning):
+    """A call on a machine with a GPU that runs on the host, because some step of its plan has no
+    GPU kernel; the message lists the steps."""
+
+
+class RetraceWarning(UserWarning):
+    """A kernel argument baked into its trace (a Python float) that keeps changing, so that each
+    call traces and compiles anew; the message says how to make it an input."""

@@ -98,21 +98,21 @@ class TensorMethods:
     def __bool__(self) -> bool:
         raise ArgumentError(f"the truth value of a {type(self).__name__} {TensorType(self.shape, self.dtype)} "
                             "is not known while tracing",
-                            hint="use op.where(cond, a, b) instead of Python if/and/or on tensors")
+                            hint="use op.where(cond, a, b) instead of Python if/and/or on tensors", site=_site())
 
     def __iter__(self):
         raise ArgumentError("iterating over a traced tensor is not supported",
-                            hint="index it (x[i]) or use op.reshape / slicing")
+                            hint="index it (x[i]) or use op.reshape / slicing", site=_site())
 
     def _no_value(self, what: str):
         raise ArgumentError(f"{what} of a {type(self).__name__} {TensorType(self.shape, self.dtype)}: it has no "
                             "value while tracing",
                             hint="keep it a tensor (op functions take tensors, and a Python number broadcasts); "
-                                 "return it from the kernel to read its value")
+                                 "return it from the kernel to read its value", site=_site())
 
     def _no_op(self, what: str, hint: str):
         raise ArgumentError(f"{what} of a {type(self).__name__} {TensorType(self.shape, self.dtype)} is not an op "
-                            "of tessera_rw", hint=hint)
+                            "of tessera_rw", hint=hint, site=_site())
 
     _NO_FLOOR = ("there is no floor op: for non-negative a / b, op.cast(a / b, 'int32') truncates to a // b "
                  "(and a - that * b is a % b); otherwise compute it outside the kernel")
@@ -130,7 +130,14 @@ class TensorMethods:
     def __setitem__(self, index, value):
         raise ArgumentError(f"cannot assign into a {type(self).__name__} {TensorType(self.shape, self.dtype)}: "
                             "traced tensors are values, not buffers",
-                            hint="build the new tensor instead: op.where(mask, value, x), op.pad or op.concatenate")
+                            hint="build the new tensor instead: op.where(mask, value, x), op.pad or op.concatenate",
+                            site=_site())
+
+
+def _site() -> str | None:
+    """The user's line (builder imports this module, so it is fetched when an error is raised)."""
+    from tessera_rw.algebra.builder import user_site
+    return user_site()
 
 
 class SymbolicTensor(TensorMethods):
@@ -168,6 +175,12 @@ class TensorSpec(TensorMethods):
         raise ArgumentError(f"a placeholder op.tensor({self.shape}, {self.dtype.name!r}) has no data",
                             hint="pass numpy (or CuPy / torch) arrays to compute values; placeholders trace, "
                                  "explain and compile without data")
+
+    def eval(self):
+        """A placeholder has no values to compute with: says so (eager ops on arrays give values)."""
+        raise ArgumentError(f"eval() of a placeholder op.tensor({self.shape}, {self.dtype.name!r}): it has no data, "
+                            "only a shape and dtype", hint="call the ops on arrays, which runs them at once: "
+                            "x = np.random.rand(1024, 1024).astype(np.float32); y = op.softmax(op.matmul(x, x), axis=-1)")
 
     def __init__(self, shape, dtype: Any = "float32"):
         try:

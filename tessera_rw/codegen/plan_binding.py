@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen import library_kernels
 from tessera_rw.codegen.arch import ArchSpec
@@ -77,12 +78,13 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
     (the others take the cost model's order: the template's first schedule). With `runnable`
     False a library step binds to its call as described, whether or not the library loads here:
     enough to list and emit a plan's kernels, not to launch them."""
-    bound, missing, libraries = [], [], set()
+    bound, missing, libraries, doubles = [], [], set(), False
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
         found = templates_for(op)
         if not found:
             missing.append(f"  step {i}: {op}")
+            doubles |= any(t.dtype is DType.float64 for t in (*op.operands, op.result))
             continue
         template, call = found[0], None
         if template.library is not None:
@@ -101,9 +103,10 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
             continue
         bound.append(BoundStep(step, op, template, chosen, space, call))
     if missing:
-        hint = ("float64, operands of two dtypes in one product (bf16 @ f32) and a few rare ops run on the host "
-                "only: pass numpy arrays (TESSERA_DEVICE=cpu), or cast the operands to one of float32, bfloat16, "
-                "float16")
+        hint = ("these steps run on the host only: pass numpy arrays (or TESSERA_DEVICE=cpu) to run the plan "
+                "there" + ("; or cast the float64 operands to float32 or bfloat16" if doubles else
+                           "; --explain lists the forms with a GPU kernel (flash attention takes bf16 / fp16, "
+                           "a product one dtype, softmax its last axis)"))
         if libraries:
             hint += "; " + library_kernels.INSTALL_HINT
         raise NoTemplateError(f"plan {plan.name}: {len(missing)} kernel(s) have no GPU template:\n" + "\n".join(missing),

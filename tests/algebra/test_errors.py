@@ -107,7 +107,14 @@ def test_python_control_flow_on_tensors_is_explained():
 
     with pytest.raises(ArgumentError) as info:
         f(X)
-    assert "op.where" in str(info.value)
+    assert "op.where" in str(info.value) and "test_errors.py" in str(info.value)    # the user's line
+
+    @op.kernel
+    def g(x):
+        return op.exp(x) * float(x)
+
+    with pytest.raises(ArgumentError, match=r"(?s)float\(\) of a SymbolicTensor.*at .*test_errors.py:\d+ in g"):
+        g(X)
 
 
 def test_wrong_number_of_arguments():

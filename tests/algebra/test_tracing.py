@@ -156,3 +156,36 @@ def test_graph_prints_like_source():
     assert text.splitlines()[0] == "def attention(q: f32[2,8,16], k: f32[2,8,16], v: f32[2,8,16]):"
     assert "q @ t0" in text and "t1 * 0.125" in text and "softmax(t2, axis=2)" in text
     assert text.splitlines()[-1] == "    return t4"
+
+
+def test_a_float_argument_that_keeps_changing_says_how_to_make_it_an_input():
+    from tessera_rw import RetraceWarning
+    from tessera_rw.kernel import RETRACE_WARNING
+
+    @op.kernel
+    def step(x, lr):
+        return x * lr
+    x = np.ones(3, np.float32)
+    with pytest.warns(RetraceWarning, match=r"argument 'lr' has taken \d+ float values.*np\.asarray\(lr"):
+        for i in range(RETRACE_WARNING):
+            step(x, 0.5 + i)
+    before = len(step.graphs)
+    for lr in (0.25, 0.75):                             # a 0-d array is an input: one trace for every value
+        np.testing.assert_allclose(step(x, np.asarray(lr, np.float32)), x * lr)
+    assert len(step.graphs) == before + 1
+
+
+def test_a_variadic_kernel_is_refused_naming_its_stars():
+    from tessera_rw import ArgumentError
+    with pytest.raises(ArgumentError, match=r"takes \*\*options"):
+        op.kernel(lambda x, **options: x)
+    with pytest.raises(ArgumentError, match=r"takes \*rest"):
+        op.kernel(lambda x, *rest: x)
+
+
+def test_eval_of_a_placeholder_says_it_has_no_data_and_what_to_do():
+    from tessera_rw import ArgumentError
+    y = op.softmax(op.matmul(op.tensor((8, 8)), op.tensor((8, 8))), axis=-1)
+    with pytest.raises(ArgumentError, match="eval.. of a placeholder op.tensor..8, 8., 'float32'.: it has no data") as e:
+        y.eval()
+    assert "call the ops on arrays" in e.value.hint

@@ -76,6 +76,7 @@ def test_a_float64_plan_names_every_kernel_without_a_gpu_template():
     with pytest.raises(NoTemplateError, match=r"kernel\(s\) have no GPU template") as e:
         bind_plan(plan, H100)
     assert "f64[64,128]" in str(e.value) and "TESSERA_DEVICE=cpu" in str(e.value)
+    assert "cast the float64 operands" in e.value.hint
 
 
 def test_an_fp8_plan_binds_from_sm_89_and_says_what_to_do_before():
@@ -144,6 +145,17 @@ def test_where_a_call_runs(monkeypatch):
     monkeypatch.setenv("TESSERA_DEVICE", "tpu")
     with pytest.raises(ArgumentError, match="TESSERA_DEVICE='tpu' is not a device"):
         where_to_run(program, {"x": x})
+
+
+def test_a_plan_without_gpu_kernels_on_a_gpu_host_runs_on_the_host_and_says_so(monkeypatch):
+    from tessera_rw import HostFallbackWarning, execute
+    monkeypatch.delenv("TESSERA_DEVICE", raising=False)
+    monkeypatch.setattr(execute, "gpu_available", lambda: True)
+    execute._runs_on_gpu.cache_clear()          # it warns once per plan
+    x = np.ones((4, 8), np.float64)
+    program = mlp.program(x, np.ones((8, 8)), np.ones(8))
+    with pytest.warns(HostFallbackWarning, match=r"(?s)runs on the host, not the GPU.*f64\[4,8\]"):
+        assert where_to_run(program, {"x": x}) == "cpu"
 
 
 def test_forcing_the_gpu_without_one_says_so(monkeypatch):
