@@ -49,24 +49,56 @@ def _conv_infer(spatial: int):
     return infer
 
 
+# The patches of all kernel offsets at once (n · c · out · kernel elements) up to this many; past it,
+# one contraction per kernel offset keeps memory at the output's size (a long filter's patches
+# would be its length times the sequence).
+PATCH_ELEMENTS = 1 << 25
+
+
 def conv_reference(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups) -> np.ndarray:
-    """Direct convolution: one channel contraction per kernel offset."""
+    """Direct convolution: every output's patch against the kernel in one contraction (a strided
+    view of the padded input, so the copy is einsum's), or one contraction per kernel offset where
+    the patches would be large."""
     spatial = x.ndim - 2
     n, c = x.shape[:2]
-    o = w.shape[0]
+    o, kernel = w.shape[0], w.shape[2:]
     xp = np.pad(x, ((0, 0), (0, 0)) + tuple(padding))
-    out_sizes = [conv_output_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
-                 for i in range(spatial)]
+    out_sizes = tuple(conv_output_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
+                      for i in range(spatial))
     xg = xp.reshape((n, groups, c // groups) + xp.shape[2:])
     wg = w.reshape((groups, o // groups) + w.shape[1:])
-    out = np.zeros((n, groups, o // groups) + tuple(out_sizes), dtype=np.result_type(x, w))
-    for offset in itertools.product(*(range(k) for k in w.shape[2:])):
+    if 0 < n * c * math.prod(out_sizes) * math.prod(kernel) <= PATCH_ELEMENTS:
+        out = _contract_patches(xg, wg, out_sizes, stride, dilation)
+    else:
+        out = _contract_per_offset(xg, wg, out_sizes, stride, dilation)
+    return out.reshape((n, o) + out_sizes)
+
+
+def _contract_patches(xg: np.ndarray, wg: np.ndarray, out_sizes: tuple[int, ...], stride, dilation) -> np.ndarray:
+    """(n, g, o/g, *out): each group's patches as rows (n · out, c/g · kernel) times its kernels."""
+    spatial, (n, groups, cg), (o_g, kernel) = len(out_sizes), xg.shape[:3], (wg.shape[1], wg.shape[3:])
+    reach = tuple(dilation[i] * (kernel[i] - 1) + 1 for i in range(spatial))
+    view = np.lib.stride_tricks.sliding_window_view(xg, reach, axis=tuple(range(3, 3 + spatial)))
+    positions = tuple(slice(None, (out_sizes[i] - 1) * stride[i] + 1, stride[i]) for i in range(spatial))
+    taps = tuple(slice(None, None, dilation[i]) for i in range(spatial))
+    patches = view[(slice(None),) * 3 + positions + taps]                  # (n, g, c/g, *out, *kernel)
+    order = (1, 0, *range(3, 3 + spatial), 2, *range(3 + spatial, 3 + 2 * spatial))
+    rows = np.ascontiguousarray(patches.transpose(order)).reshape(groups, n * math.prod(out_sizes), -1)
+    out = np.matmul(rows, wg.reshape(groups, o_g, -1).swapaxes(-1, -2))     # (g, n · out, o/g)
+    out = out.reshape((groups, n) + out_sizes + (o_g,))
+    return out.transpose((1, 0, 2 + spatial) + tuple(range(2, 2 + spatial)))
+
+
+def _contract_per_offset(xg: np.ndarray, wg: np.ndarray, out_sizes: tuple[int, ...], stride, dilation) -> np.ndarray:
+    spatial, (n, groups), o_g = len(out_sizes), xg.shape[:2], wg.shape[1]
+    out = np.zeros((n, groups, o_g) + out_sizes, dtype=np.result_type(xg, wg))
+    for offset in itertools.product(*(range(k) for k in wg.shape[3:])):
         window = tuple(slice(offset[i] * dilation[i], offset[i] * dilation[i] + (out_sizes[i] - 1) * stride[i] + 1,
                              stride[i]) for i in range(spatial))
         patch = xg[(slice(None), slice(None), slice(None)) + window]          # (n, g, c/g, *out)
         taps = wg[(slice(None), slice(None), slice(None)) + offset]          # (g, o/g, c/g)
         out += np.einsum("ngc...,goc->ngo...", patch, taps)
-    return out.reshape((n, o) + tuple(out_sizes))
+    return out
 
 
 def _conv_flops(out: TensorType, x: TensorType, w: TensorType, **attrs) -> int:
