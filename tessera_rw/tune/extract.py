@@ -35,6 +35,10 @@ from tessera_rw.tune.cost import KernelCost, kernel_cost
 # A view or input costs nothing, but a term with fewer of them reads better: this tie-breaker (µs)
 # is far below any kernel's cost.
 VIEW_COST = 1e-6
+# What extraction adds for a kernel no GPU template implements (its streaming estimate is what the
+# reports show): a form the templates take (a transposed softmax, a vector as a one-row matrix)
+# wins over it whatever its copies cost, and among host-only plans the one with fewest such kernels.
+HOST_ONLY_US = 1e6
 DAG_SWEEPS = 3
 
 
@@ -124,7 +128,7 @@ class _Costs:
             elif self.objective is Objective.FLOPS:
                 cost = kc.flops + VIEW_COST if math.isfinite(kc.est_us) else math.inf
             else:
-                cost = kc.est_us
+                cost = kc.est_us + (0.0 if kc.has_template else HOST_ONLY_US)
             self._memo[enode.id] = cost
         return cost
 
