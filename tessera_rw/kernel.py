@@ -213,11 +213,14 @@ class Kernel:
         self.traced(call)
         return self.program_of(call.signature)
 
+    def _program_key(self, signature: Signature) -> tuple:
+        # the policy steers extraction (tf32 costs less); tuning settings steer the choice
+        autotune = _autotune()
+        return signature, current_numerics(), autotune.enabled and autotune.cache
+
     def program_of(self, signature: Signature) -> CompiledProgram:
         """The program of a signature already traced (made on first use, tuned when tuning is on)."""
-        autotune = _autotune()
-        # the policy steers extraction (tf32 costs less); tuning settings steer the choice
-        key = (signature, current_numerics(), autotune.enabled and autotune.cache)
+        key = self._program_key(signature)
         found = self._programs.get(key)
         if found is None:
             from tessera_rw.pipeline import compile_program
@@ -232,10 +235,23 @@ class Kernel:
     def explain(self, *args: Any, **kwargs: Any) -> ExplainReport:
         """`k.explain(q, k, v)`: the fusion trace of what a call with these arguments would run, as an
         ExplainReport (`print` it for text, `.to_json()` for the schema). Arrays or op.tensor
-        placeholders; nothing is executed (unless tuning on the GPU is enabled for this kernel)."""
+        placeholders; nothing is executed: where a call would tune on the GPU and has not yet, the
+        report shows the cost model's choice (and the tuned program once a call has made it)."""
         from tessera_rw.explain_report import explain_report
         call = self.bind(*args, **kwargs)
-        return explain_report(self.compiled(call), call.tensors)
+        self.traced(call)
+        return explain_report(self._explained_program(call.signature), call.tensors)
+
+    def _explained_program(self, signature: Signature) -> CompiledProgram:
+        """The program a call compiled, else one compiled without measuring (not kept for calls)."""
+        from tessera_rw.tune.kernel_tuner import Method
+        settings = self.tune_settings()
+        if settings is None or self._program_key(signature) in self._programs or \
+                Method.resolve(settings.method, self.name) is not Method.ON_DEVICE:
+            return self.program_of(signature)
+        from tessera_rw.pipeline import compile_program
+        traced = self._traces[signature]
+        return compile_program(traced.graph, None, replace(settings, method="cost_model", cache=None), traced.pins)
 
     def _array_key(self, args: tuple) -> tuple | None:
         """For a call with every parameter a numpy array, given positionally: what decides its

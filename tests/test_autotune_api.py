@@ -88,6 +88,24 @@ def test_autotune_enable_makes_every_kernel_tune():
     assert f.program(x).tuning is None
 
 
+def test_explain_measures_nothing_where_a_call_would_tune_on_the_gpu(monkeypatch):
+    from tessera_rw.tune import kernel_tuner
+
+    def no_device(*args, **kwargs):
+        raise AssertionError("explain measured on the device")
+    monkeypatch.setattr(kernel_tuner, "gpu_available", lambda: True)        # 'auto' resolves to on_device
+    monkeypatch.setattr(kernel_tuner, "tune_kernel", no_device)
+
+    @op.autotune(method="auto", cache="explained")
+    @op.kernel
+    def f(x, w):
+        return op.gelu(x @ w)
+    spec = op.tensor((256, 256), "bf16")
+    report = f.explain(spec, spec)
+    assert report.chosen_by == "cost_model" and not TuneCache("explained").records()
+    assert not f._programs                      # a call still compiles, and tunes, its own program
+
+
 def test_schedule_search_space_and_autotune_on_a_kernel():
     @op.kernel
     def mm(a, b):
