@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tessera_rw.cli import main
@@ -99,6 +100,27 @@ def test_explain_runs_the_plan_and_checks_it_against_the_reference(capsys, monke
     assert "CPU (numpy executor)" in line
     error = float(line.rsplit("reference ", 1)[1].split()[0])
     assert 0 < error < 2e-2          # bf16 rounding of the fused plan vs the unfused reference
+
+
+def test_a_plan_that_disagrees_with_its_reference_fails_the_run(capsys, monkeypatch):
+    from tessera_rw.cli import explain as explain_cli
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    real = explain_cli.run_program
+    monkeypatch.setattr(explain_cli, "run_program", lambda program, arrays: tuple(
+        np.asarray(o) * 1.1 for o in real(program, arrays)))          # a plan 10% off
+    shape = "1x2x64x64:bf16"
+    assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention"), "--run",
+                 "--input", f"q={shape}", "--input", f"k={shape}", "--input", f"v={shape}"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: over the bound" in out and "causal_attention disagree with their unfused references" in out
+
+
+def test_plan_error_reads_nan_and_inf_as_numpy_compares_them():
+    from tessera_rw.cli.explain import plan_error
+    assert plan_error(np.array([1.0, np.nan]), np.array([1.0, np.nan])) == 0.0
+    assert plan_error(np.array([np.inf, 2.0]), np.array([np.inf, 2.0])) == 0.0
+    assert plan_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == np.inf
+    assert plan_error(np.array([1.0, 2.2]), np.array([1.0, 2.0])) == pytest.approx(0.1)
 
 
 def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path, monkeypatch, capsys):

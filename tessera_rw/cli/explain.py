@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import math
 import sys
 import time
 import traceback
@@ -25,10 +26,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
+from tessera_rw.codegen.kernel_check import tolerance
+from tessera_rw.codegen.numerics import Numerics, current_numerics
 from tessera_rw.codegen.plan_binding import NoTemplateError
 from tessera_rw.execute import run_program, where_to_run
 from tessera_rw.explain_report import ExplainReport, explain_report
@@ -181,9 +185,36 @@ def random_inputs(inputs: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray
     return arrays
 
 
-def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console) -> None:
+# The plan against the unfused reference, relative to the output's largest value: a few roundings
+# of the output dtype past one kernel's bound (the plan reorders sums, fuses, keeps other
+# intermediates in fp32).
+PLAN_AGREEMENT = 4
+REDUCTION_BOUND = 4096      # the sums' length the bound allows for (a product's K, a softmax row)
+
+
+def plan_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got − want| over the output's scale; NaN where both are NaN counts as agreement, NaN on
+    one side only as infinite error."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    both = np.isnan(got) & np.isnan(want)
+    if (np.isnan(got) ^ np.isnan(want)).any():
+        return math.inf
+    with np.errstate(invalid="ignore"):
+        diff = np.where(both | (got == want), 0.0, np.abs(got - want))   # equal infinities agree
+    scale = max(float(np.abs(np.where(np.isfinite(want), want, 0.0)).max(initial=0.0)), 1e-30)
+    return float(np.nan_to_num(diff, nan=math.inf).max(initial=0.0)) / scale
+
+
+def _allowed(dtype: DType, fast: bool) -> float:
+    """The plan's bound for an output of `dtype` (integers and bools agree exactly)."""
+    if not (dtype.is_float or dtype.is_complex):
+        return 0.0
+    return PLAN_AGREEMENT * tolerance(dtype, REDUCTION_BOUND, fast=fast)
+
+
+def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console) -> bool:
     """Run the chosen plan (on the given arrays, random ones for placeholders) and check it against
-    the unfused reference when that fits in memory and time."""
+    the unfused reference when that fits in memory and time: False when it disagrees."""
     arrays = random_inputs(inputs)
     device = where_to_run(program, arrays)
     start = time.perf_counter()
@@ -195,14 +226,16 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
     if need > REFERENCE_LIMIT_BYTES or work > REFERENCE_LIMIT_FLOPS:
         console.print(f"[bold]{line}[/]; the reference check is skipped (the unfused graph needs "
                       f"{need / 2**30:.1f} GiB and {work / 1e9:,.0f} GFLOP)")
-        return
+        return True
     reference = evaluate(program.graph, arrays)
-    errors = []
-    for got, want in zip(outputs, reference):
-        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
-        errors.append(float(np.abs(got - want).max(initial=0.0)) / scale)
-    console.print(f"[bold]{line}[/]; max error vs the unfused reference {max(errors):.2e} of the output's scale")
+    fast = current_numerics() is Numerics.FAST
+    checks = [(plan_error(got, want), _allowed(node.dtype, fast))
+              for got, want, node in zip(outputs, reference, program.graph.outputs)]
+    worst, bound = max(checks, key=lambda c: c[0] / c[1] if c[1] else math.inf * c[0] if c[0] else 0.0)
+    ok = worst <= bound
+    verdict = "" if ok else f" [bold red]FAILED[/]: over the bound {bound:.1e} for its dtype"
+    console.print(f"[bold]{line}[/]; max error vs the unfused reference {worst:.2e} of the output's scale{verdict}")
+    return ok
 
 
 def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) -> ExplainReport:
@@ -273,7 +306,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.input and len(targets) > 1:
         raise UsageError("--input names one function's arguments: give a single FILE.py:FUNCTION with it")
     side = console if args.format == "text" else Console(stderr=True)   # stdout holds only the JSON
-    documents = []
+    documents, failed = [], []
     for kernel, module in targets:
         inputs = target_inputs(kernel, module, args.input)
         report = explain(kernel, inputs, arch, args.tune)
@@ -287,8 +320,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
             except NoTemplateError as e:     # the host runs it; the other functions still get their CUDA
                 side.print(f"no CUDA written for {kernel.name}: {one_line(e)}")
-        if args.run:
-            run_once(report.program, inputs, side)
+        if args.run and not run_once(report.program, inputs, side):
+            failed.append(kernel.name)
     if args.format == "json":
         console.file.write(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n")
+    if failed:
+        side.print(f"[bold red]the plans of {', '.join(failed)} disagree with their unfused references[/]")
+        return 1
     return 0
