@@ -87,25 +87,6 @@ class DeviceMeasurer:
         return launches
 
 
-_VERIFIED: set[tuple[KernelOp, Schedule]] = set()     # kernels that passed their check in this process
-
-
-def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, binary, stream) -> None:
-    """Run the compiled `schedule` of `op` once on random inputs and check it against the numpy
-    reference (AssertionError when wrong), unless it passed already in this process: how a kernel
-    that tuning did not measure (a pinned one, one read from the cache) is checked before a plan
-    holding it is timed."""
-    if (op, schedule) in _VERIFIED:
-        return
-    rng = np.random.default_rng(zlib.crc32(str(op).encode()))
-    inputs = random_inputs(op, rng)
-    reference = expected(op, inputs, rng).on(template.resources(op, schedule, current_arch()).unit)
-    args = [to_device(np.ascontiguousarray(a), stream, index=i) for i, a in enumerate(inputs.arrays)]
-    out = empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0]
-    bind(source, binary, [*args, out], stream)()
-    check(reference, to_host(out, stream), f"{op} at {schedule.describe()}")
-    _VERIFIED.add((op, schedule))
-
     def measure(self, schedules: Sequence[Schedule]) -> list[Measurement]:
         results: dict[int, Measurement] = {}
         with ThreadPoolExecutor(max_workers=COMPILE_WORKERS) as pool:
@@ -138,6 +119,26 @@ def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, 
         for i, times in samples.items():
             results[i] = Measurement.of(times)
         return [results[i] for i in range(len(schedules))]
+
+
+_VERIFIED: set[tuple[KernelOp, Schedule]] = set()     # kernels that passed their check in this process
+
+
+def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, binary, stream) -> None:
+    """Run the compiled `schedule` of `op` once on random inputs and check it against the numpy
+    reference (AssertionError when wrong), unless it passed already in this process: how a kernel
+    that tuning did not measure (a pinned one, one read from the cache) is checked before a plan
+    holding it is timed."""
+    if (op, schedule) in _VERIFIED:
+        return
+    rng = np.random.default_rng(zlib.crc32(str(op).encode()))
+    inputs = random_inputs(op, rng)
+    reference = expected(op, inputs, rng).on(template.resources(op, schedule, current_arch()).unit)
+    args = [to_device(np.ascontiguousarray(a), stream, index=i) for i, a in enumerate(inputs.arrays)]
+    out = empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0]
+    bind(source, binary, [*args, out], stream)()
+    check(reference, to_host(out, stream), f"{op} at {schedule.describe()}")
+    _VERIFIED.add((op, schedule))
 
 
 def _random_value(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np.ndarray:

@@ -157,3 +157,15 @@ def test_a_restricted_search_never_answers_for_the_whole_space(cache):
     # the whole space's best answers a restricted call when the restriction admits it
     admitting = SpaceRestriction.of(pipeline_stages=[knobs(free.schedule)["pipeline_stages"]])
     assert tune_kernel(op, arch, method="cost_model", cache=cache, restriction=admitting).chosen_by == "cache"
+
+
+def test_every_measurer_has_the_protocols_members():
+    """The device measurer runs only on a GPU: its shape is checked here, where CI runs."""
+    import inspect
+    from tessera_rw.tune.device_measure import DeviceMeasurer
+    from tessera_rw.tune.measure import CostModelMeasurer, Measurer
+    from tessera_rw.tune.timing_log import ReplayMeasurer
+    wanted = {n for n, _ in inspect.getmembers(Measurer, inspect.isfunction) if not n.startswith("_")}
+    for cls in (DeviceMeasurer, CostModelMeasurer, ReplayMeasurer):
+        assert all(callable(getattr(cls, name, None)) for name in wanted), cls
+        assert inspect.signature(cls.measure).parameters.keys() == inspect.signature(Measurer.measure).parameters.keys()
