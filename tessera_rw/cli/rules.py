@@ -1,8 +1,12 @@
-"""`tessera-rewrite rules [--check] [PACK ...]`: list rulesets; check their rules' soundness.
+"""`tessera-rewrite rules [--check | --ops] [PACK ...]`: list rulesets (with their rules when packs
+are named); check their rules' soundness; list the ops patterns can name.
 
 --check evaluates every rule of the named packs (tessera_rw's own when none is named: give a
 plugin's pack name or distribution) on random instances of its example, before and after
-rewriting, and prints each failing rule with its counterexample. Exit 1 when one fails.
+rewriting, and prints each failing rule with its counterexample: UNSOUND where the rewrite changes
+the result, UNCHECKED where the rule has no example, its example fails or the rule does not match
+it. Exit 1 when one fails. --ops lists every op a pattern can name (`t.<op>(...)`), with its
+operands, attributes and the egglog constructor a `when` fact spells it with.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
+from tessera_rw.rules.schema import camel
 from tessera_rw.rules.soundness import check_rule
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("packs", nargs="*", metavar="PACK", help="pack or distribution names (default: all)")
     p.add_argument("--check", action="store_true", help="run the soundness check on every rule")
+    p.add_argument("--ops", action="store_true", help="list the ops patterns can name, with their attributes")
     p.add_argument("--seeds", type=positive_int, default=5, help="random instances per rule (default 5)")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
@@ -48,8 +55,27 @@ def _select(packs: list[str]):
     return tuple(rs for rs in everything if rs.origin in origins or rs.name in packs)
 
 
+def _ops(console: Console, as_json: bool) -> int:
+    rows = [{"op": d.name, "operands": list(d.operands) + (["..."] if d.variadic else []),
+             "attributes": list(d.attr_names), "kind": d.kind.value,
+             "egglog": camel(d.name) + ("<n operands>" if d.variadic else ""),
+             "from": "tessera_rw" if d.name in BUILTIN_OPS else "plugin"} for d in sorted(OPS.values(), key=lambda d: d.name)]
+    if as_json:
+        console.file.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    table = Table(title="ops (t.<op>(*operands, **attributes, of=(shape, dtype)) in a pattern)")
+    for col in ("op", "operands", "attributes", "kind", "egglog", "from"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["op"], ", ".join(r["operands"]), ", ".join(r["attributes"]), r["kind"], r["egglog"], r["from"])
+    console.print(table)
+    return 0
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     selected = _select(args.packs)
+    if args.ops:
+        return _ops(console, args.format == "json")
     if not args.check:
         rows = [{"ruleset": rs.name, "origin": rs.origin, "rules": [r.name for r in rs.rules], "doc": rs.doc}
                 for rs in selected]
@@ -62,6 +88,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         for row in rows:
             table.add_row(row["ruleset"], row["origin"], str(len(row["rules"])), row["doc"])
         console.print(table)
+        if args.packs:                      # the rules of the packs asked for, each with its algebra
+            rules = Table(title="rules")
+            for col in ("ruleset", "rule", "algebra"):
+                rules.add_column(col)
+            for rs in selected:
+                for r in rs.rules:
+                    rules.add_row(rs.name, r.name, r.algebra)
+            console.print(rules)
         return 0
     failures, results = [], []
     for rs in selected:
@@ -75,13 +109,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if not outcome.ok:
                 failures.append(outcome)
     if args.format == "json":
-        console.file.write(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
+        console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict} for r in results], indent=2) + "\n")
     else:
         table = Table(title=f"rule soundness ({args.seeds} random instances each)")
         for col in ("ruleset", "rule", "result"):
             table.add_column(col)
         for r in results:
-            table.add_row(r.ruleset, r.rule, "ok" if r.ok else "[bold red]UNSOUND[/]")
+            table.add_row(r.ruleset, r.rule, {"ok": "ok", "unsound": "[bold red]UNSOUND[/]",
+                                              "unchecked": "[bold yellow]UNCHECKED[/]"}[r.verdict])
         console.print(table)
         for f in failures:
             console.print(f"[bold red]{f.ruleset}/{f.rule}[/]: ", end="")

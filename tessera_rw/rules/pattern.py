@@ -12,10 +12,11 @@ encoder does), variables, or raw egglog expressions (`Expr("(/ 1.0 c)")`).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
@@ -60,7 +61,7 @@ class TermBuilder:
         shape, dtype = of
         opdef = self._extra.get(op) or OPS.get(op)
         if opdef is None:
-            raise TesseraError(f"pattern uses unknown op {op!r}")
+            raise TesseraError(unknown_pattern_op(op, (*OPS, *self._extra)))
         unknown = set(attrs) - set(opdef.attr_names)
         if unknown:
             raise TesseraError(f"pattern gives {op} attributes {sorted(unknown)}; it has {opdef.attr_names}")
@@ -95,8 +96,30 @@ class TermBuilder:
         return terms[graph.outputs[0]]
 
     def __getattr__(self, op: str):
-        if op.startswith("_") or (op not in OPS and op not in self._extra):
+        if op.startswith("_"):
             raise AttributeError(op)
+        if op not in OPS and op not in self._extra:
+            raise AttributeError(unknown_pattern_op(op, (*OPS, *self._extra)))
         return lambda *operands, **kw: self.term(op, *operands, **kw)
+
+
+# numpy's names of the ops whose graph names are short (op.multiply applies "mul")
+NUMPY_NAMES = {"multiply": "mul", "subtract": "sub", "divide": "div", "negative": "neg", "power": "pow",
+               "equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt",
+               "greater_equal": "ge", "true_divide": "div"}
+
+
+def unknown_pattern_op(name: str, known: Iterable[str]) -> str:
+    """What a pattern naming an op that does not exist is told: the graph's name for a numpy name,
+    else the closest names.
+
+    >>> unknown_pattern_op("multiply", ["mul", "add"])
+    "pattern op 'multiply' is not an op: patterns use the graph's op names, here 'mul'"
+    """
+    if name in NUMPY_NAMES:
+        return f"pattern op {name!r} is not an op: patterns use the graph's op names, here {NUMPY_NAMES[name]!r}"
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"pattern op {name!r} is not an op" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
+                                                  " (the op names are the keys of tessera_rw.algebra.ops.OPS)")
 
 

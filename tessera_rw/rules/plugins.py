@@ -7,8 +7,8 @@ A distribution declares, in its pyproject.toml,
 
 A plugin that fails to load, or is built for another tessera_rw, is skipped with a warning that
 names its distribution and the error; `strict=True` (or TESSERA_STRICT_PLUGINS=1) raises instead.
-TESSERA_DISABLE_PLUGINS=1 turns discovery off. Two rulesets (or ops) of one name are an error
-naming both providers, whatever the mode.
+TESSERA_DISABLE_PLUGINS=1 turns discovery off. A pack repeating a ruleset or op name is skipped
+the same way, the warning naming both providers.
 """
 
 from __future__ import annotations
@@ -147,23 +147,35 @@ _BOTH_HINT = ("rename it in one package, uninstall one (pip uninstall {}), or se
 RESERVED_RULESETS = ("insert", "types")
 
 
-def check_unique(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack]) -> None:
-    """Raise PluginError naming both providers of any repeated ruleset or op name (a ruleset's
-    egglog name, its explosive half's included, and the driver's own rulesets count too)."""
+def unique_packs(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack], strict: bool | None = None
+                 ) -> tuple[LoadedPack, ...]:
+    """The packs whose ruleset and op names are their own. A pack repeating a name (a built-in one,
+    one of the driver's, or one of a pack kept before it; an op's differing only in case, as
+    egglog spells both alike) is skipped with a warning naming both providers, or raises under
+    strict mode: one package's clash leaves the others, and the compiler, working."""
     owners: dict[str, str] = {name: "tessera_rw" for name in RESERVED_RULESETS}
     owners.update((unit.name, "tessera_rw") for rs in builtin for unit in rs.units())
     op_owners: dict[str, tuple[str, str]] = {camel(name): (name, "tessera_rw") for name in BUILTIN_OPS}
+    kept = []
     for lp in packs:
-        for rs in lp.pack.rulesets:
-            for unit in rs.units():
-                if unit.name in owners:
-                    raise PluginError(f"ruleset {unit.name!r} is provided by both {owners[unit.name]!r} and "
-                                      f"{lp.distribution!r}", hint=_BOTH_HINT.format(lp.distribution))
-                owners[unit.name] = lp.distribution
-        for op in lp.pack.ops:   # ops whose names differ only in case share egglog's constructor names
-            name, owner = op_owners.get(camel(op.name), (op.name, None))
-            if owner is not None and OPS.get(op.name) is not op:
-                alike = "" if name == op.name else f" (as {name!r}: egglog spells both {camel(op.name)!r})"
-                raise PluginError(f"op {op.name!r} is provided by both {owner!r}{alike} and {lp.distribution!r}",
-                                  hint=_BOTH_HINT.format(lp.distribution))
-            op_owners[camel(op.name)] = (op.name, lp.distribution)
+        if clash := _clash(lp, owners, op_owners):
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: {clash}", strict,
+                 hint=_BOTH_HINT.format(lp.distribution))
+            continue
+        owners.update((unit.name, lp.distribution) for rs in lp.pack.rulesets for unit in rs.units())
+        op_owners.update((camel(op.name), (op.name, lp.distribution)) for op in lp.pack.ops)
+        kept.append(lp)
+    return tuple(kept)
+
+
+def _clash(lp: LoadedPack, owners: dict[str, str], op_owners: dict[str, tuple[str, str]]) -> str | None:
+    for rs in lp.pack.rulesets:
+        for unit in rs.units():
+            if unit.name in owners:
+                return f"ruleset {unit.name!r} is provided by both {owners[unit.name]!r} and {lp.distribution!r}"
+    for op in lp.pack.ops:
+        name, owner = op_owners.get(camel(op.name), (op.name, None))
+        if owner is not None and OPS.get(op.name) is not op:
+            alike = "" if name == op.name else f" (as {name!r}: egglog spells both {camel(op.name)!r})"
+            return f"op {op.name!r} is provided by both {owner!r}{alike} and {lp.distribution!r}"
+    return None

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable
 
-from tessera_rw.algebra.ops import OPS, register, unregister
+from tessera_rw.algebra.ops import OPS, on_unknown_op, register, unregister
 from tessera_rw.rules.library import BUILTIN_RULESETS
-from tessera_rw.rules.plugins import LoadedPack, check_unique, discover, skip
+from tessera_rw.rules.plugins import LoadedPack, discover, skip, unique_packs
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.saturate import setup_error
 
@@ -22,13 +22,21 @@ def rulesets(plugins: bool = True, strict: bool | None = None,
     return BUILTIN_RULESETS + plugin_rulesets(packs, strict)
 
 
+def _declare_plugin_ops() -> None:
+    """Load the installed plugins, declaring the ops of those accepted (an op is looked up by name
+    before any program was rewritten: op.apply("my_fused_op", ...))."""
+    rulesets()
+
+
+on_unknown_op(_declare_plugin_ops)
+
+
 def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> tuple[Ruleset, ...]:
-    """Check the packs against each other and the built-ins, declare their ops, tag their rulesets;
-    a pack whose rules egglog refuses, alone or beside the packs accepted before it, is skipped
+    """Check the packs against each other and the built-ins (unique_packs), declare their ops, tag
+    their rulesets; a pack whose rules egglog refuses, alone or beside the packs accepted before it, is skipped
     with a warning (raised when strict) and its ops are taken back, as discovery skips one that
     fails to load."""
-    packs = tuple(packs)
-    check_unique(BUILTIN_RULESETS, packs)
+    packs = unique_packs(BUILTIN_RULESETS, packs, strict)
     found: list[Ruleset] = []
     accepted: list[tuple[str, str, str]] = []
     for lp in packs:

@@ -7,6 +7,7 @@ checker evaluates before and after rewriting.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,6 +15,8 @@ import numpy as np
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.rules.pattern import Expr
+
+_WILDCARD = re.compile(r"\bw\d+\b")      # what TermBuilder fills an attribute or type left out with
 
 # An example: from a random generator, a function to trace and its inputs (numpy arrays by name).
 Example = Callable[[np.random.Generator], tuple[Callable, dict[str, np.ndarray]]]
@@ -29,6 +32,14 @@ class Rule:
     example: Example | None = None
     needs: tuple[str, ...] = ()     # rules of the same ruleset that build what this one matches
     explosive: bool = False         # matches grow with the e-graph (associativity): backed off
+
+    def __post_init__(self):
+        bound = set(_WILDCARD.findall(self.lhs.text)) | {w for fact in self.when for w in _WILDCARD.findall(fact)}
+        if unset := sorted(set(_WILDCARD.findall(self.rhs.text)) - bound, key=lambda w: int(w[1:])):
+            raise TesseraError(f"rule {self.name!r}: its right-hand side leaves {len(unset)} value(s) unset "
+                               f"(egglog would see the unbound {', '.join(unset)})",
+                               hint="give every right-hand-side term its type, of=(shape, dtype), and every "
+                                    "attribute of its op; the left-hand side may leave them open")
 
     def egglog(self, ruleset: str, run_as: str | None = None) -> str:
         """The egglog rewrite, reported as "ruleset/rule" and run in egglog ruleset `run_as`."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.trace import trace
@@ -33,6 +34,11 @@ class RuleCheck:
     ok: bool
     variants: int = 0
     detail: str = ""
+    unchecked: bool = False          # not ok because it could not be checked (no example, or a broken one)
+
+    @property
+    def verdict(self) -> str:
+        return "ok" if self.ok else "unchecked" if self.unchecked else "unsound"
 
 
 def example_graph(rule: Rule, rng: np.random.Generator) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -55,14 +61,20 @@ def _disagreement(got: np.ndarray, want: np.ndarray) -> float:
 def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCheck:
     """Check one rule on one random instance of its example."""
     if rule.example is None:
-        return RuleCheck(rule.name, ruleset.name, False, detail="the rule has no example to check it on")
-    graph, inputs = example_graph(rule, rng)
-    expected = evaluate(graph, inputs)
+        return RuleCheck(rule.name, ruleset.name, False, detail="the rule has no example to check it on",
+                         unchecked=True)
+    try:
+        graph, inputs = example_graph(rule, rng)
+        expected = evaluate(graph, inputs)
+    except Exception as e:       # the example's own fault: this rule is unchecked, the others go on
+        return RuleCheck(rule.name, ruleset.name, False, detail=f"its example failed: {type(e).__name__}: "
+                         f"{e}".replace("\n", " "), unchecked=True)
     helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
     alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
     result = rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20))
     if result.report.matches[f"{ruleset.name}/{rule.name}"] == 0:
-        return RuleCheck(rule.name, ruleset.name, False, detail="the rule does not match its own example")
+        return RuleCheck(rule.name, ruleset.name, False, detail="the rule does not match its own example",
+                         unchecked=True)
     view = result.view
     base = smallest_choice(view)
     roots = result.output_classes()
@@ -75,7 +87,16 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
             outputs = tuple(view.decode(choice, r) for r in roots)
         except CycleError:
             continue
-        got = evaluate(Graph(graph.name, graph.inputs, outputs), inputs)
+        except TesseraError as e:     # a rewritten term its op's shape rule refuses: the rule mistyped it
+            what = f"choosing a {enode.op} node" if enode else "the smallest rewritten term"
+            return RuleCheck(rule.name, ruleset.name, False, checked,
+                             f"{what} builds a term its op refuses ({e.op or 'op'}: {e.detail}); give the "
+                             "right-hand side's terms the types the left-hand side's have")
+        try:
+            got = evaluate(Graph(graph.name, graph.inputs, outputs), inputs)
+        except Exception as e:        # noqa: BLE001  a mistyped term numpy cannot evaluate
+            return RuleCheck(rule.name, ruleset.name, False, checked,
+                             f"evaluating the rewritten program raised {type(e).__name__}: {e}")
         for g, w, node in zip(got, expected, graph.outputs):
             err = _disagreement(g, w)
             if err > tolerance:

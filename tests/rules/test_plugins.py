@@ -1,5 +1,6 @@
 """Rule plugins: discovery, the example package, broken and hostile packs, and `rules --check`."""
 
+import json
 from importlib import metadata
 
 import numpy as np
@@ -101,7 +102,10 @@ def test_a_factory_runs_once_so_its_ops_are_not_declared_twice():
                                                              "(as 'matmul'")])
 def test_names_the_driver_or_egglog_already_use_are_refused(pack, clash):
     with pytest.raises(PluginError, match=clash.replace("(", r"\(")):
-        rulesets(entry_points=fake(f"{FIXTURES}:{pack}"))
+        rulesets(strict=True, entry_points=fake(f"{FIXTURES}:{pack}"))
+    with pytest.warns(PluginWarning, match=clash.replace("(", r"\(")):      # skipped, the rest works
+        found = rulesets(entry_points=fake(f"{FIXTURES}:{pack}"))
+    assert [rs.name for rs in found[:5]] == ["algebra", "attention", "spectral", "epilogue", "gradient"]
 
 
 def test_strict_mode_raises():
@@ -117,8 +121,11 @@ def test_discovery_can_be_turned_off(monkeypatch):
 
 def test_duplicate_ruleset_names_name_both_providers():
     with pytest.raises(PluginError) as info:
-        rulesets(entry_points=fake(f"{FIXTURES}:duplicate_pack"))
+        rulesets(strict=True, entry_points=fake(f"{FIXTURES}:duplicate_pack"))
     assert "'algebra'" in str(info.value) and "tessera_rw" in str(info.value) and FIXTURES in str(info.value)
+    with pytest.warns(PluginWarning, match="ruleset 'algebra' is provided by both 'tessera_rw'"):
+        found = rulesets(entry_points=fake(f"{FIXTURES}:duplicate_pack"))
+    assert sum(rs.name == "algebra" for rs in found) == 1
 
 
 def test_pack_metadata_is_validated():
@@ -148,3 +155,23 @@ def test_rules_listing_and_unknown_pack(capsys):
     assert "rmsnorm_matmul" in capsys.readouterr().out
     assert main(["rules", "--check", "no-such-pack"]) == 2
     assert "no installed rule pack or ruleset named no-such-pack" in capsys.readouterr().err
+    assert main(["rules", "rmsnorm-matmul"]) == 0               # a named pack: its rules and their algebra
+    assert "rmsnorm(x, g) W = rmsnorm_matmul(x, g, W)" in capsys.readouterr().out
+
+
+def test_rules_ops_lists_what_patterns_can_name(capsys):
+    assert main(["rules", "--ops", "--format", "json"]) == 0
+    ops = {row["op"]: row for row in json.loads(capsys.readouterr().out)}
+    assert ops["mul"]["operands"] == ["a", "b"] and ops["mul"]["egglog"] == "Mul"
+    assert ops["softmax"]["attributes"] == ["axis"] and ops["rmsnorm_matmul"]["from"] == "plugin"
+    assert ops["concatenate"]["operands"] == ["xs", "..."]
+
+
+def test_a_plugin_op_is_declared_on_its_first_lookup_by_name():
+    from tessera_rw.algebra.ops import OPS, opdef, unregister
+    rulesets()                                           # whatever ran before, the plugin's op is declared
+    declared = OPS["rmsnorm_matmul"]
+    unregister(declared)                                 # as in a process that compiled nothing yet
+    assert opdef("rmsnorm_matmul").name == "rmsnorm_matmul"
+    with pytest.raises(Exception, match="unknown op 'rmsnorm_matmull'; did you mean 'rmsnorm_matmul'"):
+        opdef("rmsnorm_matmull")

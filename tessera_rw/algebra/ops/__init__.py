@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from typing import Callable
+
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
 from tessera_rw.algebra.ops import attention, attention_backward, conv, creation, elementwise, fused, layout, linalg, reduction, spectral
@@ -29,8 +32,21 @@ def unregister(op: OpDef) -> None:
         del OPS[op.name]
 
 
+# What declares the ops of installed plugins, on the first lookup of an op not declared yet (the
+# rules layer installs it: plugins are found there, and algebra imports nothing above itself).
+_PLUGIN_OPS: list[Callable[[], None]] = []
+
+
+def on_unknown_op(declare_plugin_ops: Callable[[], None]) -> None:
+    _PLUGIN_OPS[:] = [declare_plugin_ops]
+
+
 def opdef(name: str) -> OpDef:
+    if name not in OPS and _PLUGIN_OPS:
+        _PLUGIN_OPS[0]()
     try:
         return OPS[name]
     except KeyError:
-        raise TesseraError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+        close = difflib.get_close_matches(name, OPS, n=3)
+        raise TesseraError(f"unknown op {name!r}" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
+                                                     f"; known ops: {', '.join(sorted(OPS))}")) from None
