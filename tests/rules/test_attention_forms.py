@@ -35,10 +35,6 @@ def additive_mask(q, k, v, mask): return op.softmax(q @ k.mT * 0.25 + mask, axis
 def where_mask(q, k, v, keep): return op.softmax(op.where(keep, q @ k.mT * 0.25, -math.inf), axis=-1) @ v
 
 
-def finfo_mask(q, k, v, keep):  # in bf16: float32 attention keeps a finfo.min where unfused
-    return op.softmax(op.where(keep, q @ k.mT * 0.25, float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)), axis=-1) @ v
-
-
 def causal(q, k, v):
     seq = q.shape[-2]
     keep = op.tril(op.ones((seq, seq), "bool"))
@@ -99,8 +95,6 @@ FORMS = {
     "swapaxes-k": (swapaxes_k, QKV), "explicit-softmax": (explicit_softmax, QKV),
     "additive-mask": (additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),
     "where-mask": (where_mask, QKV | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
-    "finfo-min-mask": (finfo_mask, {n: a.astype(ml_dtypes.bfloat16) for n, a in QKV.items()}
-                       | {"keep": RNG.random((B, 1, S, S)) > 0.2}),
     "causal": (causal, QKV),
     **{name: (causal_with_fill(fill), QKV) for name, fill in CAUSAL_FILLS.items()},
     "pre-transposed-k": (pretransposed_k, {"q": QKV["q"], "kt": rand(B, H, D, S), "v": QKV["v"]}),

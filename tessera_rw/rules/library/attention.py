@@ -6,12 +6,11 @@ where-masks, causal masks from tril, pre-transposed or permuted K, 3-d and 4-d b
 A where-mask, softmax(where(m, c · Q Kᵀ, −∞)) V, fuses to the bool mask m: both keep the scores
 where m holds and discard the others, whatever they are (a NaN from a padded key row included; an
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
-the fused node). A where with finfo.min fuses, in the dtypes the fused kernels take, to the
-additive mask where(m, 0, finfo.min): a fully masked row then averages V as the where does, and
-the sum equals the fill for every finite score (an infinite or NaN score at a masked position
-makes its row NaN there: the one place the fused form differs; float32 keeps the where). The remaining rules refine a fused node's
-mask: an additive −∞ mask is a bool mask, and a lower-triangular bool mask is `causal`. A causal mask filled with any value at or
-below CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write) is filled with −∞: a lower-
+the fused node). A where with another fill (finfo.min) stays unfused: as an additive mask it would
+differ exactly there, and as a bool mask a fully masked row would be NaN, not V's average. The
+remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, and a lower-
+triangular bool mask is `causal`. A causal mask filled with any value at or below
+CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write) is filled with −∞: a lower-
 triangular mask keeps every row's first key, and exp(fill − row max) is 0 in float32 whenever some
 score of the row exceeds fill + 104, so the softmax is the same.
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -60,21 +58,9 @@ def with_keep(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return inputs | {"m": keep(rng, inputs["q"].shape[-2], inputs["k"].shape[-2])}
 
 
-def _lowest_fill_example(rng: np.random.Generator):
-    dtype = ml_dtypes.bfloat16
-    fill = float(ml_dtypes.finfo(dtype).min)
-    inputs = {n: a.astype(dtype) for n, a in qkv(rng).items()}
-    sq, sk = inputs["q"].shape[-2], inputs["k"].shape[-2]
-    m = rng.random((sq, sk)) > 0.4
-    m[0] = False                                  # a fully masked row: V averaged, as the where gives
-    return (lambda q, k, v, m: op.softmax(op.where(m, q @ k.mT * 0.3, fill), axis=-1) @ v), inputs | {"m": m}
-
-
 def _where_scores(fill: Expr) -> Expr:
     return t.where(m, t.mul(t.matmul(q, kt), const(), of=(ss, sd)), fill, of=(ss, sd))
 
-
-NARROW_FILLS = tuple(f'(!= sd "{narrow}")' for narrow in ("float16", "float8_e4m3", "float8_e5m2"))
 
 RULES = (
     Rule("flash-attention-where-masked", "softmax(where(M, c · Q Kᵀ, −∞)) V = flash_attention(Q, K, V, c, M)",
@@ -84,18 +70,6 @@ RULES = (
          when=SOFTMAX_ON_LAST_AXIS + K_FACTS + ('(= (dt m) "bool")',),
          example=lambda rng: (lambda q, k, v, m: op.softmax(op.where(m, q @ k.mT * 0.3, -math.inf), axis=-1) @ v,
                               with_keep(rng))),
-    # finfo.min added in float32 or wider absorbs any score below 1e31; float16's and fp8's lowest
-    # would let the scores survive the sum, and a fully masked row would no longer be uniform
-    Rule("flash-attention-lowest-masked",
-         "softmax(where(M, c · Q Kᵀ, finfo.min)) V = flash_attention(Q, K, V, c, where(M, 0, finfo.min))",
-         lhs=t.matmul(t.softmax(_where_scores(const(value=Expr("f"), dtype=Expr("cf"))), axis=ax), v,
-                      accum_dtype=acc, of=T),
-         rhs=t.flash_attention(q, K, v, t.where(m, const(value=0.0, dtype=sd), const(value=Expr("f"), dtype=sd),
-                                                of=(Expr("sm"), sd)),
-                               scale=c, causal=False, has_mask=True, of=T),
-         when=SOFTMAX_ON_LAST_AXIS + K_FACTS + ('(= (dt m) "bool")', "(= f (lowest sd))", "(= sm (shp m))",
-                                                "(!= (accum-float sd) sd)", *NARROW_FILLS),
-         example=_lowest_fill_example),
     Rule("flash-attention", "softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)",
          lhs=t.matmul(t.softmax(t.add(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), mask, of=(ss, sd)), axis=ax),
                       v, accum_dtype=acc, of=T),
