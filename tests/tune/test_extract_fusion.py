@@ -140,21 +140,25 @@ def test_extraction_is_deterministic_and_survives_cycles():
 
 
 def test_an_op_written_without_a_gpu_template_is_the_candidate_and_runs_on_the_host(monkeypatch):
-    """float64 flash attention has no GPU template (its cost is infinite). Up to the unfused form's
-    score limit the attention ruleset spells it out, so a finite unfused candidate exists; beyond it
-    no extraction is finite, so the program as written is the one candidate. The numpy executor
-    runs either in float64."""
+    """float64 flash attention has no GPU template (its cost is infinite), and float64 no GPU
+    kernels at all, so no extraction is finite: the program as written is the one candidate, and
+    the numpy executor runs it blockwise in float64. float32 gets its unfused form beside it up to
+    the attention ruleset's score limit, a plan the GPU runs; past the limit it keeps the fused node."""
     import numpy as np
     from tessera_rw import op
+    from tessera_rw.rules.library.attention_unfused import UNFUSED_SCORES_LIMIT
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")
-    f = op.kernel(lambda q, k, v: op.flash_attention(q, k, v))
-    big = op.tensor((1, 2, 8192, 64), "float64")                  # 2·8192² scores: over the limit
-    program = f.program(big, big, big)
-    assert len(program.candidates) == 1 and not program.candidate.kernels[0].has_template
     r = np.random.default_rng(0).standard_normal((2, 2, 6, 4))
-    assert "flash_attention" not in [s.op for s in f.program(r, r, r).plan.steps]
+    f = op.kernel(lambda q, k, v: op.flash_attention(q, k, v))
+    program = f.program(r, r, r)
+    assert len(program.candidates) == 1 and not program.candidate.kernels[0].has_template
     s = r @ r.swapaxes(-1, -2) / 2
     p = np.exp(s - s.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ r
     got = f(r, r, r)
     assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-13
+    small = op.tensor((1, 2, 256, 64), "float32")
+    assert "flash_attention" not in [s.op for s in f.program(small, small, small).plan.steps]
+    seq = int((2 * UNFUSED_SCORES_LIMIT) ** 0.5)                    # 1 x 2 x seq² scores: over the limit
+    big = op.tensor((1, 2, seq, 64), "float32")
+    assert [s.op for s in f.program(big, big, big).plan.steps] == ["flash_attention"]
