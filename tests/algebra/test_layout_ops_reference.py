@@ -124,7 +124,7 @@ def test_pad_values(shape, dtype, seed, form, data):
        mode=st.sampled_from(["edge", "reflect", "symmetric", "wrap"]), data=st.data())
 def test_pad_modes_that_read_the_array_match_numpy(shape, dtype, seed, mode, data):
     x = rand(np.random.default_rng(seed), shape, dtype)
-    limit = (lambda n: n - 1) if mode == "reflect" else (lambda n: n)
+    limit = {"reflect": lambda n: n - 1, "edge": lambda n: n + 3}.get(mode, lambda n: n)   # edge: a broadcast
     pw = tuple((data.draw(st.integers(0, limit(n))), data.draw(st.integers(0, limit(n)))) for n in shape)
     both(lambda t: op.pad(t, pw, mode=mode), x, np.pad(x, pw, mode=mode))
 
@@ -138,6 +138,11 @@ def test_pad_mode_errors_say_what_fits():
     assert "'wrap'" in e.value.hint
     with pytest.raises(AttributeValueError, match="constant_values applies to mode 'constant'"):
         op.pad(x, 1, mode="edge", constant_values=1.0)
+    with pytest.raises(AttributeValueError, match="constant_values applies to mode 'constant'"):
+        op.pad(x, 1, mode="wrap", constant_values=np.array([1.0, 2.0]))
+    with pytest.raises(AttributeValueError, match="an empty axis has nothing to copy"):
+        op.pad(np.zeros((0, 3), np.float32), 1, mode="edge")
+    assert op.pad(np.zeros((0, 3), np.float32), ((0, 0), (1, 1)), mode="reflect").shape == (0, 5)
 
 
 def test_pad_bf16_constant_is_rounded_like_numpy():

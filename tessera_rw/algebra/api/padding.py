@@ -4,6 +4,7 @@ they need no op of their own and differentiate through slice, flip and concatena
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -42,7 +43,7 @@ def pad(x, pad_width, mode: str = "constant", constant_values: float = 0):
         if mode not in PAD_MODES:
             raise AttributeValueError(f"mode {mode!r} is not a padding mode", hint=f"use one of {list(PAD_MODES)}")
         if mode != "constant":
-            if constant_values != 0:
+            if np.any(np.asarray(constant_values) != 0):
                 raise AttributeValueError(f"constant_values applies to mode 'constant', not {mode!r}")
             _check_widths(type_of(x).shape, pairs, mode)
     if mode != "constant":
@@ -60,13 +61,17 @@ def pad(x, pad_width, mode: str = "constant", constant_values: float = 0):
 
 
 def _check_widths(shape: tuple[int, ...], pairs: tuple[tuple[int, int], ...], mode: str) -> None:
-    """A border read from the array is at most as wide as what it copies: n − 1 for reflect (the
-    edge is not repeated), n otherwise."""
+    """A mirrored or wrapped border is at most as wide as what it copies: n − 1 for reflect (the
+    edge is not repeated), n for symmetric and wrap; an edge border is a broadcast of any width,
+    from an axis that has an edge."""
     for axis, ((before, after), n) in enumerate(zip(pairs, shape)):
-        limit = n - 1 if mode == "reflect" else n
-        if max(before, after) > limit:
+        if not (before or after):
+            continue
+        limit = math.inf if mode == "edge" else n - 1 if mode == "reflect" else n
+        if n == 0 or max(before, after) > limit:
             raise AttributeValueError(f"mode {mode!r} pads axis {axis} of length {n} by ({before}, {after}): "
-                                      f"at most {max(limit, 0)} on each side",
+                                      + ("an empty axis has nothing to copy" if n == 0 else
+                                         f"at most {limit} on each side"),
                                       hint="pad in several calls, or use mode='constant'")
 
 
@@ -76,6 +81,7 @@ def _along(x, axis: int, start: int, stop: int):
 
 
 def _border(x, axis: int, width: int, mode: str, before: bool):
+    """The `width` values `mode` puts before (or after) x along `axis`."""
     n = type_of(x).shape[axis]
     if mode == "edge":
         edge = _along(x, axis, 0, 1) if before else _along(x, axis, n - 1, n)
