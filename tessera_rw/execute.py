@@ -19,12 +19,12 @@ HostFallbackWarning when a GPU is present).
 from __future__ import annotations
 
 import os
-import warnings
 from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
 
+from tessera_rw.algebra.builder import warn_at_user_line
 from tessera_rw.algebra.errors import ArgumentError, HostFallbackWarning
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
@@ -50,7 +50,7 @@ def _runs_on_gpu(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
         bind_plan(plan, arch, numerics)
         return True
     except NoTemplateError as e:
-        warnings.warn(HostFallbackWarning(f"{plan.name} runs on the host, not the GPU: {e}"), stacklevel=4)
+        warn_at_user_line(HostFallbackWarning(f"{plan.name} runs on the host, not the GPU: {e}"))
         return False
 
 

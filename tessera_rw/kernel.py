@@ -18,14 +18,13 @@ import enum
 import functools
 import inspect
 import numbers
-import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
-from tessera_rw.algebra.builder import user_site
+from tessera_rw.algebra.builder import user_site, warn_at_user_line
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -90,7 +89,7 @@ def static_key(value: Any) -> Any:
     return value
 
 
-RETRACE_WARNING = 8        # distinct values of one float argument before a call says each retraces
+RETRACE_WARNING_AFTER = 8  # distinct values of one float argument before a call says each retraces
 
 
 class Kernel:
@@ -172,18 +171,16 @@ class Kernel:
         return found
 
     def _note_float_values(self, statics: dict[str, Any]) -> None:
-        """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING values."""
+        """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING_AFTER values."""
         for name, value in statics.items():
             if isinstance(value, float):
                 seen = self._float_values.setdefault(name, set())
                 seen.add(static_key(value))
-                if len(seen) == RETRACE_WARNING:
-                    site = user_site()
-                    warnings.warn(RetraceWarning(
+                if len(seen) == RETRACE_WARNING_AFTER:
+                    warn_at_user_line(RetraceWarning(
                         f"kernel {self.name}: argument {name!r} has taken {len(seen)} float values, and each is a "
-                        f"constant of its own trace, traced and compiled anew{f' (at {site})' if site else ''}; "
-                        f"pass it as a 0-d array, np.asarray({name}, np.float32), to make it an input of one "
-                        "program"), stacklevel=2)
+                        f"constant of its own trace, traced and compiled anew; pass it as a 0-d array of the "
+                        f"tensors' dtype, np.asarray({name}, x.dtype), to make it an input of one program"))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""

@@ -13,6 +13,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,17 +37,35 @@ def _is_user_file(filename: str) -> bool:
     return not path.startswith(_STDLIB) or path.startswith(_INSTALLED)
 
 
+def _user_frame():
+    """The innermost frame outside tessera_rw, if any."""
+    frame = sys._getframe(2)
+    while frame is not None and not _is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 def user_site() -> str | None:
     """'file:line in function: source' of the innermost frame outside tessera_rw, if any."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if _is_user_file(filename):
-            source = linecache.getline(filename, frame.f_lineno).strip()
-            where = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-            return f"{where}: {source}" if source else where
-        frame = frame.f_back
-    return None
+    frame = _user_frame()
+    if frame is None:
+        return None
+    filename = frame.f_code.co_filename
+    source = linecache.getline(filename, frame.f_lineno).strip()
+    where = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    return f"{where}: {source}" if source else where
+
+
+def warn_at_user_line(warning: Warning) -> None:
+    """Issue `warning` as raised from the user's line (the innermost frame outside tessera_rw), so
+    it reads, and filters, by the user's module."""
+    frame = _user_frame()
+    if frame is None:
+        warnings.warn(warning, stacklevel=2)
+        return
+    warnings.warn_explicit(warning, type(warning), frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"),
+                           registry=frame.f_globals.setdefault("__warningregistry__", {}))
 
 
 def describe_operands(names: Sequence[str], types: Sequence[TensorType]) -> str:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     program = cfg.program
     if args.format == "json":
         console.file.write(json.dumps({
-            "schema": "tessera_rw.tune/1", "function": kernel.name, "summary": str(cfg),
+            "schema": "tessera_rw.tune/2", "function": kernel.name, "summary": str(cfg),
             "candidate": program.chosen, "fusion_depth": int(program.candidate.fusion_depth),
             "fusion": program.candidate.fusion_depth.label,
             "chosen_by": program.chosen_by,

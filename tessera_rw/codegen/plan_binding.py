@@ -105,8 +105,8 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
     if missing:
         hint = ("these steps run on the host only: pass numpy arrays (or TESSERA_DEVICE=cpu) to run the plan "
                 "there" + ("; or cast the float64 operands to float32 or bfloat16" if doubles else
-                           "; --explain lists the forms with a GPU kernel (flash attention takes bf16 / fp16, "
-                           "a product one dtype, softmax its last axis)"))
+                           "; or cast the operands to the dtypes the kernels take (flash attention bf16 / fp16, "
+                           "a product's operands one dtype)"))
         if libraries:
             hint += "; " + library_kernels.INSTALL_HINT
         raise NoTemplateError(f"plan {plan.name}: {len(missing)} kernel(s) have no GPU template:\n" + "\n".join(missing),

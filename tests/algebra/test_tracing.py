@@ -160,15 +160,16 @@ def test_graph_prints_like_source():
 
 def test_a_float_argument_that_keeps_changing_says_how_to_make_it_an_input():
     from tessera_rw import RetraceWarning
-    from tessera_rw.kernel import RETRACE_WARNING
+    from tessera_rw.kernel import RETRACE_WARNING_AFTER
 
     @op.kernel
     def step(x, lr):
         return x * lr
     x = np.ones(3, np.float32)
-    with pytest.warns(RetraceWarning, match=r"argument 'lr' has taken \d+ float values.*np\.asarray\(lr"):
-        for i in range(RETRACE_WARNING):
+    with pytest.warns(RetraceWarning, match=r"argument 'lr' has taken \d+ float values.*np\.asarray\(lr") as w:
+        for i in range(RETRACE_WARNING_AFTER):
             step(x, 0.5 + i)
+    assert w[0].filename == __file__                    # it points at the caller's line
     before = len(step.graphs)
     for lr in (0.25, 0.75):                             # a 0-d array is an input: one trace for every value
         np.testing.assert_allclose(step(x, np.asarray(lr, np.float32)), x * lr)

@@ -154,8 +154,9 @@ def test_a_plan_without_gpu_kernels_on_a_gpu_host_runs_on_the_host_and_says_so(m
     execute._runs_on_gpu.cache_clear()          # it warns once per plan
     x = np.ones((4, 8), np.float64)
     program = mlp.program(x, np.ones((8, 8)), np.ones(8))
-    with pytest.warns(HostFallbackWarning, match=r"(?s)runs on the host, not the GPU.*f64\[4,8\]"):
+    with pytest.warns(HostFallbackWarning, match=r"(?s)runs on the host, not the GPU.*f64\[4,8\]") as w:
         assert where_to_run(program, {"x": x}) == "cpu"
+    assert w[0].filename == __file__
 
 
 def test_forcing_the_gpu_without_one_says_so(monkeypatch):

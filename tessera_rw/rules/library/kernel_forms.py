@@ -18,7 +18,7 @@ from tessera_rw.rules.rule import Rule
 t = TermBuilder()
 a, b, x, acc, ax, s, d = t.vars("a b x acc ax s d")
 T = (s, d)
-E = Expr
+VECTOR_LENGTH = 5               # the examples' vector operand
 
 
 def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -28,13 +28,13 @@ def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 def _swap_to_last(norm: str) -> Rule:
     """`norm`(x, ax) = `norm`(x with ax and the last axis swapped, last), swapped back."""
-    swapped = E("(vec-set (vec-set s ax (vec-get s last)) last (vec-get s ax))")
-    inner = t.transpose(x, axes=E("p"), of=(swapped, d))
+    swapped = Expr("(vec-set (vec-set s ax (vec-get s last)) last (vec-get s ax))")
+    inner = t.transpose(x, axes=Expr("p"), of=(swapped, d))
     term = getattr(t, norm)
     return Rule(f"{norm.replace('_', '-')}-on-the-last-axis",
                 f"{norm}(x, k) = {norm}(x with k and the last axis swapped, last), swapped back",
                 lhs=term(x, axis=ax, of=T),
-                rhs=t.transpose(term(inner, axis=E("last"), of=(swapped, d)), axes=E("p"), of=T),
+                rhs=t.transpose(term(inner, axis=Expr("last"), of=(swapped, d)), axes=Expr("p"), of=T),
                 when=("(= last (- (vec-length s) 1))", "(< ax last)", "(= ip (identity-perm (vec-length s)))",
                       "(= p (vec-set (vec-set ip ax last) last ax))", "(= (dt x) d)"),
                 example=lambda rng: ((lambda x: getattr(op, norm)(x, axis=int(rng.integers(0, 2)))),
@@ -42,15 +42,15 @@ def _swap_to_last(norm: str) -> Rule:
 
 
 def _vector_products() -> tuple[Rule, ...]:
-    row = t.reshape(a, shape=E("(vec-of 1 n)"), of=(E("(vec-of 1 n)"), E("da")))
-    column = t.reshape(b, shape=E("(vec-of n 1)"), of=(E("(vec-of n 1)"), E("db")))
-    with_row = E("(vec-set (vec-push s (vec-get s (- (vec-length s) 1))) (- (vec-length s) 1) 1)")  # (.., 1, m)
-    with_column = E("(vec-push s 1)")                                                               # (.., m, 1)
+    row = t.reshape(a, shape=Expr("(vec-of 1 n)"), of=(Expr("(vec-of 1 n)"), Expr("da")))
+    column = t.reshape(b, shape=Expr("(vec-of n 1)"), of=(Expr("(vec-of n 1)"), Expr("db")))
+    with_row = Expr("(vec-set (vec-push s (vec-get s (- (vec-length s) 1))) (- (vec-length s) 1) 1)")  # (.., 1, m)
+    with_column = Expr("(vec-push s 1)")                                                               # (.., m, 1)
     shapes = ("(= a_s (shp a))", "(= b_s (shp b))", "(= da (dt a))", "(= db (dt b))")
 
     def example(a_shape, b_shape):
         return lambda rng: ((lambda a, b: a @ b), {"a": _rand(rng, *a_shape), "b": _rand(rng, *b_shape)})
-    n = 5
+    n = VECTOR_LENGTH
     return (
         Rule("vector-times-matrix-as-a-row", "v A = (v as a 1×n matrix) A, reshaped",
              lhs=t.matmul(a, b, accum_dtype=acc, of=T),
@@ -64,7 +64,7 @@ def _vector_products() -> tuple[Rule, ...]:
              example=example((0, 0, n), (n,))),
         Rule("dot-as-a-one-by-one-product", "u · v = (u as 1×n)(v as n×1), reshaped to a scalar",
              lhs=t.matmul(a, b, accum_dtype=acc, of=T),
-             rhs=t.reshape(t.matmul(row, column, accum_dtype=acc, of=(E("(vec-of 1 1)"), d)), shape=s, of=T),
+             rhs=t.reshape(t.matmul(row, column, accum_dtype=acc, of=(Expr("(vec-of 1 1)"), d)), shape=s, of=T),
              when=(*shapes, "(= (vec-length a_s) 1)", "(= (vec-length b_s) 1)", "(= n (vec-get a_s 0))"),
              example=example((n,), (n,))),
     )
