@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable, Iterable
 
 from tessera_rw.algebra.ops import OPS, on_unknown_op, register, unregister
 from tessera_rw.rules.library import BUILTIN_RULESETS
-from tessera_rw.rules.plugins import LoadedPack, discover, skip, unique_packs
+from tessera_rw.rules.plugins import LoadedPack, PluginWarning, discover, skip, unique_packs
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.saturate import setup_error
 
@@ -55,6 +56,9 @@ def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> 
             continue
         found += tagged
         accepted.append(key)
+        if untested := [r.name for rs in tagged for r in rs.rules if r.example is None]:
+            warnings.warn(f"rule plugin from {lp.distribution!r} ({lp.pack.name}): rules {untested} have no "
+                          "example, so `tessera-rewrite rules --check` cannot test them", PluginWarning, stacklevel=3)
     return tuple(found)
 
 

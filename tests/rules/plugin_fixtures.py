@@ -84,3 +84,9 @@ def case_clash_pack() -> RulePack:
     """An op spelled like the built-in matmul's egglog constructor."""
     return RulePack(name="case-clash", version="1.0", rulesets=(Ruleset("case_clash", ()),),
                     ops=(_elementwise_op("Matmul"),))
+
+
+def untested_pack() -> RulePack:
+    """A sound rule with no example to check it on."""
+    idle = Rule("tanh-is-tanh", "tanh(x) = tanh(x)", lhs=t.tanh(x, of=(s, d)), rhs=t.tanh(x, of=(s, d)))
+    return RulePack(name="untested", version="1.0", rulesets=(Ruleset("untested", (idle,)),))

@@ -175,3 +175,9 @@ def test_a_plugin_op_is_declared_on_its_first_lookup_by_name():
     assert opdef("rmsnorm_matmul").name == "rmsnorm_matmul"
     with pytest.raises(Exception, match="unknown op 'rmsnorm_matmull'; did you mean 'rmsnorm_matmul'"):
         opdef("rmsnorm_matmull")
+
+
+def test_a_rule_without_an_example_loads_and_says_it_cannot_be_checked():
+    with pytest.warns(PluginWarning, match=r"rules \['tanh-is-tanh'\] have no example"):
+        found = rulesets(entry_points=fake(f"{FIXTURES}:untested_pack"))
+    assert "untested" in {rs.name for rs in found}
