@@ -36,6 +36,11 @@ def written_out_loss(q, k, v, w):
     return op.sum(op.softmax(q @ k.mT * SCALE, axis=-1) @ v * w)
 
 
+def written_causal_loss(q, k, v, w):         # GPT-2's form: where(tril, s, -inf) by hand
+    keep = op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))
+    return op.sum(op.softmax(op.where(keep, q @ k.mT * SCALE, -math.inf), axis=-1) @ v * w)
+
+
 def masked_attention_loss(q, k, v, w, mask):
     return op.sum(op.flash_attention(q, k, v, scale=SCALE, mask=mask) * w)
 
@@ -60,7 +65,8 @@ def bf16_inputs(rng: np.random.Generator) -> list[np.ndarray]:
 
 
 CASES = [pytest.param(fused_attention_loss, True, id="op.flash_attention-causal"),
-         pytest.param(written_out_loss, False, id="softmax-written-out")]
+         pytest.param(written_out_loss, False, id="softmax-written-out"),
+         pytest.param(written_causal_loss, True, id="causal-where-written-out")]
 
 
 @pytest.mark.parametrize("loss, causal", CASES)

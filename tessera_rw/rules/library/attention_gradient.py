@@ -21,8 +21,11 @@ ruleset's mask rules turn a tril mask into the causal flag.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from tessera_rw.algebra import api as op
 from tessera_rw.algebra.ops.attention import explicit_attention_grads
 from tessera_rw.algebra.ops.attention_backward import STATS
 from tessera_rw.rules.library.algebra import const, rand
@@ -106,24 +109,43 @@ def _example(rank: int, masked: str):
     return lambda rng: (grads, _inputs(rng, rank, masked))
 
 
+def _written_example(rank: int):
+    """dQ and dK of attention written by hand with a where-mask, as reverse mode gives them: where's
+    own VJP wraps dS in where(m, dS, 0)."""
+    def grads(q, k, v, g, mask):
+        p = op.softmax(op.where(mask, q @ k.mT * SCALE, -math.inf), axis=-1)
+        dp = g @ v.mT
+        scaled = op.where(mask, p * (dp - op.sum(dp * p, axis=-1, keepdims=True)), 0.0) * SCALE
+        return scaled @ k.mT.mT, (q.mT @ scaled).mT
+    return lambda rng: (grads, _inputs(rng, rank, "where"))
+
+
+def _scaled(ds: Expr, masked: str, written: bool) -> Expr:
+    """c dS as reverse mode writes it: under a hand-written where-mask, where's own VJP keeps dS
+    where m holds, where(m, dS, 0) (P is 0 elsewhere, so dS is too: the fused node computes it)."""
+    return t.mul(t.where(mask, ds, const(value=0.0, dtype=Expr("cz"))) if written else ds, const())
+
+
 def _rules():
-    for masked in MASKS:
-        scaled_ds = t.mul(_ds(masked), const())
+    blocks = {"dq": ("0", "nq"), "dk": ("nq", "(+ nq nk)"), "dv": ("(+ nq nk)", "(+ nq (+ nk nv))")}
+    formula = {"dq": "(c dS) K", "dk": "(Qᵀ (c dS))ᵀ", "dv": "Pᵀ dO"}
+    forms = [(masked, False) for masked in MASKS] + [("where", True)]
+    for masked, written in forms:
+        scaled_ds = _scaled(_ds(masked), masked, written)
         lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
                "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
                "dv": t.matmul(t.transpose(_p(masked), axes=pk), g, of=T)}
-        blocks = {"dq": ("0", "nq"), "dk": ("nq", "(+ nq nk)"), "dv": ("(+ nq nk)", "(+ nq (+ nk nv))")}
-        formula = {"dq": "(c dS) K", "dk": "(Qᵀ (c dS))ᵀ", "dv": "Pᵀ dO"}
         for rank in RANKS:
-            for grad in ("dq", "dk", "dv"):
+            for grad in ("dq", "dk") if written else ("dq", "dk", "dv"):   # dV reads P, not dS: one rule
                 # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
                 join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
                 join += ('(= (dt mask) "bool")',) if masked == "where" else ()
-                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked]
+                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked] + (
+                    "-written" if written else "")
                 yield Rule(f"attention-{grad}-fused{suffix}-{rank}d",
                            f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
                            lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
-                           example=_example(rank, masked))
+                           example=_written_example(rank) if written else _example(rank, masked))
 
 
 RULES = tuple(_rules())
