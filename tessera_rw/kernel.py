@@ -233,14 +233,16 @@ class Kernel:
         """`k.explain(q, k, v)`: the fusion trace of what a call with these arguments would run, as an
         ExplainReport (`print` it for text, `.to_json()` for the schema). Arrays or op.tensor
         placeholders; nothing is executed: where a call would tune on the GPU and has not yet, the
-        report shows the cost model's choice (and the tuned program once a call has made it)."""
+        report shows the cached choice or else the cost model's (the tuned program once a call has
+        made it)."""
         from tessera_rw.explain_report import explain_report
         call = self.bind(*args, **kwargs)
         self.traced(call)
         return explain_report(self._explained_program(call.signature), call.tensors)
 
     def _explained_program(self, signature: Signature) -> CompiledProgram:
-        """The program a call compiled, else one compiled without measuring (not kept for calls)."""
+        """The program a call compiled, else one compiled without measuring: from the cache where it
+        holds the choice, else the cost model's, writing nothing (and not kept for calls)."""
         from tessera_rw.tune.kernel_tuner import Method
         settings = self.tune_settings()
         if settings is None or self._program_key(signature) in self._programs or \
@@ -248,7 +250,7 @@ class Kernel:
             return self.program_of(signature)
         from tessera_rw.pipeline import compile_program
         traced = self._traces[signature]
-        return compile_program(traced.graph, None, replace(settings, method="cost_model", cache=None), traced.pins)
+        return compile_program(traced.graph, None, replace(settings, method="cost_model", read_only=True), traced.pins)
 
     def _array_key(self, args: tuple) -> tuple | None:
         """For a call with every parameter a numpy array, given positionally: what decides its

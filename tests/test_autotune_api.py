@@ -104,6 +104,10 @@ def test_explain_measures_nothing_where_a_call_would_tune_on_the_gpu(monkeypatch
     report = f.explain(spec, spec)
     assert report.chosen_by == "cost_model" and not TuneCache("explained").records()
     assert not f._programs                      # a call still compiles, and tunes, its own program
+    autotune(f, shapes=[(256, 256)] * 2, dtype="bf16", method="cost_model", cache="explained")
+    records = TuneCache("explained").records()
+    assert records and f.explain(spec, spec).chosen_by == "cache"    # what the cache holds, read only
+    assert TuneCache("explained").records() == records
 
 
 def test_schedule_search_space_and_autotune_on_a_kernel():

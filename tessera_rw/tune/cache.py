@@ -106,15 +106,18 @@ def _same_ranks(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) 
 
 
 class TuneCache:
-    """The records of one named cache, one file per arch, shared by every process on the machine."""
+    """The records of one named cache, one file per arch, shared by every process on the machine.
+    A `read_only` one reads the same records and writes none (what explaining a program uses)."""
 
-    def __init__(self, name: str = "default", root: str | os.PathLike[str] | None = None):
+    def __init__(self, name: str = "default", root: str | os.PathLike[str] | None = None, *,
+                 read_only: bool = False):
         if not _NAME.fullmatch(name):
             raise TuneCacheError(f"autotune cache name {name!r} is not a plain file name",
                                  hint="use letters, digits, '.', '_' or '-', starting with a letter or digit")
         self.name = name
         self.root = Path(root).expanduser() if root is not None else cache_root() / "autotune"
         self.folder = self.root / name
+        self.read_only = read_only
 
     def __repr__(self) -> str:
         return f"TuneCache({self.name!r}, root={str(self.root)!r})"
@@ -206,11 +209,14 @@ class TuneCache:
     # ---- writing ----
 
     def put(self, record: TuneRecord) -> bool:
-        """Merge `record` into the file of its arch; True when it was added or replaced a worse one."""
+        """Merge `record` into the file of its arch; True when it was added or replaced a worse one
+        (never, for a read-only cache)."""
         return self._merge_into(record.arch, [record]) > 0
 
     def _merge_into(self, arch: str, incoming: Sequence[TuneRecord]) -> int:
         """Merge records of one arch into its file under the lock; how many were added or won."""
+        if self.read_only:
+            return 0
         path = self.path(arch)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,7 @@ class TuneSettings:
     time_budget_s: float | None = None
     strategy: str = Strategy.MODEL.value
     cache_root: str | None = None         # the cache folder's parent (None: TESSERA_CACHE_DIR or ~/.tessera)
+    read_only: bool = False               # read the cache, write nothing to it
     pins: tuple[SchedulePin, ...] = ()
 
     def __post_init__(self):
@@ -62,7 +63,7 @@ class TuneSettings:
                                 f"got {self.time_budget_s!r}", hint="None tunes until max_trials")
 
     def open_cache(self) -> TuneCache | None:
-        return None if self.cache is None else TuneCache(self.cache, self.cache_root)
+        return None if self.cache is None else TuneCache(self.cache, self.cache_root, read_only=self.read_only)
 
 
 @dataclass(frozen=True)
