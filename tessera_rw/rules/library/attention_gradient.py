@@ -37,6 +37,8 @@ t = TermBuilder()
 q, kt, v, g, mask, c, ax, pk, s, d = t.vars("q kt v g mask c ax pk s d")
 E = Expr
 T = (s, d)
+# the causal mask as attention written by hand spells it: every row keeps its first key
+CAUSAL = t.tril(t.full(shape=E("fs"), value=True, dtype="bool"), k=0)
 RANKS = (2, 3, 4)
 SCALE = 0.3
 MASKS = ("none", "additive", "where")
@@ -53,36 +55,36 @@ def _facts(rank: int) -> tuple[str, ...]:
             f"(= nq {numel('q_s', rank)})", f"(= nk {numel('kt_s', rank)})", f"(= nv {numel('v_s', rank)})")
 
 
-def _scores(masked: str) -> Expr:
+def _scores(masked: str, m: Expr = mask) -> Expr:
     scaled = t.mul(t.matmul(q, kt), const())
     if masked == "where":
-        return t.where(mask, scaled, const(value=float("-inf"), dtype=Expr("cf")))
-    return t.add(scaled, mask) if masked == "additive" else scaled
+        return t.where(m, scaled, const(value=float("-inf"), dtype=Expr("cf")))
+    return t.add(scaled, m) if masked == "additive" else scaled
 
 
-def _p(masked: str) -> Expr:
-    return t.softmax(_scores(masked), axis=ax)
+def _p(masked: str, m: Expr = mask) -> Expr:
+    return t.softmax(_scores(masked, m), axis=ax)
 
 
-def _ds(masked: str) -> Expr:
-    p = _p(masked)
+def _ds(masked: str, m: Expr = mask) -> Expr:
+    p = _p(masked, m)
     dp = t.matmul(g, t.transpose(v, axes=pk))
     return t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True)))
 
 
-def _packed(masked: str) -> Expr:
+def _packed(masked: str, m: Expr = mask) -> Expr:
     """flash_attention_bwd(Q, K, V, dO, attention_row_stats(Q, K, O, dO)) of dtype d, flat."""
     k = t.transpose(kt, axes=pk, of=(E(swapped_last("kt_s")), d))
-    extra = () if masked == "none" else (mask,)
+    extra = () if masked == "none" else (m,)
     flags = dict(scale=c, causal=False, has_mask=bool(extra))
     out = t.flash_attention(q, k, v, *extra, **flags, of=(E("g_s"), d))
     stats = t.attention_row_stats(q, k, out, g, *extra, **flags, of=(E(f"(vec-set g_s ax {STATS})"), E("sd")))
     return t.flash_attention_bwd(q, k, v, g, stats, *extra, **flags, of=(E("(vec-of (+ nq (+ nk nv)))"), d))
 
 
-def _block(masked: str, start: str, stop: str) -> Expr:
+def _block(masked: str, start: str, stop: str, m: Expr = mask) -> Expr:
     """Elements [start, stop) of the packed gradients, in the shape of the rule's left side."""
-    flat = t.slice(_packed(masked), starts=E(f"(vec-of {start})"), stops=E(f"(vec-of {stop})"),
+    flat = t.slice(_packed(masked, m), starts=E(f"(vec-of {start})"), stops=E(f"(vec-of {stop})"),
                    steps=E("(vec-of 1)"), of=(E(f"(vec-of (- {stop} {start}))"), d))
     return t.reshape(flat, shape=s, of=T)
 
@@ -110,42 +112,58 @@ def _example(rank: int, masked: str):
 
 
 def _written_example(rank: int):
-    """dQ and dK of attention written by hand with a where-mask, as reverse mode gives them: where's
-    own VJP wraps dS in where(m, dS, 0)."""
-    def grads(q, k, v, g, mask):
-        p = op.softmax(op.where(mask, q @ k.mT * SCALE, -math.inf), axis=-1)
+    """dQ and dK of causal attention written by hand, as reverse mode gives them: where's own VJP
+    wraps dS in where(tril, dS, 0)."""
+    def grads(q, k, v, g):
+        keep = op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))
+        p = op.softmax(op.where(keep, q @ k.mT * SCALE, -math.inf), axis=-1)
         dp = g @ v.mT
-        scaled = op.where(mask, p * (dp - op.sum(dp * p, axis=-1, keepdims=True)), 0.0) * SCALE
+        scaled = op.where(keep, p * (dp - op.sum(dp * p, axis=-1, keepdims=True)), 0.0) * SCALE
         return scaled @ k.mT.mT, (q.mT @ scaled).mT
-    return lambda rng: (grads, _inputs(rng, rank, "where"))
+    def example(rng: np.random.Generator):
+        # causal row 0 keeps one key (P ≡ 1, dS 0 on one side, rounding noise on the other): more
+        # rows give the gradients their scale
+        while (inputs := _inputs(rng, rank, "none"))["q"].shape[-2] < 3:
+            pass
+        return grads, inputs
+    return example
 
 
-def _scaled(ds: Expr, masked: str, written: bool) -> Expr:
-    """c dS as reverse mode writes it: under a hand-written where-mask, where's own VJP keeps dS
-    where m holds, where(m, dS, 0) (P is 0 elsewhere, so dS is too: the fused node computes it)."""
-    return t.mul(t.where(mask, ds, const(value=0.0, dtype=Expr("cz"))) if written else ds, const())
+def _written_scaled_ds() -> Expr:
+    """c dS under a causal mask written by hand: where's own VJP keeps dS where tril holds, as
+    where(tril, dS, 0). Every row keeps its first key, so P and dS are finite and already 0 off
+    the mask: the fused node's dS. (A mask that drops a whole row would make that row's dS NaN,
+    which the where zeroes and the fused node would not: such masks keep their unfused backward.)"""
+    return t.mul(t.where(CAUSAL, _ds("where", CAUSAL), const(value=0.0, dtype=E("cz"))), const())
 
 
 def _rules():
     blocks = {"dq": ("0", "nq"), "dk": ("nq", "(+ nq nk)"), "dv": ("(+ nq nk)", "(+ nq (+ nk nv))")}
     formula = {"dq": "(c dS) K", "dk": "(Qᵀ (c dS))ᵀ", "dv": "Pᵀ dO"}
-    forms = [(masked, False) for masked in MASKS] + [("where", True)]
-    for masked, written in forms:
-        scaled_ds = _scaled(_ds(masked), masked, written)
+    for masked in MASKS:
+        scaled_ds = t.mul(_ds(masked), const())
         lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
                "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
                "dv": t.matmul(t.transpose(_p(masked), axes=pk), g, of=T)}
         for rank in RANKS:
-            for grad in ("dq", "dk") if written else ("dq", "dk", "dv"):   # dV reads P, not dS: one rule
+            for grad in ("dq", "dk", "dv"):
                 # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
                 join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
                 join += ('(= (dt mask) "bool")',) if masked == "where" else ()
-                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked] + (
-                    "-written" if written else "")
+                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked]
                 yield Rule(f"attention-{grad}-fused{suffix}-{rank}d",
                            f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
                            lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
-                           example=_written_example(rank) if written else _example(rank, masked))
+                           example=_example(rank, masked))
+    written = _written_scaled_ds()
+    lhs = {"dq": t.matmul(written, t.transpose(kt, axes=pk), of=T),
+           "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), written), axes=pk, of=T)}
+    for rank in RANKS:
+        for grad in ("dq", "dk"):             # dV reads P, not dS: the where-masked dV rule serves
+            yield Rule(f"attention-{grad}-fused-causal-written-{rank}d",
+                       f"{formula[grad]} under where(tril) = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
+                       lhs=lhs[grad], rhs=_block("where", *blocks[grad], CAUSAL),
+                       when=_facts(rank) + ("(= (vec-length fs) 2)",), example=_written_example(rank))
 
 
 RULES = tuple(_rules())
