@@ -11,11 +11,12 @@ GPU (matmul, softmax) to pick, and epilogue fusion applies to it as to attention
 blockwise.)
 
 The unfused form holds every score in memory at once, so it is offered only up to
-UNFUSED_SCORES_LIMIT scores (64 MiB); larger attention keeps the fused node alone, which the numpy
-executor runs block by block in a few MB (faster there than the unfused form, too) and the GPU
-runs in bf16 / fp16. The rules are per rank (2..4), with K and V of Q's batch; GQA K/V (fewer
-heads than Q, 4-d) are first repeated to Q's heads, as attention is written by hand (the
-`attention` ruleset's GQA rules undo that).
+UNFUSED_SCORES_LIMIT scores (256 MiB: B=4, H=16, S=1024 fits); larger attention keeps the fused
+node alone, which the numpy executor runs block by block in a few MB and the GPU runs in bf16 /
+fp16. (Below the limit the numpy executor runs the unfused plan, which holds the scores too.)
+The rules are per rank (2..4), with K and V of Q's batch; GQA K/V (fewer heads than Q, 4-d) are
+first repeated to Q's heads, as attention is written by hand (the `attention` ruleset's GQA rules
+undo that).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ T = (s, d)
 RANKS = (2, 3, 4)
 UNFUSED_DTYPE = DType.float32
 MASKS = ("none", "additive", "bool")
-UNFUSED_SCORES_LIMIT = 1 << 24
+UNFUSED_SCORES_LIMIT = 1 << 26
 
 
 def _facts(rank: int, masked: str) -> tuple[str, ...]:
