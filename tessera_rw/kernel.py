@@ -179,8 +179,9 @@ class Kernel:
                 if len(seen) == RETRACE_WARNING_AFTER:
                     warn_at_user_line(RetraceWarning(
                         f"kernel {self.name}: argument {name!r} has taken {len(seen)} float values, and each is a "
-                        f"constant of its own trace, traced and compiled anew; pass it as a 0-d array of the "
-                        f"tensors' dtype, np.asarray({name}, x.dtype), to make it an input of one program"))
+                        f"constant of its own trace, traced and compiled anew; pass it as a 0-d array of the dtype "
+                        f"of the tensors it meets (np.asarray({name}, np.float32) beside float32 ones) to make it "
+                        "an input of one program"))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""

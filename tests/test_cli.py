@@ -121,6 +121,7 @@ def test_plan_error_reads_nan_and_inf_as_numpy_compares_them():
     assert plan_error(np.array([np.inf, 2.0]), np.array([np.inf, 2.0])) == 0.0
     assert plan_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == np.inf
     assert plan_error(np.array([1.0, 2.2]), np.array([1.0, 2.0])) == pytest.approx(0.1)
+    assert plan_error(np.array([1 - 2j]), np.array([1 + 2j])) == pytest.approx(4 / abs(1 + 2j))   # conjugated
 
 
 def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path, monkeypatch, capsys):

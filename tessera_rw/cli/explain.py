@@ -195,7 +195,8 @@ REDUCTION_BOUND = 4096      # the sums' length the bound allows for (a product's
 def plan_error(got: np.ndarray, want: np.ndarray) -> float:
     """max |got − want| over the output's scale; NaN where both are NaN counts as agreement, NaN on
     one side only as infinite error."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(want) else np.float64
+    got, want = np.asarray(got, wide), np.asarray(want, wide)
     both = np.isnan(got) & np.isnan(want)
     if (np.isnan(got) ^ np.isnan(want)).any():
         return math.inf

@@ -23,7 +23,7 @@ from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
 from tessera_rw.rules.schema import camel
-from tessera_rw.rules.soundness import check_rule
+from tessera_rw.rules.soundness import Verdict, check_rule
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,11 +55,16 @@ def _select(packs: list[str]):
     return tuple(rs for rs in everything if rs.origin in origins or rs.name in packs)
 
 
+VERDICT_TEXT = {Verdict.OK: "ok", Verdict.UNSOUND: "[bold red]UNSOUND[/]",
+                Verdict.UNCHECKED: "[bold yellow]UNCHECKED[/]"}
+
+
 def _ops(console: Console, as_json: bool) -> int:
     rows = [{"op": d.name, "operands": list(d.operands) + (["..."] if d.variadic else []),
              "attributes": list(d.attr_names), "kind": d.kind.value,
              "egglog": camel(d.name) + ("<n operands>" if d.variadic else ""),
-             "from": "tessera_rw" if d.name in BUILTIN_OPS else "plugin"} for d in sorted(OPS.values(), key=lambda d: d.name)]
+             "from": "tessera_rw" if d.name in BUILTIN_OPS else "plugin"}
+            for d in sorted(OPS.values(), key=lambda d: d.name)]
     if as_json:
         console.file.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -109,14 +114,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if not outcome.ok:
                 failures.append(outcome)
     if args.format == "json":
-        console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict} for r in results], indent=2) + "\n")
+        console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict.value} for r in results], indent=2) + "\n")
     else:
         table = Table(title=f"rule soundness ({args.seeds} random instances each)")
         for col in ("ruleset", "rule", "result"):
             table.add_column(col)
         for r in results:
-            table.add_row(r.ruleset, r.rule, {"ok": "ok", "unsound": "[bold red]UNSOUND[/]",
-                                              "unchecked": "[bold yellow]UNCHECKED[/]"}[r.verdict])
+            table.add_row(r.ruleset, r.rule, VERDICT_TEXT[r.verdict])
         console.print(table)
         for f in failures:
             console.print(f"[bold red]{f.ruleset}/{f.rule}[/]: ", end="")

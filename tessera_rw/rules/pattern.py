@@ -40,9 +40,12 @@ class TermBuilder:
     """`t.<op>(*operands, **attrs, of=(shape, dtype))` builds the egglog text of a term; `of` names its
     type (pattern variables or literals), which every right-hand-side term needs."""
 
+    # wildcard names are unique across builders: a rule may take its two sides from two builders,
+    # and a name shared by chance would bind the right side's open type to the left side's
+    _fresh = itertools.count()
+
     def __init__(self, extra_ops: tuple[OpDef, ...] = ()) -> None:
         """`extra_ops`: ops declared by a plugin, usable in its patterns before they are registered."""
-        self._fresh = itertools.count()
         self._extra = {op.name: op for op in extra_ops}
 
     def vars(self, names: str) -> list[Expr]:
@@ -121,5 +124,3 @@ def unknown_pattern_op(name: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(known), n=3)
     return f"pattern op {name!r} is not an op" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
                                                   " (the op names are the keys of tessera_rw.algebra.ops.OPS)")
-
-

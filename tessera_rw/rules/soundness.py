@@ -7,6 +7,7 @@ A disagreement beyond the dtype's tolerance is a counterexample.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,12 @@ TOLERANCE = {DType.float64: 1e-10, DType.float32: 2e-5, DType.float16: 4e-3, DTy
              DType.float8_e4m3: 0.25, DType.float8_e5m2: 0.5}
 
 
+class Verdict(enum.Enum):
+    OK = "ok"
+    UNSOUND = "unsound"              # a rewritten program computes something else
+    UNCHECKED = "unchecked"          # no example, a failing one, or one the rule does not match
+
+
 @dataclass(frozen=True)
 class RuleCheck:
     rule: str
@@ -37,8 +44,8 @@ class RuleCheck:
     unchecked: bool = False          # not ok because it could not be checked (no example, or a broken one)
 
     @property
-    def verdict(self) -> str:
-        return "ok" if self.ok else "unchecked" if self.unchecked else "unsound"
+    def verdict(self) -> Verdict:
+        return Verdict.OK if self.ok else Verdict.UNCHECKED if self.unchecked else Verdict.UNSOUND
 
 
 def example_graph(rule: Rule, rng: np.random.Generator) -> tuple[Graph, dict[str, np.ndarray]]:

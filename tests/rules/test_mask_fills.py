@@ -20,10 +20,6 @@ def _masked_attention(fill: float):
     return op.kernel(lambda q, k, v, m: op.softmax(op.where(m, q @ k.mT * 0.25, fill), axis=-1) @ v)
 
 
-def _rules_fired(kernel, *specs) -> set[str]:
-    return {r.name for r in kernel.explain(*specs).rules if r.matches}
-
-
 def test_float16_lowest_fill_keeps_a_fully_masked_row_uniform():
     f = _masked_softmax(float(np.finfo(np.float16).min))
     x = np.array([[-7.0, -12.7, -6.2, 0.4], [1, 2, 3, 4]], np.float16)

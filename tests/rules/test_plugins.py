@@ -105,7 +105,7 @@ def test_names_the_driver_or_egglog_already_use_are_refused(pack, clash):
         rulesets(strict=True, entry_points=fake(f"{FIXTURES}:{pack}"))
     with pytest.warns(PluginWarning, match=clash.replace("(", r"\(")):      # skipped, the rest works
         found = rulesets(entry_points=fake(f"{FIXTURES}:{pack}"))
-    assert [rs.name for rs in found[:5]] == ["algebra", "attention", "spectral", "epilogue", "gradient"]
+    assert [rs.name for rs in found] == ["algebra", "attention", "spectral", "epilogue", "gradient"]   # it alone left
 
 
 def test_strict_mode_raises():

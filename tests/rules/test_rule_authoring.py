@@ -28,6 +28,9 @@ def test_a_right_hand_side_term_without_its_type_is_refused_naming_the_rule():
     with pytest.raises(TesseraError, match="rule 'silu-fold': its right-hand side leaves 2 value.s. unset") as e:
         Rule("silu-fold", "x σ(x) = silu(x)", lhs=t.mul(x, t.sigmoid(x), of=(s, d)), rhs=t.silu(x))
     assert "of=(shape, dtype)" in e.value.hint
+    other = TermBuilder()                    # a right side from a second builder is caught too
+    with pytest.raises(TesseraError, match="right-hand side leaves 2 value"):
+        Rule("silu-fold", "x σ(x) = silu(x)", lhs=t.mul(x, t.sigmoid(x), of=(s, d)), rhs=other.silu(x))
 
 
 @pytest.mark.parametrize("rule, verdict, says", [
@@ -44,4 +47,4 @@ def test_a_right_hand_side_term_without_its_type_is_refused_naming_the_rule():
 ])
 def test_each_rule_gets_its_verdict_and_a_broken_one_stops_no_other(rule, verdict, says):
     result = check_rule(rule, Ruleset("authored", (rule,)), np.random.default_rng(0))
-    assert result.verdict == verdict and says in result.detail
+    assert result.verdict.value == verdict and says in result.detail

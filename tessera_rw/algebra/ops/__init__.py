@@ -38,6 +38,7 @@ _PLUGIN_OPS: list[Callable[[], None]] = []
 
 
 def on_unknown_op(declare_plugin_ops: Callable[[], None]) -> None:
+    """Have `declare_plugin_ops()` run when an op name is looked up that is not declared yet."""
     _PLUGIN_OPS[:] = [declare_plugin_ops]
 
 
