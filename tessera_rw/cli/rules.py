@@ -5,8 +5,10 @@ are named); check their rules' soundness; list the ops patterns can name.
 plugin's pack name or distribution) on random instances of its example, before and after
 rewriting, and prints each failing rule with its counterexample: UNSOUND where the rewrite changes
 the result, UNCHECKED where the rule has no example, its example fails or the rule does not match
-it. Exit 1 when one fails. --ops lists every op a pattern can name (`t.<op>(...)`), with its
-operands, attributes and the egglog constructor a `when` fact spells it with.
+it; and each VJP a plugin op declares, against float64 finite differences at the shapes its
+pack's examples rewrite to. Exit 1 when one fails. --ops lists every op a pattern can name
+(`t.<op>(...)`), with its operands, attributes and the egglog constructor a `when` fact spells it
+with.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
 from tessera_rw.rules.schema import camel
-from tessera_rw.rules.soundness import Verdict, check_rule
+from tessera_rw.algebra.autodiff.vjp_check import VJP_TOLERANCE, in_float64, vjp_disagreement
+from tessera_rw.rules.soundness import RuleCheck, Verdict, check_rule, op_instances
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +60,37 @@ def _select(packs: list[str]):
 
 VERDICT_TEXT = {Verdict.OK: "ok", Verdict.UNSOUND: "[bold red]UNSOUND[/]",
                 Verdict.UNCHECKED: "[bold yellow]UNCHECKED[/]"}
+
+
+def _plugin_vjp_checks(selected) -> list[RuleCheck]:
+    """Each VJP a selected plugin's ops declare, against finite differences in float64 at the shapes
+    and attributes its pack's rule examples rewrite to (a built-in op's is checked by the tests)."""
+    by_origin = {lp.distribution: lp.pack for lp in discover()}
+    checks = []
+    for origin in dict.fromkeys(rs.origin for rs in selected):
+        pack = by_origin.get(origin)
+        ops = [op for op in (pack.ops if pack else ()) if op.vjp is not None and op.name not in BUILTIN_OPS]
+        rulesets = [rs for rs in selected if rs.origin == origin]
+        for op in ops:
+            found = next((inst for rs in rulesets for rule in rs.rules
+                          for inst in op_instances(rule, rs, frozenset({op.name}), np.random.default_rng(0))), None)
+            name = f"VJP of {op.name}"
+            if found is None:
+                checks.append(RuleCheck(name, rulesets[0].name, False, detail="no rule's example rewrites to the op, "
+                                        "so there is nothing to check its VJP at", unchecked=True))
+                continue
+            _, types, attrs = found
+            try:
+                error = vjp_disagreement(op.name, [in_float64(t) for t in types], attrs)
+            except Exception as e:           # noqa: BLE001  a VJP that raises is a wrong VJP
+                checks.append(RuleCheck(name, rulesets[0].name, False,
+                                        detail=f"the VJP raised {type(e).__name__}: {e}"))
+                continue
+            ok = error < VJP_TOLERANCE
+            where = ", ".join(str(t) for t in types)
+            checks.append(RuleCheck(name, rulesets[0].name, ok, 1, "" if ok else
+                                    f"disagrees with float64 finite differences by {error:.2e} (relative) at {where}"))
+    return checks
 
 
 def _ops(console: Console, as_json: bool) -> int:
@@ -113,6 +147,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
             results.append(outcome)
             if not outcome.ok:
                 failures.append(outcome)
+    for outcome in _plugin_vjp_checks(selected):
+        results.append(outcome)
+        if not outcome.ok:
+            failures.append(outcome)
     if args.format == "json":
         console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict.value} for r in results], indent=2) + "\n")
     else:

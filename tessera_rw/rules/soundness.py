@@ -114,3 +114,21 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
                                  f"on inputs {shapes}:\n{Graph(graph.name, graph.inputs, outputs)}")
         checked += 1
     return RuleCheck(rule.name, ruleset.name, True, checked)
+
+
+def op_instances(rule: Rule, ruleset: Ruleset, names: frozenset[str],
+                 rng: np.random.Generator) -> list[tuple[str, tuple[TensorType, ...], dict]]:
+    """(op, operand types, attributes) of each e-node of an op in `names` that the rule's example
+    rewrites to: where a plugin's ops get the shapes their VJP is checked at."""
+    if rule.example is None:
+        return []
+    try:
+        graph, _ = example_graph(rule, rng)
+    except Exception:             # noqa: BLE001  the rule check reports a broken example
+        return []
+    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
+    alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
+    view = rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20)).view
+    types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
+    return [(n.op, tuple(types[c] for c in n.operands), dict(n.attrs))
+            for ns in view.classes.values() for n in ns if n.op in names]

@@ -19,34 +19,21 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 from tessera_rw.algebra import api
-from tessera_rw.algebra.api import tracing
 from tessera_rw.algebra.autodiff.cotangents import BeforeFusion, no_cotangents
 from tessera_rw.algebra.autodiff.reverse import grad_graph
-from tessera_rw.algebra.builder import make, make_input
+from tessera_rw.algebra.autodiff.vjp_check import VJP_TOLERANCE as TOLERANCE, normal, vjp_disagreement, vjp_graph
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError, DTypeError, ShapeError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
-from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import trace
 
 F64, C128, BOOL = DType.float64, DType.complex128, DType.bool
-EPS = 1e-6
-TOLERANCE = 1e-6
 
 
 # ---- value samplers: where an op is smooth -------------------------------------------------------
-
-def normal(rng, shape, dtype):
-    if dtype is BOOL:
-        return rng.random(shape) < 0.6
-    x = rng.standard_normal(shape)
-    if dtype.is_complex:
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype.numpy)
-
 
 def positive(rng, shape, dtype):
     return rng.uniform(0.5, 2.0, shape).astype(dtype.numpy)
@@ -84,50 +71,8 @@ def t(*shape: int, dtype: DType = F64) -> TensorType:
     return TensorType(shape, dtype)
 
 
-def vjp_graph(op: str, operand_types, attrs) -> tuple[Graph, tuple[int, ...]]:
-    """Inputs x0.. (the operands) and g (the output cotangent); outputs: the differentiable
-    operands' cotangents, by their positions."""
-    inputs = tuple(make_input(f"x{i}", o.shape, o.dtype) for i, o in enumerate(operand_types))
-    node = make(op, *inputs, **attrs)
-    g = make_input("g", node.shape, node.dtype)
-    with tracing():
-        cts = OPS[op].vjp(SymbolicTensor(g), SymbolicTensor(node), *map(SymbolicTensor, inputs), **node.attr_map)
-    assert len(cts) == len(inputs), f"{op}: {len(cts)} cotangents for {len(inputs)} operands"
-    wanted = tuple(i for i, o in enumerate(operand_types) if o.dtype.is_float or o.dtype.is_complex)
-    for i, ct in enumerate(cts):
-        if i in wanted:
-            assert ct is not None, f"{op}: no cotangent for operand {i}"
-            assert ct.node.type == inputs[i].type, f"{op}: operand {i} is {inputs[i].type}, cotangent {ct.node.type}"
-    return Graph(f"vjp_{op}", inputs + (g,), tuple(cts[i].node for i in wanted)), wanted
-
-
 def check_vjp(op: str, operand_types, attrs=None, sample=normal, rng=None, directions: int = 2) -> float:
-    """The largest relative disagreement between the VJP and finite differences of
-    L = Re Σ conj(R)·op(x) along random directions, relative to Σ|cotangent|·|direction|."""
-    rng = rng or np.random.default_rng(0)
-    attrs = attrs or {}
-    samplers = sample if isinstance(sample, (tuple, list)) else [sample] * len(operand_types)
-    values = [s(rng, o.shape, o.dtype) for s, o in zip(samplers, operand_types)]
-    graph, wanted = vjp_graph(op, operand_types, attrs)
-    out_type = graph.inputs[-1].type
-    r = normal(rng, out_type.shape, out_type.dtype)
-    feeds = {f"x{i}": v for i, v in enumerate(values)}
-    cts = evaluate(graph, feeds | {"g": r})
-
-    def loss(vals) -> float:
-        y = np.asarray(OPS[op].reference(*vals, **attrs))
-        return float(np.real(np.sum(np.conj(r) * y)))
-
-    worst = 0.0
-    for _ in range(directions):
-        dirs = {i: normal(rng, operand_types[i].shape, operand_types[i].dtype) for i in wanted}
-        plus = [v + EPS * dirs[i] if i in dirs else v for i, v in enumerate(values)]
-        minus = [v - EPS * dirs[i] if i in dirs else v for i, v in enumerate(values)]
-        numeric = (loss(plus) - loss(minus)) / (2 * EPS)
-        analytic = sum(float(np.real(np.sum(np.conj(ct) * dirs[i]))) for i, ct in zip(wanted, cts))
-        scale = sum(float(np.sum(np.abs(ct) * np.abs(dirs[i]))) for i, ct in zip(wanted, cts))
-        worst = max(worst, abs(numeric - analytic) / max(scale, 1e-12))
-    return worst
+    return vjp_disagreement(op, operand_types, attrs, sample, rng, directions)
 
 
 # ---- one or more cases for every differentiable op ----------------------------------------------

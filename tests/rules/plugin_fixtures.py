@@ -90,3 +90,23 @@ def untested_pack() -> RulePack:
     """A sound rule with no example to check it on."""
     idle = Rule("tanh-is-tanh", "tanh(x) = tanh(x)", lhs=t.tanh(x, of=(s, d)), rhs=t.tanh(x, of=(s, d)))
     return RulePack(name="untested", version="1.0", rulesets=(Ruleset("untested", (idle,)),))
+
+
+def _double_tanh_pack(name: str, vjp) -> RulePack:
+    """An op 2·tanh(x) with the given VJP, and the rule that finds it."""
+    from tessera_rw.plugin import OpDef, OpKind
+    double = OpDef(name, ("x",), OpKind.ELEMENTWISE, lambda x: x, lambda x: 2 * np.tanh(x),
+                   lambda out, x: 2 * x.numel, vjp=vjp)
+    b = TermBuilder(extra_ops=(double,))
+    rule = Rule(f"{name}-fold", "tanh(x) · 2 = double_tanh(x)",
+                lhs=b.mul(b.tanh(x), b.constant(value=2.0), of=(s, d)), rhs=b.term(name, x, of=(s, d)),
+                example=lambda rng: ((lambda x: op.tanh(x) * 2.0), {"x": rng.standard_normal((3, 4))}))
+    return RulePack(name=name.replace("_", "-"), version="1.0", rulesets=(Ruleset(name, (rule,)),), ops=(double,))
+
+
+def right_vjp_pack() -> RulePack:
+    return _double_tanh_pack("double_tanh_right", lambda g, out, x: (g * 2 * (1 - op.tanh(x) ** 2),))
+
+
+def wrong_vjp_pack() -> RulePack:          # forgets tanh's own derivative
+    return _double_tanh_pack("double_tanh_wrong", lambda g, out, x: (g * 2,))

@@ -181,3 +181,16 @@ def test_a_rule_without_an_example_loads_and_says_it_cannot_be_checked():
     with pytest.warns(PluginWarning, match=r"rules \['tanh-is-tanh'\] have no example"):
         found = rulesets(entry_points=fake(f"{FIXTURES}:untested_pack"))
     assert "untested" in {rs.name for rs in found}
+
+
+@pytest.mark.parametrize("pack, says, code", [("right_vjp_pack", "ok", 0), ("wrong_vjp_pack", "UNSOUND", 1)])
+def test_rules_check_checks_a_plugin_ops_vjp_against_finite_differences(monkeypatch, capsys, pack, says, code):
+    monkeypatch.setattr(plugins.metadata, "entry_points",
+                        lambda group: fake(f"{FIXTURES}:{pack}")() if group == plugins.ENTRY_POINT_GROUP else [])
+    name = pack.replace("_pack", "").replace("_vjp", "")
+    assert main(["rules", "--check", f"double-tanh-{name}", "--seeds", "1"]) == code
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "VJP of double_tanh" in line)
+    assert says in row
+    if code:
+        assert "disagrees with float64 finite differences" in out and "f64[3,4]" in out
