@@ -93,11 +93,12 @@ def make(op_name: str, *args: Node, **attrs: Any) -> Node:
 def _check_binds(op_name: str, infer: Any, types: tuple[TensorType, ...], attrs: dict[str, Any]) -> None:
     """Raise an ArgumentError naming what is missing or extra when `attrs` (or the operand count) do
     not fit the op's shape rule; return when they do (the TypeError came from inside it)."""
+    signature = inspect.signature(infer)
     try:
-        inspect.signature(infer).bind(*types, **attrs)
+        signature.bind(*types, **attrs)
     except TypeError as e:
         operands = opdef(op_name).operands
-        params = inspect.signature(infer).parameters.values()
+        params = signature.parameters.values()
         wanted = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in operands]
         raise ArgumentError(f"cannot be applied to {len(types)} operand(s) with attributes {sorted(attrs)}: {e}",
                             op=op_name, operands=describe_operands(operands, types),

@@ -20,12 +20,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from tessera_rw.algebra.autodiff.vjp_check import VJP_TOLERANCE, in_float64, vjp_disagreement
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
 from tessera_rw.rules.schema import camel
-from tessera_rw.algebra.autodiff.vjp_check import VJP_TOLERANCE, in_float64, vjp_disagreement
 from tessera_rw.rules.soundness import RuleCheck, Verdict, check_rule, op_instances
 
 
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     rules.add_row(rs.name, r.name, r.algebra)
             console.print(rules)
         return 0
-    failures, results = [], []
+    results = []
     for rs in selected:
         for rule in rs.rules:
             outcome = None
@@ -145,12 +145,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 if not outcome.ok:
                     break
             results.append(outcome)
-            if not outcome.ok:
-                failures.append(outcome)
-    for outcome in _plugin_vjp_checks(selected):
-        results.append(outcome)
-        if not outcome.ok:
-            failures.append(outcome)
+    results += _plugin_vjp_checks(selected)
+    failures = [r for r in results if not r.ok]
     if args.format == "json":
         console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict.value} for r in results], indent=2) + "\n")
     else:

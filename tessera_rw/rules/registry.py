@@ -23,20 +23,16 @@ def rulesets(plugins: bool = True, strict: bool | None = None,
     return BUILTIN_RULESETS + plugin_rulesets(packs, strict)
 
 
-def _declare_plugin_ops() -> None:
-    """Load the installed plugins, declaring the ops of those accepted (an op is looked up by name
-    before any program was rewritten: op.apply("my_fused_op", ...))."""
-    rulesets()
-
-
-on_unknown_op(_declare_plugin_ops)
+# Loading the rulesets declares the accepted plugins' ops: an op may be looked up by name before any
+# program was rewritten (op.apply("my_fused_op", ...)).
+on_unknown_op(rulesets)
 
 
 def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> tuple[Ruleset, ...]:
     """Check the packs against each other and the built-ins (unique_packs), declare their ops, tag
-    their rulesets; a pack whose rules egglog refuses, alone or beside the packs accepted before it, is skipped
-    with a warning (raised when strict) and its ops are taken back, as discovery skips one that
-    fails to load."""
+    their rulesets; a pack whose rules egglog refuses, alone or beside the packs accepted before
+    it, is skipped with a warning (raised when strict) and its ops are taken back, as discovery
+    skips one that fails to load."""
     packs = unique_packs(BUILTIN_RULESETS, packs, strict)
     found: list[Ruleset] = []
     accepted: list[tuple[str, str, str]] = []

@@ -65,6 +65,13 @@ def _disagreement(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got[finite] - want[finite]), initial=0.0)) / scale
 
 
+def _rewritten_alone(rule: Rule, ruleset: Ruleset, graph: Graph):
+    """`graph` saturated with `rule` alone (and the rules of its ruleset it `needs`)."""
+    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
+    alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
+    return rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20))
+
+
 def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCheck:
     """Check one rule on one random instance of its example."""
     if rule.example is None:
@@ -76,9 +83,7 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
     except Exception as e:       # the example's own fault: this rule is unchecked, the others go on
         return RuleCheck(rule.name, ruleset.name, False, detail=f"its example failed: {type(e).__name__}: "
                          f"{e}".replace("\n", " "), unchecked=True)
-    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
-    alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
-    result = rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20))
+    result = _rewritten_alone(rule, ruleset, graph)
     if result.report.matches[f"{ruleset.name}/{rule.name}"] == 0:
         return RuleCheck(rule.name, ruleset.name, False, detail="the rule does not match its own example",
                          unchecked=True)
@@ -126,9 +131,7 @@ def op_instances(rule: Rule, ruleset: Ruleset, names: frozenset[str],
         graph, _ = example_graph(rule, rng)
     except Exception:             # noqa: BLE001  the rule check reports a broken example
         return []
-    helpers = tuple(r for r in ruleset.rules if r.name in rule.needs and r is not rule)
-    alone = Ruleset(ruleset.name, (rule, *helpers), facts=ruleset.facts, origin=ruleset.origin)
-    view = rewrite(graph, [alone], Limits(iterations=8, enodes=5_000, seconds=20)).view
+    view = _rewritten_alone(rule, ruleset, graph).view
     types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
     return [(n.op, tuple(types[c] for c in n.operands), dict(n.attrs))
             for ns in view.classes.values() for n in ns if n.op in names]

@@ -28,8 +28,8 @@ from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.device import require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import empty_like_kind, to_device, to_host
-from tessera_rw.codegen.kernel_check import check, expected
-from tessera_rw.codegen.kernel_inputs import random_inputs
+from tessera_rw.codegen.kernel_check import Expected, check, expected
+from tessera_rw.codegen.kernel_inputs import Inputs, random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import bind, l2_flush_buffer
 from tessera_rw.codegen.numerics import Numerics
@@ -57,18 +57,14 @@ class DeviceMeasurer:
         self.stream = resolve_stream(None, device_index)
         self.sm = f"sm_{self.stream.device.arch}"
         self.timing = EventOptions(timing_enabled=True)
-        rng = np.random.default_rng(zlib.crc32(str(op).encode()))
-        inputs = random_inputs(op, rng)
-        self.reference = expected(op, inputs, rng)
+        inputs, self.reference = _problem(op)
         footprint = op.operand_bytes + op.result.nbytes
         sets = 1 if footprint == 0 else max(1, min(MAX_INPUT_SETS, math.ceil(2 * arch.l2_bytes / footprint)))
         if sets * footprint > 4 * arch.l2_bytes:
             sets = 1
         self.sets = []
         for _ in range(sets):
-            args = [to_device(np.ascontiguousarray(a), self.stream, index=i) for i, a in enumerate(inputs.arrays)]
-            out = empty_like_kind("cuda", op.result.shape, op.result.dtype, None, self.stream)[0]
-            self.sets.append((*args, out))
+            self.sets.append(_on_device(op, inputs, self.stream))
         self.flush = l2_flush_buffer(self.stream.device.device_id, 2 * arch.l2_bytes)
         self.stream.sync()
 
@@ -85,7 +81,6 @@ class DeviceMeasurer:
         check(self.reference.on(unit), out, f"{self.op} at {schedule.describe()}")
         _VERIFIED.add((self.op, schedule))
         return launches
-
 
     def measure(self, schedules: Sequence[Schedule]) -> list[Measurement]:
         results: dict[int, Measurement] = {}
@@ -131,14 +126,25 @@ def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, 
     holding it is timed."""
     if (op, schedule) in _VERIFIED:
         return
+    inputs, reference = _problem(op)
+    args = _on_device(op, inputs, stream)
+    bind(source, binary, args, stream)()
+    unit = template.resources(op, schedule, current_arch()).unit
+    check(reference.on(unit), to_host(args[-1], stream), f"{op} at {schedule.describe()}")
+    _VERIFIED.add((op, schedule))
+
+
+def _problem(op: KernelOp) -> tuple[Inputs, Expected]:
+    """`op`'s random inputs (never zeros) and their float64 reference, the same for every check of it."""
     rng = np.random.default_rng(zlib.crc32(str(op).encode()))
     inputs = random_inputs(op, rng)
-    reference = expected(op, inputs, rng).on(template.resources(op, schedule, current_arch()).unit)
+    return inputs, expected(op, inputs, rng)
+
+
+def _on_device(op: KernelOp, inputs: Inputs, stream) -> tuple:
+    """The operands copied to the device, then an output buffer: one launch's arguments."""
     args = [to_device(np.ascontiguousarray(a), stream, index=i) for i, a in enumerate(inputs.arrays)]
-    out = empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0]
-    bind(source, binary, [*args, out], stream)()
-    check(reference, to_host(out, stream), f"{op} at {schedule.describe()}")
-    _VERIFIED.add((op, schedule))
+    return (*args, empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0])
 
 
 def _random_value(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np.ndarray:

@@ -34,10 +34,10 @@ def unregister(op: OpDef) -> None:
 
 # What declares the ops of installed plugins, on the first lookup of an op not declared yet (the
 # rules layer installs it: plugins are found there, and algebra imports nothing above itself).
-_PLUGIN_OPS: list[Callable[[], None]] = []
+_PLUGIN_OPS: list[Callable[[], object]] = []
 
 
-def on_unknown_op(declare_plugin_ops: Callable[[], None]) -> None:
+def on_unknown_op(declare_plugin_ops: Callable[[], object]) -> None:
     """Have `declare_plugin_ops()` run when an op name is looked up that is not declared yet."""
     _PLUGIN_OPS[:] = [declare_plugin_ops]
 
