@@ -1,19 +1,34 @@
 """What every generated template promises, checked on each sample at each default schedule for
-sm_80 and sm_90: self-contained source naming its op, an NVRTC compile with zero spills (and
-warpgroup MMAs that ptxas does not serialize), a register estimate within 25% of ptxas with the
-spill prediction exact, shared memory within the arch."""
+sm_80 and sm_90 (the `fast` policy's own included): self-contained source naming its op, an NVRTC
+compile with zero spills (and warpgroup MMAs that ptxas does not serialize), a register estimate
+within 25% of ptxas with the spill prediction exact, shared memory within the arch."""
+
+from dataclasses import replace
 
 import pytest
 
 from tessera_rw.codegen.calibration import CALIBRATION_ARCHS, arch_for_sm
 from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.registry import templates
 
 REGISTER_BOUND = 0.25
 GENERATED = [t for t in templates() if t.samples()]
-CASES = [pytest.param(t, op, s, sm, id=f"{type(t).__name__}-{sm}-{i}-{s.describe().replace(' ', ',')}")
-         for t in GENERATED for sm in CALIBRATION_ARCHS for i, op in enumerate(t.samples())
-         for s in t.schedules(op, arch_for_sm(sm))]
+
+
+def _default_schedules(template, op, sm):
+    """(op, schedule, label) for each default schedule of `op` on `sm`, and of `op` under the `fast`
+    policy where that offers schedules of its own (tf32 GEMMs, the atomic attention backward)."""
+    arch = arch_for_sm(sm)
+    plain = template.schedules(op, arch)
+    fast = replace(op, numerics=Numerics.FAST)
+    return [(op, s, "") for s in plain] + [(fast, s, "fast-") for s in template.schedules(fast, arch)
+                                           if s not in plain]
+
+
+CASES = [pytest.param(t, op, s, sm, id=f"{type(t).__name__}-{sm}-{i}-{label}{s.describe().replace(' ', ',')}")
+         for t in GENERATED for sm in CALIBRATION_ARCHS for i, sample in enumerate(t.samples())
+         for op, s, label in _default_schedules(t, sample, sm)]
 
 
 def test_every_kernel_kind_but_the_library_fft_is_generated_and_calibrated():

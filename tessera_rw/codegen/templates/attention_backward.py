@@ -306,12 +306,15 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
         # The atomic form puts its widest blocks first, as FlashAttention-2 does (128 keys): each
         # query tile's dQ share is added once per block, so twice the keys per block halves the
-        # atomics per product, and the query tiles streamed per key. (The fixed-order form measured
-        # its 4-warp blocks faster: bench/results/tune-H200.txt.)
+        # atomics per product, and the query tiles streamed per key. Not at D=128, whose 8-warp
+        # atomic blocks sit at ptxas's 255 registers and spill on sm_90 for a ragged sequence: they
+        # stay in the tuning space only. (The fixed-order form measured its 4-warp blocks faster:
+        # bench/results/tune-H200.txt.)
         shape = BackwardShape.of(op)
         base = super().schedules(op, arch)
+        widest_first = sorted(base, key=lambda s: -s.warps) if shape.d <= 64 else [s for s in base if s.warps <= 4]
         found = [GradientSchedule(s.rows, s.cols, s.warps, s.stages, form) for form in self.forms(op)
-                 for s in (sorted(base, key=lambda s: -s.warps) if form == "atomic" else base)]
+                 for s in (widest_first if form == "atomic" else base)]
         return tuple(s for s in found if self._valid(shape, s, arch))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
