@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import math
 from io import StringIO
-from typing import Literal, Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from rich.console import Console
 
-from tessera_rw.algebra.node import TensorType
 from tessera_rw.pipeline import CompiledProgram
 from tessera_rw.tune.cost import KernelCost
 from tessera_rw.tune.extract import Candidate
@@ -153,13 +152,14 @@ def candidate_info(c: Candidate) -> CandidateInfo:
                          kernels=tuple(kernel_info(k) for k in c.kernels))
 
 
-def explain_report(program: CompiledProgram, inputs: Mapping[str, TensorType]) -> ExplainReport:
-    """The report of a compiled program; `inputs` names the function's tensor arguments in order."""
+def explain_report(program: CompiledProgram) -> ExplainReport:
+    """The report of a compiled program; its inputs are the function's tensor arguments in order,
+    then the arrays it captured."""
     rewrite = program.rewrite
     stats = rewrite.report
     report = ExplainReport(
         function=program.graph.name,
-        inputs=tuple(InputInfo(name=n, shape=s.shape, dtype=s.dtype.name) for n, s in inputs.items()),
+        inputs=tuple(InputInfo(name=n.attr("name"), shape=n.shape, dtype=n.dtype.name) for n in program.graph.inputs),
         egraph=EGraphInfo(iterations=len(stats.iterations), enodes=stats.enodes, eclasses=len(rewrite.view.classes),
                           seconds=stats.seconds, stop_reason=stats.stop_reason.value),
         rules=tuple(RuleInfo(name=rule, ruleset=ruleset, matches=n) for rule, ruleset, n in stats.fired()),

@@ -23,15 +23,15 @@ tensor((4, 3), bfloat16)
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 from typing import Any, Callable
 
-import numpy as np
-
+from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
-from tessera_rw.algebra.builder import make, user_site
+from tessera_rw.algebra.builder import user_site
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.graph import Graph
-from tessera_rw.algebra.node import ArrayLiteral, Node
+from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.kernel import BoundCall, Kernel
@@ -89,15 +89,14 @@ class GradKernel(Kernel):
             positions.append(names.index(param))
         return tuple(positions)
 
-    def traced(self, call: BoundCall) -> Traced:
-        found = self._traces.get(call.signature)
-        if found is None:
-            forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)
-            structure = tuple if isinstance(self.argnums, tuple) else None
-            # the forward's pins fix its products where the gradient program computes them again
-            found = self._traces[call.signature] = Traced(grad_graph(forward.graph, self._input_positions(call)),
-                                                          structure, forward.pins)
-        return found
+    def _for_method(self, method: Callable) -> Kernel:
+        return GradKernel(method, self.argnums)
+
+    def _trace(self, call: BoundCall) -> Traced:
+        forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)
+        structure = tuple if isinstance(self.argnums, tuple) else None
+        # the forward's pins fix its products where the gradient program computes them again
+        return replace(forward, graph=grad_graph(forward.graph, self._input_positions(call)), structure=structure)
 
     def _inline(self, args: tuple, kwargs: dict) -> Any:
         """Called inside another traced function: the gradient graph spliced in on the caller's values."""
@@ -107,10 +106,8 @@ class GradKernel(Kernel):
                                 hint="pass it as an argument of the kernel instead", site=user_site())
         traced = self.traced(call)
         values = {}
-        for node in traced.graph.inputs:
-            value = call.values[node.attr("name")]
-            values[node] = value.node if isinstance(value, SymbolicTensor) else make(
-                "literal", value=ArrayLiteral(np.asarray(value)), dtype=node.dtype)
+        for node, value in zip(traced.graph.inputs, traced.feeds(call.values).values()):
+            values[node] = value.node if isinstance(value, SymbolicTensor) else array_node(value, node.type)
         outputs = tuple(SymbolicTensor(n) for n in _substitute(traced.graph, values))
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 

@@ -14,6 +14,7 @@ tensor((8, 4), bfloat16)
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -111,11 +112,27 @@ class Kernel:
                                          for p in self._params.values())
         self._traces: dict[Signature, Traced] = {}
         self._float_values: dict[str, set] = {}              # the values each float argument was traced with
+        self._changes: dict[str, int] = {}                   # retraces each outside name's change caused
         self._programs: dict[tuple, CompiledProgram] = {}
-        self._array_calls: dict[tuple, tuple[CompiledProgram, Any]] = {}   # warm calls on numpy arrays
+        self._array_calls: dict[tuple, tuple[CompiledProgram, Traced]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         functools.update_wrapper(self, fn)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Kernel:
+        """A kernel defined in a class body, looked up on an instance: the kernel of the bound method,
+        kept in the instance's __dict__ (as functools.cached_property keeps its value), so each
+        instance traces once per signature and reads its own attributes."""
+        if obj is None:
+            return self
+        bound = self._for_method(self.fn.__get__(obj, owner))
+        bound.tuning, bound.restriction = self.tuning, self.restriction
+        with contextlib.suppress(AttributeError, TypeError):     # no __dict__: a new kernel per lookup
+            obj.__dict__[self.fn.__name__] = bound
+        return bound
+
+    def _for_method(self, method: Callable) -> Kernel:
+        return Kernel(method)
 
     @property
     def name(self) -> str:
@@ -164,11 +181,37 @@ class Kernel:
         return BoundCall(tensors, values, statics, placeholders)
 
     def traced(self, call: BoundCall) -> Traced:
+        """The trace of this call's signature: traced on first use, and again when a name the
+        function read outside its arguments (a global, a closure's, `self`'s) holds another array
+        or number now."""
         found = self._traces.get(call.signature)
+        if found is not None and not found.holds():
+            self._note_changes(found.changed())
+            self._forget_signature(call.signature)
+            found = None
         if found is None:
-            found = self._traces[call.signature] = trace(self.fn, call.tensors, call.statics, name=self.name)
+            found = self._traces[call.signature] = self._trace(call)
             self._note_float_values(call.statics)
         return found
+
+    def _trace(self, call: BoundCall) -> Traced:
+        return trace(self.fn, call.tensors, call.statics, name=self.name)
+
+    def _forget_signature(self, signature: Signature) -> None:
+        """Drop a signature's trace and what was compiled from it."""
+        del self._traces[signature]
+        self._programs = {k: p for k, p in self._programs.items() if k[0] != signature}
+        self._array_calls.clear()
+
+    def _note_changes(self, names: list[str]) -> None:
+        """Warn (once per name) when a name the function reads has changed RETRACE_WARNING_AFTER times."""
+        for name in names:
+            count = self._changes[name] = self._changes.get(name, 0) + 1
+            if count == RETRACE_WARNING_AFTER:
+                warn_at_user_line(RetraceWarning(
+                    f"kernel {self.name}: {name!r}, which it reads from outside its arguments, has changed {count} "
+                    f"times, and each change traced and compiled it anew; pass {name} as an argument instead "
+                    "(an array, or a 0-d array for a number) to make it an input of one program"))
 
     def _note_float_values(self, statics: dict[str, Any]) -> None:
         """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING_AFTER values."""
@@ -239,7 +282,7 @@ class Kernel:
         from tessera_rw.explain_report import explain_report
         call = self.bind(*args, **kwargs)
         self.traced(call)
-        return explain_report(self._explained_program(call.signature), call.tensors)
+        return explain_report(self._explained_program(call.signature))
 
     def _explained_program(self, signature: Signature) -> CompiledProgram:
         """The program a call compiled, else one compiled without measuring: from the cache where it
@@ -268,10 +311,10 @@ class Kernel:
         from tessera_rw.execute import run_program
         key = None if kwargs else self._array_key(args)
         known = self._array_calls.get(key) if key is not None else None
-        if known is not None:              # a warm call on arrays: no binding, no signature to build
-            program, structure = known
-            outputs = run_program(program, dict(zip(self._positional, args)))
-            return outputs[0] if structure is None else structure(outputs)
+        if known is not None and known[1].holds():   # a warm call on arrays: no binding, no signature to build
+            program, traced = known
+            outputs = run_program(program, traced.feeds(dict(zip(self._positional, args))))
+            return outputs[0] if traced.structure is None else traced.structure(outputs)
         if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
             return self.fn(*args, **kwargs)  # called from another traced function: inline
         call = self.bind(*args, **kwargs)
@@ -281,8 +324,8 @@ class Kernel:
         else:
             program = self.compiled(call)
             if key is not None and not call.statics:
-                self._array_calls[key] = (program, traced.structure)
-            outputs = run_program(program, call.values)
+                self._array_calls[key] = (program, traced)
+            outputs = run_program(program, traced.feeds(call.values))
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 
     def __repr__(self) -> str:

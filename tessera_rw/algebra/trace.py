@@ -12,11 +12,12 @@ def double(x: f32[3]):
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tessera_rw.algebra.api.dispatch import tracing
 from tessera_rw.algebra.builder import make_input
+from tessera_rw.algebra.captures import Guard, capturing, guards_of
 from tessera_rw.algebra.errors import ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -26,11 +27,26 @@ from tessera_rw.algebra.tensor import SymbolicTensor
 
 @dataclass(frozen=True)
 class Traced:
-    """A traced function: its graph, how its outputs were structured (one, tuple or list) and the
-    schedules its matmuls pinned (`op.matmul(..., tile_shape=...)`)."""
+    """A traced function: its graph, how its outputs were structured (one, tuple or list), the
+    schedules its matmuls pinned (`op.matmul(..., tile_shape=...)`), the arrays it captured (inputs
+    of the graph after its arguments, by name) and the guards that say whether the trace still holds."""
     graph: Graph
     structure: type | None  # None: a single tensor; tuple or list: a sequence of tensors
     pins: tuple[SchedulePin, ...] = ()
+    captured: Mapping[str, Any] = field(default_factory=dict)
+    guards: tuple[Guard, ...] = ()
+
+    def holds(self) -> bool:
+        """Whether every name the function read still holds what it held when traced."""
+        return all(g.holds() for g in self.guards)
+
+    def changed(self) -> list[str]:
+        """The names whose values changed since the trace."""
+        return [g.name for g in self.guards if not g.holds()]
+
+    def feeds(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The graph's input values: the arguments' `values` and the captured arrays as they are now."""
+        return {**values, **self.captured} if self.captured else values
 
 
 def _definition_site(fn: Callable) -> str:
@@ -58,8 +74,10 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     values = {n: SymbolicTensor(node) for n, node in zip(tensors, inputs)} | dict(statics)
     signature = inspect.signature(fn)
     bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
-    with tracing(), collecting_pins() as pins:
+    with tracing(), collecting_pins() as pins, capturing(guards_of(fn), set(values)) as captures:
         result = fn(*bound.args, **bound.kwargs)
     items, structure = _collect(fn, result)
-    graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs, tuple(r.node for r in items))
-    return Traced(graph, structure, tuple(pins))
+    captured = captures.arrays.values()
+    graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs + tuple(node for node, _ in captured),
+                  tuple(r.node for r in items))
+    return Traced(graph, structure, tuple(pins), {node.attr("name"): value for node, value in captured}, guards_of(fn))

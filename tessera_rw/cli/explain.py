@@ -254,7 +254,7 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
                          f"{user_line(e, kernel.fn.__code__.co_filename)}") from None
     settings = kernel.tune_settings(default=TuneSettings(method="auto")) if tune else None   # its own cache, space
     program = compile_program(traced.graph, arch, settings, traced.pins)
-    return explain_report(program, call.tensors)
+    return explain_report(program)
 
 
 def emitted_table(program: CompiledProgram, directory: Path) -> Table:
@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
             except NoTemplateError as e:     # the host runs it; the other functions still get their CUDA
                 side.print(f"no CUDA written for {kernel.name}: {one_line(e)}")
-        if args.run and not run_once(report.program, inputs, side):
+        if args.run and not run_once(report.program, kernel.traced(kernel.bind(**inputs)).feeds(inputs), side):
             failed.append(kernel.name)
     if args.format == "json":
         console.file.write(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n")

@@ -120,18 +120,6 @@ def test_creation_ops_inside_a_trace_build_nodes():
     np.testing.assert_array_equal(f(x), np.where(np.tril(np.ones((4, 4), bool)), x, np.float32(0)) + np.arange(4, dtype=np.float32))
 
 
-def test_numpy_arrays_captured_in_a_trace_become_literals():
-    bias = RNG.standard_normal(3).astype(np.float32)
-
-    @op.kernel
-    def f(x):
-        return x + bias
-
-    x = RNG.standard_normal((2, 3)).astype(np.float32)
-    np.testing.assert_array_equal(f(x), x + bias)
-    assert f.trace(x).op_counts()["literal"] == 1
-
-
 def test_scalars_keep_the_tensor_dtype():
     @op.kernel
     def f(x):

@@ -1,7 +1,7 @@
 """How an op call on user values becomes a result: symbolic, placeholder or eager.
 
 - any operand is a SymbolicTensor (inside a trace): the result is a SymbolicTensor; numpy arrays
-  met there become literal nodes;
+  met there become inputs the trace captures (algebra/captures.py);
 - else any operand is a TensorSpec placeholder: the result is a placeholder of the inferred type;
 - else (arrays and scalars): the op runs now and returns an array: on the host by the numpy
   reference, unless the eager runner the package installs (`set_eager_runner`) takes the call, as
@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from tessera_rw.algebra.captures import captured_input
 from tessera_rw.algebra.builder import describe_operands, make, make_constant, make_input, user_site
 from tessera_rw.algebra.constant_folding import folded
 from tessera_rw.algebra.dtypes import DType, promote
@@ -133,6 +134,13 @@ def _safe_type(value: Any) -> TensorType | None:
         return None
 
 
+def array_node(value: Any, t: TensorType) -> Node:
+    """An array met inside a trace: an input the trace captures (read at each call), or a literal
+    copy where no kernel's trace is capturing."""
+    captured = captured_input(value, t)
+    return captured if captured is not None else make("literal", value=ArrayLiteral(np.asarray(value)), dtype=t.dtype)
+
+
 def set_eager_runner(runner: EagerRunner) -> None:
     """Install what runs eager calls it wants to (the package's compile-and-run path)."""
     _EAGER_RUNNER[:] = [runner]
@@ -162,7 +170,7 @@ def apply(op_name: str, operands: Sequence[Any], tile_shape: tuple[int, ...] | N
             inputs.append(make_input(f"arg{i}", t.shape, t.dtype))
             nodes.append(inputs[-1])
         elif mode is Mode.SYMBOLIC:
-            nodes.append(make("literal", value=ArrayLiteral(np.asarray(value)), dtype=t.dtype))
+            nodes.append(array_node(value, t))
         else:
             inputs.append(make_input(f"arg{i}", t.shape, t.dtype))
             nodes.append(inputs[-1])

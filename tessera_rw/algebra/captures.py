@@ -1,0 +1,148 @@
+"""What a traced function reads from outside its arguments: captured arrays and guarded names.
+
+An array the function reaches through a global, a closure or `self` (a weight kept on a module, a
+table built once) is not copied into the graph: it becomes an input of its own, named after where
+it was found, and each call reads the array as it is then, so an optimizer step that updates it in
+place (`w -= lr * g`) is seen. Rebinding the name to another array, or changing a Python number the
+function reads the same way (`scale = 5.0`), is caught by a guard: the next call traces again, as
+torch.compile's guards do. Values reached through other objects (`cfg.eps`, `self.layers[0].w`)
+are read at trace time; a captured array among them is still read at each call.
+
+>>> import numpy as np
+>>> w = np.ones(2, np.float32)
+>>> def f(x):
+...     return x * w
+>>> [g.name for g in guards_of(f)]
+['w']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import numbers
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from tessera_rw.algebra.builder import make_input
+from tessera_rw.algebra.node import Node, TensorType
+
+CAPTURED_PREFIX = "captured"          # the name of a captured array found under no name the function reads
+_MISSING = object()
+
+
+@dataclass(frozen=True, eq=False)
+class Guard:
+    """One name the traced function read, and what it held then: an array (the same object must
+    still be there) or a Python number (an equal value must)."""
+    name: str
+    read: Callable[[], Any]
+    held: Any
+
+    def holds(self) -> bool:
+        now = self.read()
+        if isinstance(self.held, (numbers.Number, np.generic)) and not isinstance(self.held, np.ndarray):
+            return type(now) is type(self.held) and _same_number(now, self.held)
+        return now is self.held
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    return bool(a == b or (a != a and b != b))      # NaN holds NaN
+
+
+def _is_array(value: Any) -> bool:
+    return not isinstance(value, (numbers.Number, np.generic)) and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _guarded(value: Any) -> bool:
+    return _is_array(value) or (isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, type))
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """Global and attribute names `code` reads, its nested functions' and comprehensions' included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
+
+
+def _sources(fn: Callable) -> dict[str, Callable[[], Any]]:
+    """Where `fn` reads values from outside its arguments, by the name a reader would use: its
+    globals, its closure's cells and, for a bound method, the attributes of `self`."""
+    owner = getattr(fn, "__self__", None)
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    names = _names_read(code)
+    found: dict[str, Callable[[], Any]] = {}
+    scope = getattr(fn, "__globals__", {})
+    for name in sorted(names & scope.keys()):
+        found[name] = lambda name=name: scope.get(name, _MISSING)
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        found[name] = lambda cell=cell: _cell_contents(cell)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        attrs = getattr(owner, "__dict__", {})
+        for name in sorted(names & attrs.keys()):
+            found[f"self.{name}"] = lambda name=name: getattr(owner, name, _MISSING)
+    return found
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:                      # a cell not yet filled
+        return _MISSING
+
+
+def guards_of(fn: Callable) -> tuple[Guard, ...]:
+    """A guard for each array or number `fn` reads by a global, closure or `self` name now."""
+    held = ((name, read, read()) for name, read in _sources(fn).items())
+    return tuple(Guard(name, read, value) for name, read, value in held if _guarded(value))
+
+
+@dataclass
+class Captures:
+    """The arrays one trace captured, in order: each an input node and the array it reads."""
+    names: dict[int, str]                                  # id of an array the function can name -> its name
+    taken: set[str]                                        # names the graph's inputs already use
+    arrays: dict[int, tuple[Node, Any]] = field(default_factory=dict)
+
+    def node_for(self, value: Any, t: TensorType) -> Node:
+        found = self.arrays.get(id(value))
+        if found is None:
+            name = _free_name(self.names.get(id(value), f"{CAPTURED_PREFIX}{len(self.arrays)}"), self.taken)
+            self.taken.add(name)
+            found = self.arrays[id(value)] = (make_input(name, t.shape, t.dtype), value)
+        return found[0]
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    name = name.replace(".", "_")
+    if name not in taken:
+        return name
+    return next(f"{name}_{i}" for i in range(1, len(taken) + 2) if f"{name}_{i}" not in taken)
+
+
+_CAPTURES: contextvars.ContextVar[Captures | None] = contextvars.ContextVar("tessera_captures", default=None)
+
+
+@contextlib.contextmanager
+def capturing(guards: tuple[Guard, ...], parameters: set[str]) -> Iterator[Captures]:
+    """While active (one trace), arrays met in ops become inputs of the trace, named by `guards`."""
+    captures = Captures({id(g.held): g.name for g in guards if _is_array(g.held)}, set(parameters))
+    token = _CAPTURES.set(captures)
+    try:
+        yield captures
+    finally:
+        _CAPTURES.reset(token)
+
+
+def captured_input(value: Any, t: TensorType) -> Node | None:
+    """The input node `value` (an array met inside a trace) becomes, or None outside a capturing trace."""
+    captures = _CAPTURES.get()
+    return None if captures is None else captures.node_for(value, t)

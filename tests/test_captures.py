@@ -1,0 +1,116 @@
+"""What a kernel reads from outside its arguments: captured arrays are inputs read at each call,
+and a global, closure or `self` name holding another array or number traces again."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.errors import RetraceWarning
+from tessera_rw.kernel import RETRACE_WARNING_AFTER
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((3, 4)).astype(np.float32)
+W = RNG.standard_normal((4, 4)).astype(np.float32)
+SCALE = 1.5
+
+
+@op.kernel
+def project(x):
+    return x @ W * SCALE
+
+
+def test_a_captured_array_is_an_input_named_after_its_global():
+    graph = project.trace(X)
+    assert [n.attr("name") for n in graph.inputs] == ["x", "W"]
+    assert "literal" not in graph.op_counts()
+    assert [i.name for i in project.explain(X).inputs] == ["x", "W"]
+
+
+def test_an_in_place_update_of_a_captured_array_is_seen_without_retracing():
+    global W
+    saved = W.copy()
+    try:
+        np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
+        W -= 0.5 * np.ones_like(W)                      # an optimizer step in place
+        np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
+        assert len(project.graphs) == 1
+    finally:
+        W[...] = saved
+
+
+def test_rebinding_a_global_array_or_number_traces_again():
+    global W, SCALE
+    saved = W, SCALE
+    try:
+        project(X)
+        W = RNG.standard_normal((4, 4)).astype(np.float32)
+        np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
+        SCALE = -2.0
+        np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
+    finally:
+        W, SCALE = saved
+
+
+def test_closures_and_module_attributes_are_guarded():
+    weight, bias = RNG.standard_normal((4, 2)).astype(np.float32), 0.25
+
+    @op.kernel
+    def f(x):
+        return x @ weight + bias
+
+    np.testing.assert_allclose(f(X), X @ weight + 0.25, rtol=1e-5)
+    bias = 3.0
+    np.testing.assert_allclose(f(X), X @ weight + 3.0, rtol=1e-5)
+
+    class Linear:
+        def __init__(self):
+            self.w = RNG.standard_normal((4, 2)).astype(np.float32)
+
+        @op.kernel
+        def forward(self, x):
+            return x @ self.w
+
+    a, b = Linear(), Linear()
+    np.testing.assert_allclose(a.forward(X), X @ a.w, rtol=1e-5)
+    np.testing.assert_allclose(b.forward(X), X @ b.w, rtol=1e-5)      # each instance its own weights
+    a.w = a.w - 1.0                                                    # an SGD step that rebinds
+    np.testing.assert_allclose(a.forward(X), X @ a.w, rtol=1e-5)
+    assert a.forward is a.forward                                     # one kernel per instance
+    with pytest.raises(Exception, match="missing a required argument"):
+        Linear.forward(X)                                             # unbound: self is missing
+
+
+def test_a_gradient_reads_its_captured_weights_at_each_call():
+    w = RNG.standard_normal((4, 2)).astype(np.float64)
+    x = X.astype(np.float64)
+    grad = op.grad(lambda x: op.sum((x @ w) ** 2))
+    np.testing.assert_allclose(grad(x), 2 * (x @ w) @ w.T, rtol=1e-10)
+    w *= 3.0
+    np.testing.assert_allclose(grad(x), 2 * (x @ w) @ w.T, rtol=1e-10)
+
+
+def test_an_array_built_inside_the_function_is_captured_under_a_generic_name():
+    @op.kernel
+    def f(x):
+        return x + np.arange(4, dtype=np.float32)
+
+    np.testing.assert_array_equal(f(X), X + np.arange(4, dtype=np.float32))
+    assert [n.attr("name") for n in f.trace(X).inputs] == ["x", "captured0"]
+
+
+def test_a_name_that_keeps_changing_warns_once():
+    step = 0
+
+    @op.kernel
+    def f(x):
+        return x * step
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(RETRACE_WARNING_AFTER + 3):
+            np.testing.assert_array_equal(f(X), X * np.float32(step))
+    retraces = [w for w in caught if issubclass(w.category, RetraceWarning)]
+    assert len(retraces) == 1 and "'step'" in str(retraces[0].message)
+    assert retraces[0].filename == __file__
