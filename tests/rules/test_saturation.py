@@ -115,6 +115,17 @@ def test_matrix_chains_reach_every_parenthesization():
     assert any(n.operands[0] == input_class["a"] for n in view.classes[root])
 
 
+def test_chains_with_a_vector_keep_their_vector_products():
+    # a 1-d operand has no batch dims to line up: reassociating it would mistype the inner product
+    rng = np.random.default_rng(3)
+    cases = [(lambda a, b, c: (a @ b) @ c, [(4, 2), (2, 3), (3,)]),
+             (lambda a, b, c: a @ (b @ c), [(4, 3), (3, 3), (3,)]),
+             (lambda a, b, c: (a @ b) @ c, [(1, 3), (3,), (1, 2)])]
+    for fn, shapes in cases:
+        args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        np.testing.assert_allclose(op.kernel(fn)(*args), fn(*args), rtol=1e-5)
+
+
 def test_head_split_and_merge_round_trip_is_the_input():
     from tessera_rw.rules.library import ALGEBRA
 

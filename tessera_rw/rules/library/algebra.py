@@ -59,8 +59,8 @@ def _explicit_softmax(x: Expr, axis: Expr) -> Expr:
 def _same_batch(*shapes: str) -> tuple[str, ...]:
     """Facts: equal ranks and equal batch dims (everything but the last two axes)."""
     first = shapes[0]
-    return tuple(f"(= (vec-pop (vec-pop {first})) (vec-pop (vec-pop {other})))" for other in shapes[1:]) + (
-        f"(>= (vec-length {first}) 2)",)
+    return tuple(f"(= (vec-pop (vec-pop {first})) (vec-pop (vec-pop {other})))" for other in shapes[1:]) + tuple(
+        f"(= (vec-length {first}) (vec-length {other}))" for other in shapes[1:]) + (f"(>= (vec-length {first}) 2)",)
 
 
 def _with_last(shape: str, last: str) -> Expr:
@@ -215,7 +215,9 @@ RULES = (
          lhs=t.mul(t.full(shape=s, value=1.0, dtype=d), x, of=T), rhs=x,
          when=("(= (shp x) s)", "(= (dt x) d)"),
          example=lambda rng: ((lambda x: op.ones(x.shape) * x + 2.0), {"x": rand(rng, 0, 0)})),
-    Rule("plus-zero", "x + 0 = x (when the 0 broadcasts nothing)",
+    # exact but for the sign of a zero (-0.0 + 0.0 is +0.0), as XLA's and Inductor's x + 0 folds:
+    # autodiff's cotangent sums start from zeros, and these terms would otherwise each be a kernel
+    Rule("plus-zero", "x + 0 = x (when the 0 broadcasts nothing; a -0.0 keeps its sign)",
          lhs=t.add(x, const(value=0.0), of=T), rhs=x,
          when=("(= (shp x) s)", "(= (dt x) d)"),
          example=lambda rng: ((lambda x: (x + 0.0) * 2.0), {"x": rand(rng, 0, 0)})),

@@ -9,7 +9,6 @@ operand is read in place (transposed_operands.py), so a backward pass's Wᵀ and
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -76,29 +75,26 @@ NEEDS_GEMM = ("matmul-is-gemm",)
 
 
 def _cast_rules():
-    """The cast absorbs into a gemm whatever its epilogue operands (none, bias or residual, both)."""
+    """The cast absorbs into a gemm whatever its epilogue operands (none, bias or residual, both),
+    where the gemm writes its accumulator's dtype (f32, or f64 for f64 operands): rounding that
+    again to d is rounding the accumulator to d. A narrower gemm (bf16) already rounded: casting
+    that to f32 keeps the rounding, which writing f32 directly would drop (a user's
+    cast(cast(y, bf16), f32) round trip would vanish)."""
     operands = t.vars("e0 e1")
     flags = dict(has_bias=Expr("hb"), has_residual=Expr("hr"))
     for n in range(3):
         yield Rule(f"cast-into-gemm{n + 2}", "cast(gemm(A, B, ...), d) = gemm(A, B, ...; dtype=d)",
                    lhs=t.cast(gemm(*operands[:n], **flags, dtype=d0, of=(s, d0)), dtype=d, of=T),
                    rhs=gemm(*operands[:n], **flags, dtype=d),
+                   when=("(= d0 (accum-float (dt a)))",),
                    example=_CAST_EXAMPLES[n], needs=NEEDS_GEMM + _CAST_NEEDS[n])
 
 
-def _bf16_example(body, n_extra: int):
-    def example(rng: np.random.Generator):
-        x, w = (v.astype(ml_dtypes.bfloat16) for v in _mm(rng))
-        shapes = [(w.shape[-1],), x.shape[:-1] + (w.shape[-1],)]       # a bias row, a full residual
-        extra = [rand(rng, *shape, dtype=ml_dtypes.bfloat16) for shape in shapes[:n_extra]]
-        return body, {"x": x, "w": w} | dict(zip(("bias", "res"), extra))
-    return example
-
-
 _CAST_EXAMPLES = (
-    _bf16_example(lambda x, w: op.cast(op.relu(x @ w), "float32"), 0),
-    _bf16_example(lambda x, w, bias: op.cast(x @ w + bias, "float32"), 1),
-    _bf16_example(lambda x, w, bias, res: op.cast(op.silu(x @ w + bias) + res, "float32"), 2),
+    _example(lambda x, w: op.cast(op.relu(x @ w), "bfloat16")),
+    _example(lambda x, w, bias: op.cast(x @ w + bias, "bfloat16"), with_bias=True),
+    _example(lambda x, w, bias, res: op.cast(op.silu(x @ w + bias) + res, "bfloat16"), with_bias=True,
+             with_residual=True),
 )
 _CAST_NEEDS = (("relu-into-gemm",), ("bias-into-gemm",),
                ("bias-into-gemm", "silu-into-gemm-with-bias", "residual-after-bias-into-gemm"))
