@@ -15,8 +15,8 @@
   backward alone too.
 - A GELU MLP's gradients (4096 tokens, 2048 → 8192 → 2048, bf16): ours is `op.grad` of
   Σ (gelu(x W1 + b1) W2) ∘ dy, whose dz gemm applies gelu'(pre) in its epilogue and whose weight
-  gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target
-  in the issues: the ratio is recorded.
+  gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target:
+  the ratio is recorded.
 
 Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed like torch's calls.
 """

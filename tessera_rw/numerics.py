@@ -1,6 +1,6 @@
 """Numerics policies, the public face: `with numerics.policy("kahan_sum"): ...`.
 
-Three policies, named as the product guides name them:
+Three policies:
 
     "deterministic"  (the default) bitwise-identical results on every run: fixed reduction order,
                      no atomics.

@@ -29,6 +29,7 @@ from tessera_rw.tune.space import SpaceRestriction
 from tessera_rw.tuning import TuneConfig, tuned_kernels
 
 COST_MODELS = ("roofline",)
+KERNELS_OWN = object()      # schedule.autotune's default cache: the one the kernel already tunes into
 
 
 class ScheduleControl:
@@ -46,10 +47,12 @@ class ScheduleControl:
         return self.kernel.restriction or SpaceRestriction()
 
     def autotune(self, *args: Any, cost_model: str = "roofline", max_trials: int = 50, method: str = "auto",
-                 cache: str | None = "default", time_budget_s: float | None = None,
+                 cache: str | None | object = KERNELS_OWN, time_budget_s: float | None = None,
                  **kwargs: Any) -> TuneConfig | list[TuneConfig]:
         """Tune now: the signature of `args` when given (arrays or op.tensor placeholders), else every
-        signature seen so far. One TuneConfig per signature (a single one when there is one)."""
+        signature seen so far. One TuneConfig per signature (a single one when there is one), kept in
+        `cache` (by default the kernel's own, as @op.autotune(cache=...) named it, else "default";
+        None: no cache)."""
         if cost_model not in COST_MODELS:
             raise ArgumentError(f"{self.kernel.name}.schedule.autotune: unknown cost model {cost_model!r}",
                                 hint=f"use one of {list(COST_MODELS)}")
@@ -65,6 +68,8 @@ class ScheduleControl:
                                 "there is no shape to tune for",
                                 hint=f"pass example arguments: {k.name}.schedule.autotune(op.tensor((..), 'bf16'), ...)")
         before = k.tuning
+        if cache is KERNELS_OWN:
+            cache = before.cache if before is not None else "default"
         k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
         k.forget_programs()
         try:

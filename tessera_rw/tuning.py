@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tessera_rw.algebra import api
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, resolve_arch
@@ -115,11 +116,11 @@ def _as_kernel(fn: Callable | Kernel) -> Kernel:
     return Kernel(call)
 
 
-def _operand_shapes(kernel: Kernel, name: str, shapes: Sequence) -> list[tuple[int, ...]]:
-    n = len(kernel.parameter_names)
+def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> list[tuple[int, ...]]:
+    n, name = len(kernel.parameter_names), kernel.name
     shapes = tuple(shapes)
     if shapes and all(isinstance(d, int) for d in shapes):
-        if name == "matmul" and len(shapes) == 3:
+        if fn is api.matmul and len(shapes) == 3:
             m, nn, k = shapes
             return [(m, k), (k, nn)]
         return [shapes] * n
@@ -129,11 +130,11 @@ def _operand_shapes(kernel: Kernel, name: str, shapes: Sequence) -> list[tuple[i
     return [tuple(s) for s in shapes]
 
 
-def _placeholders(kernel: Kernel, name: str, shapes, dtype) -> list[TensorSpec]:
-    shaped = _operand_shapes(kernel, name, shapes)
+def _placeholders(kernel: Kernel, fn: Callable | Kernel, shapes, dtype) -> list[TensorSpec]:
+    shaped = _operand_shapes(kernel, fn, shapes)
     dtypes = list(dtype) if isinstance(dtype, (list, tuple)) else [dtype] * len(shaped)
     if len(dtypes) != len(shaped):
-        raise ArgumentError(f"autotune {name}: {len(dtypes)} dtypes for {len(shaped)} operands")
+        raise ArgumentError(f"autotune {kernel.name}: {len(dtypes)} dtypes for {len(shaped)} operands")
     return [TensorSpec(s, d) for s, d in zip(shaped, dtypes)]
 
 
@@ -166,7 +167,7 @@ class Autotune:
         a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
         kernel = _as_kernel(fn)
         name = kernel.name
-        traced = kernel.traced(kernel.bind(*_placeholders(kernel, name, shapes, dtype)))
+        traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         settings = TuneSettings(method=method, cache=cache, restriction=search_space or SpaceRestriction(),
                                 max_trials=max_trials, time_budget_s=time_budget_s)
         program = compile_program(traced.graph, arch, settings, traced.pins)
@@ -178,7 +179,7 @@ class Autotune:
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
         kernel = _as_kernel(fn)
         arch = resolve_arch(arch)
-        traced = kernel.traced(kernel.bind(*_placeholders(kernel, kernel.name, shapes, dtype)))
+        traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         program = compile_program(traced.graph, arch, pins=traced.pins)
         store = TuneCache(cache or self.cache)
         defaults = dict(program.schedules)

@@ -129,6 +129,16 @@ def test_schedule_search_space_and_autotune_on_a_kernel():
         mm.schedule.autotune(cost_model="oracle")
 
 
+def test_schedule_autotune_keeps_to_the_kernels_own_cache():
+    @op.autotune(cache="own_records", method="cost_model")
+    def mm(a, b):
+        return op.matmul(a, b)
+    spec = op.tensor((256, 256), "bf16")
+    mm.schedule.autotune(spec, spec, method="cost_model", max_trials=4)
+    assert TuneCache("own_records").records() and not TuneCache("default").records()
+    assert mm.tuning.cache == "own_records"
+
+
 def test_op_autotune_rejects_a_bad_cache_name_and_method():
     with pytest.raises(Exception, match="not a plain file name"):
         op.autotune(cache="../etc")

@@ -102,6 +102,18 @@ def test_explain_runs_the_plan_and_checks_it_against_the_reference(capsys, monke
     assert 0 < error < 2e-2          # bf16 rounding of the fused plan vs the unfused reference
 
 
+def test_a_run_in_the_emulator_says_so(capsys, monkeypatch, tmp_path):
+    from tessera_rw.codegen.emulator import compiler
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the emulator")
+    monkeypatch.setenv("TESSERA_DEVICE", "emulator")
+    source = tmp_path / "scaled.py"
+    source.write_text("from tessera_rw import op\n\n@op.kernel\ndef scaled(x):\n    return op.exp(x) * 2.0\n")
+    assert main(["--explain", f"{source}:scaled", "--run", "--input", "x=8x32:f32"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("ran the plan"))
+    assert "CPU emulator" in line
+
+
 def test_a_plan_that_disagrees_with_its_reference_fails_the_run(capsys, monkeypatch):
     from tessera_rw.cli import explain as explain_cli
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")

@@ -24,7 +24,7 @@ KINDS = {"gemm", "flash_attention", "softmax", "layernorm", "reduction", "elemen
 
 
 def assert_schema(document: dict) -> None:
-    """Exactly the keys DESIGN.md names, at every level, with values of the right sort."""
+    """Exactly the keys the tessera_rw.explain/1 schema names, at every level, with values of the right sort."""
     assert set(document) == SCHEMA_KEYS and document["schema"] == "tessera_rw.explain/1"
     assert set(document["egraph"]) == EGRAPH_KEYS
     assert document["egraph"]["stop_reason"] in ("saturated", "iteration_limit", "node_limit", "time_limit")

@@ -1,4 +1,4 @@
-"""The package's shape as DESIGN.md draws it: imports point down the layers, modules import without
+"""The package's shape as its architecture draws it: imports point down the layers, modules import without
 cycles, plugins use the public API only, and no module grows into a god file.
 
 Imports are read from the source (ast), every one of them: a lazy import inside a function is a
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tessera_rw"
-# DESIGN.md's table: algebra → rules → lower → codegen → tune → the top level (API, CLI)
+# The layer table: algebra → rules → lower → codegen → tune → the top level (API, CLI)
 LAYERS = {"algebra": 1, "rules": 2, "lower": 3, "codegen": 4, "tune": 5}
 TOP = 6
 PUBLIC_MODULES = {"tessera_rw", "tessera_rw.op", "tessera_rw.plugin", "tessera_rw.numerics", "tessera_rw.graph"}
@@ -65,7 +65,7 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 def test_the_layer_table_covers_every_package():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert packages - {"cli"} <= set(LAYERS), "a new package needs a row in DESIGN.md's layer table"
+    assert packages - {"cli"} <= set(LAYERS), "a new package needs a row in LAYERS"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))

@@ -158,10 +158,6 @@ def user_line(error: BaseException, filename: str) -> str:
     return f" — at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
-def specs_of(inputs: dict[str, Any]) -> dict[str, TensorSpec]:
-    return {n: (v if isinstance(v, TensorSpec) else TensorSpec(v.shape, v.dtype)) for n, v in inputs.items()}
-
-
 REFERENCE_LIMIT_BYTES = 1 << 30     # the unfused reference holds every intermediate at once
 REFERENCE_LIMIT_FLOPS = 10 ** 11    # and runs every op the plain way (a direct convolution is O(L²))
 
@@ -213,6 +209,9 @@ def _allowed(dtype: DType, fast: bool) -> float:
     return PLAN_AGREEMENT * tolerance(dtype, REDUCTION_BOUND, fast=fast)
 
 
+DEVICE_LABELS = {"gpu": "GPU", "cpu": "CPU (numpy executor)", "emulator": "CPU emulator of its CUDA kernels"}
+
+
 def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console) -> bool:
     """Run the chosen plan (on the given arrays, random ones for placeholders) and check it against
     the unfused reference when that fits in memory and time: False when it disagrees."""
@@ -221,7 +220,7 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
     start = time.perf_counter()
     outputs = run_program(program, arrays)
     seconds = time.perf_counter() - start
-    line = f"ran the plan on the {'GPU' if device == 'gpu' else 'CPU (numpy executor)'} in {seconds:.2f} s"
+    line = f"ran the plan on the {DEVICE_LABELS.get(device, device)} in {seconds:.2f} s"
     need = sum(n.type.nbytes for n in program.graph.nodes)
     work = sum(node_flops(n) for n in program.graph.nodes)
     if need > REFERENCE_LIMIT_BYTES or work > REFERENCE_LIMIT_FLOPS:

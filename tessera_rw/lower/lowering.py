@@ -88,11 +88,6 @@ def located(node: Node) -> tuple[Node, int]:
     return node, offset
 
 
-def base_of(node: Node) -> Node:
-    """The node whose buffer `node`'s value lives in (itself unless it is a view)."""
-    return located(node)[0]
-
-
 class _Buffers:
     """Buffers as the scan hands them out, and the temporaries free for reuse."""
 

@@ -26,12 +26,12 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
+from tessera_rw.algebra.version import package_version
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.schema import camel
 
 ENTRY_POINT_GROUP = "tessera_rw.rules"
-TESSERA_RW_VERSION = "0.1.0"
 
 
 class PluginError(TesseraError):
@@ -75,8 +75,11 @@ class RulePack(BaseModel):
             raise ValueError(f"{value!r} is not a version range such as '>=0.1,<0.2'") from None
         return value
 
-    def supports(self, version: str = TESSERA_RW_VERSION) -> bool:
-        return Version(version) in SpecifierSet(self.tessera_rw)
+    def supports(self, version: str | None = None) -> bool:
+        """Whether the pack's range holds `version` (default: the installed tessera_rw's; a bare
+        checkout's unknown version takes every pack)."""
+        version = version or package_version()
+        return version == "unknown" or Version(version) in SpecifierSet(self.tessera_rw)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def discover(strict: bool | None = None,
         try:
             pack = _load_one(ep)
             if not pack.supports():
-                raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {TESSERA_RW_VERSION}",
+                raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {package_version()}",
                                   hint="upgrade the plugin or tessera_rw")
         except Exception as e:  # a broken plugin must not take the compiler down with it
             skip(f"rule plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}", strict, cause=e)

@@ -67,10 +67,6 @@ def rank(shape: str) -> str:
     return f"(vec-length {shape})"
 
 
-def last_axis(shape: str) -> str:
-    return f"(- (vec-length {shape}) 1)"
-
-
 def swapped_last(shape: str) -> str:
     """egglog text of `shape` with its last two dims swapped."""
     n = rank(shape)

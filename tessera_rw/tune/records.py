@@ -23,7 +23,6 @@ import math
 import re
 from datetime import datetime, timezone
 from functools import cache
-from importlib import metadata
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainValidator, StrictBool,
@@ -31,6 +30,7 @@ from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Fiel
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.version import package_version
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
 from tessera_rw.codegen.binary_cache import CODEGEN_VERSION
 
@@ -124,14 +124,6 @@ def driver_version() -> str:
     if result != driver.CUresult.CUDA_SUCCESS:
         return "none"
     return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def package_version() -> str:
-    """tessera_rw's version as installed (pyproject.toml's), or 'unknown' when run from a bare checkout."""
-    try:
-        return metadata.version("tessera-rw")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def current_versions() -> Versions:

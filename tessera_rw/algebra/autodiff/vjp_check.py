@@ -54,12 +54,14 @@ def vjp_graph(op: str, operand_types: Sequence[TensorType], attrs: dict[str, Any
     g = make_input("g", node.shape, node.dtype)
     with tracing():
         cts = opdef(op).vjp(SymbolicTensor(g), SymbolicTensor(node), *map(SymbolicTensor, inputs), **node.attr_map)
-    assert len(cts) == len(inputs), f"{op}: {len(cts)} cotangents for {len(inputs)} operands"
+    if len(cts) != len(inputs):               # raised, not asserted: python -O keeps the check
+        raise AssertionError(f"{op}: {len(cts)} cotangents for {len(inputs)} operands")
     wanted = tuple(i for i, o in enumerate(operand_types) if o.dtype.is_float or o.dtype.is_complex)
     for i, ct in enumerate(cts):
-        if i in wanted:
-            assert ct is not None, f"{op}: no cotangent for operand {i}"
-            assert ct.node.type == inputs[i].type, f"{op}: operand {i} is {inputs[i].type}, cotangent {ct.node.type}"
+        if i in wanted and ct is None:
+            raise AssertionError(f"{op}: no cotangent for operand {i}")
+        if i in wanted and ct.node.type != inputs[i].type:
+            raise AssertionError(f"{op}: operand {i} is {inputs[i].type}, cotangent {ct.node.type}")
     return Graph(f"vjp_{op}", inputs + (g,), tuple(cts[i].node for i in wanted)), wanted
 
 

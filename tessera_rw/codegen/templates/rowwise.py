@@ -48,7 +48,6 @@ WARP = 32
 MAX_INDEX = 2**31        # row and offset math is 32-bit
 MAX_RESIDENT = 32         # fp32 row values a thread may hold in registers (beyond: the looped variant)
 NORMS = {"softmax": "softmax", "log_softmax": "softmax", "layernorm": "layernorm", "rmsnorm": "layernorm"}
-RESIDENT_PASSES = 1
 LOOPED_PASSES = {"softmax": 2, "log_softmax": 2, "layernorm": 3, "rmsnorm": 2}
 # The tuning grid (space()): block sizes and vector widths, each as a warp per row and a block per row
 GRID_THREADS, GRID_VECS = (64, 128, 256, 512, 1024), (1, 2, 4, 8)
