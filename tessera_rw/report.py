@@ -23,13 +23,11 @@ from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.templates.registry import templates
 from tessera_rw.tune.cost import KernelCost
+from tessera_rw.tune.extract import FusionDepth
 
 if TYPE_CHECKING:
     from tessera_rw.explain_report import CandidateInfo, ExplainReport
     from tessera_rw.pipeline import CompiledProgram
-
-DEPTH_LABELS = ("unfused", "epilogue-fused", "fully fused")
-
 
 def node_flops(node: Node) -> int:
     """FLOPs of one node as written (a multiply-add counts 2)."""
@@ -115,7 +113,7 @@ def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
         table.add_column(column, justify="left" if column == "fusion depth" else "right")
     for rank, c in enumerate(report.candidates):
         chosen = rank == report.chosen
-        table.add_row(f"{'*' if chosen else ''}{rank}", DEPTH_LABELS[c.fusion_depth], str(len(c.kernels)),
+        table.add_row(f"{'*' if chosen else ''}{rank}", FusionDepth(c.fusion_depth).label, str(len(c.kernels)),
                       _mb(c.hbm_bytes), _gflop(c.flops), str(max((k.registers for k in c.kernels), default=0)),
                       _us(c.est_us), style="bold" if chosen else None)
     return table
@@ -184,7 +182,7 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     """Why the chosen candidate won, in one sentence: against the runner-up by the cost model,
     by timing on the GPU, or from the cache."""
     best = report.candidates[report.chosen]
-    label = DEPTH_LABELS[best.fusion_depth]
+    label = FusionDepth(best.fusion_depth).label
     if report.chosen_by == "cache":
         return f"chosen: {label} (candidate {report.chosen}), from the autotune cache: tuned earlier for this signature"
     if report.chosen_by == "on_device":
@@ -202,7 +200,7 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     else:
         speed = "preferred to"
     return (f"chosen: {label}, {_us(best.est_us)} µs by the cost model, {speed} the "
-            f"{DEPTH_LABELS[other.fusion_depth]} runner-up ({'; '.join(parts)})")
+            f"{FusionDepth(other.fusion_depth).label} runner-up ({'; '.join(parts)})")
 
 
 def _timings(program: CompiledProgram | None) -> str:
@@ -253,7 +251,7 @@ def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
     yield candidates_table(report, program.arch if program else None)
     for rank, candidate in enumerate(report.candidates):
         costs = program.candidates[rank].kernels if program else None
-        yield kernels_table(candidate, costs, f"candidate {rank}: {DEPTH_LABELS[candidate.fusion_depth]}")
+        yield kernels_table(candidate, costs, f"candidate {rank}: {FusionDepth(candidate.fusion_depth).label}")
     if program is not None:
         yield Text(str(program.candidate.graph))
     yield Text(choice_reason(report, program), style="bold")

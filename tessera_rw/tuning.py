@@ -29,7 +29,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.numerics import current_numerics
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.kernel import Kernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.tune.cache import TuneCache
@@ -191,7 +191,7 @@ class Autotune:
                 continue
             schedule, record = hit
             chosen_by = "interpolated" if record.interpolated else "cache"
-            kind = templates_for(op)[0].kind_of(op)
+            kind = template_for(op).kind_of(op)
             found.append((i, KernelTuning(op, kind, schedule, defaults[i], chosen_by, record.time_us, record.noise_us,
                                           None, 0, 0, record)))
         if not found:

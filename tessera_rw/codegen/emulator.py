@@ -228,14 +228,10 @@ def run_emulated(op: KernelOp, inputs: Sequence, *, schedule=None, arch: ArchSpe
     """Run one op's generated kernel on the CPU: its template's kernel for `arch` at `schedule`
     (default: the template's first), on numpy inputs, its blocks in `block_order`; the output is
     poisoned with NaN bytes first, so an element the kernel never writes stays NaN."""
-    from tessera_rw.codegen.templates.registry import templates_for
+    from tessera_rw.codegen.templates.registry import template_for
     inputs = coerce_scalars(op, list(inputs))
     check_operands(op, inputs)
-    found = templates_for(op)
-    if not found:
-        raise TesseraError("no kernel template implements this op", op=op.op, operands=str(op),
-                           hint="run it with the numpy executor, or register a template for it")
-    template = found[0]
+    template = template_for(op)
     if template.library is not None:
         raise EmulatorError(f"{op.op} runs as a {template.library} call: there is no generated kernel to emulate",
                             op=op.op, hint="check it with the numpy executor, or on a GPU")

@@ -24,14 +24,13 @@ from typing import Mapping
 
 import numpy as np
 
-from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.cpu_executor import HostMemory, run_step
 from tessera_rw.codegen.emulator import POISON, build_all
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule, first_schedule
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.lower.plan import BufferRole, KernelPlan
 
 
@@ -48,11 +47,7 @@ def run_plan_emulated(plan: KernelPlan, feeds: Mapping[str, np.ndarray], *, arch
     sources = {}
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
-        found = templates_for(op)
-        if not found:
-            raise TesseraError(f"plan {plan.name}: step {i} has no GPU template to emulate", op=op.op,
-                               operands=str(op), hint="run the plan on the numpy executor")
-        template = found[0]
+        template = template_for(op)
         if template.library is None:
             schedule = (schedules or {}).get(i) or first_schedule(template, op, spec)
             sources[i] = template.emit(op, schedule, spec)

@@ -236,15 +236,11 @@ def prepare(op: KernelOp, inputs: Sequence[Any], *, schedule=None, arch=None, st
             fast_math: bool = False) -> Prepared:
     """Check `inputs`, pick op's template and schedule, emit, compile for the device, move the inputs
     there and allocate the output (of the first input's kind)."""
-    from tessera_rw.codegen.templates.registry import templates_for
+    from tessera_rw.codegen.templates.registry import template_for
     inputs = coerce_scalars(op, list(inputs))
     check_operands(op, inputs)
     require_gpu("running a kernel", op=op.op)
-    templates = templates_for(op)
-    if not templates:
-        raise TesseraError("no kernel template implements this op", op=op.op, operands=str(op),
-                           hint="run it with the numpy executor, or register a template for it")
-    template = templates[0]
+    template = template_for(op)
     devices = [d for d in map(device_index_of, inputs) if d is not None]
     s = resolve_stream(stream, devices[0] if devices else None)
     dev = s.device

@@ -31,12 +31,11 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.library_kernels import FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule, Template
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import NoTemplateError, templates_for
 from tessera_rw.lower.plan import KernelPlan, Step
 
 
-class NoTemplateError(TesseraError):
-    """Some kernels of a plan have no GPU template; the message lists them."""
+__all__ = ["BoundStep", "NoTemplateError", "bind_plan"]
 
 
 @dataclass(frozen=True)

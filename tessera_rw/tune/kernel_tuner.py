@@ -28,7 +28,7 @@ from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.device import gpu_available
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule, Template
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.measure import CostModelMeasurer, Measurer
 from tessera_rw.tune.records import ChosenBy, TuneRecord
@@ -109,7 +109,7 @@ def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Se
     record marked interpolated) when that schedule is still in `space` (default: the template's
     whole space); else None. Under a `restriction`, its own searches' records answer first, then
     the whole space's best where the restriction admits it."""
-    template = templates_for(op)[0]
+    template = template_for(op)
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
 
     def in_space(record: TuneRecord) -> Schedule | None:
@@ -135,11 +135,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
                 measurer: Measurer | None = None, on_trial: Callable[[Trial], None] | None = None) -> KernelTuning:
     """The best schedule for `op` on `arch` (see the module for methods and the cache). `measurer`
     replaces the method's own (a replay of a timing log); `on_trial` hears of each measurement."""
-    found = templates_for(op)
-    if not found:
-        raise ArgumentError(f"autotune: no GPU template implements {op}",
-                            hint="float64 and a few rare ops run on the host only; nothing to tune")
-    template = found[0]
+    template = template_for(op)
     space = ranked_space(template, op, arch, restriction)
     if measurer is None:
         m = Method.resolve(method, op.op)

@@ -28,7 +28,7 @@ from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for, templates_for
 from tessera_rw.tune.cost import best_schedule
 from tessera_rw.tune.kernel_tuner import KernelTuning
 from tessera_rw.tune.space import SpaceRestriction, knobs, ranked_space
@@ -74,7 +74,7 @@ def pin_steps(ops: Sequence[tuple[int, KernelOp]], arch: ArchSpec, pins: Sequenc
 
 def pinned_tuning(op: KernelOp, arch: ArchSpec, pin: SchedulePin) -> KernelTuning:
     """The cost model's best schedule of `op` with the pinned tile, as a KernelTuning 'pinned'."""
-    template = templates_for(op)[0]
+    template = template_for(op)
     kind = template.kind_of(op)
     try:
         space = ranked_space(template, op, arch, SpaceRestriction(tile_sizes=(pin.tile,)))

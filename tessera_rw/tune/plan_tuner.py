@@ -28,7 +28,7 @@ from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for, templates_for
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
@@ -105,7 +105,7 @@ def tunable_ops(plan: KernelPlan, numerics: Numerics, arch: ArchSpec) -> list[tu
 def default_schedules(plan: KernelPlan, arch: ArchSpec,
                       numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
     """The cost model's pick among each step's default schedules (untuned runs use these)."""
-    return tuple((i, best_schedule(templates_for(op)[0], op, arch)[0]) for i, op in tunable_ops(plan, numerics, arch))
+    return tuple((i, best_schedule(template_for(op), op, arch)[0]) for i, op in tunable_ops(plan, numerics, arch))
 
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,

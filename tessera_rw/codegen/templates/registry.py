@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.lower.lowering import SOURCE_OPS, VIEW_OPS
@@ -51,3 +52,18 @@ def templates() -> tuple[Template, ...]:
 def templates_for(op: KernelOp) -> list[Template]:
     """The templates that can implement `op` (usually one)."""
     return [t for t in templates() if op.op in t.ops and t.accepts(op)]
+
+
+class NoTemplateError(TesseraError):
+    """No GPU template implements an op (or some kernels of a plan: the message lists them)."""
+
+
+def template_for(op: KernelOp) -> Template:
+    """The template that implements `op`: the first of templates_for (the cost model and every
+    executor take the same one), or NoTemplateError saying what to do."""
+    found = templates_for(op)
+    if not found:
+        raise NoTemplateError("no GPU kernel template implements this op", op=op.op, operands=str(op),
+                              hint="float64 and a few rare ops run on the host only: run it with the numpy "
+                                   "executor, or register a template for it")
+    return found[0]
