@@ -30,18 +30,16 @@ True
 from __future__ import annotations
 
 import math
-from io import StringIO
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
-from rich.console import Console
 
 from tessera_rw.pipeline import CompiledProgram
+from tessera_rw.report import TEXT_WIDTH
 from tessera_rw.tune.cost import KernelCost
 from tessera_rw.tune.extract import Candidate
 
 SCHEMA = "tessera_rw.explain/1"
-TEXT_WIDTH = 100
 
 
 class _Record(BaseModel):
@@ -128,11 +126,8 @@ class ExplainReport(_Record):
 
     def render(self, width: int = TEXT_WIDTH) -> str:
         """The text form (rich tables, no colour) at `width` columns."""
-        from tessera_rw.report import explain_renderables
-        console = Console(file=StringIO(), width=width, color_system=None, force_terminal=False)
-        for item in explain_renderables(self):
-            console.print(item)
-        return console.file.getvalue()
+        from tessera_rw.report import Printable, explain_renderables
+        return Printable(*explain_renderables(self)).text(width)
 
     def __str__(self) -> str:
         return self.render()

@@ -113,6 +113,7 @@ class Kernel:
         self._traces: dict[Signature, Traced] = {}
         self._float_values: dict[str, set] = {}              # the values each float argument was traced with
         self._changes: dict[str, int] = {}                   # retraces each outside name's change caused
+        self._shapes: dict[str, set] = {}                    # the shapes each tensor argument was traced at
         self._programs: dict[tuple, CompiledProgram] = {}
         self._array_calls: dict[tuple, tuple[CompiledProgram, Traced]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
@@ -192,6 +193,7 @@ class Kernel:
         if found is None:
             found = self._traces[call.signature] = self._trace(call)
             self._note_float_values(call.statics)
+            self._note_shapes(call.tensors)
         return found
 
     def _trace(self, call: BoundCall) -> Traced:
@@ -212,6 +214,17 @@ class Kernel:
                     f"kernel {self.name}: {name!r}, which it reads from outside its arguments, has changed {count} "
                     f"times, and each change traced and compiled it anew; pass {name} as an argument instead "
                     "(an array, or a 0-d array for a number) to make it an input of one program"))
+
+    def _note_shapes(self, tensors: dict[str, TensorType]) -> None:
+        """Warn (once per argument) when a tensor argument has been traced at RETRACE_WARNING_AFTER shapes."""
+        for name, t in tensors.items():
+            seen = self._shapes.setdefault(name, set())
+            seen.add(t.shape)
+            if len(seen) == RETRACE_WARNING_AFTER:
+                warn_at_user_line(RetraceWarning(
+                    f"kernel {self.name}: argument {name!r} has come in {len(seen)} shapes, and each traced, "
+                    f"rewrote and compiled a program of its own (shapes are static, as in a CUDA graph); pad "
+                    f"varying lengths up to a few bucket sizes to reuse programs"))
 
     def _note_float_values(self, statics: dict[str, Any]) -> None:
         """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING_AFTER values."""

@@ -9,10 +9,11 @@ generates. A report read back from JSON has no program: it shows what the schema
 from __future__ import annotations
 
 import math
+from io import StringIO
 from typing import TYPE_CHECKING, Iterator
 
 from rich import box
-from rich.console import RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from tessera_rw.explain_report import CandidateInfo, ExplainReport
     from tessera_rw.pipeline import CompiledProgram
 
+
 def node_flops(node: Node) -> int:
     """FLOPs of one node as written (a multiply-add counts 2)."""
     return OPS[node.op].flops(node.type, *(a.type for a in node.args), **node.attr_map)
@@ -44,6 +46,22 @@ def _mb(n: int) -> str:
 
 def _gflop(n: int) -> str:
     return f"{n / 1e9:,.3f}"
+
+
+TEXT_WIDTH = 100          # columns of the text forms
+
+
+class Printable(Group):
+    """Rich renderables that print as text with Python's print too (rich's print shows them styled)."""
+
+    def text(self, width: int = TEXT_WIDTH) -> str:
+        console = Console(file=StringIO(), width=width, color_system=None, force_terminal=False)
+        for item in self.renderables:
+            console.print(item)
+        return console.file.getvalue()
+
+    def __str__(self) -> str:
+        return self.text()
 
 
 def report_table(title: str, caption: str | None = None) -> Table:

@@ -32,6 +32,7 @@ from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.kernel import Kernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
+from tessera_rw.report import Printable
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.extract import FusionDepth
 from tessera_rw.tune.kernel_tuner import KernelTuning, cached_schedule
@@ -80,13 +81,12 @@ class TuneConfig:
         parts = [f"{k}={v}" for k, v in self.knobs().items()] + [f"fusion={self.fusion}"]
         return "Best config: " + ", ".join(parts)
 
-    def table(self):
-        """A rich Table per tuned kernel: schedule, time, % of best (print it with rich)."""
-        from rich.console import Group
+    def table(self) -> Printable:
+        """A table per tuned kernel: schedule, time, % of best (print() gives text, rich's print colour)."""
         tables = [trials_table(f"{k.op.op} [{k.kind}] chosen by {k.chosen_by}", k.trials,
                                next((t for t in k.trials if t.schedule == k.schedule), None))
                   for k in self.kernels if k.trials]
-        return Group(*tables)
+        return Printable(*tables)
 
     def __repr__(self) -> str:
         if self.chosen_by == "interpolated":      # the times are the nearest tuned shapes'

@@ -129,6 +129,12 @@ def test_schedule_search_space_and_autotune_on_a_kernel():
         mm.schedule.autotune(cost_model="oracle")
 
 
+def test_a_configs_table_prints_as_text():
+    cfg = autotune(op.matmul, shapes=(256, 256, 256), dtype="bf16", method="cost_model", cache=None)
+    text = str(cfg.table())
+    assert "matmul" in text and "% of best" in text and "◀" in text
+
+
 def test_schedule_autotune_keeps_to_the_kernels_own_cache():
     @op.autotune(cache="own_records", method="cost_model")
     def mm(a, b):

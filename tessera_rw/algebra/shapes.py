@@ -48,7 +48,10 @@ def normalize_axes(axis: int | Iterable[int] | None, ndim: int) -> tuple[int, ..
     elif isinstance(axis, (tuple, list)):
         axes = tuple(axis)
     else:
-        raise AxisError(f"axis must be an int, a tuple of ints or None, got {axis!r}")
+        tensor = hasattr(axis, "shape") and hasattr(axis, "dtype")
+        raise AxisError(f"axis must be an int, a tuple of ints or None, got {axis!r}",
+                        hint="a tensor in the axis's place: for the elementwise maximum or minimum of two tensors "
+                             "use op.maximum(x, y) / op.minimum(x, y)" if tensor else None)
     norm = tuple(normalize_axis(a, ndim) for a in axes)
     if len(set(norm)) != len(norm):
         raise AxisError(f"axis {axes} repeats an axis")

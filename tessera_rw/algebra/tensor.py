@@ -14,6 +14,18 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.node import Node, TensorType
 
 
+# torch's tensor methods, and what does their work here
+TORCH_NAMES = {
+    "permute": "use x.transpose(*axes) (numpy's name)", "view": "use x.reshape(...)",
+    "contiguous": "tensors here have no layout: drop the call", "unsqueeze": "use x[:, None] (None adds an axis)",
+    "squeeze": "use x.reshape(...) or x[0]", "size": "use x.shape", "dim": "use x.ndim",
+    "float": 'use x.astype("float32")', "half": 'use x.astype("float16")', "bfloat16": 'use x.astype("bf16")',
+    "to": "use x.astype(dtype)", "type": "use x.astype(dtype)", "numpy": "a traced tensor has no data yet",
+    "item": "a traced tensor has no data yet", "masked_fill": "use op.where(mask, value, x)",
+    "expand": "use op.broadcast_to(x, shape)", "repeat": "use op.concatenate([x, x, ...], axis)",
+}
+
+
 class TensorMethods:
     """Operators and methods shared by symbolic tensors and placeholders."""
     __slots__ = ()
@@ -89,6 +101,13 @@ class TensorMethods:
     def mean(self, axis=None, keepdims=False): return api.mean(self, axis, keepdims)
     def max(self, axis=None, keepdims=False): return api.max(self, axis, keepdims)
     def min(self, axis=None, keepdims=False): return api.min(self, axis, keepdims)
+
+    def __getattr__(self, name: str):
+        """Only for names the class lacks: a torch method's name gets ours in the error."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        hint = TORCH_NAMES.get(name) or (f"use op.{name}(x)" if hasattr(api, name) else None)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}" + (f"; {hint}" if hint else ""))
 
     def __len__(self) -> int:
         if not self.shape:

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     cache = TuneCache(args.name)
+    if args.action in ("list", "export", "clear") and args.name != "default" and not cache.folder.is_dir():
+        others = sorted(p.name for p in cache.root.glob("*") if p.is_dir()) if cache.root.is_dir() else []
+        raise UsageError(f"there is no autotune cache named {args.name!r} in {cache.root}; caches there: "
+                         f"{', '.join(others) or 'none'}")
     if getattr(args, "arch", None):
         _check_arch(cache, args.arch)
     with warnings.catch_warnings(record=True) as caught:

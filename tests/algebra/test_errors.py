@@ -186,3 +186,14 @@ def test_op_apply_with_missing_or_unknown_attributes_names_them():
         op.apply("exp", (a,), foo=1)
     with pytest.raises(ArgumentError, match="exp: cannot be applied to 2 operand"):
         op.apply("exp", (a, a))
+
+
+def test_torch_spellings_get_ours_in_the_error():
+    x = op.tensor((4, 8), "f32")
+    with pytest.raises(AttributeError, match=r"'permute'; use x.transpose\(\*axes\)"):
+        x.permute(1, 0)
+    with pytest.raises(AttributeError, match=r"'exp'; use op.exp\(x\)"):
+        x.exp()
+    with pytest.raises(AxisError) as e:
+        op.kernel(lambda a: op.max(a, a * 2))(np.ones((2, 2), np.float32))
+    assert "op.maximum(x, y)" in e.value.hint

@@ -372,6 +372,7 @@ def test_cli_clear_asks_on_a_terminal(cli, monkeypatch):
     (["list", "--format", "yaml"], "invalid choice"),
     (["list", "--arch", "sm_99"], "unknown architecture 'sm_99'"),
     (["clear", "--arch", "h1000", "--yes"], "unknown architecture 'h1000'"),
+    (["list", "--name", "nope"], "there is no autotune cache named 'nope'"),
 ])
 def test_cli_bad_invocations_exit_2(cli, argv, says):
     status, out, err = cli(*argv)

@@ -1,5 +1,5 @@
-"""What a kernel reads from outside its arguments: captured arrays are inputs read at each call,
-and a global, closure or `self` name holding another array or number traces again."""
+"""When a kernel traces again: captured arrays are inputs read at each call, a global, closure or
+`self` name holding another array or number traces again, and ever new values or shapes warn."""
 
 import warnings
 
@@ -114,3 +114,16 @@ def test_a_name_that_keeps_changing_warns_once():
     retraces = [w for w in caught if issubclass(w.category, RetraceWarning)]
     assert len(retraces) == 1 and "'step'" in str(retraces[0].message)
     assert retraces[0].filename == __file__
+
+
+def test_a_tensor_argument_in_ever_new_shapes_warns_once():
+    @op.kernel
+    def f(x):
+        return x * 2.0
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, RETRACE_WARNING_AFTER + 3):
+            f(np.ones(n, np.float32))
+    retraces = [w for w in caught if issubclass(w.category, RetraceWarning)]
+    assert len(retraces) == 1 and "'x' has come in 8 shapes" in str(retraces[0].message)
