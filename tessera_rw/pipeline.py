@@ -31,6 +31,7 @@ from tessera_rw.tune.candidate_choice import CandidateChoice, choose_candidate
 from tessera_rw.tune.extract import Candidate, extract_candidates
 from tessera_rw.tune.pins import PinnedStep, pin_steps, warn_unused
 from tessera_rw.tune.plan_tuner import TuneSettings, default_schedules, tunable_ops
+from tessera_rw.tune.records import ChosenBy
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class CompiledProgram:
     rewrite: RewriteResult
     candidates: tuple[Candidate, ...]
     chosen: int
-    chosen_by: str              # "cost_model" | "on_device" | "cache"
+    chosen_by: ChosenBy
     plan: KernelPlan
     schedules: tuple[tuple[int, Schedule], ...] = ()   # (step index, schedule) the plan runs with
     tuning: CandidateChoice | None = None               # what tuning weighed, when it ran
@@ -65,7 +66,7 @@ def compile_program(graph: Graph, arch: ArchSpec | str | None = None, tuning: Tu
         plan = lower(candidates[0].graph)
         pinned = pin_steps(tunable_ops(plan, numerics, arch), arch, pins) if pins else ()
         schedules = dict(default_schedules(plan, arch, numerics)) | {p.step: p.tuning.schedule for p in pinned}
-        program = CompiledProgram(graph, arch, result, candidates, 0, "cost_model", plan,
+        program = CompiledProgram(graph, arch, result, candidates, 0, ChosenBy.COST_MODEL, plan,
                                   tuple(sorted(schedules.items())), pinned=pinned)
     else:
         choice = choose_candidate(graph, candidates, arch, replace(tuning, pins=tuple(pins)), numerics)

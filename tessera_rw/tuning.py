@@ -38,6 +38,7 @@ from tessera_rw.tune.extract import FusionDepth
 from tessera_rw.tune.kernel_tuner import KernelTuning, cached_schedule
 from tessera_rw.tune.plan_tuner import TuneSettings, tunable_ops
 from tessera_rw.tune.progress import trials_table
+from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.space import SpaceRestriction, knobs
 
 DEFAULT_CACHE = "default"
@@ -53,10 +54,11 @@ class TuneConfig:
     kernels: tuple[KernelTuning, ...]
 
     @property
-    def chosen_by(self) -> str:
-        """How the program was chosen; 'interpolated' when the cache answered from nearby shapes."""
-        if self.program.chosen_by == "cache" and any(k.chosen_by == "interpolated" for k in self.kernels):
-            return "interpolated"
+    def chosen_by(self) -> ChosenBy:
+        """How the program was chosen; INTERPOLATED when the cache answered from nearby shapes."""
+        if self.program.chosen_by is ChosenBy.CACHE and any(k.chosen_by is ChosenBy.INTERPOLATED
+                                                            for k in self.kernels):
+            return ChosenBy.INTERPOLATED
         return self.program.chosen_by
 
     @property
@@ -89,7 +91,7 @@ class TuneConfig:
         return Printable(*tables)
 
     def __repr__(self) -> str:
-        if self.chosen_by == "interpolated":      # the times are the nearest tuned shapes'
+        if self.chosen_by is ChosenBy.INTERPOLATED:      # the times are the nearest tuned shapes'
             return f"<TuneConfig {self.name}: {self} (interpolated: {self.time_us:.1f} µs at the nearest tuned shape)>"
         return f"<TuneConfig {self.name}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
 
@@ -190,14 +192,14 @@ class Autotune:
             if hit is None:
                 continue
             schedule, record = hit
-            chosen_by = "interpolated" if record.interpolated else "cache"
+            chosen_by = ChosenBy.INTERPOLATED if record.interpolated else ChosenBy.CACHE
             kind = template_for(op).kind_of(op)
             found.append((i, KernelTuning(op, kind, schedule, defaults[i], chosen_by, record.time_us, record.noise_us,
                                           None, 0, 0, record)))
         if not found:
             return None
         schedules = defaults | {i: k.schedule for i, k in found}
-        loaded = replace(program, chosen_by="cache", schedules=tuple(sorted(schedules.items())))
+        loaded = replace(program, chosen_by=ChosenBy.CACHE, schedules=tuple(sorted(schedules.items())))
         return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
 
     def save_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:

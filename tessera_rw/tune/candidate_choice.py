@@ -44,7 +44,7 @@ class Weighed:
 @dataclass(frozen=True)
 class CandidateChoice:
     index: int
-    chosen_by: str                 # 'cache' | 'cost_model' | 'on_device'
+    chosen_by: ChosenBy
     plan: KernelPlan
     tuning: PlanTuning
     weighed: tuple[Weighed, ...]   # empty when the cache answered
@@ -73,7 +73,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
         if index is not None:
             plan = lower(candidates[index].graph)
             tuning = tune_plan(plan, arch, settings, numerics, on_trial=on_trial)
-            return CandidateChoice(index, "cache", plan, tuning, ())
+            return CandidateChoice(index, ChosenBy.CACHE, plan, tuning, ())
     best = candidates[0].est_us
     close = [i for i, c in enumerate(candidates[:MAX_WEIGHED]) if c.est_us <= best * CLOSE_CALL]
     plans = {i: lower(candidates[i].graph) for i in close}
@@ -111,7 +111,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
                     "kernels": len(plans[chosen.index].steps)},
             time_us=chosen.measurement.median_us, chosen_by=by, noise_us=chosen.measurement.noise_us,
             trials=len(weighed)))
-    return CandidateChoice(chosen.index, by.value, plans[chosen.index], chosen.tuning, weighed)
+    return CandidateChoice(chosen.index, by, plans[chosen.index], chosen.tuning, weighed)
 
 
 def _token(candidate: Candidate) -> str:

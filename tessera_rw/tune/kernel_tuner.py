@@ -80,7 +80,7 @@ class KernelTuning:
     kind: str
     schedule: Schedule
     default: Schedule                 # the cost model's pick among the template's defaults
-    chosen_by: str                    # 'cache' | 'cost_model' | 'on_device'
+    chosen_by: ChosenBy
     time_us: float
     noise_us: float
     search: SearchResult | None       # None when the cache answered
@@ -147,7 +147,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
         if hit is not None:
             schedule, record = hit
             if not record.interpolated and (record.chosen_by is ChosenBy.ON_DEVICE or m is Method.COST_MODEL):
-                return KernelTuning(op, template.kind_of(op), schedule, space.default, "cache", record.time_us,
+                return KernelTuning(op, template.kind_of(op), schedule, space.default, ChosenBy.CACHE, record.time_us,
                                     record.noise_us, None, len(space), len(space.pruned), record)
             first = schedule
     schedules, estimates = list(space.schedules), list(space.estimates)
@@ -176,6 +176,6 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
                          best.measurement.noise_us, len(result.trials), restriction)
         if cache is not None:
             cache.put(record)
-    return KernelTuning(op, template.kind_of(op), best.schedule, space.default, measurer.method,
+    return KernelTuning(op, template.kind_of(op), best.schedule, space.default, ChosenBy(measurer.method),
                         best.measurement.median_us, best.measurement.noise_us, result, len(space),
                         len(space.pruned), record)

@@ -31,9 +31,9 @@ from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 from tessera_rw.codegen.templates.registry import template_for, templates_for
 from tessera_rw.tune.cost import best_schedule
 from tessera_rw.tune.kernel_tuner import KernelTuning
+from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.space import SpaceRestriction, knobs, ranked_space
 
-PINNED = "pinned"
 _LISTED_TILES = 12
 
 
@@ -87,7 +87,7 @@ def pinned_tuning(op: KernelOp, arch: ArchSpec, pin: SchedulePin) -> KernelTunin
                             operands=describe_operands(("a", "b"), op.operands[:2]), site=pin.site,
                             hint=f"its tiles (bm, bn, bk): {listed}{more}; or leave tile_shape out and let the "
                                  "cost model or autotune choose") from None
-    return KernelTuning(op, kind, space.schedules[0], best_schedule(template, op, arch)[0], PINNED,
+    return KernelTuning(op, kind, space.schedules[0], best_schedule(template, op, arch)[0], ChosenBy.PINNED,
                         space.estimates[0], 0.0, None, len(space), len(space.pruned))
 
 

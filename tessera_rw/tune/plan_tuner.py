@@ -34,6 +34,7 @@ from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
 from tessera_rw.tune.kernel_tuner import KernelTuning, Method, tune_kernel
 from tessera_rw.tune.pins import PinnedStep, pin_steps
+from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.search import Strategy, Trial
 from tessera_rw.tune.space import SpaceRestriction
 
@@ -84,10 +85,10 @@ class PlanTuning:
         return sum(k.time_us for k in self.kernels)
 
     @property
-    def chosen_by(self) -> str:
-        """'cache' when every kernel came from the cache, else how the others were tuned."""
-        ways = {k.chosen_by for k in self.kernels} - {"cache"}
-        return "cache" if not ways else "on_device" if "on_device" in ways else ways.pop()
+    def chosen_by(self) -> ChosenBy:
+        """CACHE when every kernel came from the cache, else how the others were tuned."""
+        ways = {k.chosen_by for k in self.kernels} - {ChosenBy.CACHE}
+        return ChosenBy.CACHE if not ways else ChosenBy.ON_DEVICE if ChosenBy.ON_DEVICE in ways else ways.pop()
 
 
 def tunable_ops(plan: KernelPlan, numerics: Numerics, arch: ArchSpec) -> list[tuple[int, KernelOp]]:

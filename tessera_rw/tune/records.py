@@ -89,9 +89,21 @@ Micros = Annotated[Finite, Field(ge=0)]
 
 
 class ChosenBy(enum.StrEnum):
-    """How a record's config was picked: timed on the GPU, or ranked by the cost model alone."""
+    """How a config or a program was picked: timed on the GPU, ranked by the cost model alone, read
+    from the cache or from its nearest tuned shape, pinned by the user's tile_shape, or replayed from
+    a timing log. A record holds one of the first two."""
     ON_DEVICE = "on_device"
     COST_MODEL = "cost_model"
+    CACHE = "cache"
+    INTERPOLATED = "interpolated"
+    PINNED = "pinned"
+    REPLAY = "replay"
+
+
+def _measured(by: ChosenBy) -> ChosenBy:
+    if by not in (ChosenBy.ON_DEVICE, ChosenBy.COST_MODEL):
+        raise ValueError(f"a record's config is timed on the device or ranked by the cost model, not {by.value!r}")
+    return by
 
 
 class Versions(NamedTuple):
@@ -168,7 +180,7 @@ class TuneRecord(BaseModel):
     driver_version: Token
     config: Annotated[dict[ConfigKey, ConfigValue], Field(max_length=64)]
     time_us: Micros = Field(description="median measured time, or the cost model's estimate")
-    chosen_by: ChosenBy
+    chosen_by: Annotated[ChosenBy, AfterValidator(_measured)]
     noise_us: Micros = 0.0
     trials: Count = 0
     created: AwareDatetime

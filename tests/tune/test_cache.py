@@ -394,3 +394,10 @@ def test_cli_reports_a_bad_file_as_one_warning_line(cli, tmp_path):
     assert status == 0 and json.loads(out) == []
     assert err.count("\n") == 1 and err.startswith("tessera-rewrite: warning: autotune cache file") and "moved aside" in err
 
+
+
+@pytest.mark.parametrize("by", ["cache", "interpolated", "pinned", "replay"])
+def test_a_record_holds_only_a_timed_or_ranked_config(by):
+    with pytest.raises(ValueError, match="timed on the device or ranked by the cost model"):
+        rec(chosen_by=by)
+    assert rec(chosen_by=ChosenBy.COST_MODEL).chosen_by is ChosenBy.COST_MODEL
