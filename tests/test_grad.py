@@ -189,7 +189,7 @@ def test_explain_trace_and_program_describe_the_backward_graph():
     assert isinstance(g.program(x, w, b), CompiledProgram)
     report = g.explain(op.tensor((4, 3), "float32"), op.tensor((3, 2), "float32"), op.tensor((2,), "float32"))
     assert isinstance(report, ExplainReport) and "grad_linear_loss" in str(report)
-    assert report.to_json()
+    assert ExplainReport.from_json(report.to_json()) == report
 
 
 def test_placeholders_give_the_gradients_shapes_and_dtypes():

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tessera_rw.codegen.arch import arch_named
-from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.codegen.templates.registry import template_for
+from tessera_rw.tune.cost import best_schedule
 from tessera_rw.tune.measure import CostModelMeasurer, Measurement
 from tessera_rw.tune.search import search_space
 from tessera_rw.tune.space import ranked_space, schedule_config
@@ -28,7 +29,7 @@ TOLERANCE = 0.05
 def trials_needed(log: TimingLog, strategy: str, seed: int) -> int:
     """Trials the strategy takes until its incumbent is within TOLERANCE of the log's best."""
     op = log.kernel_op()
-    template = templates_for(op)[0]
+    template = template_for(op)
     space = ranked_space(template, op, arch_named(log.arch))
     replay = ReplayMeasurer(log)
     best = min(e.measurement().median_us for e in log.entries)
@@ -53,10 +54,10 @@ def test_model_search_needs_at_most_half_the_trials_of_random_search(path):
 
 @pytest.mark.parametrize("path", LOGS, ids=[p.stem for p in LOGS])
 def test_the_first_default_schedule_is_within_5_percent_of_the_exhaustive_best(path):
-    """What a call gets without tuning: the template's first default schedule, as measured."""
+    """What a call gets without tuning: the cost model's best default schedule, as measured."""
     log = TimingLog.load(path)
     op = log.kernel_op()
-    first = templates_for(op)[0].schedules(op, arch_named(log.arch))[0]
+    first = best_schedule(template_for(op), op, arch_named(log.arch))[0]
     default = ReplayMeasurer(log).measure([first])[0]
     best = min(e.measurement().median_us for e in log.entries if e.failure is None)
     assert default.ok, f"{path.stem}: the default {first.describe()}: {default.failure}"
@@ -83,7 +84,7 @@ def synthetic_log(seed: int) -> TimingLog:
     t = TensorType((2048, 2048), DType.bfloat16)
     op = KernelOp.of("matmul", (t, t), t, accum_dtype=None)
     arch = arch_named("H100-SXM")
-    template = templates_for(op)[0]
+    template = template_for(op)
     rng = random.Random(seed)
     model = CostModelMeasurer(template, op, arch)
     entries = []
@@ -104,7 +105,7 @@ def test_replay_answers_from_the_log_and_reports_what_it_lacks(tmp_path):
     again = TimingLog.load(path)
     assert again == log
     op = again.kernel_op()
-    template = templates_for(op)[0]
+    template = template_for(op)
     space = template.space(op, arch_named("H100-SXM"))
     replay = ReplayMeasurer(again)
     measured = replay.measure(space[:3])

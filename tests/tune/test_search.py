@@ -4,12 +4,11 @@ are known (tables of times), so every expectation is exact."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen.templates.base import Schedule
@@ -120,15 +119,6 @@ def test_unknown_strategy_and_bad_budget_are_clear_errors():
         search_space([1], [1.0], Table({1: 1.0}), max_trials=0)
 
 
-class Tile:
-    """A schedule-like record with fields, as TPE sees templates' schedules."""
-    def __init__(self, bm, bn, stages):
-        self.bm, self.bn, self.stages = bm, bn, stages
-
-    def __repr__(self):
-        return f"Tile({self.bm}, {self.bn}, {self.stages})"
-
-
 def _tiles():
     from dataclasses import make_dataclass
     T = make_dataclass("T", [("bm", int), ("bn", int), ("stages", int)], frozen=True)
@@ -158,17 +148,21 @@ def test_model_search_starts_from_the_cost_models_best():
     assert [t.schedule for t in result.trials[:SEED_TRIALS]] == [space[i] for i in ranked[:SEED_TRIALS]]
 
 
-@settings(max_examples=5, deadline=None)
-@given(st.integers(0, 2**16))
-def test_model_search_without_a_prior_finds_a_bowls_bottom_sooner_than_random(seed):
+def test_model_search_without_a_prior_finds_a_bowls_bottom_sooner_than_random():
     """With a useless prior (the space in a random order, equal estimates), TPE alone must still
-    learn the bowl's shape: within 40 trials it gets within 5% of the optimum (random: ~1 in 40)."""
+    learn the bowl's shape: over eight seeds its median trials to within 5% of the optimum is under
+    half random search's (a search that never gets there counts as 41)."""
     import random
-    space = _tiles()
-    random.Random(seed).shuffle(space)
-    table = Table({s: _bowl(s) for s in space})
-    result = search_space(space, [0.0] * len(space), table, strategy="model", max_trials=40, seed=seed)
-    assert result.trials_to_within(10.0, 0.05) is not None
+    counts = {"model": [], "random": []}
+    for seed in (0, 1, 5, 7, 42, 99, 1234, 31337):
+        space = _tiles()
+        random.Random(seed).shuffle(space)
+        table = Table({s: _bowl(s) for s in space})
+        for strategy, found in counts.items():
+            result = search_space(space, [0.0] * len(space), table, strategy=strategy, max_trials=40, seed=seed)
+            found.append(result.trials_to_within(10.0, 0.05) or 41)
+    model, rand = (statistics.median(c) for c in counts.values())
+    assert model <= rand / 2, counts
 
 
 def test_search_of_250_schedules_by_model_takes_well_under_a_second_per_trial():
