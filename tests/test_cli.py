@@ -115,10 +115,10 @@ def test_a_run_in_the_emulator_says_so(capsys, monkeypatch, tmp_path):
 
 
 def test_a_plan_that_disagrees_with_its_reference_fails_the_run(capsys, monkeypatch):
-    from tessera_rw.cli import explain as explain_cli
+    from tessera_rw.cli import plan_check
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")
-    real = explain_cli.run_program
-    monkeypatch.setattr(explain_cli, "run_program", lambda program, arrays: tuple(
+    real = plan_check.run_program
+    monkeypatch.setattr(plan_check, "run_program", lambda program, arrays: tuple(
         np.asarray(o) * 1.1 for o in real(program, arrays)))          # a plan 10% off
     shape = "1x2x64x64:bf16"
     assert main(["--explain", str(ROOT / "examples/attention.py:causal_attention"), "--run",
@@ -128,7 +128,7 @@ def test_a_plan_that_disagrees_with_its_reference_fails_the_run(capsys, monkeypa
 
 
 def test_plan_error_reads_nan_and_inf_as_numpy_compares_them():
-    from tessera_rw.cli.explain import plan_error
+    from tessera_rw.cli.plan_check import plan_error
     assert plan_error(np.array([1.0, np.nan]), np.array([1.0, np.nan])) == 0.0
     assert plan_error(np.array([np.inf, 2.0]), np.array([np.inf, 2.0])) == 0.0
     assert plan_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == np.inf

@@ -16,7 +16,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from tessera_rw.cli.explain import load_target, target_inputs
+from tessera_rw.cli.targets import load_target, target_inputs
 from tessera_rw.cli.usage import positive_float, positive_int
 from tessera_rw.tune.progress import describe
 from tessera_rw.tuning import autotune

@@ -1,0 +1,138 @@
+"""What `tessera-rewrite` runs on: FILE.py[:FUNCTION] targets, their modules, and their inputs.
+
+A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file defines. A target module
+may define `example_inputs()` returning a dict of arrays or op.tensor placeholders (one dict for
+all its kernels: each takes the entries its parameters name); `--input NAME=4x16x2048x64:bf16`
+gives or overrides one.
+
+>>> parse_input("q=4x16x2048x64:bf16")
+('q', tensor((4, 16, 2048, 64), bfloat16))
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.tensor import TensorSpec
+from tessera_rw.kernel import Kernel
+
+from tessera_rw.cli.usage import UsageError
+
+
+def parse_input(text: str) -> tuple[str, TensorSpec]:
+    """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32."""
+    name, eq, spec = text.partition("=")
+    if not eq or not name.isidentifier():
+        raise UsageError(f"malformed --input {text!r}: expected NAME=DIMS[:DTYPE], e.g. q=4x16x2048x64:bf16")
+    dims, _, dtype = spec.partition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        return name, TensorSpec(shape, dtype or "float32")
+    except (ValueError, TesseraError) as e:
+        detail = e.detail if isinstance(e, TesseraError) else "dimensions must be integers joined by 'x'"
+        raise UsageError(f"malformed --input {text!r}: {detail}") from None
+
+
+def _import(file: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{file} is not a Python file: give a .py file (or FILE.py:FUNCTION)")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except TesseraError:
+        raise
+    except Exception as e:  # the user's module failed to import: say so in one line
+        raise UsageError(f"importing {file} failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def load_targets(target: str) -> tuple[list[Kernel], Any]:
+    """'path.py:func' -> ([func as a Kernel], module); 'path.py' -> (every @op.kernel it defines, module)."""
+    path, colon, func = target.rpartition(":")
+    if not colon:
+        path = target
+    elif not path or not func:
+        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION or FILE.py")
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no such file: {path}")
+    module = _import(file)
+    if not colon:
+        kernels = [v for v in vars(module).values() if isinstance(v, Kernel) and v.fn.__module__ == module.__name__]
+        if not kernels:
+            raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
+        return kernels, module
+    fn = getattr(module, func, None)
+    if fn is None or not callable(fn):
+        raise UsageError(f"{path} has no function {func!r}")
+    return [fn if isinstance(fn, Kernel) else Kernel(fn)], module
+
+
+def load_target(target: str) -> tuple[Kernel, Any]:
+    """'path.py:func' -> (the function as a Kernel, the module)."""
+    if ":" not in target:
+        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION")
+    kernels, module = load_targets(target)
+    return kernels[0], module
+
+
+def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
+    """The kernel's tensor arguments by name, placeholders or arrays: from --input, else the module's
+    example_inputs() (the entries this kernel's parameters name)."""
+    if given:
+        parsed = [parse_input(t) for t in given]
+        names = [name for name, _ in parsed]
+        if repeated := next((n for n in names if names.count(n) > 1), None):
+            raise UsageError(f"--input {repeated}=... is given twice: give each argument once")
+        inputs = dict(parsed)
+        unknown = [n for n in inputs if n not in kernel.parameter_names]
+        if unknown:
+            raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
+                             f"{', '.join(kernel.parameter_names)}")
+        missing = [n for n in _required(kernel) if n not in inputs]
+        if missing:
+            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
+                             f"{', '.join(missing)}")
+    elif callable(getattr(module, "example_inputs", None)):
+        where = f"example_inputs() of {module.__file__}"
+        try:
+            given_inputs = module.example_inputs()
+        except Exception as e:
+            raise UsageError(f"{where} raised {type(e).__name__}: {e}{user_line(e, module.__file__)}") from None
+        if not isinstance(given_inputs, dict):
+            raise UsageError(f"{where} returned a {type(given_inputs).__name__}: it should return a dict of "
+                             "arrays or op.tensor placeholders by parameter name")
+        inputs = {n: v for n, v in given_inputs.items() if n in kernel.parameter_names}
+        missing = [n for n in _required(kernel) if n not in inputs]
+        if missing:
+            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; {where} has no "
+                             f"{', '.join(missing)} (it gives {', '.join(given_inputs) or 'nothing'}): add them, "
+                             "or pass --input")
+    else:
+        raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
+                         "in its module)")
+    return inputs
+
+
+def _required(kernel: Kernel) -> list[str]:
+    return [p.name for p in inspect.signature(kernel.fn).parameters.values()
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def user_line(error: BaseException, filename: str) -> str:
+    """' at FILE:LINE: source' of the deepest frame of `error`'s traceback in the user's file."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" — at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
