@@ -26,6 +26,7 @@ import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
 from tessera_rw.algebra.builder import user_site, warn_at_user_line
+from tessera_rw.algebra.captures import note_nested
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -329,7 +330,8 @@ class Kernel:
             outputs = run_program(program, traced.feeds(dict(zip(self._positional, args))))
             return outputs[0] if traced.structure is None else traced.structure(outputs)
         if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
-            return self.fn(*args, **kwargs)  # called from another traced function: inline
+            note_nested(self.fn)             # called from another traced function: inline, guarded there
+            return self.fn(*args, **kwargs)
         call = self.bind(*args, **kwargs)
         traced = self.traced(call)
         if call.placeholders:

@@ -127,3 +127,23 @@ def test_a_tensor_argument_in_ever_new_shapes_warns_once():
             f(np.ones(n, np.float32))
     retraces = [w for w in caught if issubclass(w.category, RetraceWarning)]
     assert len(retraces) == 1 and "'x' has come in 8 shapes" in str(retraces[0].message)
+
+
+def test_a_kernel_called_inside_another_is_guarded_there():
+    @op.kernel
+    def inner(x):
+        return x @ W * SCALE
+
+    @op.kernel
+    def outer(x):
+        return inner(x) + 1.0
+
+    global SCALE
+    saved = SCALE
+    try:
+        assert [n.attr("name") for n in outer.trace(X).inputs] == ["x", "W"]
+        np.testing.assert_allclose(outer(X), X @ W * SCALE + 1, rtol=1e-5)
+        SCALE = 4.0
+        np.testing.assert_allclose(outer(X), X @ W * 4.0 + 1, rtol=1e-5)
+    finally:
+        SCALE = saved

@@ -111,6 +111,7 @@ class Captures:
     names: dict[int, str]                                  # id of an array the function can name -> its name
     taken: set[str]                                        # names the graph's inputs already use
     arrays: dict[int, tuple[Node, Any]] = field(default_factory=dict)
+    nested: list[Guard] = field(default_factory=list)      # the guards of kernels called inside the trace
 
     def node_for(self, value: Any, t: TensorType) -> Node:
         found = self.arrays.get(id(value))
@@ -140,6 +141,18 @@ def capturing(guards: tuple[Guard, ...], parameters: set[str]) -> Iterator[Captu
         yield captures
     finally:
         _CAPTURES.reset(token)
+
+
+def note_nested(fn: Callable) -> None:
+    """A kernel called inside the trace in progress: what it reads from outside is guarded (and its
+    arrays named) as the outer function's own."""
+    captures = _CAPTURES.get()
+    if captures is not None:
+        guards = guards_of(fn)
+        captures.nested += guards
+        for g in guards:
+            if _is_array(g.held):
+                captures.names.setdefault(id(g.held), g.name)
 
 
 def captured_input(value: Any, t: TensorType) -> Node | None:

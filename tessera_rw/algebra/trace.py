@@ -80,4 +80,5 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     captured = captures.arrays.values()
     graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs + tuple(node for node, _ in captured),
                   tuple(r.node for r in items))
-    return Traced(graph, structure, tuple(pins), {node.attr("name"): value for node, value in captured}, guards_of(fn))
+    return Traced(graph, structure, tuple(pins), {node.attr("name"): value for node, value in captured},
+                  guards_of(fn) + tuple(captures.nested))

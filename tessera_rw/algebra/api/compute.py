@@ -123,7 +123,10 @@ def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
     """softmax(scale · q kᵀ [+ mask]) v without the score matrix in memory.
 
     scale defaults to 1/sqrt(head_dim); a bool mask keeps where True, a float mask is added;
-    causal keeps the lower triangle. K/V may have fewer heads than Q on axis -3 (GQA).
+    causal keeps the lower triangle aligned top-left, query i seeing keys 0..i (SDPA's is_causal):
+    with fewer queries than keys (decoding against a KV cache), give the bottom-right alignment as
+    a mask instead, op.tril(op.ones((sq, sk), "bool"), k=sk - sq). K/V may have fewer heads than Q
+    on axis -3 (GQA).
     """
     operands = (q, k, v) if mask is None else (q, k, v, mask)
     with op_context("flash_attention", operands, ("q", "k", "v", "mask")):
