@@ -281,3 +281,11 @@ def test_the_gradient_of_a_tuned_kernel_keeps_its_tuning():
 def _named(name, fn):
     fn.__name__ = name
     return fn
+
+
+def test_a_tie_of_maximum_or_minimum_splits_the_gradient_in_half():
+    x, y = np.array([1.0, 2.0, 3.0]), np.array([1.0, 5.0, 0.0])
+    for fn, wins in ((op.maximum, x > y), (op.minimum, x < y)):
+        dx, dy = op.grad(lambda a, b: op.sum(fn(a, b) * 3.0), argnums=(0, 1))(x, y)
+        np.testing.assert_array_equal(dx, np.where(x == y, 1.5, np.where(wins, 3.0, 0.0)))
+        np.testing.assert_array_equal(dx + dy, np.full(3, 3.0))

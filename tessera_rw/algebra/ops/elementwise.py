@@ -57,8 +57,10 @@ def _pow_vjp(g, y, a, b):
 
 
 def _select_larger(g, a, b):
-    """a's share of a max's cotangent: where a won (ties go to a, so the shares sum to g)."""
-    return api.where(a >= b, g, zero(g)), api.where(a >= b, zero(g), g)
+    """The shares of a max's cotangent: all of it to the larger operand, half to each at a tie (as
+    torch and JAX split it); b's is g minus a's, so the shares sum to g exactly."""
+    ga = api.where(a > b, g, api.where(a == b, g * 0.5, zero(g)))
+    return ga, g - ga
 
 
 def _maximum_vjp(g, y, a, b):
