@@ -12,7 +12,7 @@ when a GPU is present.
 
 >>> from tessera_rw import op
 >>> cfg = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model", cache=None)
->>> str(cfg).startswith("Best config: tile=("), cfg.chosen_by
+>>> str(cfg).startswith("Best config: tile=("), str(cfg.chosen_by)
 (True, 'cost_model')
 """
 

@@ -12,7 +12,7 @@ the nearest cached shape's schedule (interpolated), ahead of the cost model's pi
 >>> t = TensorType((1024, 1024), DType.bfloat16)
 >>> tuned = tune_kernel(KernelOp.of("matmul", (t, t), t, accum_dtype=None), arch_named("H100-SXM"),
 ...                     method="cost_model")
->>> tuned.kind, tuned.chosen_by, tuned.time_us > 0
+>>> tuned.kind, str(tuned.chosen_by), tuned.time_us > 0
 ('gemm', 'cost_model', True)
 """
 

@@ -12,7 +12,7 @@ PinWarning, since the product still computes correctly, just not with the tile a
 >>> a, b = TensorType((512, 256), DType.bfloat16), TensorType((256, 1024), DType.bfloat16)
 >>> op = KernelOp.of("matmul", (a, b), TensorType((512, 1024), DType.bfloat16), accum_dtype=None)
 >>> [p] = pin_steps([(0, op)], arch_named("A100-SXM"), (SchedulePin.of((a, b), (64, 128, 32), None),))
->>> p.step, p.tuning.schedule.bm, p.tuning.schedule.bn, p.tuning.schedule.bk, p.tuning.chosen_by
+>>> p.step, p.tuning.schedule.bm, p.tuning.schedule.bn, p.tuning.schedule.bk, str(p.tuning.chosen_by)
 (0, 64, 128, 32, 'pinned')
 """
 
