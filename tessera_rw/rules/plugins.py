@@ -88,7 +88,8 @@ class LoadedPack:
     distribution: str
 
 
-def _distribution(ep: metadata.EntryPoint) -> str:
+def distribution_of(ep: metadata.EntryPoint) -> str:
+    """The name of the package an entry point comes from, for messages."""
     return ep.dist.name if getattr(ep, "dist", None) is not None else ep.value.split(":")[0]
 
 
@@ -114,15 +115,20 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def plugins_disabled() -> bool:
+    """TESSERA_DISABLE_PLUGINS=1: no rule pack and no plugin template is loaded."""
+    return _env_flag("TESSERA_DISABLE_PLUGINS")
+
+
 def discover(strict: bool | None = None,
              entry_points: Callable[[], Iterable[metadata.EntryPoint]] | None = None) -> tuple[LoadedPack, ...]:
     """Load every installed rule pack. `entry_points` replaces discovery (tests inject packs)."""
-    if _env_flag("TESSERA_DISABLE_PLUGINS"):
+    if plugins_disabled():
         return ()
     found = entry_points() if entry_points else metadata.entry_points(group=ENTRY_POINT_GROUP)
     loaded = []
     for ep in found:
-        dist = _distribution(ep)
+        dist = distribution_of(ep)
         try:
             pack = _load_one(ep)
             if not pack.supports():

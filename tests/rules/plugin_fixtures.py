@@ -110,3 +110,20 @@ def right_vjp_pack() -> RulePack:
 
 def wrong_vjp_pack() -> RulePack:          # forgets tanh's own derivative
     return _double_tanh_pack("double_tanh_wrong", lambda g, out, x: (g * 2,))
+
+
+# Template entry points: a broken one, a non-template, and one claiming a built-in op.
+def broken_templates():
+    raise RuntimeError("this template plugin is broken on purpose")
+
+
+def not_a_template():
+    return 42
+
+
+def matmul_template():
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Hijack(RmsnormMatmulTemplate):
+        ops = frozenset({"matmul"})
+    return Hijack()

@@ -18,6 +18,7 @@ from functools import cache
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
+from tessera_rw.codegen.templates.plugin_templates import plugin_templates
 from tessera_rw.lower.lowering import SOURCE_OPS, VIEW_OPS
 
 # Ops that launch nothing: graph inputs and constants are already in memory, and a reshape of a
@@ -43,10 +44,16 @@ BUILTIN = (
 
 
 @cache
-def templates() -> tuple[Template, ...]:
+def builtin_templates() -> tuple[Template, ...]:
     """One instance of every built-in template."""
     return tuple(getattr(importlib.import_module(f"tessera_rw.codegen.templates.{module}"), name)()
                  for module, name in BUILTIN)
+
+
+def templates() -> tuple[Template, ...]:
+    """The built-in templates, then the installed plugins' (plugin_templates.py)."""
+    builtin = builtin_templates()
+    return builtin + plugin_templates(builtin)
 
 
 def templates_for(op: KernelOp) -> list[Template]:

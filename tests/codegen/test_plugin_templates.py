@@ -1,0 +1,60 @@
+"""Kernel templates from plugins: the example package's kernel runs its fused op, and broken or
+hostile template plugins are skipped with a warning naming them."""
+
+from importlib import metadata
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.codegen.emulator import compiler
+from tessera_rw.codegen.templates.plugin_templates import TEMPLATE_ENTRY_POINT_GROUP, load_templates
+from tessera_rw.codegen.templates.registry import builtin_templates, templates
+from tessera_rw.rules.plugins import PluginError, PluginWarning
+
+FIXTURES = "tests.rules.plugin_fixtures"
+RNG = np.random.default_rng(4)
+
+
+def fake(*targets: str):
+    return lambda: [metadata.EntryPoint(name=t.split(":")[1], value=t, group=TEMPLATE_ENTRY_POINT_GROUP)
+                    for t in targets]
+
+
+def reference(x, g, w, eps=1e-6):
+    x, g, w = (a.astype(np.float64) for a in (x, g, w))
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g @ w
+
+
+@op.kernel
+def norm_then_project(x, g, w):
+    return op.rmsnorm(x, g) @ w
+
+
+def test_the_example_plugins_kernel_is_chosen_where_it_is_cheaper_and_runs(monkeypatch):
+    assert "RmsnormMatmulTemplate" in [type(t).__name__ for t in templates()]
+    x, g, w = (RNG.standard_normal(s).astype(np.float32) for s in ((2, 64, 256), (256,), (256, 96)))
+    chosen = norm_then_project.explain(x, g, w)
+    kernels = chosen.candidates[chosen.chosen].kernels
+    assert [(k.kind, k.fused) for k in kernels] == [("gemm", ("rmsnorm",))]
+    np.testing.assert_allclose(norm_then_project(x, g, w), reference(x, g, w), rtol=2e-5, atol=2e-5)
+    if compiler() is not None:               # the plugin's CUDA, run in the emulator
+        monkeypatch.setenv("TESSERA_DEVICE", "emulator")
+        np.testing.assert_allclose(norm_then_project(x, g, w), reference(x, g, w), rtol=2e-5, atol=2e-5)
+
+
+def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
+    builtin = builtin_templates()
+    with pytest.warns(PluginWarning, match="broken on purpose"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:broken_templates")) == ()
+    with pytest.warns(PluginWarning, match="42 is not a tessera_rw Template"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:not_a_template")) == ()
+    with pytest.warns(PluginWarning, match=r"implements \['matmul'\], which GemmTemplate already does"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:matmul_template")) == ()
+    with pytest.raises(PluginError, match="broken on purpose"):
+        load_templates(builtin, fake(f"{FIXTURES}:broken_templates"), strict=True)
+
+
+def test_plugin_templates_are_off_with_the_plugins(monkeypatch):
+    monkeypatch.setenv("TESSERA_DISABLE_PLUGINS", "1")
+    assert templates() == builtin_templates()
