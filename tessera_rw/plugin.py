@@ -16,6 +16,7 @@ from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import STORAGE, kernel_name
 from tessera_rw.codegen.templates.cuda_scalar import load as cuda_load
@@ -32,7 +33,7 @@ def cuda_storage(dtype: DType) -> str:
 
 
 __all__ = ["ArchSpec", "AttributeValueError", "DType", "DTypeError", "ENTRY_POINT_GROUP", "Expr", "KernelOp",
-           "KernelSource", "MathUnit", "OpDef", "OpKind", "PluginError", "PluginWarning", "Resources", "Rule",
+           "KernelSource", "MathUnit", "Numerics", "OpDef", "OpKind", "PluginError", "PluginWarning", "Resources", "Rule",
            "RulePack", "Ruleset", "Schedule", "ShapeError", "TEMPLATE_ENTRY_POINT_GROUP", "Template", "TensorType",
            "TermBuilder", "TesseraError", "arch_named", "cuda_load", "cuda_storage", "cuda_store", "grid_space",
            "kernel_name", "promote"]

@@ -20,7 +20,7 @@ from rich.text import Text
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
+from tessera_rw.algebra.ops import BUILTIN_OPS, opdef
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.templates.registry import templates
 from tessera_rw.tune.cost import KernelCost
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 def node_flops(node: Node) -> int:
     """FLOPs of one node as written (a multiply-add counts 2)."""
-    return OPS[node.op].flops(node.type, *(a.type for a in node.args), **node.attr_map)
+    return opdef(node.op).flops(node.type, *(a.type for a in node.args), **node.attr_map)
 
 
 def _us(t: float | None) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_inputs import Inputs
@@ -80,7 +80,7 @@ def tolerance(dtype: DType, reduction: int = 1, unit: MathUnit | None = None, fa
 def reduction_length(op: KernelOp) -> int:
     """How many terms each output element sums (1 when none): K of a product, a row's length, a
     reduction's extent, a convolution's input-channel window, the keys of attention."""
-    kind, attrs, ops = OPS[op.op].kind, op.attr_map, op.operands
+    kind, attrs, ops = opdef(op.op).kind, op.attr_map, op.operands
     if kind is OpKind.MATMUL:
         return ops[0].shape[-1]
     if op.op == "attention_row_stats_from_lse":        # Σ dO·O over a row's head dim
@@ -132,7 +132,7 @@ def _product_a(op: KernelOp) -> TensorType:
 def row_plan(op: KernelOp) -> tuple[int, float] | None:
     """(output axis whose rows are independent, numpy work of the whole reference), or None when the
     op has no such axis the reference can be restricted to."""
-    kind, out = OPS[op.op].kind, op.result
+    kind, out = opdef(op.op).kind, op.result
     cost = _COST.get(kind, 0)
     if op.op in WHOLE_REFERENCE:
         return None
@@ -169,7 +169,7 @@ def pick_rows(n: int, work: float, rng: np.random.Generator, min_rows: int = MIN
 
 def _restrict(op: KernelOp, inputs: Inputs, axis: int, rows: np.ndarray) -> tuple[list, dict]:
     """Wide operands and attributes whose reference is the output's `rows` along `axis`."""
-    kind, attrs, out = OPS[op.op].kind, dict(op.attr_map), op.result
+    kind, attrs, out = opdef(op.op).kind, dict(op.attr_map), op.result
     n, ts = out.shape[axis], op.operands
 
     def rows_of(i: int, along: int) -> np.ndarray:
@@ -230,7 +230,7 @@ def _tolerance_of(op: KernelOp, unit: MathUnit | None) -> float:
 
 def is_exact(op: KernelOp) -> bool:
     """Ops that only move or select values, and integer or bool results: compared bit for bit."""
-    return OPS[op.op].exact or not (op.result.dtype.is_float or op.result.dtype.is_complex)
+    return opdef(op.op).exact or not (op.result.dtype.is_float or op.result.dtype.is_complex)
 
 
 def _compare_type(dtype: DType) -> np.dtype:
@@ -247,14 +247,14 @@ def expected(op: KernelOp, inputs: Inputs, rng: np.random.Generator, unit: MathU
     axis = rows = None
     if plan is not None:
         axis, work = plan
-        rows = pick_rows(op.result.shape[axis], work, rng, 1 if OPS[op.op].kind is OpKind.CONV else MIN_ROWS)
+        rows = pick_rows(op.result.shape[axis], work, rng, 1 if opdef(op.op).kind is OpKind.CONV else MIN_ROWS)
     if rows is None:
         axis = None
         operands, attrs = [inputs.wide(i) for i in range(len(op.operands))], dict(op.attr_map)
     else:
         operands, attrs = _restrict(op, inputs, axis, rows)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        ref = np.asarray(OPS[op.op].reference(*operands, **attrs))
+        ref = np.asarray(opdef(op.op).reference(*operands, **attrs))
     if is_exact(op):
         return Expected(op, ref.astype(op.result.dtype.numpy), True, axis, rows, 0.0, 0.0)
     magnitude = np.abs(ref[np.isfinite(ref)])

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping
 
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import Node, TensorType
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.codegen.numerics import Numerics
 
 
@@ -40,7 +41,7 @@ class KernelOp:
     @classmethod
     def of(cls, op: str, operands: tuple[TensorType, ...], result: TensorType, *,
            numerics: Numerics | str = Numerics.DETERMINISTIC, **attrs: Any) -> KernelOp:
-        declared = OPS[op].attr_defaults if op in OPS else {}
+        declared = _declared_defaults(op)
         return cls(op, tuple(operands), tuple(sorted((declared | attrs).items())), result, Numerics.parse(numerics))
 
     @classmethod
@@ -54,7 +55,7 @@ class KernelOp:
     @cached_property
     def flops(self) -> int:
         """The op's own FLOP count (a multiply-add is 2), as its declaration gives it."""
-        return OPS[self.op].flops(self.result, *self.operands, **self.attr_map)
+        return opdef(self.op).flops(self.result, *self.operands, **self.attr_map)
 
     @property
     def operand_bytes(self) -> int:
@@ -65,3 +66,12 @@ class KernelOp:
         operands = ", ".join(map(str, self.operands))
         policy = "" if self.numerics is Numerics.DEFAULT else f" [numerics={self.numerics.value}]"
         return f"{self.op}({operands}{', ' if attrs else ''}{attrs}) -> {self.result}{policy}"
+
+
+def _declared_defaults(op: str) -> dict[str, Any]:
+    """The attribute defaults `op` declares (a plugin's op declared on its first lookup); none for a
+    name no op has."""
+    try:
+        return opdef(op).attr_defaults
+    except TesseraError:
+        return {}

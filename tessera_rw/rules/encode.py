@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import ArrayLiteral, Node
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.rules.schema import attr_names, codec, constructor_name, egg_dims, egg_string
 
 
@@ -59,7 +59,7 @@ def encode(graph: Graph) -> Encoding:
 
 def all_arities(op_name: str) -> tuple[int, ...]:
     """The arities an op's constructors are declared for (variadic ops get a range)."""
-    op = OPS[op_name]
+    op = opdef(op_name)
     if not op.variadic:
         return (len(op.operands),)
     if op.name in ("concatenate", "fused_elementwise", "fused_normalization"):  # operand lists

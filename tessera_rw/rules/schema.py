@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.opdef import OpDef
 
 TERM_SORT = "T"
@@ -105,13 +105,13 @@ def camel(op_name: str) -> str:
 
 
 def constructor_name(op: OpDef | str, arity: int) -> str:
-    op = OPS[op] if isinstance(op, str) else op
+    op = opdef(op) if isinstance(op, str) else op
     return camel(op.name) + (str(arity) if op.variadic else "")
 
 
 def attr_names(op_name: str) -> tuple[str, ...]:
     """The attributes an op's nodes carry, in constructor order (sorted by name)."""
-    return OPS[op_name].attr_names
+    return opdef(op_name).attr_names
 
 
 def declaration(op_name: str, arity: int) -> str:

@@ -348,5 +348,14 @@ def _spectral_ops() -> dict[str, KernelOp]:
     }
 
 
+def _plugin_ops() -> dict[str, KernelOp]:
+    """The example plugin's kernel (tessera_rw_rmsnorm_matmul, installed with the test extras)."""
+    def rmsnorm_matmul(lead, k, n, dtype):
+        x, g, w = TensorType(lead + (k,), dtype), TensorType((k,), dtype), TensorType((k, n), dtype)
+        return KernelOp.of("rmsnorm_matmul", (x, g, w), TensorType(lead + (n,), dtype), eps=1e-6)
+    return {"plugin rmsnorm_matmul f32 ragged": rmsnorm_matmul((3, 37), 70, 45, F32),
+            "plugin rmsnorm_matmul bf16": rmsnorm_matmul((2, 64), 96, 64, BF16)}
+
+
 EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
-                                  | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops())
+                                  | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops() | _plugin_ops())

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tessera_rw.plugin import (ArchSpec, DType, KernelOp, KernelSource, MathUnit, Resources, Schedule, Template,
-                               TensorType, cuda_load, cuda_store, cuda_storage, kernel_name)
+from tessera_rw.plugin import (ArchSpec, DType, KernelOp, KernelSource, MathUnit, Numerics, Resources, Schedule,
+                               Template, TensorType, cuda_load, cuda_store, cuda_storage, kernel_name)
 
 THREADS = 256
 DTYPES = (DType.float32, DType.bfloat16, DType.float16)
@@ -63,8 +63,10 @@ class RmsnormMatmulTemplate(Template):
     ops = frozenset({"rmsnorm_matmul"})
 
     def accepts(self, op: KernelOp) -> bool:
+        if op.op not in self.ops:
+            return False
         x, g, w = op.operands
-        return (op.op in self.ops and x.dtype in DTYPES and g.dtype is x.dtype and w.dtype is x.dtype
+        return (x.dtype in DTYPES and g.dtype is x.dtype and w.dtype is x.dtype
                 and op.result.dtype is x.dtype and x.ndim >= 1 and w.ndim == 2)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
@@ -157,7 +159,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
         }}
 }}
 """
-        return KernelSource(name, source, threads=THREADS, grid=(-(-p.n // s.bn), -(-p.m // s.bm), 1))
+        return KernelSource(name, source, threads=THREADS, grid=(-(-p.n // s.bn), -(-p.m // s.bm), 1),
+                            fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
         def sample(m: int, k: int, n: int, dtype: DType) -> KernelOp:

@@ -35,7 +35,7 @@ from tessera_rw.algebra.errors import (
     ArgumentError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.shapes import fmt_shape
 from tessera_rw.algebra.tensor import SymbolicTensor
 
@@ -87,7 +87,7 @@ def _active(graph: Graph, targets: tuple[Node, ...]) -> set[Node]:
 
 def _pull_back(node: Node, g: SymbolicTensor) -> tuple:
     """The cotangents of node's operands, from its op's VJP, with the error naming the op."""
-    op = OPS[node.op]
+    op = opdef(node.op)
     if op.vjp is None:
         raise TesseraError(f"op {node.op!r} declares no VJP, so it cannot be differentiated",
                            op=node.op, hint="declare one with OpDef(..., vjp=...)")
