@@ -358,18 +358,13 @@ def autotune(fn: Callable | Kernel | None = None, *, cache: str = "default", met
     first call, keeping the results in the named cache (one file per GPU arch); a later process
     finds them there and tunes nothing. Stacks on `@op.kernel` or stands alone."""
     from tessera_rw.tune.cache import TuneCache
-    from tessera_rw.tune.kernel_tuner import Method
     from tessera_rw.tune.plan_tuner import TuneSettings
-    TuneCache(cache)                               # a bad name fails here, not at the first call
-    try:
-        Method(method)
-    except ValueError:
-        raise ArgumentError(f"op.autotune: unknown method {method!r}",
-                            hint="use 'on_device', 'cost_model' or 'auto'") from None
+    TuneCache(cache)                               # a bad name or method fails here, not at the first call
+    settings = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
 
     def wrap(f: Callable | Kernel) -> Kernel:
         k = f if isinstance(f, Kernel) else Kernel(f)
-        k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
+        k.tuning = settings
         k.forget_programs()
         return k
     return wrap if fn is None else wrap(fn)

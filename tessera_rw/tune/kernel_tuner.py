@@ -42,13 +42,17 @@ class Method(enum.StrEnum):
     AUTO = "auto"
 
     @staticmethod
+    def parse(method: str | Method, what: str = "") -> Method:
+        try:
+            return Method(method)
+        except ValueError:
+            raise ArgumentError(f"autotune {what + ': ' if what else ''}unknown method {method!r}",
+                                hint="use 'on_device', 'cost_model' or 'auto'") from None
+
+    @staticmethod
     def resolve(method: str | Method, what: str) -> Method:
         """'auto' becomes on_device or cost_model; on_device without a GPU is an error."""
-        try:
-            m = Method(method)
-        except ValueError:
-            raise ArgumentError(f"autotune {what}: unknown method {method!r}",
-                                hint="use 'on_device', 'cost_model' or 'auto'") from None
+        m = Method.parse(method, what)
         if m is Method.AUTO:
             return Method.ON_DEVICE if gpu_available() else Method.COST_MODEL
         if m is Method.ON_DEVICE and not gpu_available():

@@ -41,20 +41,23 @@ from tessera_rw.tune.space import SpaceRestriction
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """How to tune: method ('auto' | 'on_device' | 'cost_model'), the named cache (None: no cache),
-    the user's search-space restriction, the trial budget per kernel, an overall time budget, and
-    the program's schedule pins (its pinned GEMM kernels are not tuned)."""
-    method: str = "auto"
+    """How to tune: method ('auto' | 'on_device' | 'cost_model', parsed into a Method), the named
+    cache (None: no cache), the user's search-space restriction, the trial budget per kernel, an
+    overall time budget, the search strategy, and the program's schedule pins (its pinned GEMM
+    kernels are not tuned)."""
+    method: Method = Method.AUTO
     cache: str | None = "default"
     restriction: SpaceRestriction = field(default_factory=SpaceRestriction)
     max_trials: int = 50
     time_budget_s: float | None = None
-    strategy: str = Strategy.MODEL.value
+    strategy: Strategy = Strategy.MODEL
     cache_root: str | None = None         # the cache folder's parent (None: TESSERA_CACHE_DIR or ~/.tessera)
     read_only: bool = False               # read the cache, write nothing to it
     pins: tuple[SchedulePin, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "method", Method.parse(self.method))
+        object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
         if not isinstance(self.max_trials, int) or isinstance(self.max_trials, bool) or self.max_trials < 1:
             raise ArgumentError(f"autotune: max_trials must be a positive int, got {self.max_trials!r}",
                                 hint="each kernel measures at least one schedule; max_trials=1 takes the model's best")
