@@ -1,8 +1,9 @@
 """The package's shape as its architecture draws it: imports point down the layers, modules import without
 cycles, plugins use the public API only, and no module grows into a god file.
 
-Imports are read from the source (ast), every one of them: a lazy import inside a function is a
-dependency all the same.
+Imports are read from the source (ast). For the layers, every one of them: a lazy import inside a
+function is a dependency all the same. For cycles, the module-level ones: those are what makes
+importing a module fail; a lazy import inside a function runs after both modules are loaded.
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def test_modules_import_without_cycles():
             visit(m, [])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "plugins").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+PLUGIN_SOURCES = sorted(p for p in (ROOT / "plugins").rglob("*.py") if "build" not in p.relative_to(ROOT).parts)
+
+
+@pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_plugins_use_the_public_api_only(path):
     private = [f"line {line}: {name}" for line, name in imports(path) if name not in PUBLIC_MODULES]
     assert not private, f"{path.name} reaches past the public API: {private}"
