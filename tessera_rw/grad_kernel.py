@@ -29,12 +29,14 @@ from typing import Any, Callable
 from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
 from tessera_rw.algebra.builder import user_site
+from tessera_rw.algebra.captures import note_nested
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.kernel import BoundCall, Kernel
+from tessera_rw.method_kernels import BoundKernel
 
 Argnums = int | tuple[int, ...]
 
@@ -64,7 +66,8 @@ class GradKernel(Kernel):
     """The gradient of `fn` with respect to the parameters at `argnums`: one array per position
     (a tuple when argnums is a tuple), each of its input's shape and dtype."""
 
-    def __init__(self, fn: Callable | Kernel, argnums: Argnums = 0):
+    def __init__(self, fn: Callable | Kernel | BoundKernel, argnums: Argnums = 0):
+        fn = fn.kernel if isinstance(fn, BoundKernel) else fn
         super().__init__(fn.fn if isinstance(fn, Kernel) else fn)
         if isinstance(fn, Kernel):             # a kernel's own tuning settings carry over to its gradient
             self.tuning, self.restriction = fn.tuning, fn.restriction
@@ -89,8 +92,10 @@ class GradKernel(Kernel):
             positions.append(names.index(param))
         return tuple(positions)
 
-    def _for_method(self, method: Callable) -> Kernel:
-        return GradKernel(method, self.argnums)
+    def for_method(self, method: Callable) -> Kernel:
+        bound = GradKernel(method, self.argnums)
+        bound.tuning, bound.restriction = self.tuning, self.restriction
+        return bound
 
     def _trace(self, call: BoundCall) -> Traced:
         forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)
@@ -105,6 +110,7 @@ class GradKernel(Kernel):
             raise ArgumentError(f"{self.name}: a placeholder cannot be used inside a traced function",
                                 hint="pass it as an argument of the kernel instead", site=user_site())
         traced = self.traced(call)
+        note_nested(self.fn)               # the outer trace is guarded by what this one reads
         values = {}
         for node, value in zip(traced.graph.inputs, traced.feeds(call.values).values()):
             values[node] = value.node if isinstance(value, SymbolicTensor) else array_node(value, node.type)

@@ -14,7 +14,6 @@ tensor((8, 4), bfloat16)
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import inspect
@@ -33,6 +32,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw.method_kernels import BoundKernel, InstanceKernels
 
 if TYPE_CHECKING:
     from tessera_rw.explain_report import ExplainReport
@@ -119,22 +119,22 @@ class Kernel:
         self._array_calls: dict[tuple, tuple[CompiledProgram, Traced]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
+        self._instances = InstanceKernels()               # per instance, when defined in a class body
         functools.update_wrapper(self, fn)
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Kernel:
-        """A kernel defined in a class body, looked up on an instance: the kernel of the bound method,
-        kept in the instance's __dict__ (as functools.cached_property keeps its value), so each
-        instance traces once per signature and reads its own attributes."""
+    def __get__(self, obj: Any, owner: type | None = None) -> Kernel | BoundKernel:
+        """A kernel defined in a class body, looked up on an instance: that instance's own kernel of
+        the method, bound to it (method_kernels.py), so each instance traces once per signature and
+        reads its own attributes."""
         if obj is None:
             return self
-        bound = self._for_method(self.fn.__get__(obj, owner))
-        bound.tuning, bound.restriction = self.tuning, self.restriction
-        with contextlib.suppress(AttributeError, TypeError):     # no __dict__: a new kernel per lookup
-            obj.__dict__[self.fn.__name__] = bound
-        return bound
+        return self._instances.bound(self, obj)
 
-    def _for_method(self, method: Callable) -> Kernel:
-        return Kernel(method)
+    def for_method(self, method: Callable) -> Kernel:
+        """The kernel of this one's function bound to an instance, tuned as this one is."""
+        bound = Kernel(method)
+        bound.tuning, bound.restriction = self.tuning, self.restriction
+        return bound
 
     @property
     def name(self) -> str:
@@ -173,8 +173,10 @@ class Kernel:
             try:
                 t = type_of(value)
             except TesseraError as e:
+                hint = (f"a kernel defined in a class body binds self when looked up on an instance: call "
+                        f"instance.{self.name}(...)") if name == "self" else e.hint
                 raise ArgumentError(f"kernel {self.name}: argument {name!r} is not a tensor ({e.detail})",
-                                    hint=e.hint, site=user_site()) from None
+                                    hint=hint, site=user_site()) from None
             tensors[name] = t
             if isinstance(value, TensorSpec):
                 placeholders = True
@@ -202,7 +204,7 @@ class Kernel:
 
     def _forget_signature(self, signature: Signature) -> None:
         """Drop a signature's trace and what was compiled from it."""
-        del self._traces[signature]
+        self._traces.pop(signature, None)        # another thread may have dropped it first
         self._programs = {k: p for k, p in self._programs.items() if k[0] != signature}
         self._array_calls.clear()
 

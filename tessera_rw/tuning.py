@@ -31,6 +31,7 @@ from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.kernel import Kernel
+from tessera_rw.method_kernels import BoundKernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import Printable
 from tessera_rw.tune.cache import TuneCache
@@ -102,7 +103,9 @@ def _operand_count(fn: Callable) -> int:
                for p in params)
 
 
-def _as_kernel(fn: Callable | Kernel) -> Kernel:
+def _as_kernel(fn: Callable | Kernel | BoundKernel) -> Kernel:
+    if isinstance(fn, BoundKernel):
+        return fn.kernel
     if isinstance(fn, Kernel):
         return fn
     if not callable(fn):

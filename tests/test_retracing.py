@@ -77,7 +77,7 @@ def test_closures_and_module_attributes_are_guarded():
     np.testing.assert_allclose(b.forward(X), X @ b.w, rtol=1e-5)      # each instance its own weights
     a.w = a.w - 1.0                                                    # an SGD step that rebinds
     np.testing.assert_allclose(a.forward(X), X @ a.w, rtol=1e-5)
-    assert a.forward is a.forward                                     # one kernel per instance
+    assert a.forward.kernel is a.forward.kernel                       # one kernel per instance
     with pytest.raises(Exception, match="missing a required argument"):
         Linear.forward(X)                                             # unbound: self is missing
 
@@ -147,3 +147,64 @@ def test_a_kernel_called_inside_another_is_guarded_there():
         np.testing.assert_allclose(outer(X), X @ W * 4.0 + 1, rtol=1e-5)
     finally:
         SCALE = saved
+
+
+def test_a_gradient_called_inside_a_kernel_is_guarded_there():
+    global W
+    saved = W
+    try:
+        g = op.grad(lambda x: op.sum(x @ W))
+
+        @op.kernel
+        def outer(x):
+            return g(x) * 2.0
+
+        np.testing.assert_allclose(outer(X), 2 * np.broadcast_to(W.sum(1), X.shape), rtol=1e-5)
+        W = np.ones((4, 4), np.float32)
+        np.testing.assert_allclose(outer(X), np.full(X.shape, 8.0), rtol=1e-6)
+    finally:
+        W = saved
+
+
+class Affine:
+    def __init__(self, w):
+        self.w = w
+
+    @op.kernel
+    def forward(self, x):
+        return x @ self.w
+
+
+def test_method_kernels_neither_keep_their_instance_alive_nor_travel_with_copies():
+    import copy
+    import gc
+    import pickle
+    import weakref
+    a = Affine(np.eye(4, dtype=np.float32))
+    np.testing.assert_array_equal(a.forward(X), X)
+    b = copy.copy(a)
+    b.w = 2 * np.eye(4, dtype=np.float32)
+    np.testing.assert_array_equal(b.forward(X), 2 * X)                   # the copy's own kernel
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(a)).forward(X), X)
+    np.testing.assert_array_equal(copy.deepcopy(a).forward(X), X)
+    gone = weakref.ref(a)
+    del a
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_class_without_weak_references_is_told_its_kernel_traces_each_call():
+    class Slotted:
+        __slots__ = ("w",)
+
+        def __init__(self):
+            self.w = np.eye(4, dtype=np.float32)
+
+        @op.kernel
+        def forward(self, x):
+            return x @ self.w
+
+    with pytest.warns(RuntimeWarning, match="add '__weakref__' to Slotted.__slots__"):
+        np.testing.assert_array_equal(Slotted().forward(X), X)
+    with pytest.raises(Exception, match="call instance.forward"):
+        Affine.forward(Affine(np.eye(4, dtype=np.float32)), X)

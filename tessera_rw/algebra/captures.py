@@ -5,8 +5,12 @@ table built once) is not copied into the graph: it becomes an input of its own, 
 it was found, and each call reads the array as it is then, so an optimizer step that updates it in
 place (`w -= lr * g`) is seen. Rebinding the name to another array, or changing a Python number the
 function reads the same way (`scale = 5.0`), is caught by a guard: the next call traces again, as
-torch.compile's guards do. Values reached through other objects (`cfg.eps`, `self.layers[0].w`)
-are read at trace time; a captured array among them is still read at each call.
+torch.compile's guards do (a function that rebinds a global it reads therefore traces at each call).
+
+What is read at trace time only: values reached through other objects (`cfg.eps`,
+`self.layers[0].w`, a property) or through a plain helper function's globals, and arrays numpy
+computes from captured ones while tracing (`w.astype(...)`, `v * 1.0`: a new array, captured under
+a generic name). A captured array among the former is still read at each call.
 
 >>> import numpy as np
 >>> w = np.ones(2, np.float32)
@@ -22,6 +26,7 @@ import contextlib
 import contextvars
 import numbers
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -87,9 +92,18 @@ def _sources(fn: Callable) -> dict[str, Callable[[], Any]]:
         found[name] = lambda cell=cell: _cell_contents(cell)
     if owner is not None and not isinstance(owner, types.ModuleType):
         attrs = getattr(owner, "__dict__", {})
+        instance = _weakly(owner)           # a guard does not keep the instance alive
         for name in sorted(names & attrs.keys()):
-            found[f"self.{name}"] = lambda name=name: getattr(owner, name, _MISSING)
+            found[f"self.{name}"] = lambda name=name: getattr(instance(), name, _MISSING)
     return found
+
+
+def _weakly(obj: Any) -> Callable[[], Any]:
+    """A weak reference to `obj`, or (where it takes none) a strong one that reads the same way."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _cell_contents(cell: types.CellType) -> Any:

@@ -74,11 +74,12 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     values = {n: SymbolicTensor(node) for n, node in zip(tensors, inputs)} | dict(statics)
     signature = inspect.signature(fn)
     bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
-    with tracing(), collecting_pins() as pins, capturing(guards_of(fn), set(values)) as captures:
+    guards = guards_of(fn)          # what the trace reads: a change during it traces again at the next call
+    with tracing(), collecting_pins() as pins, capturing(guards, set(values)) as captures:
         result = fn(*bound.args, **bound.kwargs)
     items, structure = _collect(fn, result)
     captured = captures.arrays.values()
     graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs + tuple(node for node, _ in captured),
                   tuple(r.node for r in items))
     return Traced(graph, structure, tuple(pins), {node.attr("name"): value for node, value in captured},
-                  guards_of(fn) + tuple(captures.nested))
+                  guards + tuple(captures.nested))

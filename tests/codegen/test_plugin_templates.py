@@ -51,6 +51,8 @@ def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
         assert load_templates(builtin, fake(f"{FIXTURES}:not_a_template")) == ()
     with pytest.warns(PluginWarning, match=r"implements \['matmul'\], which GemmTemplate already does"):
         assert load_templates(builtin, fake(f"{FIXTURES}:matmul_template")) == ()
+    with pytest.warns(PluginWarning, match="a frozenset of the op names"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:string_ops_template")) == ()
     with pytest.raises(PluginError, match="broken on purpose"):
         load_templates(builtin, fake(f"{FIXTURES}:broken_templates"), strict=True)
 
@@ -58,3 +60,17 @@ def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
 def test_plugin_templates_are_off_with_the_plugins(monkeypatch):
     monkeypatch.setenv("TESSERA_DISABLE_PLUGINS", "1")
     assert templates() == builtin_templates()
+
+
+def test_the_plugin_kernels_row_tiles_run_along_the_unbounded_grid_axis():
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+    t, f32 = RmsnormMatmulTemplate(), DType.float32
+    op_ = KernelOp.of("rmsnorm_matmul", (TensorType((4_500_000, 32), f32), TensorType((32,), f32),
+                                         TensorType((32, 16), f32)), TensorType((4_500_000, 16), f32), eps=1e-6)
+    for s in t.schedules(op_, arch_named("H100-SXM")):
+        grid = t.emit(op_, s, arch_named("H100-SXM")).grid
+        assert grid[0] * s.bm >= 4_500_000 and grid[1] <= 65535

@@ -127,3 +127,11 @@ def matmul_template():
     class Hijack(RmsnormMatmulTemplate):
         ops = frozenset({"matmul"})
     return Hijack()
+
+
+def string_ops_template():
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Sloppy(RmsnormMatmulTemplate):
+        ops = "my_fused_op"            # a string, which `in` would read as its substrings
+    return Sloppy()

@@ -96,3 +96,12 @@ def test_a_normalization_absorbs_the_elementwise_ops_on_both_sides():
     fused = Graph("f", graph.inputs, (view.decode(smallest_choice(view) | {root: whole[0]}, root),)).verify()
     assert fused.op_counts() == {"fused_normalization": 1}, str(fused)
     np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_cast_to_the_products_own_dtype_is_no_kernel():
+    x, w = (RNG.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((64, 32), (32, 16)))
+    b = RNG.standard_normal(16).astype(ml_dtypes.bfloat16)
+    for fn in (lambda x, w, b: op.cast(op.gelu(x @ w + b), "bfloat16"),
+               lambda x, w, b: op.cast(op.matmul(x, w, accum_dtype="float32"), "bfloat16") + b):
+        plan = op.kernel(fn).program(x, w, b).plan
+        assert [s.node.op for s in plan.steps] == ["gemm"], plan

@@ -22,6 +22,7 @@ from tessera_rw.plugin import (ArchSpec, DType, KernelOp, KernelSource, MathUnit
                                Template, TensorType, cuda_load, cuda_store, cuda_storage, kernel_name)
 
 THREADS = 256
+MAX_GRID_Y = 65535        # the row tiles run along grid x (2^31 - 1 blocks), the column tiles along y
 DTYPES = (DType.float32, DType.bfloat16, DType.float16)
 
 
@@ -66,8 +67,8 @@ class RmsnormMatmulTemplate(Template):
         if op.op not in self.ops:
             return False
         x, g, w = op.operands
-        return (x.dtype in DTYPES and g.dtype is x.dtype and w.dtype is x.dtype
-                and op.result.dtype is x.dtype and x.ndim >= 1 and w.ndim == 2)
+        return (x.dtype in DTYPES and g.dtype is x.dtype and w.dtype is x.dtype and op.result.dtype is x.dtype
+                and x.ndim >= 1 and w.ndim == 2 and -(-w.shape[1] // min(s.bn for s in SCHEDULES)) <= MAX_GRID_Y)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return ("rmsnorm",)
@@ -112,7 +113,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     __shared__ float sA[BK][BM + 1];
     __shared__ float sB[BK][BN];
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     {{  // 1 / rms of the block's rows: PER_ROW neighbouring lanes a row, summed by a shuffle tree
         const int r = tid / PER_ROW, lane = tid % PER_ROW;
         float ss = 0.0f;
@@ -159,7 +160,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
         }}
 }}
 """
-        return KernelSource(name, source, threads=THREADS, grid=(-(-p.n // s.bn), -(-p.m // s.bm), 1),
+        return KernelSource(name, source, threads=THREADS, grid=(-(-p.m // s.bm), -(-p.n // s.bn), 1),
                             fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:

@@ -58,8 +58,10 @@ def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Ite
 def _check(t: object, taken: dict[str, str]) -> None:
     if not isinstance(t, Template):
         raise PluginError(f"{t!r} is not a tessera_rw Template", hint="subclass tessera_rw.plugin.Template")
-    if not t.ops or not all(isinstance(op, str) for op in t.ops) or not isinstance(t.kind, str):
-        raise PluginError(f"{type(t).__name__} needs `kind` (a string) and `ops` (the op names it implements)")
+    if not isinstance(t.ops, (set, frozenset)) or not t.ops or not all(isinstance(op, str) for op in t.ops) \
+            or not isinstance(t.kind, str):
+        raise PluginError(f"{type(t).__name__} needs `kind` (a string) and `ops` (a frozenset of the op names "
+                          f"it implements), got kind={t.kind!r}, ops={t.ops!r}")
     if clash := sorted(op for op in t.ops if op in taken):
         raise PluginError(f"{type(t).__name__} implements {clash}, which {taken[clash[0]]} already does",
                           hint="a plugin template implements the plugin's own ops")

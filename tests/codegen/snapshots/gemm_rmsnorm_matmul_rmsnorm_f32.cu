@@ -7,7 +7,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_rmsnorm_matmul_0f092883(
     __shared__ float sA[BK][BM + 1];
     __shared__ float sB[BK][BN];
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     {  // 1 / rms of the block's rows: PER_ROW neighbouring lanes a row, summed by a shuffle tree
         const int r = tid / PER_ROW, lane = tid % PER_ROW;
         float ss = 0.0f;
