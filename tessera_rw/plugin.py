@@ -33,7 +33,7 @@ def cuda_storage(dtype: DType) -> str:
 
 
 __all__ = ["ArchSpec", "AttributeValueError", "DType", "DTypeError", "ENTRY_POINT_GROUP", "Expr", "KernelOp",
-           "KernelSource", "MathUnit", "Numerics", "OpDef", "OpKind", "PluginError", "PluginWarning", "Resources", "Rule",
-           "RulePack", "Ruleset", "Schedule", "ShapeError", "TEMPLATE_ENTRY_POINT_GROUP", "Template", "TensorType",
-           "TermBuilder", "TesseraError", "arch_named", "cuda_load", "cuda_storage", "cuda_store", "grid_space",
-           "kernel_name", "promote"]
+           "KernelSource", "MathUnit", "Numerics", "OpDef", "OpKind", "PluginError", "PluginWarning",
+           "Resources", "Rule", "RulePack", "Ruleset", "Schedule", "ShapeError",
+           "TEMPLATE_ENTRY_POINT_GROUP", "Template", "TensorType", "TermBuilder", "TesseraError",
+           "arch_named", "cuda_load", "cuda_storage", "cuda_store", "grid_space", "kernel_name", "promote"]
