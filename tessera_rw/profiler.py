@@ -300,6 +300,9 @@ class Session:
             table.add_row(name, *_figures(rs))
         table.add_section()
         table.add_row("total", *_figures(records), style="bold")
+        if not records:
+            table.caption = ("no kernel launched in the session: eager op calls on numpy arrays run numpy "
+                             "directly; profile an @op.kernel (or op calls on GPU arrays)")
         (console or Console()).print(table)
         return table
 

@@ -92,7 +92,7 @@ def test_a_fused_kernel_is_named_by_its_kind_and_what_it_fused():
     assert p.records[0].fused == ("bias", "gelu")
 
 
-def test_report_prints_the_guides_columns_a_row_per_launch_and_a_total(capsys):
+def test_report_prints_the_profiler_columns_a_row_per_launch_and_a_total(capsys):
     with profiler.session() as p:
         linear(*LINEAR)
         attention(*ATTENTION)
@@ -317,3 +317,12 @@ def test_profiling_an_example_gives_a_trace_perfetto_opens_and_the_guide_table(t
     table = p.report(console=console)
     assert [c.header for c in table.columns] == list(profiler.COLUMNS)
     assert "gemm+bias+gelu[" in console.file.getvalue()
+
+
+def test_an_empty_session_says_why_nothing_was_recorded():
+    x = np.ones((8, 8), np.float32)
+    with profiler.session() as p:
+        op.softmax(x, axis=-1)                 # eager, on numpy: numpy runs it
+    out = io.StringIO()
+    p.report(console=Console(file=out, width=100))
+    assert not p.records and "eager op calls on numpy arrays run numpy directly" in " ".join(out.getvalue().split())
