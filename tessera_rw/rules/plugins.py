@@ -13,6 +13,7 @@ the same way, the warning naming both providers.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
@@ -115,6 +116,13 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+@functools.cache
+def installed_entry_points(group: str) -> tuple[metadata.EntryPoint, ...]:
+    """The installed distributions' entry points of `group`, read once per process (reading the
+    installed metadata took some 4 ms, at every compile)."""
+    return tuple(metadata.entry_points(group=group))
+
+
 def plugins_disabled() -> bool:
     """TESSERA_DISABLE_PLUGINS=1: no rule pack and no plugin template is loaded."""
     return _env_flag("TESSERA_DISABLE_PLUGINS")
@@ -125,7 +133,7 @@ def discover(strict: bool | None = None,
     """Load every installed rule pack. `entry_points` replaces discovery (tests inject packs)."""
     if plugins_disabled():
         return ()
-    found = entry_points() if entry_points else metadata.entry_points(group=ENTRY_POINT_GROUP)
+    found = entry_points() if entry_points else installed_entry_points(ENTRY_POINT_GROUP)
     loaded = []
     for ep in found:
         dist = distribution_of(ep)

@@ -140,7 +140,7 @@ def test_pack_metadata_is_validated():
 
 
 def test_rules_check_catches_a_wrong_plugin_rule(monkeypatch, capsys):
-    monkeypatch.setattr(plugins.metadata, "entry_points",
+    monkeypatch.setattr(plugins, "installed_entry_points",
                         lambda group: fake(f"{FIXTURES}:wrong_pack")() if group == plugins.ENTRY_POINT_GROUP else [])
     assert main(["rules", "--check", "wrong-example", "--seeds", "2"]) == 1
     out = capsys.readouterr().out
@@ -187,7 +187,7 @@ def test_a_rule_without_an_example_loads_and_says_it_cannot_be_checked():
 
 @pytest.mark.parametrize("pack, says, code", [("right_vjp_pack", "ok", 0), ("wrong_vjp_pack", "UNSOUND", 1)])
 def test_rules_check_checks_a_plugin_ops_vjp_against_finite_differences(monkeypatch, capsys, pack, says, code):
-    monkeypatch.setattr(plugins.metadata, "entry_points",
+    monkeypatch.setattr(plugins, "installed_entry_points",
                         lambda group: fake(f"{FIXTURES}:{pack}")() if group == plugins.ENTRY_POINT_GROUP else [])
     name = pack.replace("_pack", "").replace("_vjp", "")
     assert main(["rules", "--check", f"double-tanh-{name}", "--seeds", "1"]) == code

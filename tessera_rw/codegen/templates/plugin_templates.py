@@ -18,7 +18,7 @@ from importlib import metadata
 from typing import Callable, Iterable
 
 from tessera_rw.codegen.templates.base import Template
-from tessera_rw.rules.plugins import PluginError, distribution_of, plugins_disabled, skip
+from tessera_rw.rules.plugins import PluginError, distribution_of, installed_entry_points, plugins_disabled, skip
 
 TEMPLATE_ENTRY_POINT_GROUP = "tessera_rw.templates"
 
@@ -30,7 +30,7 @@ def plugin_templates(builtin: tuple[Template, ...]) -> tuple[Template, ...]:
 
 @cache
 def _installed(builtin: tuple[Template, ...]) -> tuple[Template, ...]:
-    return load_templates(builtin, lambda: metadata.entry_points(group=TEMPLATE_ENTRY_POINT_GROUP))
+    return load_templates(builtin, lambda: installed_entry_points(TEMPLATE_ENTRY_POINT_GROUP))
 
 
 def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Iterable[metadata.EntryPoint]],
