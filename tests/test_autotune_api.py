@@ -219,3 +219,8 @@ def test_a_programs_cached_choice_is_keyed_by_its_policy_and_its_candidates():
     assert key == program_key(graph, candidates, Numerics.DETERMINISTIC)
     assert key != program_key(graph, candidates, Numerics.FAST)
     assert key != program_key(graph, candidates[:1], Numerics.DETERMINISTIC)
+
+
+def test_matmul_shapes_must_be_m_n_k_or_one_per_operand():
+    with pytest.raises(ArgumentError, match=r"neither \(M, N, K\) nor one shape per operand"):
+        autotune(op.matmul, shapes=(7,), dtype="bf16", method="cost_model", cache=None)
