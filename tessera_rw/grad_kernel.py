@@ -92,10 +92,8 @@ class GradKernel(Kernel):
             positions.append(names.index(param))
         return tuple(positions)
 
-    def for_method(self, method: Callable) -> Kernel:
-        bound = GradKernel(method, self.argnums)
-        bound.tuning, bound.restriction = self.tuning, self.restriction
-        return bound
+    def _of(self, fn: Callable) -> Kernel:
+        return GradKernel(fn, self.argnums)
 
     def _trace(self, call: BoundCall) -> Traced:
         forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)

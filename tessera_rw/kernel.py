@@ -112,9 +112,7 @@ class Kernel:
         self._positional_only_call = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                                          for p in self._params.values())
         self._traces: dict[Signature, Traced] = {}
-        self._float_values: dict[str, set] = {}              # the values each float argument was traced with
-        self._changes: dict[str, int] = {}                   # retraces each outside name's change caused
-        self._shapes: dict[str, set] = {}                    # the shapes each tensor argument was traced at
+        self._retraced: dict[tuple[str, str], set] = {}      # (why, name) -> the float values, shapes, changes seen
         self._programs: dict[tuple, CompiledProgram] = {}
         self._array_calls: dict[tuple, tuple[CompiledProgram, Traced]] = {}   # warm calls on numpy arrays
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
@@ -132,9 +130,13 @@ class Kernel:
 
     def for_method(self, method: Callable) -> Kernel:
         """The kernel of this one's function bound to an instance, tuned as this one is."""
-        bound = Kernel(method)
+        bound = self._of(method)
         bound.tuning, bound.restriction = self.tuning, self.restriction
         return bound
+
+    def _of(self, fn: Callable) -> Kernel:
+        """A kernel of this kind for `fn`."""
+        return Kernel(fn)
 
     @property
     def name(self) -> str:
@@ -208,39 +210,35 @@ class Kernel:
         self._programs = {k: p for k, p in self._programs.items() if k[0] != signature}
         self._array_calls.clear()
 
+    def _note_retrace(self, why: str, name: str, item: Hashable, advice: Callable[[int], str]) -> None:
+        """Count `item` among what `name` has been traced with, for reason `why`; at the
+        RETRACE_WARNING_AFTER-th distinct one, warn (once) with `advice(count)`."""
+        seen = self._retraced.setdefault((why, name), set())
+        seen.add(item)
+        if len(seen) == RETRACE_WARNING_AFTER:
+            warn_at_user_line(RetraceWarning(f"kernel {self.name}: {advice(len(seen))}"))
+
     def _note_changes(self, names: list[str]) -> None:
-        """Warn (once per name) when a name the function reads has changed RETRACE_WARNING_AFTER times."""
-        for name in names:
-            count = self._changes[name] = self._changes.get(name, 0) + 1
-            if count == RETRACE_WARNING_AFTER:
-                warn_at_user_line(RetraceWarning(
-                    f"kernel {self.name}: {name!r}, which it reads from outside its arguments, has changed {count} "
-                    f"times, and each change traced and compiled it anew; pass {name} as an argument instead "
-                    "(an array, or a 0-d array for a number) to make it an input of one program"))
+        for name in names:                       # each change is an event of its own
+            self._note_retrace("changed", name, object(), lambda n: (
+                f"{name!r}, which it reads from outside its arguments, has changed {n} times, and each change "
+                f"traced and compiled it anew; pass {name} as an argument instead (an array, or a 0-d array for a "
+                "number) to make it an input of one program"))
 
     def _note_shapes(self, tensors: dict[str, TensorType]) -> None:
-        """Warn (once per argument) when a tensor argument has been traced at RETRACE_WARNING_AFTER shapes."""
         for name, t in tensors.items():
-            seen = self._shapes.setdefault(name, set())
-            seen.add(t.shape)
-            if len(seen) == RETRACE_WARNING_AFTER:
-                warn_at_user_line(RetraceWarning(
-                    f"kernel {self.name}: argument {name!r} has come in {len(seen)} shapes, and each traced, "
-                    f"rewrote and compiled a program of its own (shapes are static, as in a CUDA graph); pad "
-                    f"varying lengths up to a few bucket sizes to reuse programs"))
+            self._note_retrace("shape", name, t.shape, lambda n: (
+                f"argument {name!r} has come in {n} shapes, and each traced, rewrote and compiled a program of "
+                "its own (shapes are static, as in a CUDA graph); pad varying lengths up to a few bucket sizes "
+                "to reuse programs"))
 
     def _note_float_values(self, statics: dict[str, Any]) -> None:
-        """Warn (once per argument) when a float argument has been traced with RETRACE_WARNING_AFTER values."""
         for name, value in statics.items():
             if isinstance(value, float):
-                seen = self._float_values.setdefault(name, set())
-                seen.add(static_key(value))
-                if len(seen) == RETRACE_WARNING_AFTER:
-                    warn_at_user_line(RetraceWarning(
-                        f"kernel {self.name}: argument {name!r} has taken {len(seen)} float values, and each is a "
-                        f"constant of its own trace, traced and compiled anew; pass it as a 0-d array of the dtype "
-                        f"of the tensors it meets (np.asarray({name}, np.float32) beside float32 ones) to make it "
-                        "an input of one program"))
+                self._note_retrace("float", name, static_key(value), lambda n: (
+                    f"argument {name!r} has taken {n} float values, and each is a constant of its own trace, "
+                    f"traced and compiled anew; pass it as a 0-d array of the dtype of the tensors it meets "
+                    f"(np.asarray({name}, np.float32) beside float32 ones) to make it an input of one program"))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The Graph for these arguments' signature (traced on first use): `k.trace(x, y)`."""

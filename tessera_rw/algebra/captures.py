@@ -49,7 +49,7 @@ class Guard:
 
     def holds(self) -> bool:
         now = self.read()
-        if isinstance(self.held, (numbers.Number, np.generic)) and not isinstance(self.held, np.ndarray):
+        if _is_number(self.held):
             return type(now) is type(self.held) and _same_number(now, self.held)
         return now is self.held
 
@@ -58,12 +58,17 @@ def _same_number(a: Any, b: Any) -> bool:
     return bool(a == b or (a != a and b != b))      # NaN holds NaN
 
 
+def _is_number(value: Any) -> bool:
+    """A Python or numpy scalar (not a 0-d array, not a scalar type such as np.float32 itself)."""
+    return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, (np.ndarray, type))
+
+
 def _is_array(value: Any) -> bool:
-    return not isinstance(value, (numbers.Number, np.generic)) and hasattr(value, "shape") and hasattr(value, "dtype")
+    return not _is_number(value) and hasattr(value, "shape") and hasattr(value, "dtype")
 
 
 def _guarded(value: Any) -> bool:
-    return _is_array(value) or (isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, type))
+    return _is_array(value) or _is_number(value)
 
 
 def _names_read(code: types.CodeType) -> set[str]:

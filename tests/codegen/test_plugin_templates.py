@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
-from tessera_rw.codegen.emulator import compiler
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.templates.plugin_templates import TEMPLATE_ENTRY_POINT_GROUP, load_templates
 from tessera_rw.codegen.templates.registry import builtin_templates, templates
 from tessera_rw.rules.plugins import PluginError, PluginWarning
@@ -38,7 +38,7 @@ def test_the_example_plugins_kernel_is_chosen_where_it_is_cheaper_and_runs(monke
     kernels = chosen.candidates[chosen.chosen].kernels
     assert [(k.kind, k.fused) for k in kernels] == [("gemm", ("rmsnorm",))]
     np.testing.assert_allclose(norm_then_project(x, g, w), reference(x, g, w), rtol=2e-5, atol=2e-5)
-    if compiler() is not None:               # the plugin's CUDA, run in the emulator
+    if emulator.available():                 # the plugin's CUDA, run in the emulator
         monkeypatch.setenv("TESSERA_DEVICE", "emulator")
         np.testing.assert_allclose(norm_then_project(x, g, w), reference(x, g, w), rtol=2e-5, atol=2e-5)
 

@@ -29,7 +29,7 @@ from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 from tessera_rw.rules.schema import egg_string
-from tessera_rw.rules.tables import numel
+from tessera_rw.rules.tables import numel, swapped_last
 
 t = TermBuilder()
 q, k, v, mask, c, s, d = t.vars("q k v mask c s d")
@@ -54,9 +54,7 @@ def _facts(rank: int, masked: str) -> tuple[str, ...]:
 
 def _unfused(rank: int, masked: str, causal: bool) -> Expr:
     scores = (Expr("ss"), d)
-    kt = t.transpose(k, axes=Expr("pk"),
-                     of=(Expr(f"(vec-set (vec-set k_s {rank - 1} (vec-get k_s {rank - 2})) {rank - 2} "
-                              f"(vec-get k_s {rank - 1}))"), d))
+    kt = t.transpose(k, axes=Expr("pk"), of=(Expr(swapped_last("k_s")), d))
     x = t.mul(t.matmul(q, kt, accum_dtype=None, of=scores), const(value=c, dtype=d), of=scores)
     neg_inf = const(value=float("-inf"), dtype=d)
     if masked == "additive":
