@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
@@ -35,7 +35,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import Traced, trace
-from tessera_rw.kernel import BoundCall, Kernel
+from tessera_rw.kernel import BoundCall, Kernel, holds_symbolic
 from tessera_rw.method_kernels import BoundKernel
 
 Argnums = int | tuple[int, ...]
@@ -78,28 +78,46 @@ class GradKernel(Kernel):
     def name(self) -> str:
         return f"grad_{self.fn.__name__}"
 
-    def _input_positions(self, call: BoundCall) -> tuple[int, ...]:
+    def _differentiated(self, call: BoundCall) -> tuple[tuple[int, ...], Callable[[tuple], Any] | None]:
+        """The graph inputs to differentiate with respect to (positions among call.tensors), and how
+        to build the result from their gradients: one array per argnum, or for a container
+        argument a container of the same structure (None at a leaf that is not a tensor)."""
         names = list(call.tensors)
-        positions = []
+        positions: list[int] = []
+        parts: list[Callable[[Iterator], Any]] = []
         for i in self._wrt:
             param = self._positional[i]
-            if param not in call.tensors:
+            if param in call.trees:
+                tree, leaves = call.trees[param], call.trees[param].leaf_names(param)
+                positions += [names.index(leaf) for leaf in leaves if leaf in call.tensors]
+                parts.append(lambda grads, tree=tree, leaves=leaves: tree.build(
+                    next(grads) if leaf in call.tensors else None for leaf in leaves))
+            elif param in call.tensors:
+                positions.append(names.index(param))
+                parts.append(next)
+            else:
                 value = call.statics.get(param, "its default")
                 raise ArgumentError(f"{self.name}: cannot differentiate with respect to {param!r} (argnum {i}): "
                                     f"it is given {value!r}, not a tensor",
                                     hint="pass an array or op.tensor placeholder there, or leave it out of argnums",
                                     site=user_site())
-            positions.append(names.index(param))
-        return tuple(positions)
+        if not isinstance(self.argnums, tuple) and parts[0] is next:
+            return tuple(positions), None
+
+        def structure(outputs: tuple) -> Any:
+            grads = iter(outputs)
+            built = tuple(part(grads) for part in parts)
+            return built if isinstance(self.argnums, tuple) else built[0]
+        return tuple(positions), structure
 
     def _of(self, fn: Callable) -> Kernel:
         return GradKernel(fn, self.argnums)
 
     def _trace(self, call: BoundCall) -> Traced:
-        forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__)
-        structure = tuple if isinstance(self.argnums, tuple) else None
+        forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__, trees=call.trees)
+        positions, structure = self._differentiated(call)
         # the forward's pins fix its products where the gradient program computes them again
-        return replace(forward, graph=grad_graph(forward.graph, self._input_positions(call)), structure=structure)
+        return replace(forward, graph=grad_graph(forward.graph, positions), structure=structure)
 
     def _inline(self, args: tuple, kwargs: dict) -> Any:
         """Called inside another traced function: the gradient graph spliced in on the caller's values."""
@@ -116,7 +134,7 @@ class GradKernel(Kernel):
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
+        if holds_symbolic(args, kwargs):
             return self._inline(args, kwargs)
         return super().__call__(*args, **kwargs)
 

@@ -29,6 +29,7 @@ from tessera_rw.algebra.captures import note_nested
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.pytree import TreeDef, flatten, is_container, leaves_of
 from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.codegen.numerics import current_numerics
@@ -63,16 +64,20 @@ def is_static(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class BoundCall:
-    """One call's arguments sorted out: tensor types, their values (if any), and static scalars."""
+    """One call's arguments sorted out: tensor types, their values (if any), static scalars, and
+    the structure of each container argument (whose leaves are among the others, by path name:
+    `params.w1`)."""
     tensors: dict[str, TensorType]
     values: dict[str, Any]
     statics: dict[str, Any]
     placeholders: bool
+    trees: dict[str, TreeDef]
 
     @functools.cached_property
     def signature(self) -> Signature:
         return tuple((n, t) for n, t in self.tensors.items()) + tuple(
-            (n, ("static", type(v).__name__, static_key(v))) for n, v in self.statics.items())
+            (n, ("static", type(v).__name__, static_key(v))) for n, v in self.statics.items()) + tuple(
+            (n, ("tree", tree)) for n, tree in self.trees.items())
 
 
 def static_key(value: Any) -> Any:
@@ -167,24 +172,38 @@ class Kernel:
             raise ArgumentError(f"kernel {self.name}: {e}; {listing}", site=user_site()) from None
 
     def bind(self, *args: Any, **kwargs: Any) -> BoundCall:
-        tensors, values, statics, placeholders = {}, {}, {}, False
+        call = BoundCall({}, {}, {}, False, {})
+        placeholders = False
         for name, value in self._arguments(args, kwargs):
-            if is_static(value):
-                statics[name] = value.item() if isinstance(value, np.generic) else value
-                continue
-            try:
-                t = type_of(value)
-            except TesseraError as e:
-                hint = (f"a kernel defined in a class body binds self when looked up on an instance: call "
-                        f"instance.{self.name}(...)") if name == "self" else e.hint
-                raise ArgumentError(f"kernel {self.name}: argument {name!r} is not a tensor ({e.detail})",
-                                    hint=hint, site=user_site()) from None
-            tensors[name] = t
-            if isinstance(value, TensorSpec):
-                placeholders = True
+            if is_container(value) and not is_static(value):
+                try:
+                    leaves, call.trees[name] = flatten(value, name, stop=is_static)
+                except ValueError as e:
+                    raise ArgumentError(f"kernel {self.name}: argument {name!r}: {e}", site=user_site()) from None
             else:
-                values[name] = value
-        return BoundCall(tensors, values, statics, placeholders)
+                leaves = [(name, value)]
+            for leaf_name, leaf in leaves:
+                placeholders |= self._sort_into(call, leaf_name, leaf)
+        return replace(call, placeholders=placeholders) if placeholders else call
+
+    def _sort_into(self, call: BoundCall, name: str, value: Any) -> bool:
+        """Put argument (or container leaf) `name` among `call`'s statics or tensors; whether it is
+        a placeholder."""
+        if is_static(value):
+            call.statics[name] = value.item() if isinstance(value, np.generic) else value
+            return False
+        try:
+            t = type_of(value)
+        except TesseraError as e:
+            hint = (f"a kernel defined in a class body binds self when looked up on an instance: call "
+                    f"instance.{self.name}(...)") if name == "self" else e.hint
+            raise ArgumentError(f"kernel {self.name}: argument {name!r} is not a tensor ({e.detail})",
+                                hint=hint, site=user_site()) from None
+        call.tensors[name] = t
+        if isinstance(value, TensorSpec):
+            return True
+        call.values[name] = value
+        return False
 
     def traced(self, call: BoundCall) -> Traced:
         """The trace of this call's signature: traced on first use, and again when a name the
@@ -202,7 +221,7 @@ class Kernel:
         return found
 
     def _trace(self, call: BoundCall) -> Traced:
-        return trace(self.fn, call.tensors, call.statics, name=self.name)
+        return trace(self.fn, call.tensors, call.statics, name=self.name, trees=call.trees)
 
     def _forget_signature(self, signature: Signature) -> None:
         """Drop a signature's trace and what was compiled from it."""
@@ -329,7 +348,7 @@ class Kernel:
             program, traced = known
             outputs = run_program(program, traced.feeds(dict(zip(self._positional, args))))
             return outputs[0] if traced.structure is None else traced.structure(outputs)
-        if any(isinstance(v, SymbolicTensor) for v in (*args, *kwargs.values())):
+        if holds_symbolic(args, kwargs):
             note_nested(self.fn)             # called from another traced function: inline, guarded there
             return self.fn(*args, **kwargs)
         call = self.bind(*args, **kwargs)
@@ -345,6 +364,11 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tessera_rw kernel {self.name}: {len(self._traces)} traced signature(s)>"
+
+
+def holds_symbolic(args: tuple, kwargs: dict) -> bool:
+    """Whether a call's arguments hold a symbolic tensor (the call is inside another's trace)."""
+    return any(isinstance(leaf, SymbolicTensor) for leaf in leaves_of((args, kwargs)))
 
 
 def kernel(fn: Callable) -> Kernel:

@@ -21,17 +21,18 @@ from tessera_rw.algebra.captures import Guard, capturing, guards_of
 from tessera_rw.algebra.errors import ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.pytree import TreeDef, flatten, is_container
 from tessera_rw.algebra.schedule_pin import SchedulePin, collecting_pins
 from tessera_rw.algebra.tensor import SymbolicTensor
 
 
 @dataclass(frozen=True)
 class Traced:
-    """A traced function: its graph, how its outputs were structured (one, tuple or list), the
+    """A traced function: its graph, how its outputs were structured (one, or a container), the
     schedules its matmuls pinned (`op.matmul(..., tile_shape=...)`), the arrays it captured (inputs
     of the graph after its arguments, by name) and the guards that say whether the trace still holds."""
     graph: Graph
-    structure: type | None  # None: a single tensor; tuple or list: a sequence of tensors
+    structure: Callable[[tuple], Any] | None  # None: a single tensor; else builds the container from the outputs
     pins: tuple[SchedulePin, ...] = ()
     captured: Mapping[str, Any] = field(default_factory=dict)
     guards: tuple[Guard, ...] = ()
@@ -56,22 +57,38 @@ def _definition_site(fn: Callable) -> str:
         return getattr(fn, "__qualname__", repr(fn))
 
 
-def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], type | None]:
-    items, structure = ((result,), None) if not isinstance(result, (tuple, list)) else (tuple(result), type(result))
-    bad = [type(r).__name__ for r in items if not isinstance(r, SymbolicTensor)]
-    if bad or not items:
-        got = type(result).__name__ if structure is None else f"a {structure.__name__} holding {', '.join(bad) or 'nothing'}"
-        raise ResultError(f"{getattr(fn, '__name__', 'the function')} returned {got}, not tensors",
-                          site=_definition_site(fn),
-                          hint="return the result of tessera_rw ops on the inputs (one tensor, or a tuple of them)")
-    return items, structure
+def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], Callable[[tuple], Any] | None]:
+    """The output tensors of `result` (one tensor, or a dict / list / tuple of them, nested), and
+    how to build the result back from them."""
+    if isinstance(result, SymbolicTensor):
+        return (result,), None
+    got = type(result).__name__
+    if is_container(result):
+        try:
+            leaves, tree = flatten(result, "result")
+        except ValueError as e:
+            leaves, tree = [], None
+            got = f"a {got} that {e}"
+        else:
+            bad = [f"{n} ({type(v).__name__})" for n, v in leaves if not isinstance(v, SymbolicTensor)]
+            if leaves and not bad:
+                return tuple(v for _, v in leaves), tree.build
+            got = f"a {got} holding {', '.join(bad) or 'nothing'}"
+    raise ResultError(f"{getattr(fn, '__name__', 'the function')} returned {got}, not tensors",
+                      site=_definition_site(fn),
+                      hint="return the result of tessera_rw ops on the inputs: one tensor, or a tuple, list or dict "
+                           "of them")
 
 
 def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str, Any],
-          name: str | None = None) -> Traced:
-    """Trace `fn` with symbolic tensors for `tensors` and Python values for `statics` (by name)."""
+          name: str | None = None, trees: Mapping[str, TreeDef] | None = None) -> Traced:
+    """Trace `fn` with symbolic tensors for `tensors` and Python values for `statics` (by name);
+    a parameter in `trees` gets a container of that structure, its leaves found by their path
+    names among the others (`params.w1`)."""
     inputs = tuple(make_input(n, t.shape, t.dtype) for n, t in tensors.items())
     values = {n: SymbolicTensor(node) for n, node in zip(tensors, inputs)} | dict(statics)
+    for param, tree in (trees or {}).items():
+        values[param] = tree.build(values[leaf] for leaf in tree.leaf_names(param))
     signature = inspect.signature(fn)
     bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
     guards = guards_of(fn)          # what the trace reads: a change during it traces again at the next call
