@@ -25,6 +25,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 
 ARCH_ENV = "TESSERA_ARCH"
+WARP_SIZE = 32   # threads per warp, on every NVIDIA arch
 
 
 class ArchError(TesseraError):

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, first_schedule
 from tessera_rw.codegen.templates.registry import NO_KERNEL_OPS, templates_for
@@ -89,7 +89,7 @@ def resident_blocks(res: Resources, arch: ArchSpec) -> int:
     """Blocks one SM holds at once, limited by registers, shared memory, warps and the block cap."""
     warps = math.ceil(res.threads / 32)
     regs = min(res.registers, arch.registers_per_thread)
-    regs_per_warp = math.ceil(regs * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    regs_per_warp = math.ceil(regs * WARP_SIZE / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
     limits = [arch.max_blocks_per_sm, arch.max_warps_per_sm // warps, arch.registers_per_sm // max(regs_per_warp * warps, 1)]
     if res.smem_bytes:
         limits.append(arch.smem_per_sm // res.smem_bytes)

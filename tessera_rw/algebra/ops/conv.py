@@ -76,7 +76,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, stride, padding, dilation, grou
 
 def _contract_patches(xg: np.ndarray, wg: np.ndarray, out_sizes: tuple[int, ...], stride, dilation) -> np.ndarray:
     """(n, g, o/g, *out): each group's patches as rows (n · out, c/g · kernel) times its kernels."""
-    spatial, (n, groups, cg), (o_g, kernel) = len(out_sizes), xg.shape[:3], (wg.shape[1], wg.shape[3:])
+    spatial, (n, groups), (o_g, kernel) = len(out_sizes), xg.shape[:2], (wg.shape[1], wg.shape[3:])
     reach = tuple(dilation[i] * (kernel[i] - 1) + 1 for i in range(spatial))
     view = np.lib.stride_tricks.sliding_window_view(xg, reach, axis=tuple(range(3, 3 + spatial)))
     positions = tuple(slice(None, (out_sizes[i] - 1) * stride[i] + 1, stride[i]) for i in range(spatial))

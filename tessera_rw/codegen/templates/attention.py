@@ -27,7 +27,7 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
@@ -268,11 +268,11 @@ class FlashAttentionTemplate(Template):
                 return False
         elif not shape.mma_sync:
             return False
-        return (s.warps >= 1 and 32 * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
+        return (s.warps >= 1 and WARP_SIZE * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
                 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1
                 and self._smem(shape, s) <= arch.smem_per_block
                 and self._registers(shape, s) <= arch.registers_per_thread
-                and 32 * s.warps * self._registers(shape, s) <= arch.registers_per_sm)
+                and WARP_SIZE * s.warps * self._registers(shape, s) <= arch.registers_per_sm)
 
     @staticmethod
     def _smem(shape: _Shape, s: AttentionSchedule) -> int:
@@ -311,7 +311,7 @@ class FlashAttentionTemplate(Template):
         mma_flops = 4 * scores * shape.d                 # Q Kᵀ and P V, a multiply-add is 2
         flops = mma_flops + 5 * scores                   # scale, max, exp, sum, normalize per score
         regs = self._registers(shape, s)
-        threads = 32 * s.warps
+        threads = WARP_SIZE * s.warps
         # Every query block re-reads its head's K/V. The blocks of the heads in flight share them
         # through L2 as long as those heads' K/V fit in half of it; beyond that each block's pass
         # comes from HBM again.

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -178,8 +178,8 @@ class _BackwardTemplate(Template):
     def _valid(self, shape: BackwardShape, s: BackwardSchedule, arch: ArchSpec) -> bool:
         regs = self.registers(shape, s)
         return (s.warps >= 1 and s.rows == MMA_M * s.warps and s.cols % 16 == 0 and s.cols > 0 and s.stages >= 1
-                and 32 * s.warps <= arch.max_threads_per_block and self.smem(shape, s) <= arch.smem_per_block
-                and regs <= arch.registers_per_thread and 32 * s.warps * regs <= arch.registers_per_sm)
+                and WARP_SIZE * s.warps <= arch.max_threads_per_block and self.smem(shape, s) <= arch.smem_per_block
+                and regs <= arch.registers_per_thread and WARP_SIZE * s.warps * regs <= arch.registers_per_sm)
 
     def default_cols(self, d: int) -> int:
         return 64
@@ -255,10 +255,10 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
         blocks = shape.bh * -(-shape.sq // s.rows)
         regs = self.registers(shape, s)
         # each query block re-reads its head's K; heads in flight share it through L2 while it fits
-        heads = resident_heads(arch, blocks // shape.bh, 32 * s.warps, regs, self.smem(shape, s))
+        heads = resident_heads(arch, blocks // shape.bh, WARP_SIZE * s.warps, regs, self.smem(shape, s))
         k_reads = k.nbytes if heads * k.nbytes / shape.bh <= arch.l2_bytes // 2 else \
             pairs // s.rows * shape.d * k.dtype.itemsize
-        return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
+        return Resources(threads=WARP_SIZE * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
                          hbm_bytes=q.nbytes + k_reads + o.nbytes + do.nbytes + op.result.nbytes
                          + shape.mask_reads(pairs, arch),
                          flops=pairs * (2 * shape.d + 4) + 2 * o.numel, unit=MathUnit.BF16,
@@ -353,12 +353,12 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
         streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
         regs = self.registers(shape, s)
-        heads = resident_heads(arch, blocks // shape.bh, 32 * s.warps, regs, self.smem(shape, s))
+        heads = resident_heads(arch, blocks // shape.bh, WARP_SIZE * s.warps, regs, self.smem(shape, s))
         if heads * per_head > arch.l2_bytes // 2:      # each block's walk comes from HBM again
             streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
         # the atomic form's workspace: zeroed, summed into in L2, read back once by the converting blocks
         work = 2 * workspace_bytes(shape, s) if s.atomic else 0
-        return Resources(threads=32 * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
+        return Resources(threads=WARP_SIZE * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
                          hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + work
                          + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
                          efficiency=_efficiency(arch, shape.d, 5 if s.atomic else 7 / 2),

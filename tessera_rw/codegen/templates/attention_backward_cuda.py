@@ -26,6 +26,7 @@ from string import Template as Text
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -89,14 +90,14 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int)
     blocks = shape.backward_blocks(s.rows, atomic)
     work = workspace_bytes(shape, s) if atomic else 0
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, v, do, stats, "
+              f"// launch: {name}<<<{blocks}, {WARP_SIZE * s.warps}, {smem}>>>(q, k, v, do, stats, "
               f"{'mask, ' if shape.mask else ''}out{', work' if atomic else ''}); dynamic "
               f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: "
               + (f"the key blocks; work: {work} zeroed bytes (fp32 dQ sum, arrival counters)\n" if atomic
                  else "the dK/dV jobs, then the dQ jobs\n"))
     body = Text(MASK_HELPER + BWD_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
     source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, **backward_constants(shape, s))
-    return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
+    return KernelSource(name, header + TILE_HELPERS + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -66,11 +67,11 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
     mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()
     offsets, mask_strides = batch_offsets(shape.batch, q, k, v, mshape)
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {32 * s.warps}, {smem}>>>"
+              f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {WARP_SIZE * s.warps}, {smem}>>>"
               f"(q, k, v{', mask' if mask is not None else ''}, out); dynamic shared memory {smem} bytes "
-              f"(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
-              f"// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
-              + (f"// out = [O | each row's logsumexp, high parts | their remainders]\n"
+              "(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
+              "// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
+              + ("// out = [O | each row's logsumexp, high parts | their remainders]\n"
                  if op.op == "flash_attention_lse" else ""))
     source = Text(text).substitute(
         NAME=name, ELEM=elem, STORE_LSE=store_lse(op, shape), PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
@@ -82,7 +83,7 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets, **holes)
-    return KernelSource(name, header + source, threads=32 * s.warps,
+    return KernelSource(name, header + source, threads=WARP_SIZE * s.warps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
                         fast_math=op.numerics is Numerics.FAST, target=target)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from string import Template as Text
 from typing import TYPE_CHECKING
 
+from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -26,11 +27,11 @@ def emit_row_stats(op: KernelOp, shape: BackwardShape, s: BackwardSchedule, smem
     name = kernel_name("attention_row_stats", shape, s)
     blocks = shape.bh * -(-shape.sq // s.rows)
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{blocks}, {32 * s.warps}, {smem}>>>(q, k, o, do, {'mask, ' if shape.mask else ''}"
+              f"// launch: {name}<<<{blocks}, {WARP_SIZE * s.warps}, {smem}>>>(q, k, o, do, {'mask, ' if shape.mask else ''}"
               f"stats); dynamic shared "
               f"memory {smem} bytes\n// contiguous row-major operands of one batch; stats [B·H][Sq][2] fp32\n")
     source = Text(MASK_HELPER + ROW_STATS_KERNEL).substitute(NAME=name, **backward_constants(shape, s))
-    return KernelSource(name, header + TILE_HELPERS + source, threads=32 * s.warps, grid=(blocks, 1, 1),
+    return KernelSource(name, header + TILE_HELPERS + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST)
 
 

@@ -21,7 +21,7 @@ from string import Template as Text
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.attention_backward import STATS, lse_length
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -56,18 +56,18 @@ class AttentionStatsFromLseTemplate(Template):
         return (RowsSchedule(WARP_COUNTS[0]),)
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[RowsSchedule, ...]:
-        return tuple(RowsSchedule(w) for w in WARP_COUNTS if 32 * w <= arch.max_threads_per_block)
+        return tuple(RowsSchedule(w) for w in WARP_COUNTS if WARP_SIZE * w <= arch.max_threads_per_block)
 
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         return (self.accepts(op) and isinstance(schedule, RowsSchedule) and schedule.warps >= 1
-                and 32 * schedule.warps <= arch.max_threads_per_block)
+                and WARP_SIZE * schedule.warps <= arch.max_threads_per_block)
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         assert isinstance(schedule, RowsSchedule)
         fwd, do = op.operands
         rows = do.numel // do.shape[-1]
         # ptxas on sm_80 and sm_90: 14 registers at D=64, 18 at D=128, whatever the warps
-        return Resources(threads=32 * schedule.warps, blocks=max(1, -(-rows // schedule.warps)),
+        return Resources(threads=WARP_SIZE * schedule.warps, blocks=max(1, -(-rows // schedule.warps)),
                          registers=10 + do.shape[-1] // 16,
                          smem_bytes=0, hbm_bytes=fwd.nbytes + do.nbytes + op.result.nbytes, flops=2 * do.numel + rows,
                          unit=MathUnit.FP32)
@@ -82,10 +82,10 @@ class AttentionStatsFromLseTemplate(Template):
         name = f"attention_row_stats_from_lse_{tag}_d{d}_w{schedule.warps}"
         blocks = max(1, -(-rows // schedule.warps))
         header = (f"// {op}\n// schedule: {schedule.describe()}\n"
-                  f"// launch: {name}<<<{blocks}, {32 * schedule.warps}>>>(fwd, do, stats); stats [rows][{STATS}] fp32\n")
+                  f"// launch: {name}<<<{blocks}, {WARP_SIZE * schedule.warps}>>>(fwd, do, stats); stats [rows][{STATS}] fp32\n")
         source = Text(KERNEL).substitute(NAME=name, ELEM=f"{tag}_t", TO_F32=f"{tag}_to_f32", D=d, ROWS=rows,
                                          WARPS=schedule.warps)
-        return KernelSource(name, header + source, threads=32 * schedule.warps, grid=(blocks, 1, 1),
+        return KernelSource(name, header + source, threads=WARP_SIZE * schedule.warps, grid=(blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:

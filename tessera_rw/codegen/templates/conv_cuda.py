@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tessera_rw.codegen.arch import WARP_SIZE
+
 # Sizes the implicit GEMM's text names; the caller supplies each.
 GEMM_CONSTANTS = ("CV_C", "CV_H", "CV_W", "CV_O", "CV_CG", "CV_OG", "CV_KH", "CV_KW", "CV_OH", "CV_OW",
                   "CV_SH", "CV_SW", "CV_PH", "CV_PW", "CV_DH", "CV_DW", "CV_M")
@@ -291,7 +293,7 @@ def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str,
     text = _substitute(_GEMM_BODY, _MMA if suffix else _SIMT)    # COMPUTE_DECL before COMPUTE
     if suffix:
         text = text.replace("MMA(", f"mma_{suffix}_16816(").replace("TO_T(", f"f32_to_{suffix}(")
-    threads = 32 * tile["WARPS_M"] * tile["WARPS_N"]
+    threads = WARP_SIZE * tile["WARPS_M"] * tile["WARPS_N"]
     config = "constexpr int " + ", ".join(f"{k} = {v}" for k, v in {**tile, "THREADS": threads}.items()) + ";\n"
     return _wrap(name, _CTYPES[suffix], config, _substitute(text, sizes), threads)
 

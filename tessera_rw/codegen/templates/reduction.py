@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
@@ -38,7 +38,6 @@ from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE,
                                                       contiguous_strides, ctype, kernel_name, load, offset_expr,
                                                       store, vector_widths, words)
 
-WARP = 32
 MAX_INDEX = 2**31        # row and offset math is 32-bit
 UNROLL = 4                # loads of the reduced-axis walk in flight per thread
 WARP_ROW_MAX = 2048       # reduced elements up to which one warp per output is enough
@@ -122,7 +121,7 @@ class ReductionTemplate(Template):
         lay = self._layout(op)
         vecs = self._vecs(op, lay)
         if lay.row:
-            warp = ReductionSchedule(256, vecs[0], WARP)
+            warp = ReductionSchedule(256, vecs[0], WARP_SIZE)
             block = ReductionSchedule(512, vecs[0], 512)
             return (warp, block) if lay.n_red <= WARP_ROW_MAX else (block, warp)
         # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks.
@@ -134,7 +133,7 @@ class ReductionTemplate(Template):
         vecs = vector_widths(GRID_VECS, lambda v: v in self._vecs(op, lay))
         if lay.row:   # a block per output only where the row gives each thread a vector
             grid = (ReductionSchedule(t, v, split) for t in GRID_THREADS for v in vecs
-                    for split in (WARP, t) if split == WARP or lay.n_red >= t * v)
+                    for split in (WARP_SIZE, t) if split == WARP_SIZE or lay.n_red >= t * v)
         else:
             grid = (ReductionSchedule(t, v, split) for t in GRID_THREADS for v in vecs
                     for split in GRID_SPLITS if t // split >= MIN_COLUMN_LANES)
@@ -145,11 +144,11 @@ class ReductionTemplate(Template):
         column: `split` rows of threads; partials within static shared memory, registers within the
         block's share."""
         s = schedule
-        if not (isinstance(s, ReductionSchedule) and self.accepts(op) and s.threads % WARP == 0
-                and 0 < s.threads <= min(arch.max_threads_per_block, WARP * WARP)):
+        if not (isinstance(s, ReductionSchedule) and self.accepts(op) and s.threads % WARP_SIZE == 0
+                and 0 < s.threads <= min(arch.max_threads_per_block, WARP_SIZE * WARP_SIZE)):
             return False
         lay = self._layout(op)
-        splits = s.split in (WARP, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
+        splits = s.split in (WARP_SIZE, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
         if not splits or s.vec not in self._vecs(op, lay):
             return False
         limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
@@ -185,7 +184,7 @@ class ReductionTemplate(Template):
     def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
         acc = words(self._acc(op)) * 4 * (2 if self.compensated(op) else 1)   # (sum, compensation) pairs
         if lay.row:
-            return acc * (s.threads // WARP) if s.split > WARP else 0
+            return acc * (s.threads // WARP_SIZE) if s.split > WARP_SIZE else 0
         return acc * s.threads * s.vec
 
     def _registers(self, op: KernelOp, s: ReductionSchedule, lay: Layout, arch: ArchSpec) -> int:
@@ -259,7 +258,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
         step = (f"{{ const {a} s2 = __shfl_xor_sync(0xffffffffu, acc, o), c2 = __shfl_xor_sync(0xffffffffu, comp, o); "
                 "kahan_merge(acc, comp, s2, c2); }") if kahan else \
             "acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"
-        shuffle = f"    for (int o = {WARP // 2}; o > 0; o >>= 1) {step}"
+        shuffle = f"    for (int o = {WARP_SIZE // 2}; o > 0; o >>= 1) {step}"
         lines = [f"    const unsigned row = blockIdx.x * {rpb}u + threadIdx.x / {tpr}u;",
                  f"    const unsigned lane = threadIdx.x % {tpr}u;",
                  f"    {a} acc = {ident};" + (f" {a} comp = {ident};" if kahan else ""),
@@ -273,15 +272,15 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
                  "        }",
                  "    }",
                  shuffle]
-        if tpr > WARP:   # one block per output: the warps meet in shared memory
-            warps = tpr // WARP
+        if tpr > WARP_SIZE:   # one block per output: the warps meet in shared memory
+            warps = tpr // WARP_SIZE
             lines += [f"    __shared__ {a} partial[{warps}];",
-                      f"    if (lane % {WARP}u == 0) partial[lane / {WARP}u] = acc;"]
+                      f"    if (lane % {WARP_SIZE}u == 0) partial[lane / {WARP_SIZE}u] = acc;"]
             if kahan:
                 lines += [f"    __shared__ {a} partial_comp[{warps}];",
-                          f"    if (lane % {WARP}u == 0) partial_comp[lane / {WARP}u] = comp;"]
+                          f"    if (lane % {WARP_SIZE}u == 0) partial_comp[lane / {WARP_SIZE}u] = comp;"]
             lines += ["    __syncthreads();",
-                      f"    if (lane >= {WARP}u) return;",
+                      f"    if (lane >= {WARP_SIZE}u) return;",
                       f"    acc = lane < {warps}u ? partial[lane] : {ident};"]
             if kahan:
                 lines += [f"    comp = lane < {warps}u ? partial_comp[lane] : {ident};"]

@@ -32,7 +32,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.fused import parse_expr
-from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -44,7 +44,6 @@ from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE,
 from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
     resident_statistics
 
-WARP = 32
 MAX_INDEX = 2**31        # row and offset math is 32-bit
 MAX_RESIDENT = 32         # fp32 row values a thread may hold in registers (beyond: the looped variant)
 NORMS = {"softmax": "softmax", "log_softmax": "softmax", "layernorm": "layernorm", "rmsnorm": "layernorm"}
@@ -144,9 +143,9 @@ class RowwiseTemplate(Template):
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
         v = next(v for v in (8, 4, 2, 1) if self._vec_ok(op, v))
-        warp = [RowwiseSchedule(t, v, t // WARP) for t in (256, 128)]
+        warp = [RowwiseSchedule(t, v, t // WARP_SIZE) for t in (256, 128)]
         block = [RowwiseSchedule(t, v, 1) for t in (128, 256, 512, 1024)]
-        if length <= WARP * MAX_RESIDENT and length >= WARP * v:
+        if length <= WARP_SIZE * MAX_RESIDENT and length >= WARP_SIZE * v:
             return tuple(warp)
         # The widest blocks whose threads each load at least two vectors of the row: with one, the
         # loads in flight are too few (on an H200, 4096-long bf16 rows ran 1.2x slower at one vector
@@ -162,16 +161,16 @@ class RowwiseTemplate(Template):
         _, length = self._row(op)
         vecs = vector_widths(GRID_VECS, lambda v: self._vec_ok(op, v))
         grid = (RowwiseSchedule(t, v, rows) for t in GRID_THREADS for v in vecs
-                for rows in (t // WARP, 1) if length >= (t // rows) * v)
+                for rows in (t // WARP_SIZE, 1) if length >= (t // rows) * v)
         return grid_space(self.schedules(op, arch), grid, lambda s: self.valid(op, s, arch))
 
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         """A warp (shuffles only) or the whole block (warps meet in shared memory) per row; the
         block's warps are at most a warp's lanes, as the block reduction reads one partial per lane."""
         s = schedule
-        if not (isinstance(s, RowwiseSchedule) and self.accepts(op) and s.threads % WARP == 0
-                and 0 < s.threads <= min(arch.max_threads_per_block, WARP * WARP)
-                and s.rows_per_block in (1, s.threads // WARP) and s.vec >= 1 and self._vec_ok(op, s.vec)):
+        if not (isinstance(s, RowwiseSchedule) and self.accepts(op) and s.threads % WARP_SIZE == 0
+                and 0 < s.threads <= min(arch.max_threads_per_block, WARP_SIZE * WARP_SIZE)
+                and s.rows_per_block in (1, s.threads // WARP_SIZE) and s.vec >= 1 and self._vec_ok(op, s.vec)):
             return False
         return self._registers(op, s, arch) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
 
@@ -186,14 +185,14 @@ class RowwiseTemplate(Template):
         if not self.resident(op, s):
             # Each extra pass re-reads the row; rows in flight (one per resident warp or block)
             # that fit in L2 are re-read from there, otherwise from HBM.
-            in_flight = min(rows, arch.sm_count * (arch.max_warps_per_sm * WARP // s.threads) * s.rows_per_block)
+            in_flight = min(rows, arch.sm_count * (arch.max_warps_per_sm * WARP_SIZE // s.threads) * s.rows_per_block)
             row_bytes = reads // rows
             if in_flight * row_bytes > arch.l2_bytes:
                 hbm += (LOOPED_PASSES[spec.norm] - 1) * reads
         # block mode: one fp32 partial per warp for each statistic reduced across the block (a sum
         # under kahan_sum is a pair)
         sums = 2 if op.numerics is Numerics.KAHAN_SUM else 1
-        smem = 4 * (s.threads // WARP) * (sums + (spec.norm in ("softmax", "log_softmax"))) \
+        smem = 4 * (s.threads // WARP_SIZE) * (sums + (spec.norm in ("softmax", "log_softmax"))) \
             if s.rows_per_block == 1 else 0
         heavy = spec.norm in ("softmax", "log_softmax") or "exp" in expr_ops(spec.post)
         regs = self._registers(op, s, arch)
@@ -302,8 +301,8 @@ class RowwiseTemplate(Template):
 
         stats = (resident_statistics if self.resident(op, s) else looped_statistics)(
             spec, length, v, tpr, sums, red_max, prologue, epilogue)
-        helpers = ((block_helpers(s.threads // WARP) if block else "")
-                   + (kahan_helpers(block, s.threads // WARP) if kahan else ""))
+        helpers = ((block_helpers(s.threads // WARP_SIZE) if block else "")
+                   + (kahan_helpers(block, s.threads // WARP_SIZE) if kahan else ""))
         guard = "" if block or rows % s.rows_per_block == 0 else f"    if (row >= {rows}u) return;  // whole warps\n"
         mode = "resident (one read)" if self.resident(op, s) else f"looped ({LOOPED_PASSES[spec.norm]} passes)"
         body = "\n".join("    " + line for line in hoisted + stats)

@@ -21,7 +21,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -146,7 +146,7 @@ class SpectralContractTemplate(Template):
         # w tile run together and w leaves HBM once, and the blocks in flight read x only at their
         # few frequency tiles: every output-channel tile re-reads x from L2 unless that slab of x
         # exceeds half of it.
-        in_flight = arch.sm_count * max(1, arch.max_warps_per_sm * 32 // s.threads // _BLOCKS_IN_FLIGHT_SHARE)
+        in_flight = arch.sm_count * max(1, arch.max_warps_per_sm * WARP_SIZE // s.threads // _BLOCKS_IN_FLIGHT_SHARE)
         freq_tiles_in_flight = -(-in_flight // (to * tn * sc.groups))
         slab = x_bytes * min(1.0, freq_tiles_in_flight * s.threads * s.freq_per_thread / sc.f)
         x_traffic = x_bytes * (to if slab > arch.l2_bytes // 2 else 1)
