@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -61,7 +61,7 @@ class ConvSchedule(Schedule):
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return WARP_SIZE * self.warps_m * self.warps_n
 
 
 # The defaults, best first; the first three that fit the op and the architecture are offered.

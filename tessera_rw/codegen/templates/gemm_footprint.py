@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
 from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
@@ -30,7 +30,7 @@ class GemmSchedule(Schedule):
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return WARP_SIZE * self.warps_m * self.warps_n
 
 
 @dataclass(frozen=True)
