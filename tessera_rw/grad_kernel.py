@@ -30,7 +30,7 @@ from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
 from tessera_rw.algebra.builder import user_site
 from tessera_rw.algebra.captures import note_nested
-from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.errors import ArgumentError, ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
@@ -64,14 +64,17 @@ def _substitute(graph: Graph, values: dict[Node, Node]) -> tuple[Node, ...]:
 
 class GradKernel(Kernel):
     """The gradient of `fn` with respect to the parameters at `argnums`: one array per position
-    (a tuple when argnums is a tuple), each of its input's shape and dtype."""
+    (a tuple when argnums is a tuple), each of its input's shape and dtype; a container argument's
+    gradient is a container of its structure. With `has_aux`, fn returns (loss, aux) and a call
+    returns (gradients, aux); with `value`, (loss, gradients) — ((loss, aux), gradients) with both."""
 
-    def __init__(self, fn: Callable | Kernel | BoundKernel, argnums: Argnums = 0):
+    def __init__(self, fn: Callable | Kernel | BoundKernel, argnums: Argnums = 0, *, has_aux: bool = False,
+                 value: bool = False):
         fn = fn.kernel if isinstance(fn, BoundKernel) else fn
         super().__init__(fn.fn if isinstance(fn, Kernel) else fn)
         if isinstance(fn, Kernel):             # a kernel's own tuning settings carry over to its gradient
             self.tuning, self.restriction = fn.tuning, fn.restriction
-        self.argnums = argnums
+        self.argnums, self.has_aux, self.value = argnums, has_aux, value
         self._wrt = _normalized_argnums(argnums, self._positional, self.fn.__name__)
 
     @property
@@ -111,13 +114,33 @@ class GradKernel(Kernel):
         return tuple(positions), structure
 
     def _of(self, fn: Callable) -> Kernel:
-        return GradKernel(fn, self.argnums)
+        return GradKernel(fn, self.argnums, has_aux=self.has_aux, value=self.value)
 
     def _trace(self, call: BoundCall) -> Traced:
         forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__, trees=call.trees)
-        positions, structure = self._differentiated(call)
+        if self.has_aux:
+            self._check_aux(forward)
+        positions, grads = self._differentiated(call)
         # the forward's pins fix its products where the gradient program computes them again
-        return replace(forward, graph=grad_graph(forward.graph, positions), structure=structure)
+        graph = grad_graph(forward.graph, positions, keep_outputs=self.value or self.has_aux, has_aux=self.has_aux)
+        if not (self.value or self.has_aux):
+            return replace(forward, graph=graph, structure=grads)
+        kept = len(forward.graph.outputs)
+
+        def structure(outputs: tuple) -> Any:
+            value = outputs[0] if forward.structure is None else forward.structure(outputs[:kept])
+            gradients = outputs[kept] if grads is None else grads(outputs[kept:])
+            return (value, gradients) if self.value else (gradients, value[1])
+        return replace(forward, graph=graph, structure=structure)
+
+    def _check_aux(self, forward: Traced) -> None:
+        """With has_aux, fn must return (loss, aux): a pair whose first item is one tensor."""
+        shape = None if forward.structure is None else forward.structure(tuple(range(len(forward.graph.outputs))))
+        if not (isinstance(shape, tuple) and len(shape) == 2 and type(shape[0]) is int):
+            got = "one tensor" if shape is None else f"a {type(shape).__name__} of {len(shape)}"
+            raise ResultError(f"{self.name}: with has_aux=True, {self.fn.__name__} must return a pair (loss, aux) "
+                              f"whose loss is one tensor; it returned {got}",
+                              hint="return (loss, aux), aux any tensor or container of tensors; or drop has_aux")
 
     def _inline(self, args: tuple, kwargs: dict) -> Any:
         """Called inside another traced function: the gradient graph spliced in on the caller's values."""
@@ -140,10 +163,19 @@ class GradKernel(Kernel):
 
     def __repr__(self) -> str:
         traced = len(self._traces)
-        return f"<tessera_rw gradient kernel {self.name} (argnums={self.argnums}): {traced} traced signature(s)>"
+        flags = "".join(f", {f}=True" for f in ("has_aux", "value") if getattr(self, f))
+        return f"<tessera_rw gradient kernel {self.name} (argnums={self.argnums}{flags}): {traced} traced signature(s)>"
 
 
-def grad(fn: Callable | Kernel, argnums: Argnums = 0) -> GradKernel:
+def grad(fn: Callable | Kernel, argnums: Argnums = 0, has_aux: bool = False) -> GradKernel:
     """The gradient of a function returning a scalar, with respect to its parameters at `argnums`:
-    `dw, db = op.grad(loss, argnums=(1, 2))(x, w, b)`. `fn` may be a plain function or a kernel."""
-    return GradKernel(fn, argnums)
+    `dw, db = op.grad(loss, argnums=(1, 2))(x, w, b)`. `fn` may be a plain function or a kernel.
+    With `has_aux=True`, fn returns (loss, aux) and the call returns (gradients, aux)."""
+    return GradKernel(fn, argnums, has_aux=has_aux)
+
+
+def value_and_grad(fn: Callable | Kernel, argnums: Argnums = 0, has_aux: bool = False) -> GradKernel:
+    """The loss and its gradient from one program (the forward computed once):
+    `loss, (dw, db) = op.value_and_grad(loss_fn, argnums=(1, 2))(x, w, b)`. With `has_aux=True`, fn
+    returns (loss, aux) and the call returns ((loss, aux), gradients)."""
+    return GradKernel(fn, argnums, has_aux=has_aux, value=True)

@@ -9,7 +9,7 @@ array([0.25, 0.25, 0.25, 0.25], dtype=float32)
 from tessera_rw.algebra.api import *  # noqa: F401,F403  (the op functions are this module's API)
 from tessera_rw.algebra.api import __all__ as _op_names
 from tessera_rw.algebra.tensor import TensorSpec as tensor
-from tessera_rw.grad_kernel import grad
+from tessera_rw.grad_kernel import grad, value_and_grad
 from tessera_rw.kernel import Kernel, autotune, kernel
 
-__all__ = [*_op_names, "tensor", "kernel", "Kernel", "autotune", "grad"]
+__all__ = [*_op_names, "tensor", "kernel", "Kernel", "autotune", "grad", "value_and_grad"]

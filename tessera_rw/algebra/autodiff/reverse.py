@@ -44,10 +44,10 @@ def _is_differentiable(node: Node) -> bool:
     return node.dtype.is_float or node.dtype.is_complex
 
 
-def _loss(graph: Graph) -> Node:
-    if len(graph.outputs) != 1:
+def _loss(graph: Graph, has_aux: bool) -> Node:
+    if len(graph.outputs) != 1 and not has_aux:
         raise ResultError(f"{graph.name} returns {len(graph.outputs)} values; a gradient needs one scalar output",
-                         hint="return the loss alone (other values can be computed by another kernel)")
+                         hint="return the loss alone, or (loss, aux) with op.grad(..., has_aux=True)")
     loss = graph.outputs[0]
     if loss.type.numel != 1:
         raise ShapeError(f"{graph.name} returns {loss.type}, of shape {fmt_shape(loss.shape)}, not a scalar",
@@ -109,11 +109,13 @@ def _fitted(ct: SymbolicTensor, arg: Node, node: Node) -> SymbolicTensor:
     return to_dtype(ct, arg.dtype)
 
 
-def grad_graph(graph: Graph, wrt: tuple[int, ...]) -> Graph:
+def grad_graph(graph: Graph, wrt: tuple[int, ...], keep_outputs: bool = False, has_aux: bool = False) -> Graph:
     """The Graph of the gradients of `graph`'s scalar output with respect to its inputs at positions
     `wrt`: the same inputs, one output per position, each in its input's shape and dtype (zeros
-    where the output does not depend on the input). See the module's example."""
-    loss = _loss(graph)
+    where the output does not depend on the input). See the module's example. With `has_aux` the
+    loss is the first of several outputs (the others are carried along undifferentiated); with
+    `keep_outputs`, `graph`'s outputs come first, then the gradients."""
+    loss = _loss(graph, has_aux)
     targets = _targets(graph, wrt)
     active = _active(graph, targets)
     cotangents: dict[Node, SymbolicTensor] = {}
@@ -130,4 +132,5 @@ def grad_graph(graph: Graph, wrt: tuple[int, ...]) -> Graph:
                 ct = _fitted(ct, arg, node)
                 cotangents[arg] = ct if arg not in cotangents else cotangents[arg] + ct
         grads = tuple(cotangents[t] if t in cotangents else zeros(t.shape, t.dtype) for t in targets)
-    return Graph(f"grad_{graph.name}", graph.inputs, tuple(g.node for g in grads))
+    kept = graph.outputs if keep_outputs else ()
+    return Graph(f"grad_{graph.name}", graph.inputs, kept + tuple(g.node for g in grads))
