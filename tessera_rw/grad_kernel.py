@@ -22,6 +22,7 @@ tensor((4, 3), bfloat16)
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import replace
 from typing import Any, Callable, Iterator
@@ -29,7 +30,7 @@ from typing import Any, Callable, Iterator
 from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
 from tessera_rw.algebra.builder import user_site
-from tessera_rw.algebra.captures import note_nested
+from tessera_rw.algebra.captures import function_name, note_nested
 from tessera_rw.algebra.errors import ArgumentError, ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
@@ -62,6 +63,20 @@ def _substitute(graph: Graph, values: dict[Node, Node]) -> tuple[Node, ...]:
     return tuple(new[o] for o in graph.outputs)
 
 
+def _traced_function(fn: Callable | Kernel) -> Callable:
+    """What a gradient traces: a kernel's function, or for a gradient kernel (a second derivative,
+    `op.grad(op.grad(f))`) a function calling it, which inlines its gradient graph."""
+    if isinstance(fn, GradKernel):
+        inner = fn
+
+        def differentiated(*args: Any, **kwargs: Any) -> Any:
+            return inner(*args, **kwargs)
+        functools.update_wrapper(differentiated, inner.fn, updated=())
+        differentiated.__name__ = differentiated.__qualname__ = inner.name
+        return differentiated
+    return fn.fn if isinstance(fn, Kernel) else fn
+
+
 class GradKernel(Kernel):
     """The gradient of `fn` with respect to the parameters at `argnums`: one array per position
     (a tuple when argnums is a tuple), each of its input's shape and dtype; a container argument's
@@ -70,21 +85,26 @@ class GradKernel(Kernel):
 
     def __init__(self, fn: Callable | Kernel | BoundKernel, argnums: Argnums = 0, *, has_aux: bool = False,
                  value: bool = False):
+        self._instance = fn.instance if isinstance(fn, BoundKernel) else None   # kept alive while this is
         fn = fn.kernel if isinstance(fn, BoundKernel) else fn
-        super().__init__(fn.fn if isinstance(fn, Kernel) else fn)
+        super().__init__(_traced_function(fn))
         if isinstance(fn, Kernel):             # a kernel's own tuning settings carry over to its gradient
             self.tuning, self.restriction = fn.tuning, fn.restriction
         self.argnums, self.has_aux, self.value = argnums, has_aux, value
-        self._wrt = _normalized_argnums(argnums, self._positional, self.fn.__name__)
+        self._wrt = _normalized_argnums(argnums, self._positional, function_name(self.fn))
 
     @property
     def name(self) -> str:
-        return f"grad_{self.fn.__name__}"
+        return f"grad_{function_name(self.fn)}"
+
+    def _called_on_instance(self) -> str:
+        return f"op.grad(instance.{function_name(self.fn)})(...)"
 
     def _differentiated(self, call: BoundCall) -> tuple[tuple[int, ...], Callable[[tuple], Any] | None]:
         """The graph inputs to differentiate with respect to (positions among call.tensors), and how
         to build the result from their gradients: one array per argnum, or for a container
-        argument a container of the same structure (None at a leaf that is not a tensor)."""
+        argument a container of the same structure (None at a leaf that is not a floating-point
+        tensor: a number, a step counter)."""
         names = list(call.tensors)
         positions: list[int] = []
         parts: list[Callable[[Iterator], Any]] = []
@@ -92,9 +112,10 @@ class GradKernel(Kernel):
             param = self._positional[i]
             if param in call.trees:
                 tree, leaves = call.trees[param], call.trees[param].leaf_names(param)
-                positions += [names.index(leaf) for leaf in leaves if leaf in call.tensors]
-                parts.append(lambda grads, tree=tree, leaves=leaves: tree.build(
-                    next(grads) if leaf in call.tensors else None for leaf in leaves))
+                floats = {leaf for leaf in leaves if leaf in call.tensors and call.tensors[leaf].dtype.is_float}
+                positions += [names.index(leaf) for leaf in leaves if leaf in floats]
+                parts.append(lambda grads, tree=tree, leaves=leaves, floats=floats: tree.build(
+                    next(grads) if leaf in floats else None for leaf in leaves))
             elif param in call.tensors:
                 positions.append(names.index(param))
                 parts.append(next)
@@ -117,7 +138,7 @@ class GradKernel(Kernel):
         return GradKernel(fn, self.argnums, has_aux=self.has_aux, value=self.value)
 
     def _trace(self, call: BoundCall) -> Traced:
-        forward = trace(self.fn, call.tensors, call.statics, name=self.fn.__name__, trees=call.trees)
+        forward = trace(self.fn, call.tensors, call.statics, name=function_name(self.fn), trees=call.trees)
         if self.has_aux:
             self._check_aux(forward)
         positions, grads = self._differentiated(call)
@@ -138,7 +159,7 @@ class GradKernel(Kernel):
         shape = None if forward.structure is None else forward.structure(tuple(range(len(forward.graph.outputs))))
         if not (isinstance(shape, tuple) and len(shape) == 2 and type(shape[0]) is int):
             got = "one tensor" if shape is None else f"a {type(shape).__name__} of {len(shape)}"
-            raise ResultError(f"{self.name}: with has_aux=True, {self.fn.__name__} must return a pair (loss, aux) "
+            raise ResultError(f"{self.name}: with has_aux=True, {function_name(self.fn)} must return a pair (loss, aux) "
                               f"whose loss is one tensor; it returned {got}",
                               hint="return (loss, aux), aux any tensor or container of tensors; or drop has_aux")
 

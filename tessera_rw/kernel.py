@@ -25,7 +25,7 @@ import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
 from tessera_rw.algebra.builder import user_site, warn_at_user_line
-from tessera_rw.algebra.captures import note_nested
+from tessera_rw.algebra.captures import function_name, note_nested
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -111,7 +111,7 @@ class Kernel:
                     if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
         if variadic:
             stars = "*" if self._params[variadic[0]].kind is inspect.Parameter.VAR_POSITIONAL else "**"
-            raise ArgumentError(f"@op.kernel function {fn.__name__} takes {stars}{variadic[0]}; kernels need "
+            raise ArgumentError(f"@op.kernel function {function_name(fn)} takes {stars}{variadic[0]}; kernels need "
                                 "named parameters so each input can be named in graphs and reports")
         self._positional = tuple(self._params)
         self._positional_only_call = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -123,7 +123,7 @@ class Kernel:
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         self._instances = InstanceKernels()               # per instance, when defined in a class body
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())   # the name and docs, never fn's attributes
 
     def __get__(self, obj: Any, owner: type | None = None) -> Kernel | BoundKernel:
         """A kernel defined in a class body, looked up on an instance: that instance's own kernel of
@@ -145,7 +145,11 @@ class Kernel:
 
     @property
     def name(self) -> str:
-        return self.fn.__name__
+        return function_name(self.fn)
+
+    def _called_on_instance(self) -> str:
+        """How to call this kernel of a method on an instance (for the hint when `self` is missing)."""
+        return f"instance.{function_name(self.fn)}(...)"
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -196,7 +200,7 @@ class Kernel:
             t = type_of(value)
         except TesseraError as e:
             hint = (f"a kernel defined in a class body binds self when looked up on an instance: call "
-                    f"instance.{self.name}(...)") if name == "self" else e.hint
+                    f"{self._called_on_instance()}") if name == "self" else e.hint
             raise ArgumentError(f"kernel {self.name}: argument {name!r} is not a tensor ({e.detail})",
                                 hint=hint, site=user_site()) from None
         call.tensors[name] = t
@@ -371,9 +375,10 @@ def holds_symbolic(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(leaf, SymbolicTensor) for leaf in leaves_of((args, kwargs)))
 
 
-def kernel(fn: Callable) -> Kernel:
-    """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature."""
-    return Kernel(fn)
+def kernel(fn: Callable) -> Kernel | BoundKernel:
+    """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature. A kernel
+    already (`op.kernel(op.grad(f))`) is returned as it is."""
+    return fn if isinstance(fn, (Kernel, BoundKernel)) else Kernel(fn)
 
 
 def autotune(fn: Callable | Kernel | None = None, *, cache: str = "default", method: str = "auto",

@@ -47,7 +47,7 @@ from tessera_rw.algebra.node import Node
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, target_arch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.step_timing import HOST, PlanRun, host_clock, recording
+from tessera_rw.codegen.step_timing import EMULATOR, HOST, PlanRun, host_clock, recording
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.tune.cost import kernel_cost, timing
@@ -246,12 +246,14 @@ class Session:
             host_arch = None
             for run, step, start_ns, duration_ns in self._raw[len(self._records):]:
                 node = run.plan.steps[step].node
-                if run.device == HOST:
+                if run.device in (HOST, EMULATOR):
                     host_arch = host_arch or target_arch()
                     cost = _step_cost(node, run.numerics, host_arch, None)
                     hr = host_roofline()
                     roofline_ns = max(cost.flops / hr.flops_per_s, cost.hbm_bytes / hr.bytes_per_s) * 1e9
-                    roofline, text = HOST, str(hr)
+                    roofline = run.device
+                    text = str(hr) if run.device == HOST else \
+                        f"{hr} (kernels run in the CUDA emulator: its times, not a GPU's)"
                 else:
                     arch = run.arch or target_arch()
                     schedule = run.schedules[step] if step < len(run.schedules) else None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
-from tessera_rw.algebra.errors import ArgumentError, DTypeError, ResultError, ShapeError
+from tessera_rw.algebra.errors import ArgumentError, DTypeError, ResultError, ShapeError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.tensor import TensorSpec
@@ -289,3 +289,62 @@ def test_a_tie_of_maximum_or_minimum_splits_the_gradient_in_half():
         dx, dy = op.grad(lambda a, b: op.sum(fn(a, b) * 3.0), argnums=(0, 1))(x, y)
         np.testing.assert_array_equal(dx, np.where(x == y, 1.5, np.where(wins, 3.0, 0.0)))
         np.testing.assert_array_equal(dx + dy, np.full(3, 3.0))
+
+
+def test_the_gradient_of_a_gradient_is_the_second_derivative():
+    def f(x):
+        return op.sum(op.tanh(x) * x ** 3)
+
+    def second_derivative(x):                      # of tanh(x)·x³, analytically
+        t = np.tanh(x)
+        return -2 * t * (1 - t ** 2) * x ** 3 + 6 * (1 - t ** 2) * x ** 2 + 6 * t * x
+
+    x = np.array(0.7)
+    np.testing.assert_allclose(op.grad(op.grad(f))(x), second_derivative(x), rtol=1e-12)
+    xs = np.array([0.3, -1.2, 2.0])                # elementwise: Σ ∂f/∂x has the diagonal as gradient
+    np.testing.assert_allclose(op.grad(lambda x: op.sum(op.grad(f)(x)))(xs), second_derivative(xs), rtol=1e-12)
+
+
+def test_op_kernel_of_a_kernel_is_that_kernel():
+    g = op.grad(lambda x, w: op.sum((x @ w) ** 2), 1)
+    assert op.kernel(g) is g
+    x, w = np.ones((4, 3)), np.full((3, 2), 0.5)
+    np.testing.assert_allclose(op.kernel(g)(x, w), np.full((3, 2), 12.0))
+
+
+def test_partials_and_callable_objects_are_kernels_named_after_their_function():
+    import functools
+
+    def loss(x, w, scale):
+        return op.sum(x * w) * scale
+
+    class Loss:
+        def __call__(self, x, w):
+            return op.sum(x * w)
+
+    g = op.grad(functools.partial(loss, scale=2.0), 1)
+    np.testing.assert_allclose(g(np.full(2, 3.0), np.ones(2)), np.full(2, 6.0))
+    assert g.name == "grad_loss" and op.grad(Loss(), 1).name == "grad_Loss"
+    np.testing.assert_allclose(op.kernel(Loss())(np.ones(2), np.full(2, 2.0)), 4.0)
+
+
+def test_an_op_without_a_vjp_is_named_with_its_operands_and_the_call_site():
+    pytest.importorskip("tessera_rw_rmsnorm_matmul")
+    x, g, w = np.ones((4, 8), np.float32), np.ones(8, np.float32), np.ones((8, 3), np.float32)
+    with pytest.raises(TesseraError, match="declares no VJP") as e:
+        op.grad(lambda x, g, w: op.sum(op.apply("rmsnorm_matmul", (x, g, w), eps=1e-6)), 2)(x, g, w)
+    assert "x: f32[4,8], g: f32[8], w: f32[8,3]" in str(e.value) and "test_grad.py" in str(e.value)
+
+
+def test_a_gradient_of_a_method_called_on_the_class_says_how_to_bind_it():
+    class Linear:
+        def __init__(self):
+            self.w = np.ones((3, 2))
+
+        @op.kernel
+        def loss(self, x):
+            return op.sum(x @ self.w)
+
+    with pytest.raises(ArgumentError, match=r"op\.grad\(instance\.loss\)"):
+        op.grad(Linear.loss)(Linear(), np.ones((4, 3)))
+    np.testing.assert_allclose(op.grad(Linear().loss)(np.ones((4, 3))), np.full((4, 3), 2.0))

@@ -155,3 +155,10 @@ def test_a_container_holding_itself_is_refused():
 def test_a_result_holding_something_else_names_it():
     with pytest.raises(ResultError, match=r"result\.loss \(float\)"):
         op.kernel(lambda x: {"y": x * 2.0, "loss": 0.0})(np.ones(3))
+
+
+def test_integer_leaves_of_a_differentiated_container_get_none():
+    p = {"w": np.ones((3, 2)), "step": np.array(7, np.int32), "lr": 0.1}
+    grads = op.grad(lambda p, x: op.sum(x @ p["w"]) * p["lr"])(p, np.ones((4, 3)))
+    assert grads["step"] is None and grads["lr"] is None
+    np.testing.assert_allclose(grads["w"], np.full((3, 2), 0.4))

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tessera_rw import graph, op, profiler
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import MathUnit, arch_named
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import bind_plan
@@ -326,3 +327,13 @@ def test_an_empty_session_says_why_nothing_was_recorded():
     out = io.StringIO()
     p.report(console=Console(file=out, width=100))
     assert not p.records and "eager op calls on numpy arrays run numpy directly" in " ".join(out.getvalue().split())
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_kernels_run_in_the_emulator_are_recorded_and_labelled(monkeypatch):
+    monkeypatch.setenv("TESSERA_DEVICE", "emulator")
+    k = op.kernel(lambda x: op.softmax(x * 2.0, axis=-1))
+    with profiler.session() as p:
+        k(np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32))
+    assert [r.device for r in p.records] == ["emulator"]
+    assert "CUDA emulator" in p.title()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import numbers
 import types
 import weakref
@@ -83,6 +84,7 @@ def _names_read(code: types.CodeType) -> set[str]:
 def _sources(fn: Callable) -> dict[str, Callable[[], Any]]:
     """Where `fn` reads values from outside its arguments, by the name a reader would use: its
     globals, its closure's cells and, for a bound method, the attributes of `self`."""
+    fn = function_of(fn)
     owner = getattr(fn, "__self__", None)
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
@@ -101,6 +103,26 @@ def _sources(fn: Callable) -> dict[str, Callable[[], Any]]:
         for name in sorted(names & attrs.keys()):
             found[f"self.{name}"] = lambda name=name: getattr(instance(), name, _MISSING)
     return found
+
+
+def function_of(fn: Callable) -> Callable:
+    """The function whose code runs when `fn` is called: a partial's function, a callable object's
+    bound `__call__`, else `fn` itself."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not isinstance(fn, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) and callable(fn) \
+            and not hasattr(fn, "__func__"):              # a bound-method-like object reads as one already
+        call = getattr(fn, "__call__", None)
+        if isinstance(call, types.MethodType):
+            return call
+    return fn
+
+
+def function_name(fn: Callable) -> str:
+    """A callable's name for graphs and messages: its own, a partial's function's, else its class's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _weakly(obj: Any) -> Callable[[], Any]:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from tessera_rw.algebra.api.dispatch import tracing
 from tessera_rw.algebra.builder import make_input
-from tessera_rw.algebra.captures import Guard, capturing, guards_of
+from tessera_rw.algebra.captures import Guard, capturing, function_name, function_of, guards_of
 from tessera_rw.algebra.errors import ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
@@ -52,7 +52,8 @@ class Traced:
 
 def _definition_site(fn: Callable) -> str:
     try:
-        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]} in {fn.__name__}"
+        code = function_of(fn)
+        return f"{inspect.getsourcefile(code)}:{inspect.getsourcelines(code)[1]} in {function_name(fn)}"
     except (OSError, TypeError):
         return getattr(fn, "__qualname__", repr(fn))
 
@@ -74,7 +75,7 @@ def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], Cal
             if leaves and not bad:
                 return tuple(v for _, v in leaves), tree.build
             got = f"a {got} holding {', '.join(bad) or 'nothing'}"
-    raise ResultError(f"{getattr(fn, '__name__', 'the function')} returned {got}, not tensors",
+    raise ResultError(f"{function_name(fn)} returned {got}, not tensors",
                       site=_definition_site(fn),
                       hint="return the result of tessera_rw ops on the inputs: one tensor, or a tuple, list or dict "
                            "of them")
@@ -96,7 +97,7 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
         result = fn(*bound.args, **bound.kwargs)
     items, structure = _collect(fn, result)
     captured = captures.arrays.values()
-    graph = Graph(name or getattr(fn, "__name__", "kernel"), inputs + tuple(node for node, _ in captured),
+    graph = Graph(name or function_name(fn), inputs + tuple(node for node, _ in captured),
                   tuple(r.node for r in items))
     return Traced(graph, structure, tuple(pins), {node.attr("name"): value for node, value in captured},
                   guards + tuple(captures.nested))

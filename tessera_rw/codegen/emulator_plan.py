@@ -29,6 +29,7 @@ from tessera_rw.codegen.cpu_executor import HostMemory, run_step
 from tessera_rw.codegen.emulator import POISON, build_all
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.step_timing import EMULATOR, PlanRun, active_recorders, host_clock, report_step
 from tessera_rw.codegen.templates.base import Schedule, first_schedule
 from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.lower.plan import BufferRole, KernelPlan
@@ -52,9 +53,13 @@ def run_plan_emulated(plan: KernelPlan, feeds: Mapping[str, np.ndarray], *, arch
             schedule = (schedules or {}).get(i) or first_schedule(template, op, spec)
             sources[i] = template.emit(op, schedule, spec)
     kernels = dict(zip(sources, build_all(list(sources.values()))))
+    recorders = active_recorders()          # profiled: every step timed by the wall clock
+    run = PlanRun(plan, numerics, device=EMULATOR)
     for i, step in enumerate(plan.steps):
+        start = host_clock()
         if i in kernels:
             kernels[i]([*(memory.view(r) for r in step.inputs), memory.view(step.output)])
         else:
             run_step(step, memory, numerics)
+        report_step(recorders, run, i, start, host_clock() - start)
     return tuple(memory.view(ref).copy() for ref in plan.outputs)

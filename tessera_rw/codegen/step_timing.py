@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tessera_rw.lower.plan import KernelPlan
 
 HOST = "host"
+EMULATOR = "emulator"      # the generated CUDA run on the CPU (TESSERA_DEVICE=emulator)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class PlanRun:
     """One run of a plan, as much as costing its steps needs: what ran, under which policy, where."""
     plan: KernelPlan
     numerics: Numerics
-    device: str = HOST                        # "host" (the numpy executor) or "cuda:<index>"
+    device: str = HOST                        # "host" (the numpy executor), "emulator" or "cuda:<index>"
     stream: int = 0                           # the CUDA stream's handle; 0 on the host
     arch: ArchSpec | None = None              # the GPU's spec; None on the host
     schedules: tuple[Schedule, ...] = ()      # the schedule each step ran with (GPU only)

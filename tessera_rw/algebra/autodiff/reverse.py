@@ -30,7 +30,7 @@ from typing import Sequence
 
 from tessera_rw.algebra.api import full, tracing, zeros
 from tessera_rw.algebra.autodiff.cotangents import to_dtype
-from tessera_rw.algebra.builder import describe_operands
+from tessera_rw.algebra.builder import describe_operands, user_site
 from tessera_rw.algebra.errors import (
     ArgumentError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
 from tessera_rw.algebra.graph import Graph
@@ -90,7 +90,9 @@ def _pull_back(node: Node, g: SymbolicTensor) -> tuple:
     op = opdef(node.op)
     if op.vjp is None:
         raise TesseraError(f"op {node.op!r} declares no VJP, so it cannot be differentiated",
-                           op=node.op, hint="declare one with OpDef(..., vjp=...)")
+                           op=node.op, operands=describe_operands(op.operands, [a.type for a in node.args]),
+                           site=user_site(), hint="declare one with OpDef(..., vjp=...), or compute this op "
+                           "outside the differentiated function")
     args = tuple(SymbolicTensor(a) for a in node.args)
     try:
         cts = op.vjp(g, SymbolicTensor(node), *args, **node.attr_map)
