@@ -116,6 +116,7 @@ class Kernel:
         self._positional = tuple(self._params)
         self._positional_only_call = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                                          for p in self._params.values())
+        self._by_keyword = frozenset(n for n, p in self._params.items() if p.kind is p.POSITIONAL_OR_KEYWORD)
         self._traces: dict[Signature, Traced] = {}
         self._retraced: dict[tuple[str, str], set] = {}      # (why, name) -> the float values, shapes, changes seen
         self._programs: dict[tuple, CompiledProgram] = {}
@@ -333,10 +334,20 @@ class Kernel:
         traced = self._traces[signature]
         return compile_program(traced.graph, None, replace(settings, method="cost_model", read_only=True), traced.pins)
 
-    def _array_key(self, args: tuple) -> tuple | None:
-        """For a call with every parameter a numpy array, given positionally: what decides its
-        program (shapes, dtypes, numerics policy, tuning state), else None."""
-        if len(args) != len(self._positional) or not self._positional_only_call:
+    def _in_order(self, args: tuple, kwargs: dict) -> tuple | None:
+        """Every argument in parameter order, when each parameter is given once (by position or by
+        keyword where it may be); else None."""
+        if not kwargs:
+            return args
+        rest = self._positional[len(args):]
+        if len(kwargs) != len(rest) or not all(p in kwargs and p in self._by_keyword for p in rest):
+            return None
+        return args + tuple(kwargs[p] for p in rest)
+
+    def _array_key(self, args: tuple | None) -> tuple | None:
+        """For a call with every parameter a numpy array (`args` in parameter order): what decides
+        its program (shapes, dtypes, numerics policy, tuning state), else None."""
+        if args is None or len(args) != len(self._positional) or not self._positional_only_call:
             return None
         for a in args:
             if type(a) is not np.ndarray:
@@ -346,11 +357,12 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from tessera_rw.execute import run_program
-        key = None if kwargs else self._array_key(args)
+        ordered = self._in_order(args, kwargs)
+        key = self._array_key(ordered)
         known = self._array_calls.get(key) if key is not None else None
         if known is not None and known[1].holds():   # a warm call on arrays: no binding, no signature to build
             program, traced = known
-            outputs = run_program(program, traced.feeds(dict(zip(self._positional, args))))
+            outputs = run_program(program, traced.feeds(dict(zip(self._positional, ordered))))
             return outputs[0] if traced.structure is None else traced.structure(outputs)
         if holds_symbolic(args, kwargs):
             note_nested(self.fn)             # called from another traced function: inline, guarded there
