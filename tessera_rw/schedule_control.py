@@ -26,10 +26,9 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.kernel import Kernel
 from tessera_rw.tune.plan_tuner import TuneSettings
 from tessera_rw.tune.space import SpaceRestriction
-from tessera_rw.tuning import TuneConfig, tuned_kernels
+from tessera_rw.tuning import KERNELS_OWN, TuneConfig, autotune, tuned_kernels
 
 COST_MODELS = ("roofline",)
-KERNELS_OWN = object()      # schedule.autotune's default cache: the one the kernel already tunes into
 
 
 class ScheduleControl:
@@ -68,8 +67,7 @@ class ScheduleControl:
                                 "there is no shape to tune for",
                                 hint=f"pass example arguments: {k.name}.schedule.autotune(op.tensor((..), 'bf16'), ...)")
         before = k.tuning
-        if cache is KERNELS_OWN:
-            cache = before.cache if before is not None else "default"
+        cache = autotune.cache_of(k, cache)
         k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
         k.forget_programs()
         try:

@@ -28,6 +28,7 @@ from tessera_rw.algebra import api
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, resolve_arch
+from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.kernel import Kernel
@@ -36,13 +37,14 @@ from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import Printable
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.extract import FusionDepth
-from tessera_rw.tune.kernel_tuner import KernelTuning, cached_schedule
-from tessera_rw.tune.plan_tuner import TuneSettings, tunable_ops
+from tessera_rw.tune.kernel_tuner import KernelTuning, TuneError, cached_schedule
+from tessera_rw.tune.plan_tuner import TuneSettings, tunable_ops, why_untunable
 from tessera_rw.tune.progress import trials_table
 from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.space import SpaceRestriction, knobs
 
 DEFAULT_CACHE = "default"
+KERNELS_OWN = object()      # a tuning call's default cache: the kernel's own, else autotune.enable's
 KNOB_NAMES = {"tile": "tile", "pipeline_stages": "pipeline_depth", "vectorize": "vectorize", "warps": "warps"}
 
 
@@ -101,6 +103,16 @@ def _operand_count(fn: Callable) -> int:
     params = inspect.signature(fn).parameters.values()
     return sum(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                for p in params)
+
+
+def _check_tunable(name: str, program: CompiledProgram, arch: ArchSpec) -> None:
+    """A TuneError when the program runs kernels but none has a schedule to tune on `arch`."""
+    numerics = current_numerics()
+    if not program.plan.steps or tunable_ops(program.plan, numerics, arch):
+        return
+    reasons = dict.fromkeys(why_untunable(KernelOp.from_node(s.node, numerics), arch) for s in program.plan.steps)
+    raise TuneError(f"autotune({name}): nothing to tune on {arch.name}: {'; '.join(filter(None, reasons))}",
+                    hint="tune a float32, bf16 or fp16 form of it, or name another arch")
 
 
 def _as_kernel(fn: Callable | Kernel | BoundKernel) -> Kernel:
@@ -170,19 +182,29 @@ class Autotune:
         return TuneSettings(cache=self.cache) if self.enabled else None
 
     def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
-                 cache: str | None = DEFAULT_CACHE, max_trials: int = 50, time_budget_s: float | None = None,
+                 cache: str | None | object = KERNELS_OWN, max_trials: int = 50, time_budget_s: float | None = None,
                  search_space: SpaceRestriction | None = None, arch: ArchSpec | str | None = None) -> TuneConfig:
         """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype` for `arch` (an ArchSpec,
         a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
         kernel = _as_kernel(fn)
         name = kernel.name
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
-        settings = TuneSettings(method=method, cache=cache, restriction=search_space or SpaceRestriction(),
-                                max_trials=max_trials, time_budget_s=time_budget_s)
+        _check_tunable(name, compile_program(traced.graph, arch, pins=traced.pins), resolve_arch(arch))
+        settings = TuneSettings(method=method, cache=self.cache_of(kernel, cache),
+                                restriction=search_space or SpaceRestriction(), max_trials=max_trials,
+                                time_budget_s=time_budget_s)
         program = compile_program(traced.graph, arch, settings, traced.pins)
         return TuneConfig(name, program, tuned_kernels(program))
 
-    def load(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", *, cache: str | None = None,
+    def cache_of(self, kernel: Kernel, cache: str | None | object) -> str | None:
+        """The cache a tuning call on `kernel` uses: the one named (None: none), or for KERNELS_OWN
+        the kernel's own (@op.autotune(cache=...)), else enable's."""
+        if cache is not KERNELS_OWN:
+            return cache
+        return kernel.tuning.cache if kernel.tuning is not None else self.cache
+
+    def load(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", *,
+             cache: str | None | object = KERNELS_OWN,
              arch: ArchSpec | str | None = None) -> TuneConfig | None:
         """The cached config for `fn` at `shapes` (the nearest cached shape's, marked interpolated,
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
@@ -190,7 +212,7 @@ class Autotune:
         arch = resolve_arch(arch)
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         program = compile_program(traced.graph, arch, pins=traced.pins)
-        store = TuneCache(cache or self.cache)
+        store = TuneCache(self.cache_of(kernel, KERNELS_OWN if cache is None else cache))
         defaults = dict(program.schedules)
         pinned = {p.step for p in program.pinned}
         found = []

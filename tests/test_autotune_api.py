@@ -224,3 +224,27 @@ def test_a_programs_cached_choice_is_keyed_by_its_policy_and_its_candidates():
 def test_matmul_shapes_must_be_m_n_k_or_one_per_operand():
     with pytest.raises(ArgumentError, match=r"neither \(M, N, K\) nor one shape per operand"):
         autotune(op.matmul, shapes=(7,), dtype="bf16", method="cost_model", cache=None)
+
+
+def test_tuning_and_loading_use_the_kernels_own_cache_else_enables():
+    autotune.enable(True, cache="h100_configs")
+    autotune(op.matmul, shapes=(256, 256, 256), dtype="bf16", method="cost_model")
+    assert TuneCache("h100_configs").records() and not TuneCache("default").records()
+    assert autotune.load(op.matmul, (256, 256, 256), dtype="bf16") is not None
+    autotune.enable(False, cache="default")
+
+    @op.autotune(cache="own_records", method="cost_model")
+    def mm(a, b):
+        return op.matmul(a, b)
+    autotune(mm, shapes=((128, 64), (64, 32)), dtype="bf16", method="cost_model")
+    assert TuneCache("own_records").records() and not TuneCache("default").records()
+    assert autotune.load(mm, ((128, 64), (64, 32)), dtype="bf16") is not None
+
+
+def test_tuning_what_has_no_kernel_to_tune_says_why():
+    from tessera_rw.tune.kernel_tuner import TuneError
+    with pytest.raises(TuneError, match=r"matmul of float64 has no GPU kernel template"):
+        autotune(op.matmul, shapes=(64, 64, 64), dtype="float64", method="cost_model", arch="H100-SXM")
+    with pytest.raises(TuneError, match=r"has no kernel A100-SXM can run"):
+        autotune(op.matmul, shapes=(64, 64, 64), dtype="float8_e4m3fn", method="cost_model", arch="A100-SXM")
+    assert not TuneCache("default").records()

@@ -96,20 +96,41 @@ class PlanTuning:
 
 def tunable_ops(plan: KernelPlan, numerics: Numerics, arch: ArchSpec) -> list[tuple[int, KernelOp]]:
     """(step index, KernelOp) of the steps with a generated kernel to schedule on `arch` (not library
-    calls, nor ops the arch cannot run, as fp8 before sm_89: binding the plan to it says why)."""
-    found = []
+    calls, nor ops the arch cannot run, as fp8 before sm_89: `why_untunable` says why). A model's
+    repeated layers repeat few distinct ops: each is looked at once."""
+    found, tunable = [], {}
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
-        templates = templates_for(op)
-        if templates and templates[0].library is None and templates[0].schedules(op, arch):
+        if op not in tunable:
+            tunable[op] = why_untunable(op, arch) is None
+        if tunable[op]:
             found.append((i, op))
     return found
 
 
+def why_untunable(op: KernelOp, arch: ArchSpec) -> str | None:
+    """Why `op` has no kernel to schedule on `arch`, or None when it has one."""
+    templates = templates_for(op)
+    dtypes = ", ".join(dict.fromkeys(t.dtype.name for t in (*op.operands, op.result)))
+    if not templates:
+        return f"{op.op} of {dtypes} has no GPU kernel template: it runs on the host"
+    if templates[0].library is not None:
+        return f"{op.op} runs as a {templates[0].library} library call, which has nothing to tune"
+    if not templates[0].schedules(op, arch):
+        return f"{op.op} of {dtypes} has no kernel {arch.name} can run"
+    return None
+
+
 def default_schedules(plan: KernelPlan, arch: ArchSpec,
                       numerics: Numerics = Numerics.DETERMINISTIC) -> tuple[tuple[int, Schedule], ...]:
-    """The cost model's pick among each step's default schedules (untuned runs use these)."""
-    return tuple((i, best_schedule(template_for(op), op, arch)[0]) for i, op in tunable_ops(plan, numerics, arch))
+    """The cost model's pick among each step's default schedules (untuned runs use these), found
+    once per distinct op."""
+    ops = tunable_ops(plan, numerics, arch)
+    best: dict[KernelOp, Schedule] = {}
+    for _, op in ops:
+        if op not in best:
+            best[op] = best_schedule(template_for(op), op, arch)[0]
+    return tuple((i, best[op]) for i, op in ops)
 
 
 def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics: Numerics = Numerics.DETERMINISTIC,
