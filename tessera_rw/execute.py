@@ -39,12 +39,16 @@ DEVICE_VARIABLE = "TESSERA_DEVICE"
 DEVICES = ("cpu", "gpu", "emulator")
 
 
+def _has_zero_size(plan: KernelPlan) -> bool:
+    return any(b.nbytes == 0 for b in plan.buffers)
+
+
 @lru_cache(maxsize=256)
 def _runs_on_gpu(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
     """Whether every kernel has a GPU template; a plan over zero-size tensors launches nothing worth
     a device, so the host computes it at once. A plan that has steps without a template warns once
     (HostFallbackWarning) that it runs on the host, naming them."""
-    if any(b.nbytes == 0 for b in plan.buffers):
+    if _has_zero_size(plan):
         return False
     try:
         bind_plan(plan, arch, numerics)
@@ -64,6 +68,8 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
     if forced in ("cpu", "emulator") and on_device:
         raise ArgumentError(f"{DEVICE_VARIABLE}={forced} but inputs {on_device} are GPU arrays",
                             hint="move them to the host (.cpu() / .get()) or unset the variable")
+    if forced == "emulator" and _has_zero_size(program.plan):
+        return "cpu"                        # nothing to launch: no kernel takes zero-size tensors
     if forced:
         return forced
     if on_device:

@@ -96,6 +96,8 @@ def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     l = np.zeros(qb.shape[:-1], ct)
     acc = np.zeros(qb.shape[:-1] + (v.shape[-1],), ct)
     sk = k.shape[-2]
+    if sk == 0:
+        return acc, m                    # no keys: P is empty and P V zeros (a masked row is NaN)
     for k0 in range(0, key_end(q0, rows, sk, causal), block_k):
         k1 = min(k0 + block_k, sk)
         s = tile_scores(qb, k, mask, q0, k0, k1, scale, causal)

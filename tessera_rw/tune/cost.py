@@ -183,6 +183,8 @@ def kernel_cost(op: KernelOp, arch: ArchSpec, *, fused_op: bool = False) -> Kern
     """
     if op.op in NO_KERNEL_OPS or (op.operands and view_offset(op.op, op.operands[0], op.attr_map) is not None):
         return None
+    if op.result.numel == 0 or any(t.numel == 0 for t in op.operands):
+        return _generic(op, arch)        # over zero-size tensors: the host computes it, no template asked
     options = [best_schedule(t, op, arch)[1] for t in templates_for(op) if t.schedules(op, arch)]
     if options:
         return min(options, key=lambda c: c.est_us)

@@ -96,7 +96,7 @@ def attention_of_scores(s: np.ndarray, v: np.ndarray, q: np.ndarray) -> np.ndarr
     if q.ndim >= 3:
         v = expand_kv_heads(v, q.shape[-3])
     with np.errstate(invalid="ignore"):  # a fully masked row is NaN, as in torch's math SDPA
-        s = s - np.max(s, axis=-1, keepdims=True)
+        s = s - np.max(s, axis=-1, keepdims=True, initial=-np.inf)   # no keys: P is empty, P V zeros
         p = np.exp(s)
         p /= np.sum(p, axis=-1, keepdims=True)
     return np.matmul(p, v)

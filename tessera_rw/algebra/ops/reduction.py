@@ -89,15 +89,21 @@ def _infer_row(x: TensorType, axis: int) -> TensorType:
     return x
 
 
+def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
+    """The max along `axis`, kept as a size-1 axis (−inf over an empty one, whose softmax is empty)."""
+    return np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+
+
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - _row_max(x, axis)
     e = np.exp(shifted)
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    shifted = x - _row_max(x, axis)
+    with np.errstate(divide="ignore"):            # an empty row's log Σ is −inf, over nothing
+        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
 def _infer_norm(x: TensorType, *params: TensorType, axes: tuple[int, ...], eps: float,

@@ -81,7 +81,8 @@ class DirectConvTemplate(Template):
         if not (x.dtype == w.dtype == op.result.dtype and x.dtype in (*TENSOR_CORE_DTYPES, DType.float32)):
             return False  # mixed-precision or float64 convolutions have no kernel here
         cv = ConvProblem.of(op)
-        return (max(cv.gemm[0], x.numel // cv.n, op.result.numel // cv.n, w.numel) <= _MAX_INDEX
+        per_image = max(cv.n, 1)                  # an empty batch has nothing to index
+        return (max(cv.gemm[0], x.numel // per_image, op.result.numel // per_image, w.numel) <= _MAX_INDEX
                 and cv.groups <= MAX_GRID_YZ)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
