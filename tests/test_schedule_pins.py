@@ -81,6 +81,16 @@ def test_a_tile_the_kernel_cannot_run_names_the_product_and_the_tiles_it_has():
     assert "(64, 128, 32)" in e.value.hint                      # what it can run instead
 
 
+def test_a_k_depth_the_dtype_lacks_takes_the_nearest_with_a_warning():
+    @op.kernel
+    def mm(a, b):
+        return op.matmul(a, b, tile_shape=(128, 128, 64))      # bf16's depth; float32's are shallower
+    args = op.tensor((1024, 1024), "float32"), op.tensor((1024, 1024), "float32")
+    with pytest.warns(PinWarning, match=r"takes bk in \[.*\] with a 128x128 tile; pinned \(128, 128, 16\)"):
+        program = compiled(mm, args)
+    assert tile_of(dict(program.schedules)[0]) == (128, 128, 16)
+
+
 @pytest.mark.parametrize("tile", [(128,), (128, 128, 64, 2), (0, 64), (64.0, 64), "128x128", True])
 def test_a_malformed_tile_shape_is_refused_with_the_form_it_takes(tile):
     with pytest.raises(AttributeValueError, match=r"tile_shape must be \(bm, bn\) or \(bm, bn, bk\)") as e:

@@ -18,11 +18,12 @@ PinWarning, since the product still computes correctly, just not with the tile a
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera_rw.algebra.builder import describe_operands
+from tessera_rw.algebra.builder import describe_operands, warn_at_user_line
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.schedule_pin import SchedulePin
 from tessera_rw.codegen.arch import ArchSpec
@@ -76,8 +77,9 @@ def pinned_tuning(op: KernelOp, arch: ArchSpec, pin: SchedulePin) -> KernelTunin
     """The cost model's best schedule of `op` with the pinned tile, as a KernelTuning 'pinned'."""
     template = template_for(op)
     kind = template.kind_of(op)
+    tile = _nearest_depth(pin, sorted({knobs(s)["tile"] for s in template.space(op, arch)}), op, arch)
     try:
-        space = ranked_space(template, op, arch, SpaceRestriction(tile_sizes=(pin.tile,)))
+        space = ranked_space(template, op, arch, SpaceRestriction(tile_sizes=(tile,)))
     except ArgumentError:
         tiles = sorted({knobs(s)["tile"] for s in template.space(op, arch)})
         listed = ", ".join(str(t) for t in tiles[:_LISTED_TILES])
@@ -89,6 +91,21 @@ def pinned_tuning(op: KernelOp, arch: ArchSpec, pin: SchedulePin) -> KernelTunin
                                  "cost model or autotune choose") from None
     return KernelTuning(op, kind, space.schedules[0], best_schedule(template, op, arch)[0], ChosenBy.PINNED,
                         space.estimates[0], 0.0, None, len(space), len(space.pruned))
+
+
+def _nearest_depth(pin: SchedulePin, tiles: Sequence[tuple[int, ...]], op: KernelOp, arch: ArchSpec) -> tuple[int, ...]:
+    """The pinned tile, or where the kernel has its (bm, bn) only with other k depths (float32's
+    are shallower than bf16's), the nearest of those, with a PinWarning saying so."""
+    if len(pin.tile) != 3 or pin.tile in tiles:
+        return pin.tile
+    depths = sorted({t[2] for t in tiles if t[:2] == pin.tile[:2]})
+    if not depths:
+        return pin.tile
+    bk = min(depths, key=lambda d: (abs(math.log2(d / pin.tile[2])), -d))
+    warn_at_user_line(PinWarning(
+        f"op.matmul {pin.describe()}: the gemm kernel for {op.operands[0].dtype.name} on {arch.name} "
+        f"takes bk in {depths} with a {pin.tile[0]}x{pin.tile[1]} tile; pinned {(*pin.tile[:2], bk)}"))
+    return (*pin.tile[:2], bk)
 
 
 def _refuse_conflicts(pins: Sequence[SchedulePin]) -> None:
