@@ -50,7 +50,8 @@ class DType(enum.Enum):
             raise DTypeError(f"unknown dtype {value!r}; pass a name such as 'float32' or 'bf16'") from None
         found = _BY_NUMPY.get(np_dtype)
         if found is None:
-            raise DTypeError(f"dtype {np_dtype} has no tessera_rw equivalent; known: {', '.join(d.value for d in DType)}")
+            raise DTypeError(f"dtype {np_dtype.str if np_dtype.byteorder == '>' else np_dtype} has no tessera_rw "
+                             f"equivalent; known: {', '.join(d.value for d in DType)}", hint=_unknown_dtype_hint(np_dtype))
         return found
 
     def __eq__(self, other: object) -> bool:
@@ -209,3 +210,13 @@ def complex_of(dtype: DType) -> DType:
 
 def real_of(dtype: DType) -> DType:
     return DType.float64 if dtype is DType.complex128 else DType.float32
+
+
+def _unknown_dtype_hint(np_dtype: np.dtype) -> str | None:
+    """What to do with a numpy dtype tessera_rw has no name for, where there is something to do."""
+    if np_dtype.byteorder == ">":
+        return f"it is big-endian: convert with x.astype(x.dtype.newbyteorder('=')), {np_dtype.newbyteorder('=')} in this machine's order"
+    if np_dtype.name in ("float8_e4m3", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e4m3b11fnuz"):
+        return (f"{np_dtype.name} is another fp8 encoding than the GPUs': tessera_rw's float8_e4m3 is "
+                "ml_dtypes.float8_e4m3fn and float8_e5m2 is ml_dtypes.float8_e5m2; convert with x.astype(...)")
+    return None

@@ -58,9 +58,10 @@ def _definition_site(fn: Callable) -> str:
         return getattr(fn, "__qualname__", repr(fn))
 
 
-def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], Callable[[tuple], Any] | None]:
+def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[SymbolicTensor, ...],
+                                                                     Callable[[tuple], Any] | None]:
     """The output tensors of `result` (one tensor, or a dict / list / tuple of them, nested), and
-    how to build the result back from them."""
+    how to build the result back from them; `has_tensors`: whether any argument was a tensor."""
     if isinstance(result, SymbolicTensor):
         return (result,), None
     got = type(result).__name__
@@ -75,6 +76,10 @@ def _collect(fn: Callable, result: Any) -> tuple[tuple[SymbolicTensor, ...], Cal
             if leaves and not bad:
                 return tuple(v for _, v in leaves), tree.build
             got = f"a {got} holding {', '.join(bad) or 'nothing'}"
+    if not has_tensors:
+        raise ResultError(f"{function_name(fn)} returned {got}, not tensors: every argument it was called with is a "
+                          "Python value, which a kernel takes as a constant of its trace", site=_definition_site(fn),
+                          hint="pass arrays (np.asarray(1.5, np.float32) for a number) to compute on tensors")
     raise ResultError(f"{function_name(fn)} returned {got}, not tensors",
                       site=_definition_site(fn),
                       hint="return the result of tessera_rw ops on the inputs: one tensor, or a tuple, list or dict "
@@ -95,7 +100,7 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     guards = guards_of(fn)          # what the trace reads: a change during it traces again at the next call
     with tracing(), collecting_pins() as pins, capturing(guards, set(values)) as captures:
         result = fn(*bound.args, **bound.kwargs)
-    items, structure = _collect(fn, result)
+    items, structure = _collect(fn, result, bool(tensors))
     captured = captures.arrays.values()
     graph = Graph(name or function_name(fn), inputs + tuple(node for node, _ in captured),
                   tuple(r.node for r in items))

@@ -93,6 +93,9 @@ def _plugin_vjp_checks(selected) -> list[RuleCheck]:
     return checks
 
 
+OPS_TABLE_WIDTH = 150   # wide enough for every column of the longest op; a narrow terminal wraps lines
+
+
 def _ops(console: Console, as_json: bool) -> int:
     rows = [{"op": d.name, "operands": list(d.operands) + (["..."] if d.variadic else []),
              "attributes": list(d.attr_names), "kind": d.kind.value,
@@ -104,10 +107,12 @@ def _ops(console: Console, as_json: bool) -> int:
         return 0
     table = Table(title="ops (t.<op>(*operands, **attributes, of=(shape, dtype)) in a pattern)")
     for col in ("op", "operands", "attributes", "kind", "egglog", "from"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("op", "egglog"))
     for r in rows:
         table.add_row(r["op"], ", ".join(r["operands"]), ", ".join(r["attributes"]), r["kind"], r["egglog"], r["from"])
-    console.print(table)
+    wide = Console(file=console.file, width=max(console.width, OPS_TABLE_WIDTH), no_color=console.no_color,
+                   force_terminal=console.is_terminal)      # the names are typed: never cut them
+    wide.print(table)
     return 0
 
 

@@ -83,13 +83,14 @@ class SpaceRestriction:
         def ints(name, values):
             if values is None:
                 return None
-            values = tuple(values)
+            values = tuple(values) if isinstance(values, (tuple, list, range)) else (values,)   # 3 reads as [3]
             if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
                 raise ArgumentError(f"search_space: {name} must be a non-empty list of positive integers, got {values!r}")
             return values
         tiles = None
         if tile_sizes is not None:
-            tiles = tuple(tuple(t) for t in tile_sizes)
+            listed = tile_sizes if isinstance(tile_sizes, (tuple, list)) else (tile_sizes,)
+            tiles = tuple(tuple(t) if isinstance(t, (tuple, list)) else (t,) for t in listed)
             if not tiles or any(len(t) not in (2, 3) or ints("tile_sizes", t) is None for t in tiles):
                 raise ArgumentError(f"search_space: tile_sizes must be a non-empty list of (bm, bn) or (bm, bn, bk), "
                                     f"got {tile_sizes!r}")

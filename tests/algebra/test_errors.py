@@ -58,16 +58,27 @@ def test_op_rejects_a_dtype():
     assert "matmul" in str(info.value) and "i32[2,2]" in str(info.value)
 
 
-@pytest.mark.parametrize("bad, kind", [([1.0, 2.0], "list"), ({"a": 1}, "dict"), ({1, 2}, "set")])
-def test_non_tensor_argument(bad, kind):
+def test_non_tensor_argument():
     @op.kernel
     def f(x, y):
         return x + y
 
     with pytest.raises(ArgumentError) as info:
+        f(X, {1, 2})
+    msg = str(info.value)
+    assert "'y'" in msg and "set" in msg and "kernel f" in msg and "test_errors.py" in msg
+
+
+@pytest.mark.parametrize("bad, kind", [([1.0, 2.0], "list"), ({"a": 1}, "dict")])
+def test_a_container_argument_used_as_a_tensor_names_the_op_and_line(bad, kind):
+    @op.kernel
+    def f(x, y):
+        return x + y                   # containers are arguments (model parameters); this one is no tensor
+
+    with pytest.raises(ArgumentError) as info:
         f(X, bad)
     msg = str(info.value)
-    assert "'y'" in msg and kind in msg and "kernel f" in msg and "test_errors.py" in msg
+    assert msg.startswith(f"add: got a {'Python ' if kind == 'list' else ''}{kind}") and "return x + y" in msg
 
 
 @pytest.mark.parametrize("bad, kind", [("text", "str"), (None, "NoneType")])
@@ -197,3 +208,36 @@ def test_torch_spellings_get_ours_in_the_error():
     with pytest.raises(AxisError) as e:
         op.kernel(lambda a: op.max(a, a * 2))(np.ones((2, 2), np.float32))
     assert "op.maximum(x, y)" in e.value.hint
+
+
+def test_a_big_endian_array_is_told_how_to_convert():
+    with pytest.raises(ArgumentError) as e:
+        op.kernel(lambda x: x * 2.0)(np.ones(4, ">f4"))
+    assert "big-endian" in e.value.hint and "newbyteorder('=')" in e.value.hint
+
+
+def test_an_fp8_encoding_gpus_do_not_compute_in_names_the_ones_they_do():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with pytest.raises(ArgumentError) as e:
+        op.kernel(lambda x: x * 2.0)(np.ones(4, np.float32).astype(ml_dtypes.float8_e4m3))
+    assert "ml_dtypes.float8_e4m3fn" in e.value.hint
+
+
+def test_an_index_list_says_gathers_are_not_supported_and_what_to_do():
+    with pytest.raises(ShapeError, match="unsupported index") as e:
+        op.kernel(lambda x: x[:, [0, 2]])(np.ones((3, 4), np.float32))
+    assert "gathers" in e.value.hint and "op.concatenate" in e.value.hint
+
+
+def test_a_kernel_called_on_python_numbers_only_says_they_are_constants():
+    with pytest.raises(ResultError, match="every argument it was called with is a Python value") as e:
+        op.kernel(lambda x, y: x + y)(1.5, 2.0)
+    assert "np.asarray" in e.value.hint
+
+
+def test_search_space_takes_one_number_for_a_list_and_refuses_a_bare_tile():
+    k = op.kernel(lambda a, b: a @ b)
+    assert k.schedule.search_space(pipeline_stages=3).kernel.restriction.pipeline_stages == (3,)
+    for bad in ([64], 64):
+        with pytest.raises(ArgumentError, match=r"tile_sizes must be a non-empty list of \(bm, bn\)"):
+            k.schedule.search_space(tile_sizes=bad)

@@ -152,7 +152,10 @@ def getitem(x, index):
                 i %= size
                 starts.append(i); stops.append(i + 1); steps.append(1)
             else:
-                raise ShapeError(f"unsupported index {item!r}", hint="use ints, slices, None and ...")
+                gather = isinstance(item, (list, tuple)) or hasattr(item, "shape")
+                raise ShapeError(f"unsupported index {item!r}", hint=(
+                    "index arrays and lists (gathers) are not supported: take them by slices, joined with "
+                    "op.concatenate, or select with op.where" if gather else "use ints, slices, None and ..."))
             axis += 1
     sliced = x
     if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * len(shape), shape, (1,) * len(shape)):
