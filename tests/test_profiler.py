@@ -337,3 +337,14 @@ def test_kernels_run_in_the_emulator_are_recorded_and_labelled(monkeypatch):
         k(np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32))
     assert [r.device for r in p.records] == ["emulator"]
     assert "CUDA emulator" in p.title()
+
+
+def test_a_host_roofline_probed_low_is_raised_to_what_kernels_reach(monkeypatch):
+    monkeypatch.setattr(profiler, "_measured_host_roofline", lambda: profiler.HostRoofline(1.0, 1.0))
+    monkeypatch.setattr(profiler, "_HOST_SEEN", [0.0, 0.0])
+    k = op.kernel(lambda a, b: op.softmax(a @ b, axis=-1))
+    a = RNG.standard_normal((64, 64)).astype(np.float32)
+    with profiler.session() as p:
+        k(a, a)
+    assert p.records and all(r.efficiency <= 1.0 + 1e-9 for r in p.records)
+    assert max(r.efficiency for r in p.records) == pytest.approx(1.0)   # the fastest sets the roofline
