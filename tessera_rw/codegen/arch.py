@@ -73,6 +73,13 @@ class ArchSpec(BaseModel):
     max_blocks_per_sm: int = 32
     max_threads_per_block: int = 1024
     launch_us: float = 2.5       # back-to-back launch overhead on one stream
+    # what the L2 feeds the SMs, bytes per clock per SM (sm_90: fitted to H200 timings of GEMM tiles)
+    l2_feed_bytes_per_clock: float = 43.0
+
+    @property
+    def l2_feed_bytes_per_s(self) -> float:
+        """Bytes per second the L2 delivers into all SMs together."""
+        return self.l2_feed_bytes_per_clock * self.sm_count * self.clock_mhz * 1e6
 
     def __hash__(self) -> int:  # a spec is identified by its name and compute capability
         return hash((self.name, self.compute_capability))
@@ -117,7 +124,7 @@ KNOWN_ARCHS: tuple[ArchSpec, ...] = (
     ArchSpec(name="A100-SXM", aliases=("a100",), device_names=("A100",), compute_capability=(8, 0),
              sm_count=108, clock_mhz=1410, hbm_gbps=2039, l2_bytes=40 * _MB,
              peak_tflops={U.FP64: 9.7, U.FP32: 19.5, U.TF32: 156, U.BF16: 312},
-             smem_per_sm=164 * _KB, smem_per_block=163 * _KB),
+             smem_per_sm=164 * _KB, smem_per_block=163 * _KB, l2_feed_bytes_per_clock=33.0),
     ArchSpec(name="L4", aliases=("l4",), device_names=("L4",), compute_capability=(8, 9),
              sm_count=58, clock_mhz=2040, hbm_gbps=300, l2_bytes=48 * _MB,
              peak_tflops={U.FP64: 0.49, U.FP32: 30.3, U.TF32: 60, U.BF16: 121, U.FP8: 242.5},

@@ -117,7 +117,8 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
         hide_memory = min(1.0, resident_warps / MEMORY_WARPS_TO_HIDE_LATENCY)
         one_sm = LONE_SM_BANDWIDTH_SHARE * arch.hbm_bytes_per_s / arch.sm_count
         bandwidth = min(arch.hbm_bytes_per_s * ACHIEVABLE_BANDWIDTH, busy_sms * one_sm * hide_memory)
-        memory = res.hbm_bytes / bandwidth * 1e6
+        feed = res.l2_feed_bytes / (arch.l2_feed_bytes_per_s * busy_sms / arch.sm_count) * 1e6
+        memory = max(res.hbm_bytes / bandwidth * 1e6, feed)
     spill = res.spill_bytes * res.threads * res.blocks * SPILL_REUSE / arch.hbm_bytes_per_s * 1e6
     est = max(compute, memory) + arch.launch_us + spill
     return KernelCost(op, kind, fused, schedule, res.threads, res.blocks, res.registers, res.smem_bytes,

@@ -47,6 +47,7 @@ class Resources:
     unit: MathUnit             # the pipe the FLOPs run on
     efficiency: float = 1.0    # fraction of the unit's peak the instruction mix can reach
     spill_bytes: int = 0       # per thread, predicted (0 when the schedule fits in registers)
+    l2_feed_bytes: int = 0     # what the blocks load from L2, each tile's re-reads included (0: not modelled)
 
 
 class Template(ABC):

@@ -222,9 +222,11 @@ class GemmTemplate(Template):
         else:
             unit, eff = MathUnit.FP32, 0.7
         spill = max(0, regs - arch.registers_per_thread) * 4
+        # each block streams its A and B tiles through the L2 once per k step: small tiles re-read more
+        feed = blocks * tiles_k * (s.bm + s.bn) * s.bk * (4 if p.tf32 else p.in_dtype.itemsize)
         return Resources(threads=s.threads, blocks=blocks, registers=min(regs, arch.registers_per_thread),
                          smem_bytes=smem, hbm_bytes=hbm, flops=flops, unit=unit, efficiency=eff,
-                         spill_bytes=spill)
+                         spill_bytes=spill, l2_feed_bytes=feed)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
         if not self.accepts(op):
