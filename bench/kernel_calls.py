@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +45,20 @@ print(json.dumps({"import_s": imported - start, "first_call_s": done - called, "
 """
 
 
-def _median_call_us(fn, reps: int = REPS) -> float:
-    for _ in range(50):
-        fn()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(reps):
+def _median_calls_us(fns: Sequence[Callable[[], object]], reps: int = REPS, rounds: int = 7) -> list[float]:
+    """Each of `fns`' median µs per call over `rounds` blocks of `reps` calls, the blocks of the
+    functions alternating (a burst of load on a shared machine falls on all of them)."""
+    for fn in fns:
+        for _ in range(50):
             fn()
-        samples.append((time.perf_counter() - start) / reps * 1e6)
-    return statistics.median(samples)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, taken in zip(fns, samples):
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            taken.append((time.perf_counter() - start) / reps * 1e6)
+    return [statistics.median(taken) for taken in samples]
 
 
 def warm_call_overhead_us() -> tuple[float, float]:
@@ -80,8 +85,7 @@ def warm_call_overhead_us() -> tuple[float, float]:
             else:
                 numerics = current_numerics()
                 direct = lambda: run_plan_on_cpu(program.plan, {"x": x}, numerics)  # noqa: E731
-            call = _median_call_us(lambda: scaled_softmax(x))
-            plan = _median_call_us(direct)
+            call, plan = _median_calls_us([lambda: scaled_softmax(x), direct])
         finally:
             autotune.enable(False)
             os.environ.pop("TESSERA_CACHE_DIR", None)

@@ -1,4 +1,5 @@
-"""Wall-clock timing for host-side benchmarks: warm-up, repetitions, median and spread."""
+"""Timing for host-side benchmarks: warm-up, repetitions, median and spread; interleaved where two
+figures are compared, so a burst of load on a shared machine falls on both."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,20 @@ def time_call(fn: Callable[[], object], reps: int = 7, warmup: int = 1) -> Timin
         fn()
         samples.append(time.perf_counter() - start)
     return Timing(statistics.median(samples), min(samples), max(samples), reps)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], object]], rounds: int = 5, warmup: int = 1,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+    """Each of `fns` timed once per round, the rounds alternating between them, by `clock`
+    (time.process_time: this process's CPU time, which other processes' load does not inflate)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            gc.collect()
+            start = clock()
+            fn()
+            samples[name].append(clock() - start)
+    return {name: Timing(statistics.median(t), min(t), max(t), rounds) for name, t in samples.items()}
