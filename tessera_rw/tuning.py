@@ -84,7 +84,9 @@ class TuneConfig:
 
     def __str__(self) -> str:
         parts = [f"{k}={v}" for k, v in self.knobs().items()] + [f"fusion={self.fusion}"]
-        return "Best config: " + ", ".join(parts)
+        # a shape never tuned takes the nearest tuned one's config: say so
+        marker = " (interpolated from the nearest tuned shape)" if self.chosen_by is ChosenBy.INTERPOLATED else ""
+        return "Best config: " + ", ".join(parts) + marker
 
     def table(self) -> Printable:
         """A table per tuned kernel: schedule, time, % of best (print() gives text, rich's print colour)."""

@@ -40,7 +40,7 @@ def test_load_interpolates_an_unseen_shape_from_the_nearest_cached_one():
     autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model")
     near = autotune.load(op.matmul, (1024, 1024, 2048), dtype="bf16")
     assert near is not None and near.main.chosen_by == "interpolated" and near.main.record.interpolated
-    assert near.chosen_by == "interpolated" and "interpolated" in repr(near)
+    assert near.chosen_by == "interpolated" and "interpolated" in repr(near) and "interpolated" in str(near)
     from tessera_rw.explain_report import explain_report
     assert explain_report(near.program).program.chosen_by == "cache"     # the report's schema holds
     assert autotune.load(op.matmul, (1024, 1024, 1024), dtype="bf16").chosen_by == "cache"

@@ -41,6 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"tessera-rewrite: {e}\n{USAGE[name]}", file=sys.stderr)
         return 2
-    except TesseraError as e:
-        print(f"tessera-rewrite: {one_line(e)}\n{'hint: ' + e.hint if e.hint else USAGE[name]}", file=sys.stderr)
+    except TesseraError as e:      # what went wrong and what to do (no usage line: the invocation was fine)
+        print(f"tessera-rewrite: {one_line(e)}" + (f"\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)
         return 2
