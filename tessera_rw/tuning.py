@@ -101,10 +101,16 @@ class TuneConfig:
         return f"<TuneConfig {self.name}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
 
 
-def _operand_count(fn: Callable) -> int:
-    params = inspect.signature(fn).parameters.values()
-    return sum(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-               for p in params)
+def _operand_names(fn: Callable, shapes: Sequence) -> list[str]:
+    """The operands of op function `fn` to tune: its required ones, or as many as `shapes` lists
+    (one per operand) where optional tensor operands follow (layernorm's weight and bias)."""
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is inspect.Parameter.empty for p in params)
+    optional_tensors = [p for p in params[required:] if p.default is None]
+    listed = len(shapes) if shapes and not all(isinstance(d, int) for d in shapes) else 0
+    count = required + min(max(0, listed - required), len(optional_tensors))
+    return [p.name for p in params[:count]]
 
 
 def _check_tunable(name: str, program: CompiledProgram, arch: ArchSpec) -> None:
@@ -117,7 +123,7 @@ def _check_tunable(name: str, program: CompiledProgram, arch: ArchSpec) -> None:
                     hint="tune a float32, bf16 or fp16 form of it, or name another arch")
 
 
-def _as_kernel(fn: Callable | Kernel | BoundKernel) -> Kernel:
+def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Kernel:
     if isinstance(fn, BoundKernel):
         return fn.kernel
     if isinstance(fn, Kernel):
@@ -125,12 +131,12 @@ def _as_kernel(fn: Callable | Kernel | BoundKernel) -> Kernel:
     if not callable(fn):
         raise ArgumentError(f"autotune: {fn!r} is not an op or a kernel",
                             hint="pass an op function such as op.matmul, or an @op.kernel function")
-    n = _operand_count(fn)
+    names = _operand_names(fn, tuple(shapes))
 
     def call(*xs):
         return fn(*xs)
     call.__signature__ = inspect.Signature(
-        [inspect.Parameter(f"x{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(n)])
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names])
     call.__name__ = getattr(fn, "__name__", "op")
     return Kernel(call)
 
@@ -148,8 +154,8 @@ def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> 
                                      "(64, 512)) gives each operand's shape")
         return [shapes] * n
     if len(shapes) != n:
-        raise ArgumentError(f"autotune {name}: {len(shapes)} shapes for {n} operands",
-                            hint="give one shape per operand, e.g. shapes=((1024, 64), (64, 1024))")
+        raise ArgumentError(f"autotune {name}: {len(shapes)} shapes for {n} operands "
+                            f"({', '.join(kernel.parameter_names)})", hint="give one shape per operand")
     return [tuple(s) for s in shapes]
 
 
@@ -188,7 +194,7 @@ class Autotune:
                  search_space: SpaceRestriction | None = None, arch: ArchSpec | str | None = None) -> TuneConfig:
         """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype` for `arch` (an ArchSpec,
         a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
-        kernel = _as_kernel(fn)
+        kernel = _as_kernel(fn, shapes)
         name = kernel.name
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         _check_tunable(name, compile_program(traced.graph, arch, pins=traced.pins), resolve_arch(arch))
@@ -210,7 +216,7 @@ class Autotune:
              arch: ArchSpec | str | None = None) -> TuneConfig | None:
         """The cached config for `fn` at `shapes` (the nearest cached shape's, marked interpolated,
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
-        kernel = _as_kernel(fn)
+        kernel = _as_kernel(fn, shapes)
         arch = resolve_arch(arch)
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         program = compile_program(traced.graph, arch, pins=traced.pins)

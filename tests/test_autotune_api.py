@@ -248,3 +248,10 @@ def test_tuning_what_has_no_kernel_to_tune_says_why():
     with pytest.raises(TuneError, match=r"has no kernel A100-SXM can run"):
         autotune(op.matmul, shapes=(64, 64, 64), dtype="float8_e4m3fn", method="cost_model", arch="A100-SXM")
     assert not TuneCache("default").records()
+
+
+def test_an_op_with_optional_tensor_operands_tunes_with_them():
+    cfg = autotune(op.layernorm, shapes=((1024, 1024), (1024,), (1024,)), dtype="bf16", method="cost_model")
+    assert cfg.main.kind == "layernorm" and len(cfg.program.graph.inputs) == 3
+    with pytest.raises(ArgumentError, match=r"4 shapes for 3 operands \(x, weight, bias\)"):
+        autotune(op.layernorm, shapes=((8, 8), (8,), (8,), (3,)), dtype="bf16", method="cost_model")
