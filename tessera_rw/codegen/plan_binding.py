@@ -61,6 +61,12 @@ class BoundStep:
     def fused(self) -> tuple[str, ...]:
         return self.template.fused(self.op)
 
+    @property
+    def kernel_key(self) -> tuple[Template, KernelOp, Schedule]:
+        """All its generated kernel depends on (with the arch): steps with equal keys emit one
+        source. A model's layers repeat a few kernels: 720 steps of a 48-layer GPT are 13."""
+        return self.template, self.op, self.schedule
+
     def source(self, arch: ArchSpec) -> KernelSource:
         return self.template.emit(self.op, self.schedule, arch)
 
@@ -71,6 +77,29 @@ class BoundStep:
         return source, compile_cuda(source, sm)
 
 
+@dataclass(frozen=True)
+class _OpBinding:
+    """What binding decides for one op, whichever steps run it: its template, library call and
+    schedules; no template when none implements the op, `not_made` when its library call cannot be."""
+    template: Template | None
+    call: FFTCall | None = None
+    schedules: tuple[Schedule, ...] = ()
+    not_made: str | None = None
+
+
+def _bind_op(op: KernelOp, arch: ArchSpec, runnable: bool) -> _OpBinding:
+    found = templates_for(op)
+    if not found:
+        return _OpBinding(None)
+    template, call = found[0], None
+    if template.library is not None:
+        try:
+            call = library_kernels.library_call(op, template.library) if runnable else FFTCall.of(op)
+        except TesseraError as e:
+            return _OpBinding(template, not_made=e.detail)
+    return _OpBinding(template, call, tuple(template.schedules(op, arch)))
+
+
 def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DETERMINISTIC,
               schedules: Mapping[int, Schedule] | None = None, *, runnable: bool = True) -> tuple[BoundStep, ...]:
     """Every step of `plan` bound to its template; `schedules` pins some steps' schedules by index
@@ -78,29 +107,28 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
     False a library step binds to its call as described, whether or not the library loads here:
     enough to list and emit a plan's kernels, not to launch them."""
     bound, missing, libraries, doubles = [], [], set(), False
+    by_op: dict[KernelOp, _OpBinding] = {}    # each distinct op bound once: a model's layers repeat a few
     for i, step in enumerate(plan.steps):
         op = KernelOp.from_node(step.node, numerics)
-        found = templates_for(op)
-        if not found:
+        if op not in by_op:
+            by_op[op] = _bind_op(op, arch, runnable)
+        found = by_op[op]
+        if found.template is None:
             missing.append(f"  step {i}: {op}")
             doubles |= any(t.dtype is DType.float64 for t in (*op.operands, op.result))
             continue
-        template, call = found[0], None
-        if template.library is not None:
-            try:
-                call = (library_kernels.library_call(op, template.library) if runnable
-                        else FFTCall.of(op))
-            except TesseraError as e:
-                missing.append(f"  step {i}: {op} (a {template.library} call, not made here: {e.detail})")
-                if not library_kernels.library_available(template.library):
-                    libraries.add(template.library)
-                continue
-        space = tuple(template.schedules(op, arch))
+        template = found.template
+        if found.not_made is not None:
+            missing.append(f"  step {i}: {op} (a {template.library} call, not made here: {found.not_made})")
+            if not library_kernels.library_available(template.library):
+                libraries.add(template.library)
+            continue
+        space = found.schedules
         chosen = (schedules or {}).get(i, space[0] if space else None)
         if chosen is None:
             missing.append(f"  step {i}: {op} ({template.unavailable(op, arch) or f'no schedule fits {arch.name}'})")
             continue
-        bound.append(BoundStep(step, op, template, chosen, space, call))
+        bound.append(BoundStep(step, op, template, chosen, space, found.call))
     if missing:
         hint = ("these steps run on the host only: pass numpy arrays (or TESSERA_DEVICE=cpu) to run the plan "
                 "there" + ("; or cast the float64 operands to float32 or bfloat16" if doubles else

@@ -1,10 +1,10 @@
 """Running a KernelPlan on the GPU: kernels compiled once, buffers allocated once, launches in order.
 
 A `DevicePlan` is a plan made ready on one device under one numerics policy: every step bound to
-its template and compiled for the device's sm_XY (a library step, an FFT, gets its cuFFT plan
-made instead), temporaries allocated (a reused buffer is one allocation, sized for the largest
-value it holds), one workspace for the kernels that take one (sized for the largest; each launch
-zeroes it), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
+its template and compiled for the device's sm_XY (steps of one kernel, as repeated layers are,
+share one; a library step, an FFT, gets its cuFFT plan made instead), temporaries allocated (a
+reused buffer is one allocation, sized for the largest value it holds), one workspace for the
+kernels that take one (sized for the largest; each launch zeroes it), constants uploaded. A call moves the inputs in (numpy copied, torch / CuPy used
 in place), allocates the output buffers of the first input's kind, enqueues every kernel and
 library call on the stream and hands the outputs back (numpy copied out).
 
@@ -30,6 +30,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node
 from tessera_rw.codegen.arch import ArchSpec, current_arch
+from tessera_rw.codegen.compile import CompiledKernel, KernelSource
 from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
                                              to_host, window)
@@ -91,10 +92,13 @@ class DevicePlan:
         self.arch = arch or current_arch()
         sm = f"sm_{dev.arch}"
         calls: dict[FFTCall, CuFFTKernel] = {}    # steps run in order on one stream: equal calls share one
+        built: dict[tuple, tuple[KernelSource, CompiledKernel]] = {}   # by kernel_key: each kernel emitted once
         kernels = []
         for b in bind_plan(plan, self.arch, numerics, schedules):
             if b.call is None:
-                kernels.append(_Compiled(b, *b.compile(self.arch, sm)))
+                if b.kernel_key not in built:
+                    built[b.kernel_key] = b.compile(self.arch, sm)
+                kernels.append(_Compiled(b, *built[b.kernel_key]))
                 continue
             if b.call not in calls:
                 calls[b.call] = CuFFTKernel(b.call, dev.device_id)

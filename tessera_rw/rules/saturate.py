@@ -230,6 +230,5 @@ def _saturate(egraph: bindings.EGraph, encoding: Encoding, rulesets: tuple[Rules
         if (report is None or not report.updated) and not banned:
             stop = StopReason.saturated
             break
-    serialized = egraph.serialize([], max_functions=None, max_calls_per_function=None, include_temporary_functions=False)
-    view = EGraphView(serialized.to_json(), encoding.literals)
+    view = EGraphView(egraph, encoding.literals)
     return view, RewriteReport(stop, iterations, totals, rule_seconds, time.perf_counter() - start)
