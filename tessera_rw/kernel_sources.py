@@ -15,7 +15,7 @@ registers and spills shown are ptxas's own. A library step (cuFFT) has no source
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tessera_rw.codegen.compile import CompiledKernel, KernelSource, compile_cuda
@@ -50,14 +50,21 @@ def generated_kernels(program: CompiledProgram) -> tuple[GeneratedKernel, ...]:
     is listed whether or not the library loads on this machine. Raises NoTemplateError (a
     TesseraError naming the steps) when some step has no GPU template."""
     bound = bind_plan(program.plan, program.arch, current_numerics(), dict(program.schedules), runnable=False)
-    return tuple(_generated(i, b, program) for i, b in enumerate(bound))
+    made: dict[tuple, GeneratedKernel] = {}     # a model's repeated layers emit each kernel once
+    found = []
+    for i, b in enumerate(bound):
+        key = ("library", b.op) if b.is_library else b.kernel_key
+        if key not in made:
+            made[key] = _generated(b, program)
+        found.append(replace(made[key], index=i))
+    return tuple(found)
 
 
-def _generated(index: int, bound: BoundStep, program: CompiledProgram) -> GeneratedKernel:
+def _generated(bound: BoundStep, program: CompiledProgram) -> GeneratedKernel:
     if bound.is_library:
-        return GeneratedKernel(index, bound.kind, bound.fused, "-", None, library="cuFFT")
+        return GeneratedKernel(-1, bound.kind, bound.fused, "-", None, library="cuFFT")
     smem = bound.template.resources(bound.op, bound.schedule, program.arch).smem_bytes
-    return GeneratedKernel(index, bound.kind, bound.fused, describe(bound.schedule), bound.source(program.arch),
+    return GeneratedKernel(-1, bound.kind, bound.fused, describe(bound.schedule), bound.source(program.arch),
                            smem_bytes=smem)
 
 
