@@ -69,7 +69,8 @@ def run_model(name: str, make: Callable[[], tuple], arch: ArchSpec, reps: int = 
     start = time.perf_counter()
     schedules = dict(default_schedules(plan, arch, numerics))
     bound = bind_plan(plan, arch, numerics, schedules, runnable=False)
-    generated = {b.source(arch).full_source: b for b in bound if not b.is_library}
+    distinct = {b.kernel_key: b for b in bound if not b.is_library}   # as a DevicePlan emits them
+    generated = {b.source(arch).full_source: b for b in distinct.values()}
     emit_s = time.perf_counter() - start
 
     start = time.perf_counter()
