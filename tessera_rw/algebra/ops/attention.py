@@ -34,7 +34,7 @@ def _kv_batch(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], name: str) ->
                          hint="K/V heads must equal Q heads, divide them (GQA), or be 1") from None
 
 
-def _infer(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+def infer_attention(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
            scale: float, causal: bool, has_mask: bool) -> TensorType:
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise ShapeError("q, k and v need rank >= 2 (..., seq, head_dim)")
@@ -102,7 +102,7 @@ def attention_of_scores(s: np.ndarray, v: np.ndarray, q: np.ndarray) -> np.ndarr
     return np.matmul(p, v)
 
 
-def _flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
+def attention_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
            scale: float, causal: bool, has_mask: bool) -> int:
     batch = math.prod(out.shape[:-2])
     sq, sk = q.shape[-2], k.shape[-2]
@@ -164,6 +164,6 @@ def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask):
 
 
 DEFS = (
-    OpDef("flash_attention", ("q", "k", "v", "mask"), OpKind.ATTENTION, _infer, attention_reference, _flops,
+    OpDef("flash_attention", ("q", "k", "v", "mask"), OpKind.ATTENTION, infer_attention, attention_reference, attention_flops,
           variadic=True, vjp=_attention_vjp),
 )

@@ -35,9 +35,8 @@ from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
-from tessera_rw.algebra.ops.attention import _flops as _forward_flops
-from tessera_rw.algebra.ops.attention import _infer as _infer_forward
-from tessera_rw.algebra.ops.attention import attention_of_scores, expand_kv_heads, masked_scores
+from tessera_rw.algebra.ops.attention import (attention_flops, attention_of_scores, expand_kv_heads, infer_attention,
+                                              masked_scores)
 from tessera_rw.algebra.shapes import fmt_shape
 
 STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
@@ -56,7 +55,7 @@ def stats_dtype(dtype: DType) -> DType:
 
 def _forward_type(q: TensorType, k: TensorType, v: TensorType, mask: tuple[TensorType, ...],
                   scale: float, causal: bool, has_mask: bool) -> TensorType:
-    return _infer_forward(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+    return infer_attention(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
 
 
 def _check_like(name: str, got: TensorType, want: TensorType) -> None:
@@ -183,7 +182,7 @@ def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
 def _lse_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
                scale: float, causal: bool, has_mask: bool) -> int:
     o = _forward_type(q, k, v, mask, scale, causal, has_mask)
-    return _forward_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+    return attention_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
 
 
 def _pairs(out_batch: tuple[int, ...], sq: int, sk: int, causal: bool) -> float:

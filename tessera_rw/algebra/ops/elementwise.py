@@ -143,11 +143,11 @@ def _infer_abs(x: TensorType) -> TensorType:
     return x
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid_reference(x: np.ndarray) -> np.ndarray:
     return special.expit(x)
 
 
-def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+def gelu_reference(x: np.ndarray, approximate: str) -> np.ndarray:
     x = x if x.dtype.kind == "f" else x.astype(np.float32)
     if approximate == "tanh":
         c = np.sqrt(2.0 / np.pi).astype(x.dtype)
@@ -202,7 +202,7 @@ def activation_derivative(name: str, x: np.ndarray) -> np.ndarray:
     if name == "relu":
         return (x > 0).astype(x.dtype)
     if name == "silu":
-        s = _sigmoid(x)
+        s = sigmoid_reference(x)
         return s * (1 + x * (1 - s))
     if name == "gelu":
         pdf = np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi).astype(x.dtype)
@@ -233,13 +233,13 @@ UNARY = (
     _unary("cos", _infer_floating, np.cos, vjp=lambda g, y, x: (-(g * conj(api.sin(x))),)),
     _unary("erf", _infer_real_floating, special.erf,
            vjp=lambda g, y, x: (g * float(2 / np.sqrt(np.pi)) * api.exp(-(x * x)),)),
-    _unary("sigmoid", _infer_real_floating, _sigmoid, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
+    _unary("sigmoid", _infer_real_floating, sigmoid_reference, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
     _unary("relu", _infer_real_floating, lambda x: np.maximum(x, 0).astype(x.dtype),
            vjp=lambda g, y, x: (relu_cotangent(g, x),)),
-    _unary("silu", _infer_real_floating, lambda x: x * _sigmoid(x), cost=5,
+    _unary("silu", _infer_real_floating, lambda x: x * sigmoid_reference(x), cost=5,
            vjp=lambda g, y, x: (silu_cotangent(g, x),)),
     OpDef("gelu", ("x",), OpKind.ELEMENTWISE, lambda x, approximate: _infer_real_floating(x),
-          _gelu, lambda out, x, approximate: 8 * out.numel, vjp=_gelu_vjp),
+          gelu_reference, lambda out, x, approximate: 8 * out.numel, vjp=_gelu_vjp),
 )
 
 

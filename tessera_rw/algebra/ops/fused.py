@@ -20,16 +20,16 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
-from tessera_rw.algebra.ops.elementwise import ACTIVATION_COTANGENTS, _gelu, _sigmoid, activation_derivative
-from tessera_rw.algebra.ops.linalg import _flops_matmul, _infer_matmul, read_as
+from tessera_rw.algebra.ops.elementwise import ACTIVATION_COTANGENTS, gelu_reference, sigmoid_reference, activation_derivative
+from tessera_rw.algebra.ops.linalg import matmul_flops, infer_matmul, read_as
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
 
 ACTIVATIONS = {
     "none": lambda y: y,
     "relu": lambda y: np.maximum(y, 0).astype(y.dtype),
-    "gelu": lambda y: _gelu(y, "none"),
-    "gelu_tanh": lambda y: _gelu(y, "tanh"),
-    "silu": lambda y: y * _sigmoid(y),
+    "gelu": lambda y: gelu_reference(y, "none"),
+    "gelu_tanh": lambda y: gelu_reference(y, "tanh"),
+    "silu": lambda y: y * sigmoid_reference(y),
 }
 # "d<act>": y · act'(aux), the backward of y = act(aux)
 DERIVATIVES = {f"d{name}": name for name in ACTIVATION_COTANGENTS}
@@ -57,7 +57,7 @@ def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, 
     names = epilogue_operands(has_bias, activation, has_residual)
     if len(extra) != len(names):
         raise ShapeError(f"expects {len(names)} epilogue operand(s) {list(names)}, got {len(extra)}")
-    mm = _infer_matmul(a, b, accum_dtype)
+    mm = infer_matmul(a, b, accum_dtype)
     for name, t in zip(names, extra):
         try:
             fits = broadcast_shapes(mm.shape, t.shape) == mm.shape
@@ -89,7 +89,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activa
 def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorType, activation: str,
                 accum_dtype, trans_a: bool = False, trans_b: bool = False, **attrs) -> int:
     act = _ACTIVATION_FLOPS.get(DERIVATIVES.get(activation, activation), 1) + takes_aux(activation)
-    product = _flops_matmul(out, read_as(a, trans_a), read_as(b, trans_b), accum_dtype)
+    product = matmul_flops(out, read_as(a, trans_a), read_as(b, trans_b), accum_dtype)
     return product + (1 + len(extra) + act) * out.numel
 
 
@@ -260,7 +260,7 @@ def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | N
         from tessera_rw.algebra.errors import DTypeError
         raise DTypeError(f"takes two operands of one floating-point dtype, got {a.dtype} and {b.dtype}",
                          hint="cast both operands to one float dtype (e.g. op.cast(x, 'bfloat16'))")
-    mm = _infer_matmul(read_as(a, trans_a, "a"), read_as(b, trans_b, "b"), accum_dtype)
+    mm = infer_matmul(read_as(a, trans_a, "a"), read_as(b, trans_b, "b"), accum_dtype)
     return TensorType((mm.shape[0] + 1, mm.shape[1]), mm.dtype)
 
 

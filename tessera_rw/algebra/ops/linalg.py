@@ -48,7 +48,7 @@ def read_as(t: TensorType, transposed: bool, role: str = "operand") -> TensorTyp
     return TensorType(t.shape[:-2] + (t.shape[-1], t.shape[-2]), t.dtype)
 
 
-def _infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
+def infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> TensorType:
     for t in (a, b):
         if not (t.dtype.is_float or t.dtype.is_complex):
             raise DTypeError(f"matmul takes floating-point operands, got {a.dtype} @ {b.dtype}",
@@ -61,7 +61,7 @@ def _infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> Te
     return TensorType(shape, dtype)
 
 
-def _flops_matmul(out: TensorType, a: TensorType, b: TensorType, accum_dtype) -> int:
+def matmul_flops(out: TensorType, a: TensorType, b: TensorType, accum_dtype) -> int:
     batch, m, n, k = matmul_dims(a.shape, b.shape)
     return 2 * math.prod(batch) * m * n * k
 
@@ -83,6 +83,6 @@ def _matmul_vjp(g, y, a, b, accum_dtype):
 
 
 DEFS = (
-    OpDef("matmul", ("a", "b"), OpKind.MATMUL, _infer_matmul,
-          lambda a, b, accum_dtype: np.matmul(a, b), _flops_matmul, vjp=_matmul_vjp),
+    OpDef("matmul", ("a", "b"), OpKind.MATMUL, infer_matmul,
+          lambda a, b, accum_dtype: np.matmul(a, b), matmul_flops, vjp=_matmul_vjp),
 )

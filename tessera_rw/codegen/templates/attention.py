@@ -151,7 +151,7 @@ def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers
     return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
 
 
-def _round_up(x: int, to: int) -> int:
+def round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
@@ -193,7 +193,7 @@ class FlashAttentionTemplate(Template):
         # in flight when Sq is short or B·H small. Both hold D=128's O, Q, S fragments in < 245
         # registers. Short sequences shrink the tiles to what they cover instead of computing padding.
         shape = _Shape.of(op)
-        bn = min(64, _round_up(shape.sk, MMA_K))
+        bn = min(64, round_up(shape.sk, MMA_K))
         found: list[AttentionSchedule] = list(self._warpgroup_defaults(op, shape, arch))
         for warps in (8, 4):
             warps = min(warps, -(-shape.sq // MMA_M))
@@ -231,7 +231,7 @@ class FlashAttentionTemplate(Template):
         # As schedules() does, blocks and key tiles shrink to what a short sequence covers, more
         # 16-row tiles per warp only where the query has the rows, and no stage is left idle.
         shape = _Shape.of(op)
-        rows, keys = -(-shape.sq // MMA_M), _round_up(shape.sk, MMA_K)
+        rows, keys = -(-shape.sq // MMA_M), round_up(shape.sk, MMA_K)
         grid = [AttentionSchedule(MMA_M * warps * mt, bn, warps, stages)
                 for warps in dict.fromkeys(min(w, rows) for w in GRID_WARPS)
                 for mt in GRID_M_TILES if mt == 1 or warps * mt <= rows

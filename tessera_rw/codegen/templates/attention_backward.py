@@ -33,7 +33,7 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, _round_up,
+from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, round_up,
                                                     resident_heads)
 from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
@@ -156,7 +156,7 @@ class _BackwardTemplate(Template):
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
         shape = BackwardShape.of(op)
-        cols = min(self.default_cols(shape.d), _round_up(max(shape.sq, shape.sk), 16))
+        cols = min(self.default_cols(shape.d), round_up(max(shape.sq, shape.sk), 16))
         found = []
         for warps in (4, 8):
             warps = min(warps, -(-max(shape.sq, shape.sk) // MMA_M))
