@@ -6,10 +6,17 @@ One JSON document per (cache name, arch) at `<root>/<name>/<arch>.json`, root be
 - Writers take a file lock, re-read the file and merge, so records another process wrote in the
   meantime are never lost; the new document goes to a temp file in the same folder, is fsynced,
   then `os.replace`d over the old one, so a reader or a crash only ever sees a whole file.
-- Readers validate every record (pydantic, `TuneDocument`); nothing is unpickled or evaluated. A
-  file that does not validate, or holds a record of another arch than its name says, is moved aside
-  to `<file>.corrupt-<timestamp>` with a TuneCacheWarning and counts as empty: a bad file costs a
-  re-tune, never a crash and never a wrong schedule.
+- A writer that cannot read the file it would replace writes nothing (TuneCacheError): replacing
+  what it could not read would drop every record in it. Tuning writes with `put_or_warn`: a cache
+  that cannot be written (a read-only HOME) costs a warning, never the tuning result.
+- Readers validate every record (pydantic, `TuneRecord`); nothing is unpickled or evaluated. A
+  record that does not validate (one a newer version wrote), or is of another arch than its file,
+  is skipped with a TuneCacheWarning and written back unchanged (see `cache_file`). A file that is
+  not JSON, or not a `TuneDocument` at its top level, is moved aside to `<file>.corrupt-<timestamp>`
+  with a TuneCacheWarning and counts as empty: a bad file costs a re-tune, never a crash and never
+  a wrong schedule. A file that cannot be read is skipped with a warning.
+- A parsed file is remembered until it changes, and indexed by op, signature, shapes and dtypes,
+  so a lookup in an unchanged file costs no parse.
 - For one key, a measurement beats an estimate, a real record an interpolated one, then the
   lower time wins (`TuneRecord.better_than`).
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
@@ -43,6 +51,8 @@ from pydantic import ValidationError
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.binary_cache import cache_root
+from tessera_rw.tune.cache_file import (
+    EMPTY, ArchFile, FileStamp, first_problem, ranks_of, read_arch_file, record_order, remember)
 from tessera_rw.tune.records import (
     FILE_NAME_PATTERN, ChosenBy, TuneDocument, TuneRecord, arch_name, canonical_dtypes, canonical_shapes,
     current_versions)
@@ -53,7 +63,8 @@ _NAME = re.compile(FILE_NAME_PATTERN)
 
 
 class TuneCacheWarning(UserWarning):
-    """A cache file was unreadable or invalid and has been moved aside; its records are ignored."""
+    """A cache file or some of its records could not be used (unreadable, invalid: moved aside,
+    skipped), or a tuning result could not be kept; the tuning itself goes on."""
 
 
 class TuneCacheError(TesseraError):
@@ -67,42 +78,23 @@ def merge_records(records: Iterable[TuneRecord]) -> list[TuneRecord]:
         old = best.get(r.key)
         if old is None or r.better_than(old):
             best[r.key] = r
-    return sorted(best.values(), key=_order)
+    return sorted(best.values(), key=record_order)
 
 
-def _order(r: TuneRecord) -> tuple:
-    return r.arch, r.op_name, r.signature_hash, r.shapes, r.dtypes, r.key
+_warned: set[tuple[str, str]] = set()
 
 
-def first_problem(error: ValidationError) -> str:
-    """'records.3.config.bm: Input should be a valid integer (and 2 more problems)'."""
-    problems = error.errors(include_url=False, include_input=False)
-    # A wrong or missing schema tag explains everything else that is wrong, so it goes first.
-    head = min(problems, key=lambda p: tuple(p["loc"][:1]) != ("schema",))
-    where = ".".join(str(part) for part in head["loc"])
-    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-    return f"{where + ': ' if where else ''}{head['msg']}{more}"
-
-
-def _parse(data: bytes, arch: str) -> tuple[tuple[TuneRecord, ...], str | None]:
-    """The records of one arch file, or why the file cannot be trusted."""
-    try:
-        doc = TuneDocument.model_validate_json(data)
-    except ValidationError as e:
-        return (), f"does not validate ({first_problem(e)})"
-    strangers = sorted({r.arch for r in doc.records} - {arch})
-    if strangers:
-        return (), f"holds records for arch {', '.join(strangers)}, not {arch}"
-    return doc.records, None
+def warn_once(path: Path, about: str, message: str, stacklevel: int) -> None:
+    """A TuneCacheWarning, unless this process already warned `about` this file: a tuning run
+    touches a file once per kernel, and one line says it all."""
+    if (str(path), about) not in _warned:
+        _warned.add((str(path), about))
+        warnings.warn(message, TuneCacheWarning, stacklevel=stacklevel + 1)
 
 
 def _log2_distance(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:
     """Sum over dims of |log2(a/b)|: 64 vs 128 is as far as 4096 vs 8192. Empty dims count as 1."""
     return sum(abs(math.log2(max(x, 1) / max(y, 1))) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
-
-
-def _same_ranks(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> bool:
-    return len(a) == len(b) and all(len(x) == len(y) for x, y in zip(a, b))
 
 
 class TuneCache:
@@ -141,7 +133,7 @@ class TuneCache:
     def records(self, arch: ArchSpec | str | None = None) -> list[TuneRecord]:
         """Every record of this cache (of one arch when given), in a stable order."""
         archs = [arch_name(arch)] if arch is not None else self.archs()
-        return sorted((r for a in archs for r in self._load(self.path(a), a)), key=_order)
+        return sorted((r for a in archs for r in self._file_of(a).records), key=record_order)
 
     def get(self, op_name: str, signature_hash: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[object],
             arch: ArchSpec | str) -> TuneRecord | None:
@@ -151,9 +143,8 @@ class TuneCache:
         True
         """
         shapes, dtypes, versions = canonical_shapes(shapes), canonical_dtypes(dtypes), current_versions()
-        for r in self.records(arch):
-            if (r.op_name, r.signature_hash, r.shapes, r.dtypes, r.versions) == (
-                    op_name, signature_hash, shapes, dtypes, versions) and _same_spec(r, arch):
+        for r in self._file_of(arch).exact(op_name, signature_hash, shapes, dtypes):
+            if r.versions == versions and _same_spec(r, arch):
                 return r
         return None
 
@@ -168,28 +159,46 @@ class TuneCache:
         True
         """
         shapes, dtypes, versions = canonical_shapes(shapes), canonical_dtypes(dtypes), current_versions()
-        sources = [r for r in self.records(arch)
-                   if r.op_name == op_name and r.dtypes == dtypes and r.versions == versions and not r.interpolated
-                   and signature_hash in (None, r.signature_hash) and _same_ranks(r.shapes, shapes)
-                   and _same_spec(r, arch)]
+        sources = [r for r in self._file_of(arch).sources(op_name, dtypes, versions, ranks_of(shapes))
+                   if signature_hash in (None, r.signature_hash) and _same_spec(r, arch)]
         if not sources:
             return None
-        best = min(sources, key=lambda r: (_log2_distance(r.shapes, shapes), r.chosen_by is not ChosenBy.ON_DEVICE,
-                                           r.time_us, r.key))
+        ranked = [((_log2_distance(r.shapes, shapes), r.chosen_by is not ChosenBy.ON_DEVICE, r.time_us), r)
+                  for r in sources]
+        low = min(rank for rank, _ in ranked)
+        best = min((r for rank, r in ranked if rank == low), key=lambda r: r.key)   # keys cost: ties only
         return best.model_copy(update={"interpolated": True})
 
-    def _load(self, path: Path, arch: str, *, locked: bool = False) -> tuple[TuneRecord, ...]:
+    def _file_of(self, arch: ArchSpec | str) -> ArchFile:
+        name = arch_name(arch)
+        return self._load(self.path(name), name)
+
+    def _load(self, path: Path, arch: str, *, locked: bool = False) -> ArchFile:
+        """What the file of `arch` holds. Unlocked (a reader), from memory when the file is
+        unchanged, and an unreadable file is skipped with a warning; `locked` (a writer, under the
+        lock), read afresh, and an unreadable file is a TuneCacheError, so it is never replaced."""
         try:
-            data = path.read_bytes()
+            found = read_arch_file(path, arch, reread=locked)
         except FileNotFoundError:
-            return ()
+            return EMPTY
         except OSError as e:
-            warnings.warn(f"autotune cache file {path} cannot be read ({e.strerror}); ignored", TuneCacheWarning,
-                          stacklevel=3)
-            return ()
-        records, problem = _parse(data, arch)
-        if problem is None:
-            return records
+            if locked:
+                raise TuneCacheError(f"cannot read the autotune cache {path} ({e.strerror or e}), so it was left "
+                                     "as it is: rewriting it unread would lose the records it holds",
+                                     hint="make the file readable by this user, or move it away to start "
+                                          "afresh") from None
+            warnings.warn(f"autotune cache file {path} cannot be read ({e.strerror or e}); ignored",
+                          TuneCacheWarning, stacklevel=4)
+            return EMPTY
+        if isinstance(found, ArchFile):
+            if found.skipped is not None:
+                # keyed by the records skipped, not the note: their indices move when the file is rewritten
+                warn_once(path, f"skipped {hash(found.kept)}", f"autotune cache file {path}: {found.skipped}; "
+                          "this version does not use them and keeps them in the file as they are", stacklevel=4)
+            return found
+        return self._set_aside_or_skip(path, arch, problem=found, locked=locked)
+
+    def _set_aside_or_skip(self, path: Path, arch: str, *, problem: str, locked: bool) -> ArchFile:
         if not locked:
             # Look again under the lock: a writer may have replaced the file since, and only the
             # bad file itself may be moved aside, never the good one that replaced it.
@@ -199,19 +208,31 @@ class TuneCache:
             except (OSError, TuneCacheError) as e:     # a reader never fails on a bad file: it skips it
                 reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0]
                 warnings.warn(f"autotune cache file {path} {problem}; ignored (could not move it aside: "
-                              f"{reason})", TuneCacheWarning, stacklevel=3)
-                return ()
+                              f"{reason})", TuneCacheWarning, stacklevel=5)
+                return EMPTY
         aside = _set_aside(path)
         warnings.warn(f"autotune cache file {path} {problem}; moved aside to {aside.name} and ignored",
-                      TuneCacheWarning, stacklevel=4)
-        return ()
+                      TuneCacheWarning, stacklevel=6)
+        return EMPTY
 
     # ---- writing ----
 
     def put(self, record: TuneRecord) -> bool:
         """Merge `record` into the file of its arch; True when it was added or replaced a worse one
-        (never, for a read-only cache)."""
+        (never, for a read-only cache). A TuneCacheError when the file cannot be written."""
         return self._merge_into(record.arch, [record]) > 0
+
+    def put_or_warn(self, record: TuneRecord) -> bool:
+        """`put` for a tuning result: where the cache cannot be written (a read-only folder or HOME)
+        the result is not kept, with a TuneCacheWarning once per file and process, and the tuning
+        that made it stands. False then, as for a read-only cache."""
+        try:
+            return self.put(record)
+        except TuneCacheError as e:
+            hint = f" ({e.hint})" if e.hint else ""
+            warn_once(self.path(record.arch), "unwritable",
+                      f"{e.detail}; tuning results are used but not kept{hint}", stacklevel=2)
+            return False
 
     def _merge_into(self, arch: str, incoming: Sequence[TuneRecord]) -> int:
         """Merge records of one arch into its file under the lock; how many were added or won."""
@@ -222,12 +243,13 @@ class TuneCache:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._locked(path):
                 existing = self._load(path, arch, locked=True)
-                merged = merge_records([*existing, *incoming])
-                kept = set(map(id, merged))
-                changed = sum(1 for r in incoming if id(r) in kept)
+                merged = merge_records([*existing.records, *incoming])
+                winners = set(map(id, merged))
+                changed = sum(1 for r in incoming if id(r) in winners)
                 if changed:
                     _remove_stale_temps(path)
-                    _write_atomically(path, TuneDocument.of(merged).to_json().encode())
+                    written = _write_atomically(path, TuneDocument.of(merged).to_json(existing.kept).encode())
+                    remember(FileStamp.of(path, written), existing.holding(merged))
                 return changed
         except OSError as e:
             raise TuneCacheError(f"cannot write the autotune cache {path}: {e.strerror or e}",
@@ -243,7 +265,8 @@ class TuneCache:
                 continue
             try:
                 with self._locked(path):
-                    removed += len(self._load(path, a, locked=True))
+                    found = self._load(path, a, locked=True)
+                    removed += len(found.records) + len(found.kept)
                     path.unlink(missing_ok=True)
                     _remove_stale_temps(path)
             except OSError as e:
@@ -267,14 +290,7 @@ class TuneCache:
         added or replaced a worse one. The whole file is validated first: one bad record and
         nothing is imported."""
         source = Path(path)
-        try:
-            size = source.stat().st_size
-            if size > MAX_IMPORT_BYTES:
-                raise TuneCacheError(f"{source} is {size >> 20} MiB, more than an autotune export can be "
-                                     f"({MAX_IMPORT_BYTES >> 20} MiB); nothing was imported")
-            data = source.read_bytes()
-        except OSError as e:
-            raise TuneCacheError(f"cannot read {source}: {e.strerror or e}") from None
+        data = _read_export(source)
         try:
             doc = TuneDocument.model_validate_json(data)
         except ValidationError as e:
@@ -304,8 +320,28 @@ def _same_spec(r: TuneRecord, arch: ArchSpec | str) -> bool:
     return not isinstance(arch, ArchSpec) or tuple(arch.compute_capability) == r.compute_capability
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Temp file in the same folder (so `os.replace` is a rename), fsync, replace, fsync the folder."""
+def _read_export(source: Path) -> bytes:
+    """The bytes of an export: a regular file once links are followed (a device or a pipe has no
+    end, whatever its size says), of at most MAX_IMPORT_BYTES."""
+    try:
+        # O_NONBLOCK: opening a pipe must not wait for a writer before it can be refused.
+        with open(os.open(source, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise TuneCacheError(f"{source} is not a regular file; nothing was imported",
+                                     hint="import a file written by `tessera-rewrite cache export`")
+            data = b"" if st.st_size > MAX_IMPORT_BYTES else f.read(MAX_IMPORT_BYTES + 1)
+    except OSError as e:
+        raise TuneCacheError(f"cannot read {source}: {e.strerror or e}") from None
+    if st.st_size > MAX_IMPORT_BYTES or len(data) > MAX_IMPORT_BYTES:   # /proc files say 0 bytes
+        raise TuneCacheError(f"{source} holds more than {MAX_IMPORT_BYTES >> 20} MiB, more than an autotune "
+                             "export can be; nothing was imported")
+    return data
+
+
+def _write_atomically(path: Path, data: bytes) -> os.stat_result:
+    """Temp file in the same folder (so `os.replace` is a rename), fsync, replace, fsync the folder.
+    The written file's stat (a rename keeps its inode, size and mtime)."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -313,20 +349,26 @@ def _write_atomically(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(temp, 0o644)   # mkstemp's 0600 would hide a shared cache from other users
+        written = os.stat(temp)
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
+    return written
+
+
+def _fsync_folder(folder: Path) -> None:
     try:
-        folder = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(folder, os.O_RDONLY)
     except OSError:   # a folder that cannot be opened cannot be fsynced either; the rename stands
         return
     try:
-        os.fsync(folder)
+        os.fsync(fd)
     except OSError:
         pass
     finally:
-        os.close(folder)
+        os.close(fd)
 
 
 def _remove_stale_temps(path: Path) -> None:

@@ -105,7 +105,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
             chosen = w
     by = ChosenBy.ON_DEVICE if method is Method.ON_DEVICE else ChosenBy.COST_MODEL
     if cache is not None and chosen.measurement.ok:
-        cache.put(TuneRecord.create(
+        cache.put_or_warn(TuneRecord.create(   # an unwritable cache costs a warning, not the choice
             op_name=op_name, signature_hash=sig, shapes=shapes, dtypes=dtypes, arch=arch,
             config={"candidate": chosen.index, "fusion_depth": _token(candidates[chosen.index]),
                     "kernels": len(plans[chosen.index].steps)},

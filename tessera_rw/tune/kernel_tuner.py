@@ -179,7 +179,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
         record = _record(op, template, arch, best.schedule, best.measurement.median_us, chosen_by,
                          best.measurement.noise_us, len(result.trials), restriction)
         if cache is not None:
-            cache.put(record)
+            cache.put_or_warn(record)    # a cache that cannot be written costs a warning, not the result
     return KernelTuning(op, template.kind_of(op), best.schedule, space.default, ChosenBy(measurer.method),
                         best.measurement.median_us, best.measurement.noise_us, result, len(space),
                         len(space.pruned), record)

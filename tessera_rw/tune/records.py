@@ -18,16 +18,20 @@ True
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import re
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
-from functools import cache
+from functools import cache, lru_cache
+from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainValidator, StrictBool,
                       StrictFloat, StrictInt, StrictStr, StringConstraints, field_validator, model_validator)
 
+from tessera_rw import codegen as codegen_package
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.version import package_version
@@ -138,19 +142,64 @@ def driver_version() -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
+# The sources whose text decides a tuned kernel's generated code (paths in tessera_rw.codegen): a
+# schedule timed under other kernel text may no longer be the fastest, so records made before a
+# change to any of them must be misses.
+CODEGEN_SOURCES = ("templates", "prelude.py", "numerics.py", "compile.py")
+
+
+def hash_sources(root: Path, names: Sequence[str] = CODEGEN_SOURCES) -> str:
+    """12 hex digits of a hash of the .py files `names` name under `root` (files, or folders taken
+    whole), each with its path, in sorted path order: a change of any byte, or a file added or
+    removed, changes it; a touch does not."""
+    digest = hashlib.sha256()
+    for f in sorted(_source_files(root, names)):
+        data = f.read_bytes()
+        digest.update(f"{f.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:12]
+
+
+def _source_files(root: Path, names: Sequence[str]) -> Iterator[Path]:
+    for name in names:
+        yield from [root / name] if name.endswith(".py") else (root / name).rglob("*.py")
+
+
+@cache
+def codegen_source_hash() -> str:
+    """`hash_sources` of tessera_rw.codegen, once per process, when a record is first made or looked up."""
+    return hash_sources(Path(codegen_package.__file__).parent)
+
+
+@cache
+def tessera_version() -> str:
+    """`package_version()`, read once: it parses the installed metadata (~1 ms), and every lookup asks."""
+    return package_version()
+
+
 def current_versions() -> Versions:
-    """The versions this process would record, e.g. Versions('0.1.0', 'tessera_rw-codegen-1', '13.0', 'none')."""
-    return Versions(package_version(), CODEGEN_VERSION.decode(), nvrtc_version(), driver_version())
+    """The versions this process would record, e.g. Versions('0.1.0', 'tessera_rw-codegen-1+3fa2c81d09be',
+    '13.0', 'none'): the codegen version names the kernel sources' hash too."""
+    return Versions(tessera_version(), f"{CODEGEN_VERSION.decode()}+{codegen_source_hash()}", nvrtc_version(),
+                    driver_version())
+
+
+@lru_cache(maxsize=256)     # validating a file asks twice per record, of a handful of names
+def _known_arch(name: str) -> tuple[str, tuple[int, int]] | None:
+    """(canonical name, compute capability) of the known arch `name` names, else None."""
+    try:
+        spec = arch_named(name)
+    except ArchError:
+        return None
+    return spec.name, tuple(spec.compute_capability)
 
 
 def arch_name(arch: ArchSpec | str) -> str:
     """The canonical name records use: 'h100' -> 'H100-SXM'; a name tessera_rw does not know stays as given."""
     if isinstance(arch, ArchSpec):
         return arch.name
-    try:
-        return arch_named(arch).name
-    except ArchError:  # a user-described ArchSpec is known only by its own name
-        return arch
+    known = _known_arch(arch)
+    return known[0] if known else arch     # a user-described ArchSpec is known only by its own name
 
 
 def canonical_dtypes(dtypes) -> tuple[str, ...]:
@@ -210,12 +259,9 @@ class TuneRecord(BaseModel):
     def _consistent(self) -> TuneRecord:
         if len(self.shapes) != len(self.dtypes):
             raise ValueError(f"{len(self.shapes)} shapes but {len(self.dtypes)} dtypes; give one of each per operand")
-        try:
-            known = arch_named(self.arch).compute_capability
-        except ArchError:
-            return self
-        if known != self.compute_capability:
-            raise ValueError(f"{self.arch} has compute capability {known}, not {self.compute_capability}")
+        known = _known_arch(self.arch)
+        if known is not None and known[1] != self.compute_capability:
+            raise ValueError(f"{self.arch} has compute capability {known[1]}, not {self.compute_capability}")
         return self
 
     @classmethod
@@ -267,8 +313,9 @@ class TuneDocument(BaseModel):
         """The document holding `records` (an export names its cache)."""
         return cls(schema=SCHEMA, name=name, records=tuple(records))
 
-    def to_json(self) -> str:
-        """One record per line, so a cache file reads and diffs line by line."""
+    def to_json(self, kept: Sequence[str] = ()) -> str:
+        """One record per line, so a cache file reads and diffs line by line. `kept` are records
+        this version could not read, as raw JSON, written back after the others unchanged."""
         head = json.dumps({"schema": self.schema_tag, **({"name": self.name} if self.name else {})})[:-1]
-        lines = ",\n".join(r.model_dump_json() for r in self.records)
+        lines = ",\n".join([*(r.model_dump_json() for r in self.records), *kept])
         return f'{head}, "records": [\n{lines}\n]}}\n' if lines else f'{head}, "records": []}}\n'
