@@ -58,11 +58,16 @@ class TuneConfig:
 
     @property
     def chosen_by(self) -> ChosenBy:
-        """How the program was chosen; INTERPOLATED when the cache answered from nearby shapes."""
-        if self.program.chosen_by is ChosenBy.CACHE and any(k.chosen_by is ChosenBy.INTERPOLATED
-                                                            for k in self.kernels):
-            return ChosenBy.INTERPOLATED
-        return self.program.chosen_by
+        """How the program was chosen: from the cache only when its kernels' schedules came from
+        there too (a cached fusion depth whose kernels were tuned anew says how they were);
+        INTERPOLATED when the cache answered from nearby shapes."""
+        if self.program.chosen_by is not ChosenBy.CACHE:
+            return self.program.chosen_by
+        ways = {k.chosen_by for k in self.kernels} - {ChosenBy.CACHE, ChosenBy.PINNED}
+        for way in (ChosenBy.ON_DEVICE, ChosenBy.COST_MODEL, ChosenBy.INTERPOLATED):
+            if way in ways:
+                return way
+        return ChosenBy.CACHE
 
     @property
     def main(self) -> KernelTuning | None:

@@ -219,6 +219,9 @@ def test_a_programs_cached_choice_is_keyed_by_its_policy_and_its_candidates():
     assert key == program_key(graph, candidates, Numerics.DETERMINISTIC)
     assert key != program_key(graph, candidates, Numerics.FAST)
     assert key != program_key(graph, candidates[:1], Numerics.DETERMINISTIC)
+    from tessera_rw.tune.space import SpaceRestriction
+    assert key == program_key(graph, candidates, Numerics.DETERMINISTIC, SpaceRestriction())
+    assert key != program_key(graph, candidates, Numerics.DETERMINISTIC, SpaceRestriction.of(tile_sizes=[(128, 128)]))
 
 
 def test_matmul_shapes_must_be_m_n_k_or_one_per_operand():
@@ -255,3 +258,16 @@ def test_an_op_with_optional_tensor_operands_tunes_with_them():
     assert cfg.main.kind == "layernorm" and len(cfg.program.graph.inputs) == 3
     with pytest.raises(ArgumentError, match=r"4 shapes for 3 operands \(x, weight, bias\)"):
         autotune(op.layernorm, shapes=((8, 8), (8,), (8,), (3,)), dtype="bf16", method="cost_model")
+
+
+def test_a_cached_fusion_depth_with_kernels_tuned_anew_says_how_they_were_tuned():
+    @op.autotune(cache="mixed", method="cost_model")
+    def mm(a, b):
+        return op.matmul(a, b)
+    spec = op.tensor((512, 512), "bf16")
+    first = mm.schedule.autotune(spec, spec, method="cost_model")
+    assert first.chosen_by == "cost_model"
+    assert mm.schedule.autotune(spec, spec, method="cost_model").chosen_by == "cache"
+    mm.schedule.search_space(tile_sizes=[(128, 128)])                # a new space: its kernels tune again
+    narrowed = mm.schedule.autotune(spec, spec, method="cost_model")
+    assert narrowed.chosen_by == "cost_model" and narrowed.main.schedule.bm == 128

@@ -28,6 +28,7 @@ from tessera_rw.tune.plan_tuner import PlanTuning, TuneSettings, tune_plan
 from tessera_rw.tune.progress import TuningProgress
 from tessera_rw.tune.records import ChosenBy, TuneRecord
 from tessera_rw.tune.search import Trial
+from tessera_rw.tune.space import SpaceRestriction
 
 CLOSE_CALL = 1.25
 MAX_WEIGHED = 3
@@ -50,12 +51,15 @@ class CandidateChoice:
     weighed: tuple[Weighed, ...]   # empty when the cache answered
 
 
-def program_key(graph: Graph, candidates: Sequence[Candidate], numerics: Numerics) -> tuple[str, str]:
+def program_key(graph: Graph, candidates: Sequence[Candidate], numerics: Numerics,
+                restriction: SpaceRestriction | None = None) -> tuple[str, str]:
     """(op_name, signature_hash) of a program's record: its name as a token, and a hash of its text,
-    the numerics policy and the candidates weighed (the record names one of them by its index: other
-    rules, such as a plugin's, or another policy make other candidates)."""
+    the numerics policy, the candidates weighed (the record names one of them by its index: other
+    rules, such as a plugin's, or another policy make other candidates) and the search space's
+    restriction (a choice among restricted kernels does not answer for free ones)."""
     name = "program:" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", graph.name) or "kernel")
-    text = "\n\n".join([str(graph), numerics.value, *(str(c.graph) for c in candidates)])
+    narrowed = [] if restriction is None or restriction.is_free else [repr(restriction)]
+    text = "\n\n".join([str(graph), numerics.value, *(str(c.graph) for c in candidates), *narrowed])
     return name[:120], hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -65,7 +69,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
     """Tune the close candidates of `graph` and pick one (see the module)."""
     method = Method.resolve(settings.method, graph.name)
     cache = settings.open_cache()
-    op_name, sig = program_key(graph, candidates, numerics)
+    op_name, sig = program_key(graph, candidates, numerics, settings.restriction)
     shapes, dtypes = [i.type.shape for i in graph.inputs], [i.type.dtype for i in graph.inputs]
     if cache is not None:
         record = cache.get(op_name, sig, shapes, dtypes, arch)
