@@ -23,7 +23,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.arch import KNOWN_ARCHS, ArchError, arch_named
 from tessera_rw.report import compact_schedule, report_table
 from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
-from tessera_rw.tune.records import TuneRecord
+from tessera_rw.tune.records import TuneRecord, Versions, current_versions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,14 +75,21 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
         console.file.write(json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n")
         return 0
     table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
-    for col in ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by"):
+    here = current_versions()
+    others = sum(r.versions != here for r in records)
+    columns = ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by") + (("used here",) if others else ())
+    for col in columns:
         table.add_column(col, justify="right" if col == "µs" else "left", overflow="fold",
                          no_wrap=col in ("op", "arch", "µs", "chosen by"))
     for r in records:
         table.add_row(r.op_name, _shapes(r), " ".join(DType.parse(d).short for d in r.dtypes), r.arch,
                       compact_schedule(_config(r)), f"{r.time_us:.2f}",
-                      r.chosen_by.value + (" (interpolated)" if r.interpolated else ""))
+                      r.chosen_by.value + (" (interpolated)" if r.interpolated else ""),
+                      *((_used_here(r, here),) if others else ()))
     console.print(table)
+    if others:
+        console.print(f"{others} record(s) hold for other versions than this machine's ({_describe(here)}): "
+                      "lookups here never use them", markup=False, highlight=False)
     return 0
 
 
@@ -94,9 +101,14 @@ def _export(cache: TuneCache, args: argparse.Namespace, console: Console) -> int
 
 
 def _import(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
+    here = current_versions()
+    before = {r.key for r in cache.records()}
     n = cache.import_(args.file)
-    _say(console, args, {"imported": n, "file": args.file, "name": cache.name},
-         f"imported {n} new or better records from {args.file} into cache '{cache.name}'")
+    foreign = sum(r.versions != here for r in cache.records() if r.key not in before)
+    note = (f"; {foreign} of them hold for other versions than this machine's ({_describe(here)}) and are "
+            "never used here" if foreign else "")
+    _say(console, args, {"imported": n, "other_versions": foreign, "file": args.file, "name": cache.name},
+         f"imported {n} new or better records from {args.file} into cache '{cache.name}'{note}")
     return 0
 
 
@@ -122,6 +134,16 @@ def _say(console: Console, args: argparse.Namespace, data: dict, text: str) -> N
         console.file.write(json.dumps(data) + "\n")
     else:
         console.print(text, markup=False, highlight=False, soft_wrap=True)   # a path stays whole
+
+
+def _used_here(r: TuneRecord, here: Versions) -> str:
+    """'yes', or which versions differ from this machine's ('no: driver')."""
+    differ = [field for field, theirs, ours in zip(Versions._fields, r.versions, here) if theirs != ours]
+    return "yes" if not differ else "no: " + ", ".join(differ)
+
+
+def _describe(v: Versions) -> str:
+    return ", ".join(f"{field} {value}" for field, value in zip(Versions._fields, v))
 
 
 def _shapes(r: TuneRecord) -> str:

@@ -401,3 +401,20 @@ def test_a_record_holds_only_a_timed_or_ranked_config(by):
     with pytest.raises(ValueError, match="timed on the device or ranked by the cost model"):
         rec(chosen_by=by)
     assert rec(chosen_by=ChosenBy.COST_MODEL).chosen_by is ChosenBy.COST_MODEL
+
+
+def test_cli_says_which_records_hold_for_other_versions_than_this_machines(cli, tmp_path):
+    from tessera_rw.tune.records import current_versions
+    gpu_host = current_versions()._replace(driver="12.4")
+    other = TuneCache("gpu_host")
+    other.put(rec(versions=gpu_host))
+    other.put(rec(shapes=((8, 8), (8, 8))))
+    other.export(tmp_path / "from_gpu.json")
+    status, out, _ = cli("import", str(tmp_path / "from_gpu.json"))
+    assert status == 0 and "imported 2" in out and "1 of them hold for other versions" in " ".join(out.split())
+    status, out, _ = cli("list")
+    text = " ".join(out.split())
+    assert "used here" in text and "no: driver" in text and "yes" in text
+    assert "1 record(s) hold for other versions" in text
+    status, out, _ = cli("import", str(tmp_path / "from_gpu.json"), "--name", "third", "--format", "json")
+    assert json.loads(out)["other_versions"] == 1
