@@ -26,6 +26,7 @@ from typing import Any
 
 from tessera_rw.algebra import api
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -107,15 +108,16 @@ class TuneConfig:
 
 
 def _operand_names(fn: Callable, shapes: Sequence) -> list[str]:
-    """The operands of op function `fn` to tune: its required ones, or as many as `shapes` lists
-    (one per operand) where optional tensor operands follow (layernorm's weight and bias)."""
+    """The operands of op function `fn` to tune: its required ones, then as many of the optional
+    tensor operands its op declares (layernorm's weight and bias, attention's mask) as `shapes`
+    lists beyond them."""
     params = [p for p in inspect.signature(fn).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = sum(p.default is inspect.Parameter.empty for p in params)
-    optional_tensors = [p for p in params[required:] if p.default is None]
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    declared = OPS[fn.__name__].operands if getattr(fn, "__name__", None) in OPS else ()
+    optional = [p.name for p in params if p.default is None and p.name in declared]
     listed = len(shapes) if shapes and not all(isinstance(d, int) for d in shapes) else 0
-    count = required + min(max(0, listed - required), len(optional_tensors))
-    return [p.name for p in params[:count]]
+    return required + optional[:max(0, listed - len(required))]
 
 
 def _check_tunable(name: str, program: CompiledProgram, arch: ArchSpec) -> None:
@@ -139,7 +141,7 @@ def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Ke
     names = _operand_names(fn, tuple(shapes))
 
     def call(*xs):
-        return fn(*xs)
+        return fn(**dict(zip(names, xs)))        # by name: an optional operand may follow attributes
     call.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names])
     call.__name__ = getattr(fn, "__name__", "op")

@@ -258,6 +258,11 @@ def test_an_op_with_optional_tensor_operands_tunes_with_them():
     assert cfg.main.kind == "layernorm" and len(cfg.program.graph.inputs) == 3
     with pytest.raises(ArgumentError, match=r"4 shapes for 3 operands \(x, weight, bias\)"):
         autotune(op.layernorm, shapes=((8, 8), (8,), (8,), (3,)), dtype="bf16", method="cost_model")
+    with pytest.raises(ArgumentError, match=r"3 shapes for 2 operands \(a, b\)"):        # accum_dtype is no operand
+        autotune(op.matmul, shapes=((64, 64), (64, 64), (64,)), dtype="bf16", method="cost_model")
+    masked = autotune(op.flash_attention, shapes=((1, 2, 128, 64),) * 3 + ((128, 128),),
+                      dtype=["bf16"] * 3 + ["bool"], method="cost_model")        # the mask follows `scale`
+    assert len(masked.program.graph.inputs) == 4
 
 
 def test_a_cached_fusion_depth_with_kernels_tuned_anew_says_how_they_were_tuned():

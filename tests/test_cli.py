@@ -205,3 +205,50 @@ def test_tune_writes_to_the_kernels_own_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     assert main(["tune", str(ROOT / "examples/matmul_autotune.py:linear_gelu"), "--method", "cost_model"]) == 0
     assert TuneCache("examples").records() and not TuneCache("default").records()     # @op.autotune(cache="examples")
+
+
+CONTAINER_MODULE = '''
+import numpy as np
+from tessera_rw import op
+
+@op.kernel
+def mlp(p, x):
+    h = op.relu(x @ p["w"] + p["b"])
+    return h @ p["layers"][0]["w"]
+
+def example_inputs():
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    return {"p": {"w": f(16, 32), "b": f(32), "layers": [{"w": f(32, 8)}]}, "x": f(4, 16)}
+'''
+
+
+def test_explain_run_and_tune_take_a_function_whose_argument_is_a_dict(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cache"))
+    module = tmp_path / "container_mod.py"
+    module.write_text(CONTAINER_MODULE)
+    assert main(["--explain", str(module), "--run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "p.layers[0].w" in out and "max error vs the unfused reference" in out
+    assert main(["tune", f"{module}:mlp", "--method", "cost_model"]) == 0
+    assert "Best config" in capsys.readouterr().out
+
+
+def test_a_file_whose_kernels_are_a_partial_and_a_callable_object_lists_both(tmp_path, capsys):
+    module = tmp_path / "wrapped.py"
+    module.write_text("import functools\nfrom tessera_rw import op\n"
+                      "def scale(x, s):\n    return x * s\n"
+                      "halve = op.kernel(functools.partial(scale, s=0.5))\n"
+                      "class Double:\n    def __call__(self, x):\n        raise ValueError('boom in user code')\n"
+                      "double = op.kernel(Double())\n"
+                      "def example_inputs():\n    import numpy as np\n    return {'x': np.ones(4, np.float32)}\n")
+    assert main(["--explain", f"{module}:halve"]) == 0
+    assert main(["--explain", f"{module}:double"]) == 2
+    err = capsys.readouterr().err
+    assert "tracing Double raised ValueError: boom in user code" in err and "wrapped.py:8" in err
+    only = tmp_path / "only_partial.py"
+    only.write_text("import functools\nfrom tessera_rw import op\n"
+                    "def scale(x, s):\n    return x * s\n"
+                    "halve = op.kernel(functools.partial(scale, s=0.5))\n"
+                    "def example_inputs():\n    import numpy as np\n    return {'x': np.ones(4, np.float32)}\n")
+    assert main(["--explain", str(only)]) == 0          # found by its function's module, not functools'

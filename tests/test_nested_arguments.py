@@ -162,3 +162,19 @@ def test_integer_leaves_of_a_differentiated_container_get_none():
     grads = op.grad(lambda p, x: op.sum(x @ p["w"]) * p["lr"])(p, np.ones((4, 3)))
     assert grads["step"] is None and grads["lr"] is None
     np.testing.assert_allclose(grads["w"], np.full((3, 2), 0.4))
+
+
+def test_a_kernel_returns_a_gradient_container_with_its_none_leaves():
+    def loss(p, x):
+        return op.sum((p["w"] * x) ** 2) * p["lr"]
+    p, x = {"w": np.ones(3), "lr": 0.5}, np.ones(3)
+    step = op.kernel(lambda p, x: op.grad(loss)(p, x))
+    grads = step(p, x)
+    assert grads["lr"] is None
+    np.testing.assert_allclose(grads["w"], np.ones(3))
+
+
+def test_two_keys_that_print_alike_are_refused_not_merged():
+    nan1, nan2 = float("nan"), float("nan")
+    with pytest.raises(ArgumentError, match="two keys that both read 'p\\[nan\\]'"):
+        op.kernel(lambda p: p[nan1] - p[nan2])({nan1: np.ones(3), nan2: np.zeros(3)})

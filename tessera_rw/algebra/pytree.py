@@ -84,7 +84,12 @@ def flatten(value: Any, name: str, stop: Callable[[Any], bool] = lambda v: False
                 children.append(LEAF)
         return TreeDef(kind, tuple(keys), tuple(children))
 
-    return leaves, walk(value, name, ())
+    tree = walk(value, name, ())
+    names = [n for n, _ in leaves]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"has two keys that both read {twice!r}: give them keys that print apart")
+    return leaves, tree
 
 
 def unflatten(tree: TreeDef, leaves: Iterator[Any]) -> Any:

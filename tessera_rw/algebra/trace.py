@@ -11,6 +11,7 @@ def double(x: f32[3]):
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -52,10 +53,15 @@ class Traced:
 
 def _definition_site(fn: Callable) -> str:
     try:
-        code = function_of(fn)
+        code = inspect.unwrap(function_of(fn))     # a wrapper's source is its wrapped function's
         return f"{inspect.getsourcefile(code)}:{inspect.getsourcelines(code)[1]} in {function_name(fn)}"
     except (OSError, TypeError):
         return getattr(fn, "__qualname__", repr(fn))
+
+
+def _rebuild(tree: TreeDef, nones: tuple[bool, ...], outputs: tuple) -> Any:
+    it = iter(outputs)
+    return tree.build(None if none else next(it) for none in nones)
 
 
 def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[SymbolicTensor, ...],
@@ -72,9 +78,10 @@ def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[Symbol
             leaves, tree = [], None
             got = f"a {got} that {e}"
         else:
-            bad = [f"{n} ({type(v).__name__})" for n, v in leaves if not isinstance(v, SymbolicTensor)]
-            if leaves and not bad:
-                return tuple(v for _, v in leaves), tree.build
+            bad = [f"{n} ({type(v).__name__})" for n, v in leaves if not isinstance(v, SymbolicTensor | None)]
+            tensors = tuple(v for _, v in leaves if v is not None)
+            if tensors and not bad:      # None stays None (a gradient op.grad gave no tensor)
+                return tensors, functools.partial(_rebuild, tree, tuple(v is None for _, v in leaves))
             got = f"a {got} holding {', '.join(bad) or 'nothing'}"
     if not has_tensors:
         raise ResultError(f"{function_name(fn)} returned {got}, not tensors: every argument it was called with is a "

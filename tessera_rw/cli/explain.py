@@ -18,17 +18,18 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.pytree import flatten
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
 from tessera_rw.codegen.plan_binding import NoTemplateError
 from tessera_rw.explain_report import ExplainReport, explain_report
-from tessera_rw.kernel import Kernel
+from tessera_rw.kernel import Kernel, is_static
 from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import explain_renderables, report_table
 from tessera_rw.tune.plan_tuner import TuneSettings
 
 from tessera_rw.cli.plan_check import run_once
-from tessera_rw.cli.targets import load_targets, target_inputs, user_line
+from tessera_rw.cli.targets import load_targets, source_file, target_inputs, user_line
 from tessera_rw.cli.usage import UsageError, one_line
 
 
@@ -44,10 +45,21 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
         raise
     except Exception as e:   # the user's function failed while tracing: one line, pointing at it
         raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
-                         f"{user_line(e, kernel.fn.__code__.co_filename)}") from None
+                         f"{user_line(e, source_file(kernel.fn))}") from None
     settings = kernel.tune_settings(default=TuneSettings(method="auto")) if tune else None   # its own cache, space
     program = compile_program(traced.graph, arch, settings, traced.pins)
     return explain_report(program)
+
+
+def _graph_inputs(kernel: Kernel, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The program's inputs by name: arguments, the arrays of container arguments by their paths
+    (`p.w`), placeholders among them, and the arrays the function captured."""
+    call = kernel.bind(**inputs)
+    leaves: dict[str, Any] = {}
+    for name, value in inputs.items():
+        pairs = flatten(value, name, stop=is_static)[0] if name in call.trees else [(name, value)]
+        leaves.update((n, v) for n, v in pairs if n in call.tensors)
+    return kernel.traced(call).feeds(leaves)
 
 
 def emitted_table(program: CompiledProgram, directory: Path) -> Table:
@@ -114,7 +126,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
             except NoTemplateError as e:     # the host runs it; the other functions still get their CUDA
                 side.print(f"no CUDA written for {kernel.name}: {one_line(e)}")
-        if args.run and not run_once(report.program, kernel.traced(kernel.bind(**inputs)).feeds(inputs), side):
+        if args.run and not run_once(report.program, _graph_inputs(kernel, inputs), side):
             failed.append(kernel.name)
     if args.format == "json":
         console.file.write(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2) + "\n")

@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
+from tessera_rw.algebra.captures import function_of
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.kernel import Kernel
@@ -68,7 +69,8 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
         raise UsageError(f"no such file: {path}")
     module = _import(file)
     if not colon:
-        kernels = [v for v in vars(module).values() if isinstance(v, Kernel) and v.fn.__module__ == module.__name__]
+        kernels = [v for v in vars(module).values()
+                   if isinstance(v, Kernel) and getattr(function_of(v.fn), "__module__", None) == module.__name__]
         if not kernels:
             raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
         return kernels, module
@@ -127,6 +129,15 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
 def _required(kernel: Kernel) -> list[str]:
     return [p.name for p in inspect.signature(kernel.fn).parameters.values()
             if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def source_file(fn: object) -> str:
+    """The file a kernel's function (a partial's, a callable object's, a wrapped one's) was written
+    in, or '' where it has none."""
+    try:
+        return inspect.getsourcefile(inspect.unwrap(function_of(fn))) or ""
+    except TypeError:
+        return ""
 
 
 def user_line(error: BaseException, filename: str) -> str:

@@ -19,7 +19,6 @@ from rich.table import Table
 from tessera_rw.cli.targets import load_target, target_inputs
 from tessera_rw.cli.usage import positive_float, positive_int
 from tessera_rw.tune.progress import describe
-from tessera_rw.tuning import autotune
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,11 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     kernel, module = load_target(args.target)
     inputs = target_inputs(kernel, module, args.input)
-    specs = [inputs[name] for name in kernel.parameter_names if name in inputs]
+    values = [inputs[name] for name in kernel.parameter_names if name in inputs]   # containers included
     own = kernel.tuning.cache if kernel.tuning is not None else None
-    cfg = autotune(kernel, shapes=[s.shape for s in specs], dtype=[s.dtype for s in specs], method=args.method,
-                   cache=args.cache or own or "default", max_trials=args.max_trials, time_budget_s=args.time_budget,
-                   search_space=kernel.restriction)
+    cfg = kernel.schedule.autotune(*values, method=args.method, cache=args.cache or own or "default",
+                                   max_trials=args.max_trials, time_budget_s=args.time_budget)
     program = cfg.program
     if args.format == "json":
         console.file.write(json.dumps({

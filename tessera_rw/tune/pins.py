@@ -103,7 +103,7 @@ def _nearest_depth(pin: SchedulePin, tiles: Sequence[tuple[int, ...]], op: Kerne
         return pin.tile
     bk = min(depths, key=lambda d: (abs(math.log2(d / pin.tile[2])), -d))
     warn_at_user_line(PinWarning(
-        f"op.matmul {pin.describe()}: the gemm kernel for {op.operands[0].dtype.name} on {arch.name} "
+        f"op.matmul {pin.describe()}{pin.where()}: the gemm kernel for {op.operands[0].dtype.name} on {arch.name} "
         f"takes bk in {depths} with a {pin.tile[0]}x{pin.tile[1]} tile; pinned {(*pin.tile[:2], bk)}"))
     return (*pin.tile[:2], bk)
 

@@ -31,7 +31,6 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainValidator, StrictBool,
                       StrictFloat, StrictInt, StrictStr, StringConstraints, field_validator, model_validator)
 
-from tessera_rw import codegen as codegen_package
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.version import package_version
@@ -168,7 +167,7 @@ def _source_files(root: Path, names: Sequence[str]) -> Iterator[Path]:
 @cache
 def codegen_source_hash() -> str:
     """`hash_sources` of tessera_rw.codegen, once per process, when a record is first made or looked up."""
-    return hash_sources(Path(codegen_package.__file__).parent)
+    return hash_sources(Path(__file__).resolve().parents[1] / "codegen")     # tessera_rw/codegen
 
 
 @cache

@@ -20,6 +20,7 @@ config, a flat dict of its fields, and found again by that config.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
@@ -84,9 +85,10 @@ class SpaceRestriction:
             if values is None:
                 return None
             values = tuple(values) if isinstance(values, (tuple, list, range)) else (values,)   # 3 reads as [3]
-            if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            if not values or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
+                                     for v in values):
                 raise ArgumentError(f"search_space: {name} must be a non-empty list of positive integers, got {values!r}")
-            return values
+            return tuple(int(v) for v in values)
         tiles = None
         if tile_sizes is not None:
             listed = tile_sizes if isinstance(tile_sizes, (tuple, list)) else (tile_sizes,)
@@ -94,6 +96,7 @@ class SpaceRestriction:
             if not tiles or any(len(t) not in (2, 3) or ints("tile_sizes", t) is None for t in tiles):
                 raise ArgumentError(f"search_space: tile_sizes must be a non-empty list of (bm, bn) or (bm, bn, bk), "
                                     f"got {tile_sizes!r}")
+            tiles = tuple(ints("tile_sizes", t) for t in tiles)
         return SpaceRestriction(tiles, ints("pipeline_stages", pipeline_stages), ints("vectorize", vectorize),
                                 ints("warps", warps))
 
