@@ -114,7 +114,9 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
             by_op[op] = _bind_op(op, arch, runnable)
         found = by_op[op]
         if found.template is None:
-            missing.append(f"  step {i}: {op}")
+            empty = op.result.numel == 0 or any(t.numel == 0 for t in op.operands)
+            missing.append(f"  step {i}: {op}" + (" (zero-size: nothing to launch, the host computes it)"
+                                                  if empty else ""))
             doubles |= any(t.dtype is DType.float64 for t in (*op.operands, op.result))
             continue
         template = found.template
