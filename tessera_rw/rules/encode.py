@@ -62,6 +62,6 @@ def all_arities(op_name: str) -> tuple[int, ...]:
     op = opdef(op_name)
     if not op.variadic:
         return (len(op.operands),)
-    if op.name in ("concatenate", "fused_elementwise", "fused_normalization"):  # operand lists
+    if op.name in ("concatenate", "fused_elementwise", "fused_normalization", "fused_reduction"):  # operand lists
         return tuple(range(1, 9))
     return tuple(range(1, len(op.operands) + 1))

@@ -272,7 +272,23 @@ def _reduction_ops() -> dict[str, KernelOp]:
         "sum two reduced groups f32 kahan": reduce("sum", (4, 256, 64), F32, (0, 2), numerics=KAHAN),
         "sum of 262144 f32 kahan": reduce("sum", (1 << 18,), F32, (0,), numerics=KAHAN),
         "max rows f32 kahan": reduce("max", (64, 4096), F32, (1,), numerics=KAHAN),
+        "fused sum rows dy*w*x bf16": fused_reduce((((64, 1000), BF16), ((1000,), BF16), ((64, 1000), BF16)),
+                                                   "mul(mul($0,$1),$2)", "sum", (1,), True),
+        "fused sum columns dy*(x-m)*r bf16": fused_reduce(
+            (((300, 200), BF16), ((300, 1), F32), ((300, 1), F32), ((300, 200), BF16)),
+            "mul(mul(sub($0,$1),$2),$3)", "sum", (0,)),
+        "fused mean of a squared difference f32": fused_reduce((((96, 40), F32), ((96, 40), F32)),
+                                                               "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),
+        "fused max rows f16 kahan": under(KAHAN, fused_reduce((((32, 512), F16), ((32, 512), F16)),
+                                                              "add($0,$1)", "max", (1,))),
+        "fused sum rows f32 kahan": under(KAHAN, fused_reduce((((32, 3000), F32), ((32, 1), F32)),
+                                                              "exp(sub($0,$1))", "sum", (1,), True)),
     }
+
+
+def fused_reduce(shapes_dtypes, expr, reduce_, axes, keepdims=False) -> KernelOp:
+    return of("fused_reduction", *(TensorType(s, d) for s, d in shapes_dtypes), expr=expr, reduce=reduce_,
+              axes=axes, keepdims=keepdims)
 
 
 def _elementwise_ops() -> dict[str, KernelOp]:

@@ -23,7 +23,7 @@ def test_resources_cover_every_output_and_read_the_input_once(i):
     lay = T._layout(op)
     for s in T.schedules(op, arch):
         r = T.resources(op, s, arch)
-        assert r.flops >= op.flops and r.hbm_bytes == op.operands[0].nbytes + op.result.nbytes
+        assert r.flops >= op.flops and r.hbm_bytes == op.operand_bytes + op.result.nbytes
         per_block = s.threads // s.split * (1 if lay.row else s.vec)
         assert r.blocks * per_block >= op.result.numel == lay.n_out
 
@@ -31,7 +31,8 @@ def test_resources_cover_every_output_and_read_the_input_once(i):
 def test_strategy_follows_the_innermost_axis():
     strategies = [T.strategy(op) for op in SAMPLES]
     assert strategies == ["row", "row", "column", "column", "row", "column",
-                          "row", "row", "column", "row", "row", "row"]      # the kahan_sum samples
+                          "row", "row", "column", "row", "row", "row",      # the kahan_sum samples
+                          "row", "column", "row"]                           # the fused ones
     lay = layout(TensorType((16, 1024, 256), DType.float32), (0, 2))
     assert (lay.kept, lay.red, lay.red_strides) == ((1024,), (16, 256), (262144, 1))
     splits = {s.split for op in SAMPLES[:2] for s in T.schedules(op, ARCHS[1])}

@@ -180,6 +180,41 @@ DEFS = DEFS + (
 )
 
 
+# ---- a reduction of an elementwise expression, the expression computed as it is read -----
+
+REDUCES = ("sum", "mean", "max", "min")
+
+
+def _reduce_op(reduce: str):
+    from tessera_rw.algebra.ops import OPS
+    if reduce not in REDUCES:
+        raise AttributeValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
+    return OPS[reduce]
+
+
+def _infer_fused_reduction(*xs: TensorType, expr: str, reduce: str, axes: tuple[int, ...],
+                           keepdims: bool) -> TensorType:
+    return _reduce_op(reduce).infer(_infer_fused(*xs, expr=expr), axes, keepdims)
+
+
+def _fused_reduction(*xs: np.ndarray, expr: str, reduce: str, axes, keepdims) -> np.ndarray:
+    return _reduce_op(reduce).reference(_fused(*xs, expr=expr), axes, keepdims)
+
+
+def _fused_reduction_flops(out: TensorType, *xs: TensorType, expr: str, reduce: str, axes, keepdims) -> int:
+    values = _infer_fused(*xs, expr=expr)
+    return _fused_flops(values, *xs, expr=expr) + values.numel
+
+
+DEFS = DEFS + (
+    OpDef("fused_reduction", ("xs",), OpKind.REDUCTION, _infer_fused_reduction, _fused_reduction,
+          _fused_reduction_flops, variadic=True,
+          doc="sum / mean / max / min of an elementwise expression, computed as it is read (nothing the "
+              "size of the expression written), e.g. expr='mul($0,$1)', reduce='sum', axes=(1,)",
+          vjp=before_fusion("fused_reduction")),
+)
+
+
 # ---- a row-wise normalization with its elementwise neighbours ----------------------------
 #
 # fused_normalization(prologue inputs…, weight?, bias?, epilogue inputs…; expr, norm, post):

@@ -29,14 +29,16 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
-                                                      contiguous_strides, ctype, kernel_name, load, offset_expr,
-                                                      store, vector_widths, words)
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
+                                                      expr_ops, kernel_name, store, vector_widths, words)
+from tessera_rw.codegen.templates.reduction_reads import Layout, layout, operand_reads, values_type
+from tessera_rw.codegen.templates.reduction_walk import Walk
 
 MAX_INDEX = 2**31        # row and offset math is 32-bit
 UNROLL = 4                # loads of the reduced-axis walk in flight per thread
@@ -56,65 +58,37 @@ class ReductionSchedule(Schedule):
     split: int = 32       # threads that share one output (row: 32 or threads; column: rows of threads)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The input seen as coalesced kept and reduced groups, with their strides."""
-    kept: tuple[int, ...]
-    kept_strides: tuple[int, ...]
-    red: tuple[int, ...]
-    red_strides: tuple[int, ...]
-    row: bool             # the innermost group is reduced
-
-    @property
-    def n_out(self) -> int:
-        return math.prod(self.kept)
-
-    @property
-    def n_red(self) -> int:
-        return math.prod(self.red)
-
-
-def layout(x: TensorType, axes: tuple[int, ...]) -> Layout:
-    groups: list[list] = []                     # [size, reduced]
-    for axis, size in enumerate(x.shape):
-        if size == 1:
-            continue
-        if groups and groups[-1][1] == (axis in axes):
-            groups[-1][0] *= size
-        else:
-            groups.append([size, axis in axes])
-    strides = contiguous_strides(tuple(g[0] for g in groups))
-    kept = [(g[0], s) for g, s in zip(groups, strides) if not g[1]] or [(1, 0)]
-    red = [(g[0], s) for g, s in zip(groups, strides) if g[1]] or [(1, 0)]
-    row = not groups or groups[-1][1]
-    return Layout(tuple(k for k, _ in kept), tuple(s for _, s in kept),
-                  tuple(r for r, _ in red), tuple(s for _, s in red), row)
-
-
 class ReductionTemplate(Template):
     """sum / mean / max / min over any axes, keepdims or not."""
 
     kind = "reduction"
-    ops = frozenset({"sum", "mean", "max", "min"})
+    ops = frozenset({"sum", "mean", "max", "min", "fused_reduction"})
 
     def accepts(self, op: KernelOp) -> bool:
-        x = op.operands[0] if op.operands else None
-        return (op.op in self.ops and x is not None and x.dtype in SUPPORTED and op.result.dtype in SUPPORTED
-                and 0 < x.numel < MAX_INDEX)
+        if op.op not in self.ops or not op.operands:
+            return False
+        values = values_type(op)
+        return (all(t.dtype in SUPPORTED for t in (*op.operands, values, op.result)) and 0 < values.numel < MAX_INDEX
+                and (op.op != "fused_reduction" or operand_reads(op) is not None))
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ()
+        return tuple(dict.fromkeys(expr_ops(parse_expr(op.attr_map["expr"])))) if op.op == "fused_reduction" else ()
+
+    @staticmethod
+    def reduce(op: KernelOp) -> str:
+        """sum, mean, max or min."""
+        return op.attr_map["reduce"] if op.op == "fused_reduction" else op.op
 
     def strategy(self, op: KernelOp) -> str:
         return "row" if self._layout(op).row else "column"
 
     def _layout(self, op: KernelOp) -> Layout:
-        return layout(op.operands[0], tuple(op.attr_map["axes"]))
+        return layout(values_type(op), tuple(op.attr_map["axes"]))
 
     def _vecs(self, op: KernelOp, lay: Layout) -> list[int]:
         inner = lay.red[-1] if lay.row else lay.kept[-1]
         contiguous = (lay.red_strides if lay.row else lay.kept_strides)[-1] == 1
-        size = op.operands[0].dtype.itemsize
+        size = max(t.dtype.itemsize for t in op.operands)
         return [v for v in (8, 4, 2, 1) if v == 1 or (contiguous and inner % v == 0 and v * size <= MAX_ACCESS_BYTES)]
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:
@@ -159,14 +133,14 @@ class ReductionTemplate(Template):
 
     def compensated(self, op: KernelOp) -> bool:
         """Whether the kernel carries a compensation term: float sums under kahan_sum."""
-        return (op.numerics is Numerics.KAHAN_SUM and op.op in ("sum", "mean")
+        return (op.numerics is Numerics.KAHAN_SUM and self.reduce(op) in ("sum", "mean")
                 and ctype(self._acc(op)) in ("float", "double"))
 
     def _acc(self, op: KernelOp) -> DType:
-        x, out = op.operands[0].dtype, op.result.dtype
-        if op.op == "sum":
+        x, out, reduce = values_type(op).dtype, op.result.dtype, self.reduce(op)
+        if reduce == "sum":
             return out if out is not DType.bool else DType.int32
-        if op.op == "mean":
+        if reduce == "mean":
             return DType.int64 if not x.is_float else out
         return DType.int32 if x is DType.bool else x
 
@@ -178,7 +152,7 @@ class ReductionTemplate(Template):
             blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split * schedule.vec))
         return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, schedule, lay, arch),
                          smem_bytes=self._smem(op, schedule, lay),
-                         hbm_bytes=op.operands[0].nbytes + op.result.nbytes,   # every element read once
+                         hbm_bytes=op.operand_bytes + op.result.nbytes,   # every element read once
                          flops=op.flops, unit=MathUnit.FP32)
 
     def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
@@ -190,42 +164,50 @@ class ReductionTemplate(Template):
     def _registers(self, op: KernelOp, s: ReductionSchedule, lay: Layout, arch: ArchSpec) -> int:
         # Calibrated against ptxas on samples(): the walk keeps UNROLL loads in flight, a column
         # reduce also keeps `vec` accumulators; 64-bit accumulation doubles the adds' registers.
-        x = op.operands[0].dtype
+        # A fused expression (fit the same way): each operand's pointer and value beside its loads;
+        # ptxas keeps fewer of a row walk's several vectors in flight.
         acc = words(self._acc(op))
-        loaded = max(1, s.vec * x.itemsize // 4)
+        fused = op.op == "fused_reduction"
+        reads = operand_reads(op) or () if fused else ()
+        loaded = (sum(max(1, s.vec * r.dtype.itemsize // 4) if r.vector(lay.row) else 1 for r in reads) if fused
+                  else max(1, s.vec * op.operands[0].dtype.itemsize // 4))
+        operands = REG_FUSED_OPERAND * len(reads)
         wide = REG_WIDE_ACC if acc == 2 else 0
         kahan = self.compensated(op)
         if lay.row:
-            trips = math.ceil(lay.n_red / (s.split * s.vec))
-            return REG_ROW_BASE + min(trips, UNROLL) * loaded + wide // 2 + (REG_KAHAN_ROW if kahan else 0)
+            trips = min(math.ceil(lay.n_red / (s.split * s.vec)), UNROLL)
+            walk = min(trips * loaded // 2, REG_FUSED_LOADS_MAX) + REG_FUSED_ROW if fused else trips * loaded
+            return REG_ROW_BASE + walk + operands + wide // 2 + (REG_KAHAN_ROW if kahan else 0)
         trips = math.ceil(lay.n_red / s.split)
         index_math = sum(1 for st in lay.red_strides[:-1] + lay.kept_strides[:-1] if st)
         return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc * (2 if kahan else 1) + wide
-                + REG_INDEX_AXIS * index_math + (REG_KAHAN_COL if kahan else 0))
+                + REG_INDEX_AXIS * index_math + operands + (REG_KAHAN_COL if kahan else 0))
 
     # -- emission -----------------------------------------------------------------------------
 
     def emit(self, op: KernelOp, schedule: ReductionSchedule, arch: ArchSpec) -> KernelSource:
         lay = self._layout(op)
-        x, out = op.operands[0].dtype, op.result.dtype
+        out = op.result.dtype
         acc = self._acc(op)
         a = ctype(acc)
         name = kernel_name(self.kind, op, schedule)
-        ident, combine = self._monoid(op.op, acc)
-        value = "acc" if op.op != "mean" else f"(({ctype(out)})acc / ({ctype(out)}){lay.n_red})"
+        ident, combine = self._monoid(self.reduce(op), acc)
+        value = "acc" if self.reduce(op) != "mean" else f"(({ctype(out)})acc / ({ctype(out)}){lay.n_red})"
         kahan = self.compensated(op)
-        body = (self._row if lay.row else self._column)(op, schedule, lay, a, ident, combine, value, kahan)
+        walk = Walk(op, lay, schedule.vec, a)
+        body = (self._row if lay.row else self._column)(op, schedule, lay, walk, ident, value, kahan)
+        inputs = "x" if op.op != "fused_reduction" else ", ".join(f"in{i}" for i in range(len(op.operands)))
         blocks = self.resources(op, schedule, arch).blocks
         how = f"{a} with Neumaier compensation" if kahan else a
         source = f"""// {op}
 // reduction ({'row' if lay.row else 'column'} reduce) of {lay.n_red} elements into each of {lay.n_out} outputs,
 // schedule {schedule.describe()}; accumulates in {how}.
-// launch: {name}<<<{blocks}, {schedule.threads}>>>(x, out)
+// launch: {name}<<<{blocks}, {schedule.threads}>>>({inputs}, out)
 {VEC_STRUCT}
 {COMPENSATED_SUM_CUDA if kahan else ""}
 __device__ __forceinline__ {a} reduction_combine({a} a, {a} b) {{ return {combine}; }}
 
-extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {STORAGE[x]}* __restrict__ x, {STORAGE[out]}* __restrict__ out) {{
+extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.params()}, {STORAGE[out]}* __restrict__ out) {{
 {body}
 }}
 """
@@ -248,12 +230,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             ident = f"(-{big} - 1)"
         return f"({c})({ident})", f"(a {pick} b{nan}) ? a : b"
 
-    def _row(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value, kahan: bool) -> str:
-        x = op.operands[0].dtype
-        v, tpr, rpb = s.vec, s.split, s.threads // s.split
-        kept_off = offset_expr("row", lay.kept, lay.kept_strides)
-        red_off = offset_expr("r", lay.red, lay.red_strides)
-        element = f"({a}){load(x, 'c.v[j]')}"
+    def _row(self, op, s: ReductionSchedule, lay: Layout, walk: Walk, ident, value, kahan: bool) -> str:
+        v, tpr, rpb, a = s.vec, s.split, s.threads // s.split, walk.acc
         add = (lambda e: f"kahan_add(acc, comp, {e});") if kahan else (lambda e: f"acc = reduction_combine(acc, {e});")
         step = (f"{{ const {a} s2 = __shfl_xor_sync(0xffffffffu, acc, o), c2 = __shfl_xor_sync(0xffffffffu, comp, o); "
                 "kahan_merge(acc, comp, s2, c2); }") if kahan else \
@@ -263,12 +241,12 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
                  f"    const unsigned lane = threadIdx.x % {tpr}u;",
                  f"    {a} acc = {ident};" + (f" {a} comp = {ident};" if kahan else ""),
                  f"    if (row < {lay.n_out}u) {{",
-                 f"        const {STORAGE[x]}* base = x + ({kept_off});",
+                 *(f"        {line}" for line in walk.bases("row")),
                  f"        #pragma unroll {UNROLL}",
                  f"        for (unsigned r = lane * {v}u; r < {lay.n_red}u; r += {tpr * v}u) {{",
-                 f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
+                 *(f"            {line}" for line in walk.loads("r")),
                  "            #pragma unroll",
-                 f"            for (int j = 0; j < {v}; ++j) {add(element)}",
+                 f"            for (int j = 0; j < {v}; ++j) {walk.per_lane(add)}",
                  "        }",
                  "    }",
                  shuffle]
@@ -290,17 +268,14 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
         return "\n".join(lines)
 
-    def _column(self, op, s: ReductionSchedule, lay: Layout, a, ident, combine, value, kahan: bool) -> str:
-        x = op.operands[0].dtype
-        v, ry = s.vec, s.split
+    def _column(self, op, s: ReductionSchedule, lay: Layout, walk: Walk, ident, value, kahan: bool) -> str:
+        v, ry, a = s.vec, s.split, walk.acc
         tx = s.threads // ry
-        kept_off = offset_expr("o", lay.kept, lay.kept_strides)
-        red_off = offset_expr("r", lay.red, lay.red_strides)
         if kahan:
-            add = f"kahan_add(acc[j], comp[j], ({a}){load(x, 'c.v[j]')});"
+            add = walk.per_lane(lambda e: f"kahan_add(acc[j], comp[j], {e});")
             merge = f"kahan_merge(acc[j], comp[j], partial[k][tx * {v}u + j], partial_comp[k][tx * {v}u + j]);"
         else:
-            add = f"acc[j] = reduction_combine(acc[j], ({a}){load(x, 'c.v[j]')});"
+            add = walk.per_lane(lambda e: f"acc[j] = reduction_combine(acc[j], {e});")
             merge = f"acc[j] = reduction_combine(acc[j], partial[k][tx * {v}u + j]);"
         pairs = [f"    __shared__ {a} partial_comp[{ry}][{tx * v}];"] if kahan else []
         stash = f"{{ partial[ty][tx * {v}u + j] = acc[j]; partial_comp[ty][tx * {v}u + j] = comp[j]; }}" if kahan \
@@ -313,10 +288,10 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             f"    for (int j = 0; j < {v}; ++j) acc[j] = {ident};",
             *(["    #pragma unroll", f"    for (int j = 0; j < {v}; ++j) comp[j] = {ident};"] if kahan else []),
             f"    if (o < {lay.n_out}u) {{",
-            f"        const {STORAGE[x]}* base = x + ({kept_off});",
+            *(f"        {line}" for line in walk.bases("o")),
             f"        #pragma unroll {UNROLL}",
             f"        for (unsigned r = ty; r < {lay.n_red}u; r += {ry}u) {{",
-            f"            const vec_t<{STORAGE[x]}, {v}> c = *reinterpret_cast<const vec_t<{STORAGE[x]}, {v}>*>(base + ({red_off}));",
+            *(f"            {line}" for line in walk.loads("r")),
             "            #pragma unroll",
             f"            for (int j = 0; j < {v}; ++j) {add}",
             "        }",
@@ -343,6 +318,11 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             return KernelOp.of(name, (x,), OPS[name].infer(x, axes, keepdims), axes=axes, keepdims=keepdims,
                                numerics=numerics)
 
+        def fused(shapes_dtypes, expr, reduce, axes, keepdims=False):
+            xs = tuple(TensorType(shape, dtype) for shape, dtype in shapes_dtypes)
+            out = OPS["fused_reduction"].infer(*xs, expr=expr, reduce=reduce, axes=axes, keepdims=keepdims)
+            return KernelOp.of("fused_reduction", xs, out, expr=expr, reduce=reduce, axes=axes, keepdims=keepdims)
+
         return (
             red("sum", (4096, 4096), bf, (1,)),               # row reduce, block per row
             red("mean", (8192, 512), f32, (1,), True),        # row reduce, warp per row, keepdims
@@ -356,6 +336,11 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}(const {S
             red("sum", (16, 1024, 256), f32, (0, 2), numerics=kahan),     # compensated, two reduced groups
             red("sum", (1 << 22,), f32, (0,), numerics=kahan),            # one long compensated sum
             red("max", (4096, 4096), f32, (1,), numerics=kahan),          # max: the policy changes nothing
+            # a layer norm's backward: Σ dy·w·x̂ over each row, and Σ dy·x̂ over the rows (statistics broadcast)
+            fused((((8192, 4096), bf), ((4096,), bf), ((8192, 4096), bf)), "mul(mul($0,$1),$2)", "sum", (1,), True),
+            fused((((8192, 4096), bf), ((8192, 1), f32), ((8192, 1), f32), ((8192, 4096), bf)),
+                  "mul(mul(sub($0,$1),$2),$3)", "sum", (0,)),
+            fused((((512, 64), f32), ((512, 64), f32)), "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),   # a loss
         )
 
 
@@ -366,3 +351,6 @@ REG_WIDE_ACC = 8          # int64 / fp64 accumulation: register pairs and carrie
 REG_INDEX_AXIS = 1        # each extra coalesced axis needs a division and a multiply
 REG_KAHAN_ROW = 4         # kahan_sum: the compensation, and the add's rounded-off term and magnitude test
 REG_KAHAN_COL = 4         # ... per column thread beyond its `vec` compensations
+REG_FUSED_OPERAND = 2     # a fused expression: each operand's base pointer and value
+REG_FUSED_ROW = 4         # ... and the expression's temporaries in a row walk
+REG_FUSED_LOADS_MAX = 16  # ... whose vectors in flight ptxas caps

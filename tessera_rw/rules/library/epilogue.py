@@ -13,6 +13,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
+from tessera_rw.rules.library.fused_reductions import REDUCTION_FUSION_RULES
 from tessera_rw.rules.library.fusion import FUSION_RULES
 from tessera_rw.rules.library.transposed_operands import transposed_operand_rules, transposed_product_rules
 from tessera_rw.rules.pattern import Expr, TermBuilder
@@ -138,7 +139,8 @@ RULES = (
     *transposed_product_rules(),
 )
 
-EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES,
-                   doc="matmul + scale / bias / activation / residual / cast → one gemm; elementwise chains → one node")
+EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES,
+                   doc="matmul + scale / bias / activation / residual / cast → one gemm; elementwise chains → one "
+                       "node, which a reduction of it absorbs")
 
 

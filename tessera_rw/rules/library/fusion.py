@@ -69,7 +69,7 @@ def _substituted(n: int, m: int, k: int) -> str:
     return f'(replace {outer} "#" "$")'
 
 
-def _tree(args):
+def expression_over(args):
     """An expression over `args` using each once: tanh(a), a·b, a·b + c, (a·b + c) − d."""
     if len(args) == 1:
         return op.tanh(args[0])
@@ -87,9 +87,9 @@ def _merge_example(n: int, m: int, k: int):
 
         def body(*args):
             vals = list(args)
-            inner = op.exp(vals[n - 1]) if m == 1 else _tree(vals[n - 1:])
+            inner = op.exp(vals[n - 1]) if m == 1 else expression_over(vals[n - 1:])
             outer_args = vals[:k] + [inner] + vals[k:n - 1]
-            return _tree(outer_args) * 2.0
+            return expression_over(outer_args) * 2.0
         body.__signature__ = inspect.Signature(
             [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
         return body, inputs
@@ -132,7 +132,7 @@ def _norm_example(norm: str, n: int, params: int):
         inputs = {nm: rand(rng, rows, width) for nm in names[:n]} | {nm: rand(rng, width) for nm in names[n:]}
 
         def body(*args):
-            row = _tree(list(args[:n]))
+            row = expression_over(list(args[:n]))
             if norm in ("softmax", "log_softmax"):
                 return getattr(op, norm)(row, axis=-1)
             return getattr(op, norm)(row, *args[n:])
@@ -176,9 +176,9 @@ def _epilogue_example(n: int, k: int, p: int):
         inputs = {nm: rand(rng, rows, width) for nm in names}
 
         def body(*args):
-            normed = op.softmax(_tree(list(args[:p])), axis=-1)
+            normed = op.softmax(expression_over(list(args[:p])), axis=-1)
             rest = list(args[p:])
-            return _tree(rest[:k] + [normed] + rest[k:])
+            return expression_over(rest[:k] + [normed] + rest[k:])
         body.__signature__ = inspect.Signature(
             [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
         return body, inputs

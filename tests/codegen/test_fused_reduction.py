@@ -1,0 +1,54 @@
+"""A reduction of an elementwise expression is one kernel (fused_reduction): the expression is
+computed as its operands are read, nothing its size is written. Rows and columns, statistics
+broadcast along the walk, every reduce; an operand it cannot walk keeps the two kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.templates.reduction import ReductionTemplate
+from tests.codegen.ragged_ops import of
+
+rng = np.random.default_rng(17)
+
+
+def steps(kernel, *args):
+    return [s.op for s in kernel.program(*args).plan.steps]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_a_reduction_of_an_expression_is_one_kernel_and_matches_numpy(reduce):
+    x, w, dy = rng.standard_normal((33, 96)), rng.standard_normal(96), rng.standard_normal((33, 96))
+    k = op.kernel(lambda x, w, dy: getattr(op, reduce)(dy * w * x + 1.0, axis=-1, keepdims=True))
+    assert steps(k, x, w, dy) == ["fused_reduction"]
+    want = getattr(np, reduce)(dy * w * x + 1.0, axis=-1, keepdims=True)
+    np.testing.assert_allclose(k(x, w, dy), want, rtol=1e-12)
+
+
+def test_the_explain_report_names_the_reduction_and_what_it_fused():
+    t = op.tensor((8192, 4096), "bf16")
+    report = op.kernel(lambda x, y: op.sum((x - y) * (x - y), axis=0)).explain(t, t)
+    kernels = report.candidates[report.chosen].kernels
+    assert [(k.kind, k.fused) for k in kernels] == [("reduction", ("mul", "sub"))]
+
+
+def test_a_layer_norms_backward_reduces_without_writing_its_products():
+    x, g, b, dy = (op.tensor((8192, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((4096,), "bf16"),
+                   op.tensor((8192, 4096), "bf16"))
+    grad = op.grad(lambda x, g, b, dy: op.sum(op.layernorm(x, g, b) * dy), argnums=(0, 1, 2))
+    plan = steps(grad, x, g, b, dy)
+    assert plan.count("fused_reduction") >= 4 and len(plan) <= 10          # 14 kernels when products were written
+
+
+def test_an_operand_broadcast_inside_a_coalesced_group_keeps_two_kernels():
+    # (64, 128) kept axes coalesce into one group; a (128, 1) operand repeats along the first only
+    xs = (TensorType((64, 128, 256), DType.bfloat16), TensorType((128, 1), DType.float32))
+    fused = of("fused_reduction", *xs, expr="mul($0,$1)", reduce="sum", axes=(2,), keepdims=False)
+    assert not ReductionTemplate().accepts(fused)
+    x, s = rng.standard_normal((4, 8, 16)).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
+    k = op.kernel(lambda x, s: op.sum(x * s, axis=2))
+    np.testing.assert_allclose(k(x, s), (x * s).sum(2), rtol=1e-5)
