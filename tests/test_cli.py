@@ -252,3 +252,16 @@ def test_a_file_whose_kernels_are_a_partial_and_a_callable_object_lists_both(tmp
                     "halve = op.kernel(functools.partial(scale, s=0.5))\n"
                     "def example_inputs():\n    import numpy as np\n    return {'x': np.ones(4, np.float32)}\n")
     assert main(["--explain", str(only)]) == 0          # found by its function's module, not functools'
+
+
+def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, capsys):
+    module = tmp_path / "container_mod.py"
+    module.write_text(CONTAINER_MODULE)
+    given = ["--input", "p.w=16x32:bf16", "--input", "p.b=32:bf16", "--input", "p.layers[0].w=32x8:bf16",
+             "--input", "x=4x16:bf16"]
+    assert main(["--explain", f"{module}:mlp", *given]) == 0
+    assert "p.layers[0].w: bf16[32,8]" in capsys.readouterr().out
+    assert main(["--explain", f"{module}:mlp", *given[:4], "--input", "p.layers[1].w=32x8:bf16", *given[6:]]) == 2
+    assert "no --input for p.layers[0]" in capsys.readouterr().err
+    assert main(["--explain", f"{module}:mlp", "--input", "p..w=3"]) == 2
+    assert "malformed --input" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -26,11 +27,17 @@ from tessera_rw.kernel import Kernel
 from tessera_rw.cli.usage import UsageError
 
 
+PATH_STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")
+
+
 def parse_input(text: str) -> tuple[str, TensorSpec]:
-    """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32."""
+    """'q=4x16x2048x64:bf16' -> ('q', op.tensor((4, 16, 2048, 64), 'bf16')); dtype defaults to float32.
+    NAME may be a path into a container argument, as graphs name its arrays: p.w, p.layers[0].w."""
     name, eq, spec = text.partition("=")
-    if not eq or not name.isidentifier():
-        raise UsageError(f"malformed --input {text!r}: expected NAME=DIMS[:DTYPE], e.g. q=4x16x2048x64:bf16")
+    head = re.match(r"[A-Za-z_]\w*", name)
+    if not eq or head is None or "".join(m.group(0) for m in PATH_STEP.finditer(name, head.end())) != name[head.end():]:
+        raise UsageError(f"malformed --input {text!r}: expected NAME=DIMS[:DTYPE], e.g. q=4x16x2048x64:bf16 "
+                         "(NAME may be a path into a dict or list argument: p.w, p.layers[0].w)")
     dims, _, dtype = spec.partition(":")
     try:
         shape = tuple(int(d) for d in dims.split("x")) if dims else ()
@@ -93,15 +100,13 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     example_inputs() (the entries this kernel's parameters name)."""
     if given:
         parsed = [parse_input(t) for t in given]
-        names = [name for name, _ in parsed]
-        if repeated := next((n for n in names if names.count(n) > 1), None):
-            raise UsageError(f"--input {repeated}=... is given twice: give each argument once")
-        inputs = dict(parsed)
+        inputs = _nested(parsed)
         unknown = [n for n in inputs if n not in kernel.parameter_names]
         if unknown:
             raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
                              f"{', '.join(kernel.parameter_names)}")
         missing = [n for n in _required(kernel) if n not in inputs]
+        missing += [m for n, v in inputs.items() for m in _missing_items(v, n)]
         if missing:
             raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
                              f"{', '.join(missing)}")
@@ -124,6 +129,43 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
                          "in its module)")
     return inputs
+
+
+def _nested(parsed: list[tuple[str, TensorSpec]]) -> dict[str, Any]:
+    """--input values by argument, those named by paths (p.w, p.layers[0].w) built into the dicts
+    and lists the paths spell."""
+    inputs: dict[str, Any] = {}
+    for path, spec in parsed:
+        head = re.match(r"[A-Za-z_]\w*", path).group(0)
+        steps = [m.group(1) if m.group(1) is not None else int(m.group(2)) for m in PATH_STEP.finditer(path, len(head))]
+        if not steps:
+            if head in inputs:
+                raise UsageError(f"--input {head}=... is given twice: give each argument once")
+            inputs[head] = spec
+            continue
+        node, key = inputs, head
+        for step in steps:
+            if key not in node:
+                node[key] = {} if isinstance(step, str) else []
+            node = node[key]
+            if isinstance(node, list) != isinstance(step, int):
+                raise UsageError(f"--input {path}: {key!r} is used both as a dict and as a list")
+            if isinstance(step, int):
+                node.extend([None] * (step + 1 - len(node)))
+            key = step
+        if node[key] is not None if isinstance(node, list) else key in node:
+            raise UsageError(f"--input {path}=... is given twice: give each array once")
+        node[key] = spec
+    return inputs
+
+
+def _missing_items(value: Any, path: str) -> list[str]:
+    """Paths of list items no --input gave (p.layers[1] when only [0] and [2] were)."""
+    if isinstance(value, dict):
+        return [m for k, v in value.items() for m in _missing_items(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [m for i, v in enumerate(value) for m in ([f"{path}[{i}]"] if v is None else _missing_items(v, f"{path}[{i}]"))]
+    return []
 
 
 def _required(kernel: Kernel) -> list[str]:

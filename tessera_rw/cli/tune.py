@@ -24,7 +24,8 @@ from tessera_rw.tune.progress import describe
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="FILE.py:FUNCTION")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS[:DTYPE]",
-                   help="a tensor argument, e.g. q=4x16x2048x64:bf16 (default: the module's example_inputs())")
+                   help="a tensor argument, e.g. q=4x16x2048x64:bf16, or one inside a dict or list argument by its "
+                        "path, p.w=1024x1024:bf16 (default: the module's example_inputs())")
     p.add_argument("--method", choices=["auto", "on_device", "cost_model"], default="auto",
                    help="on_device times on the GPU; cost_model ranks by the roofline model; auto: on_device "
                         "when a GPU is present")
