@@ -129,6 +129,11 @@ template <typename T> __device__ __forceinline__ void kahan_merge(T& s, T& c, T 
     kahan_add(s, c, s2);
     c = kahan_plus(c, c2);
 }
+// the sum with its compensation; a sum gone infinite or NaN stays as plain summation gives it
+// (an infinity's compensation is inf - inf)
+template <typename T> __device__ __forceinline__ T kahan_total(T s, T c) {
+    return kahan_minus(s, s) == T(0) ? kahan_plus(s, c) : s;     // s - s is 0 exactly when s is finite
+}
 """
 
 

@@ -4,12 +4,17 @@ broadcast along the walk, every reduce; an operand it cannot walk keeps the two 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.reduction import ReductionTemplate
 from tests.codegen.ragged_ops import of
 
@@ -52,3 +57,17 @@ def test_an_operand_broadcast_inside_a_coalesced_group_keeps_two_kernels():
     x, s = rng.standard_normal((4, 8, 16)).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
     k = op.kernel(lambda x, s: op.sum(x * s, axis=2))
     np.testing.assert_allclose(k(x, s), (x * s).sum(2), rtol=1e-5)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("name", ["sum", "fused_reduction"])
+def test_compensated_sums_keep_infinities_and_nans_as_plain_summation_does(name):
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    x[1, 3], x[2, 5], x[3, 1] = -np.inf, np.inf, np.nan
+    attrs = {"expr": "mul($0,$0)", "reduce": "mean"} if name == "fused_reduction" else {}
+    kernel_op = replace(of(name, TensorType((4, 64), DType.float32), axes=(1,), keepdims=False, **attrs),
+                        numerics=Numerics.KAHAN_SUM)
+    want = (x * x).mean(1) if name == "fused_reduction" else x.sum(1)
+    for schedule in ReductionTemplate().schedules(kernel_op, arch_named("H100-SXM")):
+        got = emulator.run_emulated(kernel_op, [x], schedule=schedule)
+        np.testing.assert_allclose(got, want, rtol=1e-6)          # an infinity's compensation was inf - inf

@@ -264,7 +264,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
                 lines += [f"    comp = lane < {warps}u ? partial_comp[lane] : {ident};"]
             lines += [shuffle]
         if kahan:
-            lines.append("    acc = kahan_plus(acc, comp);")
+            lines.append("    acc = kahan_total(acc, comp);")
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
         return "\n".join(lines)
 
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
             "    #pragma unroll",
             f"    for (int j = 0; j < {v}; ++j) {{",
             f"        for (int k = 1; k < {ry}; ++k) {merge}",
-            f"        const {a} acc_j = {'kahan_plus(acc[j], comp[j])' if kahan else 'acc[j]'};",
+            f"        const {a} acc_j = {'kahan_total(acc[j], comp[j])' if kahan else 'acc[j]'};",
             f"        out[o + j] = {store(op.result.dtype, value.replace('acc', 'acc_j'))};",
             "    }",
         ])

@@ -53,7 +53,7 @@ def kahan_helpers(block: bool, warps: int) -> str:
 }
 __device__ __forceinline__ float rowwise_warp_sum_kahan(float s, float c) {
     rowwise_warp_merge(s, c);
-    return kahan_plus(s, c);
+    return kahan_total(s, c);
 }"""
     if not block:
         return COMPENSATED_SUM_CUDA + warp
@@ -68,7 +68,7 @@ __device__ __forceinline__ float rowwise_block_sum_kahan(float s, float c) {{
     s = live ? partial_s[threadIdx.x % 32u] : 0.0f;
     c = live ? partial_c[threadIdx.x % 32u] : 0.0f;
     rowwise_warp_merge(s, c);
-    return kahan_plus(s, c);
+    return kahan_total(s, c);
 }}"""
 
 
