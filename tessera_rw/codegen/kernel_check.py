@@ -34,6 +34,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
+from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -90,9 +91,9 @@ def reduction_length(op: KernelOp) -> int:
     if kind is OpKind.NORMALIZATION:
         axes = attrs.get("axes") or (attrs["axis"],)
         return math.prod(op.result.shape[a] for a in axes)
-    if kind is OpKind.REDUCTION:
+    if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
-        shape = ops[0].shape
+        shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape
         return math.prod(shape[a] for a in (range(len(shape)) if axes is None else axes))
     if kind is OpKind.CONV:
         return math.prod(ops[1].shape[1:])           # in-channels per group x kernel window

@@ -283,6 +283,10 @@ def _reduction_ops() -> dict[str, KernelOp]:
                                                               "add($0,$1)", "max", (1,))),
         "fused sum rows f32 kahan": under(KAHAN, fused_reduce((((32, 3000), F32), ((32, 1), F32)),
                                                               "exp(sub($0,$1))", "sum", (1,), True)),
+        "fused sum rows f64": fused_reduce((((16, 300), DType.float64), ((300,), DType.float64)),
+                                           "add(mul($0,$1),$0)", "sum", (1,)),
+        "fused max columns int32": fused_reduce((((64, 40), DType.int32), ((64, 40), DType.int32)),
+                                                "add($0,$1)", "max", (0,)),
     }
 
 

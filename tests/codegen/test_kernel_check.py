@@ -142,3 +142,10 @@ def test_ragged_op_has_a_template_whose_kernel_compiles(name):
     assert found, f"no template accepts {op}"
     schedule = found[0].schedules(op, arch)[0]
     assert compile_cuda(found[0].emit(op, schedule, arch), arch.sm).spill_bytes == 0
+
+
+def test_a_fused_reduction_sums_over_its_operands_broadcast_together():
+    w, x = TensorType((4096,), DType.bfloat16), TensorType((8, 4096), DType.bfloat16)
+    over_rows = of("fused_reduction", w, x, expr="mul($0,$1)", reduce="sum", axes=(0,), keepdims=False)
+    over_columns = of("fused_reduction", w, x, expr="mul($0,$1)", reduce="sum", axes=(1,), keepdims=False)
+    assert kc.reduction_length(over_rows) == 8 and kc.reduction_length(over_columns) == 4096

@@ -1,8 +1,9 @@
 """The CUDA text of a reduction kernel's reads: its input parameters, each input's base pointer at
 an output, its loads at a step of the reduced walk (a vector, or one value where it is broadcast
 along the vector), and each vector lane's value. A plain reduction reads one tensor `x`; a
-fused_reduction reads its operands `in0…` and computes its expression on each lane in fp32,
-rounding the result to the expression's dtype as writing it would have.
+fused_reduction reads its operands `in0…` and computes its expression on each lane in each
+operand's compute type (fp32 for 16-bit floats, double, int), rounding the result to the
+expression's dtype as writing it would have.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.cuda_scalar import STORAGE, emit_tree, load, offset_expr, store
+from tessera_rw.codegen.templates.cuda_scalar import STORAGE, ctype, emit_tree, load, offset_expr, store
 from tessera_rw.codegen.templates.reduction_reads import Layout, Read, operand_reads, values_type
 
 
@@ -59,15 +60,15 @@ class Walk:
                 t = STORAGE[r.dtype]
                 lines.append(f"const vec_t<{t}, {v}> c{i} = *reinterpret_cast<const vec_t<{t}, {v}>*>(base{i} + ({at}));")
             else:
-                lines.append(f"const float s{i} = {load(r.dtype, f'base{i}[{at}]')};")
+                lines.append(f"const {ctype(r.dtype)} s{i} = {load(r.dtype, f'base{i}[{at}]')};")
         return lines
 
     def lane(self) -> tuple[list[str], str]:
         """(statements, the accumulator-typed value) of vector lane `j`."""
         if not self.fused:
             return [], f"({self.acc}){load(self.op.operands[0].dtype, 'c.v[j]')}"
-        lines = [f"const float x{i} = {load(r.dtype, f'c{i}.v[j]') if r.vector(self.lay.row) else f's{i}'};"
-                 for i, r in enumerate(self.reads)]
+        lines = [f"const {ctype(r.dtype)} x{i} = {load(r.dtype, f'c{i}.v[j]') if r.vector(self.lay.row) else f's{i}'};"
+                 for i, r in enumerate(self.reads)]     # each in its own compute type: double, int, or float
         leaves = [(f"x{i}", r.dtype) for i, r in enumerate(self.reads)]
         var, _ = emit_tree(parse_expr(self.op.attr_map["expr"]), leaves, lines, "e")
         values = values_type(self.op).dtype
