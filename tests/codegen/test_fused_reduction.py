@@ -49,14 +49,22 @@ def test_a_layer_norms_backward_reduces_without_writing_its_products():
     assert plan.count("fused_reduction") >= 4 and len(plan) <= 10          # 14 kernels when products were written
 
 
-def test_an_operand_broadcast_inside_a_coalesced_group_keeps_two_kernels():
-    # (64, 128) kept axes coalesce into one group; a (128, 1) operand repeats along the first only
-    xs = (TensorType((64, 128, 256), DType.bfloat16), TensorType((128, 1), DType.float32))
-    fused = of("fused_reduction", *xs, expr="mul($0,$1)", reduce="sum", axes=(2,), keepdims=False)
-    assert not ReductionTemplate().accepts(fused)
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_an_operand_broadcast_along_part_of_a_run_of_axes_splits_the_walk():
+    # (64, 128) would coalesce into one kept group; a (128, 1) operand repeats along the first only,
+    # and a loss Σ x·w over all axes with w (H,) repeats w along the rows only
+    xs = (TensorType((4, 8, 16), DType.float32), TensorType((8, 1), DType.float32))
+    split = of("fused_reduction", *xs, expr="mul($0,$1)", reduce="sum", axes=(2,), keepdims=False)
+    loss = of("fused_reduction", TensorType((6, 40), DType.float32), TensorType((40,), DType.float32),
+              expr="mul($0,$1)", reduce="sum", axes=(0, 1), keepdims=False)
     x, s = rng.standard_normal((4, 8, 16)).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
-    k = op.kernel(lambda x, s: op.sum(x * s, axis=2))
-    np.testing.assert_allclose(k(x, s), (x * s).sum(2), rtol=1e-5)
+    y, w = rng.standard_normal((6, 40)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    for kernel_op, args, want in ((split, [x, s], (x * s).sum(2)), (loss, [y, w], (y * w).sum())):
+        assert ReductionTemplate().accepts(kernel_op)
+        for schedule in ReductionTemplate().schedules(kernel_op, arch_named("H100-SXM")):
+            np.testing.assert_allclose(emulator.run_emulated(kernel_op, args, schedule=schedule), want, rtol=1e-5)
+    k = op.kernel(lambda y, w: op.sum(y * w))
+    assert steps(k, y, w) == ["fused_reduction"]
 
 
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")

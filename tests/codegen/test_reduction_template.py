@@ -9,7 +9,8 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.reduction import ReductionTemplate, layout
+from tessera_rw.codegen.templates.reduction import ReductionTemplate
+from tessera_rw.codegen.templates.reduction_reads import layout
 
 T = ReductionTemplate()
 SAMPLES = T.samples()

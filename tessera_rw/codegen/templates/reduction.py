@@ -37,7 +37,7 @@ from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
                                                       expr_ops, kernel_name, store, vector_widths, words)
-from tessera_rw.codegen.templates.reduction_reads import Layout, layout, operand_reads, values_type
+from tessera_rw.codegen.templates.reduction_reads import Layout, operand_reads, reduction_layout, values_type
 from tessera_rw.codegen.templates.reduction_walk import Walk
 
 MAX_INDEX = 2**31        # row and offset math is 32-bit
@@ -68,8 +68,7 @@ class ReductionTemplate(Template):
         if op.op not in self.ops or not op.operands:
             return False
         values = values_type(op)
-        return (all(t.dtype in SUPPORTED for t in (*op.operands, values, op.result)) and 0 < values.numel < MAX_INDEX
-                and (op.op != "fused_reduction" or operand_reads(op) is not None))
+        return all(t.dtype in SUPPORTED for t in (*op.operands, values, op.result)) and 0 < values.numel < MAX_INDEX
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return tuple(dict.fromkeys(expr_ops(parse_expr(op.attr_map["expr"])))) if op.op == "fused_reduction" else ()
@@ -83,7 +82,7 @@ class ReductionTemplate(Template):
         return "row" if self._layout(op).row else "column"
 
     def _layout(self, op: KernelOp) -> Layout:
-        return layout(values_type(op), tuple(op.attr_map["axes"]))
+        return reduction_layout(op)
 
     def _vecs(self, op: KernelOp, lay: Layout) -> list[int]:
         inner = lay.red[-1] if lay.row else lay.kept[-1]
@@ -168,7 +167,7 @@ class ReductionTemplate(Template):
         # ptxas keeps fewer of a row walk's several vectors in flight.
         acc = words(self._acc(op))
         fused = op.op == "fused_reduction"
-        reads = operand_reads(op) or () if fused else ()
+        reads = operand_reads(op) if fused else ()
         loaded = (sum(max(1, s.vec * r.dtype.itemsize // 4) if r.vector(lay.row) else 1 for r in reads) if fused
                   else max(1, s.vec * op.operands[0].dtype.itemsize // 4))
         operands = REG_FUSED_OPERAND * len(reads)

@@ -1,7 +1,8 @@
 """What a reduction kernel reads: one tensor (sum, mean, max, min), or the operands of the
 elementwise expression a fused_reduction computes as it reads them, each walked over the
 reduction's coalesced groups of kept and reduced axes with strides of its own (0 where it is
-broadcast: a layer norm's per-row statistics, a weight shared by the rows).
+broadcast: a layer norm's per-row statistics, a weight shared by the rows). Adjacent axes merge
+into one group only where every operand walks them as one.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x, stats = TensorType((8, 64), DType.bfloat16), TensorType((8, 1), DType.float32)
@@ -14,6 +15,7 @@ broadcast: a layer norm's per-row statistics, a weight shared by the rows).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
@@ -41,13 +43,17 @@ class Layout:
         return math.prod(self.red)
 
 
-def _groups(shape: tuple[int, ...], axes: tuple[int, ...]) -> list[tuple[list[int], bool]]:
-    """Adjacent axes (size 1 skipped) that are all reduced or all kept: (their axes, reduced)."""
+def _groups(shape: tuple[int, ...], axes: tuple[int, ...],
+            walks: Sequence[tuple[int, ...]] = ()) -> list[tuple[list[int], bool]]:
+    """Adjacent axes (size 1 skipped) that are all reduced or all kept and that every operand walks
+    as one (`walks`: each operand's per-axis strides, 0 where it is broadcast): (their axes, reduced).
+    An operand broadcast along some axes of a run but not others splits it."""
     groups: list[tuple[list[int], bool]] = []
     for axis, size in enumerate(shape):
         if size == 1:
             continue
-        if groups and groups[-1][1] == (axis in axes):
+        if groups and groups[-1][1] == (axis in axes) and \
+                all(walk[groups[-1][0][-1]] == walk[axis] * size for walk in walks):
             groups[-1][0].append(axis)
         else:
             groups.append(([axis], axis in axes))
@@ -62,8 +68,9 @@ def _split(groups, strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int
     return kept, red
 
 
-def layout(x: TensorType, axes: tuple[int, ...]) -> Layout:
-    groups = _groups(x.shape, axes)
+def layout(x: TensorType, axes: tuple[int, ...], walks: Sequence[tuple[int, ...]] = ()) -> Layout:
+    """The values `x` as the reduction over `axes` walks them; `walks` as in _groups."""
+    groups = _groups(x.shape, axes, walks)
     sizes = tuple(math.prod(x.shape[a] for a in g) for g, _ in groups)
     kept_strides, red_strides = _split(groups, contiguous_strides(sizes))
     kept = tuple(n for (_, red), n in zip(groups, sizes) if not red) or (1,)
@@ -91,21 +98,25 @@ def values_type(op: KernelOp) -> TensorType:
     return op.operands[0]
 
 
-def operand_reads(op: KernelOp) -> tuple[Read, ...] | None:
-    """Each operand's walk, or None when one cannot be walked with a stride per group (it is
-    broadcast along some axes of a group but not all)."""
+def operand_walks(op: KernelOp) -> list[tuple[int, ...]]:
+    """Each operand's per-axis strides over the values (0 where it is broadcast); none for a plain
+    reduction, which reads the values themselves."""
+    if op.op != "fused_reduction":
+        return []
     values = values_type(op)
-    groups = _groups(values.shape, tuple(op.attr_map["axes"]))
-    found = []
-    for t in op.operands:
-        per_axis = broadcast_strides(values.shape, t.shape)
-        strides = []
-        for axes_of_group, _ in groups:
-            inner = per_axis[axes_of_group[-1]]
-            expected = [inner * math.prod(values.shape[b] for b in axes_of_group[i + 1:])
-                        for i in range(len(axes_of_group))]
-            if [per_axis[a] for a in axes_of_group] != expected:
-                return None
-            strides.append(inner)
-        found.append(Read(t.dtype, *_split(groups, tuple(strides))))
-    return tuple(found)
+    return [broadcast_strides(values.shape, t.shape) for t in op.operands]
+
+
+def reduction_layout(op: KernelOp) -> Layout:
+    """The layout the kernel of `op` walks: its groups split wherever an operand's broadcast needs."""
+    return layout(values_type(op), tuple(op.attr_map["axes"]), operand_walks(op))
+
+
+def operand_reads(op: KernelOp) -> tuple[Read, ...]:
+    """Each operand's walk: its stride in each group of reduction_layout (that of the group's
+    innermost axis: the groups are split so that each operand walks each of them as one)."""
+    values = values_type(op)
+    walks = operand_walks(op)
+    groups = _groups(values.shape, tuple(op.attr_map["axes"]), walks)
+    return tuple(Read(t.dtype, *_split(groups, tuple(walk[g[-1]] for g, _ in groups)))
+                 for t, walk in zip(op.operands, walks))

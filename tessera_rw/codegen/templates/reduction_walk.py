@@ -29,9 +29,7 @@ class Walk:
 
     @property
     def reads(self) -> tuple[Read, ...]:
-        found = operand_reads(self.op)
-        assert found is not None, "the template accepts only walkable operands"
-        return found
+        return operand_reads(self.op)
 
     def params(self) -> str:
         if not self.fused:
