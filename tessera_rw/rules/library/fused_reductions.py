@@ -10,14 +10,12 @@ it once against computing it again in the reduction.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.ops.fused import MAX_FUSED_INPUTS, REDUCES
 from tessera_rw.rules.library.algebra import rand
-from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, expression_over
+from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, expression_over, with_parameters
 from tessera_rw.rules.pattern import TermBuilder
 from tessera_rw.rules.rule import Rule
 
@@ -36,9 +34,7 @@ def _example(reduce: str, n: int):
 
         def body(*args):
             return getattr(op, reduce)(expression_over(list(args)), axis=axis, keepdims=bool(axis))
-        body.__signature__ = inspect.Signature(
-            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
-        return body, inputs
+        return with_parameters(body, names), inputs
     return example
 
 

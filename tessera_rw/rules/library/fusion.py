@@ -79,6 +79,12 @@ def expression_over(args):
     return out
 
 
+def with_parameters(fn, names: list[str]):
+    """`fn(*args)` presented as taking parameters `names` (an example's inputs are passed by name)."""
+    fn.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+    return fn
+
+
 def _merge_example(n: int, m: int, k: int):
     def example(rng: np.random.Generator):
         shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
@@ -90,9 +96,7 @@ def _merge_example(n: int, m: int, k: int):
             inner = op.exp(vals[n - 1]) if m == 1 else expression_over(vals[n - 1:])
             outer_args = vals[:k] + [inner] + vals[k:n - 1]
             return expression_over(outer_args) * 2.0
-        body.__signature__ = inspect.Signature(
-            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
-        return body, inputs
+        return with_parameters(body, names), inputs
     return example
 
 
@@ -136,9 +140,7 @@ def _norm_example(norm: str, n: int, params: int):
             if norm in ("softmax", "log_softmax"):
                 return getattr(op, norm)(row, axis=-1)
             return getattr(op, norm)(row, *args[n:])
-        body.__signature__ = inspect.Signature(
-            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
-        return body, inputs
+        return with_parameters(body, names), inputs
     return example
 
 
@@ -179,9 +181,7 @@ def _epilogue_example(n: int, k: int, p: int):
             normed = op.softmax(expression_over(list(args[:p])), axis=-1)
             rest = list(args[p:])
             return expression_over(rest[:k] + [normed] + rest[k:])
-        body.__signature__ = inspect.Signature(
-            [inspect.Parameter(nm, inspect.Parameter.POSITIONAL_OR_KEYWORD) for nm in names])
-        return body, inputs
+        return with_parameters(body, names), inputs
     return example
 
 
