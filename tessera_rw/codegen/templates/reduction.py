@@ -1,6 +1,9 @@
-"""Reductions (sum, mean, max, min over any axes): a row reduce or a column reduce.
+"""Reductions (sum, mean, max, min over any axes): a row reduce or a column reduce, of a tensor
+or of an elementwise expression computed as its operands are read (fused_reduction: the walk's
+reads are reduction_walk.py's, each operand's strides reduction_reads.py's).
 
-Adjacent axes that are both reduced or both kept are coalesced, leaving alternating groups.
+Adjacent axes that are both reduced or both kept are coalesced (where every operand walks them
+as one), leaving alternating groups.
 When the innermost group is reduced (a "row reduce", e.g. sum over the last axis), `split`
 threads (a warp, or the whole block for long rows) stride along one output's reduced elements
 with vector loads and combine through warp shuffles (and shared memory across warps). When the
