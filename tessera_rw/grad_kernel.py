@@ -36,7 +36,8 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import Traced, trace
-from tessera_rw.kernel import BoundCall, Kernel, holds_symbolic
+from tessera_rw.bound_call import BoundCall, holds_symbolic
+from tessera_rw.kernel import Kernel
 from tessera_rw.method_kernels import BoundKernel
 
 Argnums = int | tuple[int, ...]

@@ -14,11 +14,9 @@ tensor((8, 4), bfloat16)
 
 from __future__ import annotations
 
-import enum
 import functools
 import inspect
-import numbers
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import numpy as np
@@ -29,9 +27,10 @@ from tessera_rw.algebra.captures import function_name, note_nested
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.pytree import TreeDef, flatten, is_container, leaves_of
-from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
+from tessera_rw.algebra.pytree import flatten, is_container
+from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
+from tessera_rw.bound_call import BoundCall, Signature, holds_symbolic, is_static, static_key
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.method_kernels import BoundKernel, InstanceKernels
 
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
     from tessera_rw.tune.plan_tuner import TuneSettings
     from tessera_rw.tune.space import SpaceRestriction
 
-Signature = tuple[tuple[str, Hashable], ...]
 _AUTOTUNE: list = []
 
 
@@ -52,48 +50,6 @@ def _autotune():
         from tessera_rw.tuning import autotune
         _AUTOTUNE.append(autotune)
     return _AUTOTUNE[0]
-
-
-def is_static(value: Any) -> bool:
-    """Python values a kernel bakes into its trace (part of the signature): numbers, strings,
-    None, enums and tuples of them. Tensors, arrays and placeholders are inputs."""
-    if isinstance(value, (numbers.Number, np.generic, str, type(None), enum.Enum)):
-        return True
-    return isinstance(value, tuple) and all(is_static(v) for v in value)
-
-
-@dataclass(frozen=True)
-class BoundCall:
-    """One call's arguments sorted out: tensor types, their values (if any), static scalars, and
-    the structure of each container argument (whose leaves are among the others, by path name:
-    `params.w1`)."""
-    tensors: dict[str, TensorType]
-    values: dict[str, Any]
-    statics: dict[str, Any]
-    placeholders: bool
-    trees: dict[str, TreeDef]
-
-    @functools.cached_property
-    def signature(self) -> Signature:
-        return tuple((n, t) for n, t in self.tensors.items()) + tuple(
-            (n, ("static", type(v).__name__, static_key(v))) for n, v in self.statics.items()) + tuple(
-            (n, ("tree", tree)) for n, tree in self.trees.items())
-
-
-def static_key(value: Any) -> Any:
-    """A static value as a signature holds it: floats by their bits, so that -0.0 and 0.0 trace apart
-    and a NaN finds its own trace again.
-
-    >>> static_key(-0.0) == static_key(0.0), static_key(float("nan")) == static_key(float("nan"))
-    (False, True)
-    """
-    if isinstance(value, float):
-        return value.hex()
-    if isinstance(value, complex):
-        return value.real.hex(), value.imag.hex()
-    if isinstance(value, tuple):
-        return tuple(static_key(v) for v in value)
-    return value
 
 
 RETRACE_WARNING_AFTER = 8  # distinct values of one float argument before a call says each retraces
@@ -380,11 +336,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tessera_rw kernel {self.name}: {len(self._traces)} traced signature(s)>"
-
-
-def holds_symbolic(args: tuple, kwargs: dict) -> bool:
-    """Whether a call's arguments hold a symbolic tensor (the call is inside another's trace)."""
-    return any(isinstance(leaf, SymbolicTensor) for leaf in leaves_of((args, kwargs)))
 
 
 def kernel(fn: Callable) -> Kernel | BoundKernel:

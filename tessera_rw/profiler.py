@@ -30,15 +30,13 @@ per plan run. Costing happens when the records are first read, never while the k
 from __future__ import annotations
 
 import json
-import math
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -50,70 +48,13 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.step_timing import EMULATOR, HOST, PlanRun, host_clock, recording
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
+from tessera_rw.host_roofline import HostRoofline, host_roofline, saw_host_rate
 from tessera_rw.tune.cost import kernel_cost, timing
 from tessera_rw.tune.extract import fusion_depth
 
 __all__ = ["session", "Session", "KernelRecord", "HostRoofline", "host_roofline", "report", "timeline", "COLUMNS"]
 
 COLUMNS = ("Op", "Latency(ms)", "FLOPs(G)", "Bandwidth(GB/s)", "Efficiency(%)")
-
-# The host roofline's probes: big enough to leave the caches and reach BLAS's steady state, small
-# enough that measuring both stays near 30 ms.
-HOST_MATMUL_N = 512
-HOST_COPY_BYTES = 32 << 20
-HOST_PROBE_REPS = 3
-
-
-@dataclass(frozen=True)
-class HostRoofline:
-    """What this host's numpy reaches: FLOP/s of a float32 matmul, bytes/s of a large copy."""
-    flops_per_s: float
-    bytes_per_s: float
-
-    def __str__(self) -> str:
-        return (f"the host roofline (numpy executor): {self.flops_per_s / 1e9:.0f} GFLOP/s float32 matmul, "
-                f"{self.bytes_per_s / 1e9:.1f} GB/s copy")
-
-
-def _best_ns(fn) -> int:
-    fn()                                   # warm-up: thread pools start, pages get mapped
-    best = math.inf
-    for _ in range(HOST_PROBE_REPS):
-        start = host_clock()
-        fn()
-        best = min(best, host_clock() - start)
-    return max(int(best), 1)
-
-
-@cache
-def _measured_host_roofline() -> HostRoofline:
-    a = np.full((HOST_MATMUL_N, HOST_MATMUL_N), 0.5, np.float32)
-    matmul_ns = _best_ns(lambda: a @ a)
-    src = np.ones(HOST_COPY_BYTES // 8)
-    dst = np.empty_like(src)
-    copy_ns = _best_ns(lambda: np.copyto(dst, src))
-    return HostRoofline(2 * HOST_MATMUL_N ** 3 / matmul_ns * 1e9, 2 * src.nbytes / copy_ns * 1e9)  # read + write
-
-
-_HOST_SEEN = [0.0, 0.0]     # the best FLOP/s and bytes/s a profiled host kernel reached
-
-
-def host_roofline() -> HostRoofline:
-    """The host's roofline: measured on first use (a float32 matmul, a large copy), raised to any
-    rate a profiled kernel reached since (a probe run while the machine was busy reads low, and
-    an efficiency over 100% would say nothing).
-
-    >>> host_roofline().flops_per_s > 0 and host_roofline().bytes_per_s > 0
-    True
-    """
-    probe = _measured_host_roofline()
-    return HostRoofline(max(probe.flops_per_s, _HOST_SEEN[0]), max(probe.bytes_per_s, _HOST_SEEN[1]))
-
-
-def _saw_host_rate(flops: float, nbytes: float, duration_ns: int) -> None:
-    _HOST_SEEN[0] = max(_HOST_SEEN[0], flops / max(duration_ns, 1) * 1e9)
-    _HOST_SEEN[1] = max(_HOST_SEEN[1], nbytes / max(duration_ns, 1) * 1e9)
-
 
 @dataclass(frozen=True)
 class KernelRecord:
@@ -262,7 +203,7 @@ class Session:
             costs = [self._cost(run, step) for run, step, _, _ in fresh]
             for (run, _, _, duration_ns), cost in zip(fresh, costs):
                 if run.device == HOST:              # the host demonstrably reaches this rate
-                    _saw_host_rate(cost.flops, cost.hbm_bytes, duration_ns)
+                    saw_host_rate(cost.flops, cost.hbm_bytes, duration_ns)
             for (run, step, start_ns, duration_ns), cost in zip(fresh, costs):
                 roofline_ns, roofline, text = self._roofline(run, cost)
                 self._rooflines[roofline] = text

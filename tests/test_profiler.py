@@ -340,8 +340,9 @@ def test_kernels_run_in_the_emulator_are_recorded_and_labelled(monkeypatch):
 
 
 def test_a_host_roofline_probed_low_is_raised_to_what_kernels_reach(monkeypatch):
-    monkeypatch.setattr(profiler, "_measured_host_roofline", lambda: profiler.HostRoofline(1.0, 1.0))
-    monkeypatch.setattr(profiler, "_HOST_SEEN", [0.0, 0.0])
+    from tessera_rw import host_roofline
+    monkeypatch.setattr(host_roofline, "_measured_host_roofline", lambda: profiler.HostRoofline(1.0, 1.0))
+    monkeypatch.setattr(host_roofline, "_HOST_SEEN", [0.0, 0.0])
     k = op.kernel(lambda a, b: op.softmax(a @ b, axis=-1))
     a = RNG.standard_normal((64, 64)).astype(np.float32)
     with profiler.session() as p:

@@ -19,10 +19,11 @@ from rich.table import Table
 
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.pytree import flatten
+from tessera_rw.bound_call import is_static
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
 from tessera_rw.codegen.plan_binding import NoTemplateError
 from tessera_rw.explain_report import ExplainReport, explain_report
-from tessera_rw.kernel import Kernel, is_static
+from tessera_rw.kernel import Kernel
 from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import explain_renderables, report_table

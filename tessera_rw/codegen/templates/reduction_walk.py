@@ -9,6 +9,7 @@ expression's dtype as writing it would have.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from tessera_rw.algebra.ops.fused import parse_expr
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -27,7 +28,7 @@ class Walk:
     def fused(self) -> bool:
         return self.op.op == "fused_reduction"
 
-    @property
+    @cached_property
     def reads(self) -> tuple[Read, ...]:
         return operand_reads(self.op)
 
