@@ -84,6 +84,12 @@ def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
                               has_bias=weights and name == "layernorm"))
 
 
+def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
+    x, w = TensorType((rows, cols), dtype), TensorType((cols,), dtype)
+    return under(numerics, of("norm_backward", x, x, *((w,) if weights else ()), norm=norm, axes=(1,), eps=1e-5,
+                              has_weight=weights))
+
+
 def reduce(name, shape, dtype, axes, keepdims=False, numerics=None) -> KernelOp:
     return under(numerics, of(name, TensorType(shape, dtype), axes=axes, keepdims=keepdims))
 
@@ -255,6 +261,15 @@ def _rowwise_ops() -> dict[str, KernelOp]:
         "rmsnorm rows of 4096 bf16 kahan": rowwise("rmsnorm", 8, 4096, BF16, KAHAN),
         "softmax rows of 65536 f32 kahan": rowwise("softmax", 2, 65536, F32, KAHAN),
         "layernorm rows of 65536 f32 kahan": rowwise("layernorm", 2, 65536, F32, KAHAN, weights=False),
+        # the input gradients: resident (block and warp per row, ragged), looped
+        "layernorm backward rows of 768 bf16": norm_backward("layernorm", 32, 768, BF16),
+        "rmsnorm backward rows of 4096 bf16": norm_backward("rmsnorm", 8, 4096, BF16),
+        "layernorm backward rows of 100 f32 no weight": norm_backward("layernorm", 48, 100, F32, weights=False),
+        "rmsnorm backward rows of 3 f16": norm_backward("rmsnorm", 16, 3, F16),
+        "layernorm backward rows of 65536 f32": norm_backward("layernorm", 2, 65536, F32),
+        "rmsnorm backward rows of 65536 bf16 no weight": norm_backward("rmsnorm", 2, 65536, BF16, weights=False),
+        "layernorm backward rows of 768 bf16 kahan": norm_backward("layernorm", 32, 768, BF16, KAHAN),
+        "layernorm backward rows of 65536 f32 kahan": norm_backward("layernorm", 2, 65536, F32, KAHAN),
     }
 
 

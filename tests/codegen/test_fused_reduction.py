@@ -41,12 +41,12 @@ def test_the_explain_report_names_the_reduction_and_what_it_fused():
     assert [(k.kind, k.fused) for k in kernels] == [("reduction", ("mul", "sub"))]
 
 
-def test_a_layer_norms_backward_reduces_without_writing_its_products():
+def test_a_layer_norms_weight_and_bias_gradients_reduce_without_writing_their_products():
     x, g, b, dy = (op.tensor((8192, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((4096,), "bf16"),
                    op.tensor((8192, 4096), "bf16"))
-    grad = op.grad(lambda x, g, b, dy: op.sum(op.layernorm(x, g, b) * dy), argnums=(0, 1, 2))
+    grad = op.grad(lambda x, g, b, dy: op.sum(op.layernorm(x, g, b) * dy), argnums=(1, 2))
     plan = steps(grad, x, g, b, dy)
-    assert plan.count("fused_reduction") >= 4 and len(plan) <= 10          # 14 kernels when products were written
+    assert plan.count("fused_reduction") >= 2 and len(plan) <= 5      # 9 kernels when products were written
 
 
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")

@@ -225,13 +225,14 @@ NORMALIZATIONS = ("softmax", "log_softmax", "layernorm", "rmsnorm")
 NO_EPILOGUE = "$0"
 
 
-def _leaves(tree) -> set[int]:
-    return {tree} if isinstance(tree, int) else set().union(*(_leaves(a) for a in tree[1:]))
+def expr_leaves(tree) -> set[int]:
+    """The operand indices a parsed expression reads."""
+    return {tree} if isinstance(tree, int) else set().union(*(expr_leaves(a) for a in tree[1:]))
 
 
 def _split(xs: tuple, has_weight: bool, has_bias: bool, post: str) -> tuple[tuple, tuple, tuple]:
     """(prologue inputs, weight/bias, epilogue inputs) of a fused_normalization's operands."""
-    after = max(_leaves(parse_expr(post)))
+    after = max(expr_leaves(parse_expr(post)))
     params = has_weight + has_bias
     before = len(xs) - params - after
     if before < 1:

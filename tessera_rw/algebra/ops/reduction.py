@@ -106,7 +106,7 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
         return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
-def _infer_norm(x: TensorType, *params: TensorType, axes: tuple[int, ...], eps: float,
+def infer_norm(x: TensorType, *params: TensorType, axes: tuple[int, ...], eps: float,
                 has_weight: bool, has_bias: bool) -> TensorType:
     if len(params) != has_weight + has_bias:
         raise ShapeError(f"expected {has_weight + has_bias} parameter operands, got {len(params)}")
@@ -166,38 +166,36 @@ def _log_softmax_vjp(g, y, x, axis):
     return (g - api.exp(y) * api.sum(g, axis=axis, keepdims=True),)
 
 
-def _affine_vjp(g, xhat, params, has_weight: bool, has_bias: bool):
-    """(cotangent of the normalized x̂, cotangents of weight and bias) of y = x̂ · weight + bias."""
-    it = iter(params)
-    weight = next(it) if has_weight else None
-    bias = next(it) if has_bias else None
-    grads = []
-    if has_weight:
-        grads.append(unbroadcast(g * xhat, weight))
-    if has_bias:
-        grads.append(unbroadcast(g, bias))
-    return (g * weight if has_weight else g), grads
+def norm_input_grad(gxhat, x, *, norm: str, axes: tuple[int, ...], eps: float):
+    """(dx, x̂, r) of a layernorm or rmsnorm over `axes` given the cotangent of x̂, in ops: the VJPs
+    below, and the pattern the `gradient` ruleset fuses into one norm_backward (norm_backward.py).
 
-
-def _layernorm_vjp(g, y, x, *params, axes, eps, has_weight, has_bias):
-    # x̂ = (x - μ) r with r = 1/sqrt(var + eps): dx = r (gx̂ - mean(gx̂) - x̂ mean(gx̂ x̂))
+    layernorm: x̂ = (x - μ) r with r = 1/sqrt(var + eps): dx = r (gx̂ - mean(gx̂) - x̂ mean(gx̂ x̂))
+    rmsnorm:   x̂ = x r with r = 1/sqrt(mean(x²) + eps):   dx = r (gx̂ - x̂ mean(gx̂ x̂))
+    """
     def mean(t):
         return api.mean(t, axis=axes, keepdims=True)
-    centered = x - mean(x)
-    rstd = api.rsqrt(mean(centered * centered) + eps)
-    xhat = centered * rstd
-    gxhat, grads = _affine_vjp(g, xhat, params, has_weight, has_bias)
-    return (unbroadcast(rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)), x), *grads)
-
-
-def _rmsnorm_vjp(g, y, x, *params, axes, eps, has_weight, has_bias):
-    # x̂ = x r with r = 1/sqrt(mean(x²) + eps): dx = r (gx̂ - x̂ mean(gx̂ x̂))
-    def mean(t):
-        return api.mean(t, axis=axes, keepdims=True)
+    if norm == "layernorm":
+        centered = x - mean(x)
+        rstd = api.rsqrt(mean(centered * centered) + eps)
+        xhat = centered * rstd
+        return rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)), xhat, rstd
     rstd = api.rsqrt(mean(x * x) + eps)
     xhat = x * rstd
-    gxhat, grads = _affine_vjp(g, xhat, params, has_weight, has_bias)
-    return (unbroadcast(rstd * (gxhat - xhat * mean(gxhat * xhat)), x), *grads)
+    return rstd * (gxhat - xhat * mean(gxhat * xhat)), xhat, rstd
+
+
+def _norm_vjp(norm: str):
+    def vjp(g, y, x, *params, axes, eps, has_weight, has_bias):
+        it = iter(params)
+        weight = next(it) if has_weight else None
+        gxhat = g * weight if has_weight else g
+        dx, xhat, _ = norm_input_grad(gxhat, x, norm=norm, axes=axes, eps=eps)
+        grads = [unbroadcast(g * xhat, weight)] if has_weight else []
+        if has_bias:
+            grads.append(unbroadcast(g, next(it)))
+        return (unbroadcast(dx, x), *grads)
+    return vjp
 
 
 NORMALIZATIONS = (
@@ -205,10 +203,10 @@ NORMALIZATIONS = (
           vjp=_softmax_vjp),
     OpDef("log_softmax", ("x",), OpKind.NORMALIZATION, _infer_row, _log_softmax,
           lambda out, x, axis: 5 * x.numel, vjp=_log_softmax_vjp),
-    OpDef("layernorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, _infer_norm, _layernorm,
-          _norm_flops(7), variadic=True, vjp=_layernorm_vjp),
-    OpDef("rmsnorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, _infer_norm, _rmsnorm,
-          _norm_flops(4), variadic=True, vjp=_rmsnorm_vjp),
+    OpDef("layernorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, infer_norm, _layernorm,
+          _norm_flops(7), variadic=True, vjp=_norm_vjp("layernorm")),
+    OpDef("rmsnorm", ("x", "weight", "bias"), OpKind.NORMALIZATION, infer_norm, _rmsnorm,
+          _norm_flops(4), variadic=True, vjp=_norm_vjp("rmsnorm")),
 )
 
 DEFS = REDUCTIONS + NORMALIZATIONS

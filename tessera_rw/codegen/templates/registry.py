@@ -34,6 +34,7 @@ BUILTIN = (
     ("attention_backward", "FlashAttentionBwdTemplate"),
     ("attention_stats", "AttentionStatsFromLseTemplate"),
     ("rowwise", "RowwiseTemplate"),
+    ("norm_backward", "NormBackwardTemplate"),
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
     ("copy", "CopyTemplate"),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused import parse_expr
+from tessera_rw.algebra.ops.fused import expr_leaves, parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -77,13 +77,16 @@ def row_spec(op: KernelOp) -> RowSpec:
     a, xs = op.attr_map, op.operands
     if op.op in ("softmax", "log_softmax"):
         return RowSpec(op.op, xs, 0, None, None, (), 0, 0.0, 1 if a["axis"] == xs[0].ndim - 1 else 0)
+    if op.op == "norm_backward":         # x and its cotangent g are the rows read; the weight scales g
+        return RowSpec(a["norm"], xs[:2], 0, xs[2] if a["has_weight"] else None, None, (), 0, float(a["eps"]),
+                       len(a["axes"]))
     if op.op in ("layernorm", "rmsnorm"):
         params = iter(xs[1:])
         w = next(params) if a["has_weight"] else None
         b = next(params) if a["has_bias"] else None
         return RowSpec(op.op, xs[:1], 0, w, b, (), 0, float(a["eps"]), len(a["axes"]))
     post = parse_expr(a["post"])
-    after = max(_leaves(post))
+    after = max(expr_leaves(post))
     n_params = a["has_weight"] + a["has_bias"]
     before = len(xs) - n_params - after
     params = iter(xs[before:before + n_params])
@@ -95,15 +98,12 @@ def row_spec(op: KernelOp) -> RowSpec:
                    float(a.get("eps", 0.0)), len(axes) if trailing else 0)
 
 
-def _leaves(tree) -> set[int]:
-    return {tree} if isinstance(tree, int) else set().union(*(_leaves(t) for t in tree[1:]))
-
-
 class RowwiseTemplate(Template):
     """softmax / log_softmax (kind 'softmax'), layernorm / rmsnorm (kind 'layernorm'), fused_normalization."""
 
     kind = "softmax"
     ops = frozenset({"softmax", "log_softmax", "layernorm", "rmsnorm", "fused_normalization"})
+    rows_held = 1             # rows of values a thread keeps in registers when resident
 
     def kind_of(self, op: KernelOp) -> str:
         return NORMS[row_spec(op).norm]
@@ -131,8 +131,12 @@ class RowwiseTemplate(Template):
         _, length = self._row(op)
         return math.ceil(length / (s.threads // s.rows_per_block * s.vec)) * s.vec
 
+    def row_values(self, op: KernelOp, s: RowwiseSchedule) -> int:
+        """The fp32 values a thread holds when its share of the row stays in registers."""
+        return self.rows_held * self.elements_per_thread(op, s)
+
     def resident(self, op: KernelOp, s: RowwiseSchedule) -> bool:
-        return self.elements_per_thread(op, s) <= MAX_RESIDENT
+        return self.row_values(op, s) <= MAX_RESIDENT
 
     def _vec_ok(self, op: KernelOp, v: int) -> bool:
         _, length = self._row(op)
@@ -145,7 +149,7 @@ class RowwiseTemplate(Template):
         v = next(v for v in (8, 4, 2, 1) if self._vec_ok(op, v))
         warp = [RowwiseSchedule(t, v, t // WARP_SIZE) for t in (256, 128)]
         block = [RowwiseSchedule(t, v, 1) for t in (128, 256, 512, 1024)]
-        if length <= WARP_SIZE * MAX_RESIDENT and length >= WARP_SIZE * v:
+        if length <= WARP_SIZE * MAX_RESIDENT // self.rows_held and length >= WARP_SIZE * v:
             return tuple(warp)
         # The widest blocks whose threads each load at least two vectors of the row: with one, the
         # loads in flight are too few (on an H200, 4096-long bf16 rows ran 1.2x slower at one vector
@@ -188,7 +192,7 @@ class RowwiseTemplate(Template):
             in_flight = min(rows, arch.sm_count * (arch.max_warps_per_sm * WARP_SIZE // s.threads) * s.rows_per_block)
             row_bytes = reads // rows
             if in_flight * row_bytes > arch.l2_bytes:
-                hbm += (LOOPED_PASSES[spec.norm] - 1) * reads
+                hbm += (self.looped_passes(op) - 1) * reads
         # block mode: one fp32 partial per warp for each statistic reduced across the block (a sum
         # under kahan_sum is a pair)
         sums = 2 if op.numerics is Numerics.KAHAN_SUM else 1
@@ -210,7 +214,7 @@ class RowwiseTemplate(Template):
         if op.numerics is Numerics.KAHAN_SUM:
             regs += REG_KAHAN
         if self.resident(op, s):
-            return round(REG_BASE + REG_PER_VALUE * self.elements_per_thread(op, s) + regs)
+            return round(REG_BASE + REG_PER_VALUE * self.row_values(op, s) + regs)
         return round(REG_LOOPED_BASE + regs)
 
     # -- emission -----------------------------------------------------------------------------
@@ -230,39 +234,33 @@ class RowwiseTemplate(Template):
             found.append((how, offset_expr("row", rs, rst), cs, cst))
         return found
 
+    def read(self, op: KernelOp, acc: list[tuple], i: int, which: str, v: int) -> tuple[list[str], str]:
+        """Lines loading operand i's vector at column c (named `which`i), and its lane-j value."""
+        how, row_off, cs, cst = acc[i]
+        t = op.operands[i].dtype
+        if how == "row":
+            return [], f"r{i}"
+        if how == "gather":
+            return [], load(t, f"in{i}[{row_off} + {offset_expr('(c + j)', cs, cst)}]")
+        col = offset_expr("c", cs, cst)
+        vt = f"vec_t<{STORAGE[t]}, {v}>"
+        return [f"const {vt} {which}{i} = *reinterpret_cast<const {vt}*>(in{i} + {row_off} + {col});"], \
+            load(t, f"{which}{i}.v[j]")
+
     def emit(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> KernelSource:
         spec = row_spec(op)
         rows, length = self._row(op)
         v, tpr = s.vec, s.threads // s.rows_per_block
-        name = kernel_name(self.kind_of(op), op, s)
         acc = self._accesses(op)
-        params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
-        params.append(f"{STORAGE[op.result.dtype]}* __restrict__ out")
         n_pro, has_w = len(spec.prologue), spec.weight is not None
         w_i = n_pro if has_w else None
         b_i = n_pro + has_w if spec.bias is not None else None
         epi = list(range(n_pro + has_w + (spec.bias is not None), len(op.operands)))
-        block = s.rows_per_block == 1
-        red_sum, red_max = ("rowwise_block_sum", "rowwise_block_max") if block else ("warp_sum", "warp_max")
-        kahan = op.numerics is Numerics.KAHAN_SUM
-        sums = Sums("rowwise_block_sum_kahan" if block else "rowwise_warp_sum_kahan", kahan) if kahan \
-            else Sums(red_sum, kahan)
+        sums, red_max = self.reductions(op, s)
         idx = index_type(op.result.numel)
-        hoisted = [f"const float r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
-                   for i, t in enumerate(op.operands) if acc[i][0] == "row"]
 
         def gather(i: int, which: str) -> tuple[list[str], str]:
-            """Lines loading operand i's vector at column c, and its lane-j value expression."""
-            how, row_off, cs, cst = acc[i]
-            t = op.operands[i].dtype
-            if how == "row":
-                return [], f"r{i}"
-            if how == "gather":
-                return [], load(t, f"in{i}[{row_off} + {offset_expr('(c + j)', cs, cst)}]")
-            col = offset_expr("c", cs, cst)
-            vt = f"vec_t<{STORAGE[t]}, {v}>"
-            return [f"const {vt} {which}{i} = *reinterpret_cast<const {vt}*>(in{i} + {row_off} + {col});"], \
-                load(t, f"{which}{i}.v[j]")
+            return self.read(op, acc, i, which, v)
 
         def prologue(target: str) -> list[str]:
             lines, lanes = [], []
@@ -301,13 +299,36 @@ class RowwiseTemplate(Template):
 
         stats = (resident_statistics if self.resident(op, s) else looped_statistics)(
             spec, length, v, tpr, sums, red_max, prologue, epilogue)
+        return self.kernel_source(op, s, arch, acc, stats)
+
+    def reductions(self, op: KernelOp, s: RowwiseSchedule) -> tuple[Sums, str]:
+        """How a row's sums are spelled (compensated under kahan_sum) and the function taking its max."""
+        block = s.rows_per_block == 1
+        red_sum, red_max = ("rowwise_block_sum", "rowwise_block_max") if block else ("warp_sum", "warp_max")
+        if op.numerics is Numerics.KAHAN_SUM:
+            return Sums("rowwise_block_sum_kahan" if block else "rowwise_warp_sum_kahan", True), red_max
+        return Sums(red_sum, False), red_max
+
+    def kernel_source(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec, acc: list[tuple],
+                      stats: list[str]) -> KernelSource:
+        """The kernel around a row's statement lines `stats`: its helpers, row and lane, the operands
+        constant along the row loaded once (r<i>)."""
+        spec = row_spec(op)
+        rows, length = self._row(op)
+        tpr = s.threads // s.rows_per_block
+        name = kernel_name(self.kind_of(op), op, s)
+        params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
+        params.append(f"{STORAGE[op.result.dtype]}* __restrict__ out")
+        block = s.rows_per_block == 1
+        hoisted = [f"const float r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
+                   for i, t in enumerate(op.operands) if acc[i][0] == "row"]
         helpers = ((block_helpers(s.threads // WARP_SIZE) if block else "")
-                   + (kahan_helpers(block, s.threads // WARP_SIZE) if kahan else ""))
+                   + (kahan_helpers(block, s.threads // WARP_SIZE) if op.numerics is Numerics.KAHAN_SUM else ""))
         guard = "" if block or rows % s.rows_per_block == 0 else f"    if (row >= {rows}u) return;  // whole warps\n"
-        mode = "resident (one read)" if self.resident(op, s) else f"looped ({LOOPED_PASSES[spec.norm]} passes)"
+        mode = "resident (one read)" if self.resident(op, s) else f"looped ({self.looped_passes(op)} passes)"
         body = "\n".join("    " + line for line in hoisted + stats)
         source = f"""// {op}
-// {spec.norm} over rows of {length}, {rows} rows; {'one block' if block else 'one warp'} per row, {mode};
+// {self.describe_norm(op)} over rows of {length}, {rows} rows; {'one block' if block else 'one warp'} per row, {mode};
 // schedule {s.describe()}, {self.elements_per_thread(op, s)} elements per thread.
 // launch: {name}<<<{math.ceil(rows / s.rows_per_block)}, {s.threads}>>>({', '.join(f'in{i}' for i in range(len(op.operands)))}, out)
 {VEC_STRUCT}
@@ -321,6 +342,13 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
         return KernelSource(name, source, s.threads,
                             grid=(self.resources(op, s, arch).blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
+
+    def describe_norm(self, op: KernelOp) -> str:
+        return row_spec(op).norm
+
+    def looped_passes(self, op: KernelOp) -> int:
+        """How many times the looped walk reads a row."""
+        return LOOPED_PASSES[row_spec(op).norm]
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM

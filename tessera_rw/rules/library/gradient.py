@@ -12,7 +12,8 @@ Micro-batch sums Σ_i X_iᵀ dY_i are first turned into one GEMM over the concat
 batch and rows of dY into one sum over rows of the flattened dY, so the bias rules apply there too.
 An activation's derivative goes into the epilogue of the GEMM that produces its cotangent
 (activation_gradient.py), and attention's backward pass becomes one fused node (attention_gradient.py)
-whose row statistics the forward writes (attention_forward_stats.py).
+whose row statistics the forward writes (attention_forward_stats.py); so does a layer norm's or RMS
+norm's input gradient (norm_gradient.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import activation_gradient, attention_forward_stats, attention_gradient
+from tessera_rw.rules.library import activation_gradient, attention_forward_stats, attention_gradient, norm_gradient
 from tessera_rw.rules.library.algebra import mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -164,8 +165,8 @@ def _micro_batch_rules():
 
 GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
                    + tuple(_transposed_operand_rules())
-                   + attention_gradient.RULES + attention_forward_stats.RULES,
+                   + attention_gradient.RULES + attention_forward_stats.RULES + norm_gradient.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
                        "activation derivatives into the GEMM of their cotangent; transposed operands read "
                        "in place; attention's backward into one fused node, its row statistics read off "
-                       "the forward")
+                       "the forward; a layernorm's or rmsnorm's input gradient into one row pass")

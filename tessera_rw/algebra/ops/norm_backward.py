@@ -1,0 +1,79 @@
+"""A layer norm's or RMS norm's input gradient as one fused op: one pass over each row.
+
+Reverse mode through y = x̂ · w + b, x̂ = (x − μ) r, r = 1/sqrt(var + eps) writes (reduction.py)
+
+    dx = r (g w − mean(g w) − x̂ mean(g w x̂))          layernorm
+    dx = r (g w − x̂ mean(g w x̂))                       rmsnorm (x̂ = x r, r = 1/sqrt(mean(x²) + eps))
+
+as some ten ops: the row statistics, x̂ written out, two more row means, three elementwise passes.
+
+    dx = norm_backward(x, g, [w]; norm, axes, eps, has_weight)
+
+is that formula, which a row kernel computes from x and g read once (the statistics recomputed from
+the row in registers, as the forward does); the `gradient` ruleset writes it where reverse mode's
+spelling (reduction.norm_input_grad) appears (rules/library/norm_gradient.py). Statistics are float32 (float64 for float64);
+the weight and bias gradients stay column sums of g x̂ and g.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = TensorType((8, 16), DType.bfloat16)
+>>> _infer_norm_backward(x, x, TensorType((16,), DType.bfloat16), norm="layernorm", axes=(1,), eps=1e-5,
+...                      has_weight=True)
+TensorType(shape=(8, 16), dtype=<DType.bfloat16: 'bfloat16'>)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera_rw.algebra.autodiff.cotangents import before_fusion
+from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.reduction import infer_norm
+from tessera_rw.algebra.shapes import fmt_shape
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+def _check_norm(norm: str) -> None:
+    if norm not in NORMS:
+        raise AttributeValueError(f"norm must be one of {NORMS}, got {norm!r}")
+
+
+def _infer_norm_backward(x: TensorType, g: TensorType, *weight: TensorType, norm: str, axes: tuple[int, ...],
+                         eps: float, has_weight: bool) -> TensorType:
+    _check_norm(norm)
+    infer_norm(x, *weight, axes=axes, eps=eps, has_weight=has_weight, has_bias=False)
+    if g.shape != x.shape or g.dtype is not x.dtype:
+        raise ShapeError(f"the cotangent g {g} differs from x {x}",
+                         hint=f"g is the cotangent of the norm's output: {fmt_shape(x.shape)} {x.dtype}")
+    return x
+
+
+def _norm_backward(x: np.ndarray, g: np.ndarray, *weight: np.ndarray, norm: str, axes, eps,
+                   has_weight) -> np.ndarray:
+    # the statistics in float32 at least, as the kernel keeps them
+    wide = np.promote_types(x.dtype, np.float32)
+    x, g = x.astype(wide), g.astype(wide)
+    gxhat = g * weight[0].astype(wide) if has_weight else g
+    count = int(np.prod([x.shape[a] for a in axes]))
+    centered = x - np.mean(x, axis=axes, keepdims=True) if norm == "layernorm" else x
+    rstd = 1.0 / np.sqrt(np.sum(centered * centered, axis=axes, keepdims=True) / max(count, 1) + wide.type(eps))
+    xhat = centered * rstd
+    dot = np.mean(gxhat * xhat, axis=axes, keepdims=True)
+    shift = np.mean(gxhat, axis=axes, keepdims=True) if norm == "layernorm" else 0
+    return rstd * (gxhat - shift - xhat * dot)
+
+
+def _norm_backward_flops(out: TensorType, x: TensorType, g: TensorType, *weight: TensorType, norm: str,
+                         **attrs) -> int:
+    # statistics (3 or 2 per element), x̂, the two (or one) sums and the combination, the weight product
+    return (14 if norm == "layernorm" else 10) * x.numel + (x.numel if weight else 0)
+
+
+DEFS = (
+    OpDef("norm_backward", ("x", "g", "weight"), OpKind.NORMALIZATION, _infer_norm_backward, _norm_backward,
+          _norm_backward_flops, variadic=True,
+          doc="a layernorm's or rmsnorm's input gradient from x and the output cotangent g, one pass per row",
+          vjp=before_fusion("norm_backward")),
+)
