@@ -53,6 +53,32 @@ CAUSAL_FILLS = {"causal-minus-1e9": -1e9, "causal-minus-1e4": -1e4,
                 "causal-finfo-min": float(np.finfo(np.float32).min)}
 
 
+# torch's masked_fill(drop, fill): the mask names the keys to drop
+def masked_fill_inverted(q, k, v, keep): return op.softmax(op.where(~keep, -math.inf, q @ k.mT * 0.25), axis=-1) @ v
+
+
+def masked_fill_triu(fill):
+    def causal_dropped(q, k, v):
+        seq = q.shape[-2]
+        drop = op.triu(op.ones((seq, seq), "bool"), k=1)
+        return op.softmax(op.where(drop, fill, q @ k.mT * 0.25), axis=-1) @ v
+    return causal_dropped
+
+
+def masked_fill_tril_eq_zero(q, k, v):       # nanoGPT: att.masked_fill(bias == 0, -inf), bias = tril(ones)
+    seq = q.shape[-2]
+    return op.softmax(op.where(op.tril(op.ones((seq, seq))) == 0, -math.inf, q @ k.mT * 0.25), axis=-1) @ v
+
+
+def upcast_before_scale(q, k, v):
+    return op.cast(op.softmax(op.cast(q @ k.mT, "float32") * 0.25, axis=-1), "bf16") @ v
+
+
+def upcast_before_mask(q, k, v, keep):
+    s = op.where(keep, op.cast(q @ k.mT * 0.25, "float32"), -math.inf)
+    return op.cast(op.softmax(s, axis=-1), "bf16") @ v
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -101,6 +127,13 @@ FORMS = {
     "permuted-bshd": (permuted_bshd, {n: rand(B, S, H, D) for n in "qkv"}),
     "fp32-softmax-bf16": (fp32_softmax, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "bmm-3d": (bmm_3d, {n: rand(B * H, S, D) for n in "qkv"}),
+    "masked-fill-inverted": (masked_fill_inverted, QKV | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
+    "masked-fill-triu": (masked_fill_triu(-math.inf), QKV),
+    "masked-fill-triu-minus-1e9": (masked_fill_triu(-1e9), QKV),
+    "masked-fill-tril-eq-zero": (masked_fill_tril_eq_zero, QKV),
+    "upcast-before-scale": (upcast_before_scale, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
+    "upcast-before-mask": (upcast_before_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}
+                           | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
 }
@@ -125,7 +158,8 @@ def test_attention_form_reaches_flash_attention(form):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("form", ["causal", *CAUSAL_FILLS])
+@pytest.mark.parametrize("form", ["causal", *CAUSAL_FILLS, "masked-fill-triu", "masked-fill-triu-minus-1e9",
+                                  "masked-fill-tril-eq-zero"])
 def test_causal_form_becomes_a_causal_flag(form):
     fn, inputs = FORMS[form]
     result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])

@@ -2,6 +2,7 @@
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from tessera_rw import op
 from tessera_rw.algebra.evaluate import evaluate
@@ -105,3 +106,24 @@ def test_a_cast_to_the_products_own_dtype_is_no_kernel():
                lambda x, w, b: op.cast(op.matmul(x, w, accum_dtype="float32"), "bfloat16") + b):
         plan = op.kernel(fn).program(x, w, b).plan
         assert [s.node.op for s in plan.steps] == ["gemm"], plan
+
+
+RESIDUAL_SPELLINGS = {
+    "x + (a@w + b)": (lambda x, a, w, b: x + (a @ w + b), ("bias", "residual")),
+    "(a@w + b) + x": (lambda x, a, w, b: (a @ w + b) + x, ("bias", "residual")),
+    "a@w + x + b": (lambda x, a, w, b: a @ w + x + b, ("bias", "residual")),
+    "x + a@w + b": (lambda x, a, w, b: x + a @ w + b, ("bias", "residual")),
+    "x + a@w": (lambda x, a, w, b: x + a @ w, ("residual",)),
+    "x + gelu(a@w + b)": (lambda x, a, w, b: x + op.gelu(a @ w + b), ("bias", "gelu", "residual")),
+}
+
+
+@pytest.mark.parametrize("spelling", list(RESIDUAL_SPELLINGS))
+def test_a_residual_is_absorbed_on_either_side_and_named_so(spelling):
+    fn, fused = RESIDUAL_SPELLINGS[spelling]
+    x, w, b = op.tensor((4, 128, 256), "bf16"), op.tensor((256, 256), "bf16"), op.tensor((256,), "bf16")
+    report = op.kernel(fn).explain(x, x, w, b)
+    assert [(k.kind, k.fused) for k in report.candidates[report.chosen].kernels] == [("gemm", fused)]
+    xs, ws, bs = (RNG.standard_normal(s) for s in ((2, 3, 16), (16, 8), (8,)))
+    resid = RNG.standard_normal((2, 3, 8))
+    np.testing.assert_allclose(op.kernel(fn)(resid, xs, ws, bs), fn(resid, xs, ws, bs), rtol=1e-12)

@@ -130,8 +130,11 @@ class GemmTemplate(Template):
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         p = GemmProblem.of(op)
         product = DType.float32 if not p.tensor_core else p.in_dtype
-        steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None),
-                 (p.activation, p.activation != "none"), ("residual", p.residual is not None),
+        # a "bias" of the output's own shape, added last, is a residual (x + A B)
+        added = p.bias is not None and p.activation == "none" and p.residual is None \
+            and p.bias.numel == op.result.numel
+        steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None and not added),
+                 (p.activation, p.activation != "none"), ("residual", p.residual is not None or added),
                  ("cast", p.out_dtype is not product))
         return tuple(name for name, on in steps if on)
 

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import kernel_forms
+from tessera_rw.rules.library import kernel_forms, masks
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.tables import rank, swapped_last, with_dim
@@ -265,4 +265,5 @@ RULES = (
                               {"x": rand(rng, 3, 8, dtype=ml_dtypes.bfloat16)})),
 )
 
-ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES, doc="scalars, divisions, transposes, flips, softmax forms, casts, forms the kernels take")
+ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES,
+                  doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels take")

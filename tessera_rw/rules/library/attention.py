@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -60,6 +61,39 @@ def with_keep(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def _where_scores(fill: Expr) -> Expr:
     return t.where(m, t.mul(t.matmul(q, kt), const(), of=(ss, sd)), fill, of=(ss, sd))
+
+
+def _upcast_example(masked: bool):
+    """Scores upcast to float32 before the scale (and the mask), the probabilities cast back."""
+    def body(q, k, v, m=None):
+        scores = op.cast(q @ k.mT, "float32") * 0.3
+        if masked:
+            scores = op.where(m, scores, -math.inf)
+        return op.cast(op.softmax(scores, axis=-1), q.dtype) @ v
+    def example(rng: np.random.Generator):
+        inputs = {name: x.astype(ml_dtypes.bfloat16) for name, x in qkv(rng).items()}
+        if masked:
+            inputs["m"] = keep(rng, inputs["q"].shape[-2], inputs["k"].shape[-2])
+        return body, inputs
+    return example
+
+
+def _upcast_rules():
+    """softmax(cast(Q Kᵀ, f32) · c [masked]) cast back, then V: the fused kernel's own arithmetic
+    (its scores are float32 before the scale), so it fuses as the unconverted form does."""
+    for masked in (False, True):
+        scaled = t.mul(t.cast(t.matmul(q, kt, of=(ss, d)), dtype="float32"), const(), of=(ss, "float32"))
+        scores = t.where(m, scaled, const(value=float("-inf"), dtype="float32"), of=(ss, "float32")) if masked \
+            else scaled
+        probs = t.cast(t.softmax(scores, axis=ax), dtype=d, of=(ss, d))
+        yield Rule(f"flash-attention-upcast-scores{'-where-masked' if masked else ''}",
+                   "cast(softmax(cast(Q Kᵀ, f32) · c" + (" masked by M" if masked else "") + "), d) V = "
+                   "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")",
+                   lhs=t.matmul(probs, v, accum_dtype=acc, of=T),
+                   rhs=t.flash_attention(q, K, v, *((m,) if masked else ()), scale=c, causal=False, has_mask=masked,
+                                         of=T),
+                   when=SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked else ()),
+                   example=_upcast_example(masked))
 
 
 RULES = (
@@ -185,7 +219,7 @@ def _causal_fill_rule() -> Rule:
                 example=_causal_fill_example)
 
 
-RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
+RULES = RULES + tuple(_upcast_rules()) + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 

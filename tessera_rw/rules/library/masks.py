@@ -1,0 +1,86 @@
+"""Boolean masks in one form: part of the `algebra` ruleset.
+
+A mask is written as what to keep, where(keep, x, fill), or as what to drop, torch's
+masked_fill(drop, fill) = where(drop, fill, x). Swapping a where's branches under the negated
+condition turns the one into the other, and the negation then folds into the condition:
+
+    where(m, a, b) = where(¬m, b, a)        ¬¬m = m        ¬(x = y) = (x ≠ y)        ¬(x ≠ y) = (x = y)
+    ¬triu(1, k) = tril(1, k − 1)            (the causal mask written as the keys to drop)
+    tril(c, k) ≠ 0 = tril(1, k)             (a float causal mask compared, for c ≠ 0)
+
+so where(triu(ones, 1), −∞, s), where(tril(ones) == 0, −∞, s), where(bias == 0, −∞, s) and
+where(~keep, −∞, s) reach the
+where(keep, s, −∞) the attention rules fuse. An upcast between the mask and the scores moves out:
+where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f), exact since −∞ is in every float type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera_rw.algebra import api as op
+from tessera_rw.rules.pattern import Expr, TermBuilder
+from tessera_rw.rules.rule import Rule
+
+t = TermBuilder()
+a, b, m, x, y, k, fs, ms, s, d, dx = t.vars("a b m x y k fs ms s d dx")
+T = (s, d)
+BOOL = (s, "bool")
+
+
+def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _bools(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.random(shape) > 0.5
+
+
+def _swap_example(rng: np.random.Generator):
+    n, p = (int(v) for v in rng.integers(1, 7, size=2))
+    return (lambda keep, a, b: op.where(keep, a, b) * 2.0), {"keep": _bools(rng, n, p), "a": rand(rng, n, p),
+                                                          "b": rand(rng, 1, p)}
+
+
+def _triangle_example(rng: np.random.Generator):
+    n, k0 = int(rng.integers(1, 7)), int(rng.integers(-2, 3))
+    return (lambda x: op.where(~op.triu(op.ones((n, n), "bool"), k=k0), x, -1.0)), {"x": rand(rng, n, n)}
+
+
+def _comparison_example(negated: str):
+    def example(rng: np.random.Generator):
+        n = int(rng.integers(1, 7))
+        x, y = rng.integers(0, 3, size=(n, n)).astype(np.float32), rng.integers(0, 3, size=(1, n)).astype(np.float32)
+        compare = op.equal if negated == "eq" else op.not_equal
+        return (lambda x, y, z: op.where(~compare(x, y), z, 0.0)), {"x": x, "y": y, "z": rand(rng, n, n)}
+    return example
+
+
+RULES = (
+    Rule("where-negated", "where(m, a, b) = where(¬m, b, a)",
+         lhs=t.where(m, a, b, of=T), rhs=t.where(t.logical_not(m, of=(ms, "bool")), b, a, of=T),
+         when=("(= ms (shp m))",), example=_swap_example),
+    Rule("not-not", "¬¬m = m", lhs=t.logical_not(t.logical_not(m), of=BOOL), rhs=m,
+         example=lambda rng: ((lambda keep, x: op.where(~~keep, x, 0.0)), {"keep": _bools(rng, 3, 4),
+                                                                           "x": rand(rng, 3, 4)})),
+    Rule("not-equal", "¬(x = y) = (x ≠ y)", lhs=t.logical_not(t.eq(x, y), of=BOOL), rhs=t.ne(x, y, of=BOOL),
+         example=_comparison_example("eq")),
+    Rule("not-not-equal", "¬(x ≠ y) = (x = y)", lhs=t.logical_not(t.ne(x, y), of=BOOL), rhs=t.eq(x, y, of=BOOL),
+         example=_comparison_example("ne")),
+    Rule("not-triu-is-tril", "¬triu(1, k) = tril(1, k − 1)",
+         lhs=t.logical_not(t.triu(t.full(shape=fs, value=True, dtype="bool"), k=k), of=BOOL),
+         rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=Expr("(- k 1)"), of=BOOL),
+         example=_triangle_example),
+    Rule("nonzero-of-tril-of-ones", "tril(c, k) ≠ 0 = tril(1, k) for c ≠ 0 (a float tril mask made bool)",
+         lhs=t.ne(t.tril(t.full(shape=fs, value=Expr("c"), dtype=Expr("fd")), k=k),
+                  t.constant(value=0.0, dtype=Expr("fd")), of=BOOL),
+         rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=k, of=BOOL),
+         when=("(!= c 0.0)", "(= s fs)"),
+         example=lambda rng: ((lambda x: op.where(op.tril(op.ones((4, 4))) != 0, x, -1.0)), {"x": rand(rng, 4, 4)})),
+    Rule("upcast-after-mask", "where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f)",
+         lhs=t.where(m, t.cast(x, dtype=d), t.constant(value=float("-inf"), dtype=d), of=T),
+         rhs=t.cast(t.where(m, x, t.constant(value=float("-inf"), dtype=dx, of=((), dx)), of=(s, dx)), dtype=d, of=T),
+         when=("(= dx (dt x))", "(= (shp x) s)"),
+         example=lambda rng: ((lambda keep, x: op.where(keep, op.cast(x, "float32"), -np.inf) * 2.0),
+                              {"keep": _bools(rng, 3, 5), "x": rand(rng, 3, 5).astype("float16")})),
+)
