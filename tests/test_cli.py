@@ -265,3 +265,19 @@ def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, 
     assert "no --input for p.layers[0]" in capsys.readouterr().err
     assert main(["--explain", f"{module}:mlp", "--input", "p..w=3"]) == 2
     assert "malformed --input" in capsys.readouterr().err
+
+
+def test_a_file_explains_the_kernels_it_makes_from_other_modules_functions_not_those_it_imports(tmp_path, capsys):
+    (tmp_path / "blocks_helper.py").write_text(
+        "from tessera_rw import op\n"
+        "def make_block():\n    def block(x, w):\n        return op.relu(x @ w)\n    return block\n"
+        "@op.kernel\ndef imported_kernel(x, w):\n    return x @ w\n")
+    module = tmp_path / "model_file.py"
+    module.write_text("from tessera_rw import op\nimport blocks_helper\nfrom blocks_helper import imported_kernel\n"
+                      "block = op.kernel(blocks_helper.make_block())\nalias = block\n"
+                      "@op.kernel\ndef own(x, w):\n    return x @ w + 1.0\n"
+                      "def example_inputs():\n    import numpy as np\n"
+                      "    return {'x': np.ones((4, 8), np.float32), 'w': np.ones((8, 3), np.float32)}\n")
+    assert main(["--explain", str(module), "--format", "json"]) == 0
+    names = [r["function"] for r in json.loads(capsys.readouterr().out)]
+    assert names == ["block", "own"]

@@ -1,9 +1,9 @@
 """What `tessera-rewrite` runs on: FILE.py[:FUNCTION] targets, their modules, and their inputs.
 
-A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file defines. A target module
-may define `example_inputs()` returning a dict of arrays or op.tensor placeholders (one dict for
-all its kernels: each takes the entries its parameters name); `--input NAME=4x16x2048x64:bf16`
-gives or overrides one.
+A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file makes (imported ones aside).
+A target module may define `example_inputs()` returning a dict of arrays or op.tensor placeholders
+(one dict for all its kernels: each takes the entries its parameters name);
+`--input NAME=4x16x2048x64:bf16` gives or overrides one.
 
 >>> parse_input("q=4x16x2048x64:bf16")
 ('q', tensor((4, 16, 2048, 64), bfloat16))
@@ -76,8 +76,8 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
         raise UsageError(f"no such file: {path}")
     module = _import(file)
     if not colon:
-        kernels = [v for v in vars(module).values()
-                   if isinstance(v, Kernel) and getattr(function_of(v.fn), "__module__", None) == module.__name__]
+        kernels = list({id(v): v for v in vars(module).values()
+                        if isinstance(v, Kernel) and _made_in(v, module)}.values())
         if not kernels:
             raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
         return kernels, module
@@ -85,6 +85,13 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
     if fn is None or not callable(fn):
         raise UsageError(f"{path} has no function {func!r}")
     return [fn if isinstance(fn, Kernel) else Kernel(fn)], module
+
+
+def _made_in(kernel: Kernel, module: Any) -> bool:
+    """Whether `module` made `kernel` rather than imported it: its function is the module's own, or
+    the function's module does not hold this kernel (op.kernel(make_block()) of a helper's factory)."""
+    home = sys.modules.get(getattr(function_of(kernel.fn), "__module__", None) or "")
+    return home is module or home is None or all(v is not kernel for v in vars(home).values())
 
 
 def load_target(target: str) -> tuple[Kernel, Any]:
