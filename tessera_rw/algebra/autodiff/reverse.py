@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tessera_rw.algebra.api import full, tracing, zeros
-from tessera_rw.algebra.autodiff.cotangents import to_dtype
+from tessera_rw.algebra.autodiff.cotangents import add_cotangents, to_dtype
 from tessera_rw.algebra.builder import describe_operands, user_site
 from tessera_rw.algebra.errors import (
     ArgumentError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
@@ -132,7 +132,7 @@ def grad_graph(graph: Graph, wrt: tuple[int, ...], keep_outputs: bool = False, h
                 if ct is None or arg not in active:
                     continue
                 ct = _fitted(ct, arg, node)
-                cotangents[arg] = ct if arg not in cotangents else cotangents[arg] + ct
+                cotangents[arg] = ct if arg not in cotangents else add_cotangents(cotangents[arg], ct)
         grads = tuple(cotangents[t] if t in cotangents else zeros(t.shape, t.dtype) for t in targets)
     kept = graph.outputs if keep_outputs else ()
     return Graph(f"grad_{graph.name}", graph.inputs, kept + tuple(g.node for g in grads))
