@@ -49,6 +49,7 @@ from tessera_rw.codegen.step_timing import EMULATOR, HOST, PlanRun, host_clock, 
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.host_roofline import HostRoofline, host_roofline, saw_host_rate
+from tessera_rw.report import default_console
 from tessera_rw.tune.cost import kernel_cost, timing
 from tessera_rw.tune.extract import fusion_depth
 
@@ -271,7 +272,7 @@ class Session:
         if not records:
             table.caption = ("no kernel launched in the session: eager op calls on numpy arrays run numpy "
                              "directly; profile an @op.kernel (or op calls on GPU arrays)")
-        (console or Console()).print(table)
+        (console or default_console()).print(table)
         return table
 
     def lines(self) -> list[str]:

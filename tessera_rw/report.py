@@ -9,6 +9,8 @@ generates. A report read back from JSON has no program: it shows what the schema
 from __future__ import annotations
 
 import math
+import os
+import sys
 from io import StringIO
 from typing import TYPE_CHECKING, Iterator
 
@@ -49,6 +51,13 @@ def _gflop(n: int) -> str:
 
 
 TEXT_WIDTH = 100          # columns of the text forms
+
+
+def default_console() -> Console:
+    """Where tables print: the terminal at its width; piped (not a terminal, no COLUMNS) at
+    TEXT_WIDTH columns rather than rich's 80, so a kernel's name is not folded in two."""
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
+    return Console(width=TEXT_WIDTH) if piped else Console()
 
 
 class Printable(Group):

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
-from rich.console import Console
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.cli import cache, explain, rules, tune
 from tessera_rw.cli.usage import USAGE, Parser, UsageError, one_line
+from tessera_rw.report import default_console
 
 SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
 
 
-PIPED_WIDTH = 100       # piped output reads at 100 columns, unless COLUMNS says otherwise
 OTHER_COMMANDS = """other commands (each takes --help):
   tessera-rewrite tune FILE.py:FUNCTION     autotune a kernel's schedules into the cache
   tessera-rewrite rules [--check] [PACK]    list the rulesets, built-in and plugins; check their soundness
@@ -25,8 +23,7 @@ OTHER_COMMANDS = """other commands (each takes --help):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
-    console = Console(width=PIPED_WIDTH) if piped else Console()
+    console = default_console()
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
         if argv and name is None and not argv[0].startswith("-"):

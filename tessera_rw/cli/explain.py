@@ -77,9 +77,10 @@ def emitted_table(program: CompiledProgram, directory: Path) -> Table:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", metavar="FILE.py[:FUNCTION]", nargs="+", action="extend", required=True,
                    help="the function(s) to explain; FILE.py alone explains every @op.kernel it makes (not those it imports)")
-    p.add_argument("--input", metavar="NAME=DIMS:DTYPE", action="append", default=[],
-                   help="an input placeholder, e.g. q=4x16x2048x64:bf16; an array inside a dict or list argument by its "
-                        "path, p.layers[0].w=1024x1024:bf16 (default: the module's example_inputs())")
+    p.add_argument("--input", metavar="NAME=DIMS[:DTYPE]", action="append", default=[],
+                   help="an input placeholder, e.g. q=4x16x2048x64:bf16 (the dtype defaults to float32); an array inside "
+                        "a dict or list argument by its path, p.layers[0].w=1024x1024:bf16 (default: the module's "
+                        "example_inputs())")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="json: one tessera_rw.explain/1 document (a list of them for several functions)")
     p.add_argument("--emit-cuda", metavar="DIR", type=Path, default=None,

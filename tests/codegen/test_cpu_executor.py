@@ -4,6 +4,7 @@ plan, compensated sums, and whole kernels run through rewrite → extract → lo
 from __future__ import annotations
 
 import tracemalloc
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -154,3 +155,16 @@ def test_the_fft_family_runs_through_scipy_as_numpy_defines_it(transform, dtype,
     (want,) = evaluate(graph, {"x": x})           # numpy.fft
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_inf_and_nan_inputs_give_ieee_values_and_no_numpy_warning():
+    k = op.kernel(lambda x: op.log(x) * op.softmax(x, axis=-1))
+    x = np.array([[0.0, -1.0, np.inf], [1.0, 2.0, 3.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = k(x)
+    with np.errstate(all="ignore"):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        want = np.log(x) * (e / e.sum(-1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.isnan(got[0]).all() and np.isfinite(got[1]).all()
