@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.errors import ArgumentError, DTypeError, TesseraError
 from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
 from tessera_rw.algebra.ops import opdef
 
@@ -114,6 +114,11 @@ def python_scalar(value: float | int | bool, dtype: DType) -> float | int | bool
     if dtype is DType.bool:
         return bool(value)
     if dtype.is_integer:
+        info = np.iinfo(dtype.numpy)
+        if not info.min <= int(value) <= info.max:
+            raise DTypeError(f"the integer {value} does not fit {dtype.value} ({info.min} to {info.max})",
+                             hint=f"cast the tensor to a wider type first (op.cast(x, 'int64')), or use a value in "
+                                  f"{dtype.value}'s range")
         return int(value)
     if dtype.is_complex:
         return complex(value)

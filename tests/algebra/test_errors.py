@@ -241,3 +241,18 @@ def test_search_space_takes_one_number_for_a_list_and_refuses_a_bare_tile():
     for bad in ([64], 64):
         with pytest.raises(ArgumentError, match=r"tile_sizes must be a non-empty list of \(bm, bn\)"):
             k.schedule.search_space(tile_sizes=bad)
+
+
+@pytest.mark.parametrize("build", [lambda x: x + 2**40, lambda x: x < 2**40, lambda x: op.full((2,), 2**40, "int32"),
+                                   lambda x: op.pad(x, 1, constant_values=2**32 + 7)],
+                         ids=["add", "compare", "full", "pad"])
+def test_an_integer_beyond_the_tensors_type_is_refused_naming_the_op_and_the_range(build):
+    with pytest.raises(DTypeError, match=r"does not fit int32 \(-2147483648 to 2147483647\)") as info:
+        op.kernel(build)(np.ones(2, np.int32))
+    assert "hint: cast the tensor to a wider type first" in str(info.value)
+    assert "test_errors.py" in str(info.value)
+
+
+def test_an_int_tensor_compares_with_a_float_literal_in_float32_as_it_adds():
+    got = op.kernel(lambda x: x == 16777217.0)(np.array([16777217, 16777216], np.int32))
+    assert got.tolist() == [True, True]          # 16777217 is 16777216 in float32, on both sides

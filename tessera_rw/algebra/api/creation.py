@@ -20,7 +20,7 @@ def full(shape, fill_value, dtype="float32"):
         spec = TensorSpec(shape, dtype)
         if not isinstance(fill_value, (numbers.Number,)):
             raise AttributeValueError(f"fill_value must be a number, got {fill_value!r}")
-    value = python_scalar(fill_value, spec.dtype)
+        value = python_scalar(fill_value, spec.dtype)
     if beyond_double(value, spec.dtype):    # held exactly, as a literal
         return broadcast_to(np.array(value, dtype=spec.dtype.numpy), spec.shape)
     return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)

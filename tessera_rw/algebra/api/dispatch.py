@@ -159,8 +159,9 @@ def apply(op_name: str, operands: Sequence[Any], tile_shape: tuple[int, ...] | N
     nodes = []
     for i, (value, t) in enumerate(zip(operands, types)):
         if t is None:
-            nodes.append(make_constant(value.item() if isinstance(value, np.generic) else value,
-                                       scalar_dtype(value, tensor_dtypes)))
+            with op_context(op_name, operands, names):
+                nodes.append(make_constant(value.item() if isinstance(value, np.generic) else value,
+                                           scalar_dtype(value, tensor_dtypes)))
         elif isinstance(value, SymbolicTensor):
             nodes.append(value.node)
         elif isinstance(value, TensorSpec):

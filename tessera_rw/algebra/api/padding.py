@@ -52,7 +52,8 @@ def pad(x, pad_width, mode: str = "constant", constant_values: float = 0):
     if not isinstance(value, (int, float)):
         raise AttributeValueError(f"pad: constant_values must be a number, got {constant_values!r}")
     dtype = type_of(x).dtype
-    scalar = python_scalar(value, dtype)
+    with op_context("pad", (x,), ("x",)):
+        scalar = python_scalar(value, dtype)
     if beyond_double(scalar, dtype):    # the e-graph's doubles would round it: the border is a literal
         inside = apply("pad", (apply("full", (), shape=type_of(x).shape, value=True, dtype=DType.bool),), pads=pairs,
                        value=False)

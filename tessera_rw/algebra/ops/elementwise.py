@@ -105,7 +105,16 @@ def _infer_not(x: TensorType) -> TensorType:
     return x
 
 
-COMPARISONS = tuple(_binary(name, _infer_compare, fn, vjp=no_cotangents) for name, fn in (
+def _in_promoted_type(fn):
+    """A comparison made in the type its operands promote to (an int32 tensor against a float literal:
+    float32 both, as torch and JAX compare), not numpy's float64 for a mixed pair."""
+    def compare(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        common = promote(DType.parse(a.dtype), DType.parse(b.dtype)).numpy
+        return fn(a.astype(common, copy=False), b.astype(common, copy=False))
+    return compare
+
+
+COMPARISONS = tuple(_binary(name, _infer_compare, _in_promoted_type(fn), vjp=no_cotangents) for name, fn in (
     ("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
     ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal)))
 

@@ -20,6 +20,7 @@ t = TermBuilder()
 a, b, x, m, c, cd, s, d, sa, da, acc, ax, axes, s1, s2, dx = t.vars("a b x m c cd s d sa da acc ax axes s1 s2 dx")
 T = (s, d)                          # "of the rewritten term's type"
 NEG_INF = float("-inf")
+NARROW_RANGE_FLOATS = ("float16", "float8_e4m3", "float8_e5m2")     # a sum of two in-range values can overflow
 
 
 def const(value=c, dtype=cd) -> Expr:
@@ -197,10 +198,13 @@ RULES = (
                       accum_dtype=acc, of=T),
          when=MATMUL_TYPES, explosive=True,
          example=lambda rng: ((lambda a, b, c: a @ (b @ c)), _chain(rng))),
+    # not in the narrow-range floats: B + C overflows float16's 65504 (or fp8's range) where A B and
+    # A C, each scaled down by A, do not
     Rule("matmul-distributes", "AB + AC = A(B + C)",
          lhs=t.add(t.matmul(a, b, accum_dtype=acc), t.matmul(a, c2, accum_dtype=acc), of=T),
          rhs=t.matmul(a, t.add(b, c2, of=(Expr("sb"), d)), accum_dtype=acc, of=T),
-         when=("(= sb (shp b))", "(= (shp c2) sb)", "(= (dt b) d)", "(= (dt c2) d)", "(= (dt a) d)"),
+         when=("(= sb (shp b))", "(= (shp c2) sb)", "(= (dt b) d)", "(= (dt c2) d)", "(= (dt a) d)",
+               *(f'(!= d "{narrow}")' for narrow in NARROW_RANGE_FLOATS)),
          example=lambda rng: ((lambda a, b, c: a @ b + a @ c),
                               (lambda i: {"a": i["a"], "b": i["b"], "c": rand(rng, *i["b"].shape)})(_chain(rng)))),
     Rule("cast-to-own-dtype", "cast(x, dtype(x)) = x",
