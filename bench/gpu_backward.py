@@ -13,6 +13,9 @@
   profiler; torch's is `torch.autograd.grad` of one SDPA forward kept (`retain_graph`). Target:
   the backward at least half torch's speed. The full run times the default (`deterministic`)
   backward alone too.
+- A layer norm's gradients (T=8192, D=4096 bf16): ours is `op.grad` of Σ layernorm(x, w, b) ∘ dy, dx
+  from one norm_backward row kernel and dW, db from fused reductions; torch runs its layer-norm
+  backward on a kept forward. No target: the ratio is recorded.
 - A GELU MLP's gradients (4096 tokens, 2048 → 8192 → 2048, bf16): ours is `op.grad` of
   Σ (gelu(x W1 + b1) W2) ∘ dy, whose dz gemm applies gelu'(pre) in its epilogue and whose weight
   gradients carry the bias gradient; torch runs the forward and `torch.autograd.grad`. No target:
@@ -86,6 +89,50 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         result.notes.append("ours: the plan " + " -> ".join(k.op.op + (f"[{','.join(k.fused)}]" if k.fused else "")
                                                              for k in kernels))
         result.ours = time_torch(lambda: grad(x, w1, b1, w2, dy), protocol)
+        result.torch = time_torch(library, protocol)
+        torch.cuda.empty_cache()
+    except Exception as e:
+        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return result
+
+
+LN_TOKENS, LN_WIDTH = 8192, 4096
+
+
+def _layernorm_loss(x, w, b, dy):
+    return op.sum(op.layernorm(x, w, b) * dy)
+
+
+def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
+    t, d = LN_TOKENS, LN_WIDTH
+    flops = 20 * t * d                                  # statistics, x̂, the two row sums, dx; dW and db
+    io_bytes = 2 * (3 * t * d + 4 * d)                  # x and dy read, dx written; w read, dw and db written
+    result = Result(f"layernorm backward dx+dW+db bf16 T={t} D={d} vs torch autograd.grad",
+                    floor_ms=ceilings.floor_ms(flops, io_bytes), work=io_bytes, rate_unit="GB/s")
+    try:
+        import torch
+        import torch.nn.functional as F
+        grad = op.grad(_layernorm_loss, argnums=(0, 1, 2))
+        x = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+        w = 1 + 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
+        b = 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
+        dy = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+        ours = grad(x, w, b, dy)
+        leaves = [a.detach().clone().requires_grad_(True) for a in (x, w, b)]
+        out = F.layer_norm(leaves[0], (d,), leaves[1], leaves[2])
+        library = lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)      # noqa: E731
+        wide = [a.double().requires_grad_(True) for a in (x, w, b)]
+        want = torch.autograd.grad(F.layer_norm(wide[0], (d,), wide[1], wide[2]), wide, dy.double())
+        del wide
+        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
+        del want
+        if result.error > TOLERANCE:
+            result.status = "FAILED: wrong on random data"
+            return result
+        steps = [s.op for s in grad.program(x, w, b, dy).plan.steps]
+        result.notes.append("ours: the plan " + " -> ".join(steps) + "; torch: its backward alone (forward kept)")
+        result.ours = time_torch(lambda: grad(x, w, b, dy), protocol)
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
     except Exception as e:
@@ -230,7 +277,8 @@ def float64_attention_grads(q, k, v, w, causal: bool):
 
 def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[Result]:
     shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
-    return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings)]
+    return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings),
+             layernorm_backward(protocol, ceilings)]
             + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
             + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes]
             + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic")
