@@ -102,3 +102,32 @@ def test_a_wrong_cotangent_is_refused_naming_both_tensors():
     with pytest.raises(ShapeError, match=r"cotangent g f32\[4,9\] differs from x f32\[4,8\]"):
         OPS["norm_backward"].infer(x, TensorType((4, 9), DType.float32), w, norm="layernorm", axes=(1,), eps=1e-5,
                                    has_weight=True)
+
+
+def test_a_pre_norm_blocks_input_gradient_adds_the_residual_branch_as_it_writes_dx():
+    x, w, dy = op.tensor((8192, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((8192, 4096), "bf16")
+    grad = op.grad(lambda x, w, dy: op.sum((x + op.layernorm(x, w, None) @ op.ones((4096, 4096), "bf16")) * dy))
+    report = grad.explain(x, w, dy)
+    kernels = [(k.kind, k.fused) for k in report.candidates[report.chosen].kernels]
+    assert ("layernorm", ("backward", "residual")) in kernels and ("elementwise", ("add",)) not in kernels
+    assert "add" not in steps(grad, x, w, dy)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_the_residuals_gradient_through_the_fused_node_matches_finite_differences(norm):
+    x, w = rng.standard_normal((5, 17)), rng.standard_normal(17)
+    target = rng.standard_normal((5, 17))
+    fwd = getattr(op, norm)
+
+    def loss(x):
+        return op.sum(op.tanh(x + fwd(x, w, None)) * target)
+    grad = op.grad(loss)
+    assert "norm_backward" in steps(grad, x) and "add" not in steps(grad, x)
+    f = op.kernel(loss)
+    want = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        hi, lo = x.copy(), x.copy()
+        hi[idx] += 1e-6
+        lo[idx] -= 1e-6
+        want[idx] = (f(hi) - f(lo)) / 2e-6
+    np.testing.assert_allclose(grad(x), want, rtol=1e-5, atol=1e-8)

@@ -84,10 +84,10 @@ def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
                               has_bias=weights and name == "layernorm"))
 
 
-def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
+def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True, residual=False) -> KernelOp:
     x, w = TensorType((rows, cols), dtype), TensorType((cols,), dtype)
-    return under(numerics, of("norm_backward", x, x, *((w,) if weights else ()), norm=norm, axes=(1,), eps=1e-5,
-                              has_weight=weights))
+    return under(numerics, of("norm_backward", x, x, *((w,) if weights else ()), *((x,) if residual else ()),
+                              norm=norm, axes=(1,), eps=1e-5, has_weight=weights, has_residual=residual))
 
 
 def reduce(name, shape, dtype, axes, keepdims=False, numerics=None) -> KernelOp:
@@ -270,6 +270,9 @@ def _rowwise_ops() -> dict[str, KernelOp]:
         "rmsnorm backward rows of 65536 bf16 no weight": norm_backward("rmsnorm", 2, 65536, BF16, weights=False),
         "layernorm backward rows of 768 bf16 kahan": norm_backward("layernorm", 32, 768, BF16, KAHAN),
         "layernorm backward rows of 65536 f32 kahan": norm_backward("layernorm", 2, 65536, F32, KAHAN),
+        "layernorm backward plus residual rows of 100 bf16": norm_backward("layernorm", 24, 100, BF16, residual=True),
+        "rmsnorm backward plus residual rows of 65536 f32": norm_backward("rmsnorm", 2, 65536, F32, weights=False,
+                                                                          residual=True),
     }
 
 

@@ -7,12 +7,14 @@ Reverse mode through y = x̂ · w + b, x̂ = (x − μ) r, r = 1/sqrt(var + eps)
 
 as some ten ops: the row statistics, x̂ written out, two more row means, three elementwise passes.
 
-    dx = norm_backward(x, g, [w]; norm, axes, eps, has_weight)
+    dx = norm_backward(x, g, [w], [r]; norm, axes, eps, has_weight, has_residual)
 
-is that formula, which a row kernel computes from x and g read once (the statistics recomputed from
-the row in registers, as the forward does); the `gradient` ruleset writes it where reverse mode's
-spelling (reduction.norm_input_grad) appears (rules/library/norm_gradient.py). Statistics are float32 (float64 for float64);
-the weight and bias gradients stay column sums of g x̂ and g.
+is that formula (plus r where the rules find dx added to another cotangent of x: a residual
+branch's, in a pre-norm block), which a row kernel computes from x and g read once (the statistics
+recomputed from the row in registers, as the forward does); the `gradient` ruleset writes it where
+reverse mode's spelling (reduction.norm_input_grad) appears (rules/library/norm_gradient.py).
+Statistics are float32 (float64 for float64); the weight and bias gradients stay column sums of
+g x̂ and g.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((8, 16), DType.bfloat16)
@@ -40,18 +42,29 @@ def _check_norm(norm: str) -> None:
         raise AttributeValueError(f"norm must be one of {NORMS}, got {norm!r}")
 
 
-def _infer_norm_backward(x: TensorType, g: TensorType, *weight: TensorType, norm: str, axes: tuple[int, ...],
-                         eps: float, has_weight: bool) -> TensorType:
+def _split(extra: tuple, has_weight: bool, has_residual: bool) -> tuple[tuple, tuple]:
+    """(weight?, residual?) of the operands after x and g."""
+    if len(extra) != has_weight + has_residual:
+        raise ShapeError(f"expected {has_weight + has_residual} operand(s) after x and g (weight: {has_weight}, "
+                         f"residual: {has_residual}), got {len(extra)}")
+    return extra[:has_weight], extra[has_weight:]
+
+
+def _infer_norm_backward(x: TensorType, g: TensorType, *extra: TensorType, norm: str, axes: tuple[int, ...],
+                         eps: float, has_weight: bool, has_residual: bool = False) -> TensorType:
     _check_norm(norm)
+    weight, residual = _split(extra, has_weight, has_residual)
     infer_norm(x, *weight, axes=axes, eps=eps, has_weight=has_weight, has_bias=False)
-    if g.shape != x.shape or g.dtype is not x.dtype:
-        raise ShapeError(f"the cotangent g {g} differs from x {x}",
-                         hint=f"g is the cotangent of the norm's output: {fmt_shape(x.shape)} {x.dtype}")
+    for name, t in (("the cotangent g", g), *(("the residual", r) for r in residual)):
+        if t.shape != x.shape or t.dtype is not x.dtype:
+            raise ShapeError(f"{name} {t} differs from x {x}",
+                             hint=f"g and a residual added to dx are {fmt_shape(x.shape)} {x.dtype}, as x is")
     return x
 
 
-def _norm_backward(x: np.ndarray, g: np.ndarray, *weight: np.ndarray, norm: str, axes, eps,
-                   has_weight) -> np.ndarray:
+def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
+                   has_weight, has_residual=False) -> np.ndarray:
+    weight, residual = _split(extra, has_weight, has_residual)
     # the statistics in float32 at least, as the kernel keeps them
     wide = np.promote_types(x.dtype, np.float32)
     x, g = x.astype(wide), g.astype(wide)
@@ -62,18 +75,21 @@ def _norm_backward(x: np.ndarray, g: np.ndarray, *weight: np.ndarray, norm: str,
     xhat = centered * rstd
     dot = np.mean(gxhat * xhat, axis=axes, keepdims=True)
     shift = np.mean(gxhat, axis=axes, keepdims=True) if norm == "layernorm" else 0
-    return rstd * (gxhat - shift - xhat * dot)
+    dx = rstd * (gxhat - shift - xhat * dot)
+    return dx + residual[0].astype(wide) if has_residual else dx
 
 
-def _norm_backward_flops(out: TensorType, x: TensorType, g: TensorType, *weight: TensorType, norm: str,
-                         **attrs) -> int:
-    # statistics (3 or 2 per element), x̂, the two (or one) sums and the combination, the weight product
-    return (14 if norm == "layernorm" else 10) * x.numel + (x.numel if weight else 0)
+def _norm_backward_flops(out: TensorType, x: TensorType, g: TensorType, *extra: TensorType, norm: str,
+                         has_weight: bool, has_residual: bool = False, **attrs) -> int:
+    # statistics (3 or 2 per element), x̂, the two (or one) sums and the combination; the weight
+    # product and the residual's add
+    return (14 if norm == "layernorm" else 10) * x.numel + (has_weight + has_residual) * x.numel
 
 
 DEFS = (
-    OpDef("norm_backward", ("x", "g", "weight"), OpKind.NORMALIZATION, _infer_norm_backward, _norm_backward,
+    OpDef("norm_backward", ("x", "g", "weight", "residual"), OpKind.NORMALIZATION, _infer_norm_backward, _norm_backward,
           _norm_backward_flops, variadic=True,
-          doc="a layernorm's or rmsnorm's input gradient from x and the output cotangent g, one pass per row",
+          doc="a layernorm's or rmsnorm's input gradient from x and the output cotangent g, one pass per row "
+              "(plus a residual's cotangent, added as dx is written)",
           vjp=before_fusion("norm_backward")),
 )

@@ -57,7 +57,7 @@ class NormBackwardTemplate(RowwiseTemplate):
         return "layernorm"
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ("backward",)
+        return ("backward", "residual") if op.attr_map.get("has_residual") else ("backward",)
 
     def describe_norm(self, op: KernelOp) -> str:
         return f"{op.attr_map['norm']} input gradient"
@@ -95,10 +95,16 @@ class NormBackwardTemplate(RowwiseTemplate):
             return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", *("    " + b for b in body), "}"]
 
         def write(value: str) -> list[str]:
+            """dx's vector at column c stored, the residual's added first where there is one."""
             ot = f"vec_t<{STORAGE[op.result.dtype]}, {v}>"
             idx = index_type(op.result.numel)
-            return [f"{ot} o;", "#pragma unroll", f"for (int j = 0; j < {v}; ++j) o.v[j] = {store(op.result.dtype, value)};",
-                    f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
+            lines = []
+            if spec.epilogue:
+                lines, r = self.read(op, acc, len(op.operands) - 1, "r", v)
+                value = f"{value} + {r}"
+            return lines + [f"{ot} o;", "#pragma unroll",
+                            f"for (int j = 0; j < {v}; ++j) o.v[j] = {store(op.result.dtype, value)};",
+                            f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
 
         walk = _resident if self.resident(op, s) else _looped
         stats = walk(centered, length, v, tpr, spec.eps, sums, rows, write)
@@ -107,11 +113,12 @@ class NormBackwardTemplate(RowwiseTemplate):
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
 
-        def of(norm: str, shape: tuple[int, ...], dtype: DType, weighted: bool = True, **kw) -> KernelOp:
+        def of(norm: str, shape: tuple[int, ...], dtype: DType, weighted: bool = True, residual: bool = False,
+               **kw) -> KernelOp:
             x = TensorType(shape, dtype)
             w = (TensorType(shape[-1:], dtype),) if weighted else ()
-            return KernelOp.of("norm_backward", (x, x, *w), x, norm=norm, axes=(len(shape) - 1,), eps=1e-5,
-                               has_weight=weighted, **kw)
+            return KernelOp.of("norm_backward", (x, x, *w, *((x,) if residual else ())), x, norm=norm,
+                               axes=(len(shape) - 1,), eps=1e-5, has_weight=weighted, has_residual=residual, **kw)
         return (
             of("layernorm", (8192, 4096), bf),                     # a block per row, resident
             of("layernorm", (4096, 768), bf),                      # BERT-base hidden size
@@ -121,6 +128,8 @@ class NormBackwardTemplate(RowwiseTemplate):
             of("rmsnorm", (64, 65536), bf),
             of("layernorm", (4096, 768), bf, numerics=kahan),
             of("layernorm", (64, 65536), f32, numerics=kahan),
+            of("layernorm", (4096, 1024), bf, residual=True),         # a pre-norm block's x: dx + the branch's
+            of("rmsnorm", (64, 65536), bf, residual=True),
         )
 
 

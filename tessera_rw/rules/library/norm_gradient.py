@@ -9,7 +9,8 @@ some ten ops and five passes over the row (g w without a weight is g). The rules
 
     dx = norm_backward(x, g, [w]; norm, axes, eps, has_weight)
 
-one row kernel that recomputes the statistics from x in registers. The left-hand sides are traced
+one row kernel that recomputes the statistics from x in registers; a residual branch's cotangent
+added to dx (x + f(norm(x)), a pre-norm block) is added as dx is written. The left-hand sides are traced
 from norm_input_grad itself, so what reverse mode builds (or a derivative written the same way) is
 what they match. They take the last axis, the normalized row of a transformer's hidden states.
 """
@@ -70,9 +71,41 @@ def _rules():
             yield Rule(f"{norm}-input-grad{'' if weighted else '-unweighted'}",
                        f"{norm}'s dx from x and g in one pass per row = norm_backward(x, g{', w' if weighted else ''})",
                        lhs=_pattern(norm, weighted),
-                       rhs=t.norm_backward(*operands, norm=norm, axes=ax, eps=eps, has_weight=weighted, of=T),
+                       rhs=t.norm_backward(*operands, norm=norm, axes=ax, eps=eps, has_weight=weighted,
+                                           has_residual=False, of=T),
                        when=FACTS + (WEIGHT_FACTS if weighted else ()),
                        example=_example(norm, weighted))
 
 
-RULES = tuple(_rules())
+def _residual_example(first: bool, weighted: bool):
+    """A pre-norm block's x: its cotangent is the norm's dx plus the residual branch's, r."""
+    def example(rng: np.random.Generator):
+        rows, n = (int(v) for v in rng.integers(1, 9, size=2))
+        inputs = {"x": rand(rng, rows, n + 1), "g": rand(rng, rows, n + 1), "r": rand(rng, rows, n + 1)}
+        if weighted:
+            inputs["w"] = rand(rng, n + 1)
+        def total(x, g, r, w=None):
+            dx = norm_input_grad(g * w if weighted else g, x, norm="layernorm", axes=(1,), eps=EPS)[0]
+            return r + dx if first else dx + r
+        return total, inputs
+    return example
+
+
+def _residual_rules():
+    """dx + r = norm_backward(…, r): the add happens as dx is written, not in a pass of its own."""
+    for weighted in (True, False):
+        operands = (x, g, w) if weighted else (x, g)
+        flags = dict(norm=Expr("nm"), axes=ax, eps=eps, has_weight=weighted)
+        fused = t.norm_backward(*operands, **flags, has_residual=False, of=T)
+        for first in (False, True):
+            yield Rule(f"residual-into-norm-input-grad{'' if weighted else '-unweighted'}{'-first' if first else ''}",
+                       "r + norm_backward(x, g) = norm_backward(x, g, r)" if first else
+                       "norm_backward(x, g) + r = norm_backward(x, g, r)",
+                       lhs=t.add(Expr("r"), fused, of=T) if first else t.add(fused, Expr("r"), of=T),
+                       rhs=t.norm_backward(*operands, Expr("r"), **flags, has_residual=True, of=T),
+                       when=("(= (shp r) s)", "(= (dt r) d)"),
+                       example=_residual_example(first, weighted),
+                       needs=(f"layernorm-input-grad{'' if weighted else '-unweighted'}",))
+
+
+RULES = tuple(_rules()) + tuple(_residual_rules())
