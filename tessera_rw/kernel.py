@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable
 import numpy as np
 
 from tessera_rw.algebra.api.dispatch import type_of
-from tessera_rw.algebra.builder import user_site, warn_at_user_line
+from tessera_rw.algebra.builder import user_module, user_site, warn_at_user_line
 from tessera_rw.algebra.captures import function_name, note_nested
 from tessera_rw.algebra.errors import ArgumentError, RetraceWarning, TesseraError
 from tessera_rw.algebra.graph import Graph
@@ -80,6 +80,7 @@ class Kernel:
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         self._instances = InstanceKernels()               # per instance, when defined in a class body
+        self.made_in = user_module()                      # the module whose code made it (the CLI's targets)
         functools.update_wrapper(self, fn, updated=())   # the name and docs, never fn's attributes
 
     def __get__(self, obj: Any, owner: type | None = None) -> Kernel | BoundKernel:

@@ -272,8 +272,11 @@ def test_a_file_explains_the_kernels_it_makes_from_other_modules_functions_not_t
         "from tessera_rw import op\n"
         "def make_block():\n    def block(x, w):\n        return op.relu(x @ w)\n    return block\n"
         "@op.kernel\ndef imported_kernel(x, w):\n    return x @ w\n")
+    (tmp_path / "blocks_made_elsewhere.py").write_text(
+        "from tessera_rw import op\nimport blocks_helper\nelsewhere = op.kernel(blocks_helper.make_block())\n")
     module = tmp_path / "model_file.py"
     module.write_text("from tessera_rw import op\nimport blocks_helper\nfrom blocks_helper import imported_kernel\n"
+                      "from blocks_made_elsewhere import elsewhere\n"
                       "block = op.kernel(blocks_helper.make_block())\nalias = block\n"
                       "@op.kernel\ndef own(x, w):\n    return x @ w + 1.0\n"
                       "def example_inputs():\n    import numpy as np\n"

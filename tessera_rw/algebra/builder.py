@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import math
 import os
 import sys
 import sysconfig
@@ -54,6 +55,12 @@ def user_site() -> str | None:
     source = linecache.getline(filename, frame.f_lineno).strip()
     where = f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
     return f"{where}: {source}" if source else where
+
+
+def user_module() -> str | None:
+    """The name of the module whose code is running, the innermost frame outside tessera_rw."""
+    frame = _user_frame()
+    return None if frame is None else frame.f_globals.get("__name__")
 
 
 def warn_at_user_line(warning: Warning) -> None:
@@ -115,8 +122,8 @@ def python_scalar(value: float | int | bool, dtype: DType) -> float | int | bool
         return bool(value)
     if dtype.is_integer:
         info = np.iinfo(dtype.numpy)
-        if not info.min <= int(value) <= info.max:
-            raise DTypeError(f"the integer {value} does not fit {dtype.value} ({info.min} to {info.max})",
+        if not (math.isfinite(value) and info.min <= int(value) <= info.max):
+            raise DTypeError(f"the value {value} does not fit {dtype.value} ({info.min} to {info.max})",
                              hint=f"cast the tensor to a wider type first (op.cast(x, 'int64')), or use a value in "
                                   f"{dtype.value}'s range")
         return int(value)

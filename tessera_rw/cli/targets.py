@@ -88,10 +88,9 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
 
 
 def _made_in(kernel: Kernel, module: Any) -> bool:
-    """Whether `module` made `kernel` rather than imported it: its function is the module's own, or
-    the function's module does not hold this kernel (op.kernel(make_block()) of a helper's factory)."""
-    home = sys.modules.get(getattr(function_of(kernel.fn), "__module__", None) or "")
-    return home is module or home is None or all(v is not kernel for v in vars(home).values())
+    """Whether `module`'s code made `kernel` (op.kernel(make_block()) of a helper's factory included),
+    rather than importing it."""
+    return kernel.made_in == module.__name__
 
 
 def load_target(target: str) -> tuple[Kernel, Any]:

@@ -65,6 +65,11 @@ class NormBackwardTemplate(RowwiseTemplate):
     def looped_passes(self, op: KernelOp) -> int:
         return PASSES[op.attr_map["norm"]]
 
+    def reread_bytes(self, op: KernelOp) -> int:
+        # x in every walk, g (and the weight) only in the last two
+        x, g = op.operands[:2]
+        return (self.looped_passes(op) - 1) * x.nbytes + g.nbytes
+
     def _registers(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> int:
         kahan = REG_KAHAN if op.numerics is Numerics.KAHAN_SUM else 0
         if self.resident(op, s):

@@ -9,7 +9,9 @@ threads (a warp, or the whole block for long rows) stride along one output's red
 with vector loads and combine through warp shuffles (and shared memory across warps). When the
 innermost group is kept (a "column reduce", e.g. sum over axis 0), consecutive threads own
 consecutive outputs, so every load of the walk down the reduced axis is coalesced; `split` rows
-of threads walk interleaved parts of the reduced axis and meet in shared memory.
+of threads walk interleaved parts of the reduced axis and meet in shared memory. A row reduce
+with too few outputs to fill the GPU a block each has `blocks` blocks share each output, meeting
+in a workspace (reduction_split.py): a loss, a norm of a whole tensor.
 
 Shapes are baked into the source. 16-bit inputs accumulate in fp32; int32/bool sums in int64,
 as numpy (and the op's declared dtype) does. Under the `kahan_sum` numerics policy a float sum or
@@ -27,7 +29,7 @@ already and stay as they are.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
@@ -41,6 +43,7 @@ from tessera_rw.codegen.templates.base import Resources, Schedule, Template, gri
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
                                                       expr_ops, kernel_name, store, vector_widths, words)
 from tessera_rw.codegen.templates.reduction_reads import Layout, operand_reads, reduction_layout, values_type
+from tessera_rw.codegen.templates.reduction_split import MAX_GRID_SPLIT, grid_split, parts_met, split_workspace_bytes
 from tessera_rw.codegen.templates.reduction_walk import Walk
 
 MAX_INDEX = 2**31        # row and offset math is 32-bit
@@ -59,6 +62,11 @@ class ReductionSchedule(Schedule):
     threads: int = 256
     vec: int = 4          # row: elements per load; column: consecutive outputs per thread
     split: int = 32       # threads that share one output (row: 32 or threads; column: rows of threads)
+    blocks: int = 1       # row, a block per output: blocks sharing one output (its parts meet in a workspace)
+
+    def describe(self) -> str:
+        """As every schedule's, the grid split named only where there is one."""
+        return super().describe().replace(" blocks=1", "")
 
 
 class ReductionTemplate(Template):
@@ -99,6 +107,9 @@ class ReductionTemplate(Template):
         if lay.row:
             warp = ReductionSchedule(256, vecs[0], WARP_SIZE)
             block = ReductionSchedule(512, vecs[0], 512)
+            shared = grid_split(lay, block.threads, block.split, block.vec, arch)
+            if shared > 1:       # too few outputs to fill the GPU a block each: blocks share each one
+                return (replace(block, blocks=shared), block)
             return (warp, block) if lay.n_red <= WARP_ROW_MAX else (block, warp)
         # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks.
         narrow = [v for v in vecs if v <= 2][0]
@@ -125,7 +136,8 @@ class ReductionTemplate(Template):
             return False
         lay = self._layout(op)
         splits = s.split in (WARP_SIZE, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
-        if not splits or s.vec not in self._vecs(op, lay):
+        shared = s.blocks == 1 or (lay.row and s.split == s.threads and 1 < s.blocks <= MAX_GRID_SPLIT)
+        if not splits or not shared or s.vec not in self._vecs(op, lay):
             return False
         limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
         return (self._smem(op, s, lay) <= min(STATIC_SMEM, arch.smem_per_block)
@@ -149,7 +161,7 @@ class ReductionTemplate(Template):
     def resources(self, op: KernelOp, schedule: ReductionSchedule, arch: ArchSpec) -> Resources:
         lay = self._layout(op)
         if lay.row:
-            blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split))
+            blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split)) * schedule.blocks
         else:
             blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split * schedule.vec))
         return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, schedule, lay, arch),
@@ -201,21 +213,30 @@ class ReductionTemplate(Template):
         inputs = "x" if op.op != "fused_reduction" else ", ".join(f"in{i}" for i in range(len(op.operands)))
         blocks = self.resources(op, schedule, arch).blocks
         how = f"{a} with Neumaier compensation" if kahan else a
+        work = self.workspace_bytes(op, schedule, lay)
+        scratch = ", unsigned char* __restrict__ work" if work else ""
         source = f"""// {op}
 // reduction ({'row' if lay.row else 'column'} reduce) of {lay.n_red} elements into each of {lay.n_out} outputs,
 // schedule {schedule.describe()}; accumulates in {how}.
-// launch: {name}<<<{blocks}, {schedule.threads}>>>({inputs}, out)
+// launch: {name}<<<{blocks}, {schedule.threads}>>>({inputs}, out{', work' if work else ''})
 {VEC_STRUCT}
 {COMPENSATED_SUM_CUDA if kahan else ""}
 __device__ __forceinline__ {a} reduction_combine({a} a, {a} b) {{ return {combine}; }}
 
-extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.params()}, {STORAGE[out]}* __restrict__ out) {{
+extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.params()}, {STORAGE[out]}* __restrict__ out{scratch}) {{
 {body}
 }}
 """
         return KernelSource(name, source, schedule.threads,
                             grid=(self.resources(op, schedule, arch).blocks, 1, 1),
-                            fast_math=op.numerics is Numerics.FAST)
+                            fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
+
+    def workspace_bytes(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
+        return split_workspace_bytes(lay.n_out, s.blocks, self._part_bytes(op))
+
+    def _part_bytes(self, op: KernelOp) -> int:
+        """A block's part of an output in a grid split's workspace: its total, and compensation."""
+        return words(self._acc(op)) * 4 * (2 if self.compensated(op) else 1)
 
     @staticmethod
     def _monoid(name: str, acc: DType) -> tuple[str, str]:
@@ -239,13 +260,17 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
                 "kahan_merge(acc, comp, s2, c2); }") if kahan else \
             "acc = reduction_combine(acc, __shfl_xor_sync(0xffffffffu, acc, o));"
         shuffle = f"    for (int o = {WARP_SIZE // 2}; o > 0; o >>= 1) {step}"
-        lines = [f"    const unsigned row = blockIdx.x * {rpb}u + threadIdx.x / {tpr}u;",
+        parts = s.blocks
+        first = f"(part * {tpr}u + lane) * {v}u" if parts > 1 else f"lane * {v}u"
+        row = f"blockIdx.x / {parts}u" if parts > 1 else f"blockIdx.x * {rpb}u + threadIdx.x / {tpr}u"
+        lines = [f"    const unsigned row = {row};",
+                 *([f"    const unsigned part = blockIdx.x % {parts}u;"] if parts > 1 else []),
                  f"    const unsigned lane = threadIdx.x % {tpr}u;",
                  f"    {a} acc = {ident};" + (f" {a} comp = {ident};" if kahan else ""),
                  f"    if (row < {lay.n_out}u) {{",
                  *(f"        {line}" for line in walk.bases("row")),
                  f"        #pragma unroll {UNROLL}",
-                 f"        for (unsigned r = lane * {v}u; r < {lay.n_red}u; r += {tpr * v}u) {{",
+                 f"        for (unsigned r = {first}; r < {lay.n_red}u; r += {parts * tpr * v}u) {{",
                  *(f"            {line}" for line in walk.loads("r")),
                  "            #pragma unroll",
                  f"            for (int j = 0; j < {v}; ++j) {walk.per_lane(add)}",
@@ -265,6 +290,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
             if kahan:
                 lines += [f"    comp = lane < {warps}u ? partial_comp[lane] : {ident};"]
             lines += [shuffle]
+        if parts > 1:
+            lines += parts_met(lay.n_out, parts, self._part_bytes(op), a, ident, kahan, shuffle)
         if kahan:
             lines.append("    acc = kahan_total(acc, comp);")
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
@@ -336,13 +363,16 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
             red("mean", (8192, 512), f32, (1,), True, numerics=kahan),    # compensated, warp per row
             red("sum", (4096, 4096), f32, (0,), numerics=kahan),          # compensated column reduce
             red("sum", (16, 1024, 256), f32, (0, 2), numerics=kahan),     # compensated, two reduced groups
-            red("sum", (1 << 22,), f32, (0,), numerics=kahan),            # one long compensated sum
+            red("sum", (1 << 22,), f32, (0,), numerics=kahan),            # one long compensated sum (grid split)
             red("max", (4096, 4096), f32, (1,), numerics=kahan),          # max: the policy changes nothing
             # a layer norm's backward: Σ dy·w·x̂ over each row, and Σ dy·x̂ over the rows (statistics broadcast)
             fused((((8192, 4096), bf), ((4096,), bf), ((8192, 4096), bf)), "mul(mul($0,$1),$2)", "sum", (1,), True),
             fused((((8192, 4096), bf), ((8192, 1), f32), ((8192, 1), f32), ((8192, 4096), bf)),
                   "mul(mul(sub($0,$1),$2),$3)", "sum", (0,)),
             fused((((512, 64), f32), ((512, 64), f32)), "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),   # a loss
+            # few outputs: blocks share each one (a grid split)
+            red("sum", (4, 1024, 768), bf, (0, 1, 2)),                   # to a scalar
+            fused((((8192, 4096), bf), ((8192, 4096), bf)), "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),
         )
 
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused import expr_leaves, parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -41,6 +40,7 @@ from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE,
                                                       broadcast_strides, coalesce, emit_tree, expr_ops,
                                                       index_type, kernel_name, load, offset_expr, store,
                                                       vector_widths)
+from tessera_rw.codegen.templates.rowwise_spec import row_spec
 from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
     resident_statistics
 
@@ -57,45 +57,6 @@ class RowwiseSchedule(Schedule):
     threads: int = 256
     vec: int = 4
     rows_per_block: int = 1     # threads // 32: one warp per row; 1: the block shares a row
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    """What any of the ops computes, as one shape: prologue -> norm -> affine -> epilogue."""
-    norm: str
-    prologue: tuple[TensorType, ...]
-    expr: object
-    weight: TensorType | None
-    bias: TensorType | None
-    epilogue: tuple[TensorType, ...]
-    post: object
-    eps: float
-    k: int                      # trailing axes normalized
-
-
-def row_spec(op: KernelOp) -> RowSpec:
-    a, xs = op.attr_map, op.operands
-    if op.op in ("softmax", "log_softmax"):
-        return RowSpec(op.op, xs, 0, None, None, (), 0, 0.0, 1 if a["axis"] == xs[0].ndim - 1 else 0)
-    if op.op == "norm_backward":         # x and its cotangent g are the rows read; the weight scales g
-        w = xs[2] if a["has_weight"] else None
-        return RowSpec(a["norm"], xs[:2], 0, w, None, xs[2 + a["has_weight"]:], 0, float(a["eps"]), len(a["axes"]))
-    if op.op in ("layernorm", "rmsnorm"):
-        params = iter(xs[1:])
-        w = next(params) if a["has_weight"] else None
-        b = next(params) if a["has_bias"] else None
-        return RowSpec(op.op, xs[:1], 0, w, b, (), 0, float(a["eps"]), len(a["axes"]))
-    post = parse_expr(a["post"])
-    after = max(expr_leaves(post))
-    n_params = a["has_weight"] + a["has_bias"]
-    before = len(xs) - n_params - after
-    params = iter(xs[before:before + n_params])
-    w = next(params) if a["has_weight"] else None
-    b = next(params) if a["has_bias"] else None
-    axes = tuple(a["axes"])
-    trailing = axes == tuple(range(op.result.ndim - len(axes), op.result.ndim))
-    return RowSpec(a["norm"], xs[:before], parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
-                   float(a.get("eps", 0.0)), len(axes) if trailing else 0)
 
 
 class RowwiseTemplate(Template):
@@ -192,7 +153,7 @@ class RowwiseTemplate(Template):
             in_flight = min(rows, arch.sm_count * (arch.max_warps_per_sm * WARP_SIZE // s.threads) * s.rows_per_block)
             row_bytes = reads // rows
             if in_flight * row_bytes > arch.l2_bytes:
-                hbm += (self.looped_passes(op) - 1) * reads
+                hbm += self.reread_bytes(op)
         # block mode: one fp32 partial per warp for each statistic reduced across the block (a sum
         # under kahan_sum is a pair)
         sums = 2 if op.numerics is Numerics.KAHAN_SUM else 1
@@ -313,7 +274,6 @@ class RowwiseTemplate(Template):
                       stats: list[str]) -> KernelSource:
         """The kernel around a row's statement lines `stats`: its helpers, row and lane, the operands
         constant along the row loaded once (r<i>)."""
-        spec = row_spec(op)
         rows, length = self._row(op)
         tpr = s.threads // s.rows_per_block
         name = kernel_name(self.kind_of(op), op, s)
@@ -349,6 +309,10 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
     def looped_passes(self, op: KernelOp) -> int:
         """How many times the looped walk reads a row."""
         return LOOPED_PASSES[row_spec(op).norm]
+
+    def reread_bytes(self, op: KernelOp) -> int:
+        """What the looped walk reads beyond one pass over its rows."""
+        return (self.looped_passes(op) - 1) * sum(t.nbytes for t in row_spec(op).prologue)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM

@@ -12,6 +12,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library import kernel_forms, masks
+from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.tables import rank, swapped_last, with_dim
@@ -25,12 +26,6 @@ NARROW_RANGE_FLOATS = ("float16", "float8_e4m3", "float8_e5m2")     # a sum of t
 
 def const(value=c, dtype=cd) -> Expr:
     return t.constant(value=value, dtype=dtype, of=((), dtype))
-
-
-def rand(rng: np.random.Generator, *shape: int, dtype=np.float32) -> np.ndarray:
-    """Random values of `shape`; a dim given as 0 is drawn at random (1..6)."""
-    dims = tuple(int(rng.integers(1, 7)) if n == 0 else n for n in shape)
-    return rng.standard_normal(dims).astype(dtype)
 
 
 def matmul_pair(rng: np.random.Generator, batch: int) -> tuple[np.ndarray, np.ndarray]:

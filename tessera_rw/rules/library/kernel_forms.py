@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from tessera_rw.algebra import api as op
+from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
@@ -19,11 +19,6 @@ t = TermBuilder()
 a, b, x, acc, ax, s, d = t.vars("a b x acc ax s d")
 T = (s, d)
 VECTOR_LENGTH = 5               # the examples' vector operand
-
-
-def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    """float32 values of `shape`, a dim given as 0 drawn from 1..6 (algebra imports this module)."""
-    return rng.standard_normal(tuple(int(rng.integers(1, 7)) if n == 0 else n for n in shape)).astype(np.float32)
 
 
 def _swap_to_last(norm: str) -> Rule:
@@ -38,7 +33,7 @@ def _swap_to_last(norm: str) -> Rule:
                 when=("(= last (- (vec-length s) 1))", "(< ax last)", "(= ip (identity-perm (vec-length s)))",
                       "(= p (vec-set (vec-set ip ax last) last ax))", "(= (dt x) d)"),
                 example=lambda rng: ((lambda x: getattr(op, norm)(x, axis=int(rng.integers(0, 2)))),
-                                     {"x": _rand(rng, 0, 0, 0)}))
+                                     {"x": rand(rng, 0, 0, 0)}))
 
 
 def _vector_products() -> tuple[Rule, ...]:
@@ -49,7 +44,7 @@ def _vector_products() -> tuple[Rule, ...]:
     shapes = ("(= a_s (shp a))", "(= b_s (shp b))", "(= da (dt a))", "(= db (dt b))")
 
     def example(a_shape, b_shape):
-        return lambda rng: ((lambda a, b: a @ b), {"a": _rand(rng, *a_shape), "b": _rand(rng, *b_shape)})
+        return lambda rng: ((lambda a, b: a @ b), {"a": rand(rng, *a_shape), "b": rand(rng, *b_shape)})
     n = VECTOR_LENGTH
     return (
         Rule("vector-times-matrix-as-a-row", "v A = (v as a 1×n matrix) A, reshaped",

@@ -6,12 +6,13 @@ condition turns the one into the other, and the negation then folds into the con
 
     where(m, a, b) = where(¬m, b, a)        ¬¬m = m        ¬(x = y) = (x ≠ y)        ¬(x ≠ y) = (x = y)
     ¬triu(1, k) = tril(1, k − 1)            (the causal mask written as the keys to drop)
-    tril(c, k) ≠ 0 = tril(1, k)             (a float causal mask compared, for c ≠ 0)
+    tril(1, k) ≠ 0 = tril(True, k)          (a float causal mask compared)
 
 so where(triu(ones, 1), −∞, s), where(tril(ones) == 0, −∞, s), where(bias == 0, −∞, s) and
 where(~keep, −∞, s) reach the
 where(keep, s, −∞) the attention rules fuse. An upcast between the mask and the scores moves out:
-where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f), exact since −∞ is in every float type.
+where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f), exact where x's type has a −∞ (every float
+type but float8_e4m3).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra import api as op
+from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
@@ -26,10 +28,9 @@ t = TermBuilder()
 a, b, m, x, y, k, fs, ms, s, d, dx = t.vars("a b m x y k fs ms s d dx")
 T = (s, d)
 BOOL = (s, "bool")
-
-
-def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return rng.standard_normal(shape).astype(np.float32)
+# the dtypes with no −∞ of their own (e4m3 has no infinity; −∞ as a bool is True), which an upcast's
+# mask cannot move before
+WITHOUT_INFINITY = ("bool", "int32", "int64", "float8_e4m3", "complex64", "complex128")
 
 
 def _bools(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -71,16 +72,16 @@ RULES = (
          lhs=t.logical_not(t.triu(t.full(shape=fs, value=True, dtype="bool"), k=k), of=BOOL),
          rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=Expr("(- k 1)"), of=BOOL),
          example=_triangle_example),
-    Rule("nonzero-of-tril-of-ones", "tril(c, k) ≠ 0 = tril(1, k) for c ≠ 0 (a float tril mask made bool)",
+    Rule("nonzero-of-tril-of-ones", "tril(1, k) ≠ 0 = tril(True, k) (a float tril mask made bool)",
          lhs=t.ne(t.tril(t.full(shape=fs, value=Expr("c"), dtype=Expr("fd")), k=k),
                   t.constant(value=0.0, dtype=Expr("fd")), of=BOOL),
          rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=k, of=BOOL),
-         when=("(!= c 0.0)", "(= s fs)"),
+         when=("(= c 1.0)", "(= s fs)"),
          example=lambda rng: ((lambda x: op.where(op.tril(op.ones((4, 4))) != 0, x, -1.0)), {"x": rand(rng, 4, 4)})),
     Rule("upcast-after-mask", "where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f)",
          lhs=t.where(m, t.cast(x, dtype=d), t.constant(value=float("-inf"), dtype=d), of=T),
          rhs=t.cast(t.where(m, x, t.constant(value=float("-inf"), dtype=dx, of=((), dx)), of=(s, dx)), dtype=d, of=T),
-         when=("(= dx (dt x))", "(= (shp x) s)"),
+         when=("(= dx (dt x))", "(= (shp x) s)", *(f'(!= dx "{t}")' for t in WITHOUT_INFINITY)),
          example=lambda rng: ((lambda keep, x: op.where(keep, op.cast(x, "float32"), -np.inf) * 2.0),
                               {"keep": _bools(rng, 3, 5), "x": rand(rng, 3, 5).astype("float16")})),
 )

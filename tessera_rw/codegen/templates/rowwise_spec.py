@@ -1,0 +1,54 @@
+"""What a row-wise kernel computes, whichever op it is: prologue -> norm -> affine -> epilogue.
+
+softmax / log_softmax normalize one axis; layernorm / rmsnorm their trailing axes with a weight and
+bias; fused_normalization adds an elementwise prologue and epilogue; norm_backward reads x and its
+cotangent g as the rows, the weight scaling g, a residual added as it writes (rowwise.py and
+norm_backward.py emit them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops.fused import expr_leaves, parse_expr
+from tessera_rw.codegen.kernel_op import KernelOp
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """What any of the ops computes, as one shape: prologue -> norm -> affine -> epilogue."""
+    norm: str
+    prologue: tuple[TensorType, ...]
+    expr: object
+    weight: TensorType | None
+    bias: TensorType | None
+    epilogue: tuple[TensorType, ...]
+    post: object
+    eps: float
+    k: int                      # trailing axes normalized
+
+
+def row_spec(op: KernelOp) -> RowSpec:
+    a, xs = op.attr_map, op.operands
+    if op.op in ("softmax", "log_softmax"):
+        return RowSpec(op.op, xs, 0, None, None, (), 0, 0.0, 1 if a["axis"] == xs[0].ndim - 1 else 0)
+    if op.op == "norm_backward":         # x and its cotangent g are the rows read; the weight scales g
+        w = xs[2] if a["has_weight"] else None
+        return RowSpec(a["norm"], xs[:2], 0, w, None, xs[2 + a["has_weight"]:], 0, float(a["eps"]), len(a["axes"]))
+    if op.op in ("layernorm", "rmsnorm"):
+        params = iter(xs[1:])
+        w = next(params) if a["has_weight"] else None
+        b = next(params) if a["has_bias"] else None
+        return RowSpec(op.op, xs[:1], 0, w, b, (), 0, float(a["eps"]), len(a["axes"]))
+    post = parse_expr(a["post"])
+    after = max(expr_leaves(post))
+    n_params = a["has_weight"] + a["has_bias"]
+    before = len(xs) - n_params - after
+    params = iter(xs[before:before + n_params])
+    w = next(params) if a["has_weight"] else None
+    b = next(params) if a["has_bias"] else None
+    axes = tuple(a["axes"])
+    trailing = axes == tuple(range(op.result.ndim - len(axes), op.result.ndim))
+    return RowSpec(a["norm"], xs[:before], parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
+                   float(a.get("eps", 0.0)), len(axes) if trailing else 0)
