@@ -33,7 +33,8 @@ def test_strategy_follows_the_innermost_axis():
     strategies = [T.strategy(op) for op in SAMPLES]
     assert strategies == ["row", "row", "column", "column", "row", "column",
                           "row", "row", "column", "row", "row", "row",      # the kahan_sum samples
-                          "row", "column", "row"]                           # the fused ones
+                          "row", "column", "row",                           # the fused ones
+                          "row", "row"]                                     # the grid splits
     lay = layout(TensorType((16, 1024, 256), DType.float32), (0, 2))
     assert (lay.kept, lay.red, lay.red_strides) == ((1024,), (16, 256), (262144, 1))
     splits = {s.split for op in SAMPLES[:2] for s in T.schedules(op, ARCHS[1])}
@@ -52,3 +53,15 @@ def test_accepts_refuses_what_it_cannot_do():
     x = TensorType((64, 64), DType.float32)
     assert not T.accepts(KernelOp.of("softmax", (x,), x, axis=1))
     assert T.accepts(KernelOp.of("max", (x,), TensorType((64,), x.dtype), axes=(0,), keepdims=False))
+
+
+def test_few_outputs_share_their_rows_among_enough_blocks_to_fill_the_gpu():
+    arch = arch_named("h100")
+    x = TensorType((4, 1024, 768), DType.bfloat16)
+    to_scalar = KernelOp.of("sum", (x,), TensorType((), DType.bfloat16), axes=(0, 1, 2), keepdims=False)
+    t = ReductionTemplate()
+    s = t.schedules(to_scalar, arch)[0]
+    assert s.blocks > 1 and t.resources(to_scalar, s, arch).blocks >= arch.sm_count
+    assert t.emit(to_scalar, s, arch).workspace_bytes == 4 * s.blocks + 4        # fp32 parts, one counter
+    rows = KernelOp.of("sum", (x,), TensorType((4, 1024), DType.bfloat16), axes=(2,), keepdims=False)
+    assert all(s.blocks == 1 and "blocks" not in s.describe() for s in t.schedules(rows, arch))
