@@ -96,6 +96,15 @@ def backward_gemms_with_epilogues(program: CompiledProgram) -> None:
     assert "reduction" not in [k.kind for k in program.candidate.kernels]
 
 
+def training_step_fused(program: CompiledProgram) -> None:
+    ops = step_ops(program)
+    assert {"flash_attention_lse", "flash_attention_bwd", "norm_backward"} <= set(ops), ops
+    assert ops.count("concatenate") == 1 and "pad" not in ops        # q, k, v's cotangents joined
+    kernels = program.candidate.kernels
+    assert any(k.kind == "layernorm" and "residual" in k.fused for k in kernels)
+    assert any("bias_grad" in k.fused for k in kernels) and any("dgelu_tanh" in k.fused for k in kernels)
+
+
 def tuned_linear_gelu(program: CompiledProgram) -> None:
     (gemm,) = program.candidate.kernels
     assert gemm.kind == "gemm" and set(gemm.fused) == {"bias", "gelu"}
@@ -121,6 +130,7 @@ EXPECTED = {
     ("transformer_block", "transformer_block"): transformer_block_fused,
     ("hyena_conv", "hyena_block"): spectral_convolution,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
+    ("training_step", "block_loss_and_grads"): training_step_fused,
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
     ("fp8_linear", "fp8_linear"): fp8_gemm_reading_the_weight_in_place,
     ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_with_epilogue,
