@@ -23,6 +23,7 @@ from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS
+from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
@@ -298,7 +299,7 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
     found: dict[tuple, Candidate] = {}
     for chosen in choose_per_depth(result, arch, objective, forbid):
         program = Graph(graph.name, graph.inputs, tuple(view.decode(chosen.choice, r) for r in roots)).verify()
-        found.setdefault(program.outputs, candidate_of(program, arch))
+        found.setdefault(program.outputs, candidate_of(fold_layout_chains(program), arch))
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
         return (candidate_of(graph, arch),)
     primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)

@@ -359,6 +359,11 @@ def _copy_ops() -> dict[str, KernelOp]:
         "strided column slice bf16": of("slice", TensorType((128, 512), BF16), starts=(0, 0), stops=(128, 512),
                                         steps=(1, 2)),
         "broadcast_to rows bf16": of("broadcast_to", TensorType((1, 512), BF16), shape=(128, 512)),
+        # k of a fused q|k|v projection with its heads brought forward (a folded slice + transpose)
+        "strided_copy k heads bf16": of("strided_copy", TensorType((2, 64, 192), BF16), shape=(2, 4, 64, 16),
+                                        strides=(64 * 192, 16, 192, 1), offset=64),
+        "strided_copy ragged f32": of("strided_copy", TensorType((5, 37), F32), shape=(3, 2, 7),
+                                      strides=(37, 12, 1), offset=3),
         "flip columns bf16": of("flip", TensorType((96, 250), BF16), axes=(1,)),
         "flip outer axes f32": of("flip", TensorType((3, 50, 64), F32), axes=(0, 1)),
         "flip every axis f32": of("flip", TensorType((6, 7, 10), F32), axes=(0, 1, 2)),

@@ -1,4 +1,5 @@
-"""Copy kernels: a layout op materialized (transpose, pad, concatenate, slice, flip, broadcast_to).
+"""Copy kernels: a layout op materialized (transpose, pad, concatenate, slice, flip, broadcast_to, and
+strided_copy, a chain of them folded into one: lower/layout_chains.py).
 
 Two paths. A transpose that moves the innermost axis goes through shared memory: a block reads
 a TILE x TILE tile along the input's inner axis and writes it along the output's (both
@@ -54,7 +55,7 @@ class CopyTemplate(Template):
     """transpose, pad (constant), concatenate, slice (strided), flip and broadcast_to as one pass."""
 
     kind = "copy"
-    ops = frozenset({"transpose", "pad", "concatenate", "slice", "flip", "broadcast_to"})
+    ops = frozenset({"transpose", "pad", "concatenate", "slice", "flip", "broadcast_to", "strided_copy"})
 
     def accepts(self, op: KernelOp) -> bool:
         types = op.operands + (op.result,)
@@ -93,6 +94,8 @@ class CopyTemplate(Template):
         if op.op == "broadcast_to":
             x = op.operands[0]
             return v == 1 or (x.ndim > 0 and x.shape[-1] == out.shape[-1])
+        if op.op == "strided_copy":   # vector runs along the inner axis, each starting aligned
+            return a["strides"][-1] == 1 and a["offset"] % v == 0 and all(st % v == 0 for st in a["strides"][:-1])
         x, axes = op.operands[0], a["axes"]   # transpose: contiguous runs only if the inner axis stays
         return v == 1 or axes[-1] == x.ndim - 1
 
@@ -106,6 +109,9 @@ class CopyTemplate(Template):
         if op.op == "broadcast_to":
             sizes, (strides,) = coalesce(out, [broadcast_strides(out, x.shape)])
             return offset_expr("i", sizes or (1,), strides or (0,)), []
+        if op.op == "strided_copy":
+            sizes, (strides,) = coalesce(out, [tuple(a["strides"])])
+            return f"{a['offset']}u + {offset_expr('i', sizes or (1,), strides or (0,))}", []
         st = contiguous_strides(x.shape)
         if op.op == "slice":
             base = sum(s0 * s for s0, s in zip(a["starts"], st))
@@ -153,7 +159,7 @@ class CopyTemplate(Template):
                 start += width
             return lines + ["}"]
         src, _ = self._source(op)
-        if op.op == "broadcast_to" and v > 1 or v == 1 or op.op in ("transpose", "slice", "flip"):
+        if op.op == "broadcast_to" and v > 1 or v == 1 or op.op in ("transpose", "slice", "flip", "strided_copy"):
             return [f"const {vt} r = *reinterpret_cast<const {vt}*>(in0 + ({src}));"]
         raise AssertionError(op.op)
 
@@ -203,9 +209,10 @@ class CopyTemplate(Template):
             regs = (REG_BASE + (REG_SM90 if arch.compute_capability >= (9, 0) else 0) + REG_PER_WORD * words
                     + (REG_PER_PAD_AXIS * sum(1 for d in op.result.shape if d > 1) if op.op == "pad" else 0))
         reads = op.operand_bytes
-        if op.op == "slice":   # only the sliced elements, in whole sectors when strided
+        if op.op in ("slice", "strided_copy"):   # only the elements read, in whole sectors when strided
             size = op.operands[0].dtype.itemsize
-            waste = min(op.attr_map["steps"][-1], max(1, SECTOR_BYTES // size))
+            inner = op.attr_map["steps"][-1] if op.op == "slice" else op.attr_map["strides"][-1]
+            waste = min(max(1, inner), max(1, SECTOR_BYTES // size))
             reads = min(reads, op.result.nbytes * waste)
         return Resources(threads=s.threads, blocks=blocks, registers=round(regs), smem_bytes=smem,
                          hbm_bytes=reads + op.result.nbytes, flops=0, unit=MathUnit.FP32)
@@ -294,6 +301,9 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             mk("broadcast_to", (TensorType((1, 4096), bf),), shape=(2048, 4096)),
             mk("flip", (TensorType((4096, 4096), bf),), axes=(1,)),                       # scalar reads
             mk("flip", (TensorType((16, 1024, 768), f32),), axes=(0, 1)),                # vector reads
+            # q of a fused q|k|v projection, its heads brought forward: a folded slice + transpose
+            mk("strided_copy", (TensorType((4, 1024, 3072), bf),), shape=(4, 16, 1024, 64),
+               strides=(1024 * 3072, 64, 3072, 1), offset=0),
         )
 
 

@@ -1,0 +1,147 @@
+"""Chains of layout ops folded into one copy: the q, k and v of attention cut from one projection.
+
+`q = transpose(reshape(x[..., :C], (B, S, H, D)), (0, 2, 1, 3))` is two copy kernels as written (the
+strided slice, then the transpose), each writing a dense tensor the next one reads. But slices,
+reshapes, transposes and broadcasts only say where each element comes from: composed, they are one
+strided view of x's storage (offset + Σ iₖ·strideₖ), and one `strided_copy` reads it. A chain is
+folded where that saves a copy (it holds two copy kernels or more) and the view keeps x's innermost
+elements contiguous, so the copy's reads stay vector loads (a transpose that moves the innermost
+axis keeps its shared-memory tile instead).
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = make_input("x", (2, 8, 96), DType.bfloat16)
+>>> k = make("transpose", make("reshape", make("slice", x, starts=(0, 0, 32), stops=(2, 8, 64), steps=(1, 1, 1)),
+...                              shape=(2, 8, 2, 16)), axes=(0, 2, 1, 3))
+>>> folded = fold_layout_chains(Graph("g", (x,), (k,)))
+>>> [(n.op, n.attr_map.get("strides"), n.attr_map.get("offset")) for n in folded.nodes if n.op != "input"]
+[('strided_copy', (768, 16, 96, 1), 32)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.lower.lowering import view_offset
+
+COPIES = frozenset({"transpose", "broadcast_to", "slice"})      # what a folded chain's kernels may be
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """A value as elements of `root`'s dense storage, and how many copy kernels made it."""
+    root: Node
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    copies: int
+
+
+def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _dense(node: Node) -> StridedView:
+    return StridedView(node, node.shape, contiguous(node.shape), 0, 0)
+
+
+def _is_copy(node: Node) -> bool:
+    return node.op in COPIES and view_offset(node.op, node.args[0].type, node.attr_map) is None
+
+
+def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
+                     new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides that read a strided view as `new_shape` without a copy, or None where none do
+    (numpy's no-copy reshape: each group of old axes merged or split must be contiguous in itself).
+
+    >>> reshaped_strides((4, 6), (12, 1), (4, 2, 3)), reshaped_strides((4, 6), (1, 4), (24,))
+    ((12, 3, 1), None)
+    """
+    if 0 in shape:
+        return None
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    dims, steps = [n for n, _ in old], [s for _, s in old]
+    new = [0] * len(new_shape)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(new_shape) and oi < len(dims):
+        n_new, n_old = new_shape[ni], dims[oi]
+        while n_new != n_old:
+            if n_new < n_old:
+                n_new *= new_shape[nj]
+                nj += 1
+            else:
+                n_old *= dims[oj]
+                oj += 1
+        if any(steps[k] != dims[k + 1] * steps[k + 1] for k in range(oi, oj - 1)):
+            return None
+        new[nj - 1] = steps[oj - 1]
+        for k in range(nj - 1, ni, -1):
+            new[k - 1] = new[k] * new_shape[k]
+        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+    return tuple(new)           # axes past the old ones are of size 1: stride 0
+
+
+def strided_view(node: Node, views: dict[Node, StridedView]) -> StridedView:
+    """`node`'s value as a strided view of the dense value under its chain of layout ops."""
+    if node in views:
+        return views[node]
+    op, a = node.op, node.attr_map
+    inner = strided_view(node.args[0], views) if op in COPIES | {"reshape"} else None
+    found = _dense(node)
+    if op == "transpose":
+        found = StridedView(inner.root, node.shape, tuple(inner.strides[p] for p in a["axes"]), inner.offset,
+                            inner.copies)
+    elif op == "slice" and all(step > 0 for step in a["steps"]):
+        offset = inner.offset + sum(start * s for start, s in zip(a["starts"], inner.strides))
+        found = StridedView(inner.root, node.shape, tuple(step * s for step, s in zip(a["steps"], inner.strides)),
+                            offset, inner.copies)
+    elif op == "broadcast_to":
+        lead = len(node.shape) - len(inner.shape)
+        strides = (0,) * lead + tuple(0 if n == 1 and m != 1 else s
+                                      for n, m, s in zip(inner.shape, node.shape[lead:], inner.strides))
+        found = StridedView(inner.root, node.shape, strides, inner.offset, inner.copies)
+    elif op == "reshape":
+        strides = reshaped_strides(inner.shape, inner.strides, node.shape)
+        if strides is not None:
+            found = StridedView(inner.root, node.shape, strides, inner.offset, inner.copies)
+    if found.root is not node and _is_copy(node):
+        found = StridedView(found.root, found.shape, found.strides, found.offset, found.copies + 1)
+    views[node] = found
+    return found
+
+
+def _foldable(node: Node, view: StridedView) -> bool:
+    """A copy whose chain holds another copy, read along the root's contiguous innermost elements."""
+    return (_is_copy(node) and view.root is not node and view.copies >= 2 and bool(node.shape)
+            and view.strides[-1] == 1 and node.shape[-1] > 1)
+
+
+def fold_layout_chains(graph: Graph) -> Graph:
+    """`graph` with each foldable chain of layout ops one strided_copy of the value under it (the
+    copies it replaces go where nothing else reads them)."""
+    views: dict[Node, StridedView] = {}
+    folds = {}
+    for node in graph.nodes:
+        if node.op in COPIES:
+            view = strided_view(node, views)
+            if _foldable(node, view):
+                folds[node] = view
+    if not folds:
+        return graph
+    new: dict[Node, Node] = {}
+    for node in graph.nodes:
+        if node in folds:
+            v = folds[node]
+            new[node] = make("strided_copy", new[v.root], shape=v.shape, strides=v.strides, offset=v.offset)
+        elif any(new[arg] is not arg for arg in node.args):
+            new[node] = make(node.op, *(new[arg] for arg in node.args), **node.attr_map)
+        else:
+            new[node] = node
+    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()

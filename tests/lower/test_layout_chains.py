@@ -1,0 +1,99 @@
+"""Chains of layout ops fold into one strided_copy where that saves a copy kernel: the folded graph
+computes the same values (exactly: they are copies), and attention's q, k, v cut from one
+projection take one copy each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tessera_rw import op
+from tessera_rw.algebra.builder import make, make_input
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import ShapeError
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.lower.layout_chains import fold_layout_chains, reshaped_strides
+
+
+def _step(draw, node):
+    """One random layout op over `node`."""
+    shape = node.shape
+    kind = draw(st.sampled_from(["transpose", "slice", "reshape", "broadcast_to"]))
+    if kind == "transpose":
+        axes = tuple(draw(st.permutations(range(len(shape)))))
+        return make("transpose", node, axes=axes)
+    if kind == "slice":
+        starts, stops, steps = [], [], []
+        for n in shape:
+            start = draw(st.integers(0, n - 1))
+            stop = draw(st.integers(start + 1, n))
+            starts.append(start), stops.append(stop), steps.append(draw(st.integers(1, 3)))
+        return make("slice", node, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+    if kind == "reshape":
+        total = int(np.prod(shape))
+        split = [d for d in range(1, total + 1) if total % d == 0]
+        first = draw(st.sampled_from(split))
+        return make("reshape", node, shape=(first, total // first))
+    axis = draw(st.integers(0, len(shape) - 1))
+    if shape[axis] != 1:
+        return make("reshape", node, shape=shape[:axis] + (1,) + shape[axis:]) if len(shape) < 4 else node
+    return make("broadcast_to", node, shape=shape[:axis] + (draw(st.integers(2, 3)),) + shape[axis + 1:])
+
+
+@st.composite
+def chains(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    x = make_input("x", shape, DType.float32)
+    node = x
+    for _ in range(draw(st.integers(1, 5))):
+        node = _step(draw, node)
+    return Graph("chain", (x,), (make("tanh", node),)), shape
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains())
+def test_a_folded_chain_computes_the_same_values(chain):
+    graph, shape = chain
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7 + 1
+    want = evaluate(graph, {"x": x})[0]
+    folded = fold_layout_chains(graph)
+    np.testing.assert_array_equal(evaluate(folded, {"x": x})[0], want)
+    assert len(folded.nodes) <= len(graph.nodes)
+
+
+def test_reshape_strides_follow_numpy_where_it_makes_no_copy():
+    base = np.arange(4 * 6 * 5).reshape(4, 6, 5)[:, ::2, :].transpose(1, 0, 2)    # (3, 4, 5), strided
+    strides = tuple(s // base.itemsize for s in base.strides)
+    for new_shape in [(3, 20), (12, 5), (3, 4, 5, 1), (60,), (3, 2, 2, 5)]:
+        got = reshaped_strides(base.shape, strides, new_shape)
+        try:
+            view = base.view()
+            view.shape = new_shape                       # raises where numpy would have to copy
+            want = tuple(s // base.itemsize for s in view.strides)
+            assert [g for g, n in zip(got, new_shape) if n > 1] == [w for w, n in zip(want, new_shape) if n > 1]
+        except AttributeError:
+            assert got is None
+
+
+def test_q_k_v_cut_from_one_projection_take_one_copy_each():
+    def attention(x, w):
+        b, s, d = x.shape
+        qkv = x @ w
+        q, k, v = (op.transpose(op.reshape(qkv[:, :, i * d:(i + 1) * d], (b, s, 4, d // 4)), (0, 2, 1, 3))
+                   for i in range(3))
+        return op.flash_attention(q, k, v, causal=True)
+    x, w = op.tensor((2, 128, 256), "bf16"), op.tensor((256, 768), "bf16")
+    steps = [s.op for s in op.kernel(attention).program(x, w).plan.steps]
+    assert steps.count("strided_copy") == 3 and "slice" not in steps and steps.count("transpose") == 0
+    rng = np.random.default_rng(1)
+    xs, ws = rng.standard_normal((2, 16, 64)), rng.standard_normal((64, 192)) / 8
+    np.testing.assert_allclose(op.kernel(attention)(xs, ws), attention(xs, ws), rtol=1e-10)
+
+
+def test_a_strided_copy_reaching_past_its_operand_is_refused():
+    with pytest.raises(ShapeError, match="reaching element 12 of a tensor of 12"):
+        OPS["strided_copy"].infer(TensorType((3, 4), DType.float32), shape=(2, 2), strides=(8, 4), offset=0)
