@@ -6,7 +6,8 @@ reshapes, transposes and broadcasts only say where each element comes from: comp
 strided view of x's storage (offset + Σ iₖ·strideₖ), and one `strided_copy` reads it. A chain is
 folded where that saves a copy (it holds two copy kernels or more) and the view keeps x's innermost
 elements contiguous, so the copy's reads stay vector loads (a transpose that moves the innermost
-axis keeps its shared-memory tile instead).
+axis keeps its shared-memory tile instead). A concatenate of such chains (the cotangents of q, k
+and v, each transposed back from heads) reads each piece in place: one strided_concatenate.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -123,9 +124,26 @@ def _foldable(node: Node, view: StridedView) -> bool:
             and view.strides[-1] == 1 and node.shape[-1] > 1)
 
 
+def _folded_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[StridedView, ...] | None:
+    """The views a concatenate's operands are, where reading them in place saves a copy kernel."""
+    parts = tuple(strided_view(arg, views) for arg in node.args)
+    if not any(p.copies for p in parts) or any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
+        return None
+    return parts
+
+
+def _folded(node: Node, args: dict[Node, Node], fold) -> Node:
+    if node.op == "concatenate":
+        return make("strided_concatenate", *(args[p.root] for p in fold), axis=node.attr_map["axis"],
+                    shape=node.shape, sizes=tuple(p.shape[node.attr_map["axis"]] for p in fold),
+                    strides=tuple(s for p in fold for s in p.strides), offsets=tuple(p.offset for p in fold))
+    return make("strided_copy", args[fold.root], shape=fold.shape, strides=fold.strides, offset=fold.offset)
+
+
 def fold_layout_chains(graph: Graph) -> Graph:
-    """`graph` with each foldable chain of layout ops one strided_copy of the value under it (the
-    copies it replaces go where nothing else reads them)."""
+    """`graph` with each foldable chain of layout ops one strided_copy of the value under it, and a
+    concatenate of such chains one strided_concatenate (the copies they replace go where nothing
+    else reads them)."""
     views: dict[Node, StridedView] = {}
     folds = {}
     for node in graph.nodes:
@@ -133,13 +151,16 @@ def fold_layout_chains(graph: Graph) -> Graph:
             view = strided_view(node, views)
             if _foldable(node, view):
                 folds[node] = view
+        elif node.op == "concatenate" and node.shape:
+            parts = _folded_concatenate(node, views)
+            if parts is not None:
+                folds[node] = parts
     if not folds:
         return graph
     new: dict[Node, Node] = {}
     for node in graph.nodes:
         if node in folds:
-            v = folds[node]
-            new[node] = make("strided_copy", new[v.root], shape=v.shape, strides=v.strides, offset=v.offset)
+            new[node] = _folded(node, new, folds[node])
         elif any(new[arg] is not arg for arg in node.args):
             new[node] = make(node.op, *(new[arg] for arg in node.args), **node.attr_map)
         else:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tessera_rw.algebra.autodiff.cotangents import before_fusion, crop, dilate, pad_zeros, unbroadcast
+from tessera_rw.algebra.autodiff.cotangents import crop, dilate, pad_zeros, unbroadcast
 from tessera_rw.algebra.errors import AttributeValueError, AxisError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
@@ -121,24 +121,6 @@ def _concatenate_vjp(g, y, *xs, axis):
     return tuple(crop(g, axis, int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
-def _infer_strided_copy(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> TensorType:
-    if len(shape) != len(strides) or any(n < 0 for n in shape) or any(s < 0 for s in strides) or offset < 0:
-        raise ShapeError(f"a strided copy of {fmt_shape(shape)} with strides {strides} at offset {offset} is not "
-                         "a view: one stride per dim, none negative")
-    last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
-    if math.prod(shape) and last >= x.numel:
-        raise ShapeError(f"a strided copy reaching element {last} of a tensor of {x.numel}")
-    return TensorType(tuple(shape), x.dtype)
-
-
-def _strided_copy(x: np.ndarray, shape, strides, offset) -> np.ndarray:
-    flat = np.ascontiguousarray(x).reshape(-1)
-    if not math.prod(shape):
-        return np.empty(shape, x.dtype)
-    return np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=[s * flat.itemsize for s in strides],
-                                           writeable=False).copy()
-
-
 DEFS = (
     OpDef("transpose", ("x",), OpKind.LAYOUT, _infer_transpose, lambda x, axes: np.transpose(x, axes), exact=True,
           vjp=_transpose_vjp),
@@ -150,10 +132,6 @@ DEFS = (
     OpDef("slice", ("x",), OpKind.LAYOUT, _infer_slice, _slice, exact=True, vjp=_slice_vjp),
     OpDef("flip", ("x",), OpKind.LAYOUT, _infer_flip, lambda x, axes: np.flip(x, axes), exact=True,
           vjp=_flip_vjp, doc="numpy.flip: the elements of each axis in `axes` in reverse order"),
-    OpDef("strided_copy", ("x",), OpKind.LAYOUT, _infer_strided_copy, _strided_copy, exact=True,
-          vjp=before_fusion("strided_copy"),
-          doc="x's elements at offset + Σ i_k·strides_k, the storage of x read as `shape`: a chain of layout "
-              "ops (slice, reshape, transpose, broadcast) in one copy, as lowering folds it"),
     OpDef("concatenate", ("xs",), OpKind.LAYOUT, _infer_concatenate,
           lambda *xs, axis: np.concatenate(xs, axis=axis), variadic=True, exact=True, vjp=_concatenate_vjp),
 )

@@ -25,6 +25,7 @@ import numpy as np
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.strided import concatenated_views
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -55,7 +56,8 @@ class CopyTemplate(Template):
     """transpose, pad (constant), concatenate, slice (strided), flip and broadcast_to as one pass."""
 
     kind = "copy"
-    ops = frozenset({"transpose", "pad", "concatenate", "slice", "flip", "broadcast_to", "strided_copy"})
+    ops = frozenset({"transpose", "pad", "concatenate", "slice", "flip", "broadcast_to", "strided_copy",
+                     "strided_concatenate"})
 
     def accepts(self, op: KernelOp) -> bool:
         types = op.operands + (op.result,)
@@ -91,11 +93,15 @@ class CopyTemplate(Template):
         if op.op == "concatenate":
             inner = math.prod(out.shape[a["axis"] + 1:])
             return all((t.shape[a["axis"]] * inner) % v == 0 for t in op.operands)
+        if op.op == "strided_concatenate":   # each piece: whole vectors, read along its inner axis, aligned
+            inner = math.prod(out.shape[a["axis"] + 1:])
+            return all((shape[a["axis"]] * inner) % v == 0 and _aligned(shape, strides, offset, v)
+                       for shape, strides, offset in _views(op))
         if op.op == "broadcast_to":
             x = op.operands[0]
             return v == 1 or (x.ndim > 0 and x.shape[-1] == out.shape[-1])
         if op.op == "strided_copy":   # vector runs along the inner axis, each starting aligned
-            return a["strides"][-1] == 1 and a["offset"] % v == 0 and all(st % v == 0 for st in a["strides"][:-1])
+            return _aligned(a["shape"], a["strides"], a["offset"], v)
         x, axes = op.operands[0], a["axes"]   # transpose: contiguous runs only if the inner axis stays
         return v == 1 or axes[-1] == x.ndim - 1
 
@@ -144,18 +150,22 @@ class CopyTemplate(Template):
             return lines + [f"{vt} r;", f"if ({' && '.join(inside) or 'true'}) {{",
                             f"    r = *reinterpret_cast<const {vt}*>(in0 + ({' + '.join(offset) or '0'}));",
                             "} else {", f"    for (int j = 0; j < {v}; ++j) r.v[j] = {fill};", "}"]
-        if op.op == "concatenate":
+        if op.op in ("concatenate", "strided_concatenate"):
             axis = a["axis"]
             inner = math.prod(op.result.shape[axis + 1:])
             total = op.result.shape[axis] * inner
             lines = [f"const unsigned outer = i / {total}u, col = i % {total}u;", f"{vt} r;"]
             start = 0
-            for k, x in enumerate(op.operands):
-                width = x.shape[axis] * inner
+            views = _views(op) if op.op == "strided_concatenate" else [None] * len(op.operands)
+            for k, (x, view) in enumerate(zip(op.operands, views)):
+                width = (view[0] if view else x.shape)[axis] * inner
                 cond = "if" if k == 0 else "} else if" if k < len(op.operands) - 1 else "} else"
                 test = f" (col < {start + width}u)" if k < len(op.operands) - 1 else ""
-                lines += [f"{cond}{test} {{",
-                          f"    r = *reinterpret_cast<const {vt}*>(in{k} + outer * {width}u + (col - {start}u));"]
+                local = f"outer * {width}u + (col - {start}u)"
+                if view:      # the piece's element `local` (row-major in its view) where its view puts it
+                    sizes, (strides,) = coalesce(view[0], [view[1]])
+                    local = f"{view[2]}u + {offset_expr(f'({local})', sizes or (1,), strides or (0,))}"
+                lines += [f"{cond}{test} {{", f"    r = *reinterpret_cast<const {vt}*>(in{k} + ({local}));"]
                 start += width
             return lines + ["}"]
         src, _ = self._source(op)
@@ -207,8 +217,12 @@ class CopyTemplate(Template):
             smem = 0
             words = max(1, s.vec * op.result.dtype.itemsize // 4)
             regs = (REG_BASE + (REG_SM90 if arch.compute_capability >= (9, 0) else 0) + REG_PER_WORD * words
-                    + (REG_PER_PAD_AXIS * sum(1 for d in op.result.shape if d > 1) if op.op == "pad" else 0))
+                    + (REG_PER_PAD_AXIS * sum(1 for d in op.result.shape if d > 1) if op.op == "pad" else 0)
+                    + (REG_SM90_PER_PIECE * len(op.operands)
+                       if op.op == "strided_concatenate" and arch.compute_capability >= (9, 0) else 0))
         reads = op.operand_bytes
+        if op.op == "strided_concatenate":       # each piece read once, along its contiguous inner axis
+            reads = op.result.nbytes
         if op.op in ("slice", "strided_copy"):   # only the elements read, in whole sectors when strided
             size = op.operands[0].dtype.itemsize
             inner = op.attr_map["steps"][-1] if op.op == "slice" else op.attr_map["strides"][-1]
@@ -304,7 +318,20 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             # q of a fused q|k|v projection, its heads brought forward: a folded slice + transpose
             mk("strided_copy", (TensorType((4, 1024, 3072), bf),), shape=(4, 16, 1024, 64),
                strides=(1024 * 3072, 64, 3072, 1), offset=0),
+            # dQ, dK, dV transposed back from heads into the gradient of the q|k|v projection
+            mk("strided_concatenate", (TensorType((4, 16, 1024, 64), bf),) * 3, axis=2, shape=(4, 1024, 3, 16, 64),
+               sizes=(1, 1, 1), strides=(1 << 20, 64, 1, 65536, 1) * 3, offsets=(0, 0, 0)),
         )
+
+
+def _aligned(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, v: int) -> bool:
+    """Whether a strided view reads whole aligned vectors of v along its contiguous inner axis."""
+    return strides[-1] == 1 and offset % v == 0 and all(st % v == 0 for n, st in zip(shape[:-1], strides) if n > 1)
+
+
+def _views(op: KernelOp) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+    a = op.attr_map
+    return concatenated_views(op.result.shape, a["axis"], a["sizes"], a["strides"], a["offsets"])
 
 
 def _fill(value: float, dtype: DType) -> str:
@@ -324,5 +351,6 @@ REG_BASE = 9              # loop index, bound, step, source and result addresses
 REG_SM90 = 3              # sm_90 code keeps the 64-bit addresses of both sides live
 REG_PER_WORD = 0.75       # the vector in flight
 REG_PER_PAD_AXIS = 0.5    # pad keeps each coordinate for its bounds test
+REG_SM90_PER_PIECE = 1.7  # sm_90 code keeps each piece of a strided concatenate's address math live
 REG_TILE_BASE = 12        # tile origin, batch offsets, both addresses
 REG_TILE_PER_ROW = 0.5    # the unrolled rows each thread moves

@@ -1,0 +1,91 @@
+"""Copies that read strided views of their operands' storage: what lowering folds a chain of
+layout ops into (lower/layout_chains.py), never written by users or rules.
+
+A view of a dense value x is (shape, strides, offset): element i of the view is x's storage at
+offset + Σ iₖ·stridesₖ. `strided_copy` writes one view dense; `strided_concatenate` writes several
+views, of several operands, one after another along `axis` (the cotangents of q, k and v, each
+transposed back from heads, joined into the gradient of their projection).
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = np.arange(12.0).reshape(3, 4)
+>>> _strided_copy(x, shape=(2, 2), strides=(4, 2), offset=1).tolist()
+[[1.0, 3.0], [5.0, 7.0]]
+>>> _strided_concatenate(x, x, axis=1, shape=(2, 3), sizes=(1, 2), strides=(4, 1, 1, 4), offsets=(0, 2)).tolist()
+[[0.0, 2.0, 6.0], [4.0, 3.0, 7.0]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera_rw.algebra.autodiff.cotangents import before_fusion
+from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.shapes import fmt_shape
+
+
+def _check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
+    if len(shape) != len(strides) or any(n < 0 for n in shape) or any(s < 0 for s in strides) or offset < 0:
+        raise ShapeError(f"a strided view of {fmt_shape(shape)} with strides {strides} at offset {offset} is not "
+                         "one: one stride per dim, none negative")
+    last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
+    if math.prod(shape) and last >= x.numel:
+        raise ShapeError(f"a strided view reaching element {last} of a tensor of {x.numel}")
+
+
+def view_of(x: np.ndarray, shape, strides, offset) -> np.ndarray:
+    """The strided view of x's storage (read-only)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    if not math.prod(shape):
+        return np.empty(shape, x.dtype)
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=[s * flat.itemsize for s in strides],
+                                           writeable=False)
+
+
+def _infer_strided_copy(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> TensorType:
+    _check_view(x, shape, strides, offset)
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _strided_copy(x: np.ndarray, shape, strides, offset) -> np.ndarray:
+    return view_of(x, shape, strides, offset).copy()
+
+
+def concatenated_views(shape: tuple[int, ...], axis: int, sizes: tuple[int, ...], strides: tuple[int, ...],
+                       offsets: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+    """Each operand's view (shape, strides, offset) of a strided_concatenate."""
+    rank = len(shape)
+    return [(shape[:axis] + (n,) + shape[axis + 1:], tuple(strides[k * rank:(k + 1) * rank]), off)
+            for k, (n, off) in enumerate(zip(sizes, offsets))]
+
+
+def _infer_strided_concatenate(*xs: TensorType, axis: int, shape: tuple[int, ...], sizes: tuple[int, ...],
+                               strides: tuple[int, ...], offsets: tuple[int, ...]) -> TensorType:
+    if not 0 <= axis < len(shape) or len(sizes) != len(xs) or len(offsets) != len(xs) \
+            or len(strides) != len(xs) * len(shape) or sum(sizes) != shape[axis]:
+        raise ShapeError(f"{len(xs)} views of sizes {sizes} along axis {axis} do not make {fmt_shape(shape)}")
+    if len({x.dtype for x in xs}) != 1:
+        raise DTypeError(f"operands have dtypes {', '.join(str(x.dtype) for x in xs)}")
+    for x, view in zip(xs, concatenated_views(shape, axis, sizes, strides, offsets)):
+        _check_view(x, *view)
+    return TensorType(tuple(shape), xs[0].dtype)
+
+
+def _strided_concatenate(*xs: np.ndarray, axis, shape, sizes, strides, offsets) -> np.ndarray:
+    views = concatenated_views(tuple(shape), axis, sizes, strides, offsets)
+    return np.concatenate([view_of(x, *view) for x, view in zip(xs, views)], axis=axis)
+
+
+DEFS = (
+    OpDef("strided_copy", ("x",), OpKind.LAYOUT, _infer_strided_copy, _strided_copy, exact=True,
+          vjp=before_fusion("strided_copy"),
+          doc="x's elements at offset + Σ i_k·strides_k, the storage of x read as `shape`: a chain of layout "
+              "ops (slice, reshape, transpose, broadcast) in one copy, as lowering folds it"),
+    OpDef("strided_concatenate", ("xs",), OpKind.LAYOUT, _infer_strided_concatenate, _strided_concatenate,
+          variadic=True, exact=True, vjp=before_fusion("strided_concatenate"),
+          doc="strided views of the operands (sizes along axis, strides flat per operand, offsets) one after "
+              "another along axis: a concatenate of layout chains in one copy, as lowering folds it"),
+)
