@@ -12,7 +12,8 @@ Reverse mode writes the backward graph from each op's VJP; the `gradient` rulese
   from x in registers), which also adds the residual branch's cotangent as it writes dx;
 - the weight-gradient gemms write the bias gradients as an extra row (`bias_grad`) where that is
   cheaper than a separate sum, and gelu′ runs in the epilogue of the gemm that writes its cotangent;
-- the cotangents of q, k and v, cut from one projection, are joined by one concatenate.
+- q, k and v, cut from one projection and moved to heads, are one copy each; their cotangents,
+  moved back, are joined into the projection's gradient by one copy.
 
     tessera-rewrite --explain examples/training_step.py:block_loss_and_grads
     python examples/training_step.py        # small inputs, checked by finite differences in numpy
