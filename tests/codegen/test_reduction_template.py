@@ -3,12 +3,15 @@ register estimate is within 25% of ptxas, resources are sane, and accepts() refu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.reduction import ReductionTemplate
 from tessera_rw.codegen.templates.reduction_reads import layout
 
@@ -65,3 +68,19 @@ def test_few_outputs_share_their_rows_among_enough_blocks_to_fill_the_gpu():
     assert t.emit(to_scalar, s, arch).workspace_bytes == 4 * s.blocks + 4        # fp32 parts, one counter
     rows = KernelOp.of("sum", (x,), TensorType((4, 1024), DType.bfloat16), axes=(2,), keepdims=False)
     assert all(s.blocks == 1 and "blocks" not in s.describe() for s in t.schedules(rows, arch))
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("numerics", [Numerics.DETERMINISTIC, Numerics.KAHAN_SUM])
+def test_a_grid_split_gives_the_same_bits_whichever_block_arrives_last(numerics):
+    arch = arch_named("h100")
+    x = TensorType((1 << 18,), DType.float32)
+    op = KernelOp.of("sum", (x,), TensorType((), DType.float32), axes=(0,), keepdims=False, numerics=numerics)
+    s = T.schedules(op, arch)[0]
+    assert s.blocks > 1
+    values = np.random.default_rng(4).standard_normal(1 << 18).astype(np.float32)
+    runs = {order: emulator.run_emulated(op, [values], schedule=s, arch=arch, block_order=order).tobytes()
+            for order in ("ascending", "reverse", "shuffle:7", "shuffle:11")}
+    assert len(set(runs.values())) == 1
+    got = np.frombuffer(runs["ascending"], np.float32)[0]
+    assert abs(got - values.astype(np.float64).sum()) <= 1e-5 * np.abs(values).sum()
