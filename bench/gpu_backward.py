@@ -76,14 +76,8 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         def library():
             out = F.gelu(leaves[0] @ leaves[1] + leaves[2]) @ leaves[3]
             return torch.autograd.grad(out, leaves, dy)
-        wide = [a.double().requires_grad_(True) for a in (x, w1, b1, w2)]
-        want = torch.autograd.grad(F.gelu(wide[0] @ wide[1] + wide[2]) @ wide[3], wide, dy.double())
-        del wide
-        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
-        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
-        del want
-        if result.error > TOLERANCE:
-            result.status = "FAILED: wrong on random data"
+        if not _grads_checked(result, ours, library(), lambda x, w1, b1, w2: F.gelu(x @ w1 + b1) @ w2,
+                              (x, w1, b1, w2), dy):
             return result
         kernels = grad.program(x, w1, b1, w2, dy).candidate.kernels
         result.notes.append("ours: the plan " + " -> ".join(k.op.op + (f"[{','.join(k.fused)}]" if k.fused else "")
@@ -121,14 +115,7 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         leaves = [a.detach().clone().requires_grad_(True) for a in (x, w, b)]
         out = F.layer_norm(leaves[0], (d,), leaves[1], leaves[2])
         library = lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)      # noqa: E731
-        wide = [a.double().requires_grad_(True) for a in (x, w, b)]
-        want = torch.autograd.grad(F.layer_norm(wide[0], (d,), wide[1], wide[2]), wide, dy.double())
-        del wide
-        result.error = max(rel_error(g, r) for g, r in zip(ours, want))
-        result.torch_error = max(rel_error(g, r) for g, r in zip(library(), want))
-        del want
-        if result.error > TOLERANCE:
-            result.status = "FAILED: wrong on random data"
+        if not _grads_checked(result, ours, library(), lambda x, w, b: F.layer_norm(x, (d,), w, b), (x, w, b), dy):
             return result
         steps = [s.op for s in grad.program(x, w, b, dy).plan.steps]
         result.notes.append("ours: the plan " + " -> ".join(steps) + "; torch: its backward alone (forward kept)")
@@ -138,6 +125,20 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     except Exception as e:
         result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return result
+
+
+def _grads_checked(result: Result, ours, theirs, forward, inputs, dy) -> bool:
+    """Our and torch's gradients of Σ forward(*inputs) ∘ dy against float64 autograd, into `result`;
+    False, with the status set, when ours are wrong."""
+    import torch
+    wide = [a.double().requires_grad_(True) for a in inputs]
+    want = torch.autograd.grad(forward(*wide), wide, dy.double())
+    result.error = max(rel_error(g, r) for g, r in zip(ours, want))
+    result.torch_error = max(rel_error(g, r) for g, r in zip(theirs, want))
+    if result.error > TOLERANCE:
+        result.status = "FAILED: wrong on random data"
+        return False
+    return True
 
 
 def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:

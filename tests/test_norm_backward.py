@@ -15,6 +15,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.reduction import norm_input_grad
 from tessera_rw.algebra.trace import trace
+from tests.finite_differences import numeric_gradient
 
 rng = np.random.default_rng(23)
 NORMS = ["layernorm", "rmsnorm"]
@@ -82,15 +83,10 @@ def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
     assert "norm_backward" in steps(grad, *args)
     got = grad(*args)
 
+    f, wide = op.kernel(loss), [a.astype(np.float64) for a in args]
+
     def numeric(i):
-        f = op.kernel(loss)
-        out = np.zeros_like(args[i], dtype=np.float64)
-        for idx in np.ndindex(args[i].shape):
-            hi, lo = [a.astype(np.float64).copy() for a in args], [a.astype(np.float64).copy() for a in args]
-            hi[i][idx] += 1e-6
-            lo[i][idx] -= 1e-6
-            out[idx] = (f(*hi) - f(*lo)) / 2e-6
-        return out
+        return numeric_gradient(lambda v: f(*wide[:i], v, *wide[i + 1:]), wide[i])
     rtol = 1e-5 if dtype is np.float64 else 2e-3
     for i in range(3):
         want = numeric(i)
@@ -123,11 +119,4 @@ def test_the_residuals_gradient_through_the_fused_node_matches_finite_difference
         return op.sum(op.tanh(x + fwd(x, w, None)) * target)
     grad = op.grad(loss)
     assert "norm_backward" in steps(grad, x) and "add" not in steps(grad, x)
-    f = op.kernel(loss)
-    want = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        hi, lo = x.copy(), x.copy()
-        hi[idx] += 1e-6
-        lo[idx] -= 1e-6
-        want[idx] = (f(hi) - f(lo)) / 2e-6
-    np.testing.assert_allclose(grad(x), want, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(grad(x), numeric_gradient(op.kernel(loss), x), rtol=1e-5, atol=1e-8)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
+from tests.finite_differences import numeric_gradient
 from tessera_rw.algebra.errors import ResultError
 
 rng = np.random.default_rng(11)
@@ -18,16 +19,6 @@ def loss(x, w, b):
 def loss_with_aux(x, w, b):
     y = op.tanh(x @ w + b)
     return op.mean(y ** 2), {"activations": y, "peak": op.max(y)}
-
-
-def numeric_gradient(f, value, eps=1e-6):
-    out = np.zeros_like(value)
-    for idx in np.ndindex(value.shape):
-        hi, lo = value.copy(), value.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        out[idx] = (f(hi) - f(lo)) / (2 * eps)
-    return out
 
 
 def test_value_is_the_loss_and_gradients_are_op_grads():

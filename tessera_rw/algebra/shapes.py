@@ -62,6 +62,19 @@ def fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element strides of a dense row-major tensor of `shape`.
+
+    >>> contiguous_strides((2, 3, 4))
+    (12, 4, 1)
+    """
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
 def contiguous_slice_offset(operand: TensorType, starts: Sequence[int], stops: Sequence[int],
                             steps: Sequence[int]) -> int | None:
     """The byte offset at which slice `starts:stops:steps` of a dense row-major `operand` begins, when

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.lowering import view_offset
 
 COPIES = frozenset({"transpose", "broadcast_to", "slice"})      # what a folded chain's kernels may be
@@ -41,16 +42,8 @@ class StridedView:
     copies: int
 
 
-def contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def _dense(node: Node) -> StridedView:
-    return StridedView(node, node.shape, contiguous(node.shape), 0, 0)
+    return StridedView(node, node.shape, contiguous_strides(node.shape), 0, 0)
 
 
 def _is_copy(node: Node) -> bool:

@@ -7,18 +7,9 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
+from tests.finite_differences import numeric_gradient
 
 rng = np.random.default_rng(5)
-
-
-def _numeric_grad(f, x, eps=1e-6):
-    out = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        hi, lo = x.copy(), x.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        out[idx] = (f(hi) - f(lo)) / (2 * eps)
-    return out
 
 
 SPLITS = {
@@ -39,7 +30,7 @@ def test_the_gradient_through_slices_matches_finite_differences(split):
         return sum(op.sum(op.tanh(p) * w) for p, w in zip(parts(x), weights))
     x = rng.standard_normal((2, 3, 12))
     got = op.grad(loss)(x)
-    np.testing.assert_allclose(got, _numeric_grad(op.kernel(loss), x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got, numeric_gradient(op.kernel(loss), x), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("split", ["thirds along the last axis", "a fused qkv axis", "out of order"])

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
@@ -95,12 +96,6 @@ def vector_widths(widths: Iterable[int], fits: Callable[[int], bool]) -> tuple[i
 
 # ---- broadcast offsets ----------------------------------------------------------------------
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 def broadcast_strides(out: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
