@@ -393,6 +393,11 @@ def _conv_ops() -> dict[str, KernelOp]:
                                              groups=32),
         "conv2d depthwise 7x7 f32": conv_op((2, 16, 14, 14), (16, 1, 7, 7), F32, padding=((3, 3), (3, 3)),
                                             groups=16),
+        # a weight gradient's shape (few output tiles, a long K): blocks split K
+        "conv2d weight-gradient shape bf16, split K": conv_op((8, 8, 18, 18), (8, 8, 16, 16), BF16,
+                                                              padding=((0, 0), (0, 0))),
+        "conv2d weight-gradient shape f32, split K, grouped": conv_op((4, 8, 12, 12), (8, 4, 10, 10), F32,
+                                                                      padding=((0, 0), (0, 0)), groups=2),
     }
 
 

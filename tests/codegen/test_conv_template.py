@@ -4,10 +4,12 @@ depthwise convolutions take the sliding-window kernel, whose executed FLOPs are 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.conv import ConvSchedule, DirectConvTemplate
@@ -46,7 +48,7 @@ def test_resources_cover_the_work(op):
                 assert r.blocks == -(-oh // rows) * -(-ow // cols) * op.result.shape[1] * op.result.shape[0]
                 assert rows * cols == s.threads * s.outputs_per_thread and r.threads == s.threads
                 continue
-            assert r.blocks == -(-m // s.bm) * -(-n // s.bn) * groups
+            assert r.blocks == -(-m // s.bm) * -(-n // s.bn) * groups * s.split_k
             assert r.blocks * s.bm * s.bn >= m * n * groups
             assert r.threads == 32 * s.warps_m * s.warps_n
 
@@ -116,3 +118,27 @@ def test_accepts_rejects_what_it_cannot_do():
     assert not T.accepts(mixed)
     assert not T.accepts(conv_op((1, 4, 10), (8, 4, 3), DType.float64, padding=((1, 1),)))
     assert not T.accepts(KernelOp.of("matmul", (x16, w16), x16, accum_dtype=None))
+
+
+def test_few_tiles_over_a_long_k_split_it_among_blocks_and_many_tiles_do_not():
+    h100 = arch_named("h100")
+    wgrad, forward = SAMPLES[4], SAMPLES[2]        # a 3x3 layer's weight gradient, and its forward
+    split = T.schedules(wgrad, h100)[0]
+    assert split.split_k > 1 and T.resources(wgrad, split, h100).blocks >= h100.sm_count
+    assert T.emit(wgrad, split, h100).workspace_bytes > 0 and "split_k" in split.describe()
+    assert all(s.split_k == 1 for s in T.schedules(forward, h100))
+    assert T.resources(wgrad, split, h100).blocks > T.resources(wgrad, T.schedules(wgrad, h100)[1], h100).blocks
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_a_split_k_gives_the_same_bits_whichever_block_arrives_last():
+    from tests.codegen.emulated_ops import EMULATED
+    arch = arch_named("h100")
+    op = EMULATED["conv2d weight-gradient shape bf16, split K"]
+    s = T.schedules(op, arch)[0]
+    assert s.split_k > 1
+    rng = np.random.default_rng(3)
+    x, w = (rng.standard_normal(t.shape).astype(t.dtype.numpy) for t in op.operands)
+    runs = {order: emulator.run_emulated(op, [x, w], schedule=s, arch=arch, block_order=order).tobytes()
+            for order in ("ascending", "reverse", "shuffle:5")}
+    assert len(set(runs.values())) == 1

@@ -29,10 +29,13 @@ class Schedule:
     """Base of each template's schedule: a frozen record of its tunable parameters. `tag` names the
     kernel variant when one template has several schedule kinds with the same fields."""
     tag: ClassVar[str] = ""
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset()   # fields named only where they differ from the default
 
     def describe(self) -> str:
         """'bm=128 bn=128 bk=32 warps=4 stages=3'"""
-        return " ".join([self.tag] * bool(self.tag) + [f"{f.name}={getattr(self, f.name)}" for f in fields(self)])
+        return " ".join([self.tag] * bool(self.tag) + [
+            f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+            if f.name not in self.quiet_defaults or getattr(self, f.name) != f.default])
 
 
 @dataclass(frozen=True)

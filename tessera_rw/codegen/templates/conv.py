@@ -21,7 +21,7 @@ one output channel wide, so it runs the sliding-window kernel of conv_depthwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
@@ -48,6 +48,9 @@ _MAX_INDEX = 2**31 - 1                   # in-image offsets and the GEMM row ind
 # competes with the math, so a direct conv reaches less than a dense GEMM of the same size.
 _MMA_EFFICIENCY = {8: 0.5, 9: 0.4}       # by compute-capability major; sm_90 peak is wgmma's
 _SIMT_EFFICIENCY = 0.6
+SPLIT_WAVES = 2          # a split K aims for this many blocks per SM, all tiles together
+MIN_SPLIT_KTILES = 4     # ... each block walking at least this many k tiles
+MAX_SPLIT_K = 64
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,13 @@ class ConvSchedule(Schedule):
     bk: int
     warps_m: int
     warps_n: int
+    split_k: int = 1      # blocks sharing a tile's K, their parts summed in a workspace (conv_cuda.py)
 
     @property
     def threads(self) -> int:
         return WARP_SIZE * self.warps_m * self.warps_n
+
+    quiet_defaults = frozenset({"split_k"})
 
 
 # The defaults, best first; the first three that fit the op and the architecture are offered.
@@ -96,8 +102,21 @@ class DirectConvTemplate(Template):
         # a tile wider than the group's output channels (rounded up to a power of two) only pads
         widest = max(16, pow2(cv.og))
         valid = [ConvSchedule(*c) for c in candidates if c[1] <= widest]
-        valid = [s for s in valid if self._fits(cv, s, arch)]
+        valid = [s for s in valid if self._fits(cv, s, arch)][:3]
+        if valid and (split := self._split(cv, valid[0], arch)) > 1:   # too few tiles to fill the GPU
+            valid = [replace(valid[0], split_k=split)] + valid
         return tuple(valid[:3])
+
+    @staticmethod
+    def _split(cv: ConvProblem, s: ConvSchedule, arch: ArchSpec) -> int:
+        """How many blocks share each tile's K where the tiles are fewer than the SMs: enough for
+        SPLIT_WAVES blocks per SM in all, each walking at least MIN_SPLIT_KTILES k tiles."""
+        m, n, k = cv.gemm
+        tiles = cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
+        if tiles >= arch.sm_count:
+            return 1
+        split = min(cdiv(SPLIT_WAVES * arch.sm_count, tiles), cdiv(k, s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
+        return max(1, split) if cv.groups * split <= MAX_GRID_YZ else 1
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         cv = ConvProblem.of(op)
@@ -121,15 +140,26 @@ class DirectConvTemplate(Template):
                 and s.threads % s.bm == 0 and s.threads % s.bk == 0
                 and (s.bm * s.bk) % s.threads == 0 and (s.bn * s.bk) % s.threads == 0
                 and s.threads <= arch.max_threads_per_block
-                and cdiv(cv.og, s.bn) <= MAX_GRID_YZ
+                and cdiv(cv.og, s.bn) <= MAX_GRID_YZ and 1 <= s.split_k <= MAX_SPLIT_K
+                and cv.groups * s.split_k <= MAX_GRID_YZ and self._workspace(cv, s) < _MAX_INDEX
                 and self._smem(cv, s) <= min(arch.smem_per_block, STATIC_SMEM_LIMIT)
                 and self._registers(cv, s) <= register_limit(s.threads, arch))
 
     @staticmethod
+    def _workspace(cv: ConvProblem, s: ConvSchedule) -> int:
+        """A split K's zeroed workspace: each block's fp32 tile, then an arrival counter per tile."""
+        if s.split_k == 1:
+            return 0
+        m, n, _ = cv.gemm
+        tiles = cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
+        return tiles * s.split_k * s.bm * s.bn * 4 + 4 * tiles
+
+    @staticmethod
     def _smem(cv: ConvProblem, s: ConvSchedule) -> int:
+        arrival = 4 if s.split_k > 1 else 0                # the block's "last to arrive" flag
         if cv.tensor_cores:
-            return (s.bm + s.bn) * (s.bk + _MMA_SMEM_PAD) * cv.dtype.itemsize
-        return s.bk * (s.bm + s.bn + _SIMT_SMEM_PAD) * cv.dtype.itemsize
+            return (s.bm + s.bn) * (s.bk + _MMA_SMEM_PAD) * cv.dtype.itemsize + arrival
+        return s.bk * (s.bm + s.bn + _SIMT_SMEM_PAD) * cv.dtype.itemsize + arrival
 
     @staticmethod
     def _registers(cv: ConvProblem, s: ConvSchedule) -> int:
@@ -160,9 +190,10 @@ class DirectConvTemplate(Template):
             unit, efficiency = MathUnit.BF16, _MMA_EFFICIENCY.get(arch.compute_capability[0], _MMA_EFFICIENCY[9])
         else:
             unit, efficiency = MathUnit.FP32, _SIMT_EFFICIENCY
+        parts = 2 * self._workspace(cv, s)               # written by every block, read by the last
         return Resources(
-            threads=s.threads, blocks=tiles_m * tiles_n * cv.groups, registers=registers,
-            smem_bytes=self._smem(cv, s), hbm_bytes=x_traffic + w_traffic + op.result.nbytes,
+            threads=s.threads, blocks=tiles_m * tiles_n * cv.groups * s.split_k, registers=registers,
+            smem_bytes=self._smem(cv, s), hbm_bytes=x_traffic + w_traffic + op.result.nbytes + parts,
             flops=2 * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk * cv.groups,
             unit=unit, efficiency=efficiency, spill_bytes=4 * max(0, registers - limit))
 
@@ -172,18 +203,23 @@ class DirectConvTemplate(Template):
             return depthwise_emit(op, cv, schedule)
         assert isinstance(schedule, ConvSchedule)
         s = schedule
-        name = f"conv_{'mma' if cv.tensor_cores else 'simt'}_{s.bm}x{s.bn}x{s.bk}_{s.warps_m}x{s.warps_n}"
+        name = f"conv_{'mma' if cv.tensor_cores else 'simt'}_{s.bm}x{s.bn}x{s.bk}_{s.warps_m}x{s.warps_n}" \
+            + (f"_k{s.split_k}" if s.split_k > 1 else "")
         m, n, k = cv.gemm
+        work = self._workspace(cv, s)
+        grid = (cdiv(m, s.bm), cdiv(n, s.bn), cv.groups * s.split_k)
         header = (f"// {op}\n// schedule: {s.describe()}\n"
-                  f"// implicit GEMM per group: M={m} N={n} K={k}, groups={cv.groups}\n"
-                  f"// launch: {name}(x, w, y); grid=({cdiv(m, s.bm)}, {cdiv(n, s.bn)}, {cv.groups}), "
-                  f"block=({s.threads})\n")
+                  f"// implicit GEMM per group: M={m} N={n} K={k}, groups={cv.groups}"
+                  + (f", K split among {s.split_k} blocks" if s.split_k > 1 else "") + "\n"
+                  f"// launch: {name}(x, w, y{', work' if work else ''}); grid={grid}, block=({s.threads})\n")
         tile = dict(BM=s.bm, BN=s.bn, BK=s.bk, WARPS_M=s.warps_m, WARPS_N=s.warps_n,
                     PAD=_MMA_SMEM_PAD if cv.tensor_cores else _SIMT_SMEM_PAD)
+        if s.split_k > 1:
+            tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=work - 4 * cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups)
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         return KernelSource(name, header + implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix),
-                            threads=s.threads, grid=(cdiv(m, s.bm), cdiv(n, s.bn), cv.groups),
-                            fast_math=op.numerics is Numerics.FAST)
+                            threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,
+                            workspace_bytes=work)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf16, f32 = DType.bfloat16, DType.float32
@@ -192,6 +228,10 @@ class DirectConvTemplate(Template):
             conv_op((8, 64, 512), (128, 16, 5), f32, padding=((2, 2),), groups=4),
             conv_op((8, 64, 56, 56), (64, 64, 3, 3), bf16, padding=((1, 1), (1, 1))),
             conv_op((4, 32, 28, 28), (64, 32, 3, 3), f32, padding=((1, 1), (1, 1)), stride=(2, 2)),
+            # a 3x3 layer's weight gradient as its VJP writes it (x by dY, batch as channels): few
+            # output tiles over a long K, which blocks split; bf16 and fp32
+            conv_op((64, 32, 58, 58), (64, 32, 56, 56), bf16, padding=((0, 0), (0, 0))),
+            conv_op((16, 8, 30, 30), (16, 8, 28, 28), f32, padding=((0, 0), (0, 0))),
             # depthwise: short and long (Hyena-style causal) 1-d kernels, a channel multiplier of 2
             # with stride and dilation (scalar window reads), MobileNet 3x3 and ConvNeXt 7x7
             conv_op((16, 768, 4096), (768, 1, 3), bf16, padding=((1, 1),), groups=768),

@@ -60,14 +60,17 @@ _CTYPES = {"bf16": "bf16_t", "f16": "f16_t", None: "float"}
 
 _GEMM_BODY = r"""
 extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__ x, const T* __restrict__ w,
-                                                           T* __restrict__ y) {
+                                                           T* __restrict__ ySPLIT_PARAM) {
     constexpr int C = CV_C, H = CV_H, W = CV_W, O = CV_O, CG = CV_CG, OG = CV_OG, KH = CV_KH, KW = CV_KW;
     constexpr int OH = CV_OH, OW = CV_OW, SH = CV_SH, SW = CV_SW, PH = CV_PH, PW = CV_PW, DH = CV_DH, DW = CV_DW;
     constexpr int P = OH * OW, TAPS = KH * KW, M = CV_M, K = CG * TAPS, KTILES = (K + BK - 1) / BK;
     constexpr int EA = BM * BK / THREADS, EB = BN * BK / THREADS, KSTEP = THREADS / BM, OSTEP = THREADS / BK;
     SMEM_DECL
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = blockIdx.z, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int g = blockIdx.z / SPLITK, part = blockIdx.z % SPLITK, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    // this block's share of the K tiles (all of them without a split)
+    constexpr int KT_PER = (KTILES + SPLITK - 1) / SPLITK;
+    const int kt0 = part * KT_PER, kt1 = min(KTILES, kt0 + KT_PER);
 
     // Each thread gathers one A row (one output position) for the whole K loop: decode it once.
     const int row = tid % BM, kcol = tid / BM;
@@ -102,21 +105,48 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__
     };
 
     COMPUTE_DECL
-    load(0);
+    load(kt0 * BK);
     #pragma unroll 1
-    for (int kt = 0; kt < KTILES; ++kt) {
+    for (int kt = kt0; kt < kt1; ++kt) {
         #pragma unroll
         for (int j = 0; j < EA; ++j) STORE_A;
         #pragma unroll
         for (int j = 0; j < EB; ++j) STORE_B;
         __syncthreads();
-        if (kt + 1 < KTILES) load((kt + 1) * BK);   // the next tile's loads fly during this tile's math
+        if (kt + 1 < kt1) load((kt + 1) * BK);      // the next tile's loads fly during this tile's math
         COMPUTE
         __syncthreads();
     }
+    SPLIT_MEET
     EPILOGUE
 }
 """
+
+# A split K's blocks meet (SPLITK > 1): each parks its accumulators in the zeroed workspace and counts
+# its arrival; the last of the tile's blocks sums every part in part order (the same bits whichever
+# arrives last) into its own accumulators, which the epilogue then writes.
+_SPLIT_MEET = r"""{
+        constexpr int NACC = BM * BN / THREADS;
+        const int tile = (g * (int)gridDim.y + (int)blockIdx.y) * (int)gridDim.x + (int)blockIdx.x;
+        float* parts = reinterpret_cast<float*>(work) + (long long)tile * SPLITK * BM * BN;
+        float* mine = reinterpret_cast<float*>(acc);
+        #pragma unroll
+        for (int i = 0; i < NACC; ++i) parts[(part * NACC + i) * THREADS + tid] = mine[i];
+        __threadfence();
+        __syncthreads();
+        __shared__ unsigned last;
+        unsigned* arrived = reinterpret_cast<unsigned*>(work + WORK_COUNTERS);
+        if (tid == 0) last = atomicAdd(&arrived[tile], 1u) == SPLITK - 1;
+        __syncthreads();
+        if (!last) return;                          // another block of the tile comes later
+        __threadfence();
+        #pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+            float sum = 0.0f;
+            for (int p = 0; p < SPLITK; ++p) sum += ((volatile float*)parts)[(p * NACC + i) * THREADS + tid];
+            mine[i] = sum;
+        }
+    }"""
 
 _MMA = dict(
     SMEM_DECL="__shared__ __align__(16) T As[BM][BK + PAD];\n    __shared__ __align__(16) T Bs[BN][BK + PAD];",
@@ -288,13 +318,18 @@ def _wrap(name: str, ctype: str, config: str, text: str, threads: int) -> str:
 def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str, int], suffix: str | None) -> str:
     """The implicit-GEMM kernel: mma.sync when `suffix` names a 16-bit dtype ('bf16', 'f16'), else FFMA.
 
-    `tile` holds BM, BN, BK, WARPS_M, WARPS_N and PAD (smem row padding in elements).
+    `tile` holds BM, BN, BK, WARPS_M, WARPS_N, PAD (smem row padding in elements) and, where blocks
+    split K, SPLITK and WORK_COUNTERS (the byte offset of the arrival counters in the workspace).
     """
-    text = _substitute(_GEMM_BODY, _MMA if suffix else _SIMT)    # COMPUTE_DECL before COMPUTE
+    split = tile.get("SPLITK", 1)
+    meet = {"SPLIT_MEET": _SPLIT_MEET if split > 1 else "",
+            "SPLIT_PARAM": ", unsigned char* __restrict__ work" if split > 1 else ""}
+    text = _substitute(_substitute(_GEMM_BODY, meet), _MMA if suffix else _SIMT)   # COMPUTE_DECL before COMPUTE
     if suffix:
         text = text.replace("MMA(", f"mma_{suffix}_16816(").replace("TO_T(", f"f32_to_{suffix}(")
     threads = WARP_SIZE * tile["WARPS_M"] * tile["WARPS_N"]
-    config = "constexpr int " + ", ".join(f"{k} = {v}" for k, v in {**tile, "THREADS": threads}.items()) + ";\n"
+    config = "constexpr int " + ", ".join(f"{k} = {v}" for k, v in {"SPLITK": 1, **tile, "THREADS": threads}.items()) \
+        + ";\n"
     return _wrap(name, _CTYPES[suffix], config, _substitute(text, sizes), threads)
 
 

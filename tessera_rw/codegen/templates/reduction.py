@@ -64,9 +64,7 @@ class ReductionSchedule(Schedule):
     split: int = 32       # threads that share one output (row: 32 or threads; column: rows of threads)
     blocks: int = 1       # row, a block per output: blocks sharing one output (its parts meet in a workspace)
 
-    def describe(self) -> str:
-        """As every schedule's, the grid split named only where there is one."""
-        return super().describe().replace(" blocks=1", "")
+    quiet_defaults = frozenset({"blocks"})
 
 
 class ReductionTemplate(Template):

@@ -4,7 +4,7 @@
 // launch: conv_mma_128x64x32_4x2(x, w, y); grid=(256, 1, 1), block=(256)
 namespace conv_mma_128x64x32_4x2_config {
 typedef bf16_t T;
-constexpr int BM = 128, BN = 64, BK = 32, WARPS_M = 4, WARPS_N = 2, PAD = 8, THREADS = 256;
+constexpr int SPLITK = 1, BM = 128, BN = 64, BK = 32, WARPS_M = 4, WARPS_N = 2, PAD = 8, THREADS = 256;
 }
 using namespace conv_mma_128x64x32_4x2_config;
 
@@ -17,7 +17,10 @@ extern "C" __global__ void __launch_bounds__(256) conv_mma_128x64x32_4x2(const T
     __shared__ __align__(16) T As[BM][BK + PAD];
     __shared__ __align__(16) T Bs[BN][BK + PAD];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = blockIdx.z, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int g = blockIdx.z / SPLITK, part = blockIdx.z % SPLITK, m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    // this block's share of the K tiles (all of them without a split)
+    constexpr int KT_PER = (KTILES + SPLITK - 1) / SPLITK;
+    const int kt0 = part * KT_PER, kt1 = min(KTILES, kt0 + KT_PER);
 
     // Each thread gathers one A row (one output position) for the whole K loop: decode it once.
     const int row = tid % BM, kcol = tid / BM;
@@ -54,15 +57,15 @@ extern "C" __global__ void __launch_bounds__(256) conv_mma_128x64x32_4x2(const T
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MT = WM / 16, NT = WN / 8;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M, gid = lane >> 2, tig = lane & 3;
     float acc[MT][NT][4] = {};
-    load(0);
+    load(kt0 * BK);
     #pragma unroll 1
-    for (int kt = 0; kt < KTILES; ++kt) {
+    for (int kt = kt0; kt < kt1; ++kt) {
         #pragma unroll
         for (int j = 0; j < EA; ++j) As[row][kcol + j * KSTEP] = ra[j];
         #pragma unroll
         for (int j = 0; j < EB; ++j) Bs[ob + j * OSTEP][kb] = rb[j];
         __syncthreads();
-        if (kt + 1 < KTILES) load((kt + 1) * BK);   // the next tile's loads fly during this tile's math
+        if (kt + 1 < kt1) load((kt + 1) * BK);      // the next tile's loads fly during this tile's math
         #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             unsigned af[MT][4], bf[NT][2];
@@ -87,6 +90,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_mma_128x64x32_4x2(const T
         }
         __syncthreads();
     }
+    
     #pragma unroll
     for (int i = 0; i < MT; ++i)
         #pragma unroll
