@@ -113,7 +113,7 @@ class DirectConvTemplate(Template):
         SPLIT_WAVES blocks per SM in all, each walking at least MIN_SPLIT_KTILES k tiles."""
         m, n, k = cv.gemm
         tiles = cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
-        if tiles >= arch.sm_count:
+        if not tiles or tiles >= arch.sm_count:        # an empty batch has nothing to split
             return 1
         split = min(cdiv(SPLIT_WAVES * arch.sm_count, tiles), cdiv(k, s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
         return max(1, split) if cv.groups * split <= MAX_GRID_YZ else 1
