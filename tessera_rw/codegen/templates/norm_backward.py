@@ -86,9 +86,8 @@ class NormBackwardTemplate(RowwiseTemplate):
 
         def rows(x_to: str, gw_to: str | None) -> list[str]:
             """Load x's vector at column c into `x_to`[j], and g·w's into `gw_to`[j] where given."""
-            lines, x_pre = [], self.read(op, acc, 0, "x", v)
-            lines += x_pre[0]
-            body = [f"{x_to} = {x_pre[1]};"]
+            x_lines, x = self.read(op, acc, 0, "x", v)
+            lines, body = list(x_lines), [f"{x_to} = {x};"]
             if gw_to is not None:
                 g_lines, g = self.read(op, acc, 1, "g", v)
                 lines += g_lines
