@@ -126,7 +126,9 @@ def _folded_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[Str
 
 
 def _folded(node: Node, args: dict[Node, Node], fold) -> Node:
-    if node.op == "concatenate":
+    if node.op == "concatenate" and len(fold) == 1:           # one piece: a copy of its view
+        fold = fold[0]
+    elif node.op == "concatenate":
         return make("strided_concatenate", *(args[p.root] for p in fold), axis=node.attr_map["axis"],
                     shape=node.shape, sizes=tuple(p.shape[node.attr_map["axis"]] for p in fold),
                     strides=tuple(s for p in fold for s in p.strides), offsets=tuple(p.offset for p in fold))

@@ -369,6 +369,10 @@ def _copy_ops() -> dict[str, KernelOp]:
                                                 strides=(4096, 16, 1, 1024, 1) * 3, offsets=(0, 0, 0)),
         "strided_concatenate ragged f32": of("strided_concatenate", TensorType((7, 9), F32), TensorType((40,), F32),
                                              axis=1, shape=(3, 5), sizes=(2, 3), strides=(9, 1, 5, 1), offsets=(1, 4)),
+        # one piece: the operand chosen without a test
+        "concatenate of one piece f32": of("concatenate", TensorType((3, 40), F32), axis=0),
+        "strided_concatenate of one piece f32": of("strided_concatenate", TensorType((50,), F32), axis=0, shape=(4,),
+                                                   sizes=(4,), strides=(1,), offsets=(13,)),
         "flip columns bf16": of("flip", TensorType((96, 250), BF16), axes=(1,)),
         "flip outer axes f32": of("flip", TensorType((3, 50, 64), F32), axes=(0, 1)),
         "flip every axis f32": of("flip", TensorType((6, 7, 10), F32), axes=(0, 1, 2)),

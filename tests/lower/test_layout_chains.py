@@ -117,6 +117,15 @@ def test_the_gradient_of_q_k_v_cut_from_one_projection_is_one_copy_of_the_three(
     np.testing.assert_allclose(grad(xs, ws, gs), evaluate(want, {"x": xs, "w": ws, "g": gs})[0], rtol=1e-10)
 
 
+def test_a_concatenate_of_one_folded_piece_is_a_strided_copy():
+    x = make_input("x", (2, 8, 12), DType.float32)
+    graph = Graph("one", (x,), (make("concatenate", make("transpose", x, axes=(1, 0, 2)), axis=0),))
+    folded = fold_layout_chains(graph)
+    assert [n.op for n in folded.nodes] == ["input", "strided_copy"]
+    value = np.arange(2 * 8 * 12, dtype=np.float32).reshape(2, 8, 12)
+    np.testing.assert_array_equal(evaluate(folded, {"x": value})[0], value.transpose(1, 0, 2))
+
+
 def test_a_strided_copy_reaching_past_its_operand_is_refused():
     with pytest.raises(ShapeError, match="reaching element 12 of a tensor of 12"):
         OPS["strided_copy"].infer(TensorType((3, 4), DType.float32), shape=(2, 2), strides=(8, 4), offset=0)

@@ -104,7 +104,8 @@ class DirectConvTemplate(Template):
         valid = [ConvSchedule(*c) for c in candidates if c[1] <= widest]
         valid = [s for s in valid if self._fits(cv, s, arch)][:3]
         if valid and (split := self._split(cv, valid[0], arch)) > 1:   # too few tiles to fill the GPU
-            valid = [replace(valid[0], split_k=split)] + valid
+            shared = replace(valid[0], split_k=split)
+            valid = [shared] * self._fits(cv, shared, arch) + valid
         return tuple(valid[:3])
 
     @staticmethod

@@ -159,8 +159,9 @@ class CopyTemplate(Template):
             views = _views(op) if op.op == "strided_concatenate" else [None] * len(op.operands)
             for k, (x, view) in enumerate(zip(op.operands, views)):
                 width = (view[0] if view else x.shape)[axis] * inner
-                cond = "if" if k == 0 else "} else if" if k < len(op.operands) - 1 else "} else"
-                test = f" (col < {start + width}u)" if k < len(op.operands) - 1 else ""
+                last = k == len(op.operands) - 1
+                cond = ("" if last else "if") if k == 0 else "} else" if last else "} else if"
+                test = "" if last else f" (col < {start + width}u)"
                 local = f"outer * {width}u + (col - {start}u)"
                 if view:      # the piece's element `local` (row-major in its view) where its view puts it
                     sizes, (strides,) = coalesce(view[0], [view[1]])
