@@ -59,3 +59,13 @@ def test_accepts_refuses_non_trailing_axes():
     assert not T.accepts(KernelOp.of("softmax", (fp8,), fp8, axis=1))
     fused = dict(expr="$0", norm="softmax", axes=(0,), eps=0.0, has_weight=False, has_bias=False, post="$0")
     assert not T.accepts(KernelOp.of("fused_normalization", (x,), x, **fused))
+
+
+@pytest.mark.parametrize("length", [1, 3, 64, 200, 768])
+def test_a_row_that_fits_a_warps_registers_gets_a_warp_not_a_block_of_idle_warps(length):
+    x = TensorType((4096, length), DType.bfloat16)
+    op = KernelOp.of("layernorm", (x,), x, axes=(1,), eps=1e-5, has_weight=False, has_bias=False)
+    t = RowwiseTemplate()
+    for s in t.schedules(op, arch_named("h100")):
+        assert s.rows_per_block == s.threads // 32 and t.resident(op, s)
+        assert length >= 32 * s.vec or s.vec == 1

@@ -108,10 +108,12 @@ class RowwiseTemplate(Template):
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
         v = next(v for v in (8, 4, 2, 1) if self._vec_ok(op, v))
-        warp = [RowwiseSchedule(t, v, t // WARP_SIZE) for t in (256, 128)]
         block = [RowwiseSchedule(t, v, 1) for t in (128, 256, 512, 1024)]
-        if length <= WARP_SIZE * MAX_RESIDENT // self.rows_held and length >= WARP_SIZE * v:
-            return tuple(warp)
+        if length <= WARP_SIZE * MAX_RESIDENT // self.rows_held:
+            # a warp per row, loading the widest vectors the row fills (a row shorter than the warp
+            # leaves lanes idle, which a block per row would do for all but one of its warps)
+            u = next((u for u in (8, 4, 2) if u <= v and self._vec_ok(op, u) and length >= WARP_SIZE * u), 1)
+            return tuple(RowwiseSchedule(t, u, t // WARP_SIZE) for t in (256, 128))
         # The widest blocks whose threads each load at least two vectors of the row: with one, the
         # loads in flight are too few (on an H200, 4096-long bf16 rows ran 1.2x slower at one vector
         # per thread than at two or four, tests/data/tuning_logs/; 8192-long rows 1.3x).
