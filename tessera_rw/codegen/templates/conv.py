@@ -112,11 +112,10 @@ class DirectConvTemplate(Template):
     def _split(cv: ConvProblem, s: ConvSchedule, arch: ArchSpec) -> int:
         """How many blocks share each tile's K where the tiles are fewer than the SMs: enough for
         SPLIT_WAVES blocks per SM in all, each walking at least MIN_SPLIT_KTILES k tiles."""
-        m, n, k = cv.gemm
-        tiles = cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
+        tiles = DirectConvTemplate._tiles(cv, s)
         if not tiles or tiles >= arch.sm_count:        # an empty batch has nothing to split
             return 1
-        split = min(cdiv(SPLIT_WAVES * arch.sm_count, tiles), cdiv(k, s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
+        split = min(cdiv(SPLIT_WAVES * arch.sm_count, tiles), cdiv(cv.gemm[2], s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
         return max(1, split) if cv.groups * split <= MAX_GRID_YZ else 1
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
@@ -147,13 +146,20 @@ class DirectConvTemplate(Template):
                 and self._registers(cv, s) <= register_limit(s.threads, arch))
 
     @staticmethod
+    def _tiles(cv: ConvProblem, s: ConvSchedule) -> int:
+        """Output tiles of the implicit GEMM, all groups."""
+        m, n, _ = cv.gemm
+        return cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
+
+    @staticmethod
+    def _parts_bytes(cv: ConvProblem, s: ConvSchedule) -> int:
+        """A split K's fp32 tiles, one per block, at the front of its workspace (0 without a split)."""
+        return 0 if s.split_k == 1 else DirectConvTemplate._tiles(cv, s) * s.split_k * s.bm * s.bn * 4
+
+    @staticmethod
     def _workspace(cv: ConvProblem, s: ConvSchedule) -> int:
         """A split K's zeroed workspace: each block's fp32 tile, then an arrival counter per tile."""
-        if s.split_k == 1:
-            return 0
-        m, n, _ = cv.gemm
-        tiles = cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups
-        return tiles * s.split_k * s.bm * s.bn * 4 + 4 * tiles
+        return 0 if s.split_k == 1 else DirectConvTemplate._parts_bytes(cv, s) + 4 * DirectConvTemplate._tiles(cv, s)
 
     @staticmethod
     def _smem(cv: ConvProblem, s: ConvSchedule) -> int:
@@ -216,7 +222,7 @@ class DirectConvTemplate(Template):
         tile = dict(BM=s.bm, BN=s.bn, BK=s.bk, WARPS_M=s.warps_m, WARPS_N=s.warps_n,
                     PAD=_MMA_SMEM_PAD if cv.tensor_cores else _SIMT_SMEM_PAD)
         if s.split_k > 1:
-            tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=work - 4 * cdiv(m, s.bm) * cdiv(n, s.bn) * cv.groups)
+            tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=self._parts_bytes(cv, s))
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         return KernelSource(name, header + implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix),
                             threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,

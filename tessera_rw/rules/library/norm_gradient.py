@@ -79,14 +79,13 @@ def _rules():
 
 def _residual_example(first: bool, weighted: bool):
     """A pre-norm block's x: its cotangent is the norm's dx plus the residual branch's, r."""
+    layer_norm = _example("layernorm", weighted)
+
     def example(rng: np.random.Generator):
-        rows, n = (int(v) for v in rng.integers(1, 9, size=2))
-        inputs = {"x": rand(rng, rows, n + 1), "g": rand(rng, rows, n + 1), "r": rand(rng, rows, n + 1)}
-        if weighted:
-            inputs["w"] = rand(rng, n + 1)
+        dx, inputs = layer_norm(rng)
+        inputs["r"] = rand(rng, *inputs["x"].shape)
         def total(x, g, r, w=None):
-            dx = norm_input_grad(g * w if weighted else g, x, norm="layernorm", axes=(1,), eps=EPS)[0]
-            return r + dx if first else dx + r
+            return r + dx(x, g, w) if first else dx(x, g, w) + r
         return total, inputs
     return example
 
