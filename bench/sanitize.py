@@ -9,7 +9,9 @@ exercised. Each launch's output is poisoned first and checked against a float64 
 run also fails on a wrong result. The attention backward's kernels follow (the forward writing
 each row's logsumexp, the statistics read off it, flash_attention_bwd in its fixed-order form and,
 under `fast`, in its atomic one, whose cross-block fences and counters racecheck sees), checked
-against the ops' own references. The exit status is 1 when any schedule is wrong.
+against the ops' own references. Then the kernels whose blocks meet in a workspace behind a fence
+and an arrival counter (a reduction to a scalar split over the grid, a convolution's weight gradient
+split along K) and the norm backward, likewise. The exit status is 1 when any schedule is wrong.
 """
 
 from __future__ import annotations
@@ -39,6 +41,26 @@ def backward_ops() -> list:
         sample = FlashAttentionBwdTemplate().sample(1, 2, 384, d, BF16, causal)
         ops += [with_lse(attention_row(1, 2, 384, d, causal).op), sample, replace(sample, numerics=Numerics.FAST)]
     return ops + [AttentionStatsFromLseTemplate.sample((1, 2, 384, 64), BF16)]
+
+
+def cross_block_ops() -> list:
+    """Kernels whose blocks combine their parts in a workspace (the last to arrive sums them), and the
+    norm backward's row kernel, on small shapes."""
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.numerics import Numerics
+    from tessera_rw.codegen.templates.conv_problem import conv_op
+    x = TensorType((4, 256, 768), BF16)
+    long = TensorType((1 << 20,), DType.float32)
+    rows = TensorType((1024, 768), BF16)
+    return [KernelOp.of("sum", (x,), TensorType((), BF16), axes=(0, 1, 2), keepdims=False),
+            KernelOp.of("sum", (long,), TensorType((), DType.float32), axes=(0,), keepdims=False,
+                        numerics=Numerics.KAHAN_SUM),
+            conv_op((16, 8, 30, 30), (16, 8, 28, 28), DType.float32, padding=((0, 0), (0, 0))),
+            conv_op((32, 16, 30, 30), (32, 16, 28, 28), BF16, padding=((0, 0), (0, 0))),
+            KernelOp.of("norm_backward", (rows, rows, TensorType((768,), BF16), rows), rows, norm="layernorm",
+                        axes=(1,), eps=1e-5, has_weight=True, has_residual=True)]
 
 
 def check_op(op, arch) -> int:
@@ -84,6 +106,6 @@ def run() -> int:
             wrong += not ok
             print(f"{row.name.split(' vs ')[0]} [{schedule.describe()}]: error {error:.1e} {'ok' if ok else 'WRONG'}",
                   flush=True)
-    for op in backward_ops():
+    for op in backward_ops() + cross_block_ops():
         wrong += check_op(op, arch)
     return 1 if wrong else 0
