@@ -121,8 +121,10 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 
 
 # ops whose reference runs whole: the packed attention gradients and the forward with its row
-# logsumexps have no row axis, and the row statistics read queries from three operands
-WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse"})
+# logsumexps have no row axis, the row statistics read queries from three operands, and those read
+# off the logsumexps take O and them packed in one flat operand
+WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
+                             "attention_row_stats_from_lse"})
 
 
 def _product_a(op: KernelOp) -> TensorType:

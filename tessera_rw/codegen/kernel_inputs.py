@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.opdef import OpKind
+from tessera_rw.algebra.ops import opdef
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
 from tessera_rw.codegen.cpu_attention_backward import row_stats_blockwise
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -85,11 +87,25 @@ def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
         pool = _pool(t.dtype, rng, positive, keep)
         arrays.append(np.resize(pool, math.prod(t.shape)).reshape(t.shape))
         pools.append(_wide(pool))
+    if opdef(op.op).kind is OpKind.ATTENTION and op.attr_map.get("causal") and op.attr_map.get("has_mask"):
+        _keep_the_diagonal(op, arrays, pools)
     if op.op == "flash_attention_bwd":
         _consistent_row_stats(op, arrays, pools)
     if op.op == "norm_backward":
         _cotangent_along_x(op, arrays, pools)
     return Inputs(tuple(arrays), tuple(pools))
+
+
+def _keep_the_diagonal(op: KernelOp, arrays: list, pools: list) -> None:
+    """A causal attention's bool mask keeps each query's own key: causality leaves the first rows
+    few keys (row 0 one), and a random mask would drop them all, a NaN row in torch and in ours."""
+    i = next((i for i, t in enumerate(op.operands) if t.dtype is DType.bool), None)
+    if i is None:                      # an additive float mask: finite, never drops a key outright
+        return
+    mask = np.array(arrays[i])
+    diagonal = np.arange(min(mask.shape[-2:]))
+    mask[..., diagonal, diagonal] = True
+    arrays[i], pools[i] = mask, _wide(mask.ravel())
 
 
 def _cotangent_along_x(op: KernelOp, arrays: list, pools: list) -> None:

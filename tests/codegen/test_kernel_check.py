@@ -149,3 +149,32 @@ def test_a_fused_reduction_sums_over_its_operands_broadcast_together():
     over_rows = of("fused_reduction", w, x, expr="mul($0,$1)", reduce="sum", axes=(0,), keepdims=False)
     over_columns = of("fused_reduction", w, x, expr="mul($0,$1)", reduce="sum", axes=(1,), keepdims=False)
     assert kc.reduction_length(over_rows) == 8 and kc.reduction_length(over_columns) == 4096
+
+
+def _samples_checked_by_rows_or_masked() -> list:
+    """Every template sample whose GPU check restricts the reference to rows, and every attention
+    sample (a mask can leave a causal row no key)."""
+    from tessera_rw.algebra.opdef import OpKind
+    from tessera_rw.algebra.ops import opdef
+    from tessera_rw.codegen.templates.registry import templates
+    return [pytest.param(op, id=f"{type(t).__name__}-{i}-{op.op}") for t in templates()
+            for i, op in enumerate(t.samples())
+            if kc.row_plan(op) is not None or opdef(op.op).kind is OpKind.ATTENTION]
+
+
+@pytest.mark.parametrize("op", _samples_checked_by_rows_or_masked())
+def test_every_samples_reference_builds_and_is_finite(op):
+    rng = np.random.default_rng(0)
+    reference = kc.expected(op, ki.random_inputs(op, rng), rng)
+    if reference.value.dtype.kind in "fc":
+        assert np.isfinite(reference.value).all(), f"{op}: the reference has NaN/inf, so no kernel can match it"
+
+
+def test_a_causal_attentions_bool_mask_keeps_each_querys_own_key():
+    q = TensorType((1, 2, 300, 64), BF16)
+    mask = TensorType((1, 1, 300, 300), DType.bool)
+    op = KernelOp.of("flash_attention", (q, q, q, mask), q, scale=0.125, causal=True, has_mask=True)
+    inputs = ki.random_inputs(op, np.random.default_rng(0))
+    kept = inputs.arrays[3][0, 0]
+    assert kept.diagonal().all() and inputs.wide(3)[0, 0].diagonal().all()
+    assert 0.6 < kept.mean() < 0.9                       # the rest stays random
