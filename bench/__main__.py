@@ -15,6 +15,9 @@ def main(argv=None) -> int:
     parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune", "sanitize"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
+    parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block"], default="all",
+                        help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
+                             "or those whose blocks meet in a workspace)")
     args = parser.parse_args(argv)
     if args.suite == "cpu":
         from bench import cpu
@@ -30,7 +33,7 @@ def main(argv=None) -> int:
         return gpu.run(quick=args.quick)
     elif args.suite == "sanitize":
         from bench import sanitize
-        return sanitize.run()
+        return sanitize.run(args.kernels)
     elif args.suite == "tune":
         from bench import gpu_tuning
         return gpu_tuning.run(quick=args.quick)

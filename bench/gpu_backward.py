@@ -220,8 +220,7 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
             return result
         backward = {i for i, step in enumerate(plan.steps) if step.op not in ("flash_attention", "flash_attention_lse")}
         result.notes.append("ours: the steps " + " -> ".join(plan.steps[i].op for i in sorted(backward))
-                            + f" of the {policy} gradient plan"
-                            + (" (dQ summed with atomics)" if policy == "fast" else " (dQ by blocks of its own)"))
+                            + f" of the {policy} gradient plan")
         with numerics.policy(policy):
             result.ours = time_steps(lambda: grad(q, k, v, w), backward, len(plan.steps), protocol)
         result.torch = time_torch(library, protocol)

@@ -39,8 +39,11 @@ LOG_BATCH = 8
 def tuning_rows(quick: bool):
     rows = [gemm_row(2048), attention_row(4, 16, 2048, 64, False)]
     if not quick:
-        # and a GEMM off the square: 8192 tokens through a 4096 -> 1024 projection
-        rows += [gemm_row(4096), gemm_shape_row(8192, 4096, 1024), attention_row(4, 16, 2048, 128, True)]
+        # and a GEMM off the square: 8192 tokens through a 4096 -> 1024 projection; shapes the cost
+        # model was not fitted on: a skinny GEMM (256 tokens through an 8192-wide layer, fewer output
+        # tiles than SMs) and attention with 96-wide heads over a ragged causal sequence
+        rows += [gemm_row(4096), gemm_shape_row(8192, 4096, 1024), attention_row(4, 16, 2048, 128, True),
+                 gemm_shape_row(256, 8192, 8192), attention_row(2, 12, 1000, 96, True)]
     return rows
 
 

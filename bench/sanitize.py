@@ -84,14 +84,16 @@ def check_op(op, arch) -> int:
     return wrong
 
 
-def run() -> int:
+def run(kernels: str = "all") -> int:
+    """Check `kernels` ("all", "rows", "backward" or "cross-block"); 1 when any is wrong."""
     reason = preflight()
     if reason:
         print(reason, file=sys.stderr)
         return 2
     from tessera_rw.codegen.arch import current_arch
     from tessera_rw.codegen.templates.registry import templates_for
-    arch, wrong, rows = current_arch(), 0, small_rows()
+    arch, wrong = current_arch(), 0
+    rows = small_rows() if kernels in ("all", "rows") else []
     precompile(list(kernels_to_compile(rows, arch, quick=False)), arch)
     for row in rows:
         schedules = row_schedules(row, arch, quick=False)
@@ -106,6 +108,8 @@ def run() -> int:
             wrong += not ok
             print(f"{row.name.split(' vs ')[0]} [{schedule.describe()}]: error {error:.1e} {'ok' if ok else 'WRONG'}",
                   flush=True)
-    for op in backward_ops() + cross_block_ops():
+    ops = ((backward_ops() if kernels in ("all", "backward") else [])
+           + (cross_block_ops() if kernels in ("all", "cross-block") else []))
+    for op in ops:
         wrong += check_op(op, arch)
     return 1 if wrong else 0

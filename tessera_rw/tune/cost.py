@@ -41,6 +41,10 @@ MEMORY_WARPS_TO_HIDE_LATENCY = 8
 ACHIEVABLE_BANDWIDTH = 0.9      # of the spec-sheet HBM bandwidth, what a streaming copy reaches
 LONE_SM_BANDWIDTH_SHARE = 4     # an SM with the memory system to itself pulls ~4x its fair share
 REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256
+# DRAM latency under load: bytes in flight / latency bounds a starved grid's bandwidth (fitted to
+# a bf16 column sum of 8192x4096 on 64 blocks of 256 threads, 16 bytes in flight each, on an H200:
+# about 0.3 TB/s).
+MEMORY_LATENCY_S = 0.8e-6
 SPILL_REUSE = 4                 # each spilled byte is stored once and reloaded a few times in the main loop
 
 
@@ -117,6 +121,9 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
         hide_memory = min(1.0, resident_warps / MEMORY_WARPS_TO_HIDE_LATENCY)
         one_sm = LONE_SM_BANDWIDTH_SHARE * arch.hbm_bytes_per_s / arch.sm_count
         bandwidth = min(arch.hbm_bytes_per_s * ACHIEVABLE_BANDWIDTH, busy_sms * one_sm * hide_memory)
+        if res.bytes_in_flight:   # Little's law: an SM pulls what its threads keep in flight per latency
+            in_flight = min(per_sm, busiest) * res.threads * res.bytes_in_flight
+            bandwidth = min(bandwidth, busy_sms * in_flight / MEMORY_LATENCY_S)
         feed = res.l2_feed_bytes / (arch.l2_feed_bytes_per_s * busy_sms / arch.sm_count) * 1e6
         memory = max(res.hbm_bytes / bandwidth * 1e6, feed)
     spill = res.spill_bytes * res.threads * res.blocks * SPILL_REUSE / arch.hbm_bytes_per_s * 1e6

@@ -224,7 +224,7 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention row stats from lse D=64 bf16": AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16),
         "attention row stats from lse D=96 f16": AttentionStatsFromLseTemplate.sample((5, 33, 96), F16),
     }
-    # under `fast` the backward's dQ is summed by the key blocks (dq="atomic"), the first default
+    # under `fast` the backward's defaults add the form whose key blocks sum dQ (dq="atomic")
     ops |= {
         f"attention backward fast {name}": under(Numerics.FAST, op) for name, op in (
             ("S=128 D=64 bf16", bwd.sample(1, 2, 128, 64, BF16, False)),

@@ -70,7 +70,7 @@ def test_attention_gradient_plan(b, h, s, d, causal, dtype):
     want = numpy_grads(q, k, v, w, causal, scale=d ** -0.5)
     on_host = run_plan_on_cpu(program.plan, inputs)
     assert_matches(run_plan_emulated(program.plan, inputs), on_host, want)
-    # under `fast` the backward sums dQ with atomics into a workspace the launch zeroes
+    # and under `fast`, whose tuning space adds the form that sums dQ with atomics
     assert_matches(run_plan_emulated(program.plan, inputs, numerics=Numerics.FAST), on_host, want)
 
 

@@ -276,8 +276,8 @@ def test_the_attention_backward_sums_dq_with_atomics_only_under_fast():
     arch = arch_for_sm(CALIBRATION_ARCHS[-1])
     op = t.samples()[0]
     fast = replace(op, numerics=FAST)
-    atomic = t.schedules(fast, arch)[0]
-    assert atomic.dq == "atomic" and t.valid(fast, atomic, arch)
+    atomic = next(s for s in t.schedules(fast, arch) if s.dq == "atomic")
+    assert t.valid(fast, atomic, arch)
     assert t.emit(fast, atomic, arch).workspace_bytes > 0
     for policy in (Numerics.DETERMINISTIC, Numerics.KAHAN_SUM):
         strict = replace(op, numerics=policy)
@@ -287,6 +287,9 @@ def test_the_attention_backward_sums_dq_with_atomics_only_under_fast():
             t.emit(strict, atomic, arch)
         assert t.emit(strict, t.schedules(strict, arch)[0], arch).workspace_bytes == 0
     assert {s.dq for s in t.space(fast, arch)} == {"jobs", "atomic"}
+    # its atomics measured slower than the fixed order's two extra products: the model agrees
+    from tessera_rw.tune.cost import best_schedule
+    assert best_schedule(t, fast, arch)[0].dq == "jobs"
 
 
 # ---- the host's compensated sum ----------------------------------------------------------------

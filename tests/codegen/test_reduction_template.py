@@ -37,7 +37,7 @@ def test_strategy_follows_the_innermost_axis():
     assert strategies == ["row", "row", "column", "column", "row", "column",
                           "row", "row", "column", "row", "row", "row",      # the kahan_sum samples
                           "row", "column", "row",                           # the fused ones
-                          "row", "row"]                                     # the grid splits
+                          "row", "row", "column"]                           # the grid splits
     lay = layout(TensorType((16, 1024, 256), DType.float32), (0, 2))
     assert (lay.kept, lay.red, lay.red_strides) == ((1024,), (16, 256), (262144, 1))
     splits = {s.split for op in SAMPLES[:2] for s in T.schedules(op, ARCHS[1])}
@@ -84,3 +84,33 @@ def test_a_grid_split_gives_the_same_bits_whichever_block_arrives_last(numerics)
     assert len(set(runs.values())) == 1
     got = np.frombuffer(runs["ascending"], np.float32)[0]
     assert abs(got - values.astype(np.float64).sum()) <= 1e-5 * np.abs(values).sum()
+
+
+def test_few_column_tiles_share_their_rows_among_enough_blocks_to_fill_the_gpu():
+    arch = arch_named("h100")
+    grads = KernelOp.of("sum", (TensorType((8192, 4096), DType.bfloat16),), TensorType((4096,), DType.bfloat16),
+                        axes=(0,), keepdims=False)
+    split, *unsplit = T.schedules(grads, arch)
+    assert split.blocks > 1 and T.resources(grads, split, arch).blocks >= arch.sm_count
+    tiles = T.resources(grads, split, arch).blocks // split.blocks
+    assert T.emit(grads, split, arch).workspace_bytes == 4096 * split.blocks * 4 + 4 * tiles
+    assert all(s.blocks == 1 for s in unsplit)
+    many = KernelOp.of("sum", (TensorType((64, 65536), DType.bfloat16),), TensorType((65536,), DType.bfloat16),
+                       axes=(0,), keepdims=False)
+    assert all(s.blocks == 1 for s in T.schedules(many, arch))       # 256 tiles fill the GPU already
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("numerics", [Numerics.DETERMINISTIC, Numerics.KAHAN_SUM])
+def test_a_column_split_gives_the_same_bits_whichever_block_arrives_last(numerics):
+    arch = arch_named("h100")
+    x = TensorType((3001, 200), DType.float32)            # ragged: the last tile and the last stripe are short
+    op = KernelOp.of("sum", (x,), TensorType((200,), DType.float32), axes=(0,), keepdims=False, numerics=numerics)
+    s = T.schedules(op, arch)[0]
+    assert s.blocks > 1
+    values = np.random.default_rng(5).standard_normal((3001, 200)).astype(np.float32)
+    runs = {order: emulator.run_emulated(op, [values], schedule=s, arch=arch, block_order=order).tobytes()
+            for order in ("ascending", "reverse", "shuffle:7", "shuffle:11")}
+    assert len(set(runs.values())) == 1
+    got = np.frombuffer(runs["ascending"], np.float32)
+    np.testing.assert_allclose(got, values.astype(np.float64).sum(0), rtol=0, atol=1e-4 * np.abs(values).sum(0).max())

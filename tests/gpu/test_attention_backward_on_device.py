@@ -85,7 +85,7 @@ def test_torch_tensors_in_give_torch_gradients_out():
 
 
 @pytest.mark.parametrize("b, h, s, d, causal, dtype", CASES)
-def test_gradient_plan_under_fast_sums_dq_with_atomics_and_matches_float64(b, h, s, d, causal, dtype):
+def test_gradient_plan_under_fast_matches_float64_twice_on_one_workspace(b, h, s, d, causal, dtype):
     from tessera_rw import numerics
     from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
     rng = np.random.default_rng(7)

@@ -6,7 +6,9 @@ with one block per ROWS keys accumulating dK and dV and one block per ROWS queri
 dQ, so nothing Sq×Sk reaches memory and no atomics are needed (attention_backward_cuda.py).
 Under the `fast` policy the backward kernel has a second form, `dq="atomic"`, FlashAttention-2's
 own: key blocks alone, each adding its share of dQ into an fp32 workspace with atomics, which
-computes five products per score where the fixed-order form computes seven.
+computes five products per score where the fixed-order form computes seven. It stays second:
+on an H200 its atomics cost more than the two products they save (1.7-1.9x the fixed-order
+form's time, bench/results/tune-NVIDIA-H200-2026-11-26.md), so the tuner alone picks it.
 They take bf16/fp16 q, k, v, dO of one batch shape (a GQA or broadcast K/V arrives repeated),
 head_dim 64 or 128 with Dv == D, `causal`, and an explicit bool or float (fp32/fp16/bf16) mask
 that broadcasts over batch, heads and rows, read per score as the forward reads it.
@@ -17,8 +19,8 @@ that broadcasts over batch, heads and rows, read per score as the forward reads 
 >>> t.schedules(op, arch_named("h100"))[0].describe()
 'rows=64 cols=64 warps=4 stages=2 dq=jobs'
 >>> from dataclasses import replace
->>> t.schedules(replace(op, numerics=Numerics.FAST), arch_named("h100"))[0].describe()
-'rows=128 cols=64 warps=8 stages=2 dq=atomic'
+>>> [s.dq for s in t.schedules(replace(op, numerics=Numerics.FAST), arch_named("h100"))]
+['jobs', 'jobs', 'atomic', 'atomic']
 """
 
 from __future__ import annotations
@@ -132,6 +134,11 @@ def _accepts(op: KernelOp, operands: int) -> bool:
     return (q.dtype in (DType.bfloat16, DType.float16) and q.ndim >= 2 and q.shape[-1] in HEAD_DIMS
             and all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
                     and t.shape[-1] == q.shape[-1] for t in heads))
+
+
+# The atomic form's dQ adds (fp32, into L2, each address from every key block in turn) slow its
+# products: fitted to the H200 sweep, where it measured 1.7-1.9x the fixed-order form's time.
+ATOMIC_DQ_SLOWDOWN = 2.6
 
 
 def _efficiency(arch: ArchSpec, d: int, products: int) -> float:
@@ -301,7 +308,7 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
     @staticmethod
     def forms(op: KernelOp) -> tuple[str, ...]:
         """The dQ forms `op`'s numerics policy allows, the preferred first."""
-        return ("atomic", "jobs") if op.numerics is Numerics.FAST else ("jobs",)
+        return ("jobs", "atomic") if op.numerics is Numerics.FAST else ("jobs",)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
         # The atomic form puts its widest blocks first, as FlashAttention-2 does (128 keys): each
@@ -361,7 +368,8 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         return Resources(threads=WARP_SIZE * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),
                          hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + work
                          + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
-                         efficiency=_efficiency(arch, shape.d, 5 if s.atomic else 7 / 2),
+                         efficiency=(_efficiency(arch, shape.d, 5) / ATOMIC_DQ_SLOWDOWN if s.atomic
+                                     else _efficiency(arch, shape.d, 7 / 2)),
                          spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:

@@ -51,6 +51,7 @@ class Resources:
     efficiency: float = 1.0    # fraction of the unit's peak the instruction mix can reach
     spill_bytes: int = 0       # per thread, predicted (0 when the schedule fits in registers)
     l2_feed_bytes: int = 0     # what the blocks load from L2, each tile's re-reads included (0: not modelled)
+    bytes_in_flight: int = 0   # per thread, the loads it keeps outstanding (0: not modelled)
 
 
 class Template(ABC):

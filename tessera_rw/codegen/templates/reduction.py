@@ -42,6 +42,7 @@ from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
                                                       expr_ops, kernel_name, store, vector_widths, words)
+from tessera_rw.codegen.templates.reduction_column import column_body, column_split, column_workspace_bytes
 from tessera_rw.codegen.templates.reduction_reads import Layout, operand_reads, reduction_layout, values_type
 from tessera_rw.codegen.templates.reduction_split import MAX_GRID_SPLIT, grid_split, parts_met, split_workspace_bytes
 from tessera_rw.codegen.templates.reduction_walk import Walk
@@ -109,9 +110,13 @@ class ReductionTemplate(Template):
             if shared > 1:       # too few outputs to fill the GPU a block each: blocks share each one
                 return (replace(block, blocks=shared), block)
             return (warp, block) if lay.n_red <= WARP_ROW_MAX else (block, warp)
-        # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks.
+        # Column: 32 lanes of outputs per row of threads; fewer outputs per thread keep more blocks,
+        # and where even they leave the GPU short of blocks, blocks share each tile's rows.
         narrow = [v for v in vecs if v <= 2][0]
-        return tuple(dict.fromkeys((ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))))
+        unsplit = (ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))
+        wide = ReductionSchedule(256, vecs[0], 8)
+        shared = column_split(lay.n_out, lay.n_red, WARP_SIZE * wide.vec, wide.split, arch.sm_count)
+        return tuple(dict.fromkeys(((replace(wide, blocks=shared),) if shared > 1 else ()) + unsplit))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:
         lay = self._layout(op)
@@ -134,7 +139,7 @@ class ReductionTemplate(Template):
             return False
         lay = self._layout(op)
         splits = s.split in (WARP_SIZE, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
-        shared = s.blocks == 1 or (lay.row and s.split == s.threads and 1 < s.blocks <= MAX_GRID_SPLIT)
+        shared = s.blocks == 1 or (1 < s.blocks <= MAX_GRID_SPLIT and (not lay.row or s.split == s.threads))
         if not splits or not shared or s.vec not in self._vecs(op, lay):
             return False
         limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
@@ -161,17 +166,31 @@ class ReductionTemplate(Template):
         if lay.row:
             blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split)) * schedule.blocks
         else:
-            blocks = math.ceil(lay.n_out / (schedule.threads // schedule.split * schedule.vec))
+            blocks = self._tiles(schedule, lay) * schedule.blocks
         return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, schedule, lay, arch),
                          smem_bytes=self._smem(op, schedule, lay),
                          hbm_bytes=op.operand_bytes + op.result.nbytes,   # every element read once
-                         flops=op.flops, unit=MathUnit.FP32)
+                         flops=op.flops, unit=MathUnit.FP32, bytes_in_flight=self._in_flight(op, schedule, lay))
+
+    @staticmethod
+    def _tiles(s: ReductionSchedule, lay: Layout) -> int:
+        """A column reduce's output tiles: a block's row of threads, `vec` outputs each."""
+        return math.ceil(lay.n_out / (s.threads // s.split * s.vec))
+
+    def _in_flight(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
+        """The bytes each thread's unrolled walk keeps in flight: every operand's vector (a value
+        where it is broadcast along the vector) per step, up to UNROLL steps."""
+        reads = operand_reads(op) if op.op == "fused_reduction" else ()
+        step = (sum(s.vec * r.dtype.itemsize if r.vector(lay.row) else r.dtype.itemsize for r in reads) if reads
+                else s.vec * op.operands[0].dtype.itemsize)
+        trips = math.ceil(lay.n_red / (s.split * s.blocks if not lay.row else s.split * s.vec * s.blocks))
+        return step * max(1, min(trips, UNROLL))
 
     def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
         acc = words(self._acc(op)) * 4 * (2 if self.compensated(op) else 1)   # (sum, compensation) pairs
         if lay.row:
             return acc * (s.threads // WARP_SIZE) if s.split > WARP_SIZE else 0
-        return acc * s.threads * s.vec
+        return acc * s.threads * s.vec + (4 if s.blocks > 1 else 0)      # a column split's arrival flag
 
     def _registers(self, op: KernelOp, s: ReductionSchedule, lay: Layout, arch: ArchSpec) -> int:
         # Calibrated against ptxas on samples(): the walk keeps UNROLL loads in flight, a column
@@ -193,7 +212,18 @@ class ReductionTemplate(Template):
         trips = math.ceil(lay.n_red / s.split)
         index_math = sum(1 for st in lay.red_strides[:-1] + lay.kept_strides[:-1] if st)
         return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc * (2 if kahan else 1) + wide
-                + REG_INDEX_AXIS * index_math + operands + (REG_KAHAN_COL if kahan else 0))
+                + REG_INDEX_AXIS * index_math + operands + (REG_KAHAN_COL if kahan else 0)
+                + (self._split_registers(s, acc, kahan, arch) if s.blocks > 1 else 0))
+
+    @staticmethod
+    def _split_registers(s: ReductionSchedule, acc_words: int, kahan: bool, arch: ArchSpec) -> int:
+        """A column split's ending: the workspace addresses and each output's parts in flight
+        (ptxas on sm_80 keeps a kahan_sum's compensated parts apart; on sm_90 it folds them)."""
+        if acc_words == 2:
+            return 0
+        if kahan:
+            return REG_KAHAN_SPLIT_PER_VEC * s.vec if arch.compute_capability[0] < 9 else 0
+        return REG_COL_SPLIT + s.vec
 
     # -- emission -----------------------------------------------------------------------------
 
@@ -207,7 +237,8 @@ class ReductionTemplate(Template):
         value = "acc" if self.reduce(op) != "mean" else f"(({ctype(out)})acc / ({ctype(out)}){lay.n_red})"
         kahan = self.compensated(op)
         walk = Walk(op, lay, schedule.vec, a)
-        body = (self._row if lay.row else self._column)(op, schedule, lay, walk, ident, value, kahan)
+        body = (self._row(op, schedule, lay, walk, ident, value, kahan) if lay.row else
+                column_body(op, schedule, lay, walk, ident, value, kahan, UNROLL, self._part_bytes(op)))
         inputs = "x" if op.op != "fused_reduction" else ", ".join(f"in{i}" for i in range(len(op.operands)))
         blocks = self.resources(op, schedule, arch).blocks
         how = f"{a} with Neumaier compensation" if kahan else a
@@ -230,6 +261,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
                             fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
 
     def workspace_bytes(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
+        if not lay.row:
+            return column_workspace_bytes(lay.n_out, s.blocks, self._part_bytes(op), self._tiles(s, lay))
         return split_workspace_bytes(lay.n_out, s.blocks, self._part_bytes(op))
 
     def _part_bytes(self, op: KernelOp) -> int:
@@ -295,48 +328,6 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) out[row] = {store(op.result.dtype, value)};")
         return "\n".join(lines)
 
-    def _column(self, op, s: ReductionSchedule, lay: Layout, walk: Walk, ident, value, kahan: bool) -> str:
-        v, ry, a = s.vec, s.split, walk.acc
-        tx = s.threads // ry
-        if kahan:
-            add = walk.per_lane(lambda e: f"kahan_add(acc[j], comp[j], {e});")
-            merge = f"kahan_merge(acc[j], comp[j], partial[k][tx * {v}u + j], partial_comp[k][tx * {v}u + j]);"
-        else:
-            add = walk.per_lane(lambda e: f"acc[j] = reduction_combine(acc[j], {e});")
-            merge = f"acc[j] = reduction_combine(acc[j], partial[k][tx * {v}u + j]);"
-        pairs = [f"    __shared__ {a} partial_comp[{ry}][{tx * v}];"] if kahan else []
-        stash = f"{{ partial[ty][tx * {v}u + j] = acc[j]; partial_comp[ty][tx * {v}u + j] = comp[j]; }}" if kahan \
-            else f"partial[ty][tx * {v}u + j] = acc[j];"
-        return "\n".join([
-            f"    const unsigned tx = threadIdx.x % {tx}u, ty = threadIdx.x / {tx}u;",
-            f"    const unsigned o = (blockIdx.x * {tx}u + tx) * {v}u;",
-            f"    {a} acc[{v}]{f', comp[{v}]' if kahan else ''};",
-            "    #pragma unroll",
-            f"    for (int j = 0; j < {v}; ++j) acc[j] = {ident};",
-            *(["    #pragma unroll", f"    for (int j = 0; j < {v}; ++j) comp[j] = {ident};"] if kahan else []),
-            f"    if (o < {lay.n_out}u) {{",
-            *(f"        {line}" for line in walk.bases("o")),
-            f"        #pragma unroll {UNROLL}",
-            f"        for (unsigned r = ty; r < {lay.n_red}u; r += {ry}u) {{",
-            *(f"            {line}" for line in walk.loads("r")),
-            "            #pragma unroll",
-            f"            for (int j = 0; j < {v}; ++j) {add}",
-            "        }",
-            "    }",
-            f"    __shared__ {a} partial[{ry}][{tx * v}];",
-            *pairs,
-            "    #pragma unroll",
-            f"    for (int j = 0; j < {v}; ++j) {stash}",
-            "    __syncthreads();",
-            f"    if (ty != 0 || o >= {lay.n_out}u) return;",
-            "    #pragma unroll",
-            f"    for (int j = 0; j < {v}; ++j) {{",
-            f"        for (int k = 1; k < {ry}; ++k) {merge}",
-            f"        const {a} acc_j = {'kahan_total(acc[j], comp[j])' if kahan else 'acc[j]'};",
-            f"        out[o + j] = {store(op.result.dtype, value.replace('acc', 'acc_j'))};",
-            "    }",
-        ])
-
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
 
@@ -371,6 +362,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
             # few outputs: blocks share each one (a grid split)
             red("sum", (4, 1024, 768), bf, (0, 1, 2)),                   # to a scalar
             fused((((8192, 4096), bf), ((8192, 4096), bf)), "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),
+            red("sum", (8192, 4096), bf, (0,)),       # a bias gradient: 16 column tiles, blocks share each
         )
 
 
@@ -380,6 +372,8 @@ REG_COL_BASE = 14         # ... plus the shared-memory combine's addresses
 REG_WIDE_ACC = 8          # int64 / fp64 accumulation: register pairs and carries
 REG_INDEX_AXIS = 1        # each extra coalesced axis needs a division and a multiply
 REG_KAHAN_ROW = 4         # kahan_sum: the compensation, and the add's rounded-off term and magnitude test
+REG_COL_SPLIT = 6         # a column split: the workspace's part and counter addresses, the arrival flag
+REG_KAHAN_SPLIT_PER_VEC = 6   # ... under kahan_sum on sm_80, per output a thread owns
 REG_KAHAN_COL = 4         # ... per column thread beyond its `vec` compensations
 REG_FUSED_OPERAND = 2     # a fused expression: each operand's base pointer and value
 REG_FUSED_ROW = 4         # ... and the expression's temporaries in a row walk
