@@ -26,6 +26,8 @@ MIN_ROWS_PER_THREAD = 16    # rows each thread of a sharing block walks at least
 def column_split(n_out: int, n_red: int, outputs_per_block: int, rows: int, sm_count: int) -> int:
     """How many blocks share each tile of a column reduce's outputs (1: none)."""
     tiles = math.ceil(n_out / outputs_per_block)
+    if tiles >= sm_count:            # a block per tile on every SM already
+        return 1
     wanted = math.ceil(GRID_SPLIT_WAVES * sm_count / tiles)
     walkable = n_red // (rows * MIN_ROWS_PER_THREAD)
     return max(1, min(wanted, walkable, MAX_GRID_SPLIT))
