@@ -10,7 +10,8 @@
 #   tests     every gpu-marked test                      bench / benchq   python -m bench gpu [--quick]
 #   tune / tuneq   python -m bench tune [--quick]         sanitize   racecheck, synccheck and memcheck
 # Default: tests benchq sanitize. The results files the run wrote (and the timing logs) are packed
-# into OUTDIR/results.tar; a step stopped at its limit writes none.
+# into OUTDIR/results.tar; a step stopped at its limit writes none. Where the checkout was copied
+# without its git metadata, set BENCH_COMMIT to the commit it holds: the results are stamped with it.
 set -u
 WHEELS=$1; OUT=$2; shift 2
 STEPS=("$@"); [ ${#STEPS[@]} -eq 0 ] && STEPS=(tests benchq sanitize)

@@ -20,7 +20,10 @@ SCHEMA = "tessera_rw.bench/1"
 
 
 def commit() -> str:
-    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'."""
+    """The checked-out commit (with '+dirty' when the tree has changes), or 'unknown'; $BENCH_COMMIT
+    where set (a copy of a checkout on a GPU host, whose git metadata is not the tree's)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     root = Path(__file__).parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,

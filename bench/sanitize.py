@@ -11,7 +11,8 @@ each row's logsumexp, the statistics read off it, flash_attention_bwd in its fix
 under `fast`, in its atomic one, whose cross-block fences and counters racecheck sees), checked
 against the ops' own references. Then the kernels whose blocks meet in a workspace behind a fence
 and an arrival counter (a reduction to a scalar split over the grid, a convolution's weight gradient
-split along K) and the norm backward, likewise. The exit status is 1 when any schedule is wrong.
+split along K, a column reduce with few output tiles) and the norm backward, likewise.
+`--kernels rows|backward|cross-block` runs one part. The exit status is 1 when any schedule is wrong.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def backward_ops() -> list:
 
 
 def cross_block_ops() -> list:
-    """Kernels whose blocks combine their parts in a workspace (the last to arrive sums them), and the
-    norm backward's row kernel, on small shapes."""
+    """Kernels whose blocks combine their parts in a workspace (the last to arrive sums them: row and
+    column reductions split over the grid, split-K convs), and the norm backward's row kernel, on
+    small shapes."""
     from tessera_rw.algebra.dtypes import DType
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.codegen.kernel_op import KernelOp
@@ -54,7 +56,12 @@ def cross_block_ops() -> list:
     x = TensorType((4, 256, 768), BF16)
     long = TensorType((1 << 20,), DType.float32)
     rows = TensorType((1024, 768), BF16)
+    columns = TensorType((2048, 1024), BF16)
+    ragged = TensorType((3001, 200), DType.float32)
     return [KernelOp.of("sum", (x,), TensorType((), BF16), axes=(0, 1, 2), keepdims=False),
+            KernelOp.of("sum", (columns,), TensorType((1024,), BF16), axes=(0,), keepdims=False),
+            KernelOp.of("sum", (ragged,), TensorType((200,), DType.float32), axes=(0,), keepdims=False,
+                        numerics=Numerics.KAHAN_SUM),
             KernelOp.of("sum", (long,), TensorType((), DType.float32), axes=(0,), keepdims=False,
                         numerics=Numerics.KAHAN_SUM),
             conv_op((16, 8, 30, 30), (16, 8, 28, 28), DType.float32, padding=((0, 0), (0, 0))),
