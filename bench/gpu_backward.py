@@ -121,10 +121,14 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         result.notes.append("ours: the plan " + " -> ".join(steps) + "; torch: its backward alone (forward kept)")
         result.ours = time_torch(lambda: grad(x, w, b, dy), protocol)
         result.torch = time_torch(library, protocol)
-        result.notes.append("ours per step (profiler, one warm call): " + per_step(lambda: grad(x, w, b, dy)))
         torch.cuda.empty_cache()
     except Exception as e:
         result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return result
+    try:                           # the timings above stand whatever happens here
+        result.notes.append("ours per step (profiler, one warm call): " + per_step(lambda: grad(x, w, b, dy)))
+    except Exception as e:
+        result.notes.append(f"the per-step profile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     return result
 
 

@@ -38,7 +38,7 @@ for step in "${STEPS[@]}"; do
            # -v: each result is logged as it comes, so a run stopped at its limit still tells what failed
            timeout "$secs" python3 -m pytest -m gpu -v $PARALLEL $LIMITS -rfE \
              > "$OUT/gpu-tests.log" 2>&1; echo "pytest rc $?"; grep -E "passed|failed" "$OUT/gpu-tests.log" | tail -1
-           grep -E "^(FAILED|ERROR)|\] (FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-200 | head -40;;
+           grep -E "^(FAILED|ERROR) |\] (FAILED|ERROR) | (FAILED|ERROR) +\[" "$OUT/gpu-tests.log" | cut -c1-200 | sort -u | head -40;;
     bench|benchq) timeout "$secs" python3 -m bench gpu $([ "$name" = benchq ] && echo --quick) > "$OUT/bench-gpu.log" 2>&1
            echo "bench gpu rc $?";;
     tune|tuneq) timeout "$secs" python3 -m bench tune $([ "$name" = tuneq ] && echo --quick) > "$OUT/bench-tune.log" 2>&1

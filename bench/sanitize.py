@@ -8,10 +8,12 @@ one tile (and a ragged one for the GEMM) so that barriers between pipeline stage
 exercised. Each launch's output is poisoned first and checked against a float64 reference, so the
 run also fails on a wrong result. The attention backward's kernels follow (the forward writing
 each row's logsumexp, the statistics read off it, flash_attention_bwd in its fixed-order form and,
-under `fast`, in its atomic one, whose cross-block fences and counters racecheck sees), checked
-against the ops' own references. Then the kernels whose blocks meet in a workspace behind a fence
+under `fast`, in its atomic one, which meets across blocks in a workspace), checked against the
+ops' own references. Then the kernels whose blocks meet in a workspace behind a fence
 and an arrival counter (a reduction to a scalar split over the grid, a convolution's weight gradient
 split along K, a column reduce with few output tiles) and the norm backward, likewise.
+racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
+global memory shows as a wrong result, which the checks against the references catch.
 `--kernels rows|backward|cross-block` runs one part. The exit status is 1 when any schedule is wrong.
 """
 

@@ -60,6 +60,17 @@ def numpy_grads(q, k, v, w, causal: bool, scale: float = SCALE, mask=None) -> tu
     return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ w
 
 
+def atomic_backward_pin(plan, arch) -> tuple[tuple[int, object], ...]:
+    """(step, schedule) pinning the plan's attention backward to the form that sums dQ with atomics
+    (a `fast` option the cost model ranks second), for a run under `fast`."""
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.numerics import Numerics
+    from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
+    step = next(i for i, s in enumerate(plan.steps) if s.op == "flash_attention_bwd")
+    backward = KernelOp.from_node(plan.steps[step].node, Numerics.FAST)
+    return ((step, next(s for s in FlashAttentionBwdTemplate().schedules(backward, arch) if s.dq == "atomic")),)
+
+
 def bf16_inputs(rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.standard_normal((B, H, S, D)).astype(ml_dtypes.bfloat16) for _ in range(4)]
 

@@ -103,8 +103,11 @@ def _keep_the_diagonal(op: KernelOp, arrays: list, pools: list) -> None:
     if i is None:                      # an additive float mask: finite, never drops a key outright
         return
     mask = np.array(arrays[i])
-    diagonal = np.arange(min(mask.shape[-2:]))
-    mask[..., diagonal, diagonal] = True
+    if mask.ndim < 2:                  # one row of keys shared by every query: its first key is query 0's
+        mask[..., 0] = True
+    else:
+        diagonal = np.arange(min(mask.shape[-2:]))
+        mask[..., diagonal, diagonal] = True
     arrays[i], pools[i] = mask, _wide(mask.ravel())
 
 

@@ -178,3 +178,11 @@ def test_a_causal_attentions_bool_mask_keeps_each_querys_own_key():
     kept = inputs.arrays[3][0, 0]
     assert kept.diagonal().all() and inputs.wide(3)[0, 0].diagonal().all()
     assert 0.6 < kept.mean() < 0.9                       # the rest stays random
+
+
+def test_a_causal_attentions_one_row_bool_mask_keeps_the_first_key():
+    q = TensorType((1, 2, 64, 32), F32)
+    op = KernelOp.of("flash_attention", (q, q, q, TensorType((64,), DType.bool)), q, scale=0.125, causal=True,
+                     has_mask=True)
+    inputs = ki.random_inputs(op, np.random.default_rng(1))
+    assert inputs.arrays[3][0] and np.isfinite(kc.expected(op, inputs, np.random.default_rng(1)).value).all()

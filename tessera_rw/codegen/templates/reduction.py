@@ -9,9 +9,11 @@ threads (a warp, or the whole block for long rows) stride along one output's red
 with vector loads and combine through warp shuffles (and shared memory across warps). When the
 innermost group is kept (a "column reduce", e.g. sum over axis 0), consecutive threads own
 consecutive outputs, so every load of the walk down the reduced axis is coalesced; `split` rows
-of threads walk interleaved parts of the reduced axis and meet in shared memory. A row reduce
-with too few outputs to fill the GPU a block each has `blocks` blocks share each output, meeting
-in a workspace (reduction_split.py): a loss, a norm of a whole tensor.
+of threads walk interleaved parts of the reduced axis and meet in shared memory
+(reduction_column.py). A row reduce with too few outputs to fill the GPU a block each has `blocks`
+blocks share each output, meeting in a workspace (reduction_split.py): a loss, a norm of a whole
+tensor; a column reduce with too few output tiles has `blocks` blocks share each tile's rows
+likewise: a layer's weight or bias gradient.
 
 Shapes are baked into the source. 16-bit inputs accumulate in fp32; int32/bool sums in int64,
 as numpy (and the op's declared dtype) does. Under the `kahan_sum` numerics policy a float sum or
@@ -63,7 +65,7 @@ class ReductionSchedule(Schedule):
     threads: int = 256
     vec: int = 4          # row: elements per load; column: consecutive outputs per thread
     split: int = 32       # threads that share one output (row: 32 or threads; column: rows of threads)
-    blocks: int = 1       # row, a block per output: blocks sharing one output (its parts meet in a workspace)
+    blocks: int = 1       # blocks sharing one output (row) or one tile of outputs (column); parts meet in a workspace
 
     quiet_defaults = frozenset({"blocks"})
 
@@ -115,7 +117,7 @@ class ReductionTemplate(Template):
         narrow = [v for v in vecs if v <= 2][0]
         unsplit = (ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))
         wide = ReductionSchedule(256, vecs[0], 8)
-        shared = column_split(lay.n_out, lay.n_red, WARP_SIZE * wide.vec, wide.split, arch.sm_count)
+        shared = column_split(lay.n_out, lay.n_red, wide.threads // wide.split * wide.vec, wide.split, arch.sm_count)
         return tuple(dict.fromkeys(((replace(wide, blocks=shared),) if shared > 1 else ()) + unsplit))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:
@@ -178,13 +180,18 @@ class ReductionTemplate(Template):
         return math.ceil(lay.n_out / (s.threads // s.split * s.vec))
 
     def _in_flight(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
-        """The bytes each thread's unrolled walk keeps in flight: every operand's vector (a value
-        where it is broadcast along the vector) per step, up to UNROLL steps."""
+        """The bytes a thread's unrolled walk keeps in flight, on average over the block: every
+        operand's vector (a value where it is broadcast along the vector) per step, up to UNROLL
+        steps, in the threads that have any."""
         reads = operand_reads(op) if op.op == "fused_reduction" else ()
         step = (sum(s.vec * r.dtype.itemsize if r.vector(lay.row) else r.dtype.itemsize for r in reads) if reads
                 else s.vec * op.operands[0].dtype.itemsize)
-        trips = math.ceil(lay.n_red / (s.split * s.blocks if not lay.row else s.split * s.vec * s.blocks))
-        return step * max(1, min(trips, UNROLL))
+        # the threads of an output that find work: a row's split reads `vec` elements each, a
+        # column's rows of threads a row each; the rest of the block idles
+        share = math.ceil(lay.n_red / s.blocks)
+        active = min(s.split, math.ceil(share / s.vec) if lay.row else share)
+        trips = math.ceil(share / (active * (s.vec if lay.row else 1)))
+        return max(1, step * min(trips, UNROLL) * active // s.split)
 
     def _smem(self, op: KernelOp, s: ReductionSchedule, lay: Layout) -> int:
         acc = words(self._acc(op)) * 4 * (2 if self.compensated(op) else 1)   # (sum, compensation) pairs
@@ -211,19 +218,13 @@ class ReductionTemplate(Template):
             return REG_ROW_BASE + walk + operands + wide // 2 + (REG_KAHAN_ROW if kahan else 0)
         trips = math.ceil(lay.n_red / s.split)
         index_math = sum(1 for st in lay.red_strides[:-1] + lay.kept_strides[:-1] if st)
-        return (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc * (2 if kahan else 1) + wide
-                + REG_INDEX_AXIS * index_math + operands + (REG_KAHAN_COL if kahan else 0)
-                + (self._split_registers(s, acc, kahan, arch) if s.blocks > 1 else 0))
-
-    @staticmethod
-    def _split_registers(s: ReductionSchedule, acc_words: int, kahan: bool, arch: ArchSpec) -> int:
-        """A column split's ending: the workspace addresses and each output's parts in flight
-        (ptxas on sm_80 keeps a kahan_sum's compensated parts apart; on sm_90 it folds them)."""
-        if acc_words == 2:
-            return 0
-        if kahan:
-            return REG_KAHAN_SPLIT_PER_VEC * s.vec if arch.compute_capability[0] < 9 else 0
-        return REG_COL_SPLIT + s.vec
+        walk = (REG_COL_BASE + (min(trips, UNROLL) * loaded) // 2 + s.vec * acc * (2 if kahan else 1) + wide
+                + REG_INDEX_AXIS * index_math + operands + (REG_KAHAN_COL if kahan else 0))
+        # A split's ending (fit to ptxas 12.x, sm_80 and sm_90): a plain walk's registers, plus one
+        # per output for the parts being combined; a fused or compensated walk, or a 64-bit one,
+        # holds more already than the ending adds.
+        ending = REG_COL_SPLIT_PER_VEC * s.vec if s.blocks > 1 and not (fused or kahan or wide) else 0
+        return walk + ending
 
     # -- emission -----------------------------------------------------------------------------
 
@@ -363,6 +364,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
             red("sum", (4, 1024, 768), bf, (0, 1, 2)),                   # to a scalar
             fused((((8192, 4096), bf), ((8192, 4096), bf)), "mul(sub($0,$1),sub($0,$1))", "mean", (0, 1)),
             red("sum", (8192, 4096), bf, (0,)),       # a bias gradient: 16 column tiles, blocks share each
+            red("sum", (8192, 4096), bf, (0,), numerics=kahan),   # ... compensated
         )
 
 
@@ -372,8 +374,7 @@ REG_COL_BASE = 14         # ... plus the shared-memory combine's addresses
 REG_WIDE_ACC = 8          # int64 / fp64 accumulation: register pairs and carries
 REG_INDEX_AXIS = 1        # each extra coalesced axis needs a division and a multiply
 REG_KAHAN_ROW = 4         # kahan_sum: the compensation, and the add's rounded-off term and magnitude test
-REG_COL_SPLIT = 6         # a column split: the workspace's part and counter addresses, the arrival flag
-REG_KAHAN_SPLIT_PER_VEC = 6   # ... under kahan_sum on sm_80, per output a thread owns
+REG_COL_SPLIT_PER_VEC = 1     # a column split's ending, per output a thread owns (plain walks)
 REG_KAHAN_COL = 4         # ... per column thread beyond its `vec` compensations
 REG_FUSED_OPERAND = 2     # a fused expression: each operand's base pointer and value
 REG_FUSED_ROW = 4         # ... and the expression's temporaries in a row walk

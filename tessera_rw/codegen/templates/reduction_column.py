@@ -93,13 +93,14 @@ def column_workspace_bytes(n_out: int, parts: int, part_bytes: int, tiles: int) 
 
 def _parts_met(n_out: int, parts: int, part_bytes: int, a: str, ident: str, kahan: bool, merge: str,
                v: int, ry: int, tile: str) -> list[str]:
-    """Row 0 of the block merges the rows' partials and parks them at [output][part]; the block
-    arrives at its tile's counter, and in the last block to arrive row 0 combines every part."""
+    """Row 0 of the block merges the rows' partials and parks them at [part][output] (neighbouring
+    lanes, neighbouring words); the block arrives at its tile's counter, and in the last block to
+    arrive row 0 combines every part."""
     n = n_out * parts
-    at = f"(o + j) * {parts}u"
-    keep = f" comps[{at} + part] = comp[j];" if kahan else ""
-    combine = (f"kahan_merge(acc[j], comp[j], ((volatile {a}*)parts)[{at} + k], ((volatile {a}*)comps)[{at} + k]);"
-               if kahan else f"acc[j] = reduction_combine(acc[j], ((volatile {a}*)parts)[{at} + k]);")
+    mine_at, at = f"part * {n_out}u + o + j", f"k * {n_out}u + o + j"
+    keep = f" comps[{mine_at}] = comp[j];" if kahan else ""
+    combine = (f"kahan_merge(acc[j], comp[j], ((volatile {a}*)parts)[{at}], ((volatile {a}*)comps)[{at}]);"
+               if kahan else f"acc[j] = reduction_combine(acc[j], ((volatile {a}*)parts)[{at}]);")
     return [
         f"    {a}* parts = reinterpret_cast<{a}*>(work);",
         *([f"    {a}* comps = parts + {n}u;"] if kahan else []),
@@ -109,7 +110,7 @@ def _parts_met(n_out: int, parts: int, part_bytes: int, a: str, ident: str, kaha
         "        #pragma unroll",
         f"        for (int j = 0; j < {v}; ++j) {{",
         f"            for (int k = 1; k < {ry}; ++k) {merge}",
-        f"            parts[{at} + part] = acc[j];{keep}",
+        f"            parts[{mine_at}] = acc[j];{keep}",
         "        }",
         "        __threadfence();",
         "    }",
@@ -122,6 +123,7 @@ def _parts_met(n_out: int, parts: int, part_bytes: int, a: str, ident: str, kaha
         "    #pragma unroll",
         f"    for (int j = 0; j < {v}; ++j) {{",
         f"        acc[j] = {ident};" + (f" comp[j] = {ident};" if kahan else ""),
+        "        #pragma unroll 4             // bounded: the same registers whatever the parts' count",
         f"        for (unsigned k = 0; k < {parts}u; ++k) {combine}",
         "    }",
     ]

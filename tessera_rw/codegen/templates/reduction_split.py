@@ -1,5 +1,6 @@
 """A row reduce's grid split: several blocks share one output when the outputs are too few to fill
-the GPU a block each (a loss, the norm of a whole tensor, a few long rows).
+the GPU a block each (a loss, the norm of a whole tensor, a few long rows). A column reduce's split
+(reduction_column.py) shares these limits.
 
 Block `part` of an output walks every `blocks`-th run of the row; its total (and compensation,
 under kahan_sum) goes to the zeroed workspace, then an arrival counter per output is bumped. The
