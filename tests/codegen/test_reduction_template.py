@@ -114,3 +114,12 @@ def test_a_column_split_gives_the_same_bits_whichever_block_arrives_last(numeric
     assert len(set(runs.values())) == 1
     got = np.frombuffer(runs["ascending"], np.float32)
     np.testing.assert_allclose(got, values.astype(np.float64).sum(0), rtol=0, atol=1e-4 * np.abs(values).sum(0).max())
+
+
+def test_a_split_whose_parts_outgrow_a_32_bit_index_is_refused():
+    from dataclasses import replace
+    arch = arch_named("h100")
+    wide = KernelOp.of("sum", (TensorType((64, 1 << 22), DType.float32),), TensorType((1 << 22,), DType.float32),
+                       axes=(0,), keepdims=False)
+    s = T.schedules(wide, arch)[0]
+    assert T.valid(wide, replace(s, blocks=8), arch) and not T.valid(wide, replace(s, blocks=1024), arch)

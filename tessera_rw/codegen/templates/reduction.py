@@ -141,7 +141,8 @@ class ReductionTemplate(Template):
             return False
         lay = self._layout(op)
         splits = s.split in (WARP_SIZE, s.threads) if lay.row else 0 < s.split <= s.threads and s.threads % s.split == 0
-        shared = s.blocks == 1 or (1 < s.blocks <= MAX_GRID_SPLIT and (not lay.row or s.split == s.threads))
+        shared = s.blocks == 1 or (1 < s.blocks <= MAX_GRID_SPLIT and (not lay.row or s.split == s.threads)
+                                   and 2 * lay.n_out * s.blocks < MAX_INDEX)     # the parts' 32-bit index
         if not splits or not shared or s.vec not in self._vecs(op, lay):
             return False
         limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
