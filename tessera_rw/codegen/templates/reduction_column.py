@@ -16,9 +16,16 @@ order, so every run gives the same bits whichever block comes last.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
+from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import store
+from tessera_rw.codegen.templates.reduction_reads import Layout
 from tessera_rw.codegen.templates.reduction_split import GRID_SPLIT_WAVES, MAX_GRID_SPLIT
+from tessera_rw.codegen.templates.reduction_walk import Walk
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.templates.reduction import ReductionSchedule
 
 MIN_ROWS_PER_THREAD = 16    # rows each thread of a sharing block walks at least
 
@@ -33,7 +40,8 @@ def column_split(n_out: int, n_red: int, outputs_per_block: int, rows: int, sm_c
     return max(1, min(wanted, walkable, MAX_GRID_SPLIT))
 
 
-def column_body(op, s, lay, walk, ident: str, value: str, kahan: bool, unroll: int, part_bytes: int) -> str:
+def column_body(op: KernelOp, s: ReductionSchedule, lay: Layout, walk: Walk, ident: str, value: str, kahan: bool,
+                unroll: int, part_bytes: int) -> str:
     """The CUDA body of the column reduce `op` under schedule `s`."""
     v, ry, parts, a = s.vec, s.split, s.blocks, walk.acc
     tx = s.threads // ry
