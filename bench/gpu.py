@@ -31,8 +31,8 @@ from rich.console import Console
 
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
-from bench.gpu_results import (Result, gpu_machine, machine_lines, passed, results_markdown, rich_table, row_record,
-                                save)
+from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, passed, results_markdown, rich_table,
+                                row_record, save)
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -356,14 +356,14 @@ def run(quick: bool = False, console: Console | None = None) -> int:
             if row.compiled and results[-1].ours is not None:
                 results.append(versus_compiled(row, results[-1], protocol))
         except Exception as e:     # one broken row is reported and the rest still run
-            results.append(Result(row.name, status=f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+            results.append(Result(row.name, status=f"ERROR {error_line(e)}"))
         console.print(f"  {results[-1].name}: {results[-1].status}", markup=False)
     results.append(long_conv(protocol, ceilings))
     results.extend(backward_rows(protocol, ceilings, quick))
     try:
         calls = call_overheads()
     except Exception as e:       # the rows above are kept whatever happens here
-        calls = {"line": f"the warm-call measurement failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        calls = {"line": f"the warm-call measurement failed: {error_line(e, 200)}"}
     console.print(rich_table(results, f"tessera_rw vs torch on {arch.name}"))
     for r in results:
         for note in r.notes:

@@ -27,7 +27,7 @@ Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed l
 from __future__ import annotations
 
 from bench.gpu import Ceilings
-from bench.gpu_results import Result
+from bench.gpu_results import Result, error_line
 from bench.gpu_timing import Protocol, Timing, rel_error, time_torch
 from tessera_rw import numerics, op, profiler
 
@@ -86,7 +86,7 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
     return result
 
 
@@ -123,12 +123,12 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
         return result
     try:                           # the timings above stand whatever happens here
         result.notes.append("ours per step (profiler, one warm call): " + per_step(lambda: grad(x, w, b, dy)))
     except Exception as e:
-        result.notes.append(f"the per-step profile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        result.notes.append(f"the per-step profile failed: {error_line(e)}")
     return result
 
 
@@ -178,7 +178,7 @@ def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         result.ours = time_torch(lambda: linear_weight_and_bias_grads(x, dy), protocol)
         result.torch = time_torch(library, protocol)
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
     return result
 
 
@@ -207,7 +207,7 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
     return result
 
 
@@ -239,7 +239,7 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
         result.torch = time_torch(library, protocol)
         torch.cuda.empty_cache()
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
     return result
 
 

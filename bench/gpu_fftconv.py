@@ -10,7 +10,7 @@ torch.fft, the filter's transform included on both sides.
 from __future__ import annotations
 
 from bench.gpu import Ceilings
-from bench.gpu_results import Result
+from bench.gpu_results import Result, error_line
 from bench.gpu_timing import Protocol, rel_error, time_torch
 from tessera_rw import op
 
@@ -54,7 +54,7 @@ def long_conv(protocol: Protocol, ceilings: Ceilings) -> Result:
     try:
         _measure(result, protocol)
     except Exception as e:
-        result.status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        result.status = f"ERROR {error_line(e)}"
     return result
 
 

@@ -46,6 +46,11 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
+def error_line(e: BaseException, limit: int = 120) -> str:
+    """'ValueError: the first line of its message', cut to `limit` characters of message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:limit] if str(e) else ''}"
+
+
 def passed(status: str) -> bool:
     """A row that ran and checked out, or one that says why it was not compared."""
     return status == "ok" or status.startswith(_NOT_FAILED)

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.gpu import BF16, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
-from bench.gpu_results import gpu_machine, machine_lines, save
+from bench.gpu_results import error_line, gpu_machine, machine_lines, save
 from bench.results_files import markdown_table
 from bench.gpu_timing import Protocol, time_torch
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -165,7 +165,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                 tuned.append(tuned_vs_default(row, arch, protocol, cache_root, quick))
             except Exception as e:      # one broken row is reported and the rest still run
                 failed = True
-                tuned.append([row.name, f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:100]}"]
+                tuned.append([row.name, f"ERROR {error_line(e, 100)}"]
                              + [""] * (len(columns) - 2))
     console.print("timing logs:")
     logs = []

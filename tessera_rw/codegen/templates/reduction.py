@@ -117,7 +117,7 @@ class ReductionTemplate(Template):
         narrow = [v for v in vecs if v <= 2][0]
         unsplit = (ReductionSchedule(256, narrow, 8), ReductionSchedule(128, vecs[0], 4))
         wide = ReductionSchedule(256, vecs[0], 8)
-        shared = column_split(lay.n_out, lay.n_red, wide.threads // wide.split * wide.vec, wide.split, arch.sm_count)
+        shared = column_split(self._tiles(wide, lay), lay.n_red, wide.split, arch.sm_count)
         return tuple(dict.fromkeys(((replace(wide, blocks=shared),) if shared > 1 else ()) + unsplit))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[ReductionSchedule, ...]:

@@ -7,9 +7,9 @@ blocks of 256 outputs), `blocks` blocks share each tile, walking every `blocks`-
 they park their partial sums in the zeroed workspace, and the last to arrive combines them in part
 order, so every run gives the same bits whichever block comes last.
 
->>> column_split(n_out=4096, n_red=8192, outputs_per_block=256, rows=8, sm_count=132)
+>>> column_split(tiles=16, n_red=8192, rows=8, sm_count=132)
 17
->>> column_split(n_out=65536, n_red=8192, outputs_per_block=256, rows=8, sm_count=132)
+>>> column_split(tiles=256, n_red=8192, rows=8, sm_count=132)
 1
 """
 
@@ -30,9 +30,8 @@ if TYPE_CHECKING:
 MIN_ROWS_PER_THREAD = 16    # rows each thread of a sharing block walks at least
 
 
-def column_split(n_out: int, n_red: int, outputs_per_block: int, rows: int, sm_count: int) -> int:
-    """How many blocks share each tile of a column reduce's outputs (1: none)."""
-    tiles = math.ceil(n_out / outputs_per_block)
+def column_split(tiles: int, n_red: int, rows: int, sm_count: int) -> int:
+    """How many blocks share each of a column reduce's `tiles` output tiles (1: none)."""
     if tiles >= sm_count:            # a block per tile on every SM already
         return 1
     wanted = math.ceil(GRID_SPLIT_WAVES * sm_count / tiles)
