@@ -1,10 +1,15 @@
-"""The attention backward kernels: attention_row_stats and flash_attention_bwd on mma.sync.
+"""The attention backward kernels: attention_row_stats and flash_attention_bwd.
 
 Both are FlashAttention-2's: the row statistics kernel is the forward's online softmax without
 P V (plus Σ dO·O per row); the backward kernel recomputes P from those statistics tile by tile,
 with one block per ROWS keys accumulating dK and dV and one block per ROWS queries accumulating
-dQ, so nothing Sq×Sk reaches memory and no atomics are needed (attention_backward_cuda.py).
-Under the `fast` policy the backward kernel has a second form, `dq="atomic"`, FlashAttention-2's
+dQ, so nothing Sq×Sk reaches memory and no atomics are needed. It has two kernels:
+
+- GradientSchedule: mma.sync, sm_80 on (attention_backward_cuda.py);
+- WarpgroupGradientSchedule: sm_90's warpgroup MMAs, 64 rows per warpgroup, all seven products
+  on wgmma (attention_backward_wgmma_cuda.py). On sm_90 its schedules come first.
+
+Under the `fast` policy the mma.sync kernel has a second form, `dq="atomic"`, FlashAttention-2's
 own: key blocks alone, each adding its share of dQ into an fp32 workspace with atomics, which
 computes five products per score where the fixed-order form computes seven. It stays second:
 on an H200 its atomics cost more than the two products they save (1.7-1.9x the fixed-order
@@ -16,10 +21,12 @@ that broadcasts over batch, heads and rows, read per score as the forward reads 
 >>> from tessera_rw.codegen.arch import arch_named
 >>> t = FlashAttentionBwdTemplate()
 >>> op = t.samples()[0]
->>> t.schedules(op, arch_named("h100"))[0].describe()
+>>> t.schedules(op, arch_named("a100"))[0].describe()
 'rows=64 cols=64 warps=4 stages=2 dq=jobs'
+>>> t.schedules(op, arch_named("h100"))[0].describe()
+'wg rows=128 cols=64 warps=8 stages=2 dq=jobs'
 >>> from dataclasses import replace
->>> [s.dq for s in t.schedules(replace(op, numerics=Numerics.FAST), arch_named("h100"))]
+>>> [s.dq for s in t.schedules(replace(op, numerics=Numerics.FAST), arch_named("a100"))]
 ['jobs', 'jobs', 'atomic', 'atomic']
 """
 
@@ -27,7 +34,6 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
@@ -35,10 +41,14 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, round_up,
-                                                    resident_heads)
+from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
+from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM,
+                                                    WGMMA_EFFICIENCY, round_up, resident_heads)
 from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
+from tessera_rw.codegen.templates.attention_backward_problem import (WG_ROWS, BackwardSchedule, BackwardShape,
+                                                                     GradientSchedule, WarpgroupGradientSchedule)
+from tessera_rw.codegen.templates.attention_backward_wgmma_cuda import emit_wgmma_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
@@ -51,76 +61,8 @@ MMA_M = 16
 # blocks and unpipelined loads (up to half again the registers), 128-wide tiles (ptxas's choice
 # swings by 2x between stage counts), and a third backward stage (8 warps spill).
 GRID_WARPS, GRID_COLS = (4, 8), (32, 64)
-
-
-@dataclass(frozen=True)
-class BackwardSchedule(Schedule):
-    """`rows` = 16·warps rows a block owns (queries or keys), `cols` per streamed tile, cp.async stages."""
-    rows: int = 64
-    cols: int = 64
-    warps: int = 4
-    stages: int = 2
-
-
-@dataclass(frozen=True)
-class GradientSchedule(BackwardSchedule):
-    """The backward kernel's schedule: `dq` "jobs" (blocks of ROWS queries of their own recompute S
-    and dP for dQ: a fixed order) or "atomic" (the key blocks add dS K into a workspace: `fast` only)."""
-    dq: str = "jobs"
-
-    @property
-    def atomic(self) -> bool:
-        return self.dq == "atomic"
-
-
-@dataclass(frozen=True)
-class BackwardShape:
-    """The sizes as the kernels see them: batch and heads flattened into bh, and the mask (the last
-    operand) if there is one."""
-    bh: int
-    sq: int
-    sk: int
-    d: int
-    dtype: DType
-    causal: bool
-    scale: float
-    batch: tuple[int, ...] = ()
-    mask: TensorType | None = None
-
-    @classmethod
-    def of(cls, op: KernelOp) -> BackwardShape:
-        q, k = op.operands[0], op.operands[1]
-        a = op.attr_map
-        return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
-                   float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None)
-
-    def mask_reads(self, pairs: int, arch: ArchSpec) -> int:
-        """HBM bytes of mask read for `pairs` scores: a mask that fits L2 comes in once, a bigger one
-        once per score computed."""
-        if self.mask is None:
-            return 0
-        return self.mask.nbytes if self.mask.nbytes <= arch.l2_bytes // 2 else pairs * self.mask.dtype.itemsize
-
-    def backward_blocks(self, rows: int, atomic: bool) -> int:
-        """flash_attention_bwd's grid: a block per `rows` keys of every head, and (but for the
-        atomic form) one per `rows` queries."""
-        key_blocks = self.bh * -(-self.sk // rows)
-        return key_blocks if atomic else key_blocks + self.bh * -(-self.sq // rows)
-
-    def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
-        """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
-        `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries walking key tiles."""
-        own, other = (self.sk, self.sq) if by_keys else (self.sq, self.sk)
-        total = 0
-        for r0 in range(0, own, rows):
-            if not self.causal:
-                tiles = -(-other // cols)
-            elif by_keys:
-                tiles = -(-other // cols) - r0 // cols
-            else:
-                tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
-            total += max(tiles, 0) * rows * cols
-        return self.bh * total
+# sm_90's wgmma backward: warpgroups per block (64 rows each), tile widths, stages
+WG_GRID_GROUPS, WG_GRID_COLS, WG_GRID_STAGES = (1, 2), (32, 64, 128), (2, 3)
 
 
 def _accepts(op: KernelOp, operands: int) -> bool:
@@ -141,13 +83,14 @@ def _accepts(op: KernelOp, operands: int) -> bool:
 ATOMIC_DQ_SLOWDOWN = 2.6
 
 
-def _efficiency(arch: ArchSpec, d: int, products: int) -> float:
-    """The share of the bf16 tensor peak reached per score: `products` D-wide MMAs beside the
-    exp and a few SIMT operations, the latter partly hidden by other warps' MMAs."""
+def _efficiency(arch: ArchSpec, d: int, products: float, warpgroup_mma: bool = False) -> float:
+    """The share of the bf16 tensor peak reached per score: `products` D-wide MMAs (mma.sync's, or
+    sm_90's wgmmas) beside the exp and a few SIMT operations, the latter partly hidden by other
+    warps' MMAs."""
     clock = arch.sm_count * arch.clock_mhz * 1e6
     tensor_rate = arch.peak_flops(MathUnit.BF16) / clock
     lanes = arch.peak_flops(MathUnit.FP32) / clock / 2
-    base = MMA_SYNC_EFFICIENCY.get(arch.compute_capability[0], 0.5)
+    base = WGMMA_EFFICIENCY if warpgroup_mma else MMA_SYNC_EFFICIENCY.get(arch.compute_capability[0], 0.5)
     mma = 2 * products * d / tensor_rate
     simt = 1 / SFU_PER_SM + 6 / lanes
     return round(2 * products * d / tensor_rate / (mma / base + HIDDEN_SOFTMAX * simt), 3)
@@ -322,19 +265,45 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         widest_first = sorted(base, key=lambda s: -s.warps) if shape.d <= 64 else [s for s in base if s.warps <= 4]
         found = [GradientSchedule(s.rows, s.cols, s.warps, s.stages, form) for form in self.forms(op)
                  for s in (widest_first if form == "atomic" else base)]
-        return tuple(s for s in found if self._valid(shape, s, arch))
+        return self._warpgroup_defaults(shape, arch) + tuple(s for s in found if self._valid(shape, s, arch))
+
+    def _warpgroup_defaults(self, shape: BackwardShape, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
+        """sm_90's wgmma schedules (the fixed-order form, which every policy allows): two warpgroups
+        (one where the longer sequence has 64 rows) over 64-wide tiles, then over 32-wide ones,
+        which keep D=128's blocks some 50 registers further from 255; and one warpgroup, twice the
+        blocks, for a grid short of the SMs."""
+        if not shape.warpgroup_mma(arch):
+            return ()
+        groups = 1 if max(shape.sq, shape.sk) <= WG_ROWS else 2
+        picked = (WarpgroupGradientSchedule(WG_ROWS * groups, 64, 4 * groups, 2),
+                  WarpgroupGradientSchedule(WG_ROWS * groups, 32, 4 * groups, 2),
+                  WarpgroupGradientSchedule(WG_ROWS, 64, 4, 2))
+        picked = tuple(dict.fromkeys(picked))
+        return tuple(s for s in picked if self._valid(shape, s, arch))
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[GradientSchedule, ...]:
         shape = BackwardShape.of(op)
         grid = [GradientSchedule(MMA_M * w, c, w, st, form) for form in self.forms(op) for w in GRID_WARPS
                 for c in GRID_COLS for st in self.stage_counts(shape)]
+        if shape.warpgroup_mma(arch):
+            grid += [WarpgroupGradientSchedule(WG_ROWS * groups, c, 4 * groups, st)
+                     for groups in WG_GRID_GROUPS for c in WG_GRID_COLS for st in WG_GRID_STAGES]
         return grid_space(self.schedules(op, arch), grid, lambda s: self._valid(shape, s, arch))
 
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         return (isinstance(schedule, GradientSchedule) and schedule.dq in self.forms(op)
                 and super().valid(op, schedule, arch))
 
+    def _valid(self, shape: BackwardShape, s: BackwardSchedule, arch: ArchSpec) -> bool:
+        if isinstance(s, WarpgroupGradientSchedule) and not (
+                shape.warpgroup_mma(arch) and s.warps % 4 == 0 and s.cols in WGMMA_WIDTHS and s.stages >= 2
+                and not s.atomic):
+            return False
+        return super()._valid(shape, s, arch)
+
     def smem(self, shape: BackwardShape, s: BackwardSchedule) -> int:
+        if isinstance(s, WarpgroupGradientSchedule):       # its tiles start on the swizzle's atoms
+            return (2 * s.rows + 2 * s.stages * s.cols) * shape.d * 2 + ATOM_BYTES
         ds_tile = s.rows * s.cols * 2 if isinstance(s, GradientSchedule) and s.atomic else 0
         return (2 * s.rows + 2 * s.stages * s.cols) * shape.d * 2 + ds_tile
 
@@ -343,6 +312,11 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         # dPᵀ (cols); ptxas spends some 45% more on fragments and addresses in flight,
         # and past 255 it spills (D=128 with 64-wide tiles does). The atomic form's dQ share
         # (16 × 32 per task) lives after Sᵀ, so it adds nothing to the peak.
+        if isinstance(s, WarpgroupGradientSchedule):
+            # dK and dV (D together), Sᵀ and dPᵀ (cols), Pᵀ and dSᵀ packed (cols / 2), and addresses;
+            # fitted to ptxas on sm_90 (S = 128 to 4096, causal or not): within 12%, and past 255
+            # where it spills (128-wide tiles at D=128)
+            return shape.d + 3 * s.cols // 2 + 30
         live = 2 * shape.d * MMA_M // 32 + 2 * s.cols * MMA_M // 32
         return int(1.45 * live) + 20
 
@@ -369,7 +343,8 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
                          hbm_bytes=streamed + 2 * stats.nbytes + op.result.nbytes + work
                          + shape.mask_reads(kv_pairs + q_pairs, arch), flops=flops, unit=MathUnit.BF16,
                          efficiency=(_efficiency(arch, shape.d, 5) / ATOMIC_DQ_SLOWDOWN if s.atomic
-                                     else _efficiency(arch, shape.d, 7 / 2)),
+                                     else _efficiency(arch, shape.d, 7 / 2,
+                                                      isinstance(s, WarpgroupGradientSchedule))),
                          spill_bytes=max(0, regs - arch.registers_per_thread) * 8)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
@@ -381,6 +356,8 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
                              f"(its dQ sum's order depends on timing); {op.numerics.value!r} allows "
                              f"{' or '.join(map(repr, self.forms(op)))}")
         shape = BackwardShape.of(op)
+        if isinstance(schedule, WarpgroupGradientSchedule):
+            return emit_wgmma_bwd(op, shape, schedule, self.smem(shape, schedule))
         return emit_bwd(op, shape, schedule, self.smem(shape, schedule))
 
     def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,

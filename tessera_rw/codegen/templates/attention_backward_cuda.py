@@ -95,7 +95,7 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int)
               f"shared memory {smem} bytes\n// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: "
               + (f"the key blocks; work: {work} zeroed bytes (fp32 dQ sum, arrival counters)\n" if atomic
                  else "the dK/dV jobs, then the dQ jobs\n"))
-    body = Text(MASK_HELPER + BWD_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
+    body = Text(MASK_HELPER + BWD_COMMON + MMA_SYNC_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
     source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, **backward_constants(shape, s))
     return KernelSource(name, header + TILE_HELPERS + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
@@ -110,7 +110,49 @@ def dk_dv_steps(atomic: bool) -> dict[str, str]:
                 DQ_SMEM=DQ_SMEM, DS_STORE=DS_STORE, DQ_STEP=DQ_STEP, DQ_FINISH=DQ_FINISH)
 
 
-BWD_HELPERS = r"""
+# Per score of a key block's query tile (s and dp hold Sᵀ and dPᵀ as m16n8 accumulator fragments,
+# rows keys from key0, columns queries from c0): P = exp(S − lse) into s, dS = P (dP − Δ) into dp
+KEY_TILE_GRADIENTS = r"""        #pragma unroll
+        for (int j = 0; j < COLS / 8; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = c0 + j * 8 + 2 * t4 + e;
+                const bool in = col < SQ;
+                const float lse2 = in ? st[2 * col] * LOG2E : 0.f, delta = in ? st[2 * col + 1] : 0.f;
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int key = key0 + g + 8 * h;
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
+                    float p = exp2_approx(x - lse2);
+                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
+                    s[j][2 * h + e] = p;
+                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
+                }
+            }
+"""
+
+# ... and of a query block's key tile (S and dP: rows queries from row0, columns keys from k0, the
+# rows' lse2 and delta in registers): dS into dp
+QUERY_TILE_GRADIENTS = r"""        #pragma unroll
+        for (int j = 0; j < COLS / 8; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + j * 8 + 2 * t4 + e;
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + g + 8 * h;
+                    float x = s[j][2 * h + e] * SCALE_LOG2;
+                    if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
+                    float p = exp2_approx(x - lse2[h]);
+                    if (key >= SK || (CAUSAL && key > row)) p = 0.f;
+                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
+                }
+            }
+"""
+
+# the sizes and the helpers both backward kernels (this one and attention_backward_wgmma_cuda.py) share
+BWD_COMMON = r"""
 constexpr int ROWS = $ROWS, COLS = $COLS, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;
 constexpr int SQ = $SQ, SK = $SK, BH = $BH;
 constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
@@ -123,6 +165,24 @@ __device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
     for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 }
 
+// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as $ELEM into dst [rows][D]
+__device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $ELEM* dst, int row0, int rows, int lane) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + (lane >> 2) + 8 * h;
+        if (row < rows) {
+            #pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *(unsigned*)(dst + (long long)row * D + n * 8 + 2 * (lane & 3)) =
+                    $PACK(acc[n][2 * h] * factor, acc[n][2 * h + 1] * factor);
+        }
+    }
+}
+
+"""
+
+# the mma.sync products and the key blocks' walk
+MMA_SYNC_HELPERS = r"""
 // Two products sharing their B tiles' rows: x = A_x Bᵀ and y = A_y Cᵀ over D, for this warp's 16
 // rows of a_s / c_s (A fragments) against the COLS rows of the tiles bt / ct (B fragments)
 __device__ __forceinline__ void fab_scores(float (*x)[4], float (*y)[4], const $ELEM* a_s, const $ELEM* c_s,
@@ -159,20 +219,6 @@ __device__ __forceinline__ void fab_accumulate(float (*acc)[4], const float (*p)
             ldmatrix_x4_trans(b, t + fa_swizzle(kk * 16 + (lane & 15), n * 16 + (lane >> 4) * 8, D));
             $MMA(acc[2 * n], a, b);
             $MMA(acc[2 * n + 1], a, b + 2);
-        }
-    }
-}
-
-// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as $ELEM into dst [rows][D]
-__device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $ELEM* dst, int row0, int rows, int lane) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + (lane >> 2) + 8 * h;
-        if (row < rows) {
-            #pragma unroll
-            for (int n = 0; n < D / 8; ++n)
-                *(unsigned*)(dst + (long long)row * D + n * 8 + 2 * (lane & 3)) =
-                    $PACK(acc[n][2 * h] * factor, acc[n][2 * h + 1] * factor);
         }
     }
 }
@@ -221,25 +267,7 @@ $DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = l
         fab_zero(s, COLS / 8);
         fab_zero(dp, COLS / 8);
         fab_scores(s, dp, k_s, v_s, qt, ot, warp, lane);
-        #pragma unroll
-        for (int j = 0; j < COLS / 8; ++j)
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = c0 + j * 8 + 2 * t4 + e;
-                const bool in = col < SQ;
-                const float lse2 = in ? st[2 * col] * LOG2E : 0.f, delta = in ? st[2 * col + 1] : 0.f;
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int key = key0 + g + 8 * h;
-                    float x = s[j][2 * h + e] * SCALE_LOG2;
-                    if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
-                    float p = exp2_approx(x - lse2);
-                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
-                    s[j][2 * h + e] = p;
-                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
-                }
-            }
-$DS_STORE        fab_accumulate(dv, s, ot, lane);
+""" + KEY_TILE_GRADIENTS + r"""$DS_STORE        fab_accumulate(dv, s, ot, lane);
         fab_accumulate(dk, dp, qt, lane);
 $DQ_STEP        __syncthreads();                                  // the stage is refilled next iteration
     }
@@ -296,22 +324,7 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
         fab_zero(s, COLS / 8);
         fab_zero(dp, COLS / 8);
         fab_scores(s, dp, q_s, o_s, kt, vt, warp, lane);
-        #pragma unroll
-        for (int j = 0; j < COLS / 8; ++j)
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = k0 + j * 8 + 2 * t4 + e;
-                #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = row0 + g + 8 * h;
-                    float x = s[j][2 * h + e] * SCALE_LOG2;
-                    if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
-                    float p = exp2_approx(x - lse2[h]);
-                    if (key >= SK || (CAUSAL && key > row)) p = 0.f;
-                    dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
-                }
-            }
-        fab_accumulate(dq, dp, kt, lane);
+""" + QUERY_TILE_GRADIENTS + r"""        fab_accumulate(dq, dp, kt, lane);
         __syncthreads();
     }
     fab_store(dq, SCALE, dq_out, row0, SQ, lane);

@@ -1,0 +1,108 @@
+"""The attention backward's problem and schedules as its kernels see them: batch and heads
+flattened, the mask if there is one, and the blocks and score pairs a schedule computes.
+
+>>> from tessera_rw.algebra.dtypes import DType
+>>> t = TensorType((2, 4, 1000, 64), DType.bfloat16)
+>>> op = KernelOp.of("flash_attention_bwd", (t, t, t, t, TensorType((2, 4, 1000, 2), DType.float32)),
+...                  TensorType((3 * t.numel,), DType.bfloat16), scale=0.125, causal=True, has_mask=False)
+>>> shape = BackwardShape.of(op)
+>>> (shape.bh, shape.sq, shape.backward_blocks(64, atomic=False))
+(8, 1000, 256)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.base import Schedule
+
+# sm_90's wgmma kernel: 64 rows (keys or queries) per warpgroup
+WG_ROWS = 64
+
+
+@dataclass(frozen=True)
+class BackwardSchedule(Schedule):
+    """`rows` = 16·warps rows a block owns (queries or keys), `cols` per streamed tile, cp.async stages."""
+    rows: int = 64
+    cols: int = 64
+    warps: int = 4
+    stages: int = 2
+
+
+@dataclass(frozen=True)
+class GradientSchedule(BackwardSchedule):
+    """The backward kernel's schedule: `dq` "jobs" (blocks of ROWS queries of their own recompute S
+    and dP for dQ: a fixed order) or "atomic" (the key blocks add dS K into a workspace: `fast` only)."""
+    dq: str = "jobs"
+
+    @property
+    def atomic(self) -> bool:
+        return self.dq == "atomic"
+
+
+@dataclass(frozen=True)
+class WarpgroupGradientSchedule(GradientSchedule):
+    """sm_90's wgmma kernel (the fixed-order form): `rows` = 64 per warpgroup of 4 warps, `cols` a
+    wgmma's width."""
+    tag: ClassVar[str] = "wg"
+
+
+@dataclass(frozen=True)
+class BackwardShape:
+    """The sizes as the kernels see them: batch and heads flattened into bh, and the mask (the last
+    operand) if there is one."""
+    bh: int
+    sq: int
+    sk: int
+    d: int
+    dtype: DType
+    causal: bool
+    scale: float
+    batch: tuple[int, ...] = ()
+    mask: TensorType | None = None
+
+    @classmethod
+    def of(cls, op: KernelOp) -> BackwardShape:
+        q, k = op.operands[0], op.operands[1]
+        a = op.attr_map
+        return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
+                   float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None)
+
+    def warpgroup_mma(self, arch: ArchSpec) -> bool:
+        """Whether sm_90's wgmma kernel serves it: on sm_90, for sequences of a warpgroup's 64 rows
+        or more (shorter ones stay on mma.sync, whose blocks shrink to them)."""
+        return arch.compute_capability == (9, 0) and min(self.sq, self.sk) >= WG_ROWS
+
+    def mask_reads(self, pairs: int, arch: ArchSpec) -> int:
+        """HBM bytes of mask read for `pairs` scores: a mask that fits L2 comes in once, a bigger one
+        once per score computed."""
+        if self.mask is None:
+            return 0
+        return self.mask.nbytes if self.mask.nbytes <= arch.l2_bytes // 2 else pairs * self.mask.dtype.itemsize
+
+    def backward_blocks(self, rows: int, atomic: bool) -> int:
+        """flash_attention_bwd's grid: a block per `rows` keys of every head, and (but for the
+        atomic form) one per `rows` queries."""
+        key_blocks = self.bh * -(-self.sk // rows)
+        return key_blocks if atomic else key_blocks + self.bh * -(-self.sq // rows)
+
+    def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
+        """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
+        `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries walking key tiles."""
+        own, other = (self.sk, self.sq) if by_keys else (self.sq, self.sk)
+        total = 0
+        for r0 in range(0, own, rows):
+            if not self.causal:
+                tiles = -(-other // cols)
+            elif by_keys:
+                tiles = -(-other // cols) - r0 // cols
+            else:
+                tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
+            total += max(tiles, 0) * rows * cols
+        return self.bh * total
