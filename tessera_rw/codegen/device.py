@@ -14,7 +14,7 @@ True
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from tessera_rw.algebra.errors import TesseraError
@@ -113,12 +113,18 @@ def library_stream(kind: str, device_index: int):
     next work by waiting on this stream (see `order_after`)."""
     if kind == "torch":
         import torch
-        return foreign_stream(torch.cuda.current_stream(device_index).cuda_stream)
+        return _library_stream(torch.cuda.current_stream(device_index).cuda_stream, device_index)
     if kind == "cupy":
         import cupy
         with cupy.cuda.Device(device_index):
-            return foreign_stream(cupy.cuda.get_current_stream().ptr)
+            return _library_stream(cupy.cuda.get_current_stream().ptr, device_index)
     return None
+
+
+@lru_cache(maxsize=64)
+def _library_stream(handle: int, device_index: int):
+    # one wrapper per (stream, device): it owns nothing, and every call on a library's tensors asks
+    return foreign_stream(handle)
 
 
 def order_after(waiter, producer) -> None:

@@ -177,12 +177,13 @@ def _check_device(index: int, found: int | None, launch: int, shape, kind: str) 
                           hint="move every argument to one device, or pass a stream on the arguments' device")
 
 
-def to_device(array: Any, stream, *, index: int = 0) -> DeviceTensor:
+def to_device(array: Any, stream, *, index: int = 0, order: bool = True) -> DeviceTensor:
     """Make `array` readable by a kernel on `stream`'s device.
 
     numpy (and Python scalars) are copied in and the copy is complete on return; torch and CuPy
-    CUDA tensors are used in place, `stream` waiting for their library's pending work; a DeviceTensor
-    is returned as it is. `index` names the argument in errors.
+    CUDA tensors are used in place, `stream` waiting for their library's pending work (unless
+    `order` is False: a caller binding several tensors orders the streams once, after the last);
+    a DeviceTensor is returned as it is. `index` names the argument in errors.
     """
     if isinstance(array, DeviceTensor):
         _check_device(index, array.device, _stream_device(stream), array.shape, array.kind)
@@ -202,8 +203,8 @@ def to_device(array: Any, stream, *, index: int = 0) -> DeviceTensor:
         import cupy
         with cupy.cuda.Device(launch_device):
             array = cupy.ascontiguousarray(array)
-    # the library's work that produced the tensor (or its contiguous copy) comes first
-    order_after(stream, library_stream(kind, launch_device))
+    if order:     # the library's work that produced the tensor (or its contiguous copy) comes first
+        order_after(stream, library_stream(kind, launch_device))
     ptr, shape, strides = _layout(array, kind)
     if not is_c_contiguous(shape, strides):
         raise contiguity_error(index, shape, strides, kind)
@@ -211,14 +212,15 @@ def to_device(array: Any, stream, *, index: int = 0) -> DeviceTensor:
 
 
 def _layout(array: Any, kind: str) -> tuple[int, tuple[int, ...], tuple[int, ...] | None]:
-    """(pointer, shape, strides in elements) through StridedMemoryView; torch and CuPy tensors of a
-    dtype their DLPack export lacks (fp8 in older releases) are read through their own attributes."""
+    """(pointer, shape, strides in elements): a torch tensor's own attributes (its data pointer
+    includes the storage offset), others' through StridedMemoryView; CuPy arrays of a dtype their
+    DLPack export lacks are read through their own attributes."""
+    if kind == "torch":
+        return array.data_ptr(), tuple(array.shape), tuple(array.stride())
     try:
         view = _view(array, -1)
         return int(view.ptr), tuple(view.shape), view.strides
     except Exception:
-        if kind == "torch":
-            return array.data_ptr(), tuple(array.shape), tuple(array.stride())
         if kind == "cupy":
             return int(array.data.ptr), tuple(array.shape), tuple(s // array.itemsize for s in array.strides)
         raise
@@ -234,17 +236,21 @@ def _copy_in(array: np.ndarray, stream) -> DeviceTensor:
     return DeviceTensor(int(buffer.handle), array.shape, dtype, buffer, "numpy", dev.device_id)
 
 
-def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, reference: Any, stream) -> tuple[DeviceTensor, Any]:
+def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, reference: Any, stream, *,
+                    order: bool = True) -> tuple[DeviceTensor, Any]:
     """A new tensor for a kernel to write, of the library `kind` names: torch and CuPy results are
-    allocated by torch / CuPy (on `stream`'s device) so the user gets their own type back; numpy
-    and 'cuda' results live in a cuda.core buffer. Returns (what the kernel writes, what the user
-    gets: the torch / CuPy tensor, the DeviceTensor for 'cuda', None for numpy)."""
+    allocated by torch / CuPy (on `stream`'s device) so the user gets their own type back, `stream`
+    waiting for the library's pending work, which may still use the memory (unless `order` is
+    False: the caller orders the streams once); numpy and 'cuda' results live in a cuda.core
+    buffer. Returns (what the kernel writes, what the user gets: the torch / CuPy tensor, the
+    DeviceTensor for 'cuda', None for numpy)."""
     dev = stream.device
     shape = tuple(shape)
     if kind == "torch":
         import torch
         out = torch.empty(shape, dtype=getattr(torch, torch_dtype_name(dtype)), device=f"cuda:{dev.device_id}")
-        order_after(stream, library_stream(kind, dev.device_id))
+        if order:
+            order_after(stream, library_stream(kind, dev.device_id))
         return DeviceTensor(out.data_ptr(), shape, dtype, out, kind, dev.device_id), out
     if kind == "cupy":
         if dtype in _NO_CUPY:
@@ -253,7 +259,8 @@ def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, reference: 
         import cupy
         with cupy.cuda.Device(dev.device_id):
             out = cupy.empty(shape, dtype=dtype.numpy)
-        order_after(stream, library_stream(kind, dev.device_id))
+        if order:
+            order_after(stream, library_stream(kind, dev.device_id))
         return DeviceTensor(int(out.data.ptr), shape, dtype, out, kind, dev.device_id), out
     nbytes = math.prod(shape) * dtype.itemsize
     buffer = dev.allocate(nbytes, stream=stream) if nbytes else None

@@ -161,36 +161,63 @@ class BoundLaunch:
                               hint="check the grid, block and shared memory the emitter asked for") from e
 
 
+@dataclass(frozen=True)
+class KernelLauncher:
+    """A kernel made ready to launch on one device: loaded, its shared memory allowed, its launch
+    configuration and workspace resolved, its arity checked. `bound(args, stream)` adds only the
+    argument pointers (and the tensor maps encoded from them), so a plan called again and again
+    does the rest once."""
+    source: KernelSource
+    kernel: Any
+    config: Any
+    scratch: DeviceTensor | None = None      # the workspace the kernel takes, or None
+    zeroed: Any = None                       # ... as a cuda.core Buffer, zeroed before each launch
+
+    def bound(self, args: Sequence[DeviceTensor], stream) -> BoundLaunch:
+        """The launch on `args` (operands, then the output) on `stream`."""
+        pointers = [*args] + ([self.scratch] if self.scratch is not None else [])
+        maps = tuple(m.descriptor(args[m.operand].ptr) for m in self.source.tensor_maps)
+        return BoundLaunch(self.source.name, stream, self.config, self.kernel,
+                           (*(np.uint64(a.ptr) for a in pointers), *maps), self.zeroed)
+
+
+def launcher(source: KernelSource, compiled: CompiledKernel, stream, arguments: int,
+             workspace: DeviceTensor | None = None) -> KernelLauncher:
+    """Load, configure and check everything for launching `compiled` with `arguments` pointers
+    (operands, then the output) on `stream`'s device. A kernel that asks for a workspace gets
+    `workspace` (at least `source.workspace_bytes` on that device) or one allocated here."""
+    check_launch_shape(source)
+    dev = stream.device
+    loaded = LoadedKernel.load(compiled, dev.device_id)
+    loaded.allow_dynamic_smem(source.dynamic_smem, dev)
+    scratch = _workspace(source, workspace, stream)
+    pointers = arguments + (scratch is not None)
+    try:
+        wanted = loaded.kernel.num_arguments
+    except Exception:   # drivers before 12.4 cannot say
+        wanted = pointers + len(source.tensor_maps)
+    if wanted != pointers + len(source.tensor_maps):
+        raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {pointers} pointers and "
+                          f"{len(source.tensor_maps)} tensor maps",
+                          hint="pass the operands in operand order, then the output")
+    from cuda.core import Buffer, LaunchConfig
+    config = LaunchConfig(grid=tuple(source.grid), block=source.threads, shmem_size=source.dynamic_smem)
+    zeroed = None if scratch is None else Buffer.from_handle(scratch.ptr, source.workspace_bytes, owner=scratch.owner)
+    return KernelLauncher(source, loaded.kernel, config, scratch, zeroed)
+
+
 def bind(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None,
          workspace: DeviceTensor | None = None) -> BoundLaunch:
     """Load, configure and check everything for launching `compiled` on `args` (operands, then the
     output); nothing is enqueued. A kernel that asks for a workspace gets `workspace` (at least
     `source.workspace_bytes` on the stream's device) or one allocated here."""
-    check_launch_shape(source)
     stream = resolve_stream(stream)
     dev = stream.device
     for i, a in enumerate(args):
         if a.device != dev.device_id:
             raise DeviceError(f"argument {i} of kernel {source.name} is on cuda:{a.device}, the stream on "
                               f"cuda:{dev.device_id}", hint="put every argument and the stream on one device")
-    loaded = LoadedKernel.load(compiled, dev.device_id)
-    loaded.allow_dynamic_smem(source.dynamic_smem, dev)
-    scratch = _workspace(source, workspace, stream)
-    pointers = [*args] + ([scratch] if scratch is not None else [])
-    try:
-        wanted = loaded.kernel.num_arguments
-    except Exception:   # drivers before 12.4 cannot say
-        wanted = len(pointers) + len(source.tensor_maps)
-    if wanted != len(pointers) + len(source.tensor_maps):
-        raise DeviceError(f"kernel {source.name} takes {wanted} arguments, got {len(pointers)} pointers and "
-                          f"{len(source.tensor_maps)} tensor maps",
-                          hint="pass the operands in operand order, then the output")
-    from cuda.core import Buffer, LaunchConfig
-    config = LaunchConfig(grid=tuple(source.grid), block=source.threads, shmem_size=source.dynamic_smem)
-    maps = tuple(m.descriptor(args[m.operand].ptr) for m in source.tensor_maps)
-    zeroed = None if scratch is None else Buffer.from_handle(scratch.ptr, source.workspace_bytes, owner=scratch.owner)
-    return BoundLaunch(source.name, stream, config, loaded.kernel, (*(np.uint64(a.ptr) for a in pointers), *maps),
-                       zeroed)
+    return launcher(source, compiled, stream, len(args), workspace).bound(args, stream)
 
 
 def _workspace(source: KernelSource, lent: DeviceTensor | None, stream) -> DeviceTensor | None:

@@ -16,6 +16,11 @@ DeviceTensor at the offset); an output that fills its buffer alone is allocated 
 Temporaries and the workspace belong to the DevicePlan, so two calls of one plan must not overlap
 in time on two streams; calls on one stream are ordered by it.
 
+What a call costs the host is kept to what changes between calls: each kernel is loaded and
+configured when the plan is made (launch.KernelLauncher); the launches bound to one set of input
+and output addresses are kept for the next call that has the same (torch's allocator hands the
+same blocks back to a loop); and the streams are ordered once per call, not per tensor.
+
 >>> run_plan_on_gpu(plan, {"x": x})          # doctest: +SKIP
 (array([...], dtype=float32),)
 """
@@ -34,7 +39,7 @@ from tessera_rw.codegen.compile import CompiledKernel, KernelSource
 from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
                                              to_host, window)
-from tessera_rw.codegen.launch import bind
+from tessera_rw.codegen.launch import BoundLaunch, launcher
 from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
@@ -70,6 +75,9 @@ def _output_groups(plan: KernelPlan) -> tuple[tuple[int, tuple[int, ...]], ...]:
 
 def _fills(ref: ValueRef, nbytes: int) -> bool:
     return ref.offset == 0 and ref.type.nbytes == nbytes
+
+
+BOUND_CALLS = 8          # address sets whose bound launches a DevicePlan keeps
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,12 @@ class DevicePlan:
         for node, ref in plan.constants:
             value = evaluate_node(node, []).astype(ref.type.dtype.numpy)
             self.resident[ref.buffer] = to_device(value, self.stream)
+        self.launchers = tuple(None if k.library is not None else
+                               launcher(k.source, k.binary, self.stream, len(k.step.step.inputs) + 1, self.workspace)
+                               for k in self.kernels)
+        # the buffers whose addresses change between calls: the inputs' and the outputs'
+        self.varying = tuple(dict.fromkeys([ref.buffer for _, ref in plan.inputs] + [b for b, _ in self.output_groups]))
+        self._bound: dict[tuple[int, ...], tuple[BoundLaunch | None, ...]] = {}
         self.stream.sync()
 
     def run(self, values: Mapping[str, Any], stream: Any = None) -> tuple[Any, ...]:
@@ -127,13 +141,18 @@ class DevicePlan:
         for i, (name, ref) in enumerate(plan.inputs):
             value = values[name]
             first = value if first is None else first
-            memory[ref.buffer] = to_device(value, stream, index=i)
+            memory[ref.buffer] = to_device(value, stream, index=i, order=False)
             if memory[ref.buffer].shape != ref.type.shape or memory[ref.buffer].dtype is not ref.type.dtype:
                 got = memory[ref.buffer]
                 raise ArgumentError(f"plan {plan.name}: input {name!r} is {got.dtype}{list(got.shape)}, "
                                     f"the plan was built for {ref.type}")
         kind = kind_of(first) if first is not None else "numpy"
         results = self._allocate_outputs(kind, first, stream, memory)
+        # the libraries' pending work comes first: what produced the inputs, and what may still use
+        # the memory their allocators just handed out
+        device = self.stream.device.device_id
+        for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind}):
+            order_after(stream, library_stream(library, device))
         recorders = active_recorders()
         if recorders:                   # profiled: CUDA events around each launch, one sync after the last
             timer = DeviceStepTimer(stream)
@@ -159,24 +178,35 @@ class DevicePlan:
             nbytes, dtype = self.plan.buffers[buffer].nbytes, outputs[indexes[0]].type.dtype
             if len(indexes) == 1 and _fills(outputs[indexes[0]], nbytes):
                 only = indexes[0]
-                memory[buffer], handed[only] = empty_like_kind(kind, outputs[only].type.shape, dtype, first, stream)
+                memory[buffer], handed[only] = empty_like_kind(kind, outputs[only].type.shape, dtype, first, stream,
+                                                               order=False)
                 continue
-            memory[buffer], flat = empty_like_kind(kind, (nbytes // dtype.itemsize,), dtype, first, stream)
+            memory[buffer], flat = empty_like_kind(kind, (nbytes // dtype.itemsize,), dtype, first, stream,
+                                                   order=False)
             if flat is not None:
                 for i in indexes:
                     handed[i] = window(flat, outputs[i].offset, outputs[i].type.shape)
         return tuple(handed)
 
     def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[Callable[[], None]]:
-        launches: list[Callable[[], None]] = []
-        for k in self.kernels:
-            step = k.step.step
-            args = [_view(memory[r.buffer], r) for r in (*step.inputs, step.output)]
-            if k.library is not None:
-                launches.append(partial(k.library, args, stream))
-            else:
-                launches.append(bind(k.source, k.binary, args, stream, self.workspace))
-        return launches
+        """Each step's launch on `memory`: the kernels' bound once per set of addresses (and
+        stream), the library calls made afresh (they hold the tensors themselves)."""
+        key = (int(stream.handle), *(memory[b].ptr for b in self.varying))
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = tuple(None if ready is None else ready.bound(self._arguments(k, memory), stream)
+                          for k, ready in zip(self.kernels, self.launchers))
+            if len(self._bound) >= BOUND_CALLS:
+                del self._bound[next(iter(self._bound))]      # the oldest
+            self._bound[key] = bound
+        return [partial(k.library, self._arguments(k, memory), stream) if launch is None else launch
+                for k, launch in zip(self.kernels, bound)]
+
+    @staticmethod
+    def _arguments(k: _Compiled, memory: dict[int, DeviceTensor]) -> list[DeviceTensor]:
+        """A step's operands, then its output, in `memory`."""
+        step = k.step.step
+        return [_view(memory[r.buffer], r) for r in (*step.inputs, step.output)]
 
 
 @lru_cache(maxsize=64)

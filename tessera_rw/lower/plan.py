@@ -104,6 +104,12 @@ class KernelPlan:
     steps: tuple[Step, ...]
     outputs: tuple[ValueRef, ...]                   # in OUTPUT buffers; disjoint views may share one
 
+    def __hash__(self) -> int:
+        # Equal plans share their graph (a Graph is equal only to itself), so the graph's identity
+        # and the name hash consistently with the generated __eq__, without walking every step:
+        # a warm call looks its plan up on the device by this.
+        return hash((self.name, self.graph))
+
     def buffers_of(self, role: BufferRole) -> tuple[Buffer, ...]:
         return tuple(b for b in self.buffers if b.role is role)
 

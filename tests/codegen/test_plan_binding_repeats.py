@@ -65,6 +65,7 @@ def test_a_device_plan_compiles_each_kernel_once(monkeypatch):
     monkeypatch.setattr(plan_runtime, "resolve_stream", lambda *a: stream)
     monkeypatch.setattr(plan_runtime, "empty_like_kind", lambda *a: (None, None))
     monkeypatch.setattr(plan_runtime, "to_device", lambda *a, **k: None)
+    monkeypatch.setattr(plan_runtime, "launcher", lambda *a: None)
     compiled = []
     monkeypatch.setattr(plan_binding, "compile_cuda", lambda source, sm: compiled.append(source) or (source.name, sm))
     plan = stack_plan()
