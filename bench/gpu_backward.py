@@ -12,7 +12,8 @@
   after the forward (the row statistics, flash_attention_bwd), each timed by CUDA events through the
   profiler; torch's is `torch.autograd.grad` of one SDPA forward kept (`retain_graph`). Target:
   the backward at least half torch's speed. The full run times the default (`deterministic`)
-  backward alone too.
+  backward alone too, and at D=128, on sm_90, the same with the backward pinned to the mma.sync
+  kernel the wgmma one replaced there (both kernels, one run).
 - A layer norm's gradients (T=8192, D=4096 bf16): ours is `op.grad` of Σ layernorm(x, w, b) ∘ dy, dx
   from one norm_backward row kernel and dW, db from fused reductions; torch runs its layer-norm
   backward on a kept forward. No target: the ratio is recorded.
@@ -26,10 +27,18 @@ Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed l
 
 from __future__ import annotations
 
+from functools import partial
+
 from bench.gpu import Ceilings
 from bench.gpu_results import Result, error_line
 from bench.gpu_timing import Protocol, Timing, rel_error, time_torch
 from tessera_rw import numerics, op, profiler
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
+from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
+from tessera_rw.codegen.templates.attention_backward_problem import WarpgroupGradientSchedule
+from tessera_rw.tune.cost import timing
 
 TOKENS, D_IN, D_OUT = 8192, 4096, 4096
 TOLERANCE = 2e-2          # ‖out − ref‖ / ‖ref‖ of bf16 gradients
@@ -212,20 +221,26 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
 
 
 def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol,
-                            ceilings: Ceilings, policy: str = "fast") -> Result:
+                            ceilings: Ceilings, policy: str = "fast", mma_sync: bool = False) -> Result:
     # the backward's 5 products of 2·S·S·D per head (half under a causal mask)
     flops = 5 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     io_bytes = 2 * b * h * s * d * (5 + 3)             # q, k, v, o, dO read; dq, dk, dv written
-    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} {policy} "
-                    f"vs SDPA backward", floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} {policy}"
+                    f"{' mma.sync (pinned)' if mma_sync else ''} vs SDPA backward",
+                    floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
         import torch.nn.functional as F
         q, k, v, w = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(4))
         with numerics.policy(policy):
             grad = op.grad(_attention_loss(causal), argnums=(0, 1, 2))
+            program = grad.program(q, k, v, w)
+            plan = program.plan
+            if mma_sync:
+                call = partial(run_plan_on_gpu, plan, dict(zip([n for n, _ in plan.inputs], (q, k, v, w))),
+                               numerics=Numerics(policy), schedules=mma_sync_pin(program, Numerics(policy)))
+                grad = lambda *_: call()      # noqa: E731
             ours = grad(q, k, v, w)
-            plan = grad.program(q, k, v, w).plan
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
         out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
         library = lambda: torch.autograd.grad(out, leaves, w, retain_graph=True)      # noqa: E731
@@ -233,7 +248,7 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
             return result
         backward = {i for i, step in enumerate(plan.steps) if step.op not in ("flash_attention", "flash_attention_lse")}
         result.notes.append("ours: the steps " + " -> ".join(plan.steps[i].op for i in sorted(backward))
-                            + f" of the {policy} gradient plan")
+                            + f" of the {policy} gradient plan" + (", the backward on mma.sync" if mma_sync else ""))
         with numerics.policy(policy):
             result.ours = time_steps(lambda: grad(q, k, v, w), backward, len(plan.steps), protocol)
         result.torch = time_torch(library, protocol)
@@ -241,6 +256,20 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
     except Exception as e:
         result.status = f"ERROR {error_line(e)}"
     return result
+
+
+def mma_sync_pin(program, policy: Numerics) -> tuple[tuple[int, object], ...]:
+    """`program`'s schedules with its attention backward on the mma.sync kernel (the fixed-order
+    form) the cost model ranks first."""
+    template = FlashAttentionBwdTemplate()
+    step = next(i for i, st in enumerate(program.plan.steps) if st.op == "flash_attention_bwd")
+    backward = KernelOp.from_node(program.plan.steps[step].node, policy)
+    options = [s for s in template.schedules(backward, program.arch)
+               if not isinstance(s, WarpgroupGradientSchedule) and not s.atomic]
+    best = min(options, key=lambda s: timing(backward, template.kind_of(backward), template.fused(backward),
+                                             s.describe(), template.resources(backward, s, program.arch),
+                                             program.arch).est_us)
+    return tuple(sorted((dict(program.schedules) | {step: best}).items()))
 
 
 def _checked(result: Result, ours, theirs, q, k, v, w, causal: bool) -> bool:
@@ -295,4 +324,6 @@ def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[R
             + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
             + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes]
             + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic")
-                                 for shape in shapes]))
+                                 for shape in shapes])
+            + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic", mma_sync=True)
+                                 for shape in shapes if shape[3] == 128]))
