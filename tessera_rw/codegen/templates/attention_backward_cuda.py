@@ -96,7 +96,8 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int)
               + (f"the key blocks; work: {work} zeroed bytes (fp32 dQ sum, arrival counters)\n" if atomic
                  else "the dK/dV jobs, then the dQ jobs\n"))
     body = Text(MASK_HELPER + BWD_COMMON + MMA_SYNC_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
-    source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, **backward_constants(shape, s))
+    source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, LOAD="fa_load_tile",
+                                                                       **backward_constants(shape, s))
     return KernelSource(name, header + TILE_HELPERS + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
 
@@ -109,6 +110,49 @@ def dk_dv_steps(atomic: bool) -> dict[str, str]:
                 DQ_PARAMS=", $ELEM* out, float* work",
                 DQ_SMEM=DQ_SMEM, DS_STORE=DS_STORE, DQ_STEP=DQ_STEP, DQ_FINISH=DQ_FINISH)
 
+
+# A key job's start (both kernels; $LOAD copies a tile into their shared layout): its K and V rows
+# in, the first query tiles on their way, dK and dV zeroed
+KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
+    $LOAD<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const int t = t0 + i;
+        if (t < NQT) {
+            $LOAD<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
+            $LOAD<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
+        }
+        cp_async_commit();
+    }
+    float dk[D / 8][4], dv[D / 8][4];
+    fab_zero(dk, D / 8);
+    fab_zero(dv, D / 8);
+"""
+
+# ... and a query job's: its Q and dO rows in, the first key tiles on their way, its rows'
+# statistics read, dQ zeroed
+QUERY_JOB_START = r"""    $LOAD<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
+    $LOAD<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < n_tiles) {
+            $LOAD<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
+            $LOAD<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
+        }
+        cp_async_commit();
+    }
+    float lse2[2], delta[2];
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + g + 8 * h;
+        lse2[h] = row < SQ ? st[2 * row] * LOG2E : 0.f;
+        delta[h] = row < SQ ? st[2 * row + 1] : 0.f;
+    }
+    float dq[D / 8][4];
+    fab_zero(dq, D / 8);
+"""
 
 # Per score of a key block's query tile (s and dp hold Sᵀ and dPᵀ as m16n8 accumulator fragments,
 # rows keys from key0, columns queries from c0): P = exp(S − lse) into s, dS = P (dP − Δ) into dp
@@ -235,22 +279,7 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
 $DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int key0 = kr0 + warp * 16;
     const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
-    fa_load_tile<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
-    fa_load_tile<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        const int t = t0 + i;
-        if (t < NQT) {
-            fa_load_tile<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
-            fa_load_tile<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
-        }
-        cp_async_commit();
-    }
-    float dk[D / 8][4], dv[D / 8][4];
-    fab_zero(dk, D / 8);
-    fab_zero(dv, D / 8);
-    for (int t = t0; t < NQT; ++t) {
+""" + KEY_JOB_START + r"""    for (int t = t0; t < NQT; ++t) {
         const int i = t - t0, next = t + STAGES - 1;
         if (next < NQT) {
             const int st_next = (i + STAGES - 1) % STAGES;
@@ -288,27 +317,7 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int row0 = qr0 + warp * 16;
     const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
-    fa_load_tile<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
-    fa_load_tile<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < n_tiles) {
-            fa_load_tile<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
-            fa_load_tile<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
-        }
-        cp_async_commit();
-    }
-    float lse2[2], delta[2];
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + g + 8 * h;
-        lse2[h] = row < SQ ? st[2 * row] * LOG2E : 0.f;
-        delta[h] = row < SQ ? st[2 * row + 1] : 0.f;
-    }
-    float dq[D / 8][4];
-    fab_zero(dq, D / 8);
-    for (int t = 0; t < n_tiles; ++t) {
+""" + QUERY_JOB_START + r"""    for (int t = 0; t < n_tiles; ++t) {
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
             fa_load_tile<COLS, D, THREADS>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * D, SK - next * COLS, tid);

@@ -30,7 +30,8 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.prelude import ATOM_BYTES, HOPPER_TARGET, ROW_BYTES, wgmma_name, wgmma_rs_name
-from tessera_rw.codegen.templates.attention_backward_cuda import (BWD_COMMON, KEY_TILE_GRADIENTS, MASK_HELPER,
+from tessera_rw.codegen.templates.attention_backward_cuda import (BWD_COMMON, KEY_JOB_START, KEY_TILE_GRADIENTS,
+                                                                  MASK_HELPER, QUERY_JOB_START,
                                                                   QUERY_TILE_GRADIENTS, backward_constants,
                                                                   kernel_name)
 from tessera_rw.codegen.templates.attention_wgmma_cuda import TILE_LOADER
@@ -50,8 +51,8 @@ def emit_wgmma_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem
               "// out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the dK/dV jobs, then the dQ jobs\n")
     kind = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     body = Text(MASK_HELPER + BWD_COMMON + WG_HELPERS + WG_KEY_JOB + WG_QUERY_JOB + WG_ENTRY)
-    source = body.substitute(NAME=name, WG_S=wgmma_name(s.cols, kind), WG_ACC=wgmma_rs_name(shape.d, kind),
-                             **backward_constants(shape, s))
+    source = body.substitute(NAME=name, LOAD="fa_load_wg_tile", WG_S=wgmma_name(s.cols, kind),
+                             WG_ACC=wgmma_rs_name(shape.d, kind), **backward_constants(shape, s))
     return KernelSource(name, header + TILE_LOADER + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, target=HOPPER_TARGET)
 
@@ -122,22 +123,7 @@ __device__ __forceinline__ void fab_wg_dk_dv(const $ELEM* q, const $ELEM* k, con
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, key0 = kr0 + warp * 16;
     const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
-    fa_load_wg_tile<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
-    fa_load_wg_tile<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        const int t = t0 + i;
-        if (t < NQT) {
-            fa_load_wg_tile<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
-        }
-        cp_async_commit();
-    }
-    float dk[D / 8][4], dv[D / 8][4];
-    fab_zero(dk, D / 8);
-    fab_zero(dv, D / 8);
-    for (int t = t0; t < NQT; ++t) {
+""" + KEY_JOB_START + r"""    for (int t = t0; t < NQT; ++t) {
         const int i = t - t0, next = t + STAGES - 1;
         cp_async_wait<STAGES - 2>();                      // K, V and tile t have landed
         fence_proxy_async();                              // where the tensor cores read them
@@ -189,27 +175,7 @@ __device__ __forceinline__ void fab_wg_dq(const $ELEM* q, const $ELEM* k, const 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, row0 = qr0 + warp * 16;
     const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
-    fa_load_wg_tile<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
-    fa_load_wg_tile<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
-        }
-        cp_async_commit();
-    }
-    float lse2[2], delta[2];
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + g + 8 * h;
-        lse2[h] = row < SQ ? st[2 * row] * LOG2E : 0.f;
-        delta[h] = row < SQ ? st[2 * row + 1] : 0.f;
-    }
-    float dq[D / 8][4];
-    fab_zero(dq, D / 8);
-    for (int t = 0; t < n_tiles; ++t) {
+""" + QUERY_JOB_START + r"""    for (int t = 0; t < n_tiles; ++t) {
         const int next = t + STAGES - 1;
         cp_async_wait<STAGES - 2>();                      // Q, dO and tile t have landed
         fence_proxy_async();
