@@ -8,9 +8,9 @@ Two parts, both against references in the same run:
 2. Timing logs: every schedule of each op's space, measured, written to
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
-3. Schedule sweeps: every schedule of a small space (the attention backward's four, and its eight
-   under `fast`, where dQ may be summed with atomics), timed and printed beside the default the
-   cost model picks.
+3. Schedule sweeps: every schedule of the attention backward's spaces (on sm_90 its wgmma kernel's
+   beside the mma.sync kernel's, ten to twelve schedules, and under `fast` the mma.sync form that
+   sums dQ with atomics too), timed and printed beside the default the cost model picks.
 
 Results go to bench/results/tune[-quick]-<device>-<date>.json and .md.
 """
@@ -58,8 +58,8 @@ def log_ops(quick: bool) -> dict[str, KernelOp]:
 
 
 def sweep_ops() -> dict[str, KernelOp]:
-    """Kernels whose spaces are too small for a replay log (tests/tune/test_replay.py wants 8 or more
-    schedules): every schedule is measured and printed beside the default."""
+    """Kernels whose every schedule is measured and printed beside the default (most of these
+    spaces are too small for a replay log: tests/tune/test_replay.py wants 8 or more schedules)."""
     from dataclasses import replace
     from tessera_rw.codegen.numerics import Numerics
     from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
@@ -83,8 +83,10 @@ def measure_space(op: KernelOp, arch) -> list:
 
 
 def sweep(name: str, op: KernelOp, arch) -> list[str]:
-    """A line per schedule of `op`'s space, timed, the default schedule marked."""
-    default = templates_for(op)[0].schedules(op, arch)[0]
+    """A line per schedule of `op`'s space, timed, the default schedule (the cost model's pick among
+    the template's defaults) marked."""
+    from tessera_rw.tune.cost import best_schedule
+    default = best_schedule(templates_for(op)[0], op, arch)[0]
     lines = []
     for schedule, m in measure_space(op, arch):
         timing = f"{m.median_us:9.1f} µs" if m.ok else f"failed: {m.failure}"
