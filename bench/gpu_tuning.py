@@ -2,9 +2,10 @@
 
 Two parts, both against references in the same run:
 
-1. Tuned vs default: for gemm and flash_attention shapes, the cost model's default schedule and
-   the tuned one are timed by the same measurer (interleaved, L2 flushed, medians), beside torch
-   (cuBLAS / SDPA). Then the tuning is asked again: it must come from the cache, measuring nothing.
+1. Tuned vs default: for gemm and flash_attention shapes (forward, and the backward kernel at the
+   shape `bench gpu` times), the cost model's default schedule and the tuned one are timed by the
+   same measurer (interleaved, L2 flushed, medians), beside torch (cuBLAS / SDPA, SDPA's backward
+   on a kept forward). Then the tuning is asked again: it must come from the cache, measuring nothing.
 2. Timing logs: every schedule of each op's space, measured, written to
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
@@ -25,7 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import BF16, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
+from bench.gpu import BF16, Row, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
+from bench.gpu_backward import float64_attention_grads
 from bench.gpu_results import error_line, gpu_machine, machine_lines, save
 from bench.results_files import markdown_table
 from bench.gpu_timing import Protocol, time_torch
@@ -43,8 +45,30 @@ def tuning_rows(quick: bool):
         # model was not fitted on: a skinny GEMM (256 tokens through an 8192-wide layer, fewer output
         # tiles than SMs) and attention with 96-wide heads over a ragged causal sequence
         rows += [gemm_row(4096), gemm_shape_row(8192, 4096, 1024), attention_row(4, 16, 2048, 128, True),
-                 gemm_shape_row(256, 8192, 8192), attention_row(2, 12, 1000, 96, True)]
+                 gemm_shape_row(256, 8192, 8192), attention_row(2, 12, 1000, 96, True),
+                 attention_backward_row(4, 16, 4096, 128)]
     return rows
+
+
+def attention_backward_row(b: int, h: int, s: int, d: int) -> Row:
+    """flash_attention_bwd alone; torch's is SDPA's backward on a kept forward."""
+    from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
+    op = FlashAttentionBwdTemplate().sample(b, h, s, d, BF16, False)
+
+    def make():
+        import torch
+        import torch.nn.functional as F
+        leaves = tuple(torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+                       for _ in range(3))
+        return F.scaled_dot_product_attention(*leaves), leaves, torch.randn_like(leaves[0])
+
+    def backward(out, leaves, w):
+        import torch
+        return torch.autograd.grad(out, leaves, w, retain_graph=True)
+    return Row(f"flash_attention_bwd bf16 B={b} H={h} S={s} D={d} vs SDPA backward", op, make, backward,
+               lambda out, leaves, w: float64_attention_grads(*leaves, w, False),
+               # the backward's five products of 2·S·S·D per head
+               10 * b * h * s * s * d, 8 * b * h * s * d * 2)
 
 
 def log_ops(quick: bool) -> dict[str, KernelOp]:
