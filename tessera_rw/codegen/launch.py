@@ -165,20 +165,28 @@ class BoundLaunch:
 class KernelLauncher:
     """A kernel made ready to launch on one device: loaded, its shared memory allowed, its launch
     configuration and workspace resolved, its arity checked. `bound(args, stream)` adds only the
-    argument pointers (and the tensor maps encoded from them), so a plan called again and again
-    does the rest once."""
+    argument pointers (and the tensor maps encoded from them) and the stream, so a plan called
+    again and again does the rest once."""
     source: KernelSource
     kernel: Any
     config: Any
     scratch: DeviceTensor | None = None      # the workspace the kernel takes, or None
     zeroed: Any = None                       # ... as a cuda.core Buffer, zeroed before each launch
 
-    def bound(self, args: Sequence[DeviceTensor], stream) -> BoundLaunch:
-        """The launch on `args` (operands, then the output) on `stream`."""
+    def arguments(self, args: Sequence[DeviceTensor]) -> tuple[Any, ...]:
+        """The kernel's argument values for `args` (operands, then the output): their pointers, the
+        workspace's, then the tensor maps encoded from them."""
         pointers = [*args] + ([self.scratch] if self.scratch is not None else [])
         maps = tuple(m.descriptor(args[m.operand].ptr) for m in self.source.tensor_maps)
-        return BoundLaunch(self.source.name, stream, self.config, self.kernel,
-                           (*(np.uint64(a.ptr) for a in pointers), *maps), self.zeroed)
+        return (*(np.uint64(a.ptr) for a in pointers), *maps)
+
+    def on(self, stream, arguments: tuple[Any, ...]) -> BoundLaunch:
+        """The launch with `arguments` (from `arguments()`) on `stream`."""
+        return BoundLaunch(self.source.name, stream, self.config, self.kernel, arguments, self.zeroed)
+
+    def bound(self, args: Sequence[DeviceTensor], stream) -> BoundLaunch:
+        """The launch on `args` (operands, then the output) on `stream`."""
+        return self.on(stream, self.arguments(args))
 
 
 def launcher(source: KernelSource, compiled: CompiledKernel, stream, arguments: int,

@@ -17,9 +17,10 @@ Temporaries and the workspace belong to the DevicePlan, so two calls of one plan
 in time on two streams; calls on one stream are ordered by it.
 
 What a call costs the host is kept to what changes between calls: each kernel is loaded and
-configured when the plan is made (launch.KernelLauncher); the launches bound to one set of input
-and output addresses are kept for the next call that has the same (torch's allocator hands the
-same blocks back to a loop); and the streams are ordered once per call, not per tensor.
+configured when the plan is made (launch.KernelLauncher); the launch arguments worked out for one
+set of input and output addresses are kept for the next call that has the same (torch's allocator
+hands the same blocks back to a loop); and the streams are ordered once each way per call, not
+per tensor.
 
 >>> run_plan_on_gpu(plan, {"x": x})          # doctest: +SKIP
 (array([...], dtype=float32),)
@@ -36,10 +37,10 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node
 from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.compile import CompiledKernel, KernelSource
-from tessera_rw.codegen.device import library_stream, order_after, require_gpu, resolve_stream
+from tessera_rw.codegen.device import DeviceError, library_stream, order_after, require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import (DeviceTensor, device_index_of, empty_like_kind, kind_of, to_device,
                                              to_host, window)
-from tessera_rw.codegen.launch import BoundLaunch, launcher
+from tessera_rw.codegen.launch import launcher
 from tessera_rw.codegen.library_kernels import CuFFTKernel, FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
@@ -77,7 +78,7 @@ def _fills(ref: ValueRef, nbytes: int) -> bool:
     return ref.offset == 0 and ref.type.nbytes == nbytes
 
 
-BOUND_CALLS = 8          # address sets whose bound launches a DevicePlan keeps
+BOUND_CALLS = 8          # address sets whose launch arguments a DevicePlan keeps
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class DevicePlan:
                                for k in self.kernels)
         # the buffers whose addresses change between calls: the inputs' and the outputs'
         self.varying = tuple(dict.fromkeys([ref.buffer for _, ref in plan.inputs] + [b for b, _ in self.output_groups]))
-        self._bound: dict[tuple[int, ...], tuple[BoundLaunch | None, ...]] = {}
+        self._arguments_by_address: dict[tuple[int, ...], tuple[tuple[Any, ...] | None, ...]] = {}
         self.stream.sync()
 
     def run(self, values: Mapping[str, Any], stream: Any = None) -> tuple[Any, ...]:
@@ -136,6 +137,11 @@ class DevicePlan:
         if missing:
             raise ArgumentError(f"plan {plan.name}: no value for inputs {missing}")
         stream = self.stream if stream is None else resolve_stream(stream, self.stream.device.device_id)
+        device = self.stream.device.device_id
+        if stream.device.device_id != device:
+            raise DeviceError(f"plan {plan.name} was made for cuda:{device}, the stream is on "
+                              f"cuda:{stream.device.device_id}",
+                              hint="pass a stream on the device the plan's inputs live on")
         memory = dict(self.resident)
         first = None
         for i, (name, ref) in enumerate(plan.inputs):
@@ -150,8 +156,8 @@ class DevicePlan:
         results = self._allocate_outputs(kind, first, stream, memory)
         # the libraries' pending work comes first: what produced the inputs, and what may still use
         # the memory their allocators just handed out
-        device = self.stream.device.device_id
-        for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind}):
+        libraries = sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})
+        for library in libraries:
             order_after(stream, library_stream(library, device))
         recorders = active_recorders()
         if recorders:                   # profiled: CUDA events around each launch, one sync after the last
@@ -163,10 +169,12 @@ class DevicePlan:
         else:
             for launch in self._launches(memory, stream):
                 launch()
+        # ... and the libraries' next work comes after ours: their outputs, and the memory of their
+        # inputs (a contiguous copy made for this call goes back to its allocator now)
+        for library in libraries:
+            order_after(library_stream(library, device), stream)
         if kind == "numpy":
             return tuple(to_host(_view(memory[ref.buffer], ref), stream) for ref in plan.outputs)
-        if kind in ("torch", "cupy"):
-            order_after(library_stream(kind, self.stream.device.device_id), stream)
         return tuple(results)
 
     def _allocate_outputs(self, kind: str, first: Any, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
@@ -189,18 +197,18 @@ class DevicePlan:
         return tuple(handed)
 
     def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[Callable[[], None]]:
-        """Each step's launch on `memory`: the kernels' bound once per set of addresses (and
-        stream), the library calls made afresh (they hold the tensors themselves)."""
-        key = (int(stream.handle), *(memory[b].ptr for b in self.varying))
-        bound = self._bound.get(key)
-        if bound is None:
-            bound = tuple(None if ready is None else ready.bound(self._arguments(k, memory), stream)
+        """Each step's launch on `memory` and `stream`: the kernels' argument values worked out once
+        per set of addresses, the library calls made afresh (they hold the tensors themselves)."""
+        key = tuple(memory[b].ptr for b in self.varying)
+        found = self._arguments_by_address.get(key)
+        if found is None:
+            found = tuple(None if ready is None else ready.arguments(self._arguments(k, memory))
                           for k, ready in zip(self.kernels, self.launchers))
-            if len(self._bound) >= BOUND_CALLS:
-                del self._bound[next(iter(self._bound))]      # the oldest
-            self._bound[key] = bound
-        return [partial(k.library, self._arguments(k, memory), stream) if launch is None else launch
-                for k, launch in zip(self.kernels, bound)]
+            if len(self._arguments_by_address) >= BOUND_CALLS:        # the oldest goes
+                self._arguments_by_address.pop(next(iter(self._arguments_by_address), None), None)
+            self._arguments_by_address[key] = found
+        return [partial(k.library, self._arguments(k, memory), stream) if ready is None else ready.on(stream, arguments)
+                for k, ready, arguments in zip(self.kernels, self.launchers, found)]
 
     @staticmethod
     def _arguments(k: _Compiled, memory: dict[int, DeviceTensor]) -> list[DeviceTensor]:

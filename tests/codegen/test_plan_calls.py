@@ -13,6 +13,7 @@ from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen import plan_binding, plan_runtime
 from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.device import DeviceError
 from tessera_rw.codegen.device_arrays import DeviceTensor
 from tessera_rw.codegen.numerics import Numerics
 
@@ -44,11 +45,13 @@ class Device:
         device = self
 
         class Ready:
-            def bound(self, args, stream):
+            def arguments(self, args):
                 device.bound.append(source.name)
-                pointers = [a.ptr for a in args]
-                assert len(pointers) == arguments
-                return lambda: device.launched.append((source.name, pointers))
+                assert len(args) == arguments
+                return tuple(a.ptr for a in args)
+
+            def on(self, stream, pointers):
+                return lambda: device.launched.append((source.name, list(pointers), stream))
         return Ready()
 
 
@@ -90,13 +93,13 @@ def test_launches_are_bound_once_per_set_of_addresses(device):
         plan.run(_inputs(x_address))
     assert device.made_ready == kernels               # made ready when the plan was made, never again
     assert device.bound == kernels * 2                # the second call reused the first's launches
-    assert [name for name, _ in device.launched] == kernels * 3
+    assert [name for name, _, _ in device.launched] == kernels * 3
 
 
 def test_each_launch_gets_its_steps_pointers(device):
     plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
     plan.run(_inputs(0x800000))
-    (_, first), *_, (_, last) = device.launched
+    (_, first, _), *_, (_, last, _) = device.launched
     assert first[:2] == [0x800000, 0x900000]          # x @ w reads x, then w
     assert last[-1] not in (0x800000, 0x900000)       # the last step writes the output buffer
 
@@ -109,3 +112,25 @@ def test_streams_are_ordered_once_per_call_not_per_tensor(device):
     # before the launches: our stream waits for torch's once; after: torch's waits for ours once
     assert device.orders == [(device.stream, "torch stream"), ("torch stream", device.stream)]
     assert device.order_flags and not any(device.order_flags)   # no tensor ordered on its own
+
+
+def test_a_reused_launch_goes_on_the_calls_own_stream(device, monkeypatch):
+    plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
+    first_output = device.next_address
+    other = SimpleNamespace(device=device.stream.device, handle=8)
+    for stream in (device.stream, other):
+        device.next_address = first_output
+        monkeypatch.setattr(plan_runtime, "resolve_stream", lambda *a, s=stream: s)
+        plan.run(_inputs(0x800000), stream=stream)
+    kernels = len(plan.kernels)
+    assert len(device.bound) == kernels                  # the same addresses: worked out once
+    assert [s for _, _, s in device.launched] == [device.stream] * kernels + [other] * kernels
+
+
+def test_a_stream_on_another_device_is_refused_before_anything_runs(device, monkeypatch):
+    plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
+    elsewhere = SimpleNamespace(device=SimpleNamespace(arch="90", device_id=1), handle=9)
+    monkeypatch.setattr(plan_runtime, "resolve_stream", lambda *a: elsewhere)
+    with pytest.raises(DeviceError, match="made for cuda:0, the stream is on cuda:1"):
+        plan.run(_inputs(0x800000), stream=elsewhere)
+    assert not device.launched and not device.orders
