@@ -88,9 +88,9 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
-    if kind is OpKind.NORMALIZATION:
+    if kind is OpKind.NORMALIZATION:   # over x's axes (norm_backward_stats's result is flat)
         axes = attrs.get("axes") or (attrs["axis"],)
-        return math.prod(op.result.shape[a] for a in axes)
+        return math.prod(ops[0].shape[a] for a in axes)
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape
@@ -120,11 +120,12 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
     return tuple(attrs.get("axes") or (attrs["axis"],))
 
 
-# ops whose reference runs whole: the packed attention gradients and the forward with its row
-# logsumexps have no row axis, the row statistics read queries from three operands, and those read
-# off the logsumexps take O and them packed in one flat operand
+# ops whose reference runs whole: the packed attention gradients, the forward with its row
+# logsumexps and a norm's input gradient with its row statistics have no row axis, the row
+# statistics read queries from three operands, and those read off the logsumexps take O and them
+# packed in one flat operand
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
-                             "attention_row_stats_from_lse"})
+                             "attention_row_stats_from_lse", "norm_backward_stats"})
 
 
 def _product_a(op: KernelOp) -> TensorType:

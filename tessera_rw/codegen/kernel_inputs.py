@@ -91,7 +91,7 @@ def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
         _keep_the_diagonal(op, arrays, pools)
     if op.op == "flash_attention_bwd":
         _consistent_row_stats(op, arrays, pools)
-    if op.op == "norm_backward":
+    if op.op in ("norm_backward", "norm_backward_stats"):
         _cotangent_along_x(op, arrays, pools)
     return Inputs(tuple(arrays), tuple(pools))
 

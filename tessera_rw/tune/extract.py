@@ -63,6 +63,7 @@ class FusionDepth(enum.IntEnum):
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
+                  "norm_backward_stats": FusionDepth.EPILOGUE,
                   "flash_attention": FusionDepth.FULL,
                   "flash_attention_lse": FusionDepth.FULL, "attention_row_stats": FusionDepth.FULL,
                   "attention_row_stats_from_lse": FusionDepth.FULL,
@@ -215,8 +216,9 @@ def _reads_paid_for(choice: dict[str, ENode], program: ChosenProgram, enode: ENo
 
 def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                    cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
-    """The best pair of switches that bring in the same new class and together make the program
-    cheaper (each alone costs more: the new class is paid once for both), or None."""
+    """The best pair of switches (or group: every class that could read it) that bring in the same
+    new class and together make the program cheaper (each alone costs more: the new class is paid
+    once for all), or None."""
     program = ChosenProgram(choice, roots)
     memo: dict[str, frozenset[str]] = {}
     wanting: dict[str, list[tuple[str, ENode]]] = {}
@@ -230,15 +232,20 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
     best: tuple[float, dict[str, ENode]] | None = None
-    tried: set[tuple[str, str]] = set()
+    tried: set[tuple[str, ...]] = set()
     for users in wanting.values():
-        for (c1, e1), (c2, e2) in combinations(users, 2):
-            if c1 == c2 or (e1.id, e2.id) in tried:
+        # each pair, then all of them at once: a packed result whose every view must move together
+        # (a norm's dx with the residual added and its row statistics) pays off only as a group
+        groups = [dict([a, b]) for a, b in combinations(users, 2) if a[0] != b[0]]
+        groups += [dict(reversed(users))] if len({c for c, _ in users}) > 2 else []   # the first e-node per class
+        for switches in groups:
+            key = tuple(sorted(e.id for e in switches.values()))
+            if key in tried:
                 continue
-            tried.add((e1.id, e2.id))
-            total = program.delta({c1: e1, c2: e2}, cost)
+            tried.add(key)
+            total = program.delta(switches, cost)
             if total < -1e-9 and (best is None or total < best[0]):
-                trial = {**choice, c1: e1, c2: e2}
+                trial = {**choice, **switches}
                 try:
                     ChosenProgram(trial, roots)
                 except CycleError:

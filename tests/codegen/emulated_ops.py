@@ -84,10 +84,12 @@ def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
                               has_bias=weights and name == "layernorm"))
 
 
-def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True, residual=False) -> KernelOp:
+def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True, residual=False, stats=False) -> KernelOp:
+    """norm_backward (norm_backward_stats with `stats`: each row's statistics after dx)."""
     x, w = TensorType((rows, cols), dtype), TensorType((cols,), dtype)
-    return under(numerics, of("norm_backward", x, x, *((w,) if weights else ()), *((x,) if residual else ()),
-                              norm=norm, axes=(1,), eps=1e-5, has_weight=weights, has_residual=residual))
+    return under(numerics, of("norm_backward_stats" if stats else "norm_backward", x, x, *((w,) if weights else ()),
+                              *((x,) if residual else ()), norm=norm, axes=(1,), eps=1e-5, has_weight=weights,
+                              has_residual=residual))
 
 
 def reduce(name, shape, dtype, axes, keepdims=False, numerics=None) -> KernelOp:
@@ -271,6 +273,14 @@ def _rowwise_ops() -> dict[str, KernelOp]:
         "layernorm backward rows of 768 bf16 kahan": norm_backward("layernorm", 32, 768, BF16, KAHAN),
         "layernorm backward rows of 65536 f32 kahan": norm_backward("layernorm", 2, 65536, F32, KAHAN),
         "layernorm backward plus residual rows of 100 bf16": norm_backward("layernorm", 24, 100, BF16, residual=True),
+        "layernorm backward with its statistics rows of 768 bf16": norm_backward("layernorm", 32, 768, BF16,
+                                                                                 stats=True),
+        "layernorm backward with its statistics rows of 100 f32 no weight": norm_backward(
+            "layernorm", 48, 100, F32, weights=False, stats=True),
+        "rmsnorm backward with its statistics plus residual rows of 65536 f32": norm_backward(
+            "rmsnorm", 2, 65536, F32, residual=True, stats=True),
+        "layernorm backward with its statistics rows of 65536 bf16 kahan": norm_backward(
+            "layernorm", 2, 65536, BF16, KAHAN, stats=True),
         "rmsnorm backward plus residual rows of 65536 f32": norm_backward("rmsnorm", 2, 65536, F32, weights=False,
                                                                           residual=True),
     }

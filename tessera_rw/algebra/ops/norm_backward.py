@@ -14,13 +14,21 @@ branch's, in a pre-norm block), which a row kernel computes from x and g read on
 recomputed from the row in registers, as the forward does); the `gradient` ruleset writes it where
 reverse mode's spelling (reduction.norm_input_grad) appears (rules/library/norm_gradient.py).
 Statistics are float32 (float64 for float64); the weight and bias gradients stay column sums of
-g x̂ and g.
+g x̂ and g. Those need x̂, so the row statistics again:
+
+    packed = norm_backward_stats(x, g, [w], [r]; …)
+
+is dx flat, then each row's mean, var and var + eps (an RMS norm: mean(x²) and mean(x²) + eps),
+in x's dtype: what the kernel computed for dx, written beside it, so the weight gradient reads
+them instead of two more passes over x (rules/library/norm_stats.py).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((8, 16), DType.bfloat16)
 >>> _infer_norm_backward(x, x, TensorType((16,), DType.bfloat16), norm="layernorm", axes=(1,), eps=1e-5,
 ...                      has_weight=True)
 TensorType(shape=(8, 16), dtype=<DType.bfloat16: 'bfloat16'>)
+>>> _infer_norm_backward_stats(x, x, norm="rmsnorm", axes=(1,), eps=1e-5, has_weight=False)
+TensorType(shape=(144,), dtype=<DType.bfloat16: 'bfloat16'>)
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from tessera_rw.algebra.ops.reduction import infer_norm
 from tessera_rw.algebra.shapes import fmt_shape
 
 NORMS = ("layernorm", "rmsnorm")
+# per row, after dx in norm_backward_stats: mean, var, var + eps (rmsnorm: mean(x²), mean(x²) + eps)
+STATISTICS = {"layernorm": 3, "rmsnorm": 2}
 
 
 def _check_norm(norm: str) -> None:
@@ -62,6 +72,24 @@ def _infer_norm_backward(x: TensorType, g: TensorType, *extra: TensorType, norm:
     return x
 
 
+def _infer_norm_backward_stats(x: TensorType, g: TensorType, *extra: TensorType, norm: str,
+                               axes: tuple[int, ...], eps: float, has_weight: bool,
+                               has_residual: bool = False) -> TensorType:
+    _infer_norm_backward(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                         has_residual=has_residual)
+    rows = x.numel // max(int(np.prod([x.shape[a] for a in axes])), 1)
+    return TensorType((x.numel + STATISTICS[norm] * rows,), x.dtype)
+
+
+def _row_statistics(x: np.ndarray, norm: str, axes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x − mean, or x for rmsnorm; the mean, 0 for rmsnorm; var, or mean(x²)) over `axes`, in x's
+    (wide) dtype."""
+    count = int(np.prod([x.shape[a] for a in axes]))
+    mean = np.mean(x, axis=axes, keepdims=True) if norm == "layernorm" else np.zeros((), x.dtype)
+    centered = x - mean
+    return centered, mean, np.sum(centered * centered, axis=axes, keepdims=True) / max(count, 1)
+
+
 def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
                    has_weight, has_residual=False) -> np.ndarray:
     weight, residual = _split(extra, has_weight, has_residual)
@@ -69,14 +97,23 @@ def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, 
     wide = np.promote_types(x.dtype, np.float32)
     x, g = x.astype(wide), g.astype(wide)
     gxhat = g * weight[0].astype(wide) if has_weight else g
-    count = int(np.prod([x.shape[a] for a in axes]))
-    centered = x - np.mean(x, axis=axes, keepdims=True) if norm == "layernorm" else x
-    rstd = 1.0 / np.sqrt(np.sum(centered * centered, axis=axes, keepdims=True) / max(count, 1) + wide.type(eps))
+    centered, _, var = _row_statistics(x, norm, axes)
+    rstd = 1.0 / np.sqrt(var + wide.type(eps))
     xhat = centered * rstd
     dot = np.mean(gxhat * xhat, axis=axes, keepdims=True)
     shift = np.mean(gxhat, axis=axes, keepdims=True) if norm == "layernorm" else 0
     dx = rstd * (gxhat - shift - xhat * dot)
     return dx + residual[0].astype(wide) if has_residual else dx
+
+
+def _norm_backward_stats(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
+                         has_weight, has_residual=False) -> np.ndarray:
+    dx = _norm_backward(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                        has_residual=has_residual)
+    _, mean, var = _row_statistics(x.astype(dx.dtype), norm, axes)
+    var_eps = var + dx.dtype.type(eps)
+    stats = (mean, var, var_eps) if norm == "layernorm" else (var, var_eps)
+    return np.concatenate([dx.ravel()] + [s.ravel() for s in stats])
 
 
 def _norm_backward_flops(out: TensorType, x: TensorType, g: TensorType, *extra: TensorType, norm: str,
@@ -92,4 +129,9 @@ DEFS = (
           doc="a layernorm's or rmsnorm's input gradient from x and the output cotangent g, one pass per row "
               "(plus a residual's cotangent, added as dx is written)",
           vjp=before_fusion("norm_backward")),
+    OpDef("norm_backward_stats", ("x", "g", "weight", "residual"), OpKind.NORMALIZATION, _infer_norm_backward_stats,
+          _norm_backward_stats, _norm_backward_flops, variadic=True,
+          doc="norm_backward's dx flat, then each row's statistics as the forward computes them (mean and "
+              "var + eps; an RMS norm's mean(x²) + eps), for the weight gradient to read",
+          vjp=before_fusion("norm_backward_stats")),
 )

@@ -11,6 +11,9 @@ of both rows fits in registers (`rows_held` = 2), x and g·w are read from HBM o
 statistic is reduced over the registers; a longer row is walked once per statistic (layernorm:
 mean, variance, the two gradient sums, the write; rmsnorm one pass fewer), x alone in the first
 walks. Statistics are fp32 and compensated under the `kahan_sum` policy like the forward's.
+norm_backward_stats is the same kernel writing each row's statistics after dx as it goes (the
+row's first thread: the mean, var and var + eps; an RMS norm's mean(x²) and mean(x²) + eps), for
+the weight gradient to read.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> from tessera_rw.codegen.arch import arch_named
@@ -29,6 +32,7 @@ import re
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -50,14 +54,18 @@ class NormBackwardTemplate(RowwiseTemplate):
     """norm_backward: the input gradient of layernorm / rmsnorm (kind 'layernorm', fused 'backward')."""
 
     kind = "layernorm"
-    ops = frozenset({"norm_backward"})
+    ops = frozenset({"norm_backward", "norm_backward_stats"})
     rows_held = 2
 
     def kind_of(self, op: KernelOp) -> str:
         return "layernorm"
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ("backward", "residual") if op.attr_map.get("has_residual") else ("backward",)
+        return (("backward",) + (("residual",) if op.attr_map.get("has_residual") else ())
+                + (("row_stats",) if op.op == "norm_backward_stats" else ()))
+
+    def row_shape(self, op: KernelOp) -> tuple[int, ...]:
+        return op.operands[0].shape              # x's: norm_backward_stats's result is flat
 
     def describe_norm(self, op: KernelOp) -> str:
         return f"{op.attr_map['norm']} input gradient"
@@ -111,18 +119,31 @@ class NormBackwardTemplate(RowwiseTemplate):
                             f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
 
         walk = _resident if self.resident(op, s) else _looped
-        stats = walk(centered, length, v, tpr, spec.eps, sums, rows, write)
+        stats = walk(centered, length, v, tpr, spec.eps, sums, rows, write, self._statistics_store(op))
         return self.kernel_source(op, s, arch, acc, stats)
+
+    def _statistics_store(self, op: KernelOp) -> list[str]:
+        """norm_backward_stats's: the row's first thread writes its statistics after dx (all rows'
+        means, then their var, then var + eps; rmsnorm's var is mean(x²)); none for norm_backward."""
+        if op.op != "norm_backward_stats":
+            return []
+        rows, _ = self._row(op)
+        dx = op.operands[0].numel
+        idx = index_type(op.result.numel)
+        values = ("mean", "var", "var_eps") if op.attr_map["norm"] == "layernorm" else ("var", "var_eps")
+        stores = [f"out[({idx}){dx + i * rows}u + row] = {store(op.result.dtype, v)};" for i, v in enumerate(values)]
+        return ["if (lane == 0) {", *("    " + line for line in stores), "}"]
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
 
         def of(norm: str, shape: tuple[int, ...], dtype: DType, weighted: bool = True, residual: bool = False,
-               **kw) -> KernelOp:
+               name: str = "norm_backward", **kw) -> KernelOp:
             x = TensorType(shape, dtype)
             w = (TensorType(shape[-1:], dtype),) if weighted else ()
-            return KernelOp.of("norm_backward", (x, x, *w, *((x,) if residual else ())), x, norm=norm,
-                               axes=(len(shape) - 1,), eps=1e-5, has_weight=weighted, has_residual=residual, **kw)
+            operands = (x, x, *w, *((x,) if residual else ()))
+            attrs = dict(norm=norm, axes=(len(shape) - 1,), eps=1e-5, has_weight=weighted, has_residual=residual)
+            return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs, **kw)
         return (
             of("layernorm", (8192, 4096), bf),                     # a block per row, resident
             of("layernorm", (4096, 768), bf),                      # BERT-base hidden size
@@ -134,6 +155,10 @@ class NormBackwardTemplate(RowwiseTemplate):
             of("layernorm", (64, 65536), f32, numerics=kahan),
             of("layernorm", (4096, 1024), bf, residual=True),         # a pre-norm block's x: dx + the branch's
             of("rmsnorm", (64, 65536), bf, residual=True),
+            # writing each row's statistics beside dx
+            of("layernorm", (8192, 4096), bf, name="norm_backward_stats"),
+            of("rmsnorm", (64, 65536), bf, residual=True, name="norm_backward_stats"),
+            of("layernorm", (4096, 768), bf, numerics=kahan, name="norm_backward_stats"),
         )
 
 
@@ -151,7 +176,8 @@ def _lanes(stmt: str, v: int) -> list[str]:
     return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
 
 
-def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sums, rows, write) -> list[str]:
+def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sums, rows, write,
+              keep: list[str]) -> list[str]:
     """x and g·w held in registers: read once, the statistics reduced over them, dx written."""
     chunks = math.ceil(length / (tpr * v))
     inv = f"(1.0f / {length}.0f)"
@@ -164,7 +190,7 @@ def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: S
         out += [f"const float mean = {sums.total('s')} * {inv};"]
         out += _each(chunks, length, v, tpr, _lanes("x[k][j] -= mean;", v))
     out += [sums.init("q")] + _each(chunks, length, v, tpr, _lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
-    out += [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {eps!r}f);", *_gradient_inits(centered, sums)]
+    out += [*_rstd(sums, inv, eps, keep), *_gradient_inits(centered, sums)]
     step = "{ x[k][j] *= rstd; " + (sums.add("a", "gw[k][j]") + " " if centered else "") \
         + sums.add("b", "gw[k][j] * x[k][j]") + " }"
     out += _each(chunks, length, v, tpr, _lanes(step, v), guarded=False)
@@ -172,7 +198,8 @@ def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: S
     return out + _each(chunks, length, v, tpr, write("rstd * (gw[k][j] - c1 - x[k][j] * c2)"))
 
 
-def _looped(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sums, rows, write) -> list[str]:
+def _looped(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sums, rows, write,
+            keep: list[str]) -> list[str]:
     """A row longer than the registers: one walk per statistic, then one writing dx."""
     def walk(with_g: bool, lines: list[str]) -> list[str]:
         decl = f"float x[{v}], gw[{v}];" if with_g else f"float x[{v}];"
@@ -186,11 +213,20 @@ def _looped(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sum
         out += [f"const float mean = {sums.total('s')} * {inv};"]
         shift = " - mean"
     out += [sums.init("q")] + walk(False, _lanes(f"{{ const float d = x[j]{shift}; {sums.add('q', 'd * d')} }}", v))
-    out += [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {eps!r}f);", *_gradient_inits(centered, sums)]
+    out += [*_rstd(sums, inv, eps, keep), *_gradient_inits(centered, sums)]
     step = f"{{ const float xh = (x[j]{shift}) * rstd; " + (sums.add("a", "gw[j]") + " " if centered else "") \
         + sums.add("b", "gw[j] * xh") + " }"
     out += walk(True, _lanes(step, v)) + _gradient_sums(centered, sums, inv)
     return out + walk(True, write(f"rstd * (gw[j] - c1 - (x[j]{shift}) * rstd * c2)"))
+
+
+def _rstd(sums: Sums, inv: str, eps: float, keep: list[str]) -> list[str]:
+    """rstd from the sum of squares; where the statistics are kept (`keep`, the lines storing them),
+    var + eps named first and the lines after."""
+    if not keep:
+        return [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {eps!r}f);"]
+    return [f"const float var = {sums.total('q')} * {inv};", f"const float var_eps = var + {eps!r}f;",
+            "const float rstd = rsqrtf(var_eps);", *keep]
 
 
 def _gradient_inits(centered: bool, sums: Sums) -> list[str]:

@@ -83,10 +83,15 @@ class RowwiseTemplate(Template):
 
     # -- geometry -----------------------------------------------------------------------------
 
+    def row_shape(self, op: KernelOp) -> tuple[int, ...]:
+        """The shape the rows are laid out in: the result's (an op whose result also holds more
+        than its rows says otherwise)."""
+        return op.result.shape
+
     def _row(self, op: KernelOp) -> tuple[int, int]:
-        k = row_spec(op).k
-        length = math.prod(op.result.shape[op.result.ndim - k:])
-        return op.result.numel // length, length
+        k, shape = row_spec(op).k, self.row_shape(op)
+        length = math.prod(shape[len(shape) - k:])
+        return math.prod(shape) // length, length
 
     def elements_per_thread(self, op: KernelOp, s: RowwiseSchedule) -> int:
         _, length = self._row(op)
@@ -185,7 +190,7 @@ class RowwiseTemplate(Template):
     def _accesses(self, op: KernelOp) -> list[tuple]:
         """Per operand: (how it is read, row offset in `row`, col sizes, col strides)."""
         spec = row_spec(op)
-        out = op.result.shape
+        out = self.row_shape(op)
         lead = out[:len(out) - spec.k]
         found = []
         for t in op.operands:

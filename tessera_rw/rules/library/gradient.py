@@ -13,7 +13,8 @@ batch and rows of dY into one sum over rows of the flattened dY, so the bias rul
 An activation's derivative goes into the epilogue of the GEMM that produces its cotangent
 (activation_gradient.py), and attention's backward pass becomes one fused node (attention_gradient.py)
 whose row statistics the forward writes (attention_forward_stats.py); so does a layer norm's or RMS
-norm's input gradient (norm_gradient.py).
+norm's input gradient (norm_gradient.py), which writes the row statistics the weight gradient
+reads (norm_stats.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import activation_gradient, attention_forward_stats, attention_gradient, norm_gradient
+from tessera_rw.rules.library import (activation_gradient, attention_forward_stats, attention_gradient, norm_gradient,
+                                      norm_stats)
 from tessera_rw.rules.library.algebra import mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -165,8 +167,9 @@ def _micro_batch_rules():
 
 GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
                    + tuple(_transposed_operand_rules())
-                   + attention_gradient.RULES + attention_forward_stats.RULES + norm_gradient.RULES,
+                   + attention_gradient.RULES + attention_forward_stats.RULES + norm_gradient.RULES + norm_stats.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
                        "activation derivatives into the GEMM of their cotangent; transposed operands read "
                        "in place; attention's backward into one fused node, its row statistics read off "
-                       "the forward; a layernorm's or rmsnorm's input gradient into one row pass")
+                       "the forward; a layernorm's or rmsnorm's input gradient into one row pass, which also "
+                       "writes the row statistics the weight gradient reads")
