@@ -88,9 +88,10 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
-    if kind is OpKind.NORMALIZATION:   # over x's axes (norm_backward_stats's result is flat)
+    if kind is OpKind.NORMALIZATION:   # over the rows (norm_backward_stats's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
-        return math.prod(ops[0].shape[a] for a in axes)
+        rows = ops[0] if op.op in ("norm_backward", "norm_backward_stats") else op.result
+        return math.prod(rows.shape[a] for a in axes)
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape

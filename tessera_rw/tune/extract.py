@@ -216,9 +216,10 @@ def _reads_paid_for(choice: dict[str, ENode], program: ChosenProgram, enode: ENo
 
 def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                    cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
-    """The best pair of switches (or group: every class that could read it) that bring in the same
-    new class and together make the program cheaper (each alone costs more: the new class is paid
-    once for all), or None."""
+    """`choice` with pairs of switches (or groups: every class that could read it) that bring in the
+    same new class and together make the program cheaper (each alone costs more: the new class is
+    paid once for all) adopted: the best first, then each other that still pays off on what the
+    earlier ones left (a deep model's layers each have their own); None when none does."""
     program = ChosenProgram(choice, roots)
     memo: dict[str, frozenset[str]] = {}
     wanting: dict[str, list[tuple[str, ENode]]] = {}
@@ -231,27 +232,45 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             for new in sorted(brought_in):      # in a fixed order: equal pairs tie alike in every process
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
-    best: tuple[float, dict[str, ENode]] | None = None
+    improving: list[tuple[float, int, dict[str, ENode]]] = []
     tried: set[tuple[str, ...]] = set()
     for users in wanting.values():
-        # each pair, then all of them at once: a packed result whose every view must move together
-        # (a norm's dx with the residual added and its row statistics) pays off only as a group
-        groups = [dict([a, b]) for a, b in combinations(users, 2) if a[0] != b[0]]
-        groups += [dict(reversed(users))] if len({c for c, _ in users}) > 2 else []   # the first e-node per class
-        for switches in groups:
+        for switches in _groups(users):
             key = tuple(sorted(e.id for e in switches.values()))
             if key in tried:
                 continue
             tried.add(key)
             total = program.delta(switches, cost)
-            if total < -1e-9 and (best is None or total < best[0]):
-                trial = {**choice, **switches}
-                try:
-                    ChosenProgram(trial, roots)
-                except CycleError:
-                    continue
-                best = (total, trial)
-    return None if best is None else best[1]
+            if total < -1e-9:
+                improving.append((total, len(improving), switches))
+    adopted = False
+    for _, _, switches in sorted(improving, key=lambda t: t[:2]):
+        if adopted:
+            program = ChosenProgram(choice, roots)
+            if any(cid not in program.post or choice[cid] is e for cid, e in switches.items()) \
+                    or program.delta(switches, cost) >= -1e-9:
+                continue
+        trial = {**choice, **switches}
+        try:
+            ChosenProgram(trial, roots)
+        except CycleError:
+            continue
+        choice, adopted = trial, True
+    return choice if adopted else None
+
+
+def _groups(users: list[tuple[str, ENode]]) -> list[dict[str, ENode]]:
+    """The switches to try together among `users` (class, e-node) of one new class: each pair, and
+    where more classes want it, all of them at once (the first e-node per class) and all but each
+    one (a switch may leave another member's class unread: a variance read only by var + eps). A
+    packed result whose views must all move together (a norm's dx with the residual added and its
+    row statistics) pays off only as a group."""
+    found = [dict([a, b]) for a, b in combinations(users, 2) if a[0] != b[0]]
+    every = dict(reversed(users))
+    if len(every) > 2:
+        found.append(every)
+        found += [{c: e for c, e in every.items() if c != left} for left in every] if len(every) > 3 else []
+    return found
 
 
 def _outside(choice: dict[str, ENode], program: ChosenProgram, cid: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:

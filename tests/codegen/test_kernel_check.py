@@ -186,3 +186,15 @@ def test_a_causal_attentions_one_row_bool_mask_keeps_the_first_key():
                      has_mask=True)
     inputs = ki.random_inputs(op, np.random.default_rng(1))
     assert inputs.arrays[3][0] and np.isfinite(kc.expected(op, inputs, np.random.default_rng(1)).value).all()
+
+
+def test_a_normalizations_rows_are_its_results_and_a_norm_backwards_are_xs():
+    """A fused softmax's first operand may be a broadcast scalar: its rows are the result's. The
+    input gradient with its statistics has a flat result: its rows are x's."""
+    f32 = DType.float32
+    scalar, x, row = TensorType((), f32), TensorType((4096, 512), f32), TensorType((1, 512), f32)
+    fused = KernelOp.of("fused_normalization", (scalar, x, row), x, expr="add(mul($0,$1),$2)", norm="softmax",
+                        axes=(1,), eps=0.0, has_weight=False, has_bias=False, post="$0")
+    attrs = dict(norm="layernorm", axes=(1,), eps=1e-5, has_weight=False)
+    packed = KernelOp.of("norm_backward_stats", (x, x), OPS["norm_backward_stats"].infer(x, x, **attrs), **attrs)
+    assert kc.reduction_length(fused) == 512 and kc.reduction_length(packed) == 512
