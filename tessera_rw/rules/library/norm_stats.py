@@ -11,12 +11,13 @@ taken, it can write them beside dx instead:
     var    = packed[n + rows : n + 2 rows], and var + eps after it
 
 A statistic is there both with and without eps because fusion may have put the add into the
-weight gradient's kernel or left it out. The dx rule joins on the first statistic being taken,
-and each statistic's rule on the norm_backward of that x being there, so a graph without both
-never sees the packed node; extraction switches dx and a statistic to it together (the DAG
-pass's paired switch), which pays for the packed kernel once and drops the statistics' own
-passes. Ranks 2 and 3 (tokens × hidden, batch × tokens × hidden), with and without a weight and
-a residual, the last axis normalized.
+weight gradient's kernel or left it out. The dx rule joins on the first statistic being in the
+e-graph, and each statistic's rule on the norm_backward of that x being there. Reverse mode's own
+spelling of dx holds mean(x), so every norm backward gets the packed node proposed; extraction
+takes it only where something beyond dx reads a statistic: it switches dx and the statistics to
+it together (the DAG pass's paired and group switches), which pays for the packed kernel once
+and drops the statistics' own passes. Ranks 2 and 3 (tokens × hidden, batch × tokens × hidden),
+with and without a weight and a residual, the last axis normalized.
 """
 
 from __future__ import annotations
