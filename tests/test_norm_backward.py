@@ -147,3 +147,27 @@ def test_the_residuals_gradient_through_the_fused_node_matches_finite_difference
     grad = op.grad(loss)
     assert "norm_backward" in steps(grad, x) and "add" not in steps(grad, x)
     np.testing.assert_allclose(grad(x), numeric_gradient(op.kernel(loss), x), rtol=1e-5, atol=1e-8)
+
+
+def test_every_layer_of_a_deep_stack_reads_its_statistics_and_fuses_its_bias_gradients():
+    """Extraction adopts each layer's packed statistics and bias-gradient pairs, not only the
+    best one per sweep: 4 pre-norm MLP blocks, every norm's backward one norm_backward_stats and
+    every weight gradient carrying its bias gradient."""
+    layers, width = 4, 256
+
+    def loss(params, x):
+        h = x
+        for i in range(layers):
+            up = op.layernorm(h, params[f"w{i}"], params[f"b{i}"]) @ params[f"u{i}"] + params[f"bu{i}"]
+            h = h + op.gelu(up) @ params[f"d{i}"] + params[f"bd{i}"]
+        return op.sum(h * x)
+    params = {}
+    for i in range(layers):
+        params |= {f"w{i}": op.tensor((width,), "bf16"), f"b{i}": op.tensor((width,), "bf16"),
+                   f"u{i}": op.tensor((width, 4 * width), "bf16"), f"d{i}": op.tensor((4 * width, width), "bf16"),
+                   f"bu{i}": op.tensor((4 * width,), "bf16"), f"bd{i}": op.tensor((width,), "bf16")}
+    program = op.grad(loss, argnums=(0,)).program(params, op.tensor((8, 512, width), "bf16"))
+    ops = [s.op for s in program.plan.steps]
+    # the first norm's input is x, whose gradient is not asked for: its dx is never computed
+    assert ops.count("norm_backward_stats") == layers - 1 and "norm_backward" not in ops
+    assert sum("bias_grad" in k.fused for k in program.candidate.kernels) == 2 * layers

@@ -246,7 +246,8 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     adopted = False
     for _, _, switches in sorted(improving, key=lambda t: t[:2]):
         if adopted:
-            program = ChosenProgram(choice, roots)
+            if program.choice is not choice:           # rebuilt once per adoption
+                program = ChosenProgram(choice, roots)
             if any(cid not in program.post or choice[cid] is e for cid, e in switches.items()) \
                     or program.delta(switches, cost) >= -1e-9:
                 continue
