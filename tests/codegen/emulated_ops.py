@@ -1,7 +1,8 @@
 """Ops small enough for the CPU emulator that together take every code path the templates' samples
 take: each sample's kind of problem (epilogue, dtype, mask, causal, GQA, row length class, reduced
 axes, copy pattern, convolution family) at sizes of a few million multiply-adds, with ragged edges
-where a sample has them. The ragged ops (ragged_ops.RAGGED) are included as they are.
+where a sample has them. The ragged ops (ragged_ops.RAGGED) and the attention ops
+(emulated_attention_ops.py) are included as they are.
 
 >>> len(EMULATED) > 80
 True
@@ -20,11 +21,9 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention import with_lse
-from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
-from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import spectral_op
+from tests.codegen.emulated_attention_ops import ATTENTION_OPS
 from tests.codegen.ragged_ops import RAGGED, matmul, of
 
 BF16, F16, F32, BOOL = DType.bfloat16, DType.float16, DType.float32, DType.bool
@@ -67,12 +66,6 @@ def bias_grad_transposed(m, k, n, dtype, numerics=None) -> KernelOp:
     """[Aᵀ; 1ᵀ] B with A stored [K, M], as a weight gradient's Xᵀ is."""
     return under(numerics, of("matmul_bias_grad", stored((m, k), dtype, True), TensorType((k, n), dtype),
                               accum_dtype=None, trans_a=True))
-
-
-def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=()) -> KernelOp:
-    q, kv = TensorType((b, hq, s, d), dtype), TensorType((b, hkv, s, d), dtype)
-    extra = (TensorType(mask_batch + (s, s), mask),) if mask else ()
-    return of("flash_attention", q, kv, kv, *extra, scale=d ** -0.5, causal=causal, has_mask=mask is not None)
 
 
 def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
@@ -189,52 +182,6 @@ def _wgmma_gemm_ops() -> dict[str, KernelOp]:
         "gemm wgmma nt long k 96x144x1040 e4m3 -> f32": transposed((96, 1040), (1040, 144), E4M3, F32, trans_b=True),
         "bias grad tn wgmma long k 72x520x136 bf16": bias_grad_transposed(72, 520, 136, BF16),
     }
-
-
-def _attention_ops() -> dict[str, KernelOp]:
-    rows, bwd = AttentionRowStatsTemplate(), FlashAttentionBwdTemplate()
-    ops = {
-        "attention S=256 D=64 bf16": attention(1, 2, 2, 256, 64, BF16),
-        "attention S=192 D=128 causal bf16": attention(1, 2, 2, 192, 128, BF16, causal=True),
-        "attention f16 float mask per batch": attention(2, 2, 2, 128, 64, F16, mask=F16, mask_batch=(2, 1)),
-        "attention GQA 4/2 heads D=128 bf16": attention(1, 4, 2, 128, 128, BF16),
-        "attention S=16 D=128 bool mask f16": attention(1, 2, 2, 16, 128, F16, mask=BOOL),
-        # head dims beyond 64 and 128: 96 and 32 swizzle within groups of 4 chunks, 80 of 2; 256
-        # runs on sm_90's wgmma kernel alone, over 32-key tiles
-        "attention S=130 D=96 causal bf16": attention(1, 2, 2, 130, 96, BF16, causal=True),
-        "attention S=70 D=80 f16 mask": attention(1, 2, 2, 70, 80, F16, mask=F16),
-        "attention GQA 4/2 heads S=100 D=32 bf16": attention(1, 4, 2, 100, 32, BF16),
-        "attention S=150 D=256 causal bf16": attention(1, 2, 2, 150, 256, BF16, causal=True),
-        "attention S=40 D=256 bool mask f16": attention(1, 2, 2, 40, 256, F16, mask=BOOL),
-    }
-    for name, template in (("row stats", rows), ("backward", bwd)):
-        ops |= {
-            f"attention {name} S=128 D=64 bf16": template.sample(1, 2, 128, 64, BF16, False),
-            f"attention {name} S=128 D=128 causal bf16": template.sample(1, 1, 128, 128, BF16, True),
-            f"attention {name} S=200 D=64 causal f16": template.sample(1, 2, 200, 64, F16, True),
-            f"attention {name} S=72 D=128 f16": template.sample(1, 1, 72, 128, F16, False),
-            f"attention {name} bool mask per batch": template.sample(2, 2, 128, 64, BF16, False,
-                                                                    mask=TensorType((2, 1, 128, 128), BOOL)),
-            f"attention {name} f16 mask causal ragged": template.sample(1, 1, 100, 128, F16, True,
-                                                                       mask=TensorType((100, 100), F16)),
-        }
-    # the forward that also writes each row's logsumexp (for the backward's row statistics)
-    ops |= {
-        "attention lse S=130 D=64 causal bf16": with_lse(attention(1, 2, 2, 130, 64, BF16, causal=True)),
-        "attention lse GQA 4/2 heads D=128 f16 bool mask": with_lse(attention(1, 4, 2, 100, 128, F16, mask=BOOL)),
-        "attention lse S=150 D=256 causal bf16": with_lse(attention(1, 2, 2, 150, 256, BF16, causal=True)),
-        "attention row stats from lse D=64 bf16": AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16),
-        "attention row stats from lse D=96 f16": AttentionStatsFromLseTemplate.sample((5, 33, 96), F16),
-    }
-    # under `fast` the backward's defaults add the form whose key blocks sum dQ (dq="atomic")
-    ops |= {
-        f"attention backward fast {name}": under(Numerics.FAST, op) for name, op in (
-            ("S=128 D=64 bf16", bwd.sample(1, 2, 128, 64, BF16, False)),
-            ("S=200 D=64 causal f16", bwd.sample(1, 2, 200, 64, F16, True)),
-            ("S=72 D=128 f16", bwd.sample(1, 1, 72, 128, F16, False)),
-            ("f16 mask causal ragged", bwd.sample(1, 1, 100, 128, F16, True, mask=TensorType((100, 100), F16))))
-    }
-    return ops
 
 
 def _rowwise_ops() -> dict[str, KernelOp]:
@@ -431,5 +378,5 @@ def _plugin_ops() -> dict[str, KernelOp]:
             "plugin rmsnorm_matmul bf16": rmsnorm_matmul((2, 64), 96, 64, BF16)}
 
 
-EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | _attention_ops() | _rowwise_ops() | _reduction_ops()
+EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | ATTENTION_OPS | _rowwise_ops() | _reduction_ops()
                                   | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops() | _plugin_ops())
