@@ -38,7 +38,7 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
 from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.attention_backward_problem import WarpgroupGradientSchedule
-from tessera_rw.tune.cost import timing
+from tessera_rw.tune.cost import schedule_cost
 
 TOKENS, D_IN, D_OUT = 8192, 4096, 4096
 TOLERANCE = 2e-2          # ‖out − ref‖ / ‖ref‖ of bf16 gradients
@@ -266,9 +266,7 @@ def mma_sync_pin(program, policy: Numerics) -> tuple[tuple[int, object], ...]:
     backward = KernelOp.from_node(program.plan.steps[step].node, policy)
     options = [s for s in template.schedules(backward, program.arch)
                if not isinstance(s, WarpgroupGradientSchedule) and not s.atomic]
-    best = min(options, key=lambda s: timing(backward, template.kind_of(backward), template.fused(backward),
-                                             s.describe(), template.resources(backward, s, program.arch),
-                                             program.arch).est_us)
+    best = min(options, key=lambda s: schedule_cost(template, backward, s, program.arch).est_us)
     return tuple(sorted((dict(program.schedules) | {step: best}).items()))
 
 

@@ -50,7 +50,7 @@ from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.host_roofline import HostRoofline, host_roofline, saw_host_rate
 from tessera_rw.report import default_console
-from tessera_rw.tune.cost import kernel_cost, timing
+from tessera_rw.tune.cost import kernel_cost, schedule_cost
 from tessera_rw.tune.extract import fusion_depth
 
 __all__ = ["session", "Session", "KernelRecord", "HostRoofline", "host_roofline", "report", "timeline", "COLUMNS"]
@@ -136,8 +136,7 @@ def _step_cost(node: Node, numerics: Numerics, arch: ArchSpec, schedule: Schedul
     op = KernelOp.from_node(node, numerics)
     found = templates_for(op) if schedule is not None else ()
     if found:
-        t = found[0]
-        cost = timing(op, t.kind_of(op), t.fused(op), schedule.describe(), t.resources(op, schedule, arch), arch)
+        cost = schedule_cost(found[0], op, schedule, arch)
     else:
         cost = kernel_cost(op, arch, fused_op=fusion_depth(node.op) > 0)
     if cost is None:        # an op that launches nothing elsewhere, computed here: it streams its operands

@@ -165,11 +165,16 @@ def _generic(op: KernelOp, arch: ArchSpec) -> KernelCost:
     return timing(op, generic_kind(op), (), "generic", res, arch, has_template=False)
 
 
+def schedule_cost(template: Template, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelCost:
+    """The cost of `template`'s kernel for `op` under `schedule` on `arch`."""
+    return timing(op, template.kind_of(op), template.fused(op), schedule.describe(),
+                  template.resources(op, schedule, arch), arch)
+
+
 def best_schedule(template: Template, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, KernelCost]:
     """The default schedule of `template` for `op` with the least estimated time."""
     schedules = template.schedules(op, arch) or (first_schedule(template, op, arch),)   # none: raises, saying why
-    costs = [(s, timing(op, template.kind_of(op), template.fused(op), s.describe(),
-                        template.resources(op, s, arch), arch)) for s in schedules]
+    costs = [(s, schedule_cost(template, op, s, arch)) for s in schedules]
     return min(costs, key=lambda sc: sc[1].est_us)
 
 

@@ -28,7 +28,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule, Template
-from tessera_rw.tune.cost import timing
+from tessera_rw.tune.cost import schedule_cost
 
 
 def schedule_config(schedule: Schedule) -> dict[str, object]:
@@ -145,12 +145,12 @@ def ranked_space(template: Template, op: KernelOp, arch: ArchSpec,
         if not restriction.admits(s):
             pruned.append((s, f"outside the search space ({restriction})"))
             continue
-        res = template.resources(op, s, arch)
-        est = timing(op, template.kind_of(op), template.fused(op), s.describe(), res, arch).est_us
-        if math.isfinite(est):
-            kept.append((s, est))
+        cost = schedule_cost(template, op, s, arch)
+        if math.isfinite(cost.est_us):
+            kept.append((s, cost.est_us))
         else:
-            pruned.append((s, f"does not fit an SM of {arch.name} ({res.smem_bytes} B smem, {res.registers} registers)"))
+            pruned.append((s, f"does not fit an SM of {arch.name} ({cost.smem_bytes} B smem, {cost.registers} "
+                              "registers)"))
     if not kept:
         allowed = sorted({str(knobs(s)) for s, _ in pruned})[:6]
         raise ArgumentError(f"no schedule of the {template.kind_of(op)} kernel {op} is left in the search space "

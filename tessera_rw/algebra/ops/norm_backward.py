@@ -90,29 +90,35 @@ def _row_statistics(x: np.ndarray, norm: str, axes) -> tuple[np.ndarray, np.ndar
     return centered, mean, np.sum(centered * centered, axis=axes, keepdims=True) / max(count, 1)
 
 
-def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
-                   has_weight, has_residual=False) -> np.ndarray:
+def _input_grad(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps, has_weight,
+                has_residual) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """(dx, the row statistics norm_backward_stats writes after it), in float32 at least."""
     weight, residual = _split(extra, has_weight, has_residual)
     # the statistics in float32 at least, as the kernel keeps them
     wide = np.promote_types(x.dtype, np.float32)
     x, g = x.astype(wide), g.astype(wide)
     gxhat = g * weight[0].astype(wide) if has_weight else g
-    centered, _, var = _row_statistics(x, norm, axes)
-    rstd = 1.0 / np.sqrt(var + wide.type(eps))
+    centered, mean, var = _row_statistics(x, norm, axes)
+    var_eps = var + wide.type(eps)
+    rstd = 1.0 / np.sqrt(var_eps)
     xhat = centered * rstd
     dot = np.mean(gxhat * xhat, axis=axes, keepdims=True)
     shift = np.mean(gxhat, axis=axes, keepdims=True) if norm == "layernorm" else 0
     dx = rstd * (gxhat - shift - xhat * dot)
-    return dx + residual[0].astype(wide) if has_residual else dx
+    stats = (mean, var, var_eps) if norm == "layernorm" else (var, var_eps)
+    return (dx + residual[0].astype(wide) if has_residual else dx), stats
+
+
+def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
+                   has_weight, has_residual=False) -> np.ndarray:
+    return _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                       has_residual=has_residual)[0]
 
 
 def _norm_backward_stats(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
                          has_weight, has_residual=False) -> np.ndarray:
-    dx = _norm_backward(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
-                        has_residual=has_residual)
-    _, mean, var = _row_statistics(x.astype(dx.dtype), norm, axes)
-    var_eps = var + dx.dtype.type(eps)
-    stats = (mean, var, var_eps) if norm == "layernorm" else (var, var_eps)
+    dx, stats = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                            has_residual=has_residual)
     return np.concatenate([dx.ravel()] + [s.ravel() for s in stats])
 
 

@@ -42,7 +42,7 @@ STATISTICS = {"layernorm": ("mean", "variance", "variance-eps"), "rmsnorm": ("me
 def _facts(rank: int) -> tuple[str, ...]:
     """x of shape s (rank `rank`) and dtype d, normalized over its last axis; n its size, nr its rows."""
     last = rank - 1
-    return (f"(= (shp x) s)", "(= (dt x) d)", f"(= (vec-length s) {rank})", f"(= ax (vec-of {last}))",
+    return ("(= (shp x) s)", "(= (dt x) d)", f"(= (vec-length s) {rank})", f"(= ax (vec-of {last}))",
             "(>= eps 0.0)", f"(= n {numel('s', rank)})", f"(= nr (/ n (vec-get s {last})))")
 
 
@@ -115,10 +115,10 @@ def _rules():
         for weighted in (True, False):
             for residual in (False, True):
                 variant = ("" if weighted else "-unweighted") + ("-residual" if residual else "")
+                dx, packed, stats = _input_grad(norm, weighted, residual), _packed(norm, weighted, residual), \
+                    _statistics(norm)
                 for rank in RANKS:
                     facts, example = _facts(rank), _example(norm, weighted, residual, rank)
-                    dx, packed, stats = (_input_grad(norm, weighted, residual), _packed(norm, weighted, residual),
-                                         _statistics(norm))
                     yield Rule(f"{norm}-input-grad-with-stats{variant}-{rank}d",
                                "dx = the first part of norm_backward_stats(x, g, …), where x's row statistics "
                                "are taken", lhs=dx, rhs=_part(packed, "0", "n", "s"),
