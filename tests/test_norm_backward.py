@@ -9,7 +9,7 @@ import pytest
 
 from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.errors import ShapeError
+from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -57,29 +57,42 @@ def test_a_norms_input_gradient_is_one_row_kernel(norm):
     assert [(k.kind, k.fused) for k in report.candidates[report.chosen].kernels] == [("layernorm", ("backward",))]
 
 
-def test_a_layer_norms_whole_backward_makes_six_passes_over_its_rows():
+def test_a_layer_norms_whole_backward_reads_x_and_dy_once():
     x, w, b, dy = (op.tensor((8192, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((4096,), "bf16"),
                    op.tensor((8192, 4096), "bf16"))
     grad = op.grad(lambda x, w, b, dy: op.sum(op.layernorm(x, w, b) * dy), argnums=(0, 1, 2))
     report = grad.explain(x, w, b, dy)
     chosen = report.candidates[report.chosen]
-    # dx and the row statistics in one kernel, then dW reading them and db: x, dy and dx once for
-    # dx, x and dy for dW, dy for db: 6 passes of 67 MB (9 when the statistics were recomputed,
-    # 1,074 MB in 10 kernels with dx in five ops)
-    assert steps(grad, x, w, b, dy) == ["norm_backward_stats", "fused_reduction", "sum"]
-    assert ("layernorm", ("backward", "row_stats")) in [(k.kind, k.fused) for k in chosen.kernels]
-    assert chosen.hbm_bytes <= 6 * 8192 * 4096 * 2 + 2**20
+    # dx with dW's and db's partial sums in one kernel, then one sum of both's 512 rows: x and dy
+    # read and dx written once, 3 passes of 67 MB and 17 MB of partials (6 passes when dW read
+    # the row statistics dx's kernel wrote; 9 when it recomputed them; 1,074 MB in 10 kernels
+    # with dx in five ops)
+    assert steps(grad, x, w, b, dy) == ["norm_backward_grads", "sum"]
+    assert ("layernorm", ("backward", "weight_grad")) in [(k.kind, k.fused) for k in chosen.kernels]
+    assert chosen.hbm_bytes <= 3 * 8192 * 4096 * 2 + 20 * 2**20
 
 
 def test_an_rms_norms_weight_gradient_reads_the_row_statistics_its_input_gradient_wrote():
-    x, w, dy = op.tensor((4, 1024, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((4, 1024, 4096), "bf16")
+    """Rows longer than a block holds with its partial sums (norm_backward_grads.py): dW reads the
+    statistics dx's kernel wrote."""
+    x, w, dy = op.tensor((4, 256, 16384), "bf16"), op.tensor((16384,), "bf16"), op.tensor((4, 256, 16384), "bf16")
     grad = op.grad(lambda x, w, dy: op.sum(op.rmsnorm(x, w, None) * dy), argnums=(0, 1))
     plan = grad.program(x, w, dy).plan
     assert [s.op for s in plan.steps] == ["norm_backward_stats", "fused_reduction"]
-    n = 4 * 1024 * 4096
+    n = 4 * 256 * 16384
     # dW reads mean(x²) + eps, the second statistic after dx: a view, no copy
     assert plan.steps[1].inputs[-1].buffer == plan.steps[0].output.buffer
-    assert plan.steps[1].inputs[-1].offset == (n + 4 * 1024) * 2
+    assert plan.steps[1].inputs[-1].offset == (n + 4 * 256) * 2
+
+
+def test_an_rms_norms_weight_gradient_sums_the_partials_its_input_gradient_wrote():
+    x, w, dy = op.tensor((4, 1024, 4096), "bf16"), op.tensor((4096,), "bf16"), op.tensor((4, 1024, 4096), "bf16")
+    grad = op.grad(lambda x, w, dy: op.sum(op.rmsnorm(x, w, None) * dy), argnums=(0, 1))
+    plan = grad.program(x, w, dy).plan
+    assert [s.op for s in plan.steps] == ["norm_backward_grads", "sum"]
+    # dW sums the 512 rows of Σ g x̂ partials right after dx: a view, no copy
+    assert plan.steps[1].inputs[0].buffer == plan.steps[0].output.buffer
+    assert plan.steps[1].inputs[0].offset == 4 * 1024 * 4096 * 2
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -97,6 +110,46 @@ def test_the_packed_reference_is_dx_then_the_forwards_row_statistics(norm):
 
 
 @pytest.mark.parametrize("norm", NORMS)
+def test_the_grads_reference_is_dx_then_partial_sums_of_every_parts_th_row(norm):
+    x, g, w = rng.standard_normal((7, 10)), rng.standard_normal((7, 10)), rng.standard_normal(10)
+    attrs = dict(norm=norm, axes=(1,), eps=1e-5, has_weight=True)
+    packed = OPS["norm_backward_grads"].reference(x, g, w, parts=3, **attrs)
+    # dx's 70 values, then each block of partials at the next multiple of 16: 80 and 144
+    assert packed.shape == OPS["norm_backward_grads"].infer(
+        *(TensorType(a.shape, DType.float64) for a in (x, g, w)), parts=3, **attrs).shape == (144 + 60,)
+    np.testing.assert_allclose(packed[:70], OPS["norm_backward"].reference(x, g, w, **attrs).ravel(), rtol=1e-12)
+    assert not packed[70:80].any() and not packed[140:144].any()        # the gaps
+    mean = x.mean(axis=1, keepdims=True) if norm == "layernorm" else 0
+    xhat = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    weight, bias = packed[80:140].reshape(3, 2, 10), packed[144:].reshape(3, 2, 10)
+    for p, rows in enumerate(([0, 3, 6], [1, 4], [2, 5])):       # part p: rows p, p + 3, …
+        np.testing.assert_allclose(weight[p, 0], (g * xhat)[rows].sum(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(bias[p, 0], g[rows].sum(axis=0), rtol=1e-12)
+    assert not weight[:, 1].any() and not bias[:, 1].any()       # float64 values: nothing rounded off
+
+
+def test_bfloat16_partial_sums_keep_the_rounding_their_storage_drops():
+    x, g, w = (rng.standard_normal(s).astype(DType.bfloat16.numpy) for s in ((64, 32), (64, 32), (32,)))
+    attrs = dict(norm="layernorm", axes=(1,), eps=1e-5, has_weight=True, parts=4)
+    packed = OPS["norm_backward_grads"].reference(x, g, w, **attrs).astype(DType.bfloat16.numpy)
+    wide = OPS["norm_backward_grads"].reference(*(a.astype(np.float64) for a in (x, g, w)), **attrs)
+    pairs = packed[64 * 32:].astype(np.float64).reshape(8, 2, 32)
+    exact = wide[64 * 32:].reshape(8, 2, 32)[:, 0]
+    # value + rounding is the float32 sum within bf16's rounding of the rounding: ~2^-16, not 2^-8
+    assert np.abs(pairs.sum(axis=1) - exact).max() <= 2 ** -14 * np.abs(exact).max()
+    assert np.abs(pairs[:, 0] - exact).max() > 2 ** -12 * np.abs(exact).max()
+
+
+def test_bad_parts_are_refused_naming_the_rows():
+    x, w = TensorType((6, 8), DType.float32), TensorType((8,), DType.float32)
+    attrs = dict(norm="layernorm", axes=(1,), eps=1e-5, has_weight=True)
+    with pytest.raises(AttributeValueError, match=r"parts must be an int in \[1, 6\].*got 7"):
+        OPS["norm_backward_grads"].infer(x, x, w, parts=7, **attrs)
+    with pytest.raises(AttributeValueError, match=r"got 0"):
+        OPS["norm_backward_grads"].infer(x, x, w, parts=0, **attrs)
+
+
+@pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
     x, w, b = rng.standard_normal((6, 33)), rng.standard_normal(33), rng.standard_normal(33)
@@ -107,7 +160,7 @@ def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
         return op.sum(op.tanh(fwd(x, w, b)) * target)
     grad = op.grad(loss, argnums=(0, 1, 2))
     args = tuple(a.astype(dtype) for a in (x, w, b))
-    assert "norm_backward_stats" in steps(grad, *args)      # dW reads the statistics it wrote
+    assert "norm_backward_grads" in steps(grad, *args)      # dW and db sum the partials dx's kernel wrote
     got = grad(*args)
 
     f, wide = op.kernel(loss), [a.astype(np.float64) for a in args]
@@ -149,9 +202,9 @@ def test_the_residuals_gradient_through_the_fused_node_matches_finite_difference
     np.testing.assert_allclose(grad(x), numeric_gradient(op.kernel(loss), x), rtol=1e-5, atol=1e-8)
 
 
-def test_every_layer_of_a_deep_stack_reads_its_statistics_and_fuses_its_bias_gradients():
-    """Extraction adopts each layer's packed statistics and bias-gradient pairs, not only the
-    best one per sweep: 4 pre-norm MLP blocks, every norm's backward one norm_backward_stats and
+def test_every_layer_of_a_deep_stack_packs_its_norm_backward_and_fuses_its_bias_gradients():
+    """Extraction adopts each layer's packed norm backward and bias-gradient pairs, not only the
+    best one per sweep: 4 pre-norm MLP blocks, every norm's backward one norm_backward_grads and
     every weight gradient carrying its bias gradient."""
     layers, width = 4, 256
 
@@ -169,5 +222,5 @@ def test_every_layer_of_a_deep_stack_reads_its_statistics_and_fuses_its_bias_gra
     program = op.grad(loss, argnums=(0,)).program(params, op.tensor((8, 512, width), "bf16"))
     ops = [s.op for s in program.plan.steps]
     # the first norm's input is x, whose gradient is not asked for: its dx is never computed
-    assert ops.count("norm_backward_stats") == layers - 1 and "norm_backward" not in ops
+    assert ops.count("norm_backward_grads") == layers - 1 and "norm_backward" not in ops
     assert sum("bias_grad" in k.fused for k in program.candidate.kernels) == 2 * layers

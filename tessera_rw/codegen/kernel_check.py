@@ -34,6 +34,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
+from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_inputs import Inputs
@@ -88,10 +89,12 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
-    if kind is OpKind.NORMALIZATION:   # over the rows (norm_backward_stats's result is flat: over x's)
+    if kind is OpKind.NORMALIZATION:   # over the rows (a norm backward's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
-        rows = ops[0] if op.op in ("norm_backward", "norm_backward_stats") else op.result
-        return math.prod(rows.shape[a] for a in axes)
+        rows = ops[0] if op.op in NORM_BACKWARD_OPS else op.result
+        length = math.prod(rows.shape[a] for a in axes)
+        # norm_backward_grads's partial sums each add up every parts-th row
+        return max(length, math.ceil(rows.numel // length / attrs["parts"])) if "parts" in attrs else length
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape
@@ -126,7 +129,8 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 # statistics read queries from three operands, and those read off the logsumexps take O and them
 # packed in one flat operand
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
-                             "attention_row_stats_from_lse", "norm_backward_stats"})
+                             "attention_row_stats_from_lse", "norm_backward_stats",
+                             "norm_backward_grads"})
 
 
 def _product_a(op: KernelOp) -> TensorType:
@@ -228,6 +232,14 @@ class Expected:
 INTERMEDIATE_ROUNDING = {"flash_attention_bwd": 3.0}
 
 
+def _compared(op: KernelOp, values: np.ndarray) -> np.ndarray:
+    """What of `values` (a result of `op`) is compared: the values, but a packed result whose
+    partial sums are each a value and its rounding, compared as their sums."""
+    if op.op == "norm_backward_grads":
+        return partial_sums_folded(values, op.operands[0].shape, tuple(op.attr_map["axes"]), op.attr_map["parts"])
+    return values
+
+
 def _tolerance_of(op: KernelOp, unit: MathUnit | None) -> float:
     base = tolerance(op.result.dtype, reduction_length(op), unit, fast=op.numerics is Numerics.FAST)
     return base * INTERMEDIATE_ROUNDING.get(op.op, 1.0)
@@ -259,7 +271,7 @@ def expected(op: KernelOp, inputs: Inputs, rng: np.random.Generator, unit: MathU
     else:
         operands, attrs = _restrict(op, inputs, axis, rows)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        ref = np.asarray(opdef(op.op).reference(*operands, **attrs))
+        ref = _compared(op, np.asarray(opdef(op.op).reference(*operands, **attrs)))
     if is_exact(op):
         return Expected(op, ref.astype(op.result.dtype.numpy), True, axis, rows, 0.0, 0.0)
     magnitude = np.abs(ref[np.isfinite(ref)])
@@ -305,6 +317,7 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
                              f"start as NaN bytes, so these were never written or came out non-finite")
     part = out if exp.rows is None else out.take(exp.rows, axis=exp.axis)
     if exp.exact:
+        part = _compared(op, part)
         same = part == exp.value
         if not same.all():
             flat = int(np.flatnonzero(~same.ravel())[0])
@@ -313,13 +326,13 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
                                  f"exact reference; first at {at}: got {part.ravel()[flat]!r}, "
                                  f"want {exp.value.ravel()[flat]!r}")
         return
-    got = part.astype(exp.value.dtype)
+    got = _compared(op, part.astype(exp.value.dtype))
     err = np.abs(got - exp.value)
     bound = exp.tol * (exp.scale + np.abs(exp.value))
     over = ~(err <= bound)             # NaN compares false: it counts as over
     if over.any():
         flat = int(np.argmax(np.where(over, err / bound, 0.0).ravel()))
-        at = _where(exp, flat, part.shape)
+        at = _where(exp, flat, got.shape)
         raise AssertionError(
             f"{what}: {int(over.sum())} of {over.size} checked elements exceed tol·(scale + |ref|) with "
             f"tol {exp.tol:.2e}, scale (RMS of the reference) {exp.scale:.3g}; worst at {at}: got "

@@ -19,6 +19,7 @@ import numpy as np
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
+from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
 from tessera_rw.codegen.cpu_attention_backward import row_stats_blockwise
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -91,7 +92,7 @@ def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
         _keep_the_diagonal(op, arrays, pools)
     if op.op == "flash_attention_bwd":
         _consistent_row_stats(op, arrays, pools)
-    if op.op in ("norm_backward", "norm_backward_stats"):
+    if op.op in NORM_BACKWARD_OPS:
         _cotangent_along_x(op, arrays, pools)
     return Inputs(tuple(arrays), tuple(pools))
 

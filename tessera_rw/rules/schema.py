@@ -81,7 +81,7 @@ ATTRS: dict[str, AttrCodec] = {
     "axes": DIMS, "starts": DIMS, "stops": DIMS, "steps": DIMS, "stride": DIMS, "dilation": DIMS, "strides": DIMS,
     "sizes": DIMS, "offsets": DIMS,
     "pads": PAIRS, "padding": PAIRS,
-    "axis": I64, "k": I64, "groups": I64, "n": I64, "offset": I64,
+    "axis": I64, "k": I64, "groups": I64, "n": I64, "offset": I64, "parts": I64,
     "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,
     "trans_a": BOOL, "trans_b": BOOL,
     "eps": F64, "scale": F64, "value": F64, "start": F64, "stop": F64, "step": F64,

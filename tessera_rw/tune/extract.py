@@ -63,7 +63,7 @@ class FusionDepth(enum.IntEnum):
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
-                  "norm_backward_stats": FusionDepth.EPILOGUE,
+                  "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
                   "flash_attention": FusionDepth.FULL,
                   "flash_attention_lse": FusionDepth.FULL, "attention_row_stats": FusionDepth.FULL,
                   "attention_row_stats_from_lse": FusionDepth.FULL,

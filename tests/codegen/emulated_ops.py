@@ -77,12 +77,15 @@ def rowwise(name, rows, cols, dtype, numerics=None, weights=True) -> KernelOp:
                               has_bias=weights and name == "layernorm"))
 
 
-def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True, residual=False, stats=False) -> KernelOp:
-    """norm_backward (norm_backward_stats with `stats`: each row's statistics after dx)."""
+def norm_backward(norm, rows, cols, dtype, numerics=None, weights=True, residual=False, stats=False,
+                  parts=0) -> KernelOp:
+    """norm_backward (norm_backward_stats with `stats`: each row's statistics after dx;
+    norm_backward_grads with `parts`: the weight's and bias's gradient partials)."""
     x, w = TensorType((rows, cols), dtype), TensorType((cols,), dtype)
-    return under(numerics, of("norm_backward_stats" if stats else "norm_backward", x, x, *((w,) if weights else ()),
-                              *((x,) if residual else ()), norm=norm, axes=(1,), eps=1e-5, has_weight=weights,
-                              has_residual=residual))
+    name, extra = ("norm_backward_grads", {"parts": parts}) if parts else \
+        ("norm_backward_stats" if stats else "norm_backward", {})
+    return under(numerics, of(name, x, x, *((w,) if weights else ()), *((x,) if residual else ()), norm=norm,
+                              axes=(1,), eps=1e-5, has_weight=weights, has_residual=residual, **extra))
 
 
 def reduce(name, shape, dtype, axes, keepdims=False, numerics=None) -> KernelOp:
@@ -230,6 +233,17 @@ def _rowwise_ops() -> dict[str, KernelOp]:
             "layernorm", 2, 65536, BF16, KAHAN, stats=True),
         "rmsnorm backward plus residual rows of 65536 f32": norm_backward("rmsnorm", 2, 65536, F32, weights=False,
                                                                           residual=True),
+        # and with the weight's and bias's gradient partials: rows not a multiple of the parts, ragged
+        "layernorm backward with its weight gradients rows of 4096 bf16": norm_backward("layernorm", 37, 4096, BF16,
+                                                                                        parts=8),
+        "layernorm backward with its weight gradients rows of 768 bf16": norm_backward("layernorm", 40, 768, BF16,
+                                                                                       parts=40),
+        "rmsnorm backward with its weight gradients plus residual rows of 100 f32": norm_backward(
+            "rmsnorm", 30, 100, F32, residual=True, parts=7),
+        "layernorm backward with its bias gradient rows of 3 f16": norm_backward("layernorm", 20, 3, F16,
+                                                                                 weights=False, parts=3),
+        "layernorm backward with its weight gradients rows of 2048 bf16 kahan": norm_backward(
+            "layernorm", 16, 2048, BF16, KAHAN, parts=5),
     }
 
 

@@ -198,3 +198,28 @@ def test_a_normalizations_rows_are_its_results_and_a_norm_backwards_are_xs():
     attrs = dict(norm="layernorm", axes=(1,), eps=1e-5, has_weight=False)
     packed = KernelOp.of("norm_backward_stats", (x, x), OPS["norm_backward_stats"].infer(x, x, **attrs), **attrs)
     assert kc.reduction_length(fused) == 512 and kc.reduction_length(packed) == 512
+
+
+def test_a_norm_backwards_partial_sums_are_compared_as_value_plus_rounding():
+    """norm_backward_grads stores each partial sum as a value and its rounding: a float64 reference's
+    roundings are 0, a kernel's are not, so the check adds each pair first. A wrong sum still fails."""
+    x, w = TensorType((24, 64), DType.bfloat16), TensorType((64,), DType.bfloat16)
+    attrs = dict(norm="layernorm", axes=(1,), eps=1e-5, has_weight=True, parts=5)
+    op = KernelOp.of("norm_backward_grads", (x, x, w), OPS["norm_backward_grads"].infer(x, x, w, **attrs), **attrs)
+    assert kc.reduction_length(op) == 64
+    inputs = ki.random_inputs(op, np.random.default_rng(3))
+    exp = kc.expected(op, inputs, np.random.default_rng(3))
+    assert exp.value.shape == (24 * 64 + 2 * 5 * 64,)           # dx, then 5 folded rows each of Σ g x̂, Σ g
+    # the kernel's split: the value in bf16, what that dropped in bf16
+    packed = OPS["norm_backward_grads"].reference(*(a.astype(np.float32) for a in inputs.arrays), **attrs)
+    n = 24 * 64
+    tail = packed[n:].reshape(-1, 2, 64)
+    total = tail.sum(axis=1)
+    hi = total.astype(DType.bfloat16.numpy).astype(np.float32)
+    split = np.concatenate([packed[:n], np.stack([hi, total - hi], axis=1).ravel()]).astype(DType.bfloat16.numpy)
+    assert np.abs(split[n + 64:n + 128].astype(np.float32)).max() > 0          # the roundings are there
+    kc.check(exp, split, "split")
+    wrong = split.copy()
+    wrong[n + 2 * 64 + 7] = wrong[n + 2 * 64 + 7] + 4     # part 1's Σ g x̂, column 7
+    with pytest.raises(AssertionError, match=r"1 of 2176 checked elements.*worst at \(1607,\)"):
+        kc.check(exp, wrong, "wrong")

@@ -20,7 +20,18 @@ g x̂ and g. Those need x̂, so the row statistics again:
 
 is dx flat, then each row's mean, var and var + eps (an RMS norm: mean(x²) and mean(x²) + eps),
 in x's dtype: what the kernel computed for dx, written beside it, so the weight gradient reads
-them instead of two more passes over x (rules/library/norm_stats.py).
+them instead of two more passes over x (rules/library/norm_stats.py). Better still,
+
+    packed = norm_backward_grads(x, g, [w], [r]; …, parts)
+
+is dx flat, then the weight's and the bias's gradients Σ g x̂ and Σ g in `parts` partial sums
+each: part p sums the rows p, p + parts, p + 2 parts, …, which one block of the row kernel
+walks, adding each row's g x̂ and g to registers it keeps per column. Each partial sum is two
+rows of the row's length, its value in x's dtype and the rounding left over (value − stored
+value, also in x's dtype), so a bfloat16 partial keeps about 16 bits; summing the 2 · parts rows
+gives the gradient (rules/library/norm_grads.py). Each block starts at a multiple of SECTION
+elements (zeros fill the gaps), so a kernel reading one finds it aligned for vector loads
+(grads_layout). x and g are then read once for everything.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((8, 16), DType.bfloat16)
@@ -29,9 +40,15 @@ them instead of two more passes over x (rules/library/norm_stats.py).
 TensorType(shape=(8, 16), dtype=<DType.bfloat16: 'bfloat16'>)
 >>> _infer_norm_backward_stats(x, x, norm="rmsnorm", axes=(1,), eps=1e-5, has_weight=False)
 TensorType(shape=(144,), dtype=<DType.bfloat16: 'bfloat16'>)
+>>> _infer_norm_backward_grads(x, x, norm="layernorm", axes=(1,), eps=1e-5, has_weight=False, parts=2)
+TensorType(shape=(256,), dtype=<DType.bfloat16: 'bfloat16'>)
+>>> grads_layout(n=30, parts=5, length=6)      # Σ g x̂'s 60 values at 32, Σ g's at 96, 156 in all
+(32, 96, 156)
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -43,6 +60,11 @@ from tessera_rw.algebra.ops.reduction import infer_norm
 from tessera_rw.algebra.shapes import fmt_shape
 
 NORMS = ("layernorm", "rmsnorm")
+# norm_backward_grads's partial sums start at multiples of SECTION elements: 16 bytes or more for
+# every dtype, the alignment a slice needs to be a view (lower/plan.py's VIEW_ALIGNMENT)
+SECTION = 16
+# the ops computing dx in a row kernel from x and g (whose results, but norm_backward's, are flat)
+NORM_BACKWARD_OPS = ("norm_backward", "norm_backward_stats", "norm_backward_grads")
 # per row, after dx in norm_backward_stats: mean, var, var + eps (rmsnorm: mean(x²), mean(x²) + eps)
 STATISTICS = {"layernorm": 3, "rmsnorm": 2}
 
@@ -79,6 +101,28 @@ def _infer_norm_backward_stats(x: TensorType, g: TensorType, *extra: TensorType,
                          has_residual=has_residual)
     rows = x.numel // max(int(np.prod([x.shape[a] for a in axes])), 1)
     return TensorType((x.numel + STATISTICS[norm] * rows,), x.dtype)
+
+
+def _infer_norm_backward_grads(x: TensorType, g: TensorType, *extra: TensorType, norm: str,
+                               axes: tuple[int, ...], eps: float, has_weight: bool, has_residual: bool = False,
+                               parts: int) -> TensorType:
+    _infer_norm_backward(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                         has_residual=has_residual)
+    length = int(np.prod([x.shape[a] for a in axes]))
+    rows = x.numel // max(length, 1)
+    if not isinstance(parts, int) or not 1 <= parts <= max(rows, 1):
+        raise AttributeValueError(f"parts must be an int in [1, {max(rows, 1)}] (the rows of {fmt_shape(x.shape)}), "
+                                  f"got {parts!r}")
+    return TensorType((grads_layout(x.numel, parts, length)[2],), x.dtype)
+
+
+def grads_layout(n: int, parts: int, length: int) -> tuple[int, int, int]:
+    """norm_backward_grads's (start of Σ g x̂'s partials, start of Σ g's, size) for n elements of x in
+    rows of `length`: each block of 2 · parts rows starts at a multiple of SECTION after what is before."""
+    block = 2 * parts * length
+    weight = -(-n // SECTION) * SECTION
+    bias = weight + -(-block // SECTION) * SECTION
+    return weight, bias, bias + block
 
 
 def _row_statistics(x: np.ndarray, norm: str, axes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,11 +166,54 @@ def _norm_backward_stats(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm:
     return np.concatenate([dx.ravel()] + [s.ravel() for s in stats])
 
 
+def _partial_sums(values: np.ndarray, parts: int, dtype: np.dtype) -> np.ndarray:
+    """(2 parts, length): part p's sum of the rows p, p + parts, … of `values` (rows, length) as
+    stored in `dtype`, then what that rounding dropped."""
+    sums = np.stack([values[p::parts].sum(axis=0) for p in range(parts)])
+    stored = sums.astype(dtype).astype(sums.dtype)
+    return np.stack([stored, sums - stored], axis=1).reshape(2 * parts, -1)
+
+
+def partial_sums_folded(packed: np.ndarray, x_shape: tuple[int, ...], axes: tuple[int, ...], parts: int) -> np.ndarray:
+    """norm_backward_grads's result with each partial sum's two rows added: dx flat, then parts rows
+    of Σ g x̂ and parts of Σ g, in packed's dtype (the gaps left out). What the packed values mean,
+    whichever rounding split them (a float64 reference's remainders are 0, a kernel's are not)."""
+    n, length = math.prod(x_shape), math.prod(x_shape[a] for a in axes)
+    weight, bias, _ = grads_layout(n, parts, length)
+    block = 2 * parts * length
+    return np.concatenate([packed[:n], *(packed[start:start + block].reshape(parts, 2, length).sum(axis=1).ravel()
+                                         for start in (weight, bias))])
+
+
+def _norm_backward_grads(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
+                         has_weight, has_residual=False, parts: int) -> np.ndarray:
+    dx, stats = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                            has_residual=has_residual)
+    wide = dx.dtype
+    length = int(np.prod([x.shape[a] for a in axes]))
+    mean, var_eps = (stats[0], stats[2]) if norm == "layernorm" else (0, stats[1])
+    xhat = ((x.astype(wide) - mean) / np.sqrt(var_eps)).reshape(-1, length)
+    cotangent = g.astype(wide).reshape(-1, length)
+    weight, bias, size = grads_layout(dx.size, parts, length)
+    packed = np.zeros(size, wide)
+    packed[:dx.size] = dx.ravel()
+    packed[weight:weight + 2 * parts * length] = _partial_sums(cotangent * xhat, parts, x.dtype).ravel()
+    packed[bias:] = _partial_sums(cotangent, parts, x.dtype).ravel()
+    return packed
+
+
 def _norm_backward_flops(out: TensorType, x: TensorType, g: TensorType, *extra: TensorType, norm: str,
                          has_weight: bool, has_residual: bool = False, **attrs) -> int:
     # statistics (3 or 2 per element), x̂, the two (or one) sums and the combination; the weight
     # product and the residual's add
     return (14 if norm == "layernorm" else 10) * x.numel + (has_weight + has_residual) * x.numel
+
+
+def _norm_backward_grads_flops(out: TensorType, x: TensorType, *operands: TensorType, norm: str,
+                               has_weight: bool, has_residual: bool = False, **attrs) -> int:
+    # dx's, then g x̂ and the two running sums per element
+    return _norm_backward_flops(out, x, *operands, norm=norm, has_weight=has_weight,
+                                has_residual=has_residual) + 3 * x.numel
 
 
 DEFS = (
@@ -140,4 +227,9 @@ DEFS = (
           doc="norm_backward's dx flat, then each row's statistics as the forward computes them (mean and "
               "var + eps; an RMS norm's mean(x²) + eps), for the weight gradient to read",
           vjp=before_fusion("norm_backward_stats")),
+    OpDef("norm_backward_grads", ("x", "g", "weight", "residual"), OpKind.NORMALIZATION, _infer_norm_backward_grads,
+          _norm_backward_grads, _norm_backward_grads_flops, variadic=True,
+          doc="norm_backward's dx flat, then the weight's and bias's gradients (Σ g x̂, Σ g over the rows) in "
+              "`parts` partial sums of rows p, p + parts, …, each as its stored value and its rounding",
+          vjp=before_fusion("norm_backward_grads")),
 )

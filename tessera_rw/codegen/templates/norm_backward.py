@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import partial
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
@@ -92,35 +93,37 @@ class NormBackwardTemplate(RowwiseTemplate):
         sums, _ = self.reductions(op, s)
         centered = spec.norm == "layernorm"
 
-        def rows(x_to: str, gw_to: str | None) -> list[str]:
-            """Load x's vector at column c into `x_to`[j], and g·w's into `gw_to`[j] where given."""
-            x_lines, x = self.read(op, acc, 0, "x", v)
-            lines, body = list(x_lines), [f"{x_to} = {x};"]
-            if gw_to is not None:
-                g_lines, g = self.read(op, acc, 1, "g", v)
-                lines += g_lines
-                if spec.weight is not None:
-                    w_lines, w = self.read(op, acc, 2, "w", v)
-                    lines += w_lines
-                    g = f"{g} * {w}"
-                body.append(f"{gw_to} = {g};")
-            return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", *("    " + b for b in body), "}"]
-
-        def write(value: str) -> list[str]:
-            """dx's vector at column c stored, the residual's added first where there is one."""
-            ot = f"vec_t<{STORAGE[op.result.dtype]}, {v}>"
-            idx = index_type(op.result.numel)
-            lines = []
-            if spec.epilogue:
-                lines, r = self.read(op, acc, len(op.operands) - 1, "r", v)
-                value = f"{value} + {r}"
-            return lines + [f"{ot} o;", "#pragma unroll",
-                            f"for (int j = 0; j < {v}; ++j) o.v[j] = {store(op.result.dtype, value)};",
-                            f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
-
         walk = _resident if self.resident(op, s) else _looped
-        stats = walk(centered, length, v, tpr, spec.eps, sums, rows, write, self._statistics_store(op))
+        stats = walk(centered, length, v, tpr, spec.eps, sums, partial(self.load_rows, op, acc, v),
+                     partial(self.write_dx, op, acc, v), self._statistics_store(op))
         return self.kernel_source(op, s, arch, acc, stats)
+
+    def load_rows(self, op: KernelOp, acc: list[tuple], v: int, x_to: str, gw_to: str | None) -> list[str]:
+        """Load x's vector at column c into `x_to`[j], and g·w's into `gw_to`[j] where given."""
+        x_lines, x = self.read(op, acc, 0, "x", v)
+        lines, body = list(x_lines), [f"{x_to} = {x};"]
+        if gw_to is not None:
+            g_lines, g = self.read(op, acc, 1, "g", v)
+            lines += g_lines
+            if row_spec(op).weight is not None:
+                w_lines, w = self.read(op, acc, 2, "w", v)
+                lines += w_lines
+                g = f"{g} * {w}"
+            body.append(f"{gw_to} = {g};")
+        return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", *("    " + b for b in body), "}"]
+
+    def write_dx(self, op: KernelOp, acc: list[tuple], v: int, value: str) -> list[str]:
+        """dx's vector at column c of `row` stored, the residual's added first where there is one."""
+        _, length = self._row(op)
+        ot = f"vec_t<{STORAGE[op.result.dtype]}, {v}>"
+        idx = index_type(op.result.numel)
+        lines = []
+        if row_spec(op).epilogue:
+            lines, r = self.read(op, acc, len(op.operands) - 1, "r", v)
+            value = f"{value} + {r}"
+        return lines + [f"{ot} o;", "#pragma unroll",
+                        f"for (int j = 0; j < {v}; ++j) o.v[j] = {store(op.result.dtype, value)};",
+                        f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
 
     def _statistics_store(self, op: KernelOp) -> list[str]:
         """norm_backward_stats's: the row's first thread writes its statistics after dx (all rows'

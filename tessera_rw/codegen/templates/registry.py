@@ -35,6 +35,7 @@ BUILTIN = (
     ("attention_stats", "AttentionStatsFromLseTemplate"),
     ("rowwise", "RowwiseTemplate"),
     ("norm_backward", "NormBackwardTemplate"),
+    ("norm_backward_grads", "NormBackwardGradsTemplate"),
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
     ("copy", "CopyTemplate"),

@@ -294,21 +294,29 @@ class RowwiseTemplate(Template):
         guard = "" if block or rows % s.rows_per_block == 0 else f"    if (row >= {rows}u) return;  // whole warps\n"
         mode = "resident (one read)" if self.resident(op, s) else f"looped ({self.looped_passes(op)} passes)"
         body = "\n".join("    " + line for line in hoisted + stats)
+        blocks = self.resources(op, s, arch).blocks
+        header = "\n".join("    " + line for line in self.row_and_lane(op, s))
         source = f"""// {op}
-// {self.describe_norm(op)} over rows of {length}, {rows} rows; {'one block' if block else 'one warp'} per row, {mode};
+// {self.describe_norm(op)} over rows of {length}, {rows} rows; {self.describe_walk(op, s)}, {mode};
 // schedule {s.describe()}, {self.elements_per_thread(op, s)} elements per thread.
-// launch: {name}<<<{math.ceil(rows / s.rows_per_block)}, {s.threads}>>>({', '.join(f'in{i}' for i in range(len(op.operands)))}, out)
+// launch: {name}<<<{blocks}, {s.threads}>>>({', '.join(f'in{i}' for i in range(len(op.operands)))}, out)
 {VEC_STRUCT}
 {helpers}
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(params)}) {{
-    const unsigned row = blockIdx.x * {s.rows_per_block}u + threadIdx.x / {tpr}u;
-    const unsigned lane = threadIdx.x % {tpr}u;
+{header}
 {guard}{body}
 }}
 """
-        return KernelSource(name, source, s.threads,
-                            grid=(self.resources(op, s, arch).blocks, 1, 1),
-                            fast_math=op.numerics is Numerics.FAST)
+        return KernelSource(name, source, s.threads, grid=(blocks, 1, 1), fast_math=op.numerics is Numerics.FAST)
+
+    def row_and_lane(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
+        """The kernel's first lines: the row a thread works on and its lane along it."""
+        tpr = s.threads // s.rows_per_block
+        return [f"const unsigned row = blockIdx.x * {s.rows_per_block}u + threadIdx.x / {tpr}u;",
+                f"const unsigned lane = threadIdx.x % {tpr}u;"]
+
+    def describe_walk(self, op: KernelOp, s: RowwiseSchedule) -> str:
+        return "one block per row" if s.rows_per_block == 1 else "one warp per row"
 
     def describe_norm(self, op: KernelOp) -> str:
         return row_spec(op).norm

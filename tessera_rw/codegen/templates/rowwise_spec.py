@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.fused import expr_leaves, parse_expr
+from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
 from tessera_rw.codegen.kernel_op import KernelOp
 
 
@@ -33,7 +34,7 @@ def row_spec(op: KernelOp) -> RowSpec:
     a, xs = op.attr_map, op.operands
     if op.op in ("softmax", "log_softmax"):
         return RowSpec(op.op, xs, 0, None, None, (), 0, 0.0, 1 if a["axis"] == xs[0].ndim - 1 else 0)
-    if op.op in ("norm_backward", "norm_backward_stats"):     # x and g are the rows read; the weight scales g
+    if op.op in NORM_BACKWARD_OPS:     # x and g are the rows read; the weight scales g
         w = xs[2] if a["has_weight"] else None
         return RowSpec(a["norm"], xs[:2], 0, w, None, xs[2 + a["has_weight"]:], 0, float(a["eps"]), len(a["axes"]))
     if op.op in ("layernorm", "rmsnorm"):

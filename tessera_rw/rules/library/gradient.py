@@ -14,7 +14,7 @@ An activation's derivative goes into the epilogue of the GEMM that produces its 
 (activation_gradient.py), and attention's backward pass becomes one fused node (attention_gradient.py)
 whose row statistics the forward writes (attention_forward_stats.py); so does a layer norm's or RMS
 norm's input gradient (norm_gradient.py), which writes the row statistics the weight gradient
-reads (norm_stats.py).
+reads (norm_stats.py), or sums the weight's and bias's gradients itself (norm_grads.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library import (activation_gradient, attention_forward_stats, attention_gradient, norm_gradient,
-                                      norm_stats)
+                                      norm_grads, norm_stats)
 from tessera_rw.rules.library.algebra import mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -167,9 +167,11 @@ def _micro_batch_rules():
 
 GRADIENT = Ruleset("gradient", tuple(_bias_rules()) + tuple(_micro_batch_rules()) + activation_gradient.RULES
                    + tuple(_transposed_operand_rules())
-                   + attention_gradient.RULES + attention_forward_stats.RULES + norm_gradient.RULES + norm_stats.RULES,
+                   + attention_gradient.RULES + attention_forward_stats.RULES + norm_gradient.RULES + norm_stats.RULES
+                   + norm_grads.RULES,
                    doc="bias gradients into the weight-gradient GEMM; micro-batch sums into one GEMM; "
                        "activation derivatives into the GEMM of their cotangent; transposed operands read "
                        "in place; attention's backward into one fused node, its row statistics read off "
                        "the forward; a layernorm's or rmsnorm's input gradient into one row pass, which also "
-                       "writes the row statistics the weight gradient reads")
+                       "writes the row statistics the weight gradient reads, or the weight's and bias's "
+                       "gradients as partial sums")

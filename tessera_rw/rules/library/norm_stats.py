@@ -39,31 +39,31 @@ EPS = 1e-5
 STATISTICS = {"layernorm": ("mean", "variance", "variance-eps"), "rmsnorm": ("mean-square", "mean-square-eps")}
 
 
-def _facts(rank: int) -> tuple[str, ...]:
+def facts(rank: int) -> tuple[str, ...]:
     """x of shape s (rank `rank`) and dtype d, normalized over its last axis; n its size, nr its rows."""
     last = rank - 1
     return ("(= (shp x) s)", "(= (dt x) d)", f"(= (vec-length s) {rank})", f"(= ax (vec-of {last}))",
             "(>= eps 0.0)", f"(= n {numel('s', rank)})", f"(= nr (/ n (vec-get s {last})))")
 
 
-def _operands(weighted: bool, residual: bool) -> tuple[Expr, ...]:
+def operands(weighted: bool, residual: bool) -> tuple[Expr, ...]:
     return (x, g) + ((w,) if weighted else ()) + ((r,) if residual else ())
 
 
-def _flags(norm: str, weighted: bool, residual: bool) -> dict:
+def flags(norm: str, weighted: bool, residual: bool) -> dict:
     return dict(norm=norm, axes=ax, eps=eps, has_weight=weighted, has_residual=residual)
 
 
-def _input_grad(norm: str, weighted: bool, residual: bool) -> Expr:
-    return t.norm_backward(*_operands(weighted, residual), **_flags(norm, weighted, residual), of=(s, d))
+def input_grad(norm: str, weighted: bool, residual: bool) -> Expr:
+    return t.norm_backward(*operands(weighted, residual), **flags(norm, weighted, residual), of=(s, d))
 
 
 def _packed(norm: str, weighted: bool, residual: bool) -> Expr:
     size = E(f"(vec-of (+ n (* {len(STATISTICS[norm])} nr)))")
-    return t.norm_backward_stats(*_operands(weighted, residual), **_flags(norm, weighted, residual), of=(size, d))
+    return t.norm_backward_stats(*operands(weighted, residual), **flags(norm, weighted, residual), of=(size, d))
 
 
-def _statistics(norm: str) -> tuple[Expr, ...]:
+def statistics(norm: str) -> tuple[Expr, ...]:
     """The statistics as reverse mode spells them (reduction.norm_input_grad), in packed order."""
     def mean(term: Expr) -> Expr:
         return t.mean(term, axes=ax, keepdims=True)
@@ -78,7 +78,7 @@ def _statistics(norm: str) -> tuple[Expr, ...]:
     return square, plus_eps(square)
 
 
-def _part(packed: Expr, start: str, stop: str, shape: str) -> Expr:
+def part(packed: Expr, start: str, stop: str, shape: str) -> Expr:
     """Elements [start, stop) of `packed`, as `shape`."""
     flat = t.slice(packed, starts=E(f"(vec-of {start})"), stops=E(f"(vec-of {stop})"), steps=E("(vec-of 1)"),
                    of=(E(f"(vec-of (- {stop} {start}))"), d))
@@ -115,21 +115,21 @@ def _rules():
         for weighted in (True, False):
             for residual in (False, True):
                 variant = ("" if weighted else "-unweighted") + ("-residual" if residual else "")
-                dx, packed, stats = _input_grad(norm, weighted, residual), _packed(norm, weighted, residual), \
-                    _statistics(norm)
+                dx, packed, stats = input_grad(norm, weighted, residual), _packed(norm, weighted, residual), \
+                    statistics(norm)
                 for rank in RANKS:
-                    facts, example = _facts(rank), _example(norm, weighted, residual, rank)
+                    known, example = facts(rank), _example(norm, weighted, residual, rank)
                     yield Rule(f"{norm}-input-grad-with-stats{variant}-{rank}d",
                                "dx = the first part of norm_backward_stats(x, g, …), where x's row statistics "
-                               "are taken", lhs=dx, rhs=_part(packed, "0", "n", "s"),
-                               when=facts + (f"(= st {stats[0]})",), example=example)
+                               "are taken", lhs=dx, rhs=part(packed, "0", "n", "s"),
+                               when=known + (f"(= st {stats[0]})",), example=example)
                     for i, (name, stat) in enumerate(zip(names, stats)):
                         yield Rule(f"{norm}-{name}-from-input-grad{variant}-{rank}d",
                                    f"{name} of x's rows = part {i + 1} of norm_backward_stats(x, g, …), where "
                                    "norm_backward(x, g, …) is taken", lhs=stat,
-                                   rhs=_part(packed, f"(+ n (* {i} nr))", f"(+ n (* {i + 1} nr))",
+                                   rhs=part(packed, f"(+ n (* {i} nr))", f"(+ n (* {i + 1} nr))",
                                              f"(vec-set s {rank - 1} 1)"),
-                                   when=facts + (f"(= dx {dx})",), example=example)
+                                   when=known + (f"(= dx {dx})",), example=example)
 
 
 RULES = tuple(_rules())
