@@ -9,9 +9,10 @@ Reverse mode writes the backward graph from each op's VJP; the `gradient` rulese
 - attention's backward is FlashAttention-2's: the forward writes each row's logsumexp beside O, the
   row statistics are read off it, one `flash_attention_bwd` kernel writes dQ, dK, dV;
 - a layer norm's input gradient (the second's: the first's input is x, whose gradient is not
-  asked for) is one `norm_backward_grads` row kernel (the statistics recomputed from its input in
-  registers), which also adds the residual branch's cotangent as it writes dx and sums the weight's
-  and bias's gradients over its rows, leaving one short sum of their partials;
+  asked for) is one `norm_backward_stats` row kernel (the statistics recomputed from its input in
+  registers), which also adds the residual branch's cotangent as it writes dx and writes the row
+  statistics its weight gradient reads (rows of 4096 and more would have it sum the weight's and
+  bias's gradients itself, `norm_backward_grads`);
 - the weight-gradient gemms write the bias gradients as an extra row (`bias_grad`) where that is
   cheaper than a separate sum, and gelu′ runs in the epilogue of the gemm that writes its cotangent;
 - q, k and v, cut from one projection and moved to heads, are one copy each; their cotangents,

@@ -63,13 +63,23 @@ def test_a_layer_norms_whole_backward_reads_x_and_dy_once():
     grad = op.grad(lambda x, w, b, dy: op.sum(op.layernorm(x, w, b) * dy), argnums=(0, 1, 2))
     report = grad.explain(x, w, b, dy)
     chosen = report.candidates[report.chosen]
-    # dx with dW's and db's partial sums in one kernel, then one sum of both's 512 rows: x and dy
-    # read and dx written once, 3 passes of 67 MB and 17 MB of partials (6 passes when dW read
+    # dx with dW's and db's partial sums in one kernel, then one sum of both's 2 x 512 rows: x and
+    # dy read and dx written once, 3 passes of 67 MB and 17 MB of partials (6 passes when dW read
     # the row statistics dx's kernel wrote; 9 when it recomputed them; 1,074 MB in 10 kernels
     # with dx in five ops)
     assert steps(grad, x, w, b, dy) == ["norm_backward_grads", "sum"]
     assert ("layernorm", ("backward", "weight_grad")) in [(k.kind, k.fused) for k in chosen.kernels]
     assert chosen.hbm_bytes <= 3 * 8192 * 4096 * 2 + 20 * 2**20
+
+
+def test_short_rows_keep_the_weight_gradient_apart():
+    """A block of norm_backward_grads walks its rows one after another, each row's block-wide sums
+    waiting on its loads: rows of 128 give it too little to load between them, so dW reads the
+    statistics dx's kernel wrote instead (one block per row, many rows in flight)."""
+    x, w, b, dy = (op.tensor((65536, 128), "bf16"), op.tensor((128,), "bf16"), op.tensor((128,), "bf16"),
+                   op.tensor((65536, 128), "bf16"))
+    grad = op.grad(lambda x, w, b, dy: op.sum(op.layernorm(x, w, b) * dy), argnums=(0, 1, 2))
+    assert steps(grad, x, w, b, dy) == ["norm_backward_stats", "fused_reduction", "sum"]
 
 
 def test_an_rms_norms_weight_gradient_reads_the_row_statistics_its_input_gradient_wrote():
@@ -160,7 +170,8 @@ def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
         return op.sum(op.tanh(fwd(x, w, b)) * target)
     grad = op.grad(loss, argnums=(0, 1, 2))
     args = tuple(a.astype(dtype) for a in (x, w, b))
-    assert "norm_backward_grads" in steps(grad, *args)      # dW and db sum the partials dx's kernel wrote
+    # dW reads what dx's kernel wrote: the row statistics, or its own partial sums
+    assert {"norm_backward_stats", "norm_backward_grads"} & set(steps(grad, *args))
     got = grad(*args)
 
     f, wide = op.kernel(loss), [a.astype(np.float64) for a in args]
@@ -171,6 +182,22 @@ def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
     for i in range(3):
         want = numeric(i)
         assert np.max(np.abs(got[i] - want)) <= rtol * (1 + np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_gradients_through_the_partial_sums_match_the_vjps_formulas(norm):
+    """At 1024 rows of 4096 the plan is norm_backward_grads and one sum over its partials: dx, dW and db
+    against the float64 formulas, the whole plan run on the CPU."""
+    x, w, b, dy = (rng.standard_normal(s) for s in ((1024, 4096), (4096,), (4096,), (1024, 4096)))
+    fwd = getattr(op, norm)
+    grad = op.grad(lambda x, w, b, dy: op.sum(fwd(x, w, b, eps=1e-5) * dy), argnums=(0, 1, 2))
+    assert steps(grad, x, w, b, dy)[0] == "norm_backward_grads"
+    dx, dw, db = grad(x, w, b, dy)
+    mean = x.mean(axis=1, keepdims=True) if norm == "layernorm" else 0
+    xhat = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(dx, _vjp_formula(norm, x, dy, w), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dw, (dy * xhat).sum(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(db, dy.sum(axis=0), rtol=1e-9, atol=1e-9)
 
 
 def test_a_wrong_cotangent_is_refused_naming_both_tensors():
@@ -204,7 +231,7 @@ def test_the_residuals_gradient_through_the_fused_node_matches_finite_difference
 
 def test_every_layer_of_a_deep_stack_packs_its_norm_backward_and_fuses_its_bias_gradients():
     """Extraction adopts each layer's packed norm backward and bias-gradient pairs, not only the
-    best one per sweep: 4 pre-norm MLP blocks, every norm's backward one norm_backward_grads and
+    best one per sweep: 4 pre-norm MLP blocks, every norm's backward one norm_backward_stats and
     every weight gradient carrying its bias gradient."""
     layers, width = 4, 256
 
@@ -222,5 +249,5 @@ def test_every_layer_of_a_deep_stack_packs_its_norm_backward_and_fuses_its_bias_
     program = op.grad(loss, argnums=(0,)).program(params, op.tensor((8, 512, width), "bf16"))
     ops = [s.op for s in program.plan.steps]
     # the first norm's input is x, whose gradient is not asked for: its dx is never computed
-    assert ops.count("norm_backward_grads") == layers - 1 and "norm_backward" not in ops
+    assert ops.count("norm_backward_stats") == layers - 1 and "norm_backward" not in ops
     assert sum("bias_grad" in k.fused for k in program.candidate.kernels) == 2 * layers

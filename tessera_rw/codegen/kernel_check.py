@@ -125,7 +125,7 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 
 
 # ops whose reference runs whole: the packed attention gradients, the forward with its row
-# logsumexps and a norm's input gradient with its row statistics have no row axis, the row
+# logsumexps and a norm's input gradient with its row statistics or gradient partials have no row axis, the row
 # statistics read queries from three operands, and those read off the logsumexps take O and them
 # packed in one flat operand
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
@@ -337,4 +337,4 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
             f"{what}: {int(over.sum())} of {over.size} checked elements exceed tol·(scale + |ref|) with "
             f"tol {exp.tol:.2e}, scale (RMS of the reference) {exp.scale:.3g}; worst at {at}: got "
             f"{got.ravel()[flat]!r}, want {exp.value.ravel()[flat]!r}, error {err.ravel()[flat] / exp.scale:.2e} "
-            f"of scale")
+            f"of scale" + (" (positions in the compared values: partial sums folded)" if got.shape != part.shape else ""))

@@ -165,7 +165,7 @@ class NormBackwardTemplate(RowwiseTemplate):
         )
 
 
-def _each(chunks: int, length: int, v: int, tpr: int, lines: list[str], guarded: bool = True) -> list[str]:
+def each_vector(chunks: int, length: int, v: int, tpr: int, lines: list[str], guarded: bool = True) -> list[str]:
     """`lines` for each of a thread's resident vectors k at column c; `guarded` skips those past a
     ragged row's end."""
     ragged = guarded and length % (tpr * v) != 0
@@ -175,7 +175,7 @@ def _each(chunks: int, length: int, v: int, tpr: int, lines: list[str], guarded:
     return ["#pragma unroll", f"for (int k = 0; k < {chunks}; ++k) {{", *("    " + x for x in inner + lines), "}"]
 
 
-def _lanes(stmt: str, v: int) -> list[str]:
+def lanes(stmt: str, v: int) -> list[str]:
     return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
 
 
@@ -187,18 +187,18 @@ def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: S
     load = rows("x[k][j]", "gw[k][j]")
     if length % (tpr * v):
         load = [f"if (c >= {length}u) {{ for (int j = 0; j < {v}; ++j) x[k][j] = gw[k][j] = 0.0f; continue; }}"] + load
-    out = [f"float x[{chunks}][{v}], gw[{chunks}][{v}];"] + _each(chunks, length, v, tpr, load, guarded=False)
+    out = [f"float x[{chunks}][{v}], gw[{chunks}][{v}];"] + each_vector(chunks, length, v, tpr, load, guarded=False)
     if centered:
-        out += [sums.init("s")] + _each(chunks, length, v, tpr, _lanes(sums.add("s", "x[k][j]"), v), guarded=False)
+        out += [sums.init("s")] + each_vector(chunks, length, v, tpr, lanes(sums.add("s", "x[k][j]"), v), guarded=False)
         out += [f"const float mean = {sums.total('s')} * {inv};"]
-        out += _each(chunks, length, v, tpr, _lanes("x[k][j] -= mean;", v))
-    out += [sums.init("q")] + _each(chunks, length, v, tpr, _lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
+        out += each_vector(chunks, length, v, tpr, lanes("x[k][j] -= mean;", v))
+    out += [sums.init("q")] + each_vector(chunks, length, v, tpr, lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
     out += [*_rstd(sums, inv, eps, keep), *_gradient_inits(centered, sums)]
     step = "{ x[k][j] *= rstd; " + (sums.add("a", "gw[k][j]") + " " if centered else "") \
         + sums.add("b", "gw[k][j] * x[k][j]") + " }"
-    out += _each(chunks, length, v, tpr, _lanes(step, v), guarded=False)
+    out += each_vector(chunks, length, v, tpr, lanes(step, v), guarded=False)
     out += _gradient_sums(centered, sums, inv)
-    return out + _each(chunks, length, v, tpr, write("rstd * (gw[k][j] - c1 - x[k][j] * c2)"))
+    return out + each_vector(chunks, length, v, tpr, write("rstd * (gw[k][j] - c1 - x[k][j] * c2)"))
 
 
 def _looped(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sums, rows, write,
@@ -212,14 +212,14 @@ def _looped(centered: bool, length: int, v: int, tpr: int, eps: float, sums: Sum
     inv = f"(1.0f / {length}.0f)"
     out, shift = [], ""
     if centered:
-        out += [sums.init("s")] + walk(False, _lanes(sums.add("s", "x[j]"), v))
+        out += [sums.init("s")] + walk(False, lanes(sums.add("s", "x[j]"), v))
         out += [f"const float mean = {sums.total('s')} * {inv};"]
         shift = " - mean"
-    out += [sums.init("q")] + walk(False, _lanes(f"{{ const float d = x[j]{shift}; {sums.add('q', 'd * d')} }}", v))
+    out += [sums.init("q")] + walk(False, lanes(f"{{ const float d = x[j]{shift}; {sums.add('q', 'd * d')} }}", v))
     out += [*_rstd(sums, inv, eps, keep), *_gradient_inits(centered, sums)]
     step = f"{{ const float xh = (x[j]{shift}) * rstd; " + (sums.add("a", "gw[j]") + " " if centered else "") \
         + sums.add("b", "gw[j] * xh") + " }"
-    out += walk(True, _lanes(step, v)) + _gradient_sums(centered, sums, inv)
+    out += walk(True, lanes(step, v)) + _gradient_sums(centered, sums, inv)
     return out + walk(True, write(f"rstd * (gw[j] - c1 - (x[j]{shift}) * rstd * c2)"))
 
 

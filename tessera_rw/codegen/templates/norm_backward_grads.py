@@ -39,16 +39,23 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule
 from tessera_rw.codegen.templates.cuda_scalar import STORAGE, index_type, load, store
-from tessera_rw.codegen.templates.norm_backward import NormBackwardTemplate
+from tessera_rw.codegen.templates.norm_backward import REG_PER_HELD, NormBackwardTemplate, each_vector, lanes
 from tessera_rw.codegen.templates.rowwise import REG_KAHAN, RowwiseSchedule, row_spec
 
 BLOCKS = (128, 256, 512, 1024)
 # The register model, fit to ptxas on samples(): NormBackwardTemplate's resident base, x and g
-# held per element, and per element of a thread's columns the weight and the two partial sums.
+# held per element, and per element of a thread's columns the weight and the two partial sums
+# (under kahan_sum, their two compensations too).
 REG_BASE = 18
-REG_PER_HELD = 1.0
 REG_PER_COLUMN = 3.0
-MAX_REGISTERS, REGISTER_FILE = 255, 65536      # a thread's and an SM's on every arch it targets
+REG_PER_KAHAN_COLUMN = 2.0
+# A block walks its rows one after another: a row's loads are in flight, then its block-wide
+# sums (mean, variance, the two gradient sums; an RMS norm's two) run with nothing in flight.
+# Each such sum (two shuffle trees and two barriers, ~450 cycles) takes about this share of a
+# load's DRAM latency; the cost model's Little's law then sees the loads outstanding for their
+# share of the row's cycle.
+BLOCK_SUM_PER_LOAD_LATENCY = 0.3
+BLOCK_SUMS = {"layernorm": 4, "rmsnorm": 2}
 
 
 class NormBackwardGradsTemplate(NormBackwardTemplate):
@@ -61,12 +68,11 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         return ("backward", "weight_grad") + (("residual",) if op.attr_map.get("has_residual") else ())
 
     def accepts(self, op: KernelOp) -> bool:
-        """Rows a block holds in registers, with the weight and the partial sums, without spilling."""
-        if not super().accepts(op):
-            return False
-        v = next(v for v in (8, 4, 2, 1) if self._vec_ok(op, v))
-        return any(self.resident(op, s) and self._registers(op, s, None) <= min(MAX_REGISTERS, REGISTER_FILE // t)
-                   for t in BLOCKS for s in (RowwiseSchedule(t, v, 1),))
+        """Rows a 1024-thread block holds in registers (where the weight and the partial sums do not
+        fit beside them as well, schedules() offers none: the cost model then prices the op at
+        infinity)."""
+        v = next((v for v in (8, 4, 2, 1) if self._vec_ok(op, v)), 1)
+        return super().accepts(op) and self.resident(op, RowwiseSchedule(BLOCKS[-1], v, 1))
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
@@ -87,11 +93,15 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
                 and self.resident(op, schedule) and super().valid(op, schedule, arch))
 
     def resources(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> Resources:
-        return replace(super().resources(op, s, arch), blocks=op.attr_map["parts"])
+        x, g = op.operands[:2]
+        loads = self.elements_per_thread(op, s) * (x.dtype.itemsize + g.dtype.itemsize)
+        share = 1 + BLOCK_SUMS[op.attr_map["norm"]] * BLOCK_SUM_PER_LOAD_LATENCY
+        return replace(super().resources(op, s, arch), blocks=op.attr_map["parts"],
+                       bytes_in_flight=max(1, round(loads / share)))
 
-    def _registers(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec | None) -> int:
-        kahan = REG_KAHAN if op.numerics is Numerics.KAHAN_SUM else 0
+    def _registers(self, op: KernelOp, s: RowwiseSchedule, arch: ArchSpec) -> int:
         held = self.elements_per_thread(op, s)
+        kahan = REG_KAHAN + REG_PER_KAHAN_COLUMN * held if op.numerics is Numerics.KAHAN_SUM else 0
         return round(REG_BASE + REG_PER_HELD * self.row_values(op, s) + REG_PER_COLUMN * held + kahan)
 
     def row_and_lane(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
@@ -115,13 +125,7 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         inv = f"(1.0f / {length}.0f)"
 
         def each(lines: list[str], guarded: bool = True) -> list[str]:
-            inner = [f"const unsigned c = (k * {s.threads}u + lane) * {v}u;"]
-            if ragged and guarded:
-                inner.append(f"if (c >= {length}u) continue;")
-            return ["#pragma unroll", f"for (int k = 0; k < {chunks}; ++k) {{", *("    " + x for x in inner + lines), "}"]
-
-        def lanes(stmt: str) -> list[str]:
-            return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
+            return each_vector(chunks, length, v, s.threads, lines, guarded)
 
         def zero_past_the_end(*arrays: str) -> list[str]:
             if not ragged:
@@ -132,36 +136,43 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         x_lines, x_val = self.read(op, acc, 0, "x", v)
         g_lines, g_val = self.read(op, acc, 1, "g", v)
         weight = "w[k][j]" if spec.weight is not None else "1.0f"
+        kahan = op.numerics is Numerics.KAHAN_SUM
+
+        def partial(name: str, value: str) -> str:
+            return f"kahan_add({name}[k][j], {name}_c[k][j], {value});" if kahan else f"{name}[k][j] += {value};"
         out = [f"float pw[{chunks}][{v}] = {{}}, pb[{chunks}][{v}] = {{}};   // this block's Σ g x̂ and Σ g"]
+        if kahan:
+            out.append(f"float pw_c[{chunks}][{v}] = {{}}, pb_c[{chunks}][{v}] = {{}};   // their compensations")
         if spec.weight is not None:
             w_lines, w_val = self.read(op, acc, 2, "w", v)
             out += [f"float w[{chunks}][{v}];"] + each(zero_past_the_end("w") + w_lines
-                                                        + lanes(f"w[k][j] = {w_val};"), guarded=False)
+                                                        + lanes(f"w[k][j] = {w_val};", v), guarded=False)
         body = [f"float x[{chunks}][{v}], g[{chunks}][{v}];"]
         body += each(zero_past_the_end("x", "g") + x_lines + g_lines
-                     + lanes(f"{{ x[k][j] = {x_val}; g[k][j] = {g_val}; }}"), guarded=False)
+                     + lanes(f"{{ x[k][j] = {x_val}; g[k][j] = {g_val}; }}", v), guarded=False)
         if centered:
-            body += [sums.init("s")] + each(lanes(sums.add("s", "x[k][j]")), guarded=False)
+            body += [sums.init("s")] + each(lanes(sums.add("s", "x[k][j]"), v), guarded=False)
             body += [f"const float mean = {sums.total('s')} * {inv};"]
-            body += each(lanes("x[k][j] -= mean;"))
-        body += [sums.init("q")] + each(lanes(sums.add("q", "x[k][j] * x[k][j]")), guarded=False)
+            body += each(lanes("x[k][j] -= mean;", v))
+        body += [sums.init("q")] + each(lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
         body += [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {spec.eps!r}f);"]
         body += ([sums.init("a")] if centered else []) + [sums.init("b")]
         step = (f"{{ x[k][j] *= rstd; const float gw = g[k][j] * {weight}; "
                 + (sums.add("a", "gw") + " " if centered else "") + sums.add("b", "gw * x[k][j]")
-                + " pw[k][j] += g[k][j] * x[k][j]; pb[k][j] += g[k][j]; }")
-        body += each(lanes(step), guarded=False)
+                + f" {partial('pw', 'g[k][j] * x[k][j]')} {partial('pb', 'g[k][j]')} }}")
+        body += each(lanes(step, v), guarded=False)
         body += [f"const float c1 = {sums.total('a') + ' * ' + inv if centered else '0.0f'};",
                  f"const float c2 = {sums.total('b')} * {inv};"]
         body += each(self.write_dx(op, acc, v, f"rstd * (g[k][j] * {weight} - c1 - x[k][j] * c2)"))
         out += [f"for (unsigned row = blockIdx.x; row < {rows}u; row += {op.attr_map['parts']}u) {{",
                 *("    " + line for line in body), "}"]
-        out += self._partials_store(op, v, each)
+        out += self._partials_store(op, v, each, kahan)
         return self.kernel_source(op, s, arch, acc, out)
 
-    def _partials_store(self, op: KernelOp, v: int, each) -> list[str]:
-        """Each block's Σ g x̂ and Σ g for its columns, as two rows each: the value stored in the
-        result's dtype, then value − stored; block 0 also zeroes the gaps that align each block."""
+    def _partials_store(self, op: KernelOp, v: int, each, kahan: bool) -> list[str]:
+        """Each block's Σ g x̂ and Σ g for its columns, as two rows each: the value (with its
+        compensation under kahan_sum) stored in the result's dtype, then value − stored; block 0 also
+        zeroes the gaps that align each block."""
         rows, length = self._row(op)
         parts, dtype = op.attr_map["parts"], op.result.dtype
         weight, bias, _ = grads_layout(rows * length, parts, length)
@@ -170,9 +181,11 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         lines = []
         for name, first in (("pw", weight), ("pb", bias)):
             at = f"out + ({idx}){first}u + ({idx})blockIdx.x * {2 * length}u + c"
+            value = f"({name}[k][j] + {name}_c[k][j])" if kahan else f"{name}[k][j]"
             lines += ["{", f"    {vt} hi, lo;", "    #pragma unroll", f"    for (int j = 0; j < {v}; ++j) {{",
-                      f"        hi.v[j] = {store(dtype, f'{name}[k][j]')};",
-                      f"        lo.v[j] = {store(dtype, f'{name}[k][j] - ' + load(dtype, 'hi.v[j]'))};", "    }",
+                      f"        const float total = {value};",
+                      f"        hi.v[j] = {store(dtype, 'total')};",
+                      f"        lo.v[j] = {store(dtype, 'total - ' + load(dtype, 'hi.v[j]'))};", "    }",
                       f"    *reinterpret_cast<{vt}*>({at}) = hi;",
                       f"    *reinterpret_cast<{vt}*>({at} + {length}u) = lo;", "}"]
         gaps = [(start, stop) for start, stop in ((rows * length, weight), (weight + 2 * parts * length, bias))
@@ -197,6 +210,6 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
             of("layernorm", (4096, 768), bf, 256),                   # BERT-base: a ragged 128-thread block
             of("rmsnorm", (4, 1024, 4096), bf, 256),
             of("layernorm", (1000, 1024), f32, 200, residual=True),
-            of("rmsnorm", (512, 8192), bf, 128, numerics=kahan),
+            of("rmsnorm", (512, 4096), bf, 128, numerics=kahan),
             of("layernorm", (300, 8192), bf, 256, weighted=False),   # the longest row held
         )

@@ -15,14 +15,16 @@ blocks each walking every parts-th row, it can keep each column's running sums t
     dW     = Σ of the 2·parts rows packed[wa : wa + 2·parts·D]   (each part's value and its rounding,
     db     = Σ of the 2·parts rows packed[ba : ba + 2·parts·D]    rows of D; wa, ba aligned after n)
 
-so x and g are read once for all three gradients, and dW and db sum parts · D values each
-instead of x's n; where both are taken, one reduce over the (2, 2·parts, D) view of the partials
-writes them side by side (rows 0 and 1 of its result), one kernel instead of two. parts = min(rows, PARTS): enough blocks to fill a GPU's SMs twice over, few
-enough that the partial sums stay small beside x. The rules join on the input gradient
-(norm_backward of that x and g) being in the e-graph, and dx's rule on dW being taken there;
-extraction switches the three to the packed node together where that pays (a short run of rows
-may not: its partial sums can outweigh the pass they save). Weighted norms of rank 2 and 3,
-with and without a residual, the last axis normalized.
+so x and g are read once for all three gradients, and dW and db each sum 2·parts·D values instead
+of x's n; where both are taken, one reduce over the (2, 2·parts, D) view of the partials writes
+them side by side (rows 0 and 1 of its result), one kernel instead of two. parts = min(rows,
+PARTS): enough blocks to fill a GPU's SMs twice over, few enough that the partial sums stay small
+beside x. The rules join on the input gradient (norm_backward of that x and g) being in the
+e-graph, and dx's rule on dW being taken there; extraction switches the three to the packed node
+together where that pays. It may not: short rows give a block little to load between its
+block-wide sums, and few rows make the partial sums outweigh the pass they save (the cost model
+prices both). Weighted norms of rank 2 and 3, with and without a residual, the last axis
+normalized.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def _parts_facts(rank: int) -> tuple[str, ...]:
     partials at wa, Σ g's at ba, each 2·p·L long."""
     def aligned(v: str) -> str:
         return f"(* (/ (+ {v} {SECTION - 1}) {SECTION}) {SECTION})"
-    return facts(rank) + (f"(= L (vec-get s {rank - 1}))", f"(= p (min nr {PARTS}))", f"(= wa {aligned('n')})",
+    return facts(rank) + ("(> nr 0)", f"(= L (vec-get s {rank - 1}))", f"(= p (min nr {PARTS}))",
+                          f"(= wa {aligned('n')})",
                           f"(= ba (+ wa {aligned('(* 2 (* p L))')}))")
 
 

@@ -43,21 +43,18 @@ extern "C" __global__ void __launch_bounds__(256) layernorm_norm_backward_grads_
         float s = 0.0f;
         #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const unsigned c = (k * 256u + lane) * 8u;
             #pragma unroll
             for (int j = 0; j < 8; ++j) s += x[k][j];
         }
         const float mean = rowwise_block_sum(s) * (1.0f / 4096.0f);
         #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const unsigned c = (k * 256u + lane) * 8u;
             #pragma unroll
             for (int j = 0; j < 8; ++j) x[k][j] -= mean;
         }
         float q = 0.0f;
         #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const unsigned c = (k * 256u + lane) * 8u;
             #pragma unroll
             for (int j = 0; j < 8; ++j) q += x[k][j] * x[k][j];
         }
@@ -66,7 +63,6 @@ extern "C" __global__ void __launch_bounds__(256) layernorm_norm_backward_grads_
         float b = 0.0f;
         #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const unsigned c = (k * 256u + lane) * 8u;
             #pragma unroll
             for (int j = 0; j < 8; ++j) { x[k][j] *= rstd; const float gw = g[k][j] * w[k][j]; a += gw; b += gw * x[k][j]; pw[k][j] += g[k][j] * x[k][j]; pb[k][j] += g[k][j]; }
         }
@@ -88,8 +84,9 @@ extern "C" __global__ void __launch_bounds__(256) layernorm_norm_backward_grads_
             vec_t<bf16_t, 8> hi, lo;
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                hi.v[j] = f32_to_bf16((float)(pw[k][j]));
-                lo.v[j] = f32_to_bf16((float)(pw[k][j] - bf16_to_f32(hi.v[j])));
+                const float total = pw[k][j];
+                hi.v[j] = f32_to_bf16((float)(total));
+                lo.v[j] = f32_to_bf16((float)(total - bf16_to_f32(hi.v[j])));
             }
             *reinterpret_cast<vec_t<bf16_t, 8>*>(out + (unsigned)33554432u + (unsigned)blockIdx.x * 8192u + c) = hi;
             *reinterpret_cast<vec_t<bf16_t, 8>*>(out + (unsigned)33554432u + (unsigned)blockIdx.x * 8192u + c + 4096u) = lo;
@@ -98,8 +95,9 @@ extern "C" __global__ void __launch_bounds__(256) layernorm_norm_backward_grads_
             vec_t<bf16_t, 8> hi, lo;
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                hi.v[j] = f32_to_bf16((float)(pb[k][j]));
-                lo.v[j] = f32_to_bf16((float)(pb[k][j] - bf16_to_f32(hi.v[j])));
+                const float total = pb[k][j];
+                hi.v[j] = f32_to_bf16((float)(total));
+                lo.v[j] = f32_to_bf16((float)(total - bf16_to_f32(hi.v[j])));
             }
             *reinterpret_cast<vec_t<bf16_t, 8>*>(out + (unsigned)35651584u + (unsigned)blockIdx.x * 8192u + c) = hi;
             *reinterpret_cast<vec_t<bf16_t, 8>*>(out + (unsigned)35651584u + (unsigned)blockIdx.x * 8192u + c + 4096u) = lo;
