@@ -71,8 +71,10 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         """Rows a 1024-thread block holds in registers (where the weight and the partial sums do not
         fit beside them as well, schedules() offers none: the cost model then prices the op at
         infinity)."""
+        if not super().accepts(op):
+            return False
         v = next((v for v in (8, 4, 2, 1) if self._vec_ok(op, v)), 1)
-        return super().accepts(op) and self.resident(op, RowwiseSchedule(BLOCKS[-1], v, 1))
+        return self.resident(op, RowwiseSchedule(BLOCKS[-1], v, 1))
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
