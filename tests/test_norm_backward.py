@@ -85,14 +85,15 @@ def test_short_rows_keep_the_weight_gradient_apart():
 def test_an_rms_norms_weight_gradient_reads_the_row_statistics_its_input_gradient_wrote():
     """Rows longer than a block holds with its partial sums (norm_backward_grads.py): dW reads the
     statistics dx's kernel wrote."""
-    x, w, dy = op.tensor((4, 256, 16384), "bf16"), op.tensor((16384,), "bf16"), op.tensor((4, 256, 16384), "bf16")
+    x, w, dy = op.tensor((4, 250, 16384), "bf16"), op.tensor((16384,), "bf16"), op.tensor((4, 250, 16384), "bf16")
     grad = op.grad(lambda x, w, dy: op.sum(op.rmsnorm(x, w, None) * dy), argnums=(0, 1))
     plan = grad.program(x, w, dy).plan
     assert [s.op for s in plan.steps] == ["norm_backward_stats", "fused_reduction"]
-    n = 4 * 256 * 16384
-    # dW reads mean(x²) + eps, the second statistic after dx: a view, no copy
+    n = 4 * 250 * 16384
+    # dW reads mean(x²) + eps, the second statistic after dx: a view, no copy, as each statistic
+    # starts at a multiple of 16 elements (the 1000 rows of mean(x²) take 1008)
     assert plan.steps[1].inputs[-1].buffer == plan.steps[0].output.buffer
-    assert plan.steps[1].inputs[-1].offset == (n + 4 * 256) * 2
+    assert plan.steps[1].inputs[-1].offset == (n + 1008) * 2
 
 
 def test_an_rms_norms_weight_gradient_sums_the_partials_its_input_gradient_wrote():
@@ -114,9 +115,12 @@ def test_the_packed_reference_is_dx_then_the_forwards_row_statistics(norm):
     mean = x.mean(axis=1) if norm == "layernorm" else np.zeros(6)
     var = ((x - mean[:, None]) ** 2).mean(axis=1)
     stats = (mean, var, var + 1e-5) if norm == "layernorm" else (var, var + 1e-5)
-    np.testing.assert_allclose(packed, np.concatenate([dx.ravel(), *stats]), rtol=1e-12, atol=1e-12)
+    # dx's 60 values, then each statistic's 6 rows from the next multiple of 16: 64, 80, 96
+    gap = np.zeros(10)
+    want = np.concatenate([dx.ravel(), np.zeros(4)] + [np.concatenate([s, gap]) for s in stats])[:-10]
+    np.testing.assert_allclose(packed, want, rtol=1e-12, atol=1e-12)
     assert OPS["norm_backward_stats"].infer(*(TensorType(a.shape, DType.float64) for a in (x, g, w)),
-                                            **attrs).shape == (60 + len(stats) * 6,)
+                                            **attrs).shape == (64 + 16 * (len(stats) - 1) + 6,)
 
 
 @pytest.mark.parametrize("norm", NORMS)

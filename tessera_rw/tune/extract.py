@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
@@ -233,6 +233,7 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
     improving: list[tuple[float, int, dict[str, ENode]]] = []
+    stranding: list[tuple[float, int, dict[str, ENode]]] = []
     tried: set[tuple[str, ...]] = set()
     for users in wanting.values():
         for switches in _groups(users):
@@ -243,6 +244,11 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             total = program.delta(switches, cost)
             if total < -1e-9:
                 improving.append((total, len(improving), switches))
+            elif total - sum(cost(choice[c]) for c in _left_behind(choice, program, switches, cost)) < -1e-9:
+                stranding.append((total, len(stranding), switches))
+    if not improving:
+        return next(filter(None, (_repaired(view, choice, roots, cost, switches)
+                                  for _, _, switches in sorted(stranding, key=lambda t: t[:2]))), None)
     adopted = False
     for _, _, switches in sorted(improving, key=lambda t: t[:2]):
         if adopted:
@@ -258,6 +264,41 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             continue
         choice, adopted = trial, True
     return choice if adopted else None
+
+
+def _left_behind(choice: dict[str, ENode], program: ChosenProgram, switches: Mapping[str, ENode],
+                 cost: Callable[[ENode], float]) -> set[str]:
+    """The kernels (classes costing more than a view) the switched classes read now, through views:
+    what the switches would leave behind, its price saved if nothing else read it."""
+    found: set[str] = set()
+    stack = [o for cid in switches for o in choice[cid].operands]
+    seen: set[str] = set()
+    while stack:
+        c = stack.pop()
+        if c in seen or c not in program.post:
+            continue
+        seen.add(c)
+        if cost(choice[c]) > VIEW_COST:
+            found.add(c)
+        else:
+            stack.extend(choice[c].operands)
+    return found
+
+
+def _repaired(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float],
+              switches: dict[str, ENode]) -> dict[str, ENode] | None:
+    """`choice` with `switches` and then the single switches they open up, where the whole is cheaper:
+    a group moving dx and dW off one packed node onto another pays only once db, the packed node's
+    last reader, moves off it too, freeing it (each switch alone, and the group, cost more)."""
+    trial = {**choice, **switches}
+    try:
+        ChosenProgram(trial, roots)
+    except CycleError:
+        return None
+    repaired = _single_switches(view, trial, roots, cost)
+    before = sum(cost(choice[c]) for c in ChosenProgram(choice, roots).post)
+    after = sum(cost(repaired[c]) for c in ChosenProgram(repaired, roots).post)
+    return repaired if after < before - 1e-9 else None
 
 
 def _groups(users: list[tuple[str, ENode]]) -> list[dict[str, ENode]]:

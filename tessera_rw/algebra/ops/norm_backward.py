@@ -19,8 +19,9 @@ g x̂ and g. Those need x̂, so the row statistics again:
     packed = norm_backward_stats(x, g, [w], [r]; …)
 
 is dx flat, then each row's mean, var and var + eps (an RMS norm: mean(x²) and mean(x²) + eps),
-in x's dtype: what the kernel computed for dx, written beside it, so the weight gradient reads
-them instead of two more passes over x (rules/library/norm_stats.py). Better still,
+in x's dtype, each statistic's rows starting at a multiple of SECTION elements (stats_layout):
+what the kernel computed for dx, written beside it, so the weight gradient reads them instead of
+two more passes over x (rules/library/norm_stats.py). Better still,
 
     packed = norm_backward_grads(x, g, [w], [r]; …, parts)
 
@@ -39,9 +40,11 @@ elements (zeros fill the gaps), so a kernel reading one finds it aligned for vec
 ...                      has_weight=True)
 TensorType(shape=(8, 16), dtype=<DType.bfloat16: 'bfloat16'>)
 >>> _infer_norm_backward_stats(x, x, norm="rmsnorm", axes=(1,), eps=1e-5, has_weight=False)
-TensorType(shape=(144,), dtype=<DType.bfloat16: 'bfloat16'>)
+TensorType(shape=(152,), dtype=<DType.bfloat16: 'bfloat16'>)
 >>> _infer_norm_backward_grads(x, x, norm="layernorm", axes=(1,), eps=1e-5, has_weight=False, parts=2)
 TensorType(shape=(256,), dtype=<DType.bfloat16: 'bfloat16'>)
+>>> stats_layout(n=30, rows=5, count=3)        # the means at 32, var at 48, var + eps at 64, 69 in all
+((32, 48, 64), 69)
 >>> grads_layout(n=30, parts=5, length=6)      # Σ g x̂'s 60 values at 32, Σ g's at 96, 156 in all
 (32, 96, 156)
 """
@@ -60,8 +63,9 @@ from tessera_rw.algebra.ops.reduction import infer_norm
 from tessera_rw.algebra.shapes import fmt_shape
 
 NORMS = ("layernorm", "rmsnorm")
-# norm_backward_grads's partial sums start at multiples of SECTION elements: 16 bytes or more for
-# every dtype, the alignment a slice needs to be a view (lower/plan.py's VIEW_ALIGNMENT)
+# The parts of norm_backward_stats's and norm_backward_grads's results after dx start at multiples
+# of SECTION elements (zeros fill the gaps): 16 bytes or more for every dtype, the alignment a
+# slice needs to be a view (lower/plan.py's VIEW_ALIGNMENT)
 SECTION = 16
 # the ops computing dx in a row kernel from x and g (whose results, but norm_backward's, are flat)
 NORM_BACKWARD_OPS = ("norm_backward", "norm_backward_stats", "norm_backward_grads")
@@ -100,7 +104,17 @@ def _infer_norm_backward_stats(x: TensorType, g: TensorType, *extra: TensorType,
     _infer_norm_backward(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
                          has_residual=has_residual)
     rows = x.numel // max(int(np.prod([x.shape[a] for a in axes])), 1)
-    return TensorType((x.numel + STATISTICS[norm] * rows,), x.dtype)
+    return TensorType((stats_layout(x.numel, rows, STATISTICS[norm])[1],), x.dtype)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // SECTION) * SECTION
+
+
+def stats_layout(n: int, rows: int, count: int) -> tuple[tuple[int, ...], int]:
+    """norm_backward_stats's (start of each of `count` statistics, size) after n elements of dx."""
+    starts = tuple(_aligned(n) + i * _aligned(rows) for i in range(count))
+    return starts, starts[-1] + rows
 
 
 def _infer_norm_backward_grads(x: TensorType, g: TensorType, *extra: TensorType, norm: str,
@@ -120,8 +134,8 @@ def grads_layout(n: int, parts: int, length: int) -> tuple[int, int, int]:
     """norm_backward_grads's (start of Σ g x̂'s partials, start of Σ g's, size) for n elements of x in
     rows of `length`: each block of 2 · parts rows starts at a multiple of SECTION after what is before."""
     block = 2 * parts * length
-    weight = -(-n // SECTION) * SECTION
-    bias = weight + -(-block // SECTION) * SECTION
+    weight = _aligned(n)
+    bias = weight + _aligned(block)
     return weight, bias, bias + block
 
 
@@ -163,7 +177,13 @@ def _norm_backward_stats(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm:
                          has_weight, has_residual=False) -> np.ndarray:
     dx, stats = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
                             has_residual=has_residual)
-    return np.concatenate([dx.ravel()] + [s.ravel() for s in stats])
+    rows = stats[-1].size
+    starts, size = stats_layout(dx.size, rows, len(stats))
+    packed = np.zeros(size, dx.dtype)
+    packed[:dx.size] = dx.ravel()
+    for start, stat in zip(starts, stats):
+        packed[start:start + rows] = np.broadcast_to(stat, stats[-1].shape).ravel()
+    return packed
 
 
 def _partial_sums(values: np.ndarray, parts: int, dtype: np.dtype) -> np.ndarray:

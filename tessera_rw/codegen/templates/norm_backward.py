@@ -34,6 +34,7 @@ from functools import partial
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.norm_backward import stats_layout
 from tessera_rw.codegen.arch import ArchSpec, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -127,15 +128,20 @@ class NormBackwardTemplate(RowwiseTemplate):
 
     def _statistics_store(self, op: KernelOp) -> list[str]:
         """norm_backward_stats's: the row's first thread writes its statistics after dx (all rows'
-        means, then their var, then var + eps; rmsnorm's var is mean(x²)); none for norm_backward."""
+        means, then their var, then var + eps, each from an aligned start; rmsnorm's var is mean(x²)),
+        and block 0 zeroes the gaps before them; none for norm_backward."""
         if op.op != "norm_backward_stats":
             return []
         rows, _ = self._row(op)
         dx = op.operands[0].numel
         idx = index_type(op.result.numel)
         values = ("mean", "var", "var_eps") if op.attr_map["norm"] == "layernorm" else ("var", "var_eps")
-        stores = [f"out[({idx}){dx + i * rows}u + row] = {store(op.result.dtype, v)};" for i, v in enumerate(values)]
-        return ["if (lane == 0) {", *("    " + line for line in stores), "}"]
+        starts, _ = stats_layout(dx, rows, len(values))
+        stores = [f"out[({idx}){start}u + row] = {store(op.result.dtype, v)};" for start, v in zip(starts, values)]
+        gaps = [(a, b) for a, b in zip((dx,) + tuple(start + rows for start in starts), starts) if b > a]
+        zero = store(op.result.dtype, "0.0f")
+        zeros = [f"if (blockIdx.x == 0u && threadIdx.x < {b - a}u) out[{a}u + threadIdx.x] = {zero};" for a, b in gaps]
+        return ["if (lane == 0) {", *("    " + line for line in stores), "}", *zeros]
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
@@ -192,7 +198,8 @@ def _resident(centered: bool, length: int, v: int, tpr: int, eps: float, sums: S
         out += [sums.init("s")] + each_vector(chunks, length, v, tpr, lanes(sums.add("s", "x[k][j]"), v), guarded=False)
         out += [f"const float mean = {sums.total('s')} * {inv};"]
         out += each_vector(chunks, length, v, tpr, lanes("x[k][j] -= mean;", v))
-    out += [sums.init("q")] + each_vector(chunks, length, v, tpr, lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
+    out += [sums.init("q")] + each_vector(chunks, length, v, tpr, lanes(sums.add("q", "x[k][j] * x[k][j]"), v),
+                                          guarded=False)
     out += [*_rstd(sums, inv, eps, keep), *_gradient_inits(centered, sums)]
     step = "{ x[k][j] *= rstd; " + (sums.add("a", "gw[k][j]") + " " if centered else "") \
         + sums.add("b", "gw[k][j] * x[k][j]") + " }"

@@ -33,9 +33,9 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.api.dispatch import apply
-from tessera_rw.algebra.ops.norm_backward import SECTION
 from tessera_rw.rules.library.algebra import rand
-from tessera_rw.rules.library.norm_stats import EPS, RANKS, facts, flags, input_grad, operands, part, statistics
+from tessera_rw.rules.library.norm_stats import (EPS, RANKS, aligned, facts, flags, input_grad, operands, part,
+                                                 statistics)
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
@@ -48,8 +48,6 @@ PARTS = 256
 def _parts_facts(rank: int) -> tuple[str, ...]:
     """facts(rank), with L the normalized length, p the parts, and the layout (grads_layout): Σ g x̂'s
     partials at wa, Σ g's at ba, each 2·p·L long."""
-    def aligned(v: str) -> str:
-        return f"(* (/ (+ {v} {SECTION - 1}) {SECTION}) {SECTION})"
     return facts(rank) + ("(> nr 0)", f"(= L (vec-get s {rank - 1}))", f"(= p (min nr {PARTS}))",
                           f"(= wa {aligned('n')})",
                           f"(= ba (+ wa {aligned('(* 2 (* p L))')}))")

@@ -7,8 +7,9 @@ taken, it can write them beside dx instead:
 
     packed = norm_backward_stats(x, g, [w], [r])   dx flat, then per row μ, var, var + eps
     dx     = packed[:n] as x's shape                  (an RMS norm: mean(x²), mean(x²) + eps)
-    μ      = packed[n : n + rows] as (rows…, 1)
-    var    = packed[n + rows : n + 2 rows], and var + eps after it
+    μ      = packed[a : a + rows] as (rows…, 1)       a = n rounded up to a multiple of SECTION
+    var    = packed[a + b : a + b + rows]             b = rows rounded up likewise
+    var + eps at a + 2 b
 
 A statistic is there both with and without eps because fusion may have put the add into the
 weight gradient's kernel or left it out. The dx rule joins on the first statistic being in the
@@ -26,6 +27,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.api.dispatch import apply
+from tessera_rw.algebra.ops.norm_backward import SECTION
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
@@ -37,6 +39,11 @@ E = Expr
 RANKS = (2, 3)
 EPS = 1e-5
 STATISTICS = {"layernorm": ("mean", "variance", "variance-eps"), "rmsnorm": ("mean-square", "mean-square-eps")}
+
+
+def aligned(v: str) -> str:
+    """`v` rounded up to a multiple of SECTION, as egglog arithmetic (norm_backward._aligned)."""
+    return f"(* (/ (+ {v} {SECTION - 1}) {SECTION}) {SECTION})"
 
 
 def facts(rank: int) -> tuple[str, ...]:
@@ -59,7 +66,7 @@ def input_grad(norm: str, weighted: bool, residual: bool) -> Expr:
 
 
 def _packed(norm: str, weighted: bool, residual: bool) -> Expr:
-    size = E(f"(vec-of (+ n (* {len(STATISTICS[norm])} nr)))")
+    size = E(f"(vec-of (+ sa (+ (* {len(STATISTICS[norm]) - 1} ra) nr)))")
     return t.norm_backward_stats(*operands(weighted, residual), **flags(norm, weighted, residual), of=(size, d))
 
 
@@ -118,7 +125,8 @@ def _rules():
                 dx, packed, stats = input_grad(norm, weighted, residual), _packed(norm, weighted, residual), \
                     statistics(norm)
                 for rank in RANKS:
-                    known, example = facts(rank), _example(norm, weighted, residual, rank)
+                    known = facts(rank) + (f"(= sa {aligned('n')})", f"(= ra {aligned('nr')})")
+                    example = _example(norm, weighted, residual, rank)
                     yield Rule(f"{norm}-input-grad-with-stats{variant}-{rank}d",
                                "dx = the first part of norm_backward_stats(x, g, …), where x's row statistics "
                                "are taken", lhs=dx, rhs=part(packed, "0", "n", "s"),
@@ -127,7 +135,7 @@ def _rules():
                         yield Rule(f"{norm}-{name}-from-input-grad{variant}-{rank}d",
                                    f"{name} of x's rows = part {i + 1} of norm_backward_stats(x, g, …), where "
                                    "norm_backward(x, g, …) is taken", lhs=stat,
-                                   rhs=part(packed, f"(+ n (* {i} nr))", f"(+ n (* {i + 1} nr))",
+                                   rhs=part(packed, f"(+ sa (* {i} ra))", f"(+ (+ sa (* {i} ra)) nr)",
                                              f"(vec-set s {rank - 1} 1)"),
                                    when=known + (f"(= dx {dx})",), example=example)
 
