@@ -41,6 +41,7 @@ VIEW_COST = 1e-6
 # wins over it whatever its copies cost, and among host-only plans the one with fewest such kernels.
 HOST_ONLY_US = 1e6
 DAG_SWEEPS = 3
+REPAIRS = 2           # groups that strand a packed node, repaired per sweep (_paired_switch)
 
 
 class Objective(enum.Enum):
@@ -246,9 +247,9 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 improving.append((total, len(improving), switches))
             elif total - sum(cost(choice[c]) for c in _left_behind(choice, program, switches, cost)) < -1e-9:
                 stranding.append((total, len(stranding), switches))
-    if not improving:
+    if not improving:       # the most promising few: each repair re-runs the single switches
         return next(filter(None, (_repaired(view, choice, roots, cost, switches)
-                                  for _, _, switches in sorted(stranding, key=lambda t: t[:2]))), None)
+                                  for _, _, switches in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
     adopted = False
     for _, _, switches in sorted(improving, key=lambda t: t[:2]):
         if adopted:
