@@ -180,13 +180,17 @@ def _priced_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
 
 
 def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                     cost: Callable[[ENode], float]) -> dict[str, ENode]:
+                     cost: Callable[[ENode], float], only: frozenset[str] | None = None) -> dict[str, ENode]:
+    """`choice` with each class of the program (of `only` where given) switched to the e-node that
+    makes the whole program cheapest, sweep after sweep until none does."""
     choice = dict(choice)
     for _ in range(DAG_SWEEPS):
         program = ChosenProgram(choice, roots)   # each sweep in a fresh DFS order: operands before users
         memo: dict[str, frozenset[str]] = {}
         improved = False
         for cid in list(program.post):
+            if only is not None and cid not in only:
+                continue
             if cid not in program.post:
                 continue  # dropped by an earlier switch in this sweep
             current = choice[cid]
@@ -234,7 +238,8 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
                     wanting.setdefault(new, []).append((cid, enode))
     improving: list[tuple[float, int, dict[str, ENode]]] = []
-    stranding: list[tuple[float, int, dict[str, ENode]]] = []
+    stranding: list[tuple[float, int, dict[str, ENode], frozenset[str]]] = []
+    behind: dict[str, frozenset[str]] = {}
     tried: set[tuple[str, ...]] = set()
     for users in wanting.values():
         for switches in _groups(users):
@@ -245,11 +250,14 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
             total = program.delta(switches, cost)
             if total < -1e-9:
                 improving.append((total, len(improving), switches))
-            elif total - sum(cost(choice[c]) for c in _left_behind(choice, program, switches, cost)) < -1e-9:
-                stranding.append((total, len(stranding), switches))
+            else:
+                left = frozenset().union(*(_left_behind(choice, program, cid, cost, behind) for cid in switches))
+                if total - sum(cost(choice[c]) for c in left) < -1e-9:
+                    stranding.append((total, len(stranding), switches, left))
     if not improving:       # the most promising few: each repair re-runs the single switches
-        return next(filter(None, (_repaired(view, choice, roots, cost, switches)
-                                  for _, _, switches in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
+        before = sum(cost(choice[c]) for c in program.post)
+        return next(filter(None, (_repaired(view, choice, roots, cost, switches, left, before)
+                                  for _, _, switches, left in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
     adopted = False
     for _, _, switches in sorted(improving, key=lambda t: t[:2]):
         if adopted:
@@ -267,37 +275,43 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     return choice if adopted else None
 
 
-def _left_behind(choice: dict[str, ENode], program: ChosenProgram, switches: Mapping[str, ENode],
-                 cost: Callable[[ENode], float]) -> set[str]:
-    """The kernels (classes costing more than a view) the switched classes read now, through views:
-    what the switches would leave behind, its price saved if nothing else read it."""
-    found: set[str] = set()
-    stack = [o for cid in switches for o in choice[cid].operands]
-    seen: set[str] = set()
-    while stack:
-        c = stack.pop()
-        if c in seen or c not in program.post:
-            continue
-        seen.add(c)
-        if cost(choice[c]) > VIEW_COST:
-            found.add(c)
-        else:
-            stack.extend(choice[c].operands)
-    return found
+def _left_behind(choice: dict[str, ENode], program: ChosenProgram, cid: str, cost: Callable[[ENode], float],
+                 memo: dict[str, frozenset[str]]) -> frozenset[str]:
+    """The kernels (classes costing more than a view) class `cid` reads now, through views: what
+    switching it would leave behind, its price saved if nothing else read it."""
+    if cid not in memo:
+        found: set[str] = set()
+        stack, seen = list(choice[cid].operands), set()
+        while stack:
+            c = stack.pop()
+            if c in seen or c not in program.post:
+                continue
+            seen.add(c)
+            if cost(choice[c]) > VIEW_COST:
+                found.add(c)
+            else:
+                stack.extend(choice[c].operands)
+        memo[cid] = frozenset(found)
+    return memo[cid]
 
 
 def _repaired(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float],
-              switches: dict[str, ENode]) -> dict[str, ENode] | None:
-    """`choice` with `switches` and then the single switches they open up, where the whole is cheaper:
-    a group moving dx and dW off one packed node onto another pays only once db, the packed node's
-    last reader, moves off it too, freeing it (each switch alone, and the group, cost more)."""
+              switches: dict[str, ENode], stranded: frozenset[str], before: float) -> dict[str, ENode] | None:
+    """`choice` with `switches`, then the single switches of the classes still reading a `stranded`
+    kernel through views, where the whole is cheaper: a group moving dx and dW off one packed node
+    onto another pays only once db, the packed node's last reader, moves off it too, freeing it
+    (each switch alone, and the group, cost more). `before`: what `choice`'s program costs."""
     trial = {**choice, **switches}
     try:
-        ChosenProgram(trial, roots)
+        program = ChosenProgram(trial, roots)
     except CycleError:
         return None
-    repaired = _single_switches(view, trial, roots, cost)
-    before = sum(cost(choice[c]) for c in ChosenProgram(choice, roots).post)
+    memo: dict[str, frozenset[str]] = {}
+    readers = frozenset(c for c in program.post if c not in switches
+                        and _left_behind(trial, program, c, cost, memo) & stranded)
+    if not readers:
+        return None
+    repaired = _single_switches(view, trial, roots, cost, only=readers)
     after = sum(cost(repaired[c]) for c in ChosenProgram(repaired, roots).post)
     return repaired if after < before - 1e-9 else None
 
