@@ -11,7 +11,9 @@ each row's logsumexp, the statistics read off it, flash_attention_bwd in its fix
 under `fast`, in its atomic one, which meets across blocks in a workspace), checked against the
 ops' own references. Then the kernels whose blocks meet in a workspace behind a fence
 and an arrival counter (a reduction to a scalar split over the grid, a convolution's weight gradient
-split along K, a column reduce with few output tiles) and the norm backward, likewise.
+split along K, a column reduce with few output tiles) and the norm backward's row kernels (dx
+alone, with its row statistics, and with the weight and bias gradients' partial sums, whose
+blocks walk several rows with barriers in each), likewise.
 racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
 global memory shows as a wrong result, which the checks against the references catch.
 `--kernels rows|backward|cross-block` runs one part. The exit status is 1 when any schedule is wrong.
@@ -69,7 +71,19 @@ def cross_block_ops() -> list:
             conv_op((16, 8, 30, 30), (16, 8, 28, 28), DType.float32, padding=((0, 0), (0, 0))),
             conv_op((32, 16, 30, 30), (32, 16, 28, 28), BF16, padding=((0, 0), (0, 0))),
             KernelOp.of("norm_backward", (rows, rows, TensorType((768,), BF16), rows), rows, norm="layernorm",
-                        axes=(1,), eps=1e-5, has_weight=True, has_residual=True)]
+                        axes=(1,), eps=1e-5, has_weight=True, has_residual=True),
+            *(norm_backward_packed(name, TensorType((1000, 1024), BF16), **extra)
+              for name, extra in (("norm_backward_stats", {}), ("norm_backward_grads", {"parts": 96})))]
+
+
+def norm_backward_packed(name: str, x, **extra):
+    """A layer norm's dx packed with what its weight gradient reads (`name`), over rows of x."""
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.algebra.ops import OPS
+    from tessera_rw.codegen.kernel_op import KernelOp
+    w = TensorType(x.shape[-1:], x.dtype)
+    attrs = dict(norm="layernorm", axes=(x.ndim - 1,), eps=1e-5, has_weight=True, has_residual=False, **extra)
+    return KernelOp.of(name, (x, x, w), OPS[name].infer(x, x, w, **attrs), **attrs)
 
 
 def check_op(op, arch) -> int:

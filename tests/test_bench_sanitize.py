@@ -22,6 +22,11 @@ def test_the_backward_kernels_it_runs_cover_both_forms_and_the_forward_that_writ
     assert {o.operands[0].shape[-1] for o in ops if o.op == "flash_attention_bwd"} == {64, 128}
 
 
+def test_the_cross_block_kernels_include_every_norm_backward_row_kernel():
+    ops = {o.op for o in sanitize.cross_block_ops()}
+    assert {"norm_backward", "norm_backward_stats", "norm_backward_grads"} <= ops
+
+
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
 def test_check_op_counts_the_schedules_that_are_wrong(monkeypatch):
     arch = arch_named("h100")
