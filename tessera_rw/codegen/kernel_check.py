@@ -125,9 +125,9 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 
 
 # ops whose reference runs whole: the packed attention gradients, the forward with its row
-# logsumexps and a norm's input gradient with its row statistics or gradient partials have no row axis, the row
-# statistics read queries from three operands, and those read off the logsumexps take O and them
-# packed in one flat operand
+# logsumexps and a norm's input gradient with its row statistics or gradient partials have no row
+# axis, the row statistics read queries from three operands, and those read off the logsumexps take
+# O and them packed in one flat operand
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
                              "attention_row_stats_from_lse", "norm_backward_stats",
                              "norm_backward_grads"})

@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
@@ -144,8 +144,10 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
                cost: Callable[[ENode], float]) -> dict[str, ENode]:
     """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
     program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
-    only pay off switched together (dW and db both read from one packed GEMM); last, switch again
-    with the classes outside the program priced beside it (_switch_beside)."""
+    only pay off switched together (dW and db both read from one packed GEMM), and where none
+    does, groups that pay off once the classes they leave reading a packed node move off it too
+    (_repaired); last, switch again with the classes outside the program priced beside it
+    (_switch_beside)."""
     choice = _single_switches(view, choice, roots, cost)
     for _ in range(DAG_SWEEPS):
         paired = _paired_switch(view, choice, roots, cost)
@@ -224,7 +226,9 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     """`choice` with pairs of switches (or groups: every class that could read it) that bring in the
     same new class and together make the program cheaper (each alone costs more: the new class is
     paid once for all) adopted: the best first, then each other that still pays off on what the
-    earlier ones left (a deep model's layers each have their own); None when none does."""
+    earlier ones left (a deep model's layers each have their own). Where none does, the first of
+    the REPAIRS groups that would pay had they freed the kernels they leave behind, repaired
+    (_repaired), that makes the program cheaper; None when nothing does."""
     program = ChosenProgram(choice, roots)
     memo: dict[str, frozenset[str]] = {}
     wanting: dict[str, list[tuple[str, ENode]]] = {}
