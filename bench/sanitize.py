@@ -13,7 +13,7 @@ ops' own references. Then the kernels whose blocks meet in a workspace behind a 
 and an arrival counter (a reduction to a scalar split over the grid, a convolution's weight gradient
 split along K, a column reduce with few output tiles) and the norm backward's row kernels (dx
 alone, with its row statistics, and with the weight and bias gradients' partial sums, whose
-blocks walk several rows with barriers in each), likewise.
+blocks each walk several rows with barriers in each row), likewise.
 racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
 global memory shows as a wrong result, which the checks against the references catch.
 `--kernels rows|backward|cross-block` runs one part. The exit status is 1 when any schedule is wrong.
@@ -50,7 +50,7 @@ def backward_ops() -> list:
 
 def cross_block_ops() -> list:
     """Kernels whose blocks combine their parts in a workspace (the last to arrive sums them: row and
-    column reductions split over the grid, split-K convs), and the norm backward's row kernel, on
+    column reductions split over the grid, split-K convs), and the norm backward's row kernels, on
     small shapes."""
     from tessera_rw.algebra.dtypes import DType
     from tessera_rw.algebra.node import TensorType

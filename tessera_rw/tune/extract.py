@@ -256,12 +256,8 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
                 improving.append((total, len(improving), switches))
             else:
                 left = frozenset().union(*(_left_behind(choice, program, cid, cost, behind) for cid in switches))
-                if total - sum(cost(choice[c]) for c in left) < -1e-9:
+                if total - math.fsum(cost(choice[c]) for c in sorted(left)) < -1e-9:
                     stranding.append((total, len(stranding), switches, left))
-    if not improving:       # the most promising few: each repair re-runs the single switches
-        before = sum(cost(choice[c]) for c in program.post)
-        return next(filter(None, (_repaired(view, choice, roots, cost, switches, left, before)
-                                  for _, _, switches, left in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
     adopted = False
     for _, _, switches in sorted(improving, key=lambda t: t[:2]):
         if adopted:
@@ -276,7 +272,12 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
         except CycleError:
             continue
         choice, adopted = trial, True
-    return choice if adopted else None
+    if adopted:
+        return choice
+    # the most promising few stranding groups: each repair re-runs the single switches
+    before = math.fsum(cost(choice[c]) for c in program.post)
+    return next(filter(None, (_repaired(view, choice, roots, cost, switches, left, before)
+                              for _, _, switches, left in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
 
 
 def _left_behind(choice: dict[str, ENode], program: ChosenProgram, cid: str, cost: Callable[[ENode], float],
@@ -316,7 +317,7 @@ def _repaired(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str], 
     if not readers:
         return None
     repaired = _single_switches(view, trial, roots, cost, only=readers)
-    after = sum(cost(repaired[c]) for c in ChosenProgram(repaired, roots).post)
+    after = math.fsum(cost(repaired[c]) for c in ChosenProgram(repaired, roots).post)
     return repaired if after < before - 1e-9 else None
 
 

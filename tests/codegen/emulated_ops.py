@@ -225,6 +225,8 @@ def _rowwise_ops() -> dict[str, KernelOp]:
         "layernorm backward plus residual rows of 100 bf16": norm_backward("layernorm", 24, 100, BF16, residual=True),
         "layernorm backward with its statistics rows of 768 bf16": norm_backward("layernorm", 32, 768, BF16,
                                                                                  stats=True),
+        "layernorm backward with its statistics rows of 30 bf16 (aligning gaps)": norm_backward(
+            "layernorm", 45, 30, BF16, stats=True),
         "layernorm backward with its statistics rows of 100 f32 no weight": norm_backward(
             "layernorm", 48, 100, F32, weights=False, stats=True),
         "rmsnorm backward with its statistics plus residual rows of 65536 f32": norm_backward(

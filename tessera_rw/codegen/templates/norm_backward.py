@@ -140,7 +140,8 @@ class NormBackwardTemplate(RowwiseTemplate):
         stores = [f"out[({idx}){start}u + row] = {store(op.result.dtype, v)};" for start, v in zip(starts, values)]
         gaps = [(a, b) for a, b in zip((dx,) + tuple(start + rows for start in starts), starts) if b > a]
         zero = store(op.result.dtype, "0.0f")
-        zeros = [f"if (blockIdx.x == 0u && threadIdx.x < {b - a}u) out[{a}u + threadIdx.x] = {zero};" for a, b in gaps]
+        zeros = [f"if (blockIdx.x == 0u && threadIdx.x < {b - a}u) out[({idx}){a}u + threadIdx.x] = {zero};"
+                 for a, b in gaps]
         return ["if (lane == 0) {", *("    " + line for line in stores), "}", *zeros]
 
     def samples(self) -> tuple[KernelOp, ...]:
