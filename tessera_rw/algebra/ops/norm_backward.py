@@ -149,8 +149,8 @@ def _row_statistics(x: np.ndarray, norm: str, axes) -> tuple[np.ndarray, np.ndar
 
 
 def _input_grad(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps, has_weight,
-                has_residual) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-    """(dx, the row statistics norm_backward_stats writes after it), in float32 at least."""
+                has_residual) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """(dx, the row statistics norm_backward_stats writes after it, x̂), in float32 at least."""
     weight, residual = _split(extra, has_weight, has_residual)
     # the statistics in float32 at least, as the kernel keeps them
     wide = np.promote_types(x.dtype, np.float32)
@@ -164,7 +164,7 @@ def _input_grad(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axe
     shift = np.mean(gxhat, axis=axes, keepdims=True) if norm == "layernorm" else 0
     dx = rstd * (gxhat - shift - xhat * dot)
     stats = (mean, var, var_eps) if norm == "layernorm" else (var, var_eps)
-    return (dx + residual[0].astype(wide) if has_residual else dx), stats
+    return (dx + residual[0].astype(wide) if has_residual else dx), stats, xhat
 
 
 def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
@@ -175,8 +175,8 @@ def _norm_backward(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, 
 
 def _norm_backward_stats(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
                          has_weight, has_residual=False) -> np.ndarray:
-    dx, stats = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
-                            has_residual=has_residual)
+    dx, stats, _ = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                               has_residual=has_residual)
     rows = stats[-1].size
     starts, size = stats_layout(dx.size, rows, len(stats))
     packed = np.zeros(size, dx.dtype)
@@ -207,12 +207,11 @@ def partial_sums_folded(packed: np.ndarray, x_shape: tuple[int, ...], axes: tupl
 
 def _norm_backward_grads(x: np.ndarray, g: np.ndarray, *extra: np.ndarray, norm: str, axes, eps,
                          has_weight, has_residual=False, parts: int) -> np.ndarray:
-    dx, stats = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
-                            has_residual=has_residual)
+    dx, _, xhat = _input_grad(x, g, *extra, norm=norm, axes=axes, eps=eps, has_weight=has_weight,
+                              has_residual=has_residual)
     wide = dx.dtype
     length = int(np.prod([x.shape[a] for a in axes]))
-    mean, var_eps = (stats[0], stats[2]) if norm == "layernorm" else (0, stats[1])
-    xhat = ((x.astype(wide) - mean) / np.sqrt(var_eps)).reshape(-1, length)
+    xhat = xhat.reshape(-1, length)
     cotangent = g.astype(wide).reshape(-1, length)
     weight, bias, size = grads_layout(dx.size, parts, length)
     packed = np.zeros(size, wide)
