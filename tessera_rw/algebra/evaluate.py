@@ -27,14 +27,23 @@ from tessera_rw.algebra.ops import OPS
 _LOW_PRECISION = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"})
 
 
-def _feed(node: Node, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+def _feed(node: Node, feeds: Mapping[str, np.ndarray], precise: bool) -> np.ndarray:
     name = node.attr("name")
     if name not in feeds:
         raise ArgumentError(f"no value fed for input {name!r}")
     value = np.asarray(feeds[name])
     if value.shape != node.shape:
         raise ArgumentError(f"input {name!r} has shape {value.shape}, the graph expects {node.shape}")
-    return value.astype(node.dtype.numpy, copy=False)
+    return value.astype(_held_as(node, precise), copy=False)
+
+
+def _held_as(node: Node, precise: bool) -> np.dtype:
+    """The host type a node's value is kept in: its own, or the widest of its kind when `precise`."""
+    if precise and node.dtype.is_float:
+        return np.dtype(np.float64)
+    if precise and node.dtype.is_complex:
+        return np.dtype(np.complex128)
+    return np.dtype(node.dtype.numpy)
 
 
 def widened(args: list[np.ndarray]) -> list[np.ndarray]:
@@ -42,18 +51,21 @@ def widened(args: list[np.ndarray]) -> list[np.ndarray]:
     return [a.astype(np.float32) if a.dtype.name in _LOW_PRECISION else a for a in args]
 
 
-def evaluate_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
+def evaluate_node(node: Node, args: list[np.ndarray], precise: bool = False) -> np.ndarray:
     op = OPS[node.op]
     if not op.exact:
         args = widened(args)
     result = np.asarray(op.reference(*args, **node.attr_map))
-    if node.op == "constant":
+    if node.op == "constant" and not precise:
         return result  # a Python scalar stays in its compute type (float32), as in a kernel's literal
-    return result.astype(node.dtype.numpy, copy=False)
+    return result.astype(_held_as(node, precise), copy=False)
 
 
-def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Values of the graph's outputs for the given inputs (by name), intermediates freed early."""
+def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray], *, precise: bool = False) -> tuple[np.ndarray, ...]:
+    """Values of the graph's outputs for the given inputs (by name), intermediates freed early.
+
+    `precise` keeps every float in float64 instead of rounding to each node's dtype: the value the
+    graph's arithmetic approximates, to tell rounding from a wrong result."""
     uses: dict[Node, int] = {}
     for node in graph.nodes:
         for a in node.args:
@@ -62,11 +74,11 @@ def evaluate(graph: Graph, feeds: Mapping[str, np.ndarray]) -> tuple[np.ndarray,
     values: dict[Node, np.ndarray] = {}
     for node in graph.nodes:
         if node.op == "input":
-            values[node] = _feed(node, feeds)
+            values[node] = _feed(node, feeds, precise)
             continue
-        values[node] = evaluate_node(node, [values[a] for a in node.args])
+        values[node] = evaluate_node(node, [values[a] for a in node.args], precise)
         for a in node.args:
             uses[a] -= 1
             if uses[a] == 0 and a not in keep:
                 values.pop(a, None)
-    return tuple(values[o].astype(o.dtype.numpy, copy=False) for o in graph.outputs)
+    return tuple(values[o].astype(_held_as(o, precise), copy=False) for o in graph.outputs)

@@ -23,7 +23,7 @@ from tessera_rw.rules.egraph import CycleError
 from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.saturate import Limits, rewrite
 
-# Agreement bounds (relative to the largest magnitude of the expected result) by output dtype.
+# Agreement bounds by output dtype, relative to the result's scale (`_scales`).
 TOLERANCE = {DType.float64: 1e-10, DType.float32: 2e-5, DType.float16: 4e-3, DType.bfloat16: 3e-2,
              DType.float8_e4m3: 0.25, DType.float8_e5m2: 0.5}
 
@@ -54,15 +54,45 @@ def example_graph(rule: Rule, rng: np.random.Generator) -> tuple[Graph, dict[str
     return trace(fn, types, {}, name=rule.name).graph, inputs
 
 
-def _disagreement(got: np.ndarray, want: np.ndarray) -> float:
+# Relative size of the input perturbations that measure how far rounding can move a result, and
+# how many random ones are tried.
+NUDGE = 2.0 ** -20
+NUDGES = 4
+
+
+def _scales(graph: Graph, inputs: dict[str, np.ndarray]) -> list[float]:
+    """Per output, the magnitude that rounding error is relative to.
+
+    That is the largest expected value, or more where the result cancels: a sum of terms that nearly
+    cancel rounds relative to its terms, not to its small total. The terms' size shows as the
+    result's sensitivity to nudging every input by a relative NUDGE, measured in float64."""
+    try:
+        exact = evaluate(graph, inputs, precise=True)
+        rng = np.random.default_rng(0)
+        nudged = []
+        for _ in range(NUDGES):
+            feeds = {n: a * (1 + NUDGE * rng.choice([-1.0, 1.0], size=a.shape)) if a.dtype.kind in "fc" else a
+                     for n, a in ((n, np.asarray(a)) for n, a in inputs.items())}
+            nudged.append(evaluate(graph, feeds, precise=True))
+    except Exception:             # noqa: BLE001  an op with no float64 reference: scale by the result
+        return [_largest(np.asarray(e, np.float64)) for e in evaluate(graph, inputs)]
+    return [max(_largest(np.abs(e)), *(_largest(np.abs(np.asarray(n[i]) - e)) / NUDGE for n in nudged))
+            for i, e in enumerate(exact)]
+
+
+def _largest(a: np.ndarray) -> float:
+    finite = np.abs(a[np.isfinite(a)])
+    return float(np.max(finite, initial=0.0))
+
+
+def _disagreement(got: np.ndarray, want: np.ndarray, scale: float) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     if got.shape != want.shape:
         return float("inf")
     finite = np.isfinite(want)
     if not np.array_equal(finite, np.isfinite(got)) or not np.array_equal(want[~finite], got[~finite], equal_nan=True):
         return float("inf")
-    scale = max(float(np.max(np.abs(want[finite]), initial=0.0)), 1e-30)
-    return float(np.max(np.abs(got[finite] - want[finite]), initial=0.0)) / scale
+    return float(np.max(np.abs(got[finite] - want[finite]), initial=0.0)) / max(scale, 1e-30)
 
 
 def _rewritten_alone(rule: Rule, ruleset: Ruleset, graph: Graph):
@@ -93,6 +123,7 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
     # A rewrite may skip a rounding the original made (a cast absorbed into a gemm), so results
     # agree to the tolerance of the least precise type the original computes in.
     tolerance = max((TOLERANCE.get(n.dtype, 0.0) for n in graph.nodes), default=0.0)
+    scales = _scales(graph, inputs)
     checked = 0
     for enode, choice in [(None, base), *variants(view, base)]:
         try:
@@ -109,8 +140,8 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
         except Exception as e:        # noqa: BLE001  a mistyped term numpy cannot evaluate
             return RuleCheck(rule.name, ruleset.name, False, checked,
                              f"evaluating the rewritten program raised {type(e).__name__}: {e}")
-        for g, w, node in zip(got, expected, graph.outputs):
-            err = _disagreement(g, w)
+        for g, w, scale in zip(got, expected, scales):
+            err = _disagreement(g, w, scale)
             if err > tolerance:
                 shapes = ", ".join(f"{n}: {TensorType(a.shape, DType.parse(a.dtype))}" for n, a in inputs.items())
                 what = f"choosing a {enode.op} node" if enode else "the smallest rewritten term"

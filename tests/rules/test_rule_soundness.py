@@ -1,11 +1,18 @@
 """Every rule of every built-in ruleset computes what it replaces, on random shapes and values."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from tessera_rw import op
 from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.pattern import TermBuilder
+from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.soundness import check_rule
+
+t = TermBuilder()
 
 CASES = [(rs, r) for rs in BUILTIN_RULESETS for r in rs.rules]
 
@@ -22,3 +29,38 @@ def test_rule_is_sound(ruleset, rule, seed):
 def test_every_rule_has_an_example_and_a_comment():
     for rs, r in CASES:
         assert r.example is not None and r.algebra, f"{rs.name}/{r.name}"
+
+
+def _cancelling_micro_batch():
+    """x, dy [3, 1, 1] whose Σ_i x_i dy_i cancels to rounding noise: any summation order is right."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((3, 1, 1)).astype(np.float32)
+    dy[2] = -(x[0] * dy[0] + x[1] * dy[1]) / x[2]
+    return x, dy
+
+
+def _with_inputs(rule, **inputs):
+    fn = rule.example(np.random.default_rng(0))[0]
+    return dataclasses.replace(rule, example=lambda rng: (fn, inputs))
+
+
+def test_a_result_that_cancels_is_judged_against_its_terms_not_its_small_total():
+    gradient = next(rs for rs in BUILTIN_RULESETS if rs.name == "gradient")
+    rule = next(r for r in gradient.rules if r.name == "micro-batch-weight-grad-1d")
+    x, dy = _cancelling_micro_batch()
+    assert abs(float(np.sum(x * dy))) < 1e-6 * float(np.sum(np.abs(x * dy)))
+    result = check_rule(_with_inputs(rule, x=x, dy=dy), gradient, np.random.default_rng(0))
+    assert result.ok, result.detail
+
+
+def test_a_wrong_rewrite_is_still_caught_where_the_result_cancels():
+    x, dy = _cancelling_micro_batch()
+    a, b, s, r, d, ax, kd = t.vars("a b s r d ax kd")
+    wrong = Rule("square-instead", "Σ a b ≠ Σ a a",
+                 lhs=t.sum(t.mul(a, b, of=(s, d)), axes=ax, keepdims=kd, of=(r, d)),
+                 rhs=t.sum(t.mul(a, a, of=(s, d)), axes=ax, keepdims=kd, of=(r, d)),
+                 when=("(= (shp b) s)",),
+                 example=lambda rng: (lambda x, dy: op.sum(x * dy, axis=0), {"x": x, "dy": dy}))
+    result = check_rule(wrong, Ruleset("authored", (wrong,)), np.random.default_rng(0))
+    assert result.verdict.value == "unsound", result.detail
