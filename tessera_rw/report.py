@@ -24,9 +24,10 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import BUILTIN_OPS, opdef
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates
 from tessera_rw.tune.cost import KernelCost
-from tessera_rw.tune.extract import FusionDepth
+from tessera_rw.tune.extract import FUSED_OP_DEPTH, FusionDepth
 
 if TYPE_CHECKING:
     from tessera_rw.explain_report import CandidateInfo, ExplainReport
@@ -110,13 +111,25 @@ def rewrite_summary(report: ExplainReport, program: CompiledProgram | None) -> T
 
 
 def unbuildable_lines(program: CompiledProgram) -> list[str]:
-    """A line per op the rewrites reached that no kernel template implements (a plugin's fused op
-    without a template): extraction cannot choose it, so no candidate shows it."""
+    """A line per fused op the rewrites reached that extraction cannot choose, so no candidate shows
+    it: an op no kernel template implements (a plugin's fused op without a template), or one whose
+    templates refuse its types (fp32 attention), with the templates' reason."""
+    view = program.rewrite.view
     implemented = {name for template in templates() for name in template.ops}
-    reached = {enode.op for nodes in program.rewrite.view.classes.values() for enode in nodes}
+    reached = {enode.op for nodes in view.classes.values() for enode in nodes}
     missing = sorted(reached - implemented - BUILTIN_OPS)
-    return [f"{name}: the rewrites reached it, but no kernel template implements it, so no candidate uses it "
-            "(a plugin that declares a fused op also needs a template for it)" for name in missing]
+    lines = [f"{name}: the rewrites reached it, but no kernel template implements it, so no candidate uses it "
+             "(a plugin that declares a fused op also needs a template for it)" for name in missing]
+    refused: dict[str, str] = {}
+    for enode in (n for nodes in view.classes.values() for n in nodes):
+        if enode.op in FUSED_OP_DEPTH and enode.op in implemented:
+            op = KernelOp(enode.op, tuple(view.types[c] for c in enode.operands), enode.attrs,
+                          view.types[enode.eclass])
+            reasons = [t.refusal(op) for t in templates() if enode.op in t.ops]
+            if all(reasons):
+                refused.setdefault(f"{enode.op} {op.result}", "; ".join(dict.fromkeys(reasons)))
+    lines += [f"{what}: the rewrites reached it, but no candidate can use it: {why}" for what, why in refused.items()]
+    return lines
 
 
 def iteration_lines(program: CompiledProgram) -> str:

@@ -36,7 +36,8 @@ class ScheduleControl:
         self.kernel = kernel
 
     def search_space(self, *, tile_sizes=None, pipeline_stages=None, vectorize=None, warps=None) -> ScheduleControl:
-        """Allow only these values of each knob (None: any). Programs compiled so far are dropped."""
+        """Allow only these values of each knob (None: any; `search_space()` frees every knob again).
+        Programs compiled so far are dropped."""
         self.kernel.restriction = SpaceRestriction.of(tile_sizes, pipeline_stages, vectorize, warps)
         self.kernel.forget_programs()
         return self

@@ -64,6 +64,26 @@ def test_kernels_without_a_template_report_a_kind_of_the_vocabulary():
     assert {"gemm", "softmax", "fft", "ifft"} <= kinds
 
 
+@pytest.mark.parametrize("dtype, head, says", [
+    ("float32", 64, "q is float32: float32 attention runs as GEMM + softmax + GEMM (cast q, k and v to bf16"),
+    ("bf16", 40, "head dims that are multiples of 16 up to 128, or 256, with v's equal to q's; here q's is 40")])
+def test_explain_says_why_attention_stays_unfused(dtype, head, says):
+    from tessera_rw.report import unbuildable_lines
+    attention = op.kernel(lambda q, k, v: op.softmax(q @ k.mT * 0.125, axis=-1) @ v)
+    spec = op.tensor((1, 2, 256, head), dtype)
+    report = attention.explain(spec, spec, spec)
+    assert [c.fusion_depth for c in report.candidates] == [1, 0]         # epilogue-fused, unfused
+    lines = unbuildable_lines(report.program)
+    assert len(lines) == 1 and lines[0].startswith(f"flash_attention {spec.type}: the rewrites reached it, but no "
+                                                   "candidate can use it: the fused attention kernel") and says in lines[0]
+    assert "no candidate can use it" in " ".join(str(report).split())
+
+
+def test_explain_of_fused_attention_has_no_refusal(report):
+    from tessera_rw.report import unbuildable_lines
+    assert report.candidates[0].fusion_depth == 2 and unbuildable_lines(report.program) == []
+
+
 def test_kernel_explain_reports_the_fusion(report):
     assert report.function == "attention" and [i.name for i in report.inputs] == ["q", "k", "v"]
     assert report.inputs[0].shape == (2, 8, 512, 64) and report.inputs[0].dtype == "bfloat16"
@@ -176,6 +196,22 @@ def test_cli_tune_without_a_gpu_chooses_by_the_cost_model(tmp_path, monkeypatch,
     assert first["chosen_by"] == "cost_model"
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["chosen_by"] == "cache"     # the second run asks the cache
+
+
+def test_cli_without_tune_explains_what_a_call_would_take_from_the_kernels_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    target = str(ROOT / "examples/matmul_autotune.py:linear_gelu")
+    assert main(["--explain", target, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chosen_by"] == "cost_model"
+    assert not list(tmp_path.rglob("*.json"))                    # explaining wrote nothing
+    assert main(["--explain", target, "--tune", "--format", "json"]) == 0
+    capsys.readouterr()
+    written = {p: p.read_bytes() for p in tmp_path.rglob("*.json")}
+    assert written
+    assert main(["--explain", target, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chosen_by"] == "cache"     # the kernel's @op.autotune cache
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.json")} == written
 
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))

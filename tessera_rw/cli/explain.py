@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,17 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
     except Exception as e:   # the user's function failed while tracing: one line, pointing at it
         raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
                          f"{user_line(e, source_file(kernel.fn))}") from None
-    settings = kernel.tune_settings(default=TuneSettings(method="auto")) if tune else None   # its own cache, space
-    program = compile_program(traced.graph, arch, settings, traced.pins)
+    program = compile_program(traced.graph, arch, _tuning(kernel, tune), traced.pins)
     return explain_report(program)
+
+
+def _tuning(kernel: Kernel, tune: bool) -> TuneSettings | None:
+    """--tune: the kernel's own settings (its cache, its space), tuning where none are set. Without
+    it, what a call would choose from the kernel's cache where it has one, measuring and writing nothing."""
+    if tune:
+        return kernel.tune_settings(default=TuneSettings(method="auto"))
+    settings = kernel.tune_settings()
+    return None if settings is None else replace(settings, method="cost_model", read_only=True)
 
 
 def _graph_inputs(kernel: Kernel, inputs: dict[str, Any]) -> dict[str, Any]:

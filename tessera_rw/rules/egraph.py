@@ -16,7 +16,7 @@ from egglog import bindings
 from tessera_rw.algebra.builder import make, python_scalar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.algebra.node import ArrayLiteral, Node
+from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.schema import TERM_SORT, attr_names, camel, codec, constructor_name
 
@@ -119,6 +119,11 @@ class EGraphView:
     @cached_property
     def enode_count(self) -> int:
         return sum(len(ns) for ns in self.classes.values())
+
+    @cached_property
+    def types(self) -> dict[str, TensorType]:
+        """Each class's type (its e-nodes share it)."""
+        return {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in self.classes.items()}
 
     def root(self, node_id: int) -> str:
         """The e-class of the encoded graph's node number `node_id`."""

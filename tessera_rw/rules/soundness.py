@@ -163,6 +163,5 @@ def op_instances(rule: Rule, ruleset: Ruleset, names: frozenset[str],
     except Exception:             # noqa: BLE001  the rule check reports a broken example
         return []
     view = _rewritten_alone(rule, ruleset, graph).view
-    types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
-    return [(n.op, tuple(types[c] for c in n.operands), dict(n.attrs))
+    return [(n.op, tuple(view.types[c] for c in n.operands), dict(n.attrs))
             for ns in view.classes.values() for n in ns if n.op in names]

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Callable, Sequence
 
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
-from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.codegen.arch import ArchSpec
@@ -118,7 +116,7 @@ class _Costs:
     def __init__(self, view: EGraphView, arch: ArchSpec, objective: Objective):
         self.view, self.arch, self.objective = view, arch, objective
         self.numerics = current_numerics()
-        self.types = {cid: TensorType(tuple(ns[0].shape), DType.parse(ns[0].dtype)) for cid, ns in view.classes.items()}
+        self.types = view.types
         self._memo: dict[str, float] = {}
 
     def __call__(self, enode: ENode) -> float:

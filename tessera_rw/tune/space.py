@@ -70,6 +70,16 @@ def knobs(schedule: Schedule) -> dict[str, object]:
     return out
 
 
+# The values a knob can take in any kernel, with how to say so: what `search_space` accepts.
+KNOB_VALUES = {
+    "tile edge": (lambda v: v % 8 == 0 and v <= 256, "a multiple of 8 up to 256 (an MMA fragment is 8 wide; "
+                                                     "a block holds at most 256 rows)"),
+    "pipeline_stages": (lambda v: v <= 8, "1 to 8"),
+    "vectorize": (lambda v: v & (v - 1) == 0 and v <= 16, "a power of two up to 16 (a load moves at most 16 bytes)"),
+    "warps": (lambda v: v <= 32, "1 to 32 (a block holds at most 1024 threads)"),
+}
+
+
 @dataclass(frozen=True)
 class SpaceRestriction:
     """What the user allows; None leaves a knob free. A tile of two numbers matches (bm, bn) at any bk."""
@@ -80,7 +90,8 @@ class SpaceRestriction:
 
     @staticmethod
     def of(tile_sizes=None, pipeline_stages=None, vectorize=None, warps=None) -> SpaceRestriction:
-        """From user lists, checked: `SpaceRestriction.of(tile_sizes=[(64, 64)], pipeline_stages=[2, 3])`."""
+        """From user lists, checked: `SpaceRestriction.of(tile_sizes=[(64, 64)], pipeline_stages=[2, 3])`.
+        A value no kernel can have is refused here, not at the next compile."""
         def ints(name, values):
             if values is None:
                 return None
@@ -88,7 +99,12 @@ class SpaceRestriction:
             if not values or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
                                      for v in values):
                 raise ArgumentError(f"search_space: {name} must be a non-empty list of positive integers, got {values!r}")
-            return tuple(int(v) for v in values)
+            values = tuple(int(v) for v in values)
+            if name in KNOB_VALUES:
+                allowed, says = KNOB_VALUES[name]
+                if bad := [v for v in values if not allowed(v)]:
+                    raise ArgumentError(f"search_space: no kernel has {name} {bad[0]}", hint=f"{name}: {says}")
+            return values
         tiles = None
         if tile_sizes is not None:
             listed = tile_sizes if isinstance(tile_sizes, (tuple, list)) else (tile_sizes,)
@@ -96,7 +112,7 @@ class SpaceRestriction:
             if not tiles or any(len(t) not in (2, 3) or ints("tile_sizes", t) is None for t in tiles):
                 raise ArgumentError(f"search_space: tile_sizes must be a non-empty list of (bm, bn) or (bm, bn, bk), "
                                     f"got {tile_sizes!r}")
-            tiles = tuple(ints("tile_sizes", t) for t in tiles)
+            tiles = tuple(ints("tile edge", t) for t in tiles)
         return SpaceRestriction(tiles, ints("pipeline_stages", pipeline_stages), ints("vectorize", vectorize),
                                 ints("warps", warps))
 

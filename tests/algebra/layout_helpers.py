@@ -11,7 +11,7 @@ from hypothesis import settings, strategies as st
 
 from tessera_rw import op
 
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=30, deadline=None)
 FEW = settings(max_examples=25, deadline=None)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -131,9 +131,9 @@ def test_nothing_is_packed_without_both_halves(fn):
     assert not any(n for n, count in result.report.matches.items() if n.startswith("gradient/") and count)
 
 
-def test_every_rule_is_sound_on_many_instances():
-    # the soundness test draws 6 instances per rule; the micro-batch shapes get a few more here
-    for rule in GRADIENT.rules:
+def test_the_micro_batch_rules_are_sound_on_more_instances():
+    # the soundness test draws a few instances per rule; the micro-batch shapes get more here
+    for rule in (r for r in GRADIENT.rules if r.name.startswith("micro-batch")):
         for seed in range(3):
             outcome = check_rule(rule, GRADIENT, np.random.default_rng(100 + seed))
             assert outcome.ok, f"{rule.name}: {outcome.detail}"

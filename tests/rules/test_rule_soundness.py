@@ -18,7 +18,7 @@ CASES = [(rs, r) for rs in BUILTIN_RULESETS for r in rs.rules]
 
 
 @pytest.mark.parametrize("ruleset, rule", CASES, ids=[f"{rs.name}/{r.name}" for rs, r in CASES])
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2 ** 32 - 1))
 def test_rule_is_sound(ruleset, rule, seed):
     result = check_rule(rule, ruleset, np.random.default_rng(seed))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.node import TensorType
@@ -107,6 +108,19 @@ def test_restriction_that_leaves_nothing_names_the_kernel_and_what_it_has():
 def test_bad_search_space_values_are_clear_errors(bad):
     with pytest.raises(ArgumentError, match="search_space"):
         SpaceRestriction.of(**bad)
+
+
+@pytest.mark.parametrize("bad, says", [(dict(tile_sizes=[(64, 64), (7, 9)]), "tile edge 7"),
+                                       (dict(tile_sizes=[(512, 64)]), "tile edge 512"),
+                                       (dict(pipeline_stages=[2, 12]), "pipeline_stages 12"),
+                                       (dict(vectorize=[3]), "vectorize 3"), (dict(warps=[64]), "warps 64")])
+def test_a_value_no_kernel_can_have_is_refused_when_the_space_is_set(bad, says):
+    k = op.kernel(lambda a, b: a @ b)
+    with pytest.raises(ArgumentError, match=f"search_space: no kernel has {says}") as e:
+        k.schedule.search_space(**bad)
+    assert k.restriction is None                           # the kernel's space is as it was
+    ok = SpaceRestriction.of(tile_sizes=[(192, 128, 8)], pipeline_stages=[8], vectorize=[16], warps=[32])
+    assert ok.tile_sizes == ((192, 128, 8),)
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the behaviour without a GPU")

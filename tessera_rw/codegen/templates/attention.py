@@ -168,20 +168,30 @@ class FlashAttentionTemplate(Template):
     ops = frozenset({"flash_attention", "flash_attention_lse"})      # the latter also writes each row's logsumexp
 
     def accepts(self, op: KernelOp) -> bool:
+        return op.op in self.ops and self.refusal(op) is None
+
+    def refusal(self, op: KernelOp) -> str | None:
         """bf16/fp16 only: fp32 (and fp64) attention stays unfused, since its products would run on
         the SIMT pipe or tf32, where the unfused GEMM + softmax plan is as fast and keeps fp32's
         accuracy. Head dims are multiples of 16 up to 128, and 256 (on sm_90 only, see WG_HEAD_DIMS)."""
-        if op.op not in self.ops or len(op.operands) < 3:
-            return False
+        if len(op.operands) < 3 or min(t.ndim for t in op.operands[:3]) < 2:
+            return "the fused attention kernel takes q, k and v of at least 2 dims"
         q, k, v = op.operands[:3]
-        if q.dtype not in (DType.bfloat16, DType.float16) or not (q.dtype == k.dtype == v.dtype == op.result.dtype):
-            return False
+        if q.dtype not in (DType.bfloat16, DType.float16):
+            return (f"the fused attention kernel computes in bf16/fp16 on tensor cores, and q is {q.dtype}: "
+                    f"{q.dtype} attention runs as GEMM + softmax + GEMM (cast q, k and v to bf16 or fp16 to fuse it)")
+        if not q.dtype == k.dtype == v.dtype == op.result.dtype:
+            return (f"the fused attention kernel takes q, k, v and its result in one dtype, here {q.dtype}, "
+                    f"{k.dtype}, {v.dtype} and {op.result.dtype}")
         d = q.shape[-1]
-        if not (d % 16 == 0 and 16 <= d <= MMA_SYNC_MAX_HEAD_DIM or d in WG_HEAD_DIMS) or v.shape[-1] != d \
-                or min(q.ndim, k.ndim, v.ndim) < 2:
-            return False
+        if not (d % 16 == 0 and 16 <= d <= MMA_SYNC_MAX_HEAD_DIM or d in WG_HEAD_DIMS) or v.shape[-1] != d:
+            return (f"the fused attention kernel takes head dims that are multiples of 16 up to "
+                    f"{MMA_SYNC_MAX_HEAD_DIM}, or {WG_HEAD_DIMS[-1]}, with v's equal to q's; here q's is {d} and "
+                    f"v's {v.shape[-1]}")
         mask = op.operands[3] if op.attr_map.get("has_mask") else None
-        return mask is None or mask.dtype in MASK_TYPES
+        if mask is not None and mask.dtype not in MASK_TYPES:
+            return f"the fused attention kernel reads masks of {', '.join(map(str, MASK_TYPES))}, not {mask.dtype}"
+        return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map

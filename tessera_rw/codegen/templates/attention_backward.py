@@ -65,17 +65,27 @@ GRID_WARPS, GRID_COLS = (4, 8), (32, 64)
 WG_GRID_GROUPS, WG_GRID_COLS, WG_GRID_STAGES = (1, 2), (32, 64, 128), (2, 3)
 
 
-def _accepts(op: KernelOp, operands: int) -> bool:
-    """`operands` operands and the mask if it has one (of a dtype the kernels read), the first four
-    bf16/fp16 [.., S, D] tensors of one dtype and batch shape with head_dim 64 or 128."""
+def _refusal(op: KernelOp, operands: int) -> str | None:
+    """None when `op` has `operands` operands and the mask if it has one (of a dtype the kernels
+    read), the first four bf16/fp16 [.., S, D] tensors of one dtype and batch shape with head_dim 64
+    or 128; else what is not so."""
     has_mask = bool(op.attr_map.get("has_mask"))
-    if len(op.operands) != operands + has_mask or (has_mask and op.operands[-1].dtype not in MASK_TYPES):
-        return False
+    if len(op.operands) != operands + has_mask:
+        return f"the attention backward kernel takes {operands} operands{' and a mask' if has_mask else ''}"
+    if has_mask and op.operands[-1].dtype not in MASK_TYPES:
+        return f"the attention backward kernel reads masks of {', '.join(map(str, MASK_TYPES))}, not {op.operands[-1].dtype}"
     heads = op.operands[:HEAD_TENSORS]
     q = heads[0]
-    return (q.dtype in (DType.bfloat16, DType.float16) and q.ndim >= 2 and q.shape[-1] in HEAD_DIMS
-            and all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
-                    and t.shape[-1] == q.shape[-1] for t in heads))
+    if q.dtype not in (DType.bfloat16, DType.float16):
+        return (f"the attention backward kernel computes in bf16/fp16 on tensor cores, and q is {q.dtype}: "
+                f"{q.dtype} attention's backward runs as GEMMs and row kernels (cast q, k and v to bf16 or fp16 to fuse it)")
+    if q.ndim < 2 or q.shape[-1] not in HEAD_DIMS:
+        return f"the attention backward kernel takes head dims {' or '.join(map(str, HEAD_DIMS))}, here {q.shape[-1:]}"
+    if not all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
+               and t.shape[-1] == q.shape[-1] for t in heads):
+        return ("the attention backward kernel takes q, k, v and dO of one dtype and batch shape, here "
+                + ", ".join(map(str, heads)))
+    return None
 
 
 # The atomic form's dQ adds (fp32, into L2, each address from every key block in turn) slow its
@@ -102,7 +112,10 @@ class _BackwardTemplate(Template):
     stages: tuple[int, ...] = (2,)        # cp.async stage counts the grid tries
 
     def accepts(self, op: KernelOp) -> bool:
-        return op.op in self.ops and _accepts(op, self.operands)
+        return op.op in self.ops and self.refusal(op) is None
+
+    def refusal(self, op: KernelOp) -> str | None:
+        return _refusal(op, self.operands)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[BackwardSchedule, ...]:
         shape = BackwardShape.of(op)
@@ -239,8 +252,11 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
     ops = frozenset({"flash_attention_bwd"})
     operands = 5
 
-    def accepts(self, op: KernelOp) -> bool:
-        return super().accepts(op) and op.operands[4].dtype is DType.float32
+    def refusal(self, op: KernelOp) -> str | None:
+        if (why := super().refusal(op)) is not None:
+            return why
+        stats = op.operands[4]
+        return None if stats.dtype is DType.float32 else f"the row statistics are float32, not {stats.dtype}"
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return self.with_flags(("backward",), op)

@@ -65,6 +65,13 @@ class Template(ABC):
         """Whether this template can implement `op` (beyond its name: ranks, dtypes, sizes)."""
         return op.op in self.ops
 
+    def refusal(self, op: KernelOp) -> str | None:
+        """Why this template cannot implement `op`, None when it can: what an explain report tells a
+        user whose fused op no kernel takes. A template that can name the limit overrides it."""
+        if self.accepts(op):
+            return None
+        return f"the {self.kind} kernel does not take {', '.join(map(str, op.operands))}"
+
     def kind_of(self, op: KernelOp) -> str:
         """The kernel kind of `op`; a template serving several kinds (softmax, layernorm) refines it."""
         return self.kind
