@@ -126,6 +126,17 @@ def test_a_plan_that_disagrees_with_its_reference_fails_the_run(capsys, monkeypa
     assert "FAILED: over the bound" in out and "causal_attention disagree with their unfused references" in out
 
 
+def test_a_run_too_large_to_check_says_so_and_how_to_check_it(capsys, monkeypatch):
+    from tessera_rw.cli import plan_check
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    monkeypatch.setattr(plan_check, "REFERENCE_LIMIT_BYTES", 1024)
+    assert main(["--explain", str(ROOT / "examples/attention.py:attention"), "--run",
+                 *(f"--input={n}=1x2x64x64:bf16" for n in "qkv")]) == 0
+    line = " ".join(capsys.readouterr().out.split())
+    assert "the reference check is skipped (the unfused graph needs 0.0 GiB and 0 GFLOP): give smaller --input " \
+           "shapes to check the plan at them" in line
+
+
 def test_plan_error_reads_nan_and_inf_as_numpy_compares_them():
     from tessera_rw.cli.plan_check import plan_error
     assert plan_error(np.array([1.0, np.nan]), np.array([1.0, np.nan])) == 0.0

@@ -90,7 +90,8 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
     work = sum(node_flops(n) for n in program.graph.nodes)
     if need > REFERENCE_LIMIT_BYTES or work > REFERENCE_LIMIT_FLOPS:
         console.print(f"[bold]{line}[/]; the reference check is skipped (the unfused graph needs "
-                      f"{need / 2**30:.1f} GiB and {work / 1e9:,.0f} GFLOP)")
+                      f"{need / 2**30:.1f} GiB and {work / 1e9:,.0f} GFLOP): give smaller --input shapes to check "
+                      "the plan at them")
         return True
     reference = evaluate(program.graph, arrays)
     fast = current_numerics() is Numerics.FAST
