@@ -143,17 +143,18 @@ def discover(strict: bool | None = None,
                 raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {package_version()}",
                                   hint="upgrade the plugin or tessera_rw")
         except Exception as e:  # a broken plugin must not take the compiler down with it
-            skip(f"rule plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}", strict, cause=e)
+            skip(f"rule plugin from {dist!r} ({ep.name})", f"{type(e).__name__}: {e}", strict, cause=e)
             continue
         loaded.append(LoadedPack(pack, dist))
     return tuple(loaded)
 
 
-def skip(message: str, strict: bool | None, hint: str | None = None, cause: Exception | None = None) -> None:
-    """Warn that a plugin is skipped, or raise PluginError under strict mode (TESSERA_STRICT_PLUGINS=1)."""
+def skip(plugin: str, why: str, strict: bool | None, hint: str | None = None, cause: Exception | None = None) -> None:
+    """Warn that `plugin` is skipped and why, or raise PluginError under strict mode
+    (TESSERA_STRICT_PLUGINS=1)."""
     if _env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict:
-        raise PluginError(message, hint=hint) from cause
-    warnings.warn(message + (f" ({hint})" if hint else ""), PluginWarning, stacklevel=3)
+        raise PluginError(f"{plugin} failed to load (TESSERA_STRICT_PLUGINS is set): {why}", hint=hint) from cause
+    warnings.warn(f"{plugin} was skipped: {why}" + (f" ({hint})" if hint else ""), PluginWarning, stacklevel=3)
 
 
 _BOTH_HINT = ("rename it in one package, uninstall one (pip uninstall {}), or set TESSERA_DISABLE_PLUGINS=1 "
@@ -176,7 +177,7 @@ def unique_packs(builtin: Iterable[Ruleset], packs: Iterable[LoadedPack], strict
     kept = []
     for lp in packs:
         if clash := _clash(lp, owners, op_owners):
-            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: {clash}", strict,
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name})", clash, strict,
                  hint=_BOTH_HINT.format(lp.distribution))
             continue
         owners.update((unit.name, lp.distribution) for rs in lp.pack.rulesets for unit in rs.units())

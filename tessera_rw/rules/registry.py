@@ -45,7 +45,7 @@ def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> 
         if error := _refusal(tuple(accepted), key, (*found, *tagged)):
             for op in added:
                 unregister(op)
-            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name}) was skipped: egglog refuses its rules"
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name})", "egglog refuses its rules"
                  f"{' beside those of ' + ', '.join(repr(d) for d, _, _ in accepted) if accepted else ''}: {error}",
                  strict, hint="fix the rule's pattern or its `when` guard, and give its functions and ops "
                               "names of the plugin's own")

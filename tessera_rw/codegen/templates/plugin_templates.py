@@ -47,7 +47,7 @@ def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Ite
             for t in offered:
                 _check(t, taken)
         except Exception as e:  # a broken plugin must not take the compiler down with it
-            skip(f"template plugin from {dist!r} ({ep.name}) was skipped: {type(e).__name__}: {e}", strict, cause=e)
+            skip(f"template plugin from {dist!r} ({ep.name})", f"{type(e).__name__}: {e}", strict, cause=e)
             continue
         for t in offered:
             taken.update({op: f"{type(t).__name__} from {dist!r}" for op in t.ops})
