@@ -64,3 +64,14 @@ def test_a_wrong_rewrite_is_still_caught_where_the_result_cancels():
                  example=lambda rng: (lambda x, dy: op.sum(x * dy, axis=0), {"x": x, "dy": dy}))
     result = check_rule(wrong, Ruleset("authored", (wrong,)), np.random.default_rng(0))
     assert result.verdict.value == "unsound", result.detail
+
+
+def test_the_scale_of_a_cancelling_sum_is_its_terms_and_a_jump_does_not_widen_it():
+    from tessera_rw.rules.soundness import _scales
+    spec = op.tensor((3,), "float32")
+    dot = op.kernel(lambda x, y: op.sum(x * y, axis=0)).trace(spec, spec)
+    terms = {"x": np.array([1e3, 1e3, 1.0], np.float32), "y": np.array([1.0, -1.0, 1.0], np.float32)}
+    assert _scales(dot, terms)[0] >= 1e3                 # the total is 1, its terms 1000
+    step = op.kernel(lambda x: op.where(x > 1.0, x + 100.0, x)).trace(op.tensor((5,), "float32"))
+    at_the_edge = {"x": np.array([1.0, 0.5, 0.25, -2.0, 0.75], np.float32)}   # 1.0 flips under any nudge
+    assert _scales(step, at_the_edge) == [2.0]
