@@ -99,8 +99,8 @@ def _smooth_change(exact: np.ndarray, coarse: np.ndarray, fine: np.ndarray) -> f
     scales with the nudge (the fine nudge's is about 1/FINER of it); 0 for other results."""
     if exact.dtype.kind not in "fc":
         return 0.0
-    big, small = np.abs(coarse - exact), np.abs(fine - exact)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):            # an infinite result (a masked score) stays put: inf − inf
+        big, small = np.abs(coarse - exact), np.abs(fine - exact)
         smooth = np.isfinite(big) & (np.abs(big - FINER * small) <= 0.25 * big)
     return _largest(big[smooth])
 
