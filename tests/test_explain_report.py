@@ -74,8 +74,9 @@ def test_explain_says_why_attention_stays_unfused(dtype, head, says):
     report = attention.explain(spec, spec, spec)
     assert [c.fusion_depth for c in report.candidates] == [1, 0]         # epilogue-fused, unfused
     lines = unbuildable_lines(report.program)
-    assert len(lines) == 1 and lines[0].startswith(f"flash_attention {spec.type}: the rewrites reached it, but no "
-                                                   "candidate can use it: the fused attention kernel") and says in lines[0]
+    assert len(lines) == 1 and says in lines[0]
+    assert lines[0].startswith(f"flash_attention {spec.type}: the rewrites reached it, but no candidate can use it: "
+                               "the fused attention kernel")
     assert "no candidate can use it" in " ".join(str(report).split())
 
 

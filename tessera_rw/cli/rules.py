@@ -37,10 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
-def _select(packs: list[str]):
-    """The rulesets named: by rule pack (a plugin's name or distribution, or tessera_rw for the
-    built-ins) or by ruleset name (e.g. gradient)."""
-    loaded = discover()
+def _select(packs: list[str], loaded) -> tuple:
+    """The rulesets named among the built-ins and the `loaded` packs: by rule pack (a plugin's name
+    or distribution, or tessera_rw for the built-ins) or by ruleset name (e.g. gradient)."""
     everything = BUILTIN_RULESETS + plugin_rulesets(loaded)
     if not packs:
         return everything
@@ -62,10 +61,10 @@ VERDICT_TEXT = {Verdict.OK: "ok", Verdict.UNSOUND: "[bold red]UNSOUND[/]",
                 Verdict.UNCHECKED: "[bold yellow]UNCHECKED[/]"}
 
 
-def _plugin_vjp_checks(selected) -> list[RuleCheck]:
+def _plugin_vjp_checks(selected, loaded) -> list[RuleCheck]:
     """Each VJP a selected plugin's ops declare, against finite differences in float64 at the shapes
     and attributes its pack's rule examples rewrite to (a built-in op's is checked by the tests)."""
-    by_origin = {lp.distribution: lp.pack for lp in discover()}
+    by_origin = {lp.distribution: lp.pack for lp in loaded}
     checks = []
     for origin in dict.fromkeys(rs.origin for rs in selected):
         pack = by_origin.get(origin)
@@ -117,7 +116,8 @@ def _ops(console: Console, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    selected = _select(args.packs)
+    loaded = discover()             # once: a broken plugin is warned about once
+    selected = _select(args.packs, loaded)
     if args.ops:
         return _ops(console, args.format == "json")
     if not args.check:
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 if not outcome.ok:
                     break
             results.append(outcome)
-    results += _plugin_vjp_checks(selected)
+    results += _plugin_vjp_checks(selected, loaded)
     failures = [r for r in results if not r.ok]
     if args.format == "json":
         console.file.write(json.dumps([r.__dict__ | {"verdict": r.verdict.value} for r in results], indent=2) + "\n")

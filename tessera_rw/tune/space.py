@@ -73,7 +73,7 @@ def knobs(schedule: Schedule) -> dict[str, object]:
 # The values a knob can take in any kernel, with how to say so: what `search_space` accepts.
 KNOB_VALUES = {
     "tile edge": (lambda v: v % 8 == 0 and v <= 256, "a multiple of 8 up to 256 (an MMA fragment is 8 wide; "
-                                                     "a block holds at most 256 rows)"),
+                                                     "a wgmma or a TMA box at most 256)"),
     "pipeline_stages": (lambda v: v <= 8, "1 to 8"),
     "vectorize": (lambda v: v & (v - 1) == 0 and v <= 16, "a power of two up to 16 (a load moves at most 16 bytes)"),
     "warps": (lambda v: v <= 32, "1 to 32 (a block holds at most 1024 threads)"),

@@ -149,6 +149,14 @@ def test_rules_check_catches_a_wrong_plugin_rule(monkeypatch, capsys):
     assert "exp-is-linear" in out and "UNSOUND" in out and "changes the result" in out and "x: f32[3,4]" in out
 
 
+def test_rules_check_warns_once_of_a_broken_plugin(monkeypatch, capsys):
+    monkeypatch.setattr(plugins, "installed_entry_points",
+                        lambda group: fake("no_such_module_here:pack")() if group == plugins.ENTRY_POINT_GROUP else [])
+    with pytest.warns(PluginWarning, match="no_such_module_here") as caught:
+        assert main(["rules", "--check", "spectral", "--seeds", "1"]) == 0
+    assert sum(issubclass(w.category, PluginWarning) for w in caught) == 1
+
+
 def test_rules_check_passes_on_a_builtin_ruleset(capsys):
     # every built-in rule's soundness is test_rule_soundness.py's; this is the command's path
     assert main(["rules", "--check", "spectral", "--seeds", "1"]) == 0

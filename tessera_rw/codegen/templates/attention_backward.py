@@ -73,12 +73,14 @@ def _refusal(op: KernelOp, operands: int) -> str | None:
     if len(op.operands) != operands + has_mask:
         return f"the attention backward kernel takes {operands} operands{' and a mask' if has_mask else ''}"
     if has_mask and op.operands[-1].dtype not in MASK_TYPES:
-        return f"the attention backward kernel reads masks of {', '.join(map(str, MASK_TYPES))}, not {op.operands[-1].dtype}"
+        return (f"the attention backward kernel reads masks of {', '.join(map(str, MASK_TYPES))}, "
+                f"not {op.operands[-1].dtype}")
     heads = op.operands[:HEAD_TENSORS]
     q = heads[0]
     if q.dtype not in (DType.bfloat16, DType.float16):
         return (f"the attention backward kernel computes in bf16/fp16 on tensor cores, and q is {q.dtype}: "
-                f"{q.dtype} attention's backward runs as GEMMs and row kernels (cast q, k and v to bf16 or fp16 to fuse it)")
+                f"{q.dtype} attention's backward runs as GEMMs and row kernels (cast q, k and v to bf16 or "
+                "fp16 to fuse it)")
     if q.ndim < 2 or q.shape[-1] not in HEAD_DIMS:
         return f"the attention backward kernel takes head dims {' or '.join(map(str, HEAD_DIMS))}, here {q.shape[-1:]}"
     if not all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
