@@ -115,7 +115,8 @@ def unbuildable_lines(program: CompiledProgram) -> list[str]:
     it: an op no kernel template implements (a plugin's fused op without a template), or one whose
     templates refuse its types (fp32 attention), with the templates' reason."""
     view = program.rewrite.view
-    implemented = {name for template in templates() for name in template.ops}
+    every = templates()
+    implemented = {name for template in every for name in template.ops}
     reached = {enode.op for nodes in view.classes.values() for enode in nodes}
     missing = sorted(reached - implemented - BUILTIN_OPS)
     lines = [f"{name}: the rewrites reached it, but no kernel template implements it, so no candidate uses it "
@@ -125,7 +126,7 @@ def unbuildable_lines(program: CompiledProgram) -> list[str]:
         if enode.op in FUSED_OP_DEPTH and enode.op in implemented:
             op = KernelOp(enode.op, tuple(view.types[c] for c in enode.operands), enode.attrs,
                           view.types[enode.eclass])
-            reasons = [t.refusal(op) for t in templates() if enode.op in t.ops]
+            reasons = [t.refusal(op) for t in every if enode.op in t.ops]
             if all(reasons):
                 refused.setdefault(f"{enode.op} {op.result}", "; ".join(dict.fromkeys(reasons)))
     lines += [f"{what}: the rewrites reached it, but no candidate can use it: {why}" for what, why in refused.items()]

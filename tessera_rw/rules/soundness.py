@@ -83,7 +83,7 @@ def _scales(graph: Graph, inputs: dict[str, np.ndarray]) -> list[float]:
                     sensitivity[i] = max(sensitivity[i], _smooth_change(e, c, f) / NUDGE)
     except Exception:             # noqa: BLE001  an op with no float64 reference: scale by the result
         return [_largest(np.asarray(e, np.float64)) for e in evaluate(graph, inputs)]
-    return [max(_largest(np.abs(e)), s) for e, s in zip(exact, sensitivity)]
+    return [max(_largest(e), s) for e, s in zip(exact, sensitivity)]
 
 
 def _sign_patterns(shape: tuple[int, ...], rng: np.random.Generator) -> list[np.ndarray]:
