@@ -69,7 +69,7 @@ inline void mma_1688_tf32(float* d, const unsigned* a, const unsigned* b) {
 }
 
 // fp8 values: e4m3 (the "fn" variant: no infinities, S.1111.111 is NaN) and e5m2 (IEEE-like)
-inline float fp8_to_f32(unsigned char v, bool e4m3) {
+inline float fp8_decode(unsigned char v, bool e4m3) {
     const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, emax = e4m3 ? 15 : 31;
     const int e = (v & 0x7f) >> mbits, m = v & ((1 << mbits) - 1);
     const float sign = v & 0x80 ? -1.0f : 1.0f;
@@ -77,6 +77,19 @@ inline float fp8_to_f32(unsigned char v, bool e4m3) {
         return e4m3 || m ? NAN : sign * INFINITY;
     const float frac = e ? 1.0f + (float)m / (1 << mbits) : (float)m / (1 << mbits);
     return sign * std::ldexp(frac, (e ? e : 1) - bias);
+}
+
+// every byte's value, decoded once: the MMAs convert each operand they read
+inline float fp8_to_f32(unsigned char v, bool e4m3) {
+    struct Table {
+        float values[2][256];
+        Table() {
+            for (int i = 0; i < 256; ++i)
+                for (int kind = 0; kind < 2; ++kind) values[kind][i] = fp8_decode((unsigned char)i, kind == 1);
+        }
+    };
+    static const Table table;
+    return table.values[e4m3][v];
 }
 
 // m16n8k32 fp8: the byte layout of m16n8k16's 16-bit one, four values to a register: lane = 4g + t
@@ -243,34 +256,44 @@ inline void wgmma_issue(float* d, const std::vector<float>& a_rows, unsigned lon
     const int es = kind == WGMMA_BF16 || kind == WGMMA_F16 ? 2 : 1;
     const int w = warp() % 4, g = lane() / 4, t = lane() % 4;
     const bool a_shared = a_rows.empty();
-    std::vector<unsigned> addresses;      // A (from shared memory): rows r0, r0 + 8 by k; then B: k by this thread's 2n/8 columns
-    if (a_shared)
-        for (int h = 0; h < 2; ++h)
-            for (int kk = 0; kk < k; ++kk) addresses.push_back(operand_address(a_desc, a_mn_major, es, 16 * w + g + 8 * h, kk));
-    const size_t b_first = addresses.size();
+    const size_t b_first = a_shared ? 2 * k : 0;
+    // A (from shared memory): rows r0, r0 + 8 by k; then B: k by this thread's 2n/8 columns
+    std::vector<unsigned> offsets;        // into dynamic shared memory
+    offsets.reserve(b_first + (size_t)k * (n / 4));
+    for (int h = 0; h < 2 && a_shared; ++h)
+        for (int kk = 0; kk < k; ++kk) offsets.push_back(operand_address(a_desc, a_mn_major, es, 16 * w + g + 8 * h, kk));
     for (int kk = 0; kk < k; ++kk)
         for (int c = 0; c < n / 4; ++c)
-            addresses.push_back(operand_address(b_desc, b_mn_major, es, 8 * (c / 2) + 2 * t + c % 2, kk));
-    std::vector<unsigned char> issued(addresses.size() * es);
-    std::vector<unsigned> chunks;         // the 16-byte pieces it reads, which no cp.async may write until it retires
-    for (size_t i = 0; i < addresses.size(); ++i) {
-        std::memcpy(&issued[i * es], shared_pointer(addresses[i], es), es);
-        chunks.push_back((addresses[i] - DYNAMIC_SMEM_WINDOW) / 16);
+            offsets.push_back(operand_address(b_desc, b_mn_major, es, 8 * (c / 2) + 2 * t + c % 2, kk));
+    for (unsigned& o : offsets) o = (unsigned)(shared_pointer(o, es) - dynamic_smem_arena());
+    // the bytes as issued; their 16-byte pieces are counted as read (once per element: the counts
+    // only say whether a piece is read), so no cp.async writes them until the wgmma retires
+    std::vector<unsigned char> issued(offsets.size() * es);
+    const unsigned char* smem = dynamic_smem_arena();
+    std::vector<int>& reads = block().async_reads;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+        for (int byte = 0; byte < es; ++byte) issued[i * es + byte] = smem[offsets[i] + byte];
+        ++reads[offsets[i] / 16];
     }
-    std::sort(chunks.begin(), chunks.end());
-    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-    for (unsigned c : chunks) ++block().async_reads[c];
-    self().open_mmas.push_back([=]() {
-        for (size_t i = 0; i < addresses.size(); ++i)
-            if (std::memcmp(&issued[i * es], shared_pointer(addresses[i], es), es))
-                fail("wgmma: shared memory an issued wgmma reads changed before wgmma.wait_group retired it");
-        for (unsigned c : chunks) --block().async_reads[c];
-        auto a = [&](int h, int kk) { return a_shared ? wgmma_value(&issued[(h * k + kk) * es], kind) : a_rows[h * k + kk]; };
-        auto b = [&](int kk, int c) { return wgmma_value(&issued[(b_first + kk * (n / 4) + c) * es], kind); };
+    self().open_mmas.push_back([=, offsets = std::move(offsets), issued = std::move(issued)]() {
+        const unsigned char* now = dynamic_smem_arena();
+        std::vector<int>& reads = block().async_reads;
+        for (size_t i = 0; i < offsets.size(); ++i) {
+            for (int byte = 0; byte < es; ++byte)
+                if (issued[i * es + byte] != now[offsets[i] + byte])
+                    fail("wgmma: shared memory an issued wgmma reads changed before wgmma.wait_group retired it");
+            --reads[offsets[i] / 16];
+        }
+        std::vector<float> a(a_shared ? 2 * k : 0), b((size_t)k * (n / 4));      // b by column, then k
+        for (size_t i = 0; i < a.size(); ++i) a[i] = wgmma_value(&issued[i * es], kind);
+        for (int kk = 0; kk < k; ++kk)
+            for (int c = 0; c < n / 4; ++c) b[c * k + kk] = wgmma_value(&issued[(b_first + kk * (n / 4) + c) * es], kind);
+        const float* a_values = a_shared ? a.data() : a_rows.data();
         for (int e = 0; e < n / 2; ++e) {
             const int h = (e % 4) / 2, c = 2 * (e / 4) + e % 2;
+            const float *row = &a_values[h * k], *column = &b[c * k];
             float acc = d[e];
-            for (int kk = 0; kk < k; ++kk) acc += a(h, kk) * b(kk, c);
+            for (int kk = 0; kk < k; ++kk) acc += row[kk] * column[kk];
             d[e] = acc;
         }
     });

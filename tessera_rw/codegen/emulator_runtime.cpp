@@ -6,13 +6,74 @@
 
 namespace emu {
 
+#if defined(__x86_64__)
+// switch_context(from, to): push rbp, rbx, r12-r15 and the SSE and x87 control words, leave the
+// stack pointer in from.stack_pointer, take to's, pop what it pushed and return where it called
+// from (or, the first time, into the entry start_context put there).
+asm(R"(
+    .text
+    .globl emu_switch_stacks
+    .type emu_switch_stacks, @function
+emu_switch_stacks:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch_stacks, .-emu_switch_stacks
+)");
+extern "C" void emu_switch_stacks(void** save, void* load);
+
+void switch_context(Context& from, Context& to) { emu_switch_stacks(&from.stack_pointer, to.stack_pointer); }
+
+void start_context(Context& context, char* stack, size_t bytes, void (*entry)()) {
+    // from the top, 16-byte aligned: a null return address for `entry` (entered as if called, the
+    // stack 8 past a 16-byte boundary), `entry` for the first switch's ret, six zero registers,
+    // then the control words this thread runs with
+    auto* top = (unsigned long long*)((uintptr_t)(stack + bytes) & ~(uintptr_t)15);
+    top[-1] = 0;
+    top[-2] = (unsigned long long)entry;
+    for (int i = 3; i <= 8; ++i) top[-i] = 0;
+    unsigned words[2];
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(words[0]), "=m"(words[1]));
+    std::memcpy(&top[-9], words, sizeof words);
+    context.stack_pointer = &top[-9];
+}
+#else
+void switch_context(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+
+void start_context(Context& context, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&context.context);
+    context.context.uc_stack.ss_sp = stack;
+    context.context.uc_stack.ss_size = bytes;
+    context.context.uc_link = nullptr;
+    makecontext(&context.context, entry, 0);
+}
+#endif
+
 static void thread_entry() {
     kernel_body()();
     Block& b = block();
     if (!b.current->mma_groups.empty() || !b.current->open_mmas.empty())
         fail("a thread finished with wgmmas in flight (wgmma.wait_group 0 before reading their accumulators)");
     b.current->state = DONE;
-    swapcontext(&b.current->context, &b.scheduler);
+    switch_context(b.current->context, b.scheduler);
 }
 
 static void resume(Thread& t) {
@@ -20,7 +81,7 @@ static void resume(Thread& t) {
     b.current = &t;
     threadIdx = t.index;
     t.state = RUNNABLE;
-    swapcontext(&b.scheduler, &t.context);
+    switch_context(b.scheduler, t.context);
 }
 
 // Run one block to completion; returns an error message or nullptr.
@@ -37,11 +98,7 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     for (int i = 0; i < threads; ++i) {
         Thread& t = b.threads[i];
         t.index.x = i;
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = stacks[i];
-        t.context.uc_stack.ss_size = STACK_BYTES;
-        t.context.uc_link = nullptr;
-        makecontext(&t.context, thread_entry, 0);
+        start_context(t.context, stacks[i], STACK_BYTES, thread_entry);
     }
     // Warps run one at a time, each as far as it gets (through its warp collectives) before the
     // next starts, the last first or the first first (alternate blocks): a warp reads what another
@@ -183,17 +240,26 @@ const char* tensor_map(const char* spec, const std::vector<void*>& pointers, con
     return nullptr;
 }
 
-// The command line: grid x y z, threads, dynamic shared bytes, then one file per kernel argument
-// (operands, then the output), mapped shared so the output lands in its file, then one `tma=...` per
-// TMA tensor map the kernel takes after them (tensor_map, over those files).
-int run_main(int argc, char** argv, const char* (*bind)(void** args, int nargs)) {
-    if (argc < 6) { std::fprintf(stderr, "usage: %s gx gy gz threads smem files... tma=...\n", argv[0]); return 2; }
+// The command line: which of the program's kernels, grid x y z, threads, dynamic shared bytes, then
+// one file per kernel argument (operands, then the output), mapped shared so the output lands in
+// its file, then one `tma=...` per TMA tensor map the kernel takes after them (tensor_map, over those
+// files).
+int run_main(int argc, char** argv, const Binder* kernels, int count) {
+    if (argc < 7) {
+        std::fprintf(stderr, "usage: %s kernel gx gy gz threads smem files... tma=...\n", argv[0]);
+        return 2;
+    }
+    const int which = std::atoi(argv[1]);
+    if (which < 0 || which >= count) {
+        std::fprintf(stderr, "%s: no kernel %s (this program holds %d)\n", argv[0], argv[1], count);
+        return 2;
+    }
     std::vector<void*> pointers, args;
     std::vector<size_t> sizes;
     std::vector<TmaMap> maps;
     maps.reserve(argc);
     pointers.reserve(argc);
-    for (int i = 6; i < argc; ++i) {
+    for (int i = 7; i < argc; ++i) {
         if (!std::strncmp(argv[i], "tma=", 4)) {
             const char* error = tensor_map(argv[i] + 4, pointers, sizes, &maps.emplace_back());
             if (error) { std::fprintf(stderr, "%s: %s\n", argv[i], error); return 2; }
@@ -209,10 +275,10 @@ int run_main(int argc, char** argv, const char* (*bind)(void** args, int nargs))
         sizes.push_back(st.st_size);
         args.push_back(&pointers.back());
     }
-    const char* error = bind(args.data(), (int)args.size());
+    const char* error = kernels[which](args.data(), (int)args.size());
     if (!error)
-        error = launch_grid(std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
-                            std::strtoull(argv[5], nullptr, 10));
+        error = launch_grid(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
+                            std::strtoull(argv[6], nullptr, 10));
     if (error) { std::fprintf(stderr, "%s\n", error); return 3; }
     return 0;
 }

@@ -1,6 +1,6 @@
 // The CUDA execution model on one CPU core, for running generated kernels without a GPU.
 //
-// A block's threads are coroutines (ucontext) run one at a time on one OS thread; blocks run one
+// A block's threads are coroutines run one at a time on one OS thread; blocks run one
 // after another. A thread runs until it reaches __syncthreads() or a warp-collective operation
 // (a shuffle, ldmatrix, mma.sync), where it yields to the scheduler:
 //   - __syncthreads() releases when every live thread of the block waits at one;
@@ -107,8 +107,22 @@ enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, POLLING, DONE };
 
 struct Copy { void* dst; unsigned char bytes[16]; };
 
+// Where a coroutine left off. On x86-64 its stack pointer: switch_context pushes the callee-saved
+// registers on the stack it leaves and pops them from the one it enters, and saves no signal mask
+// (glibc's swapcontext makes two system calls a switch, most of an elementwise kernel's time).
+// Elsewhere a ucontext.
+#if defined(__x86_64__)
+struct Context { void* stack_pointer = nullptr; };
+#else
+struct Context { ucontext_t context; };
+#endif
+// Save the running coroutine in `from` and go on where `to` left off.
+void switch_context(Context& from, Context& to);
+// Make `context` start `entry` (which never returns) on the `bytes` of stack at `stack`.
+void start_context(Context& context, char* stack, size_t bytes, void (*entry)());
+
 struct Thread {
-    ucontext_t context;
+    Context context;
     State state = RUNNABLE;
     dim3 index;
     unsigned collectives = 0;                 // warp collectives passed: picks the exchange buffer
@@ -134,7 +148,7 @@ struct Block {
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
     std::vector<int> async_reads;             // per 16 bytes of dynamic shared memory: wgmmas issued, not retired, reading them
-    ucontext_t scheduler;
+    Context scheduler;
     Thread* current = nullptr;
 };
 
@@ -180,7 +194,7 @@ inline void yield(State state) {
     Block& b = block();
     Thread& t = *b.current;
     t.state = state;
-    swapcontext(&t.context, &b.scheduler);
+    switch_context(t.context, b.scheduler);
 }
 
 inline Slot* warp_slots(unsigned buffer) { return &block().slots[(warp() * 2 + buffer) * 32]; }
@@ -257,9 +271,11 @@ inline std::function<void()>& kernel_body() { static std::function<void()> f; re
 
 // The scheduler (blocks run one after another, their threads as coroutines) and the command line
 // live in emulator_runtime.cpp, compiled once beside the precompiled prelude and linked into every
-// kernel's program: compiled with each kernel, they were most of its compile time. `bind` makes
-// the kernel the body the threads run; the rest of the command line says how to launch it.
-int run_main(int argc, char** argv, const char* (*bind)(void** args, int nargs));
+// kernel's program: compiled with each kernel, they were most of its compile time. A program holds
+// one or more kernels; its first argument picks one, whose Binder makes it the body the threads
+// run; the rest of the command line says how to launch it.
+using Binder = const char* (*)(void** args, int nargs);
+int run_main(int argc, char** argv, const Binder* kernels, int count);
 
 template <class... A, size_t... I>
 inline void call(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
@@ -275,10 +291,3 @@ inline const char* bind_kernel(void (*kernel)(A...), void** args, int nargs) {
 }
 
 }  // namespace emu
-
-// A kernel's program: grid x y z, threads, dynamic shared bytes, then one file per kernel argument
-// (operands, then the output), then one `tma=...` per TMA tensor map (emu::run_main reads them).
-#define TESSERA_EMULATOR_MAIN(kernel)                                                              \
-    int main(int argc, char** argv) {                                                              \
-        return emu::run_main(argc, argv, [](void** args, int nargs) { return emu::bind_kernel(kernel, args, nargs); }); \
-    }
