@@ -1,5 +1,5 @@
-"""What every generated template promises, checked on each sample at each default schedule for
-sm_80 and sm_90 (the `fast` policy's own included): self-contained source naming its op, an NVRTC
+"""What every generated template promises, checked on each sample at default schedules for sm_80 and
+sm_90 (the `fast` policy's own included; which ones: schedule_cover.py): self-contained source naming its op, an NVRTC
 compile with zero spills (and warpgroup MMAs that ptxas does not serialize), a register estimate
 within 25% of ptxas with the spill prediction exact, shared memory within the arch."""
 
@@ -11,6 +11,7 @@ from tessera_rw.codegen.calibration import CALIBRATION_ARCHS, arch_for_sm
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.registry import templates
+from tests.codegen.schedule_cover import covering
 
 REGISTER_BOUND = 0.25
 GENERATED = [t for t in templates() if t.samples()]
@@ -26,9 +27,16 @@ def _default_schedules(template, op, sm):
                                            if s not in plain]
 
 
-CASES = [pytest.param(t, op, s, sm, id=f"{type(t).__name__}-{sm}-{i}-{label}{s.describe().replace(' ', ',')}")
-         for t in GENERATED for sm in CALIBRATION_ARCHS for i, sample in enumerate(t.samples())
-         for op, s, label in _default_schedules(t, sample, sm)]
+def _cases():
+    for t in GENERATED:
+        for sm in CALIBRATION_ARCHS:
+            offered = {i: _default_schedules(t, sample, sm) for i, sample in enumerate(t.samples())}
+            for i, picked in covering(offered, describe=lambda case: case[2] + case[1].describe()).items():
+                for op, s, label in picked:
+                    yield pytest.param(t, op, s, sm, id=f"{type(t).__name__}-{sm}-{i}-{label}{s.describe().replace(' ', ',')}")
+
+
+CASES = list(_cases())
 
 
 def test_every_kernel_kind_but_the_library_fft_is_generated_and_calibrated():
