@@ -23,6 +23,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.rules.egraph import EGraphView, ENode
 from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.saturate import rewrite
 from tessera_rw.rules.soundness import example_graph
 from tessera_rw.tune.chosen_program import ChosenProgram
@@ -115,10 +116,12 @@ def optimum_gaps(model: str, graph: Graph, arch: ArchSpec, time_limit_s: float =
             for chosen in choose_per_depth(result, arch)]
 
 
-def rule_example_gaps(arch: ArchSpec, seed: int = 0) -> list[OptimumGap]:
-    """`optimum_gaps` on every built-in rule's example program (saturated with every ruleset)."""
+def rule_example_gaps(arch: ArchSpec, seed: int = 0,
+                      rulesets: Sequence[Ruleset] = BUILTIN_RULESETS) -> list[OptimumGap]:
+    """`optimum_gaps` on the example program of every rule in `rulesets` (each saturated with every
+    built-in ruleset)."""
     gaps = []
-    for ruleset in BUILTIN_RULESETS:
+    for ruleset in rulesets:
         for rule in ruleset.rules:
             if rule.example is not None:
                 graph, _ = example_graph(rule, np.random.default_rng(seed))

@@ -19,6 +19,10 @@ if os.environ.get("CI"):
 def pytest_configure(config):
     # Compiled kernels are cached in the temp folder across test runs, never in the user's ~/.tessera.
     os.environ.setdefault("TESSERA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "tessera-test-cache"))
+    # Output is checked as it reads piped, at the report's own width: pytest-xdist's workers set
+    # COLUMNS=80, which a piped console would take as the width asked for.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def pytest_collection_modifyitems(config, items):
