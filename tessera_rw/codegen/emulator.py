@@ -228,16 +228,18 @@ def build_all(sources: Sequence[KernelSource]) -> list[EmulatedKernel]:
     if not available():
         raise EmulatorError("emulating a kernel needs a C++17 compiler on a POSIX system; none was found",
                             hint=f"install g++ (or set {COMPILER_VARIABLE}), or run the kernel on a GPU")
-    missing = list(dict.fromkeys(s for s in sources if s not in _built or not _built[s].program.exists()))
+    found = {s: _built[s] for s in sources if s in _built and _built[s].program.exists()}
+    missing = [s for s in dict.fromkeys(sources) if s not in found]
     if missing:
-        while len(_built) + len(missing) > _KEPT:
-            del _built[next(iter(_built))]
         count = -(-len(missing) // MAX_BATCH)
         batches = [missing[i::count] for i in range(count)]
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             for batch, programs in zip(batches, pool.map(_build_batch, batches)):
-                _built.update((source, EmulatedKernel(source, *found)) for source, found in zip(batch, programs))
-    return [_built[s] for s in sources]
+                found.update((source, EmulatedKernel(source, *at)) for source, at in zip(batch, programs))
+        _built.update((s, found[s]) for s in missing)
+        for stale in list(_built)[:max(0, len(_built) - _KEPT)]:
+            del _built[stale]
+    return [found[s] for s in sources]
 
 
 def _build_batch(batch: list[KernelSource]) -> list[tuple[Path, int]]:

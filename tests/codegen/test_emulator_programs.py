@@ -64,3 +64,11 @@ def test_a_kernel_whose_program_was_deleted_is_built_again():
     y = np.zeros(32, np.float32)
     again([np.ones(32, np.float32), y])
     np.testing.assert_array_equal(y, np.full(32, 7.0, np.float32))
+
+
+def test_more_kernels_than_the_process_remembers_are_all_returned(monkeypatch):
+    monkeypatch.setattr(emulator, "_KEPT", 1)
+    built = emulator.build(_scaled("remembered", 8.0))
+    kernels = emulator.build_all([built.source, _scaled("beside", 9.0), _scaled("and_beside", 10.0)])
+    assert [k.source.name for k in kernels] == ["remembered", "beside", "and_beside"]
+    assert len(emulator._built) == 1
