@@ -13,3 +13,11 @@ from tessera_rw.grad_kernel import grad, value_and_grad
 from tessera_rw.kernel import Kernel, autotune, kernel
 
 __all__ = [*_op_names, "tensor", "kernel", "Kernel", "autotune", "grad", "value_and_grad"]
+
+
+def __getattr__(name: str):
+    """`op.<name>` for an op there is not: how to write it with these, or the names it is close to."""
+    from tessera_rw.algebra.missing_ops import unknown_op
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise unknown_op(name, __all__)

@@ -11,6 +11,7 @@ from typing import Any
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.missing_ops import MISSING_OPS
 from tessera_rw.algebra.node import Node, TensorType
 
 
@@ -101,12 +102,15 @@ class TensorMethods:
     def mean(self, axis=None, keepdims=False): return api.mean(self, axis, keepdims)
     def max(self, axis=None, keepdims=False): return api.max(self, axis, keepdims)
     def min(self, axis=None, keepdims=False): return api.min(self, axis, keepdims)
+    def var(self, axis=None, keepdims=False, ddof=0): return api.var(self, axis, keepdims, ddof)
+    def std(self, axis=None, keepdims=False, ddof=0): return api.std(self, axis, keepdims, ddof)
+    def clip(self, a_min=None, a_max=None): return api.clip(self, a_min, a_max)
 
     def __getattr__(self, name: str):
         """Only for names the class lacks: a torch method's name gets ours in the error."""
         if name.startswith("__"):
             raise AttributeError(name)
-        hint = TORCH_NAMES.get(name) or (f"use op.{name}(x)" if hasattr(api, name) else None)
+        hint = TORCH_NAMES.get(name) or MISSING_OPS.get(name) or (f"use op.{name}(x)" if hasattr(api, name) else None)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}" + (f"; {hint}" if hint else ""))
 
     def __len__(self) -> int:

@@ -106,6 +106,20 @@ def gqa(q, k, v):
 def bmm_3d(q, k, v): return op.softmax(q @ k.mT * 0.25, axis=-1) @ v
 
 
+# the scale folded into Q's projection: the scores are the product alone
+def unscaled(q, k, v): return op.softmax(q @ k.mT, axis=-1) @ v
+def unscaled_additive_mask(q, k, v, mask): return op.softmax(q @ k.mT + mask, axis=-1) @ v
+def unscaled_where_mask(q, k, v, keep): return op.softmax(op.where(keep, q @ k.mT, -math.inf), axis=-1) @ v
+
+
+def unscaled_causal(q, k, v):
+    seq = q.shape[-2]
+    return op.softmax(op.where(op.tril(op.ones((seq, seq), "bool")), q @ k.mT, -math.inf), axis=-1) @ v
+
+
+def unscaled_upcast(q, k, v): return op.cast(op.softmax(op.cast(q @ k.mT, "float32"), axis=-1), "bf16") @ v
+
+
 RNG = np.random.default_rng(3)
 B, H, S = 2, 3, 8
 
@@ -136,6 +150,10 @@ FORMS = {
                            | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
+    "unscaled": (unscaled, QKV), "unscaled-additive-mask": (unscaled_additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),
+    "unscaled-where-mask": (unscaled_where_mask, QKV | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
+    "unscaled-causal": (unscaled_causal, QKV),
+    "unscaled-upcast": (unscaled_upcast, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
 }
 
 
@@ -158,8 +176,8 @@ def test_attention_form_reaches_flash_attention(form):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("form", ["causal", *CAUSAL_FILLS, "masked-fill-triu", "masked-fill-triu-minus-1e9",
-                                  "masked-fill-tril-eq-zero"])
+@pytest.mark.parametrize("form", ["causal", "unscaled-causal", *CAUSAL_FILLS, "masked-fill-triu",
+                                  "masked-fill-triu-minus-1e9", "masked-fill-tril-eq-zero"])
 def test_causal_form_becomes_a_causal_flag(form):
     fn, inputs = FORMS[form]
     result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])

@@ -1,5 +1,6 @@
 """The op functions users call, in numpy's names where numpy has the op and torch's where not."""
 
+from tessera_rw.algebra.api.composite import clip, logsumexp, split, square, stack, std, var
 from tessera_rw.algebra.api.compute import conv1d, conv2d, fft, flash_attention, ifft, irfft, matmul, rfft
 from tessera_rw.algebra.api.creation import arange, full, ones, tril, triu, zeros
 from tessera_rw.algebra.api.dispatch import apply, tracing
@@ -13,11 +14,12 @@ from tessera_rw.algebra.api.padding import pad
 from tessera_rw.algebra.api.reduction import layernorm, log_softmax, max, mean, min, rmsnorm, softmax, sum
 
 __all__ = [
-    "abs", "add", "apply", "arange", "broadcast_to", "cast", "complex_mul", "concatenate", "conv1d", "conv2d",
-    "cos", "divide", "equal", "erf", "exp", "expand_dims", "fft", "flash_attention", "flip", "full", "gelu", "getitem",
-    "greater", "greater_equal", "ifft", "irfft", "layernorm", "less", "less_equal", "log", "log_softmax",
-    "logical_and", "logical_not", "logical_or", "matmul", "max", "maximum", "mean", "min", "minimum",
-    "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu", "reshape", "rfft",
-    "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "sqrt", "squeeze", "subtract", "sum",
-    "swapaxes", "tanh", "tracing", "transpose", "tril", "triu", "where", "zeros",
+    "abs", "add", "apply", "arange", "broadcast_to", "cast", "clip", "complex_mul", "concatenate", "conv1d",
+    "conv2d", "cos", "divide", "equal", "erf", "exp", "expand_dims", "fft", "flash_attention", "flip", "full",
+    "gelu", "getitem", "greater", "greater_equal", "ifft", "irfft", "layernorm", "less", "less_equal", "log",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "logsumexp", "matmul", "max", "maximum", "mean",
+    "min", "minimum", "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu",
+    "reshape", "rfft", "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square",
+    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "tanh", "tracing", "transpose", "tril", "triu",
+    "var", "where", "zeros",
 ]

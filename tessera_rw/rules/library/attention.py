@@ -1,8 +1,9 @@
 """The `attention` ruleset: softmax(c · Q Kᵀ [+ mask]) V → flash_attention(Q, K, V, c, mask).
 
 One fusion rule (with and without a mask) plus the `algebra` ruleset catch the ways attention is
-written: the scale on either side of the product or as a division, the softmax spelled out,
-where-masks, causal masks from tril, pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts.
+written: the scale on either side of the product or as a division, or none (c = 1: the scale
+folded into Q's projection), the softmax spelled out, where-masks, causal masks from tril,
+pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts.
 A where-mask, softmax(where(m, c · Q Kᵀ, −∞)) V, fuses to the bool mask m: both keep the scores
 where m holds and discard the others, whatever they are (a NaN from a padded key row included; an
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
@@ -59,14 +60,32 @@ def with_keep(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return inputs | {"m": keep(rng, inputs["q"].shape[-2], inputs["k"].shape[-2])}
 
 
-def _where_scores(fill: Expr) -> Expr:
-    return t.where(m, t.mul(t.matmul(q, kt), const(), of=(ss, sd)), fill, of=(ss, sd))
+def _scores(scaled: bool) -> Expr:
+    """The scores of a pattern: c · Q Kᵀ, or Q Kᵀ alone (a scale folded into the projection of Q)."""
+    return t.mul(t.matmul(q, kt), const(), of=(ss, sd)) if scaled else t.matmul(q, kt, of=(ss, sd))
 
 
-def _upcast_example(masked: bool):
+def _scale(scaled: bool) -> Expr | float:
+    return c if scaled else 1.0
+
+
+def _named(name: str, scaled: bool) -> str:
+    return name if scaled else name.replace("flash-attention", "flash-attention-unscaled", 1)
+
+
+def _shown(text: str, scaled: bool) -> str:
+    return text if scaled else text.replace("c · ", "").replace(", c", ", 1")
+
+
+def _where_scores(fill: Expr, scaled: bool) -> Expr:
+    return t.where(m, _scores(scaled), fill, of=(ss, sd))
+
+
+def _upcast_example(masked: bool, scaled: bool):
     """Scores upcast to float32 before the scale (and the mask), the probabilities cast back."""
     def body(q, k, v, m=None):
-        scores = op.cast(q @ k.mT, "float32") * 0.3
+        scores = op.cast(q @ k.mT, "float32")
+        scores = scores * 0.3 if scaled else scores
         if masked:
             scores = op.where(m, scores, -math.inf)
         return op.cast(op.softmax(scores, axis=-1), q.dtype) @ v
@@ -78,44 +97,54 @@ def _upcast_example(masked: bool):
     return example
 
 
-def _upcast_rules():
+def _upcast_rules(scaled: bool):
     """softmax(cast(Q Kᵀ, f32) · c [masked]) cast back, then V: the fused kernel's own arithmetic
     (its scores are float32 before the scale), so it fuses as the unconverted form does."""
     for masked in (False, True):
-        scaled = t.mul(t.cast(t.matmul(q, kt, of=(ss, d)), dtype="float32"), const(), of=(ss, "float32"))
-        scores = t.where(m, scaled, const(value=float("-inf"), dtype="float32"), of=(ss, "float32")) if masked \
-            else scaled
+        upcast = t.cast(t.matmul(q, kt, of=(ss, d)), dtype="float32", of=(ss, "float32"))
+        scaled_scores = t.mul(upcast, const(), of=(ss, "float32")) if scaled else upcast
+        scores = (t.where(m, scaled_scores, const(value=float("-inf"), dtype="float32"), of=(ss, "float32"))
+                  if masked else scaled_scores)
         probs = t.cast(t.softmax(scores, axis=ax), dtype=d, of=(ss, d))
-        yield Rule(f"flash-attention-upcast-scores{'-where-masked' if masked else ''}",
-                   "cast(softmax(cast(Q Kᵀ, f32) · c" + (" masked by M" if masked else "") + "), d) V = "
-                   "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")",
+        yield Rule(_named(f"flash-attention-upcast-scores{'-where-masked' if masked else ''}", scaled),
+                   _shown("cast(softmax(cast(Q Kᵀ, f32) · c" + (" masked by M" if masked else "") + "), d) V = "
+                          "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")", scaled),
                    lhs=t.matmul(probs, v, accum_dtype=acc, of=T),
-                   rhs=t.flash_attention(q, K, v, *((m,) if masked else ()), scale=c, causal=False, has_mask=masked,
-                                         of=T),
+                   rhs=t.flash_attention(q, K, v, *((m,) if masked else ()), scale=_scale(scaled), causal=False,
+                                         has_mask=masked, of=T),
                    when=SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked else ()),
-                   example=_upcast_example(masked))
+                   example=_upcast_example(masked, scaled))
 
 
-RULES = (
-    Rule("flash-attention-where-masked", "softmax(where(M, c · Q Kᵀ, −∞)) V = flash_attention(Q, K, V, c, M)",
-         lhs=t.matmul(t.softmax(_where_scores(const(value=float("-inf"), dtype=Expr("cf"))), axis=ax), v,
-                      accum_dtype=acc, of=T),
-         rhs=t.flash_attention(q, K, v, m, scale=c, causal=False, has_mask=True, of=T),
-         when=SOFTMAX_ON_LAST_AXIS + K_FACTS + ('(= (dt m) "bool")',),
-         example=lambda rng: (lambda q, k, v, m: op.softmax(op.where(m, q @ k.mT * 0.3, -math.inf), axis=-1) @ v,
-                              with_keep(rng))),
-    Rule("flash-attention", "softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)",
-         lhs=t.matmul(t.softmax(t.add(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), mask, of=(ss, sd)), axis=ax),
-                      v, accum_dtype=acc, of=T),
-         rhs=t.flash_attention(q, K, v, mask, scale=c, causal=False, has_mask=True, of=T),
-         when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
-         example=lambda rng: (lambda q, k, v, mask: op.softmax(q @ k.mT * 0.3 + mask, axis=-1) @ v, with_mask(rng))),
-    Rule("flash-attention-unmasked", "softmax(c · Q Kᵀ) V = flash_attention(Q, K, V, c)",
-         lhs=t.matmul(t.softmax(t.mul(t.matmul(q, kt), const(), of=(ss, sd)), axis=ax), v, accum_dtype=acc, of=T),
-         rhs=t.flash_attention(q, K, v, scale=c, causal=False, has_mask=False, of=T),
-         when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
-         example=lambda rng: (lambda q, k, v: op.softmax(q @ k.mT * 0.3, axis=-1) @ v, qkv(rng))),
-)
+def _fusion_rules(scaled: bool):
+    """The three forms of softmax(scores [masked]) V, the scores scaled by a constant or not: a scale
+    of 1 is what attention with the scale folded into Q's projection writes."""
+    def scores(q, k):
+        return q @ k.mT * 0.3 if scaled else q @ k.mT
+    yield Rule(_named("flash-attention-where-masked", scaled),
+               _shown("softmax(where(M, c · Q Kᵀ, −∞)) V = flash_attention(Q, K, V, c, M)", scaled),
+               lhs=t.matmul(t.softmax(_where_scores(const(value=float("-inf"), dtype=Expr("cf")), scaled), axis=ax),
+                            v, accum_dtype=acc, of=T),
+               rhs=t.flash_attention(q, K, v, m, scale=_scale(scaled), causal=False, has_mask=True, of=T),
+               when=SOFTMAX_ON_LAST_AXIS + K_FACTS + ('(= (dt m) "bool")',),
+               example=lambda rng: (lambda q, k, v, m: op.softmax(op.where(m, scores(q, k), -math.inf), axis=-1) @ v,
+                                    with_keep(rng)))
+    yield Rule(_named("flash-attention", scaled),
+               _shown("softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)", scaled),
+               lhs=t.matmul(t.softmax(t.add(_scores(scaled), mask, of=(ss, sd)), axis=ax), v, accum_dtype=acc, of=T),
+               rhs=t.flash_attention(q, K, v, mask, scale=_scale(scaled), causal=False, has_mask=True, of=T),
+               when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
+               example=lambda rng: (lambda q, k, v, mask: op.softmax(scores(q, k) + mask, axis=-1) @ v,
+                                    with_mask(rng)))
+    yield Rule(_named("flash-attention-unmasked", scaled),
+               _shown("softmax(c · Q Kᵀ) V = flash_attention(Q, K, V, c)", scaled),
+               lhs=t.matmul(t.softmax(_scores(scaled), axis=ax), v, accum_dtype=acc, of=T),
+               rhs=t.flash_attention(q, K, v, scale=_scale(scaled), causal=False, has_mask=False, of=T),
+               when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
+               example=lambda rng: (lambda q, k, v: op.softmax(scores(q, k), axis=-1) @ v, qkv(rng)))
+
+
+RULES = tuple(rule for scaled in (True, False) for rule in (*_fusion_rules(scaled), *_upcast_rules(scaled)))
 
 
 def expand_heads(x, groups: int):
@@ -219,7 +248,7 @@ def _causal_fill_rule() -> Rule:
                 example=_causal_fill_example)
 
 
-RULES = RULES + tuple(_upcast_rules()) + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
+RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 

@@ -1,0 +1,108 @@
+"""Ops written with other ops, in numpy's names: var, std, clip, stack, split, logsumexp, square.
+
+Each traces to the ops it is made of, so every rewrite, kernel and gradient of those applies, and
+nothing new has to be lowered.
+
+>>> import numpy as np
+>>> x = np.array([[1.0, 3.0, 2.0], [0.0, 0.0, 3.0]])
+>>> var(x, axis=-1)
+array([0.66666667, 2.        ])
+>>> [part.shape for part in split(x, [1], axis=1)]
+[(2, 1), (2, 2)]
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.elementwise import equal, exp, log, maximum, minimum, multiply, sqrt, where
+from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, squeeze
+from tessera_rw.algebra.api.reduction import max as reduce_max
+from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
+from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
+from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
+
+
+def _axes(name: str, x, axis) -> tuple[int, ...]:
+    with op_context(name, (x,), ("x",)):
+        return normalize_axes(axis, type_of(x).ndim)
+
+
+def var(x, axis=None, keepdims=False, ddof: int = 0):
+    """The variance over `axis` (None: all axes), as numpy.var: mean((x - mean(x))²) · n / (n - ddof)."""
+    x = tensor_operand(x)
+    axes = _axes("var", x, axis)
+    n = math.prod(type_of(x).shape[a] for a in axes)
+    if not isinstance(ddof, numbers.Integral) or not 0 <= ddof < n:
+        with op_context("var", (x,), ("x",)):
+            raise AttributeValueError(f"ddof must be an int in [0, {n}) for {n} values, got {ddof!r}")
+    centered = x - mean(x, axes, keepdims=True)
+    squares = multiply(centered, centered)
+    return mean(squares, axes, keepdims) if ddof == 0 else reduce_sum(squares, axes, keepdims) * (1.0 / (n - ddof))
+
+
+def std(x, axis=None, keepdims=False, ddof: int = 0):
+    """The standard deviation over `axis`, as numpy.std: sqrt(var(x))."""
+    return sqrt(var(x, axis, keepdims, ddof))
+
+
+def clip(x, a_min=None, a_max=None):
+    """x limited to [a_min, a_max] (either may be None), as numpy.clip; torch's clamp."""
+    if a_min is None and a_max is None:
+        with op_context("clip", (x,), ("x",)):
+            raise ArgumentError("clip needs a_min, a_max or both", hint="op.clip(x, 0.0, 6.0)")
+    if a_min is not None:
+        x = maximum(x, a_min)
+    return x if a_max is None else minimum(x, a_max)
+
+
+def square(x):
+    return multiply(x, x)
+
+
+def stack(xs: Sequence, axis: int = 0):
+    """The tensors, of one shape, stacked along a new axis, as numpy.stack."""
+    xs = [tensor_operand(x) for x in xs]
+    if not xs:
+        raise ArgumentError("stack needs at least one tensor", op="stack")
+    with op_context("stack", xs, tuple(f"xs[{i}]" for i in range(len(xs)))):
+        shapes = {type_of(x).shape for x in xs}
+        if len(shapes) > 1:
+            raise ShapeError(f"stack needs tensors of one shape, got {sorted(shapes)}",
+                             hint="op.concatenate joins tensors along an existing axis")
+        ax = normalize_axis(axis, len(shapes.pop()) + 1)
+    return concatenate([expand_dims(x, ax) for x in xs], ax)
+
+
+def split(x, indices_or_sections, axis: int = 0) -> list:
+    """x cut along `axis`, as numpy.split: into n equal parts, or before each of the given indices."""
+    x = tensor_operand(x)
+    with op_context("split", (x,), ("x",)):
+        shape = type_of(x).shape
+        ax = normalize_axis(axis, len(shape))
+        size = shape[ax]
+        if isinstance(indices_or_sections, numbers.Integral):
+            parts = int(indices_or_sections)
+            if parts <= 0 or size % parts:
+                raise ShapeError(f"axis {ax} of size {size} does not split into {parts} equal parts",
+                                 hint="give the split points instead: op.split(x, [i, j], axis)")
+            cuts = [size // parts * i for i in range(1, parts)]
+        else:
+            cuts = [min(max(int(i) + (size if int(i) < 0 else 0), 0), size) for i in indices_or_sections]
+    bounds = zip([0, *cuts], [*cuts, size])
+    lead = (slice(None),) * ax
+    return [getitem(x, (*lead, slice(start, max(start, stop)))) for start, stop in bounds]
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    """log(Σ exp(x)) over `axis`, computed from x - max as scipy.special.logsumexp is (a row that is
+    all -inf gives -inf)."""
+    x = tensor_operand(x)
+    axes = _axes("logsumexp", x, axis)
+    peak = reduce_max(x, axes, keepdims=True)
+    peak = where(equal(peak, -math.inf), 0.0, peak)
+    total = log(reduce_sum(exp(x - peak), axes, keepdims=keepdims))
+    return total + (peak if keepdims else squeeze(peak, axes))
