@@ -96,7 +96,7 @@ class GradKernel(Kernel):
 
     @property
     def name(self) -> str:
-        return f"grad_{function_name(self.fn)}"
+        return f"{'value_and_grad' if self.value else 'grad'}_{function_name(self.fn)}"
 
     def _called_on_instance(self) -> str:
         return f"op.grad(instance.{function_name(self.fn)})(...)"
@@ -144,7 +144,8 @@ class GradKernel(Kernel):
             self._check_aux(forward)
         positions, grads = self._differentiated(call)
         # the forward's pins fix its products where the gradient program computes them again
-        graph = grad_graph(forward.graph, positions, keep_outputs=self.value or self.has_aux, has_aux=self.has_aux)
+        graph = replace(grad_graph(forward.graph, positions, keep_outputs=self.value or self.has_aux,
+                                   has_aux=self.has_aux), name=self.name)
         if not (self.value or self.has_aux):
             return replace(forward, graph=graph, structure=grads)
         kept = len(forward.graph.outputs)

@@ -35,7 +35,7 @@ def test_explain_with_inputs(capsys):
     (["--explain", "examples/attention.py:attention", "--input", "z=4x8"], "has no parameter 'z'"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4xZ"], "malformed --input"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4x4:float13"], "float13"),
-    (["--explain", "examples/attention.py:attention", "--input", "q=4x8"], "no --input for k, v"),
+    (["--explain", "examples/attention.py:attention", "--input", "q=4x8"], "contraction dims differ"),
     (["--explain", "examples/attention.py:attention", "--input", "q=4x8", "--input", "k=5x8",
       "--input", "v=4x8"], "matmul"),
     ([], "--explain"),
@@ -265,6 +265,17 @@ def test_a_file_whose_kernels_are_a_partial_and_a_callable_object_lists_both(tmp
     assert main(["--explain", str(only)]) == 0          # found by its function's module, not functools'
 
 
+def test_input_overrides_what_example_inputs_give_the_rest_come_from_them(tmp_path, capsys):
+    module = tmp_path / "container_mod.py"
+    module.write_text(CONTAINER_MODULE)
+    assert main(["--explain", f"{module}:mlp", "--input", "x=2x16:bf16", "--input", "p.layers[0].w=32x4",
+                 "--run"]) == 0
+    out = capsys.readouterr().out
+    assert "x: bf16[2,16]" in out and "p.layers[0].w: f32[32,4]" in out and "p.w: f32[16,32]" in out
+    assert main(["--explain", f"{module}:mlp", "--input", "p.v=16x32"]) == 2
+    assert "--input p.v: example_inputs() gives p the keys w, b, layers" in capsys.readouterr().err
+
+
 def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, capsys):
     module = tmp_path / "container_mod.py"
     module.write_text(CONTAINER_MODULE)
@@ -272,7 +283,9 @@ def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, 
              "--input", "x=4x16:bf16"]
     assert main(["--explain", f"{module}:mlp", *given]) == 0
     assert "p.layers[0].w: bf16[32,8]" in capsys.readouterr().out
-    assert main(["--explain", f"{module}:mlp", *given[:4], "--input", "p.layers[1].w=32x8:bf16", *given[6:]]) == 2
+    bare = tmp_path / "container_without_examples.py"
+    bare.write_text(CONTAINER_MODULE.split("def example_inputs")[0])
+    assert main(["--explain", f"{bare}:mlp", *given[:4], "--input", "p.layers[1].w=32x8:bf16", *given[6:]]) == 2
     assert "no --input for p.layers[0]" in capsys.readouterr().err
     assert main(["--explain", f"{module}:mlp", "--input", "p..w=3"]) == 2
     assert "malformed --input" in capsys.readouterr().err

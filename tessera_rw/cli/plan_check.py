@@ -29,7 +29,10 @@ REFERENCE_LIMIT_FLOPS = 10 ** 11    # and runs every op the plain way (a direct 
 
 def run_arrays(inputs: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
     """Arrays for a run: the given arrays as they are, random ones for placeholders (never all
-    zeros): normal floats, random ints and bools."""
+    zeros): random ints and bools, and normal floats scaled as a network's initializer scales its
+    weights (`spread`), so that a deep program's activations stay of order one: from unit-variance
+    weights, a few layers push softmaxes to one-hot and the output's value to rounding noise, which
+    no plan then agrees on."""
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, value in inputs.items():
@@ -40,10 +43,20 @@ def run_arrays(inputs: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
         if t.dtype.name == "bool":
             arrays[name] = rng.random(t.shape) < 0.5
         elif t.dtype.is_float:
-            arrays[name] = rng.standard_normal(t.shape).astype(t.dtype.numpy)
+            arrays[name] = (rng.standard_normal(t.shape) * spread(t.shape)).astype(t.dtype.numpy)
         else:
             arrays[name] = rng.integers(-100, 100, t.shape).astype(t.dtype.numpy)
     return arrays
+
+
+def spread(shape: tuple[int, ...]) -> float:
+    """The standard deviation of a random float array of `shape`: 1/√fan-in, the fan-in taken as a
+    matrix's rows (x @ w reads w's rows), and 1 for vectors and scalars.
+
+    >>> spread((256, 3072)), spread((768,))
+    (0.0625, 1.0)
+    """
+    return 1.0 / math.sqrt(shape[-2]) if len(shape) >= 2 and shape[-2] > 0 else 1.0
 
 
 # The plan against the unfused reference, relative to the output's largest value: a few roundings

@@ -3,7 +3,7 @@
 A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file makes (imported ones aside).
 A target module may define `example_inputs()` returning a dict of arrays or op.tensor placeholders
 (one dict for all its kernels: each takes the entries its parameters name);
-`--input NAME=4x16x2048x64:bf16` gives or overrides one.
+`--input NAME=4x16x2048x64:bf16` gives one or overrides it (NAME may be a path into a container).
 
 >>> parse_input("q=4x16x2048x64:bf16")
 ('q', tensor((4, 16, 2048, 64), bfloat16))
@@ -75,15 +75,19 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
     if not file.is_file():
         raise UsageError(f"no such file: {path}")
     module = _import(file)
+    kernels = list({id(v): v for v in vars(module).values() if isinstance(v, Kernel) and _made_in(v, module)}.values())
     if not colon:
-        kernels = list({id(v): v for v in vars(module).values()
-                        if isinstance(v, Kernel) and _made_in(v, module)}.values())
         if not kernels:
             raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
         return kernels, module
     fn = getattr(module, func, None)
+    if fn is None:      # the name a report gives the kernel (grad_loss), not its variable's
+        fn = next((k for k in kernels if k.name == func), None)
     if fn is None or not callable(fn):
-        raise UsageError(f"{path} has no function {func!r}")
+        made = [f"{name} ({v.name})" if v.name != name else name for name, v in vars(module).items()
+                if isinstance(v, Kernel) and _made_in(v, module)]
+        raise UsageError(f"{path} has no function {func!r}"
+                         + (f"; its kernels are {', '.join(made)}" if made else ""))
     return [fn if isinstance(fn, Kernel) else Kernel(fn)], module
 
 
@@ -102,39 +106,60 @@ def load_target(target: str) -> tuple[Kernel, Any]:
 
 
 def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
-    """The kernel's tensor arguments by name, placeholders or arrays: from --input, else the module's
-    example_inputs() (the entries this kernel's parameters name)."""
-    if given:
-        parsed = [parse_input(t) for t in given]
-        inputs = _nested(parsed)
-        unknown = [n for n in inputs if n not in kernel.parameter_names]
-        if unknown:
-            raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
-                             f"{', '.join(kernel.parameter_names)}")
-        missing = [n for n in _required(kernel) if n not in inputs]
-        missing += [m for n, v in inputs.items() for m in _missing_items(v, n)]
-        if missing:
-            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
-                             f"{', '.join(missing)}")
-    elif callable(getattr(module, "example_inputs", None)):
-        where = f"example_inputs() of {module.__file__}"
-        try:
-            given_inputs = module.example_inputs()
-        except Exception as e:
-            raise UsageError(f"{where} raised {type(e).__name__}: {e}{user_line(e, module.__file__)}") from None
-        if not isinstance(given_inputs, dict):
-            raise UsageError(f"{where} returned a {type(given_inputs).__name__}: it should return a dict of "
-                             "arrays or op.tensor placeholders by parameter name")
-        inputs = {n: v for n, v in given_inputs.items() if n in kernel.parameter_names}
-        missing = [n for n in _required(kernel) if n not in inputs]
-        if missing:
-            raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; {where} has no "
-                             f"{', '.join(missing)} (it gives {', '.join(given_inputs) or 'nothing'}): add them, "
-                             "or pass --input")
-    else:
+    """The kernel's tensor arguments by name, placeholders or arrays: the module's example_inputs()
+    (the entries this kernel's parameters name), with each --input in place of what it names (a
+    whole argument, or one array of a container: p.layers[0].w)."""
+    flags = _nested([parse_input(t) for t in given])
+    unknown = [n for n in flags if n not in kernel.parameter_names]
+    if unknown:
+        raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
+                         f"{', '.join(kernel.parameter_names)}")
+    has_examples = callable(getattr(module, "example_inputs", None))
+    examples = _example_inputs(kernel, module) if has_examples else {}
+    inputs = {n: _overlaid(examples[n], flags[n], n) if n in examples and n in flags else flags.get(n, examples.get(n))
+              for n in kernel.parameter_names if n in flags or n in examples}
+    missing = [n for n in _required(kernel) if n not in inputs]
+    missing += [m for n, v in inputs.items() for m in _missing_items(v, n)]
+    if missing and has_examples:
+        raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; example_inputs() of "
+                         f"{module.__file__} has no {', '.join(missing)} (it gives {', '.join(examples) or 'nothing'}): "
+                         "add them, or pass --input")
+    if missing and flags:
+        raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
+                         f"{', '.join(missing)}")
+    if missing:
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
                          "in its module)")
     return inputs
+
+
+def _example_inputs(kernel: Kernel, module: Any) -> dict[str, Any]:
+    where = f"example_inputs() of {module.__file__}"
+    try:
+        given = module.example_inputs()
+    except Exception as e:
+        raise UsageError(f"{where} raised {type(e).__name__}: {e}{user_line(e, module.__file__)}") from None
+    if not isinstance(given, dict):
+        raise UsageError(f"{where} returned a {type(given).__name__}: it should return a dict of "
+                         "arrays or op.tensor placeholders by parameter name")
+    return {n: v for n, v in given.items() if n in kernel.parameter_names}
+
+
+def _overlaid(example: Any, flag: Any, path: str) -> Any:
+    """An example argument with the arrays --input gives in place of its own: containers merge item
+    by item (a dict's keys must be the example's: a misspelt one would go unread), anything else is
+    replaced."""
+    if isinstance(flag, dict) and isinstance(example, dict):
+        unknown = [k for k in flag if k not in example]
+        if unknown:
+            raise UsageError(f"--input {path}.{unknown[0]}: example_inputs() gives {path} the keys "
+                             f"{', '.join(map(str, example))}")
+        return {k: _overlaid(v, flag[k], f"{path}.{k}") if k in flag else v for k, v in example.items()}
+    if isinstance(flag, list) and isinstance(example, (list, tuple)):      # a longer list adds items
+        items = [flag[i] if i >= len(example) else example[i] if i >= len(flag) or flag[i] is None
+                 else _overlaid(example[i], flag[i], f"{path}[{i}]") for i in range(max(len(flag), len(example)))]
+        return type(example)(items)
+    return flag
 
 
 def _nested(parsed: list[tuple[str, TensorSpec]]) -> dict[str, Any]:
