@@ -29,10 +29,13 @@ True
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from tessera_rw.algebra.errors import TesseraError
 
 from tessera_rw.pipeline import CompiledProgram
 from tessera_rw.report import TEXT_WIDTH
@@ -120,9 +123,20 @@ class ExplainReport(_Record):
         return self.model_dump_json(by_alias=True, indent=indent)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> ExplainReport:
-        """Parse and validate a document; a wrong schema or a missing field raises pydantic's ValidationError."""
-        return cls.model_validate_json(text)
+    def from_json(cls, document: str | bytes | dict) -> ExplainReport:
+        """One report from its JSON text or the dict `json.load` gives; a document that is not one
+        (a wrong schema, a missing field, a list) raises ReportError saying what is wrong."""
+        data = _parsed(document)
+        if isinstance(data, list):
+            raise ReportError(f"the document is a list of {len(data)} reports (what --format json writes for "
+                              "several functions)", hint="read it with ExplainReport.all_from_json")
+        return _validated(cls, data)
+
+    @classmethod
+    def all_from_json(cls, document: str | bytes | dict | list) -> tuple[ExplainReport, ...]:
+        """Every report of a document: a list of them, or one."""
+        data = _parsed(document)
+        return tuple(_validated(cls, item) for item in (data if isinstance(data, list) else [data]))
 
     def render(self, width: int = TEXT_WIDTH) -> str:
         """The text form (rich tables, no colour) at `width` columns."""
@@ -162,3 +176,28 @@ def explain_report(program: CompiledProgram) -> ExplainReport:
         chosen=program.chosen, chosen_by=program.chosen_by)
     report._program = program
     return report
+
+
+class ReportError(TesseraError, ValueError):
+    """A document that is not a `tessera_rw.explain/1` report."""
+
+
+def _parsed(document: Any) -> Any:
+    if not isinstance(document, (str, bytes, bytearray)):
+        return document
+    try:
+        return json.loads(document)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"the document is not JSON: {e}") from None
+
+
+def _validated(cls: type[ExplainReport], data: Any) -> ExplainReport:
+    if not isinstance(data, dict):
+        raise ReportError(f"a report is a JSON object, got a {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'the document'}: {err['msg']}"
+                             for err in e.errors()[:3])
+        more = f" (and {e.error_count() - 3} more)" if e.error_count() > 3 else ""
+        raise ReportError(f"not a {SCHEMA} report: {problems}{more}") from None

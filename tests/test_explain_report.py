@@ -7,12 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pydantic
 import pytest
 
 from tessera_rw import op
 from tessera_rw.cli import main
-from tessera_rw.explain_report import ExplainReport, kernel_info
+from tessera_rw.explain_report import ExplainReport, ReportError, kernel_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,8 +115,21 @@ def test_json_is_exactly_the_schema_and_round_trips(report):
 def test_a_document_off_the_schema_is_rejected(report, change):
     document = json.loads(report.to_json())
     change(document)
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(ReportError, match="not a tessera_rw.explain/1 report: "):
         ExplainReport.from_json(json.dumps(document))
+    with pytest.raises(ReportError):
+        ExplainReport.from_json(document)
+
+
+def test_a_report_reads_from_a_dict_and_a_list_of_them_from_all_from_json(report):
+    document = json.loads(report.to_json())
+    assert ExplainReport.from_json(document) == report
+    assert ExplainReport.all_from_json(json.dumps([document, document])) == (report, report)
+    assert ExplainReport.all_from_json(document) == (report,)
+    with pytest.raises(ReportError, match="a list of 2 reports(.|\n)*all_from_json"):
+        ExplainReport.from_json([document, document])
+    with pytest.raises(ReportError, match="not JSON"):
+        ExplainReport.from_json("{")
 
 
 def test_text_reads_at_100_columns(report):
