@@ -192,7 +192,8 @@ def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None
         # a long kernel name is broken after its '+'s (_broken_at_plus) and the schedule at its
         # spaces; nothing else wraps, and no header breaks inside its word
         table.add_column(column, justify="right" if column in numeric else "left", overflow="fold",
-                         no_wrap=column != "schedule", min_width=len(column))
+                         no_wrap=column != "schedule",
+                         min_width=len("compute") if column == "bound" else len(column))
     for i, k in enumerate(candidate.kernels):
         cost = costs[i] if costs else None
         name = _broken_at_plus("+".join((k.kind, *k.fused))) + ("" if cost is None or cost.has_template else
@@ -200,7 +201,7 @@ def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None
         numbers = [str(k.registers), f"{k.smem_bytes / 1024:.0f}", f"{cost.occupancy:.0%}" if cost else "-",
                    _mb(k.hbm_bytes), _gflop(k.flops), _us(k.est_us)]
         if cost:
-            table.add_row(name, compact_schedule(cost.schedule), *numbers, cost.bound)
+            table.add_row(name, compact_schedule(cost.schedule), *numbers, cost.bound if cost.has_template else "host")
         else:
             table.add_row(name, *numbers)
     return table
@@ -229,7 +230,8 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     if report.chosen_by == "on_device":
         return f"chosen: {label} (candidate {report.chosen}), timed fastest on the GPU{_timings(program)}"
     if len(report.candidates) == 1:
-        return f"chosen: the only candidate ({label}), {_us(best.est_us)} µs by the cost model"
+        return (f"chosen: the only candidate ({label}), {_us(best.est_us)} µs by the cost model"
+                f"{_on_host(report, program)}")
     other = report.candidates[1 if report.chosen == 0 else 0]
     parts = [f"{len(best.kernels)} vs {len(other.kernels)} kernels"]
     if best.hbm_bytes != other.hbm_bytes:
@@ -241,7 +243,18 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     else:
         speed = "preferred to"
     return (f"chosen: {label}, {_us(best.est_us)} µs by the cost model, {speed} the "
-            f"{FusionDepth(other.fusion_depth).label} runner-up ({'; '.join(parts)})")
+            f"{FusionDepth(other.fusion_depth).label} runner-up ({'; '.join(parts)}){_on_host(report, program)}")
+
+
+def _on_host(report: ExplainReport, program: CompiledProgram | None) -> str:
+    """The chosen kernels no GPU template implements: their estimate is a generic kernel's, and the
+    host runs them."""
+    if program is None:
+        return ""
+    hosted = sum(not k.has_template for k in program.candidates[report.chosen].kernels)
+    return (f" ({hosted} of its kernels {'has' if hosted == 1 else 'have'} no GPU template: the estimate counts "
+            f"a generic kernel for "
+            f"{'it' if hosted == 1 else 'them'}, and the host runs the plan)" if hosted else "")
 
 
 def _timings(program: CompiledProgram | None) -> str:

@@ -122,7 +122,8 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     missing += [m for n, v in inputs.items() for m in _missing_items(v, n)]
     if missing and has_examples:
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; example_inputs() of "
-                         f"{module.__file__} has no {', '.join(missing)} (it gives {', '.join(examples) or 'nothing'}): "
+                         f"{module.__file__} has no {', '.join(missing)} "
+                         f"(it gives {', '.join(examples) or 'nothing'}): "
                          "add them, or pass --input")
     if missing and flags:
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
