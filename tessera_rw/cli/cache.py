@@ -12,6 +12,7 @@ found invalid is moved aside and reported as a warning on stderr; the command st
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import warnings
@@ -78,15 +79,23 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     here = current_versions()
     others = sum(r.versions != here for r in records)
     columns = ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by") + (("used here",) if others else ())
-    for col in columns:
+    rows = [(r.op_name, _shapes(r), _runs([DType.parse(d).short for d in r.dtypes]), r.arch,
+             compact_schedule(_config(r)), f"{r.time_us:.2f}",
+             r.chosen_by.value + (" (interpolated)" if r.interpolated else ""),
+             *((_used_here(r, here),) if others else ())) for r in records]
+    for i, col in enumerate(columns):
+        # cells wrap between their words, never inside one (depth=epilogue-fused stays whole)
+        widest_word = max((len(word) for row in rows for word in row[i].split()), default=0)
         table.add_column(col, justify="right" if col == "µs" else "left", overflow="fold",
-                         no_wrap=col in ("op", "arch", "µs", "chosen by"))
-    for r in records:
-        table.add_row(r.op_name, _shapes(r), " ".join(DType.parse(d).short for d in r.dtypes), r.arch,
-                      compact_schedule(_config(r)), f"{r.time_us:.2f}",
-                      r.chosen_by.value + (" (interpolated)" if r.interpolated else ""),
-                      *((_used_here(r, here),) if others else ()))
+                         no_wrap=col in ("op", "arch", "µs"), min_width=max(len(col), widest_word))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
+    named = sorted(p.name for p in cache.root.glob("*") if p.is_dir() and p.name != cache.name) \
+        if cache.root.is_dir() else []
+    if named:
+        console.print(f"other caches in {cache.root}: {', '.join(named)} (list one with --name NAME)",
+                      markup=False, highlight=False)
     if others:
         console.print(f"{others} record(s) hold for other versions than this machine's ({_describe(here)}): "
                       "lookups here never use them", markup=False, highlight=False)
@@ -147,7 +156,17 @@ def _describe(v: Versions) -> str:
 
 
 def _shapes(r: TuneRecord) -> str:
-    return " ".join("x".join(map(str, s)) if s else "scalar" for s in r.shapes)
+    return _runs(["x".join(map(str, s)) if s else "scalar" for s in r.shapes])
+
+
+def _runs(items: list[str]) -> str:
+    """The operands' shapes or dtypes in order, a run of equal ones written once with its count.
+
+    >>> _runs(["bf16", "bf16", "bf16"]), _runs(["512x512", "512x512", "512"])
+    ('bf16×3', '512x512×2 512')
+    """
+    runs = [(item, sum(1 for _ in group)) for item, group in itertools.groupby(items)]
+    return " ".join(item if n == 1 else f"{item}×{n}" for item, n in runs)
 
 
 def _config(r: TuneRecord) -> str:

@@ -330,7 +330,7 @@ def test_cli_list_export_import_clear(cli, tmp_path):
     status, out, _ = cli("list")
     assert status == 0
     for text in ("op", "shapes", "dtypes", "config", "µs", "chosen by", "matmul", "128x64 64x256",
-                 "bf16 bf16", "H100-SXM", "128x128x32 w2x2 s3", "10.00", "on_device", "cost_model", "7.25"):
+                 "bf16×2", "H100-SXM", "128x128x32 w2x2 s3", "10.00", "on_device", "cost_model", "7.25"):
         assert text in out
     status, out, _ = cli("list", "--format", "json", "--arch", "A100")
     assert status == 0 and [r["arch"] for r in json.loads(out)] == ["A100-SXM"]
@@ -338,6 +338,7 @@ def test_cli_list_export_import_clear(cli, tmp_path):
                                                                 f"{tmp_path / 'out.json'}\n")
     status, out, _ = cli("import", str(tmp_path / "out.json"), "--name", "other", "--format", "json")
     assert status == 0 and json.loads(out)["imported"] == 2 and len(TuneCache("other").records()) == 2
+    assert "other caches in " in cli("list")[1] and ": other (list one with --name NAME)" in cli("list")[1]
     status, _, err = cli("clear")
     assert status == 2 and "--yes" in err and "2 records" in err and len(TuneCache().records()) == 2
     assert cli("clear", "--arch", "A100", "--yes")[:2] == (0, "deleted 1 records of cache 'default' for A100\n")
