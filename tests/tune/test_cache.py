@@ -338,7 +338,8 @@ def test_cli_list_export_import_clear(cli, tmp_path):
                                                                 f"{tmp_path / 'out.json'}\n")
     status, out, _ = cli("import", str(tmp_path / "out.json"), "--name", "other", "--format", "json")
     assert status == 0 and json.loads(out)["imported"] == 2 and len(TuneCache("other").records()) == 2
-    assert "other caches in " in cli("list")[1] and ": other (list one with --name NAME)" in cli("list")[1]
+    listed = " ".join(cli("list")[1].split())
+    assert "other caches in " in listed and "/autotune: other (list one with --name NAME)" in listed
     status, _, err = cli("clear")
     assert status == 2 and "--yes" in err and "2 records" in err and len(TuneCache().records()) == 2
     assert cli("clear", "--arch", "A100", "--yes")[:2] == (0, "deleted 1 records of cache 'default' for A100\n")
