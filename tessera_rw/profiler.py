@@ -57,6 +57,17 @@ __all__ = ["session", "Session", "KernelRecord", "HostRoofline", "host_roofline"
 
 COLUMNS = ("Op", "Latency(ms)", "FLOPs(G)", "Bandwidth(GB/s)", "Efficiency(%)")
 
+class ProfileTable(Table):
+    """The table `report()` prints; as a value it reads as one line (a REPL's echo, print()), since
+    the table itself was printed already."""
+    summary = ""
+
+    def __repr__(self) -> str:
+        return f"<profile: {self.summary}>"
+
+    __str__ = __repr__
+
+
 @dataclass(frozen=True)
 class KernelRecord:
     """One kernel launch: what ran, where, when, and how close it came to the roofline."""
@@ -244,7 +255,7 @@ class Session:
         return (f"tessera_rw profile: {len(records)} kernel launch(es), {self.total_ms:.4g} ms; "
                 f"efficiency against {against}")
 
-    def report(self, *, group: bool = False, console: Console | None = None) -> Table:
+    def report(self, *, group: bool = False, console: Console | None = None) -> ProfileTable:
         """Print the table Op | Latency(ms) | FLOPs(G) | Bandwidth(GB/s) | Efficiency(%), one row per
         launch (`group=True`: one per kernel, its launches summed) and a total row; return it. Op is
         the kernel and its problem size, 'gemm+bias[64x128x32]'; FLOPs(G) is the work done (GFLOP).
@@ -254,7 +265,8 @@ class Session:
         ['Op', 'Latency(ms)', 'FLOPs(G)', 'Bandwidth(GB/s)', 'Efficiency(%)']
         """
         records = self.records
-        table = Table(title=self.title(), title_justify="left")
+        table = ProfileTable(title=self.title(), title_justify="left")
+        table.summary = f"{len(records)} launch(es), {_duration(sum(r.duration_ns for r in records))}"
         for i, column in enumerate(COLUMNS):
             table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i > 0, overflow="fold")
         if group:
@@ -347,7 +359,7 @@ def _last() -> Session:
     return found
 
 
-def report(*, group: bool = False) -> Table:
+def report(*, group: bool = False) -> ProfileTable:
     """`p.report()` of the session that closed last in this context."""
     return _last().report(group=group)
 

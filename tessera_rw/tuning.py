@@ -101,10 +101,16 @@ class TuneConfig:
                   for k in self.kernels if k.trials]
         return Printable(*tables)
 
+    @property
+    def signature(self) -> str:
+        """What was tuned: 'matmul(bf16[512,512], bf16[512,512])'."""
+        return f"{self.name}({', '.join(str(n.type) for n in self.program.graph.inputs)})"
+
     def __repr__(self) -> str:
         if self.chosen_by is ChosenBy.INTERPOLATED:      # the times are the nearest tuned shapes'
-            return f"<TuneConfig {self.name}: {self} (interpolated: {self.time_us:.1f} µs at the nearest tuned shape)>"
-        return f"<TuneConfig {self.name}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
+            return (f"<TuneConfig {self.signature}: {self} (interpolated: {self.time_us:.1f} µs at the nearest "
+                    "tuned shape)>")
+        return f"<TuneConfig {self.signature}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
 
 
 def _operand_names(fn: Callable, shapes: Sequence) -> list[str]:

@@ -103,6 +103,8 @@ def test_report_prints_the_profiler_columns_a_row_per_launch_and_a_total(capsys)
         ["Op", "Latency(ms)", "FLOPs(G)", "Bandwidth(GB/s)", "Efficiency(%)"]
     assert table.row_count == len(p.records) + 1
     assert "host roofline" in table.title and "numpy executor" in table.title
+    assert repr(table) == str(table) == f"<profile: {len(p.records)} launch(es), " \
+        f"{profiler._duration(sum(r.duration_ns for r in p.records))}>"     # the REPL's echo: one line
     cells = [list(c.cells) for c in table.columns]
     assert cells[0][-1] == "total" and cells[0][0] == "gemm+bias+gelu[64x128x32]"
     assert float(cells[1][-1]) == pytest.approx(p.total_ms, rel=1e-3)
