@@ -149,7 +149,8 @@ def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
     """One row per candidate, cheapest estimate first; the chosen one is marked."""
     where = (f" on {arch.name} ({arch.sm}, {arch.hbm_gbps:,.0f} GB/s, "
              f"{arch.peak_tflops.get(MathUnit.BF16, 0):,.0f} bf16 TFLOP/s)") if arch else ""
-    table = report_table("candidates" + where, caption="* chosen")
+    table = report_table("candidates" + where, caption="* chosen; registers, µs: the cost model's estimates "
+                                                       "(--emit-cuda lists ptxas's registers)")
     for column in ("#", "fusion depth", "kernels", "HBM MB", "GFLOP", "max regs", "est µs"):
         table.add_column(column, justify="left" if column == "fusion depth" else "right")
     for rank, c in enumerate(report.candidates):

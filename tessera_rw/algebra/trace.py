@@ -87,6 +87,12 @@ def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[Symbol
         raise ResultError(f"{function_name(fn)} returned {got}, not tensors: every argument it was called with is a "
                           "Python value, which a kernel takes as a constant of its trace", site=_definition_site(fn),
                           hint="pass arrays (np.asarray(1.5, np.float32) for a number) to compute on tensors")
+    if hasattr(result, "shape") and hasattr(result, "dtype"):
+        raise ResultError(f"{function_name(fn)} returned {got}, not tensors: an array it captured, or computed with "
+                          "numpy from captured arrays while tracing, is a constant of the trace, not a result of it",
+                          site=_definition_site(fn),
+                          hint="pass the array in as an argument and compute on it with op functions, or return it "
+                               "from plain Python outside the kernel")
     raise ResultError(f"{function_name(fn)} returned {got}, not tensors",
                       site=_definition_site(fn),
                       hint="return the result of tessera_rw ops on the inputs: one tensor, or a tuple, list or dict "

@@ -111,6 +111,13 @@ def test_function_returning_a_non_tensor(result, says):
     assert says in msg and "g returned" in msg and "test_errors.py" in msg
 
 
+def test_returning_a_captured_array_says_it_is_a_constant_of_the_trace():
+    captured = np.ones((3, 3), np.float32)
+    with pytest.raises(ResultError, match=r"returned ndarray, not tensors: an array it captured(.|\n)*hint: pass the "
+                                          r"array in as an argument"):
+        op.kernel(lambda x: captured * 2)(X)
+
+
 def test_python_control_flow_on_tensors_is_explained():
     @op.kernel
     def f(x):

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tessera_rw import op
 from tessera_rw.cli import main
 from tessera_rw.rules import plugins
+from tessera_rw.rules.library import BUILTIN_RULESETS
 from tessera_rw.rules.plugins import PluginError, PluginWarning, RulePack, discover
 from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import rewrite
@@ -45,10 +46,19 @@ def test_explain_says_when_a_fused_op_has_no_template(monkeypatch):
     assert "rmsnorm_matmul" in str(report)
 
 
-def test_example_plugin_rules_are_sound():
-    rs = {rs.name: rs for rs in rulesets()}["rmsnorm_matmul"]
+# every rule of every installed pack (the example package's among them)
+PLUGIN_RULES = [(rs, r) for rs in rulesets() if rs not in BUILTIN_RULESETS for r in rs.rules]
+
+
+def test_the_example_package_is_among_the_plugin_rules():
+    assert "rmsnorm_matmul" in {rs.name for rs, _ in PLUGIN_RULES}
+
+
+@pytest.mark.parametrize("ruleset, rule", PLUGIN_RULES, ids=[f"{rs.name}/{r.name}" for rs, r in PLUGIN_RULES])
+def test_plugin_rules_are_sound(ruleset, rule):
     for seed in range(3):
-        assert check_rule(rs.rules[0], rs, np.random.default_rng(seed)).ok
+        result = check_rule(rule, ruleset, np.random.default_rng(seed))
+        assert result.ok, result.detail
 
 
 def test_broken_plugins_warn_with_their_name_and_the_rest_works():

@@ -75,3 +75,11 @@ def test_the_scale_of_a_cancelling_sum_is_its_terms_and_a_jump_does_not_widen_it
     step = op.kernel(lambda x: op.where(x > 1.0, x + 100.0, x)).trace(op.tensor((5,), "float32"))
     at_the_edge = {"x": np.array([1.0, 0.5, 0.25, -2.0, 0.75], np.float32)}   # 1.0 flips under any nudge
     assert _scales(step, at_the_edge) == [2.0]
+
+
+def test_a_rule_whose_rewrite_adds_nothing_to_evaluate_is_unchecked_not_sound():
+    a, s, d = t.vars("a s d")
+    same = Rule("exp-is-exp", "exp a = exp a", lhs=t.exp(a, of=(s, d)), rhs=t.exp(a, of=(s, d)),
+                example=lambda rng: (lambda x: op.exp(x), {"x": rng.standard_normal(3).astype(np.float32)}))
+    result = check_rule(same, Ruleset("authored", (same,)), np.random.default_rng(0))
+    assert result.verdict.value == "unchecked" and "right-hand side went unchecked" in result.detail, result

@@ -33,7 +33,7 @@ ACTIVATIONS = {
 }
 # "d<act>": y · act'(aux), the backward of y = act(aux)
 DERIVATIVES = {f"d{name}": name for name in ACTIVATION_COTANGENTS}
-_ACTIVATION_FLOPS = {"silu": 4, "gelu": 8, "gelu_tanh": 8}          # per element; others 1
+_ACTIVATION_FLOPS = {"none": 0, "silu": 4, "gelu": 8, "gelu_tanh": 8}          # per element; others 1
 
 
 def takes_aux(activation: str) -> bool:
@@ -86,11 +86,13 @@ def _gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, scale: float, activa
     return y
 
 
-def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorType, activation: str,
+def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorType, scale: float, activation: str,
                 accum_dtype, trans_a: bool = False, trans_b: bool = False, **attrs) -> int:
+    """The product's, and per output element the epilogue's: the scale unless 1, an add per bias or
+    residual, the activation (its derivative's times the aux it reads)."""
     act = _ACTIVATION_FLOPS.get(DERIVATIVES.get(activation, activation), 1) + takes_aux(activation)
     product = matmul_flops(out, read_as(a, trans_a), read_as(b, trans_b), accum_dtype)
-    return product + (1 + len(extra) + act) * out.numel
+    return product + ((scale != 1.0) + len(extra) + act) * out.numel
 
 
 DEFS = (
