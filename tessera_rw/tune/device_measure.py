@@ -37,6 +37,7 @@ from tessera_rw.codegen.step_timing import not_recording
 from tessera_rw.codegen.templates.base import Schedule, Template
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.measure import Measurement, interleaved
+from tessera_rw.tune.records import ChosenBy
 
 WARMUP = 2
 ROUNDS = 15
@@ -46,7 +47,7 @@ COMPILE_WORKERS = min(8, os.cpu_count() or 1)
 
 class DeviceMeasurer:
     """Times schedules of `op` on the current GPU (device `device_index`)."""
-    method = "on_device"
+    method = ChosenBy.ON_DEVICE
 
     def __init__(self, template: Template, op: KernelOp, arch: ArchSpec, *, device_index: int = 0,
                  rounds: int = ROUNDS, warmup: int = WARMUP):

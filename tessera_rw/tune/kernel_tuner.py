@@ -144,7 +144,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
     if measurer is None:
         m = Method.resolve(method, op.op)
     else:                                       # a given measurer's numbers count as its method's
-        m = Method.COST_MODEL if measurer.method == "cost_model" else Method.ON_DEVICE
+        m = Method.COST_MODEL if ChosenBy(measurer.method) is ChosenBy.COST_MODEL else Method.ON_DEVICE
     first = None
     if cache is not None:
         hit = cached_schedule(op, arch, cache, space=space.schedules, restriction=restriction)
@@ -175,11 +175,12 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
                         hint="run tessera-rewrite --explain on the kernel to see its schedules and resources")
     chosen_by = ChosenBy.COST_MODEL if m is Method.COST_MODEL else ChosenBy.ON_DEVICE
     record = None
-    if measurer.method in ("on_device", "cost_model"):      # a replay is not this machine's result
+    measured_by = ChosenBy(measurer.method)
+    if measured_by in (ChosenBy.ON_DEVICE, ChosenBy.COST_MODEL):      # a replay is not this machine's result
         record = _record(op, template, arch, best.schedule, best.measurement.median_us, chosen_by,
                          best.measurement.noise_us, len(result.trials), restriction)
         if cache is not None:
             cache.put_or_warn(record)    # a cache that cannot be written costs a warning, not the result
-    return KernelTuning(op, template.kind_of(op), best.schedule, space.default, ChosenBy(measurer.method),
+    return KernelTuning(op, template.kind_of(op), best.schedule, space.default, measured_by,
                         best.measurement.median_us, best.measurement.noise_us, result, len(space),
                         len(space.pruned), record)

@@ -27,6 +27,7 @@ from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule, Template
 from tessera_rw.tune.cost import timing
+from tessera_rw.tune.records import ChosenBy
 
 MAD_TO_SIGMA = 1.4826          # a normal distribution's sigma per median absolute deviation
 MEDIAN_STANDARD_ERROR = 1.2533  # the median's standard error per sigma/sqrt(n), for normal samples
@@ -80,9 +81,9 @@ class Measurement:
 
 class Measurer(Protocol):
     """Measures schedules of one kernel. `method` names the source of its numbers in records and
-    reports ('on_device', 'cost_model', 'replay'); `measure` takes a batch so a measurer can
-    compile in parallel and interleave the batch's timing."""
-    method: str
+    reports (ON_DEVICE, COST_MODEL, REPLAY; their strings do too); `measure` takes a batch so a
+    measurer can compile in parallel and interleave the batch's timing."""
+    method: ChosenBy
 
     def measure(self, schedules: Sequence[Schedule]) -> list[Measurement]: ...
 
@@ -110,7 +111,7 @@ def interleaved(runs: Mapping[K, Callable[[], float]], *, warmup: int = 2, round
 
 class CostModelMeasurer:
     """The roofline cost model's estimate as the 'measurement' (noise 0): tuning without a GPU."""
-    method = "cost_model"
+    method = ChosenBy.COST_MODEL
 
     def __init__(self, template: Template, op: KernelOp, arch: ArchSpec):
         self.template, self.op, self.arch = template, op, arch

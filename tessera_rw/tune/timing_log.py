@@ -31,7 +31,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.rules.schema import ATTRS, DTYPE, OPT_DTYPE
 from tessera_rw.tune.measure import Measurement
-from tessera_rw.tune.records import ConfigKey, ConfigValue, FileToken, Finite, Shape, Token
+from tessera_rw.tune.records import ChosenBy, ConfigKey, ConfigValue, FileToken, Finite, Shape, Token
 from tessera_rw.tune.space import schedule_config
 
 LOG_SCHEMA = "tessera_rw.timing-log/1"
@@ -123,7 +123,7 @@ class TimingLog(BaseModel):
 
 class ReplayMeasurer:
     """Answers measurements from a timing log; a schedule the log lacks is a failure saying so."""
-    method = "replay"
+    method = ChosenBy.REPLAY
 
     def __init__(self, log: TimingLog):
         self.log = log
