@@ -19,7 +19,7 @@ PACKAGE = ROOT / "tessera_rw"
 LAYERS = {"algebra": 1, "rules": 2, "lower": 3, "codegen": 4, "tune": 5}
 TOP = 6
 PUBLIC_MODULES = {"tessera_rw", "tessera_rw.op", "tessera_rw.plugin", "tessera_rw.numerics", "tessera_rw.graph"}
-MAX_LINES = 420          # "where a file grows past ~400 lines, it is two concepts"
+MAX_LINES = 400          # "where a file grows past ~400 lines, it is two concepts"
 
 
 def module_name(path: Path) -> str:
@@ -48,7 +48,21 @@ def imports(path: Path, *, module_level_only: bool = False) -> list[tuple[int, s
                 found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
             else:
                 found.append((node.lineno, node.module or ""))
+    if not module_level_only:      # importlib.import_module("tessera_rw...") with a literal (or f-string) target
+        found += [(node.lineno, _literal_prefix(node.args[0])) for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) ==
+                  "import_module" and node.args and _literal_prefix(node.args[0])]
     return [(line, name) for line, name in found if name.split(".")[0] == "tessera_rw"]
+
+
+def _literal_prefix(arg: ast.expr) -> str:
+    """The module an import_module call names: a string literal, or an f-string's leading text up to
+    its last dot ("tessera_rw.codegen.templates.{module}" -> tessera_rw.codegen.templates)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rpartition(".")[0]
+    return ""
 
 
 def _module_level(body: list[ast.stmt]):
@@ -65,7 +79,8 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def test_the_layer_table_covers_every_package():
-    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    # every folder of modules, a namespace package (no __init__.py) as much as any
+    packages = {p.parent.relative_to(PACKAGE).parts[0] for p in SOURCES if p.parent != PACKAGE}
     assert packages - {"cli"} <= set(LAYERS), "a new package needs a row in LAYERS"
 
 
@@ -111,7 +126,11 @@ def test_plugins_use_the_public_api_only(path):
     assert not private, f"{path.name} reaches past the public API: {private}"
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+# the package, and the tests, benchmarks and plugins beside it
+ALL_SOURCES = SOURCES + sorted(p for folder in ("tests", "bench") for p in (ROOT / folder).rglob("*.py")) + PLUGIN_SOURCES
+
+
+@pytest.mark.parametrize("path", ALL_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_is_a_god_file(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{module_name(path)} has {lines} lines: split it along the concept it mixes"
