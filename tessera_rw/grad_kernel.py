@@ -193,7 +193,13 @@ class GradKernel(Kernel):
 def grad(fn: Callable | Kernel, argnums: Argnums = 0, has_aux: bool = False) -> GradKernel:
     """The gradient of a function returning a scalar, with respect to its parameters at `argnums`:
     `dw, db = op.grad(loss, argnums=(1, 2))(x, w, b)`. `fn` may be a plain function or a kernel.
-    With `has_aux=True`, fn returns (loss, aux) and the call returns (gradients, aux)."""
+    With `has_aux=True`, fn returns (loss, aux) and the call returns (gradients, aux).
+
+    >>> import numpy as np
+    >>> from tessera_rw import op
+    >>> op.grad(lambda x: op.sum(x * x))(np.array([1.0, -2.0]))      # d/dx Σ x² = 2x
+    array([ 2., -4.])
+    """
     return GradKernel(fn, argnums, has_aux=has_aux)
 
 

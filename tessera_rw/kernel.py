@@ -341,7 +341,16 @@ class Kernel:
 
 def kernel(fn: Callable) -> Kernel | BoundKernel:
     """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature. A kernel
-    already (`op.kernel(op.grad(f))`) is returned as it is."""
+    already (`op.kernel(op.grad(f))`) is returned as it is.
+
+    >>> import numpy as np
+    >>> from tessera_rw import op
+    >>> @op.kernel
+    ... def scaled_softmax(x):
+    ...     return op.softmax(x * 0.5, axis=-1)
+    >>> scaled_softmax(np.zeros((2, 4), np.float32))[0]
+    array([0.25, 0.25, 0.25, 0.25], dtype=float32)
+    """
     return fn if isinstance(fn, (Kernel, BoundKernel)) else Kernel(fn)
 
 
@@ -349,7 +358,16 @@ def autotune(fn: Callable | Kernel | None = None, *, cache: str = "default", met
              max_trials: int = 50, time_budget_s: float | None = None):
     """Decorator: `@op.autotune(cache="h100_configs")` makes a kernel tune each new signature on its
     first call, keeping the results in the named cache (one file per GPU arch); a later process
-    finds them there and tunes nothing. Stacks on `@op.kernel` or stands alone."""
+    finds them there and tunes nothing. Stacks on `@op.kernel` or stands alone.
+
+    >>> from tessera_rw import op
+    >>> @op.autotune(cache="doc_example", method="cost_model")
+    ... @op.kernel
+    ... def project(x, w):
+    ...     return op.gelu(x @ w)
+    >>> project.tuning.cache, project.tuning.method.value
+    ('doc_example', 'cost_model')
+    """
     from tessera_rw.tune.cache import TuneCache
     from tessera_rw.tune.plan_tuner import TuneSettings
     TuneCache(cache)                               # a bad name or method fails here, not at the first call

@@ -18,9 +18,11 @@ when a GPU is present.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -184,19 +186,61 @@ def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
     return program.tuning.tuning.kernels if program.tuning is not None else ()
 
 
+# (on, cache) within an `autotune.scoped(...)` block, for this thread or task only; None outside one
+_SCOPED: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar("tessera_autotune", default=None)
+
+
 class Autotune:
-    """The `autotune` object: call it to tune; its methods switch tuning on and manage the cache."""
+    """The `autotune` object: call it to tune; its methods switch tuning on and manage the cache.
+
+    Whether `@op.kernel` calls tune, and into which cache: `enable()` says it for the process (the
+    environment's TESSERA_AUTOTUNE=1 before that), `with autotune.scoped(...)` for one block of one
+    thread or task, which wins inside it.
+
+    >>> with autotune.scoped(cache="doc_example"):
+    ...     autotune.enabled, autotune.cache
+    (True, 'doc_example')
+    """
 
     def __init__(self) -> None:
-        self.enabled = os.environ.get("TESSERA_AUTOTUNE", "").strip().lower() in ("1", "true", "on")
-        self.cache = DEFAULT_CACHE
+        self._process: tuple[bool, str] | None = None   # read from the environment at first use
+
+    def _state(self) -> tuple[bool, str]:
+        scoped = _SCOPED.get()
+        return scoped if scoped is not None else self._process_state()
+
+    def _process_state(self) -> tuple[bool, str]:
+        if self._process is None:
+            self._process = (os.environ.get("TESSERA_AUTOTUNE", "").strip().lower() in ("1", "true", "on"),
+                             DEFAULT_CACHE)
+        return self._process
+
+    @property
+    def enabled(self) -> bool:
+        return self._state()[0]
+
+    @property
+    def cache(self) -> str:
+        return self._state()[1]
 
     def enable(self, on: bool = True, *, cache: str | None = None) -> None:
-        """Make `@op.kernel` calls tune each new signature (from the cache when it knows it)."""
-        self.enabled = bool(on)
+        """Make `@op.kernel` calls tune each new signature (from the cache when it knows it), in
+        the whole process."""
         if cache is not None:
             TuneCache(cache)        # checks the name
-            self.cache = cache
+        self._process = (bool(on), cache or self._process_state()[1])
+
+    @contextlib.contextmanager
+    def scoped(self, on: bool = True, *, cache: str | None = None) -> Iterator[Autotune]:
+        """Tuning on (or off) inside the block only, in this thread or task; the process's setting
+        returns after it, even after an error."""
+        if cache is not None:
+            TuneCache(cache)
+        token = _SCOPED.set((bool(on), cache or self.cache))
+        try:
+            yield self
+        finally:
+            _SCOPED.reset(token)
 
     def settings(self) -> TuneSettings | None:
         """The settings a kernel call tunes with when tuning is on, else None."""

@@ -88,6 +88,28 @@ def test_autotune_enable_makes_every_kernel_tune():
     assert f.program(x).tuning is None
 
 
+def test_a_scoped_autotune_holds_in_its_block_and_thread_only():
+    import threading
+
+    @op.kernel
+    def f(x):
+        return op.softmax(x * 3.0, axis=-1)
+    x = np.ones((8, 64), np.float32)
+    seen = {}
+    with autotune.scoped(cache="scoped"):
+        assert f.program(x).tuning is not None and TuneCache("scoped").records()
+        worker = threading.Thread(target=lambda: seen.update(on=autotune.enabled))
+        worker.start()
+        worker.join()
+        with autotune.scoped(False):
+            assert f.program(x).tuning is None
+        assert autotune.cache == "scoped"
+    assert seen == {"on": False} and not autotune.enabled and autotune.cache == "default"
+    with pytest.raises(RuntimeError), autotune.scoped():
+        raise RuntimeError("the scope ends with the block")
+    assert not autotune.enabled
+
+
 def test_explain_measures_nothing_where_a_call_would_tune_on_the_gpu(monkeypatch):
     from tessera_rw.tune import kernel_tuner
 

@@ -113,10 +113,24 @@ def _fft(name: str, x, n, axis, norm):
     return apply(name, (x,), n=int(n), axis=ax, norm=norm)
 
 
-def fft(x, n=None, axis=-1, norm=None): return _fft("fft", x, n, axis, norm)
-def ifft(x, n=None, axis=-1, norm=None): return _fft("ifft", x, n, axis, norm)
-def rfft(x, n=None, axis=-1, norm=None): return _fft("rfft", x, n, axis, norm)
-def irfft(x, n=None, axis=-1, norm=None): return _fft("irfft", x, n, axis, norm)
+def fft(x, n=None, axis=-1, norm=None):
+    """numpy.fft.fft: the complex transform along `axis`, cropped or zero-padded to `n`."""
+    return _fft("fft", x, n, axis, norm)
+
+
+def ifft(x, n=None, axis=-1, norm=None):
+    """numpy.fft.ifft: the inverse complex transform."""
+    return _fft("ifft", x, n, axis, norm)
+
+
+def rfft(x, n=None, axis=-1, norm=None):
+    """numpy.fft.rfft: a real signal's transform, n // 2 + 1 frequencies."""
+    return _fft("rfft", x, n, axis, norm)
+
+
+def irfft(x, n=None, axis=-1, norm=None):
+    """numpy.fft.irfft: the real signal of n samples (default 2·(m − 1)) with this half spectrum."""
+    return _fft("irfft", x, n, axis, norm)
 
 
 def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):

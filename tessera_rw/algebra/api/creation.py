@@ -26,8 +26,14 @@ def full(shape, fill_value, dtype="float32"):
     return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
 
 
-def ones(shape, dtype="float32"): return full(shape, 1, dtype)
-def zeros(shape, dtype="float32"): return full(shape, 0, dtype)
+def ones(shape, dtype="float32"):
+    """numpy.ones: `op.ones((seq, seq), "bool")` for a mask to take tril of."""
+    return full(shape, 1, dtype)
+
+
+def zeros(shape, dtype="float32"):
+    """numpy.zeros."""
+    return full(shape, 0, dtype)
 
 
 def arange(start, stop=None, step=1, dtype=None):
@@ -52,4 +58,5 @@ def tril(x, k: int = 0):
 
 
 def triu(x, k: int = 0):
+    """Zero the elements below the k-th diagonal of the last two axes (numpy.triu)."""
     return apply("triu", (x,), k=int(k))

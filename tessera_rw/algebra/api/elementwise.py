@@ -1,4 +1,9 @@
-"""Elementwise op functions: numpy names (add, multiply, ...) plus the activations torch has."""
+"""Elementwise op functions: numpy names (add, multiply, ...) plus the activations torch has.
+
+>>> import numpy as np
+>>> maximum(np.array([1.0, -2.0], np.float32), 0.0), sigmoid(np.float32([0.0]))
+(array([1., 0.], dtype=float32), array([0.5], dtype=float32))
+"""
 
 from __future__ import annotations
 
@@ -40,6 +45,21 @@ def erf(x): return apply("erf", (x,))
 def sigmoid(x): return apply("sigmoid", (x,))
 def relu(x): return apply("relu", (x,))
 def silu(x): return apply("silu", (x,))
+
+
+# what each one-line function above computes, for help(): numpy's meaning, broadcasting included
+_MEANINGS = {
+    add: "a + b", subtract: "a - b", multiply: "a * b", divide: "a / b", power: "a ** b",
+    maximum: "the larger of a and b", minimum: "the smaller of a and b", equal: "a == b (bool)",
+    not_equal: "a != b (bool)", less: "a < b (bool)", less_equal: "a <= b (bool)", greater: "a > b (bool)",
+    greater_equal: "a >= b (bool)", logical_and: "a and b, of bools", logical_or: "a or b, of bools",
+    logical_not: "not x, of bools (also ~x)", negative: "-x", abs: "|x|", exp: "e ** x", log: "the natural log",
+    sqrt: "the square root", rsqrt: "1 / sqrt(x)", reciprocal: "1 / x", tanh: "tanh", sin: "sine", cos: "cosine",
+    erf: "the error function", sigmoid: "1 / (1 + exp(-x))", relu: "max(x, 0)", silu: "x * sigmoid(x) (swish)",
+}
+for _fn, _meaning in _MEANINGS.items():
+    _fn.__doc__ = (f"{_meaning}, elementwise, broadcast as numpy broadcasts; a Python number takes the "
+                   "dtype of the tensor it meets.")
 
 
 def gelu(x, approximate: str = "none"):

@@ -32,6 +32,7 @@ def transpose(x, axes=None):
 
 
 def swapaxes(x, axis1: int, axis2: int):
+    """numpy.swapaxes: `op.swapaxes(k, -2, -1)` is k.mT."""
     x = tensor_operand(x)
     with op_context("swapaxes", (x,), ("x",)):
         ndim = type_of(x).ndim
@@ -60,6 +61,7 @@ def reshape(x, shape):
 
 
 def expand_dims(x, axis: int):
+    """numpy.expand_dims: a new axis of size 1 at `axis` (x[:, None] too)."""
     x = tensor_operand(x)
     with op_context("expand_dims", (x,), ("x",)):
         shape = type_of(x).shape
@@ -68,6 +70,7 @@ def expand_dims(x, axis: int):
 
 
 def squeeze(x, axis=None):
+    """numpy.squeeze: drop the size-1 axes named (None: all of them)."""
     x = tensor_operand(x)
     with op_context("squeeze", (x,), ("x",)):
         shape = type_of(x).shape
@@ -78,6 +81,7 @@ def squeeze(x, axis=None):
 
 
 def broadcast_to(x, shape):
+    """numpy.broadcast_to: x repeated along new leading axes and its size-1 axes."""
     x = tensor_operand(x)
     with op_context("broadcast_to", (x,), ("x",)):
         dims = int_tuple(shape, "shape")
@@ -87,6 +91,7 @@ def broadcast_to(x, shape):
 
 
 def concatenate(xs, axis: int = 0):
+    """numpy.concatenate: the tensors joined along an existing axis (op.stack adds one)."""
     xs = tuple(tensor_operand(x) for x in xs)
     with op_context("concatenate", xs, ("xs",)):
         if not xs:

@@ -20,14 +20,17 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001  (numpy's name)
 
 
 def mean(x, axis=None, keepdims=False):
+    """The mean over `axis` (None: all axes), as numpy.mean."""
     return _reduce("mean", x, axis, keepdims)
 
 
 def max(x, axis=None, keepdims=False):  # noqa: A001
+    """The largest value over `axis` (None: all axes), as numpy.max; op.maximum is elementwise."""
     return _reduce("max", x, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False):  # noqa: A001
+    """The smallest value over `axis` (None: all axes), as numpy.min; op.minimum is elementwise."""
     return _reduce("min", x, axis, keepdims)
 
 
@@ -44,6 +47,7 @@ def softmax(x, axis: int = -1):
 
 
 def log_softmax(x, axis: int = -1):
+    """log(softmax(x)) along `axis`, computed as x − max − log Σ exp(x − max)."""
     return _row("log_softmax", x, axis)
 
 

@@ -18,7 +18,6 @@ from tessera_rw.rules.rule import Rule
 t = TermBuilder()
 a, b, x, acc, ax, s, d = t.vars("a b x acc ax s d")
 T = (s, d)
-VECTOR_LENGTH = 5               # the examples' vector operand
 
 
 def _swap_to_last(norm: str) -> Rule:
@@ -44,8 +43,14 @@ def _vector_products() -> tuple[Rule, ...]:
     shapes = ("(= a_s (shp a))", "(= b_s (shp b))", "(= da (dt a))", "(= db (dt b))")
 
     def example(a_shape, b_shape):
-        return lambda rng: ((lambda a, b: a @ b), {"a": rand(rng, *a_shape), "b": rand(rng, *b_shape)})
-    n = VECTOR_LENGTH
+        """A product of operands of these shapes, `n` the vector's length (one random length for
+        both), 0 any dim."""
+        def inputs(rng):
+            n = int(rng.integers(1, 9))
+            shaped = {"a": [n if d == "n" else d for d in a_shape], "b": [n if d == "n" else d for d in b_shape]}
+            return (lambda a, b: a @ b), {k: rand(rng, *dims) for k, dims in shaped.items()}
+        return inputs
+    n = "n"
     return (
         Rule("vector-times-matrix-as-a-row", "v A = (v as a 1×n matrix) A, reshaped",
              lhs=t.matmul(a, b, accum_dtype=acc, of=T),

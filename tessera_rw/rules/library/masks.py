@@ -48,6 +48,17 @@ def _triangle_example(rng: np.random.Generator):
     return (lambda x: op.where(~op.triu(op.ones((n, n), "bool"), k=k0), x, -1.0)), {"x": rand(rng, n, n)}
 
 
+def _masked(rng: np.random.Generator, body, dtype=np.float32):
+    """`body(keep, x)` on a random bool mask and values of one random shape."""
+    n, p = (int(v) for v in rng.integers(1, 7, size=2))
+    return body, {"keep": _bools(rng, n, p), "x": rand(rng, n, p, dtype=dtype)}
+
+
+def _float_tril_example(rng: np.random.Generator):
+    n, k0 = int(rng.integers(1, 7)), int(rng.integers(-2, 3))
+    return (lambda x: op.where(op.tril(op.ones((n, n)), k=k0) != 0, x, -1.0)), {"x": rand(rng, n, n)}
+
+
 def _comparison_example(negated: str):
     def example(rng: np.random.Generator):
         n = int(rng.integers(1, 7))
@@ -62,8 +73,7 @@ RULES = (
          lhs=t.where(m, a, b, of=T), rhs=t.where(t.logical_not(m, of=(ms, "bool")), b, a, of=T),
          when=("(= ms (shp m))",), example=_swap_example),
     Rule("not-not", "¬¬m = m", lhs=t.logical_not(t.logical_not(m), of=BOOL), rhs=m,
-         example=lambda rng: ((lambda keep, x: op.where(~~keep, x, 0.0)), {"keep": _bools(rng, 3, 4),
-                                                                           "x": rand(rng, 3, 4)})),
+         example=lambda rng: _masked(rng, lambda keep, x: op.where(~~keep, x, 0.0))),
     Rule("not-equal", "¬(x = y) = (x ≠ y)", lhs=t.logical_not(t.eq(x, y), of=BOOL), rhs=t.ne(x, y, of=BOOL),
          example=_comparison_example("eq")),
     Rule("not-not-equal", "¬(x ≠ y) = (x = y)", lhs=t.logical_not(t.ne(x, y), of=BOOL), rhs=t.eq(x, y, of=BOOL),
@@ -77,11 +87,11 @@ RULES = (
                   t.constant(value=0.0, dtype=Expr("fd")), of=BOOL),
          rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=k, of=BOOL),
          when=("(= c 1.0)", "(= s fs)"),
-         example=lambda rng: ((lambda x: op.where(op.tril(op.ones((4, 4))) != 0, x, -1.0)), {"x": rand(rng, 4, 4)})),
+         example=_float_tril_example),
     Rule("upcast-after-mask", "where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f)",
          lhs=t.where(m, t.cast(x, dtype=d), t.constant(value=float("-inf"), dtype=d), of=T),
          rhs=t.cast(t.where(m, x, t.constant(value=float("-inf"), dtype=dx, of=((), dx)), of=(s, dx)), dtype=d, of=T),
          when=("(= dx (dt x))", "(= (shp x) s)", *(f'(!= dx "{t}")' for t in WITHOUT_INFINITY)),
-         example=lambda rng: ((lambda keep, x: op.where(keep, op.cast(x, "float32"), -np.inf) * 2.0),
-                              {"keep": _bools(rng, 3, 5), "x": rand(rng, 3, 5).astype("float16")})),
+         example=lambda rng: _masked(rng, lambda keep, x: op.where(keep, op.cast(x, "float32"), -np.inf) * 2.0,
+                                     np.float16)),
 )
