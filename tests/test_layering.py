@@ -1,5 +1,5 @@
 """The package's shape as its architecture draws it: imports point down the layers, modules import without
-cycles, plugins use the public API only, and no module grows into a god file.
+cycles, plugins use the public API only, no module grows into a god file and no function past a screen.
 
 Imports are read from the source (ast). For the layers, every one of them: a lazy import inside a
 function is a dependency all the same. For cycles, the module-level ones: those are what makes
@@ -134,3 +134,15 @@ ALL_SOURCES = SOURCES + sorted(p for folder in ("tests", "bench") for p in (ROOT
 def test_no_module_is_a_god_file(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{module_name(path)} has {lines} lines: split it along the concept it mixes"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_function_outgrows_a_screen(path):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{module_name(path)}: split {', '.join(long)} into helpers named for what they do"

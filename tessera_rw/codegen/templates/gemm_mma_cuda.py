@@ -245,19 +245,7 @@ def emit_tensor_core(p: GemmProblem, s: GemmSchedule, name: str, group: int) -> 
     kstep = 32 // p.in_dtype.itemsize             # the mma's k: always 32 bytes, two chunks of a k-run
     ca = (s.bk if p.a_k_major else s.bm) // el    # 16-byte chunks per smem row of A and of B
     cb = (s.bk if p.b_k_major else s.bn) // el
-    staged = fp8.staged(p)
-    declare = "".join("    " + fp8.staged_loads(p, x.upper()) for x in staged)
-    fetch = "".join(f" fetch_{x}({{kt}});" for x in staged)
-    stash = "".join(f" stash_{x}({{stage}});" for x in staged)
-    prologue = (f"{{ load_tile(st, st);{fetch.format(kt='st')}{stash.format(stage='st')} }}" if staged
-                else "load_tile(st, st);")
-    # one staged operand's registers stay live across the MMAs, hiding its loads; two would spill
-    overlap = len(staged) == 1
-    refill = (f"{{ load_tile(next % STAGES, next);{fetch.format(kt='next')}"
-              f"{'' if overlap else stash.format(stage='next % STAGES')} }}" if staged
-              else "load_tile(next % STAGES, next);")
-    written = (f"\n        if (next < KT) {{{stash.format(stage='next % STAGES')} }}   // after the math: "
-               "its loads had it to land" if overlap else "")
+    declare, prologue, refill, written = _stage_loads(p)
     # tiles whose fragments tf32 reads word by word: B as stored, A transposed
     swz_a = _TF32_SWIZZLE if p.tf32 and p.trans_a else _swizzle(ca)
     swz_b = _TF32_SWIZZLE if p.tf32 and not p.trans_b else _swizzle(cb)
@@ -317,7 +305,34 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         }}{written}
     }}
     cp_async_wait<0>();
+{_store_accumulators(p, args)}
+}}
+"""
 
+
+def _stage_loads(p: GemmProblem) -> tuple[str, str, str, str]:
+    """The main loop's loading statements: the staged operands' register declarations (fp8 read
+    through registers, fp8.staged), the prologue's load of stage st, the loop's refill of stage
+    `next`, and the stash written after the math when it overlaps the MMAs."""
+    staged = fp8.staged(p)
+    declare = "".join("    " + fp8.staged_loads(p, x.upper()) for x in staged)
+    fetch = "".join(f" fetch_{x}({{kt}});" for x in staged)
+    stash = "".join(f" stash_{x}({{stage}});" for x in staged)
+    prologue = (f"{{ load_tile(st, st);{fetch.format(kt='st')}{stash.format(stage='st')} }}" if staged
+                else "load_tile(st, st);")
+    # one staged operand's registers stay live across the MMAs, hiding its loads; two would spill
+    overlap = len(staged) == 1
+    refill = (f"{{ load_tile(next % STAGES, next);{fetch.format(kt='next')}"
+              f"{'' if overlap else stash.format(stage='next % STAGES')} }}" if staged
+              else "load_tile(next % STAGES, next);")
+    written = (f"\n        if (next < KT) {{{stash.format(stage='next % STAGES')} }}   // after the math: "
+               "its loads had it to land" if overlap else "")
+    return declare, prologue, refill, written
+
+
+def _store_accumulators(p: GemmProblem, args: str) -> str:
+    """The epilogue: each thread's accumulator pairs through gemm_epilogue into C."""
+    return f"""
     // accumulator (i, j, e): row group lane/4 (+8 for e >= 2), column pair 2*(lane%4)
     const long long cz = gemm_boff_c(z);
     #pragma unroll
@@ -332,6 +347,4 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
                     const long long o = cz + (long long)r * N + c;
 {store_pair(p, args)}
                 }}
-            }}
-}}
-"""
+            }}"""

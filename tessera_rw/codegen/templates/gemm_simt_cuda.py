@@ -43,11 +43,6 @@ def emit_simt(p: GemmProblem, s: GemmSimtSchedule, name: str, group: int) -> str
     """The FFMA kernel for fp32 operands, after its launch comment and device helpers."""
     fns, signature, args = common(p)
     store = _STORE1[p.out_dtype]
-    a_at, a_offset = _a_coordinates(p)
-    b_at, b_offset = _b_coordinates(p)
-    # a bias-gradient product reads A's MA rows and has ones in row MA
-    a_load = (f"(m0 + r < M && k0 + c < K) ? Ab[{a_offset}] : 0.0f" if not p.bias_grad else
-              f"(m0 + r < MA && k0 + c < K) ? Ab[{a_offset}] : (m0 + r == MA && k0 + c < K) ? 1.0f : 0.0f")
     return launch_comment(p, s, name, signature) + fns + f"""
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_row_decl(p)}
@@ -59,25 +54,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     __shared__ __align__(16) float sB[2][BK][BN];
     const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
 {block_origin("float", group)}
-    float ra[LA], rb[LB];
-    auto fetch = [&](int k0) {{   // the next tile into registers, zeros past the edges
-        #pragma unroll
-        for (int i = 0; i < LA; ++i) {{
-            const int id = tid + i * THREADS, {a_at};
-            ra[i] = {a_load};
-        }}
-        #pragma unroll
-        for (int i = 0; i < LB; ++i) {{
-            const int id = tid + i * THREADS, {b_at};
-            rb[i] = (k0 + r < K && n0 + c < N) ? Bb[{b_offset}] : 0.0f;
-        }}
-    }};
-    auto stash = [&](int buf) {{
-        #pragma unroll
-        for (int i = 0; i < LA; ++i) {{ const int id = tid + i * THREADS, {a_at}; sA[buf][c][r] = ra[i]; }}
-        #pragma unroll
-        for (int i = 0; i < LB; ++i) {{ const int id = tid + i * THREADS, {b_at}; sB[buf][r][c] = rb[i]; }}
-    }};
+{_register_staging(p)}
 
     float acc[TM][TN];
     #pragma unroll
@@ -126,3 +103,32 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
         }}
 }}
 """
+
+
+def _register_staging(p: GemmProblem) -> str:
+    """The lambdas moving a k-tile through registers: `fetch` loads the next one from global memory
+    (zeros past the edges), `stash` writes it to the other shared buffer."""
+    a_at, a_offset = _a_coordinates(p)
+    b_at, b_offset = _b_coordinates(p)
+    # a bias-gradient product reads A's MA rows and has ones in row MA
+    a_load = (f"(m0 + r < M && k0 + c < K) ? Ab[{a_offset}] : 0.0f" if not p.bias_grad else
+              f"(m0 + r < MA && k0 + c < K) ? Ab[{a_offset}] : (m0 + r == MA && k0 + c < K) ? 1.0f : 0.0f")
+    return f"""    float ra[LA], rb[LB];
+    auto fetch = [&](int k0) {{   // the next tile into registers, zeros past the edges
+        #pragma unroll
+        for (int i = 0; i < LA; ++i) {{
+            const int id = tid + i * THREADS, {a_at};
+            ra[i] = {a_load};
+        }}
+        #pragma unroll
+        for (int i = 0; i < LB; ++i) {{
+            const int id = tid + i * THREADS, {b_at};
+            rb[i] = (k0 + r < K && n0 + c < N) ? Bb[{b_offset}] : 0.0f;
+        }}
+    }};
+    auto stash = [&](int buf) {{
+        #pragma unroll
+        for (int i = 0; i < LA; ++i) {{ const int id = tid + i * THREADS, {a_at}; sA[buf][c][r] = ra[i]; }}
+        #pragma unroll
+        for (int i = 0; i < LB; ++i) {{ const int id = tid + i * THREADS, {b_at}; sB[buf][r][c] = rb[i]; }}
+    }};"""
