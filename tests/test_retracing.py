@@ -1,5 +1,6 @@
 """When a kernel traces again: captured arrays are inputs read at each call, a global, closure or
-`self` name holding another array or number traces again, and ever new values or shapes warn."""
+`self` name holding another array or number traces again (the function's own, or a helper's it
+calls), and ever new values or shapes warn."""
 
 import warnings
 
@@ -49,6 +50,29 @@ def test_rebinding_a_global_array_or_number_traces_again():
         np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
         SCALE = -2.0
         np.testing.assert_allclose(project(X), X @ W * SCALE, rtol=1e-5)
+    finally:
+        W, SCALE = saved
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def _projected(x):
+    return _scaled(x) @ W
+
+
+def test_the_globals_of_helpers_it_calls_are_guarded_and_their_arrays_named():
+    global SCALE, W
+    saved = W, SCALE
+    helper = op.kernel(lambda x: _projected(x))
+    try:
+        np.testing.assert_allclose(helper(X), X * SCALE @ W, rtol=1e-5)
+        assert [n.attr("name") for n in helper.trace(X).inputs] == ["x", "W"]
+        SCALE = 4.0                                   # read two calls deep
+        np.testing.assert_allclose(helper(X), X * 4.0 @ W, rtol=1e-5)
+        W = RNG.standard_normal((4, 4)).astype(np.float32)
+        np.testing.assert_allclose(helper(X), X * 4.0 @ W, rtol=1e-5)
     finally:
         W, SCALE = saved
 

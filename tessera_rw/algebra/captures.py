@@ -140,10 +140,45 @@ def _cell_contents(cell: types.CellType) -> Any:
         return _MISSING
 
 
+HELPER_DEPTH = 4      # calls deep that a plain helper's globals are guarded
+
+
 def guards_of(fn: Callable) -> tuple[Guard, ...]:
-    """A guard for each array or number `fn` reads by a global, closure or `self` name now."""
-    held = ((name, read, read()) for name, read in _sources(fn).items())
+    """A guard for each array or number `fn` reads by a global, closure or `self` name now, and
+    those of the plain Python functions it names (helpers it calls, theirs in turn): a helper's
+    global constant changes the trace as much as fn's own."""
+    sources = dict(_sources(fn))
+    for helper in _helpers(fn):
+        for name, read in _sources(helper).items():
+            same = sources.get(name)
+            if same is None or same() is not read():
+                sources.setdefault(name if same is None else f"{function_name(helper)}.{name}", read)
+    held = ((name, read, read()) for name, read in sources.items())
     return tuple(Guard(name, read, value) for name, read, value in held if _guarded(value))
+
+
+def _helpers(fn: Callable) -> list[types.FunctionType]:
+    """The user's plain functions `fn` names by a global or closure name, theirs in turn (up to
+    HELPER_DEPTH calls deep): not tessera_rw's, numpy's or any other installed library's, whose
+    globals are not the user's constants; kernels guard their own reads (note_nested)."""
+    found: list[types.FunctionType] = []
+    seen = {id(function_of(fn))}
+    frontier = [fn]
+    for _ in range(HELPER_DEPTH):
+        named = [read() for f in frontier for read in _sources(f).values()]
+        frontier = [h for h in named if isinstance(h, types.FunctionType) and id(h) not in seen and _users(h)]
+        seen |= {id(h) for h in frontier}
+        found += frontier
+    return found
+
+
+def _users(fn: types.FunctionType) -> bool:
+    """Whether `fn` is the user's own code rather than a library's (installed, or tessera_rw)."""
+    module = getattr(fn, "__module__", "") or ""
+    if module.split(".")[0] in ("tessera_rw", "numpy", "scipy", "ml_dtypes"):
+        return False
+    path = fn.__code__.co_filename
+    return not any(part in path for part in ("site-packages", "dist-packages", "/lib/python"))
 
 
 @dataclass
