@@ -24,8 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tessera_rw.algebra.cache_dir import cache_root
+
 CODEGEN_VERSION = b"tessera_rw-codegen-1"     # bump when the prelude or compile options change meaning
-CACHE_DIR_VARIABLE = "TESSERA_CACHE_DIR"
 SWITCH_VARIABLE = "TESSERA_BINARY_CACHE"
 MAX_BYTES = 2 << 30                           # least recently read cubins go first beyond this
 
@@ -41,12 +42,6 @@ class KernelFacts(BaseModel):
     stack_bytes: int
     smem_bytes: int
     log: str
-
-
-def cache_root() -> Path:
-    """Where tessera_rw keeps what it caches (binaries, tuning records)."""
-    override = os.environ.get(CACHE_DIR_VARIABLE)
-    return Path(override).expanduser() if override else Path.home() / ".tessera"
 
 
 class BinaryCache:

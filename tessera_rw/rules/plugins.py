@@ -76,6 +76,26 @@ class RulePack(BaseModel):
             raise ValueError(f"{value!r} is not a version range such as '>=0.1,<0.2'") from None
         return value
 
+    @field_validator("ops")
+    @classmethod
+    def _ops(cls, value: tuple[OpDef, ...]) -> tuple[OpDef, ...]:
+        for op in value:
+            missing = [part for part in ("infer", "reference") if not callable(getattr(op, part, None))]
+            if missing:
+                raise ValueError(f"op {op.name!r} needs {' and '.join(missing)} (a function): the shape rule and the "
+                                 "numpy reference that executors, the rule checks and the kernel checks evaluate")
+        return value
+
+    @field_validator("rulesets")
+    @classmethod
+    def _examples(cls, value: tuple[Ruleset, ...]) -> tuple[Ruleset, ...]:
+        for rs in value:
+            for rule in rs.rules:
+                if rule.example is not None and not callable(rule.example):
+                    raise ValueError(f"rule {rule.name!r}: example must be a function rng -> (fn, inputs), "
+                                     f"got {type(rule.example).__name__}")
+        return value
+
     def supports(self, version: str | None = None) -> bool:
         """Whether the pack's range holds `version` (default: the installed tessera_rw's; a bare
         checkout's unknown version takes every pack)."""

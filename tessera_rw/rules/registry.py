@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 from tessera_rw.algebra.ops import OPS, on_unknown_op, register, unregister
 from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.plugin_vetting import vetted
 from tessera_rw.rules.plugins import LoadedPack, PluginWarning, discover, skip, unique_packs
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.saturate import setup_error
@@ -28,11 +29,12 @@ def rulesets(plugins: bool = True, strict: bool | None = None,
 on_unknown_op(rulesets)
 
 
-def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> tuple[Ruleset, ...]:
+def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None, vet: bool = True) -> tuple[Ruleset, ...]:
     """Check the packs against each other and the built-ins (unique_packs), declare their ops, tag
     their rulesets; a pack whose rules egglog refuses, alone or beside the packs accepted before
     it, is skipped with a warning (raised when strict) and its ops are taken back, as discovery
-    skips one that fails to load."""
+    skips one that fails to load. With `vet`, a rule its own example shows unsound is left out
+    (plugin_vetting.py); `rules --check` takes them all, to report on each."""
     packs = unique_packs(BUILTIN_RULESETS, packs, strict)
     found: list[Ruleset] = []
     accepted: list[tuple[str, str, str]] = []
@@ -40,11 +42,16 @@ def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> 
         added = [op for op in lp.pack.ops if OPS.get(op.name) is not op]
         for op in added:
             register(op)
+        _OP_OWNERS.update((op.name, lp.distribution) for op in lp.pack.ops)
         tagged = tuple(dataclasses.replace(rs, origin=lp.distribution) for rs in lp.pack.rulesets)
+        if vet:
+            tagged = tuple(vetted(rs, lp, strict) for rs in tagged)
         key = (lp.distribution, lp.pack.name, lp.pack.version)
         if error := _refusal(tuple(accepted), key, (*found, *tagged)):
             for op in added:
                 unregister(op)
+            for op in lp.pack.ops:
+                _OP_OWNERS.pop(op.name, None)
             skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name})", "egglog refuses its rules"
                  f"{' beside those of ' + ', '.join(repr(d) for d, _, _ in accepted) if accepted else ''}: {error}",
                  strict, hint="fix the rule's pattern or its `when` guard, and give its functions and ops "
@@ -56,6 +63,17 @@ def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None) -> 
             warnings.warn(f"rule plugin from {lp.distribution!r} ({lp.pack.name}): rules {untested} have no "
                           "example, so `tessera-rewrite rules --check` cannot test them", PluginWarning, stacklevel=3)
     return tuple(found)
+
+
+# the package whose accepted rule pack declared each plugin op: only its templates may implement it
+_OP_OWNERS: dict[str, str] = {}
+
+
+def plugin_op_owner(op_name: str) -> str | None:
+    """The distribution whose accepted rule pack declares `op_name`, None for a built-in op or one
+    no accepted pack declares (its pack was skipped)."""
+    rulesets()
+    return _OP_OWNERS.get(op_name)
 
 
 _REFUSALS: dict[tuple, str | None] = {}

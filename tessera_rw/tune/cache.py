@@ -50,7 +50,7 @@ from pydantic import ValidationError
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec
-from tessera_rw.codegen.binary_cache import cache_root
+from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.tune.cache_file import (
     EMPTY, ArchFile, FileStamp, first_problem, ranks_of, read_arch_file, record_order, remember)
 from tessera_rw.tune.records import (

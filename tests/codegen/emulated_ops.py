@@ -6,9 +6,9 @@ where a sample has them. The ragged ops (ragged_ops.RAGGED) and the attention op
 
 >>> len(EMULATED) > 80
 True
->>> from tessera_rw.codegen.templates.registry import templates
->>> covered = {type(t).__name__ for op in EMULATED.values() for t in templates() if t.accepts(op)}
->>> sorted({type(t).__name__ for t in templates() if t.library is None} - covered)
+>>> from tests.codegen.shipped import shipped_templates
+>>> covered = {type(t).__name__ for op in EMULATED.values() for t in shipped_templates() if t.accepts(op)}
+>>> sorted({type(t).__name__ for t in shipped_templates() if t.library is None} - covered)
 []
 """
 

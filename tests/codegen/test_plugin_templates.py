@@ -57,6 +57,16 @@ def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
         load_templates(builtin, fake(f"{FIXTURES}:broken_templates"), strict=True)
 
 
+def test_a_template_implements_only_the_ops_its_own_package_declares():
+    builtin = builtin_templates()
+    with pytest.warns(PluginWarning, match=r"implements \['rmsnorm_matmul'\], but 'tessera-rw-rmsnorm-matmul' "
+                                           r"declares it"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:someone_elses_op_template")) == ()
+    with pytest.warns(PluginWarning, match=r"implements \['orphan_fused'\], but no rule pack of "
+                                           r"'tests.rules.plugin_fixtures' that loaded declares it"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:undeclared_op_template")) == ()
+
+
 def test_plugin_templates_are_off_with_the_plugins(monkeypatch):
     monkeypatch.setenv("TESSERA_DISABLE_PLUGINS", "1")
     assert templates() == builtin_templates()
@@ -74,3 +84,44 @@ def test_the_plugin_kernels_row_tiles_run_along_the_unbounded_grid_axis():
     for s in t.schedules(op_, arch_named("H100-SXM")):
         grid = t.emit(op_, s, arch_named("H100-SXM")).grid
         assert grid[0] * s.bm >= 4_500_000 and grid[1] <= 65535
+
+
+class _Faulty:
+    """The example plugin's template, broken in one method."""
+
+    def __new__(cls, method: str):
+        from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+        def broken(self, *args):
+            raise RuntimeError(f"{method} is broken on purpose")
+        return type("Faulty", (RmsnormMatmulTemplate,), {method: broken})()
+
+
+@pytest.mark.parametrize("method", ["accepts", "schedules", "resources"])
+def test_a_template_that_raises_is_passed_over_and_named(method, monkeypatch):
+    from tessera_rw.codegen.templates import registry
+    from tessera_rw.codegen.templates.plugin_templates import guarded
+    from tessera_rw.tune.cost import kernel_cost
+    faulty = guarded(_Faulty(method), "faulty-dist")
+    monkeypatch.setattr(registry, "plugin_templates", lambda builtin: (faulty,))
+    kernel_cost.cache_clear()
+    x, g, w = (RNG.standard_normal(s).astype(np.float32) for s in ((2, 64, 256), (256,), (256, 96)))
+    try:
+        with pytest.warns(PluginWarning, match=f"Faulty from 'faulty-dist' raised in (schedules or )?{method}"):
+            report = op.kernel(lambda x, g, w: op.rmsnorm(x, g) @ w).explain(x, g, w)
+    finally:
+        kernel_cost.cache_clear()
+    assert "rmsnorm_matmul" not in [k.kind for k in report.candidates[report.chosen].kernels]
+    str(report)                                           # the report prints
+
+
+def test_a_template_whose_emit_fails_is_named_as_the_plugins_fault():
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.plugin_templates import guarded
+    faulty = guarded(_Faulty("emit"), "faulty-dist")
+    sample = faulty.samples()[0]
+    arch = arch_named("H100-SXM")
+    with pytest.raises(PluginError, match=r"Faulty from 'faulty-dist' failed to emit(.|\n)*plugin package 'faulty-dist'"):
+        faulty.emit(sample, faulty.schedules(sample, arch)[0], arch)
+    assert isinstance(sample, KernelOp)

@@ -27,7 +27,7 @@ from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
-from tessera_rw.codegen.templates.registry import templates
+from tests.codegen.shipped import shipped_templates
 from tessera_rw.codegen.templates.spectral import LibraryKernelError
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -83,10 +83,11 @@ EXTRA_SM80: tuple[tuple[str, Callable[[KernelOp], bool], str | None], ...] = (
 
 
 def cases() -> list[Case]:
-    found = [Case(t, t.samples()[0], None) for t in templates() if t.samples()]
+    found = [Case(t, t.samples()[0], None) for t in shipped_templates() if t.samples()]
     for extra, arch in ((EXTRA, ARCH), (EXTRA_SM80, arch_named("A100-SXM"))):
         for what, wanted, label in extra:
-            match = next((Case(t, op, label, arch) for t in templates() for op in t.samples() if wanted(op)), None)
+            match = next((Case(t, op, label, arch) for t in shipped_templates() for op in t.samples()
+                          if wanted(op)), None)
             assert match is not None, f"no template sample is a {what}; the snapshot of that code path needs one"
             found.append(match)
     return found
@@ -164,7 +165,8 @@ def _fft_probe(name: str) -> KernelOp:
 LIBRARY_PROBES: dict[str, Callable[[str], KernelOp]] = {name: _fft_probe for name in ("rfft", "irfft", "fft", "ifft")}
 
 
-@pytest.mark.parametrize("template", [t for t in templates() if not t.samples()], ids=lambda t: type(t).__name__)
+@pytest.mark.parametrize("template", [t for t in shipped_templates() if not t.samples()],
+                         ids=lambda t: type(t).__name__)
 def test_template_without_samples_is_a_library_call(template):
     assert template.library is not None, f"{type(template).__name__} emits source but has no samples to snapshot"
     for name in sorted(template.ops):

@@ -135,3 +135,18 @@ def string_ops_template():
     class Sloppy(RmsnormMatmulTemplate):
         ops = "my_fused_op"            # a string, which `in` would read as its substrings
     return Sloppy()
+
+
+def someone_elses_op_template():
+    """A template for an op another package's rule pack declares (the example plugin's)."""
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+    return RmsnormMatmulTemplate()
+
+
+def undeclared_op_template():
+    """A template for an op no rule pack that loaded declares (as when its own pack was skipped)."""
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Orphan(RmsnormMatmulTemplate):
+        ops = frozenset({"orphan_fused"})
+    return Orphan()

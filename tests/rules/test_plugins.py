@@ -12,6 +12,7 @@ from tessera_rw.cli import main
 from tessera_rw.rules import plugins
 from tessera_rw.rules.library import BUILTIN_RULESETS
 from tessera_rw.rules.plugins import PluginError, PluginWarning, RulePack, discover
+from tessera_rw.plugin import Rule, Ruleset, TermBuilder
 from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import rewrite
 from tessera_rw.rules.soundness import check_rule
@@ -81,6 +82,27 @@ def test_a_pack_whose_rules_egglog_refuses_is_skipped_and_kernels_still_compile(
                                           r"refuses its rules: .*nonsense") as e:
         rulesets(strict=True, entry_points=fake(f"{FIXTURES}:unparsable_pack"))
     assert "skipped" not in str(e.value)
+
+
+def test_an_unsound_plugin_rule_is_left_out_before_it_rewrites_anything(tmp_path, monkeypatch):
+    from tessera_rw.rules import plugin_vetting
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plugin_vetting, "_VETTED", {})
+    monkeypatch.setattr(plugin_vetting._Verdicts, "_memory", {})
+    with pytest.warns(PluginWarning, match=r"rule 'exp-is-linear' of plugin 'tests.rules.plugin_fixtures' "
+                                           r"\(wrong-example\) was skipped: its example shows it unsound"):
+        found = rulesets(entry_points=fake(f"{FIXTURES}:wrong_pack"))
+    wrong = next(rs for rs in found if rs.name == "wrong_algebra")
+    assert wrong.rules == ()
+    graph = op.kernel(lambda x: op.exp(x)).trace(op.tensor((4,), "float32"))
+    result = rewrite(graph, found)
+    assert "add" not in result.view.ops_in(result.output_classes()[0])      # exp(x) never became 1 + x
+    (detail,) = json.loads((tmp_path / "plugins" / "rule_checks.json").read_text()).values()
+    assert "changes the result" in detail                 # kept on disk: checked once per machine
+    monkeypatch.setattr(plugin_vetting, "_VETTED", {})
+    monkeypatch.setattr(plugin_vetting, "check_rule", lambda *a: pytest.fail("a verdict on disk is not checked again"))
+    with pytest.raises(PluginError, match="exp-is-linear"):
+        rulesets(strict=True, entry_points=fake(f"{FIXTURES}:wrong_pack"))
 
 
 def test_a_skipped_pack_takes_its_ops_back_and_later_kernels_compile():
@@ -218,3 +240,15 @@ def test_rules_check_checks_a_plugin_ops_vjp_against_finite_differences(monkeypa
     assert says in row
     if code:
         assert "disagrees with float64 finite differences" in out and "f64[3,4]" in out
+
+
+def test_a_pack_with_an_op_lacking_its_reference_or_a_rule_with_a_bad_example_is_refused():
+    from tessera_rw.plugin import OpDef, OpKind
+    no_reference = OpDef("silu_times", ("a",), OpKind.ELEMENTWISE, infer=lambda a: a, reference=None)
+    with pytest.raises(ValidationError, match="op 'silu_times' needs reference"):
+        RulePack(name="refless", version="1.0", rulesets=(), ops=(no_reference,))
+    t = TermBuilder()
+    a, s, d = t.vars("a s d")
+    bad = Rule("exp-of", "exp a = exp a", lhs=t.exp(a, of=(s, d)), rhs=t.exp(a, of=(s, d)), example=42)
+    with pytest.raises(ValidationError, match="rule 'exp-of': example must be a function"):
+        RulePack(name="badexample", version="1.0", rulesets=(Ruleset("bad_examples", (bad,)),))

@@ -13,12 +13,16 @@ plugin templates off with the rules.
 
 from __future__ import annotations
 
+import warnings
 from functools import cache
 from importlib import metadata
 from typing import Callable, Iterable
 
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.templates.base import Template
-from tessera_rw.rules.plugins import PluginError, distribution_of, installed_entry_points, plugins_disabled, skip
+from tessera_rw.rules.plugins import (PluginError, PluginWarning, distribution_of, installed_entry_points,
+                                     plugins_disabled, skip)
+from tessera_rw.rules.registry import plugin_op_owner
 
 TEMPLATE_ENTRY_POINT_GROUP = "tessera_rw.templates"
 
@@ -46,13 +50,64 @@ def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Ite
             offered = tuple(provided) if isinstance(provided, (tuple, list)) else (provided,)
             for t in offered:
                 _check(t, taken)
+                _check_own(t, dist)
         except Exception as e:  # a broken plugin must not take the compiler down with it
             skip(f"template plugin from {dist!r} ({ep.name})", f"{type(e).__name__}: {e}", strict, cause=e)
             continue
         for t in offered:
             taken.update({op: f"{type(t).__name__} from {dist!r}" for op in t.ops})
-        found += offered
+        found += (guarded(t, dist) for t in offered)
     return tuple(found)
+
+
+def guarded(t: Template, dist: str) -> Template:
+    """`t` with its methods kept from taking a compile down: a template that raises where it is
+    asked about an op is taken not to implement it (a PluginWarning names it once, and the op runs
+    unfused or on the host), and one whose schedules or emit fail says so as a PluginError."""
+    who = f"{type(t).__name__} from {dist!r}"
+    warned: set[str] = set()
+
+    def fails(method: str, e: Exception) -> None:
+        if method not in warned:
+            warned.add(method)
+            warnings.warn(f"kernel template {who} raised in {method}: {type(e).__name__}: {e}; its ops run "
+                          "without it", PluginWarning, stacklevel=4)
+
+    inner = {name: getattr(t, name) for name in ("accepts", "schedules", "space", "resources", "emit")}
+
+    def accepts(op):
+        try:
+            return bool(inner["accepts"](op))
+        except Exception as e:  # noqa: BLE001  a plugin's fault, not the program's
+            fails("accepts", e)
+            return False
+
+    def with_resources(method: str, op, arch) -> tuple:
+        """The method's schedules whose resources the template can state (the cost model asks)."""
+        try:
+            schedules = tuple(inner[method](op, arch))
+            for schedule in schedules:
+                inner["resources"](op, schedule, arch)
+            return schedules
+        except Exception as e:  # noqa: BLE001
+            fails(f"{method} or resources", e)
+            return ()
+
+    def emit(op, schedule, arch):
+        try:
+            return inner["emit"](op, schedule, arch)
+        except TesseraError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise PluginError(f"kernel template {who} failed to emit {op}: {type(e).__name__}: {e}",
+                              hint=f"the fault is in the plugin package {dist!r}: report it to its authors") from e
+    try:
+        for name, method in (("accepts", accepts), ("schedules", lambda op, arch: with_resources("schedules", op, arch)),
+                             ("space", lambda op, arch: with_resources("space", op, arch)), ("emit", emit)):
+            object.__setattr__(t, name, method)
+    except (AttributeError, TypeError):       # an instance that takes no attributes (slots) runs unguarded
+        pass
+    return t
 
 
 def _check(t: object, taken: dict[str, str]) -> None:
@@ -65,3 +120,15 @@ def _check(t: object, taken: dict[str, str]) -> None:
     if clash := sorted(op for op in t.ops if op in taken):
         raise PluginError(f"{type(t).__name__} implements {clash}, which {taken[clash[0]]} already does",
                           hint="a plugin template implements the plugin's own ops")
+
+
+def _check_own(t: Template, dist: str) -> None:
+    """A plugin template implements ops its own package's accepted rule pack declares: not those of
+    a pack that was skipped, nor another package's op of the same name."""
+    foreign = {op: plugin_op_owner(op) for op in sorted(t.ops) if plugin_op_owner(op) != dist}
+    if foreign:
+        owner = next(iter(foreign.values()))
+        whose = f"{owner!r} declares it" if owner else f"no rule pack of {dist!r} that loaded declares it"
+        raise PluginError(f"{type(t).__name__} implements {sorted(foreign)}, but {whose}",
+                          hint=f"a plugin's templates load with its rule pack: see why the pack of {dist!r} was "
+                               "skipped (`tessera-rewrite rules`)")

@@ -1,0 +1,125 @@
+"""Plugin rules are checked on their own examples before they rewrite anyone's program.
+
+A rule a plugin ships computes what it replaces only if its author got it right; a wrong one would
+change every result it matches, silently. So the first time a rule (of a given version: its
+patterns, guards and example) is loaded, its example is rewritten and evaluated as
+`tessera-rewrite rules --check` does; an unsound rule is left out, with a PluginWarning naming
+its package, pack and what went wrong (an error under TESSERA_STRICT_PLUGINS=1). The verdicts
+are kept in `<cache root>/plugins/rule_checks.json`, so each rule version is checked once per
+machine; a rule that cannot be checked (no example, or one that fails) is kept, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.rules.plugins import LoadedPack, skip
+from tessera_rw.rules.rule import Rule, Ruleset
+from tessera_rw.rules.soundness import Verdict, check_rule
+
+CHECK_SEEDS = (0, 1)       # examples drawn per rule: random shapes and values, each seed its own
+_WILDCARD = re.compile(r"\bw\d+\b")
+
+
+_VETTED: dict[tuple[str, ...], tuple[Rule, ...]] = {}     # this process's: a pack is loaded once
+
+
+def vetted(ruleset: Ruleset, lp: LoadedPack, strict: bool | None = None) -> Ruleset:
+    """`ruleset` without the rules its own examples show unsound."""
+    key = (lp.distribution, lp.pack.name, lp.pack.version, ruleset.name)
+    if key not in _VETTED:
+        _VETTED[key] = _sound_rules(ruleset, lp, strict)
+    kept = _VETTED[key]
+    return ruleset if len(kept) == len(ruleset.rules) else replace(ruleset, rules=kept)
+
+
+def _sound_rules(ruleset: Ruleset, lp: LoadedPack, strict: bool | None) -> tuple[Rule, ...]:
+    verdicts = _Verdicts.load()
+    kept = []
+    for rule in ruleset.rules:
+        key = rule_version(rule, ruleset, lp)
+        detail = verdicts.get(key)
+        if detail is None:
+            detail = verdicts.put(key, _unsound_because(rule, ruleset))
+        if detail:
+            skip(f"rule {rule.name!r} of plugin {lp.distribution!r} ({lp.pack.name})",
+                 f"its example shows it unsound: {detail}", strict,
+                 hint=f"run `tessera-rewrite rules --check {lp.pack.name}`; fix the rule, or uninstall "
+                      f"{lp.distribution}")
+            continue
+        kept.append(rule)
+    return tuple(kept)
+
+
+def _unsound_because(rule: Rule, ruleset: Ruleset) -> str:
+    """What the check found wrong, '' for a rule that holds or cannot be checked."""
+    for seed in CHECK_SEEDS:
+        result = check_rule(rule, ruleset, np.random.default_rng(seed))
+        if result.verdict is Verdict.UNSOUND:
+            return result.detail.splitlines()[0]
+        if result.verdict is Verdict.UNCHECKED:
+            return ""
+    return ""
+
+
+def rule_version(rule: Rule, ruleset: Ruleset, lp: LoadedPack) -> str:
+    """What a verdict holds for: the package and pack versions, and the rule's own text (its
+    patterns' wildcards numbered in order, as they differ from process to process) and example."""
+    numbering: dict[str, str] = {}
+    text = " ".join((rule.lhs.text, rule.rhs.text, *rule.when, ruleset.facts))
+    canonical = _WILDCARD.sub(lambda m: numbering.setdefault(m.group(0), f"w{len(numbering)}"), text)
+    code = getattr(rule.example, "__code__", None)
+    example = b"" if code is None else _code_bytes(code)
+    parts = (lp.distribution, lp.pack.name, lp.pack.version, ruleset.name, rule.name, canonical)
+    return hashlib.sha256("\0".join(parts).encode() + example).hexdigest()
+
+
+def _code_bytes(code: types.CodeType) -> bytes:
+    """A function's bytecode and constants, its nested functions' too, without the addresses a
+    code object's repr carries."""
+    consts = (_code_bytes(c) if isinstance(c, types.CodeType) else repr(c).encode() for c in code.co_consts)
+    return code.co_code + b"\0".join(consts)
+
+
+class _Verdicts:
+    """The verdicts file: rule version -> '' (sound or uncheckable) or why it is unsound. An
+    unreadable file is as good as none; an unwritable folder keeps the verdicts in memory."""
+    _memory: dict[str, str] = {}
+
+    def __init__(self, path: Path, found: dict[str, str]):
+        self.path, self.found = path, found
+
+    @classmethod
+    def load(cls) -> _Verdicts:
+        path = cache_root() / "plugins" / "rule_checks.json"
+        try:
+            found = json.loads(path.read_text())
+            found = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)} \
+                if isinstance(found, dict) else {}
+        except (OSError, ValueError):
+            found = {}
+        return cls(path, {**found, **cls._memory})
+
+    def get(self, key: str) -> str | None:
+        return self.found.get(key)
+
+    def put(self, key: str, detail: str) -> str:
+        self.found[key] = self._memory[key] = detail
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, suffix=".tmp") as f:
+                json.dump(self.found, f)
+            os.replace(f.name, self.path)       # a reader sees the old file or the new one, never half
+        except OSError:
+            pass
+        return detail
