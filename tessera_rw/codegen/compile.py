@@ -41,6 +41,7 @@ class KernelSource:
     target: str | None = None                 # the arch-specific target its instructions need ('sm_90a': wgmma)
     tensor_maps: tuple[TensorMapSpec, ...] = ()   # TMA maps it takes after the pointers
     workspace_bytes: int = 0                  # zeroed scratch it takes after the output (0: none)
+    origin: str = "tessera_rw"                # the package whose template wrote it (a plugin's name)
 
     @property
     def full_source(self) -> str:
@@ -137,4 +138,10 @@ def compile_cuda(kernel: KernelSource, arch: str, *, fast_math: bool = False) ->
                                f"for {arch}", hint=f"emit the op for {arch}'s arch: its template picks a schedule "
                                                    f"that runs there")
         arch = kernel.target
-    return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if kernel.fast_math or fast_math else ())
+    try:
+        return _compile(kernel.full_source, kernel.name, arch, ("fast_math",) if kernel.fast_math or fast_math else ())
+    except CompileError as e:
+        if kernel.origin == "tessera_rw":
+            raise
+        raise CompileError(e.detail, hint=f"the kernel comes from a template of the plugin package {kernel.origin!r}: "
+                                          "report it to its authors with the lines above") from None

@@ -125,3 +125,21 @@ def test_a_template_whose_emit_fails_is_named_as_the_plugins_fault():
     with pytest.raises(PluginError, match=r"Faulty from 'faulty-dist' failed to emit(.|\n)*plugin package 'faulty-dist'"):
         faulty.emit(sample, faulty.schedules(sample, arch)[0], arch)
     assert isinstance(sample, KernelOp)
+
+
+def test_a_plugin_kernel_that_does_not_compile_names_the_plugin():
+    from dataclasses import replace
+    from tessera_rw.codegen.compile import CompileError, compile_cuda
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.templates.plugin_templates import guarded
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Typo(RmsnormMatmulTemplate):
+        def emit(self, op, schedule, arch):
+            source = super().emit(op, schedule, arch)
+            return replace(source, source=source.source + "\nstatic int broken = undefined_name;\n")
+    typo = guarded(Typo(), "typo-dist")
+    sample, arch = typo.samples()[0], arch_named("H100-SXM")
+    kernel = typo.emit(sample, typo.schedules(sample, arch)[0], arch)
+    with pytest.raises(CompileError, match=r"undefined_name(.|\n)*plugin package 'typo-dist'"):
+        compile_cuda(kernel, "sm_90")

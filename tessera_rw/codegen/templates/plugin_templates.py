@@ -14,6 +14,7 @@ plugin templates off with the rules.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from functools import cache
 from importlib import metadata
 from typing import Callable, Iterable
@@ -95,7 +96,7 @@ def guarded(t: Template, dist: str) -> Template:
 
     def emit(op, schedule, arch):
         try:
-            return inner["emit"](op, schedule, arch)
+            return replace(inner["emit"](op, schedule, arch), origin=dist)    # a compile error names the plugin
         except TesseraError:
             raise
         except Exception as e:  # noqa: BLE001
