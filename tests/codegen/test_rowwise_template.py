@@ -69,3 +69,12 @@ def test_a_row_that_fits_a_warps_registers_gets_a_warp_not_a_block_of_idle_warps
     for s in t.schedules(op, arch_named("h100")):
         assert s.rows_per_block == s.threads // 32 and t.resident(op, s)
         assert length >= 32 * s.vec or s.vec == 1
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+def test_float64_rows_have_no_gpu_kernel_their_statistics_are_kept_in_float(name):
+    from tessera_rw.codegen.templates.registry import templates_for
+    f64, f32 = TensorType((64, 512), DType.float64), TensorType((64, 512), DType.float32)
+    attrs = dict(axis=1) if "softmax" in name else dict(axes=(1,), eps=1e-6, has_weight=False, has_bias=False)
+    assert templates_for(KernelOp.of(name, (f64,), f64, **attrs)) == []     # the host runs them, in double
+    assert templates_for(KernelOp.of(name, (f32,), f32, **attrs))

@@ -59,6 +59,10 @@ class RowwiseSchedule(Schedule):
     rows_per_block: int = 1     # threads // 32: one warp per row; 1: the block shares a row
 
 
+# the row's statistics (max, Σ exp, mean, variance) are kept in float: float64 rows would lose
+# their precision there, so they run on the host
+ROW_DTYPES = SUPPORTED - {DType.float64}
+
 class RowwiseTemplate(Template):
     """softmax / log_softmax (kind 'softmax'), layernorm / rmsnorm (kind 'layernorm'), fused_normalization."""
 
@@ -70,7 +74,7 @@ class RowwiseTemplate(Template):
         return NORMS[row_spec(op).norm]
 
     def accepts(self, op: KernelOp) -> bool:
-        if op.op not in self.ops or not all(t.dtype in SUPPORTED for t in op.operands + (op.result,)):
+        if op.op not in self.ops or not all(t.dtype in ROW_DTYPES for t in op.operands + (op.result,)):
             return False
         spec = row_spec(op)
         return spec.k > 0 and 0 < op.result.numel < MAX_INDEX and all(t.numel < MAX_INDEX for t in op.operands)
