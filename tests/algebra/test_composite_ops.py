@@ -85,3 +85,11 @@ def test_an_op_there_is_not_says_how_to_write_it():
     with pytest.raises(AttributeError, match="'argmax'.*index-valued"):
         op.kernel(lambda x: x.argmax())(X)
     assert not hasattr(op, "sort") and hasattr(op, "logsumexp")
+
+
+def test_eager_calls_give_what_a_kernel_gives_arrays_of_the_same_dtype():
+    import ml_dtypes
+    b = RNG.standard_normal((3, 4)).astype(ml_dtypes.bfloat16)
+    for fn in (lambda x: op.var(x, axis=1), lambda x: op.logsumexp(x), lambda x: op.clip(x, -0.5, 0.5)):
+        eager, traced = fn(b), op.kernel(fn)(b)
+        assert isinstance(eager, np.ndarray) and eager.dtype == traced.dtype == ml_dtypes.bfloat16

@@ -18,7 +18,8 @@ import numbers
 from typing import Sequence
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import equal, exp, log, maximum, minimum, multiply, sqrt, where
+from tessera_rw.algebra.api.elementwise import (add, equal, exp, log, maximum, minimum, multiply, sqrt, subtract,
+                                                  where)
 from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, squeeze
 from tessera_rw.algebra.api.reduction import max as reduce_max
 from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
@@ -39,9 +40,11 @@ def var(x, axis=None, keepdims=False, ddof: int = 0):
     if not isinstance(ddof, numbers.Integral) or not 0 <= ddof < n:
         with op_context("var", (x,), ("x",)):
             raise AttributeValueError(f"ddof must be an int in [0, {n}) for {n} values, got {ddof!r}")
-    centered = x - mean(x, axes, keepdims=True)
+    centered = subtract(x, mean(x, axes, keepdims=True))     # op functions: eager arrays follow our dtypes too
     squares = multiply(centered, centered)
-    return mean(squares, axes, keepdims) if ddof == 0 else reduce_sum(squares, axes, keepdims) * (1.0 / (n - ddof))
+    if ddof == 0:
+        return mean(squares, axes, keepdims)
+    return multiply(reduce_sum(squares, axes, keepdims), 1.0 / (n - ddof))
 
 
 def std(x, axis=None, keepdims=False, ddof: int = 0):
@@ -104,5 +107,5 @@ def logsumexp(x, axis=None, keepdims=False):
     axes = _axes("logsumexp", x, axis)
     peak = reduce_max(x, axes, keepdims=True)
     peak = where(equal(peak, -math.inf), 0.0, peak)
-    total = log(reduce_sum(exp(x - peak), axes, keepdims=keepdims))
-    return total + (peak if keepdims else squeeze(peak, axes))
+    total = log(reduce_sum(exp(subtract(x, peak)), axes, keepdims=keepdims))
+    return add(total, peak if keepdims else squeeze(peak, axes))
