@@ -25,6 +25,20 @@ def steps(kernel, *args):
     return [s.op for s in kernel.program(*args).plan.steps]
 
 
+@pytest.fixture
+def float64_rows(monkeypatch):
+    """Plans as if a row kernel took float64 (none does: its statistics are kept in float), so that
+    extraction picks the fused norm nodes in float64 and the numpy executor runs their references,
+    the formulas these tests hold to finite differences in double."""
+    from tessera_rw.codegen.templates import rowwise
+    from tessera_rw.codegen.templates.cuda_scalar import SUPPORTED
+    from tessera_rw.tune.cost import kernel_cost
+    monkeypatch.setattr(rowwise, "ROW_DTYPES", SUPPORTED)
+    kernel_cost.cache_clear()
+    yield
+    kernel_cost.cache_clear()
+
+
 def _vjp_formula(norm, x, g, w):
     """norm_input_grad traced and evaluated in float64: the ops reverse mode writes."""
     args = {"x": x, "g": g} | ({"w": w} if w is not None else {})
@@ -165,7 +179,7 @@ def test_bad_parts_are_refused_naming_the_rows():
 
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
+def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype, float64_rows):
     x, w, b = rng.standard_normal((6, 33)), rng.standard_normal(33), rng.standard_normal(33)
     target = rng.standard_normal((6, 33))
     fwd = getattr(op, norm)
@@ -189,7 +203,7 @@ def test_gradients_through_the_fused_node_match_finite_differences(norm, dtype):
 
 
 @pytest.mark.parametrize("norm", NORMS)
-def test_gradients_through_the_partial_sums_match_the_vjps_formulas(norm):
+def test_gradients_through_the_partial_sums_match_the_vjps_formulas(norm, float64_rows):
     """At 1024 rows of 4096 the plan is norm_backward_grads and one sum over its partials: dx, dW and db
     against the float64 formulas, the whole plan run on the CPU."""
     x, w, b, dy = (rng.standard_normal(s) for s in ((1024, 4096), (4096,), (4096,), (1024, 4096)))
@@ -221,7 +235,7 @@ def test_a_pre_norm_blocks_input_gradient_adds_the_residual_branch_as_it_writes_
 
 
 @pytest.mark.parametrize("norm", NORMS)
-def test_the_residuals_gradient_through_the_fused_node_matches_finite_differences(norm):
+def test_the_residuals_gradient_through_the_fused_node_matches_finite_differences(norm, float64_rows):
     x, w = rng.standard_normal((5, 17)), rng.standard_normal(17)
     target = rng.standard_normal((5, 17))
     fwd = getattr(op, norm)

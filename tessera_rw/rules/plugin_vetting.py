@@ -64,7 +64,10 @@ def _sound_rules(ruleset: Ruleset, lp: LoadedPack, strict: bool | None) -> tuple
 def _unsound_because(rule: Rule, ruleset: Ruleset) -> str:
     """What the check found wrong, '' for a rule that holds or cannot be checked."""
     for seed in CHECK_SEEDS:
-        result = check_rule(rule, ruleset, np.random.default_rng(seed))
+        try:
+            result = check_rule(rule, ruleset, np.random.default_rng(seed))
+        except Exception:  # noqa: BLE001  a check that cannot run leaves the rule as it was: unchecked
+            return ""
         if result.verdict is Verdict.UNSOUND:
             return result.detail.splitlines()[0]
         if result.verdict is Verdict.UNCHECKED:
