@@ -62,9 +62,10 @@ def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Ite
 
 
 def guarded(t: Template, dist: str) -> Template:
-    """`t` with its methods kept from taking a compile down: a template that raises where it is
-    asked about an op is taken not to implement it (a PluginWarning names it once, and the op runs
-    unfused or on the host), and one whose schedules or emit fail says so as a PluginError."""
+    """`t` with its methods kept from taking a compile down: a template that raises in accepts,
+    schedules, space or resources is taken not to implement the op (a PluginWarning names it once,
+    and the op runs unfused or on the host); a failing emit is a PluginError naming the plugin, and
+    a kernel it emits carries the plugin's name, for NVRTC's errors."""
     who = f"{type(t).__name__} from {dist!r}"
     warned: set[str] = set()
 
