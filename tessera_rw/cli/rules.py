@@ -38,23 +38,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _select(packs: list[str], loaded) -> tuple:
-    """The rulesets named among the built-ins and the `loaded` packs: by rule pack (a plugin's name
-    or distribution, or tessera_rw for the built-ins) or by ruleset name (e.g. gradient)."""
+    """The rulesets named among the built-ins and the `loaded` packs: by rule pack (a plugin's pack
+    name, its distribution's for all of its packs, or tessera_rw for the built-ins) or by ruleset
+    name (e.g. gradient)."""
     everything = BUILTIN_RULESETS + plugin_rulesets(loaded, vet=False)     # the unsound too: --check names them
     if not packs:
         return everything
-    names = {lp.pack.name: lp.distribution for lp in loaded} | {"tessera_rw": "tessera_rw"}
-    origins = {names.get(p, p) for p in packs}
-    unknown = [p for p in packs if names.get(p, p) not in {rs.origin for rs in everything}
-               and p not in {rs.name for rs in everything}]
-    skipped = [p for p in unknown if p in names]
+    present = {(rs.origin, rs.name) for rs in everything}
+    # each name a user may give -> the (origin, ruleset) pairs it stands for
+    named: dict[str, set[tuple[str, str]]] = {"tessera_rw": {(rs.origin, rs.name) for rs in BUILTIN_RULESETS}}
+    for lp in loaded:
+        pairs = {(lp.distribution, rs.name) for rs in lp.pack.rulesets}
+        named.setdefault(lp.pack.name, set()).update(pairs)
+        named.setdefault(lp.distribution, set()).update(pairs)
+    for rs in everything:
+        named.setdefault(rs.name, set()).add((rs.origin, rs.name))
+    skipped = [p for p in packs if p in named and not named[p] & present]
     if skipped:
         raise UsageError(f"rule pack {skipped[0]} is installed but was skipped: its rulesets did not load "
                          "(the warning above says why)")
-    if unknown:
-        known = ", ".join(sorted(set(names) | set(names.values()) | {rs.name for rs in everything}))
-        raise UsageError(f"no installed rule pack or ruleset named {', '.join(unknown)}; installed: {known}")
-    return tuple(rs for rs in everything if rs.origin in origins or rs.name in packs)
+    if unknown := [p for p in packs if p not in named]:
+        loaded_names = sorted(n for n, pairs in named.items() if pairs & present)
+        raise UsageError(f"no loaded rule pack or ruleset named {', '.join(unknown)} (a plugin that failed to "
+                         f"load is named in the warnings above); loaded: {', '.join(loaded_names)}")
+    wanted = set().union(*(named[p] for p in packs))
+    return tuple(rs for rs in everything if (rs.origin, rs.name) in wanted)
 
 
 VERDICT_TEXT = {Verdict.OK: "ok", Verdict.UNSOUND: "[bold red]UNSOUND[/]",

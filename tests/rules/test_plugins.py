@@ -203,9 +203,20 @@ def test_rules_listing_and_unknown_pack(capsys):
     assert main(["rules"]) == 0
     assert "rmsnorm_matmul" in capsys.readouterr().out
     assert main(["rules", "--check", "no-such-pack"]) == 2
-    assert "no installed rule pack or ruleset named no-such-pack" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no loaded rule pack or ruleset named no-such-pack" in err and "rmsnorm_matmul" in err
     assert main(["rules", "rmsnorm-matmul"]) == 0               # a named pack: its rules and their algebra
     assert "rmsnorm(x, g) W = rmsnorm_matmul(x, g, W)" in capsys.readouterr().out
+
+
+def test_a_pack_is_selected_by_its_own_name_and_a_distribution_by_its_own():
+    from tessera_rw.cli.rules import _select
+    from tessera_rw.rules.plugins import LoadedPack
+    packs = [LoadedPack(RulePack(name=n, version="1.0", rulesets=(Ruleset(f"{n}_rules", ()),)), "two-packs")
+             for n in ("alpha", "beta")]
+    assert [rs.name for rs in _select(["alpha"], packs)] == ["alpha_rules"]
+    assert [rs.name for rs in _select(["two-packs"], packs)] == ["alpha_rules", "beta_rules"]
+    assert [rs.name for rs in _select(["beta_rules", "tessera_rw"], packs)][-1] == "beta_rules"
 
 
 def test_rules_ops_lists_what_patterns_can_name(capsys):
