@@ -385,9 +385,15 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
     found: dict[tuple, Candidate] = {}
     for chosen in choose_per_depth(result, arch, objective, forbid):
         program = Graph(graph.name, graph.inputs, tuple(view.decode(chosen.choice, r) for r in roots)).verify()
-        found.setdefault(program.outputs, candidate_of(fold_layout_chains(program), arch))
+        candidate = found.get(program.outputs) or candidate_of(fold_layout_chains(program), arch)
+        if all(_launches(candidate) != _launches(c) for c in found.values()):   # a gemm fusing nothing: no new one
+            found[program.outputs] = candidate
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
         return (candidate_of(graph, arch),)
     primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
     ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
     return tuple(ranked[:k])
+
+
+def _launches(c: Candidate) -> tuple:     # what a candidate runs: each kernel's kind, fusions, bytes, FLOPs
+    return tuple((k.kind, k.fused, k.hbm_bytes, k.flops) for k in c.kernels)

@@ -162,3 +162,13 @@ def test_an_op_written_without_a_gpu_template_is_the_candidate_and_runs_on_the_h
     seq = int((2 * UNFUSED_SCORES_LIMIT) ** 0.5)                    # 1 x 2 x seq² scores: over the limit
     big = op.tensor((1, 2, seq, 64), "float32")
     assert [s.op for s in f.program(big, big, big).plan.steps] == ["flash_attention"]
+
+
+def test_a_deeper_program_launching_the_same_kernels_is_not_a_second_candidate():
+    """A lone product as a gemm node fusing nothing runs what the plain matmul runs: one candidate."""
+    graph = op.kernel(lambda x, w: x @ w).trace(op.tensor((512, 256), "float32"), op.tensor((256, 128), "float32"))
+    candidates = extract_candidates(rewrite(graph, rulesets()), H100)
+    assert [(c.fusion_depth, [k.kind for k in c.kernels]) for c in candidates] == [(FusionDepth.UNFUSED, ["gemm"])]
+    fused = op.kernel(lambda x, w: op.relu(x @ w)).trace(op.tensor((512, 256), "float32"),
+                                                        op.tensor((256, 128), "float32"))
+    assert len(extract_candidates(rewrite(fused, rulesets()), H100)) == 2      # gemm+relu against gemm, elementwise
