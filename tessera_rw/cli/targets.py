@@ -75,7 +75,8 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
     if not file.is_file():
         raise UsageError(f"no such file: {path}")
     module = _import(file)
-    kernels = list({id(v): v for v in vars(module).values() if isinstance(v, Kernel) and _made_in(v, module)}.values())
+    named = {name: v for name, v in vars(module).items() if isinstance(v, Kernel) and _made_in(v, module)}
+    kernels = list({id(v): v for v in named.values()}.values())
     if not colon:
         if not kernels:
             raise UsageError(f"{path} defines no @op.kernel function: name one as {path}:FUNCTION")
@@ -84,8 +85,7 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
     if fn is None:      # the name a report gives the kernel (grad_loss), not its variable's
         fn = next((k for k in kernels if k.name == func), None)
     if fn is None or not callable(fn):
-        made = [f"{name} ({v.name})" if v.name != name else name for name, v in vars(module).items()
-                if isinstance(v, Kernel) and _made_in(v, module)]
+        made = [f"{name} ({v.name})" if v.name != name else name for name, v in named.items()]
         raise UsageError(f"{path} has no function {func!r}"
                          + (f"; its kernels are {', '.join(made)}" if made else ""))
     return [fn if isinstance(fn, Kernel) else Kernel(fn)], module

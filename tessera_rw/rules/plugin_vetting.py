@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 import types
 from dataclasses import replace
@@ -24,11 +23,10 @@ import numpy as np
 
 from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.rules.plugins import LoadedPack, skip
-from tessera_rw.rules.rule import Rule, Ruleset
+from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
 from tessera_rw.rules.soundness import Verdict, check_rule
 
 CHECK_SEEDS = (0, 1)       # examples drawn per rule: random shapes and values, each seed its own
-_WILDCARD = re.compile(r"\bw\d+\b")
 
 
 _VETTED: dict[tuple[str, ...], tuple[Rule, ...]] = {}     # this process's: a pack is loaded once
@@ -80,7 +78,7 @@ def rule_version(rule: Rule, ruleset: Ruleset, lp: LoadedPack) -> str:
     patterns' wildcards numbered in order, as they differ from process to process) and example."""
     numbering: dict[str, str] = {}
     text = " ".join((rule.lhs.text, rule.rhs.text, *rule.when, ruleset.facts))
-    canonical = _WILDCARD.sub(lambda m: numbering.setdefault(m.group(0), f"w{len(numbering)}"), text)
+    canonical = WILDCARD.sub(lambda m: numbering.setdefault(m.group(0), f"w{len(numbering)}"), text)
     code = getattr(rule.example, "__code__", None)
     example = b"" if code is None else _code_bytes(code)
     parts = (lp.distribution, lp.pack.name, lp.pack.version, ruleset.name, rule.name, canonical)

@@ -16,7 +16,7 @@ import numpy as np
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.rules.pattern import Expr
 
-_WILDCARD = re.compile(r"\bw\d+\b")      # what TermBuilder fills an attribute or type left out with
+WILDCARD = re.compile(r"\bw\d+\b")      # what TermBuilder fills an attribute or type left out with
 
 # An example: from a random generator, a function to trace and its inputs (numpy arrays by name).
 Example = Callable[[np.random.Generator], tuple[Callable, dict[str, np.ndarray]]]
@@ -34,8 +34,8 @@ class Rule:
     explosive: bool = False         # matches grow with the e-graph (associativity): backed off
 
     def __post_init__(self):
-        bound = set(_WILDCARD.findall(self.lhs.text)) | {w for fact in self.when for w in _WILDCARD.findall(fact)}
-        if unset := sorted(set(_WILDCARD.findall(self.rhs.text)) - bound, key=lambda w: int(w[1:])):
+        bound = set(WILDCARD.findall(self.lhs.text)) | {w for fact in self.when for w in WILDCARD.findall(fact)}
+        if unset := sorted(set(WILDCARD.findall(self.rhs.text)) - bound, key=lambda w: int(w[1:])):
             raise TesseraError(f"rule {self.name!r}: its right-hand side leaves {len(unset)} value(s) unset "
                                f"(egglog would see the unbound {', '.join(unset)})",
                                hint="give every right-hand-side term its type, of=(shape, dtype), and every "

@@ -127,7 +127,8 @@ def _check(t: object, taken: dict[str, str]) -> None:
 def _check_own(t: Template, dist: str) -> None:
     """A plugin template implements ops its own package's accepted rule pack declares: not those of
     a pack that was skipped, nor another package's op of the same name."""
-    foreign = {op: plugin_op_owner(op) for op in sorted(t.ops) if plugin_op_owner(op) != dist}
+    owners = {op: plugin_op_owner(op) for op in sorted(t.ops)}
+    foreign = {op: owner for op, owner in owners.items() if owner != dist}
     if foreign:
         owner = next(iter(foreign.values()))
         whose = f"{owner!r} declares it" if owner else f"no rule pack of {dist!r} that loaded declares it"
