@@ -4,9 +4,11 @@ Each e-node is one kernel (views and inputs launch none) whose cost is the cost 
 each depth — unfused, epilogue-fused, fully fused — only the e-nodes of that depth or below may be
 chosen; the cheapest tree under that restriction comes first (exact when nothing is shared, and
 safe with cycles), then a DAG pass re-chooses e-nodes whose operands are already paid for elsewhere,
-scoring every change by the cost of the whole program (a shared subexpression is paid once).
-Programs that come out alike at two depths are kept once. Everything is deterministic: ties keep
-the e-node the e-graph listed first.
+scoring every change by the cost of the whole program (a shared subexpression is paid once:
+`dag_sharing`). Programs that come out alike at two depths are kept once. A depth whose fused ops
+the e-graph holds but no cheapest program takes (a plugin's SIMT kernel losing to tensor cores)
+still gets a candidate that takes them, so the report weighs it in the open. Everything is
+deterministic: ties keep the e-node the e-graph listed first.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from itertools import combinations
-from typing import Callable, Sequence
+from typing import Callable
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
@@ -26,20 +27,15 @@ from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.rules.choice import cheapest_choice
-from tessera_rw.rules.egraph import CycleError, EGraphView, ENode
+from tessera_rw.rules.egraph import EGraphView, ENode
 from tessera_rw.rules.saturate import RewriteResult
-from tessera_rw.tune.chosen_program import ChosenProgram
 from tessera_rw.tune.cost import KernelCost, kernel_cost
+from tessera_rw.tune.dag_sharing import VIEW_COST, share_more
 
-# A view or input costs nothing, but a term with fewer of them reads better: this tie-breaker (µs)
-# is far below any kernel's cost.
-VIEW_COST = 1e-6
 # What extraction adds for a kernel no GPU template implements (its streaming estimate is what the
 # reports show): a form the templates take (a transposed softmax, a vector as a one-row matrix)
 # wins over it whatever its copies cost, and among host-only plans the one with fewest such kernels.
 HOST_ONLY_US = 1e6
-DAG_SWEEPS = 3
-REPAIRS = 2           # groups that strand a packed node, repaired per sweep (_paired_switch)
 
 
 class Objective(enum.Enum):
@@ -138,215 +134,6 @@ class _Costs:
         return lambda enode: self(enode) if fusion_depth(enode.op) <= depth and enode.op not in forbid else math.inf
 
 
-def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-               cost: Callable[[ENode], float]) -> dict[str, ENode]:
-    """Improve a tree-optimal choice for sharing: switch a class to an e-node that reads classes the
-    program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
-    only pay off switched together (dW and db both read from one packed GEMM), and where none
-    does, groups that pay off once the classes they leave reading a packed node move off it too
-    (_repaired); last, switch again with the classes outside the program priced beside it
-    (_switch_beside)."""
-    choice = _single_switches(view, choice, roots, cost)
-    for _ in range(DAG_SWEEPS):
-        paired = _paired_switch(view, choice, roots, cost)
-        if paired is None:
-            break
-        choice = _single_switches(view, paired, roots, cost)
-    return _switch_beside(view, choice, roots, cost)
-
-
-def _switch_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                   cost: Callable[[ENode], float]) -> dict[str, ENode]:
-    """Single switches with the classes outside the program re-chosen first as if what the program
-    computes were free, so a switch brings a class in at its price beside the program (hᵀ read in
-    place needs h = gelu(pre) with pre already computed, not h's tree-cheapest form, a GEMM
-    recomputing pre). Each switch makes the program cheaper, so this only improves on `choice`."""
-    for _ in range(DAG_SWEEPS):
-        program = ChosenProgram(choice, roots).post
-        switched = _single_switches(view, _priced_beside(view, choice, roots, cost), roots, cost)
-        if all(switched[c] is choice[c] for c in program) and ChosenProgram(switched, roots).post == program:
-            return switched
-        choice = switched
-    return choice
-
-
-def _priced_beside(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                   cost: Callable[[ENode], float]) -> dict[str, ENode]:
-    """`choice` with every class outside its program re-chosen at tree cost, the program's own
-    e-nodes costing nothing."""
-    program = set(ChosenProgram(choice, roots).post)
-    beside = cheapest_choice(view, lambda e: 0.0 if e.eclass in program and choice[e.eclass] is e else cost(e))
-    return {cid: (enode if cid in program else beside.get(cid, enode)) for cid, enode in choice.items()}
-
-
-def _single_switches(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                     cost: Callable[[ENode], float], only: frozenset[str] | None = None) -> dict[str, ENode]:
-    """`choice` with each class of the program (of `only` where given) switched to the e-node that
-    makes the whole program cheapest, sweep after sweep until none does."""
-    choice = dict(choice)
-    for _ in range(DAG_SWEEPS):
-        program = ChosenProgram(choice, roots)   # each sweep in a fresh DFS order: operands before users
-        memo: dict[str, frozenset[str]] = {}
-        improved = False
-        for cid in list(program.post):
-            if only is not None and cid not in only:
-                continue
-            if cid not in program.post:
-                continue  # dropped by an earlier switch in this sweep
-            current = choice[cid]
-            for enode in view.classes[cid]:
-                if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
-                    continue
-                if not _reads_paid_for(choice, program, enode, current, memo):
-                    continue  # reads nothing already paid for: the tree choice stands
-                if program.delta({cid: enode}, cost) < -1e-9:
-                    program.switch(cid, enode)     # changes `choice`, which the program shares
-                    current = enode
-                    memo = {}
-                    improved = True
-        if not improved:
-            break
-    return choice
-
-
-def _reads_paid_for(choice: dict[str, ENode], program: ChosenProgram, enode: ENode, current: ENode,
-                    memo: dict[str, frozenset[str]]) -> bool:
-    """Whether `enode`, or a class it would bring into the program, reads a class the program
-    computes anyway (besides what `current` reads): a view of a shared packed result qualifies."""
-    if any(c in program.post and c not in current.operands for c in enode.operands):
-        return True
-    new = set().union(*(_outside(choice, program, o, memo) for o in enode.operands))
-    return any(x in program.post for c in new for x in choice[c].operands)
-
-
-def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
-                   cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
-    """`choice` with pairs of switches (or groups: every class that could read it) that bring in the
-    same new class and together make the program cheaper (each alone costs more: the new class is
-    paid once for all) adopted: the best first, then each other that still pays off on what the
-    earlier ones left (a deep model's layers each have their own). Where none does, the first of
-    the REPAIRS groups that would pay had they freed the kernels they leave behind, repaired
-    (_repaired), that makes the program cheaper; None when nothing does."""
-    program = ChosenProgram(choice, roots)
-    memo: dict[str, frozenset[str]] = {}
-    wanting: dict[str, list[tuple[str, ENode]]] = {}
-    for cid in program.post:
-        current = choice[cid]
-        for enode in view.classes[cid]:
-            if enode is current or not math.isfinite(cost(enode)) or any(c not in choice for c in enode.operands):
-                continue
-            brought_in = set().union(*(_outside(choice, program, o, memo) for o in enode.operands))
-            for new in sorted(brought_in):      # in a fixed order: equal pairs tie alike in every process
-                if cost(choice[new]) > VIEW_COST:   # sharing a view or a constant saves nothing
-                    wanting.setdefault(new, []).append((cid, enode))
-    improving: list[tuple[float, int, dict[str, ENode]]] = []
-    stranding: list[tuple[float, int, dict[str, ENode], frozenset[str]]] = []
-    behind: dict[str, frozenset[str]] = {}
-    tried: set[tuple[str, ...]] = set()
-    for users in wanting.values():
-        for switches in _groups(users):
-            key = tuple(sorted(e.id for e in switches.values()))
-            if key in tried:
-                continue
-            tried.add(key)
-            total = program.delta(switches, cost)
-            if total < -1e-9:
-                improving.append((total, len(improving), switches))
-            else:
-                left = frozenset().union(*(_left_behind(choice, program, cid, cost, behind) for cid in switches))
-                if total - math.fsum(cost(choice[c]) for c in sorted(left)) < -1e-9:
-                    stranding.append((total, len(stranding), switches, left))
-    adopted = False
-    for _, _, switches in sorted(improving, key=lambda t: t[:2]):
-        if adopted:
-            if program.choice is not choice:           # rebuilt once per adoption
-                program = ChosenProgram(choice, roots)
-            if any(cid not in program.post or choice[cid] is e for cid, e in switches.items()) \
-                    or program.delta(switches, cost) >= -1e-9:
-                continue
-        trial = {**choice, **switches}
-        try:
-            ChosenProgram(trial, roots)
-        except CycleError:
-            continue
-        choice, adopted = trial, True
-    if adopted:
-        return choice
-    # the most promising few stranding groups: each repair re-runs the single switches
-    before = math.fsum(cost(choice[c]) for c in program.post)
-    return next(filter(None, (_repaired(view, choice, roots, cost, switches, left, before)
-                              for _, _, switches, left in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
-
-
-def _left_behind(choice: dict[str, ENode], program: ChosenProgram, cid: str, cost: Callable[[ENode], float],
-                 memo: dict[str, frozenset[str]]) -> frozenset[str]:
-    """The kernels (classes costing more than a view) class `cid` reads now, through views: what
-    switching it would leave behind, its price saved if nothing else read it."""
-    if cid not in memo:
-        found: set[str] = set()
-        stack, seen = list(choice[cid].operands), set()
-        while stack:
-            c = stack.pop()
-            if c in seen or c not in program.post:
-                continue
-            seen.add(c)
-            if cost(choice[c]) > VIEW_COST:
-                found.add(c)
-            else:
-                stack.extend(choice[c].operands)
-        memo[cid] = frozenset(found)
-    return memo[cid]
-
-
-def _repaired(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str], cost: Callable[[ENode], float],
-              switches: dict[str, ENode], stranded: frozenset[str], before: float) -> dict[str, ENode] | None:
-    """`choice` with `switches`, then the single switches of the classes still reading a `stranded`
-    kernel through views, where the whole is cheaper: a group moving dx and dW off one packed node
-    onto another pays only once db, the packed node's last reader, moves off it too, freeing it
-    (each switch alone, and the group, cost more). `before`: what `choice`'s program costs."""
-    trial = {**choice, **switches}
-    try:
-        program = ChosenProgram(trial, roots)
-    except CycleError:
-        return None
-    memo: dict[str, frozenset[str]] = {}
-    readers = frozenset(c for c in program.post if c not in switches
-                        and _left_behind(trial, program, c, cost, memo) & stranded)
-    if not readers:
-        return None
-    repaired = _single_switches(view, trial, roots, cost, only=readers)
-    after = math.fsum(cost(repaired[c]) for c in ChosenProgram(repaired, roots).post)
-    return repaired if after < before - 1e-9 else None
-
-
-def _groups(users: list[tuple[str, ENode]]) -> list[dict[str, ENode]]:
-    """The switches to try together among `users` (class, e-node) of one new class: each pair, and
-    where more classes want it, all of them at once (the first e-node per class) and all but each
-    one (a switch may leave another member's class unread: a variance read only by var + eps). A
-    packed result whose views must all move together (a norm's dx with the residual added and its
-    row statistics) pays off only as a group."""
-    found = [dict([a, b]) for a, b in combinations(users, 2) if a[0] != b[0]]
-    every = dict(reversed(users))
-    if len(every) > 2:
-        found.append(every)
-        found += [{c: e for c, e in every.items() if c != left} for left in every] if len(every) > 3 else []
-    return found
-
-
-def _outside(choice: dict[str, ENode], program: ChosenProgram, cid: str, memo: dict[str, frozenset[str]]) -> frozenset[str]:
-    """The classes outside the program that computing `cid` as `choice` has it needs, `cid` included."""
-    if cid not in memo:
-        found, stack = set(), [cid]
-        while stack:
-            c = stack.pop()
-            if c in found or c in program.post:
-                continue
-            found.add(c)
-            stack.extend(choice[c].operands)
-        memo[cid] = frozenset(found)
-    return memo[cid]
-
-
 @dataclass(frozen=True)
 class DepthChoice:
     """The program extraction chose at one fusion depth: an e-node per class (the classes the
@@ -390,9 +177,40 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
             found[program.outputs] = candidate
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
         return (candidate_of(graph, arch),)
+    for depth in _unreached_depths(view, found.values()):
+        program = _favouring(result, arch, depth, objective, forbid)
+        candidate = program and candidate_of(fold_layout_chains(program), arch)
+        if candidate and candidate.fusion_depth == depth and all(_launches(candidate) != _launches(c) for c in found.values()):
+            found[program.outputs] = candidate
     primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
     ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
     return tuple(ranked[:k])
+
+
+def _unreached_depths(view: EGraphView, found) -> list[FusionDepth]:
+    """The fusion depths the e-graph holds e-nodes of that no cheapest program reached: a fused op
+    that loses everywhere (a plugin's SIMT kernel beside tensor cores) is still weighed in the open."""
+    reached = {c.fusion_depth for c in found}
+    held = {fusion_depth(e.op) for enodes in view.classes.values() for e in enodes}
+    return sorted(d for d in held - reached if d > max(reached))
+
+
+def _favouring(result: RewriteResult, arch: ArchSpec, depth: FusionDepth, objective: Objective,
+               forbid: frozenset[str]) -> Graph | None:
+    """The program that takes the e-nodes of `depth` wherever a template implements them (they cost
+    next to nothing while choosing), the rest at the cost model's price; None when none applies."""
+    view, roots = result.view, result.output_classes()
+    costs = _Costs(view, arch, objective)
+    limited = costs.limited(depth, forbid)
+
+    def favoured(enode: ENode) -> float:
+        cost = limited(enode)
+        return VIEW_COST if fusion_depth(enode.op) == depth and cost < HOST_ONLY_US else cost
+    tree = cheapest_choice(view, favoured)
+    if any(r not in tree for r in roots):
+        return None
+    choice = share_more(view, tree, roots, favoured)
+    return Graph(result.graph.name, result.graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
 
 
 def _launches(c: Candidate) -> tuple:     # what a candidate runs: each kernel's kind, fusions, bytes, FLOPs

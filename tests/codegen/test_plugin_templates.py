@@ -43,6 +43,18 @@ def test_the_example_plugins_kernel_is_chosen_where_it_is_cheaper_and_runs(monke
         np.testing.assert_allclose(norm_then_project(x, g, w), reference(x, g, w), rtol=2e-5, atol=2e-5)
 
 
+def test_the_example_plugins_kernel_that_loses_is_still_weighed_as_a_candidate():
+    """bf16 at 4096²: rmsnorm then a tensor-core GEMM wins, and the plugin's SIMT kernel is listed,
+    costed, as the fully fused runner-up rather than left out."""
+    x, w, g = op.tensor((4096, 4096), "bf16"), op.tensor((4096, 4096), "bf16"), op.tensor((4096,), "bf16")
+    report = norm_then_project.explain(x, g, w)
+    kinds = [[(k.kind, k.fused) for k in c.kernels] for c in report.candidates]
+    assert kinds[report.chosen] == [("layernorm", ()), ("gemm", ())]
+    assert [("gemm", ("rmsnorm",))] in kinds
+    runner_up = next(c for c in report.candidates if c.kernels[0].fused == ("rmsnorm",))
+    assert runner_up.est_us > report.candidates[report.chosen].est_us
+
+
 def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
     builtin = builtin_templates()
     with pytest.warns(PluginWarning, match="broken on purpose"):

@@ -7,7 +7,7 @@ import math
 
 from tessera_rw.rules.egraph import ENode
 from tessera_rw.tune.chosen_program import ChosenProgram
-from tessera_rw.tune.extract import share_more
+from tessera_rw.tune.dag_sharing import share_more
 
 COST = {"input": 0.0, "matmul": 10.0, "sum": 3.0, "matmul_bias_grad": 11.0, "slice": 0.0, "relu": 1.0,
         "gelu": 2.0}
@@ -110,7 +110,7 @@ def test_switches_that_keep_placing_classes_at_the_bottom_of_the_order():
 
 PAIR_TIE = """
 from tests.hand_built_egraphs import enode, view_of
-from tessera_rw.tune.extract import share_more
+from tessera_rw.tune.dag_sharing import share_more
 cost = {"input": 0.0, "big": 11.0, "big5": 5.0, "A": 1.0, "B": 1.0, "C": 1.0, "pk": 5.0, "rk": 5.0}
 x, dw, db = enode("x", "input"), enode("dw", "big", "x"), enode("db", "big5", "x")
 p, r = enode("p", "pk", "x"), enode("r", "rk", "x")

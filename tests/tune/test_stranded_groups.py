@@ -5,7 +5,7 @@ and only re-choosing that reader (the repair) frees it."""
 import math
 
 from tessera_rw.tune.chosen_program import ChosenProgram
-from tessera_rw.tune.extract import VIEW_COST, share_more
+from tessera_rw.tune.dag_sharing import VIEW_COST, share_more
 from tests.hand_built_egraphs import enode, view_of
 
 # P and Q pack what dx, dW and db read (norm_backward_grads and norm_backward_stats, say); dW read
