@@ -280,17 +280,17 @@ def generated_kernels_table(program: CompiledProgram) -> RenderableType:
         kernels = generated_kernels(program)
     except TesseraError as e:
         return Text(f"generated kernels: none for the GPU: {e.detail}")
+    rows = [(str(k.index), k.name, "-", "-", "-", "-") if k.source is None else
+            (str(k.index), k.source.name, "x".join(str(g) for g in k.source.grid), str(k.source.threads),
+             f"{k.smem_bytes / 1024:.0f}", str(k.source.source.count("\n") + 1)) for k in kernels]
     table = report_table(f"generated kernels ({program.arch.sm}; --emit-cuda DIR writes them)")
     numeric = ("step", "threads", "smem KB", "lines")
-    for column in ("step", "kernel (its name spells the schedule)", "grid", "threads", "smem KB", "lines"):
-        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=column != "grid")
-    for k in kernels:
-        if k.source is None:
-            table.add_row(str(k.index), k.name, "-", "-", "-", "-")
-            continue
-        s = k.source
-        table.add_row(str(k.index), s.name, "x".join(str(g) for g in s.grid), str(s.threads),
-                      f"{k.smem_bytes / 1024:.0f}", str(s.source.count("\n") + 1))
+    for i, column in enumerate(("step", "kernel (its name spells the schedule)", "grid", "threads", "smem KB", "lines")):
+        widest = max([len(column if i != 1 else "kernel")] + [len(r[i]) for r in rows])   # a long name folds
+        table.add_column(column, justify="right" if column in numeric else "left",
+                         min_width=widest if i != 1 else None, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
