@@ -276,6 +276,20 @@ def test_input_overrides_what_example_inputs_give_the_rest_come_from_them(tmp_pa
     assert "--input p.v: example_inputs() gives p the keys w, b, layers" in capsys.readouterr().err
 
 
+def test_example_inputs_may_give_each_kernel_its_own_dict_by_the_kernels_name(tmp_path, capsys):
+    module = tmp_path / "two_sizes.py"
+    module.write_text("from tessera_rw import op\n"
+                      "@op.kernel\ndef small(x, w):\n    return x @ w\n"
+                      "@op.kernel\ndef big(x, w):\n    return x @ w\n"
+                      "def example_inputs():\n"
+                      "    return {'small': {'x': op.tensor((8, 16)), 'w': op.tensor((16, 4))},\n"
+                      "            'large': {'x': op.tensor((512, 256)), 'w': op.tensor((256, 128))}}\n")
+    assert main(["--explain", f"{module}:small"]) == 0
+    assert "def small(x: f32[8,16], w: f32[16,4])" in capsys.readouterr().out
+    assert main(["--explain", f"{module}:big"]) == 2
+    assert "has no x, w (it gives small, large)" in capsys.readouterr().err
+
+
 def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, capsys):
     module = tmp_path / "container_mod.py"
     module.write_text(CONTAINER_MODULE)

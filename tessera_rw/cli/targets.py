@@ -2,7 +2,8 @@
 
 A target is FILE.py:FUNCTION, or FILE.py for every @op.kernel the file makes (imported ones aside).
 A target module may define `example_inputs()` returning a dict of arrays or op.tensor placeholders
-(one dict for all its kernels: each takes the entries its parameters name);
+(one dict for all its kernels: each takes the entries its parameters name; or one dict per kernel,
+keyed by the kernel's name);
 `--input NAME=4x16x2048x64:bf16` gives one or overrides it (NAME may be a path into a container).
 
 >>> parse_input("q=4x16x2048x64:bf16")
@@ -115,7 +116,8 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
         raise UsageError(f"kernel {kernel.name} has no parameter {unknown[0]!r}; its parameters are "
                          f"{', '.join(kernel.parameter_names)}")
     has_examples = callable(getattr(module, "example_inputs", None))
-    examples = _example_inputs(kernel, module) if has_examples else {}
+    offered = _example_inputs(kernel, module) if has_examples else {}
+    examples = {n: v for n, v in offered.items() if n in kernel.parameter_names}
     inputs = {n: _overlaid(examples[n], flags[n], n) if n in examples and n in flags else flags.get(n, examples.get(n))
               for n in kernel.parameter_names if n in flags or n in examples}
     missing = [n for n in _required(kernel) if n not in inputs]
@@ -123,7 +125,7 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
     if missing and has_examples:
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; example_inputs() of "
                          f"{module.__file__} has no {', '.join(missing)} "
-                         f"(it gives {', '.join(examples) or 'nothing'}): "
+                         f"(it gives {', '.join(map(str, offered)) or 'nothing'}): "
                          "add them, or pass --input")
     if missing and flags:
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
@@ -143,7 +145,10 @@ def _example_inputs(kernel: Kernel, module: Any) -> dict[str, Any]:
     if not isinstance(given, dict):
         raise UsageError(f"{where} returned a {type(given).__name__}: it should return a dict of "
                          "arrays or op.tensor placeholders by parameter name")
-    return {n: v for n, v in given.items() if n in kernel.parameter_names}
+    own = given.get(kernel.name)
+    if isinstance(own, dict) and kernel.name not in kernel.parameter_names:    # {kernel: {parameter: ...}}
+        given = own
+    return given
 
 
 def _overlaid(example: Any, flag: Any, path: str) -> Any:
