@@ -17,27 +17,41 @@ asyncio task sees its own policy:
 <Numerics.FAST: 'fast'>
 >>> numerics.current()
 <Numerics.DETERMINISTIC: 'deterministic'>
+
+Called as a plain statement, `numerics.policy("fast")` sets the policy from there on (in this
+thread or task), as torch.set_grad_enabled does; a `with` block restores what was in force before.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
-from tessera_rw.codegen.numerics import Numerics, NumericsError, compensated_sum, current_numerics, numerics_policy
+from tessera_rw.codegen.numerics import Numerics, NumericsError, compensated_sum, current_numerics, set_numerics
 
 __all__ = ["policy", "current", "Numerics", "NumericsError", "compensated_sum"]
 
 
-def policy(name: Numerics | str) -> AbstractContextManager[Numerics]:
-    """A block run under numerics policy `name`: "fast", "deterministic" or "kahan_sum".
+class policy:
+    """Numerics policy `name` ("fast", "deterministic" or "kahan_sum") from here on, or, used as
+    `with policy(name):`, for the block only.
 
     >>> with policy("kahan_sum") as p:
     ...     p.value
     'kahan_sum'
     """
-    return numerics_policy(name)
+
+    def __init__(self, name: Numerics | str):
+        self._restore = set_numerics(name)
+
+    def __enter__(self) -> Numerics:
+        return current_numerics()
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def __repr__(self) -> str:
+        return f"numerics.policy({current_numerics().value!r})"
 
 
 def current() -> Numerics:
-    """The policy in force here (DETERMINISTIC outside any `policy` block)."""
+    """The policy in force here: the innermost `policy` block's, else the last one set by a plain
+    `policy(...)` call, else DETERMINISTIC."""
     return current_numerics()

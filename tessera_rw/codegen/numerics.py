@@ -39,7 +39,7 @@ import contextvars
 import enum
 import math
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -88,6 +88,12 @@ _CURRENT: contextvars.ContextVar[Numerics] = contextvars.ContextVar("tessera_rw_
 def current_numerics() -> Numerics:
     """The policy in force here: the innermost `numerics_policy` block, else DETERMINISTIC."""
     return _CURRENT.get()
+
+
+def set_numerics(name: Numerics | str) -> Callable[[], None]:
+    """Put policy `name` in force here; the function returned puts back the one it replaced."""
+    token = _CURRENT.set(Numerics.parse(name))
+    return lambda: _CURRENT.reset(token)
 
 
 @contextmanager

@@ -84,6 +84,21 @@ def test_policies_nest_and_the_outer_one_returns_even_after_an_error():
     assert current_numerics() is DET
 
 
+def test_a_plain_call_sets_the_policy_from_there_on_in_its_own_thread_only():
+    def run():
+        numerics.policy("fast")                   # a statement, as the guide writes it
+        inner = numerics.current()
+        with numerics.policy("kahan_sum"):
+            in_block = numerics.current()
+        return inner, in_block, numerics.current()
+
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(run()))
+    thread.start()
+    thread.join()
+    assert seen == [(FAST, KAHAN, FAST)] and numerics.current() is DET     # the caller's thread is untouched
+
+
 def test_each_thread_and_task_sees_its_own_policy():
     seen, inside, release = {}, threading.Event(), threading.Event()
 
