@@ -339,9 +339,13 @@ class Kernel:
         return f"<tessera_rw kernel {self.name}: {len(self._traces)} traced signature(s)>"
 
 
-def kernel(fn: Callable) -> Kernel | BoundKernel:
-    """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature. A kernel
-    already (`op.kernel(op.grad(f))`) is returned as it is.
+_KERNEL_USE = ("decorate a function: @op.kernel, or wrap one: op.kernel(f); tuning goes to "
+               "@op.autotune(cache=..., method=...), a pinned tile to op.matmul(..., tile_shape=...)")
+
+
+def kernel(fn: Callable | None = None, **options: Any) -> Kernel | BoundKernel | Callable[[Callable], Kernel | BoundKernel]:
+    """Decorator: `@op.kernel def f(q, k, v): ...` traces f per (shapes, dtypes) signature (`@op.kernel()`
+    is the same). A kernel already (`op.kernel(op.grad(f))`) is returned as it is.
 
     >>> import numpy as np
     >>> from tessera_rw import op
@@ -351,6 +355,14 @@ def kernel(fn: Callable) -> Kernel | BoundKernel:
     >>> scaled_softmax(np.zeros((2, 4), np.float32))[0]
     array([0.25, 0.25, 0.25, 0.25], dtype=float32)
     """
+    if options:
+        raise ArgumentError(f"op.kernel takes no options (given {', '.join(options)}): the schedule and the "
+                            "fusion are chosen per call signature", hint=_KERNEL_USE)
+    if fn is None:
+        return kernel
+    if not callable(fn):
+        raise ArgumentError(f"op.kernel takes the function to trace, not a {type(fn).__name__} ({fn!r:.60})",
+                            hint=_KERNEL_USE)
     return fn if isinstance(fn, (Kernel, BoundKernel)) else Kernel(fn)
 
 

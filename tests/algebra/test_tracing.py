@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
+from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.tensor import TensorSpec
 
 RNG = np.random.default_rng(1)
@@ -178,3 +179,15 @@ def test_eval_of_a_placeholder_says_it_has_no_data_and_what_to_do():
     with pytest.raises(ArgumentError, match="eval.. of a placeholder op.tensor..8, 8., 'float32'.: it has no data") as e:
         y.eval()
     assert "call the ops on arrays" in e.value.hint
+
+
+def test_the_decorator_takes_parentheses_and_refuses_options_it_does_not_have():
+    @op.kernel()
+    def doubled(x):
+        return x * 2
+    np.testing.assert_array_equal(doubled(np.ones(3, np.float32)), np.full(3, 2, np.float32))
+    with pytest.raises(ArgumentError, match="op.kernel takes no options \\(given mode\\)") as e:
+        op.kernel(mode="max-autotune")
+    assert "@op.autotune" in e.value.hint
+    with pytest.raises(ArgumentError, match="takes the function to trace, not a int"):
+        op.kernel(3)
