@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -38,7 +39,7 @@ from tessera_rw.kernel import Kernel
 from tessera_rw.method_kernels import BoundKernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import Printable
-from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
 from tessera_rw.tune.extract import FusionDepth
 from tessera_rw.tune.kernel_tuner import KernelTuning, TuneError, cached_schedule
 from tessera_rw.tune.plan_tuner import TuneSettings, tunable_ops, why_untunable
@@ -297,8 +298,17 @@ class Autotune:
         return TuneConfig(kernel.name, loaded, tuple(k for _, k in found))
 
     def save_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
-        """Write every record of the cache (all archs) to `path`; returns how many."""
-        return TuneCache(cache or self.cache).export(path)
+        """Write every record of the cache (all archs) to `path`; returns how many. Saving an empty
+        cache while other named caches hold records warns, naming them."""
+        store = TuneCache(cache or self.cache)
+        written = store.export(path)
+        if not written:
+            holding = [n for n in store.names_beside() if n != store.name and TuneCache(n, store.root).records()]
+            if holding:
+                warnings.warn(f"autotune cache {store.name!r} has no records, so {os.fspath(path)} holds none; "
+                              f"{', '.join(map(repr, holding))} hold some: save_cache(path, cache={holding[0]!r})",
+                              TuneCacheWarning, stacklevel=2)
+        return written
 
     def load_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
         """Merge the records of an exported file into the cache; returns how many were new or better."""

@@ -12,7 +12,7 @@ from rich.console import Console
 from tessera_rw import autotune, op
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.codegen.device import gpu_available
-from tessera_rw.tune.cache import TuneCache
+from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
 from tessera_rw.tune.progress import TuningProgress
 from tessera_rw.tune.search import Trial
 from tessera_rw.tune.measure import Measurement
@@ -60,6 +60,13 @@ def test_save_and_load_cache_move_records_between_caches(tmp_path):
     assert saved >= 2            # the program's choice and its kernel's schedule
     assert autotune.load_cache(path, cache="other") == saved
     assert autotune.load(op.matmul, (512, 512, 512), dtype="bf16", cache="other") is not None
+
+
+def test_saving_an_empty_cache_while_another_holds_records_names_it(tmp_path):
+    autotune(op.matmul, shapes=(256, 256, 256), dtype="bf16", method="cost_model", cache="h100_configs")
+    with pytest.warns(TuneCacheWarning, match="'h100_configs' hold some: save_cache\\(path, cache='h100_configs'\\)"):
+        assert autotune.save_cache(tmp_path / "empty.json") == 0
+    assert autotune.save_cache(tmp_path / "full.json", cache="h100_configs") >= 2
 
 
 def test_op_autotune_decorator_tunes_once_then_a_new_process_hits_the_cache():

@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     cache = TuneCache(args.name)
     if args.action in ("list", "export", "clear") and args.name != "default" and not cache.folder.is_dir():
-        others = _cache_names(cache)
+        others = cache.names_beside()
         raise UsageError(f"there is no autotune cache named {args.name!r} in {cache.root}; caches there: "
                          f"{', '.join(others) or 'none'}")
     if getattr(args, "arch", None):
@@ -91,7 +91,7 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    named = [n for n in _cache_names(cache) if n != cache.name]
+    named = [n for n in cache.names_beside() if n != cache.name]
     if named:
         console.print(f"other caches in {cache.root}: {', '.join(named)} (list one with --name NAME)",
                       markup=False, highlight=False)
@@ -152,11 +152,6 @@ def _used_here(r: TuneRecord, here: Versions) -> str:
 
 def _describe(v: Versions) -> str:
     return ", ".join(f"{field} {value}" for field, value in zip(Versions._fields, v))
-
-
-def _cache_names(cache: TuneCache) -> list[str]:
-    """The named caches beside `cache` under its root, its own among them."""
-    return sorted(p.name for p in cache.root.glob("*") if p.is_dir()) if cache.root.is_dir() else []
 
 
 def _shapes(r: TuneRecord) -> str:

@@ -122,6 +122,10 @@ class TuneCache:
                                  hint="give the ArchSpec a name of letters, digits, '.', '_' or '-'")
         return self.folder / f"{name}.json"
 
+    def names_beside(self) -> list[str]:
+        """The named caches under this cache's root, its own among them when it has a folder."""
+        return sorted(p.name for p in self.root.glob("*") if p.is_dir()) if self.root.is_dir() else []
+
     def archs(self) -> list[str]:
         """The archs this cache holds a file for."""
         if not self.folder.is_dir():
