@@ -162,6 +162,18 @@ def test_matmul_rejects_non_float(da, db):
         op.matmul(ph((2, 3), da), ph((3, 4), db))
 
 
+@pytest.mark.parametrize("operands, accum, ok", [("bf16", "fp32", True), ("float32", "float32", True),
+                                                  ("float64", "fp64", True), ("bf16", "bf16", False),
+                                                  ("float16", "fp16", False), ("float32", "fp64", False)])
+def test_matmul_takes_the_accumulators_its_kernels_have(operands, accum, ok):
+    a, b = ph((4, 8), operands), ph((8, 2), operands)
+    if ok:
+        assert op.matmul(a, b, accum_dtype=accum).shape == (4, 2)
+    else:
+        with pytest.raises(DTypeError, match="matmul: accum_dtype=.* they accumulate in float32"):
+            op.matmul(a, b, accum_dtype=accum)
+
+
 def test_matmul_rejects_0d():
     with pytest.raises(ShapeError):
         op.matmul(ph(()), ph((3,)))

@@ -56,6 +56,11 @@ def infer_matmul(a: TensorType, b: TensorType, accum_dtype: DType | None) -> Ten
     batch, m, n, _ = matmul_dims(a.shape, b.shape)
     shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
     dtype = promote(a.dtype, b.dtype)
+    wide = dtype in (DType.float64, DType.complex128)
+    if accum_dtype not in (None, DType.float32) and not (accum_dtype is DType.float64 and wide):
+        raise DTypeError(f"accum_dtype={accum_dtype.name} is not an accumulator the products have: they accumulate "
+                         "in float32 (float64 ones in float64)",
+                         hint="leave accum_dtype out, or pass accum_dtype='fp32'")
     if dtype in (DType.float8_e4m3, DType.float8_e5m2):
         dtype = DType.bfloat16  # an fp8 GEMM writes bf16, as cuBLASLt does by default
     return TensorType(shape, dtype)
