@@ -13,8 +13,12 @@ schema below, and `ExplainReport.from_json` validates a document against it.
                      "kernels": [{"kind", "fused", "hbm_bytes", "flops", "registers", "smem_bytes", "est_us"}]}],
      "chosen": <index into candidates>, "chosen_by": "cost_model" | "on_device" | "cache"}
 
-`fusion_depth` is 0 (unfused), 1 (epilogue-fused) or 2 (fully fused); `est_us` is null for a
-kernel no GPU template implements (its time is unknown, not infinite).
+`fusion_depth` is 0 (unfused), 1 (epilogue-fused) or 2 (fully fused). A kernel's figures are the
+cost model's: for a plain op no GPU template implements (a float64 product: the plan runs it on
+the host) they are those of a streaming kernel over its operands and result, its registers that
+estimate's assumption; for a library call (cuFFT) registers and shared memory are typical values,
+not the library's. `est_us` is null where no estimate exists: a fused op no template implements
+(its time is unknown, not infinite).
 
 >>> from tessera_rw import op
 >>> @op.kernel
