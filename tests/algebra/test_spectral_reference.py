@@ -345,3 +345,12 @@ def test_irfft_default_n_zero_for_single_bin():
     _check_message(info.value, "irfft", "x: c64[3,1]")
     with pytest.raises(ValueError):
         np.fft.irfft(np.ones((3, 1), np.complex64))
+
+
+def test_the_transforms_answer_to_numpys_fft_namespace_spelling():
+    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
+    for name in ("fft", "ifft", "rfft"):
+        np.testing.assert_allclose(getattr(op.fft, name)(x), getattr(np.fft, name)(x), rtol=1e-4, atol=1e-4)
+    spectrum = np.fft.rfft(x)
+    np.testing.assert_allclose(op.fft.irfft(spectrum.astype(np.complex64)), np.fft.irfft(spectrum), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(op.fft(x), np.fft.fft(x), rtol=1e-4, atol=1e-4)      # still the complex transform

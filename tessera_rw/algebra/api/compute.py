@@ -133,6 +133,10 @@ def irfft(x, n=None, axis=-1, norm=None):
     return _fft("irfft", x, n, axis, norm)
 
 
+# numpy.fft's spelling too: op.fft.rfft(x) is op.rfft(x), while op.fft(x) stays the complex transform.
+fft.fft, fft.ifft, fft.rfft, fft.irfft = fft, ifft, rfft, irfft
+
+
 def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
     """softmax(scale · q kᵀ [+ mask]) v without the score matrix in memory.
 
