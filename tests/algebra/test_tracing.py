@@ -191,3 +191,12 @@ def test_the_decorator_takes_parentheses_and_refuses_options_it_does_not_have():
     assert "@op.autotune" in e.value.hint
     with pytest.raises(ArgumentError, match="takes the function to trace, not a int"):
         op.kernel(3)
+
+
+def test_a_scalar_made_by_full_is_the_constant_a_python_number_would_be():
+    """op.zeros((), q.dtype) in a mask reads like the literal 0 the rules know, rounded to its dtype."""
+    graph = op.kernel(lambda x: x * op.full((), 0.1, "bf16") + op.zeros((), x.dtype)).trace(op.tensor((4,), "bf16"))
+    assert "full" not in graph.op_counts()
+    x = np.linspace(-2, 2, 4).astype("bfloat16")
+    np.testing.assert_array_equal(op.kernel(lambda x: x * op.full((), 0.1, "bf16"))(x),
+                                  (x.astype(np.float32) * np.float32(np.asarray(0.1, "bfloat16"))).astype("bfloat16"))

@@ -70,6 +70,22 @@ def masked_fill_tril_eq_zero(q, k, v):       # nanoGPT: att.masked_fill(bias == 
     return op.softmax(op.where(op.tril(op.ones((seq, seq))) == 0, -math.inf, q @ k.mT * 0.25), axis=-1) @ v
 
 
+# transformers' additive causal masks: 0 on and below the diagonal, a large negative fill above it
+def additive_causal_where(fill):
+    def additive_causal(q, k, v):
+        seq = q.shape[-2]
+        keep = op.tril(op.ones((seq, seq), "bool"))
+        return op.softmax(q @ k.mT * 0.25 + op.where(keep, op.zeros((), q.dtype), op.full((), fill, q.dtype)),
+                          axis=-1) @ v
+    return additive_causal
+
+
+def additive_causal_triu(q, k, v):
+    seq = q.shape[-2]
+    mask = op.triu(op.full((seq, seq), float(np.finfo(np.float32).min), q.dtype), 1)
+    return op.softmax(q @ k.mT * 0.25 + mask, axis=-1) @ v
+
+
 def upcast_before_scale(q, k, v):
     return op.cast(op.softmax(op.cast(q @ k.mT, "float32") * 0.25, axis=-1), "bf16") @ v
 
@@ -145,6 +161,9 @@ FORMS = {
     "masked-fill-triu": (masked_fill_triu(-math.inf), QKV),
     "masked-fill-triu-minus-1e9": (masked_fill_triu(-1e9), QKV),
     "masked-fill-tril-eq-zero": (masked_fill_tril_eq_zero, QKV),
+    "additive-causal-neg-inf": (additive_causal_where(-math.inf), QKV),
+    "additive-causal-minus-1e9": (additive_causal_where(-1e9), QKV),
+    "additive-causal-triu-finfo-min": (additive_causal_triu, QKV),
     "upcast-before-scale": (upcast_before_scale, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "upcast-before-mask": (upcast_before_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}
                            | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
@@ -177,7 +196,9 @@ def test_attention_form_reaches_flash_attention(form):
 
 
 @pytest.mark.parametrize("form", ["causal", "unscaled-causal", *CAUSAL_FILLS, "masked-fill-triu",
-                                  "masked-fill-triu-minus-1e9", "masked-fill-tril-eq-zero"])
+                                  "masked-fill-triu-minus-1e9", "masked-fill-tril-eq-zero",
+                                  "additive-causal-neg-inf", "additive-causal-minus-1e9",
+                                  "additive-causal-triu-finfo-min"])
 def test_causal_form_becomes_a_causal_flag(form):
     fn, inputs = FORMS[form]
     result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])

@@ -6,12 +6,12 @@ import numbers
 
 import numpy as np
 
-from tessera_rw.algebra.api.dispatch import apply, op_context
+from tessera_rw.algebra.api.dispatch import apply, is_tracing, op_context
 from tessera_rw.algebra.api.layout import broadcast_to
-from tessera_rw.algebra.builder import beyond_double, python_scalar
+from tessera_rw.algebra.builder import beyond_double, make_constant, python_scalar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError
-from tessera_rw.algebra.tensor import TensorSpec
+from tessera_rw.algebra.tensor import SymbolicTensor, TensorSpec
 
 
 def full(shape, fill_value, dtype="float32"):
@@ -23,6 +23,9 @@ def full(shape, fill_value, dtype="float32"):
         value = python_scalar(fill_value, spec.dtype)
     if beyond_double(value, spec.dtype):    # held exactly, as a literal
         return broadcast_to(np.array(value, dtype=spec.dtype.numpy), spec.shape)
+    exact = python_scalar(np.asarray(value, spec.dtype.numpy).item(), spec.dtype)
+    if spec.shape == () and is_tracing() and not spec.dtype.is_complex and exact == exact:
+        return SymbolicTensor(make_constant(exact, spec.dtype))     # what a Python scalar there would be
     return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
 
 

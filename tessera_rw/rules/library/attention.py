@@ -13,7 +13,10 @@ remaining rules refine a fused node's mask: an additive −∞ mask is a bool ma
 triangular bool mask is `causal`. A causal mask filled with any value at or below
 CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write) is filled with −∞: a lower-
 triangular mask keeps every row's first key, and exp(fill − row max) is 0 in float32 whenever some
-score of the row exceeds fill + 104, so the softmax is the same.
+score of the row exceeds fill + 104, so the softmax is the same. An additive causal mask,
+where(tril(1), 0, fill) (or triu(full(fill), 1), as transformers build it), is `causal` on the same
+grounds, the masked scores being s + fill: exact for −∞, and for a finite fill whenever a row's
+scores lie within −fill − 104 of each other.
 """
 
 from __future__ import annotations
@@ -222,12 +225,27 @@ def _mask_rules():
                    rhs=term(*operands, m, scale=c, causal=False, has_mask=True, of=T),
                    when=('(= (dt m) "bool")',),
                    example=lambda rng: _attention_family(rng, lambda mask: op.where(mask > 0, 0.0, -math.inf)))
+        yield Rule(f"causal-from-additive-fill{suffix}", f"{name}(…, where(tril(1), 0, c)) = {name}(…, causal) "
+                   f"for c ≤ {CAUSAL_FILL_LIMIT:g}",
+                   lhs=term(*operands, t.where(tril, const(value=0.0, dtype=Expr("cd2")), const()),
+                            scale=Expr("sc"), causal=False, has_mask=True, of=T),
+                   rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, of=T),
+                   when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
+                   example=_additive_causal_example)
         yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
                    lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, of=T),
                    rhs=term(*operands, scale=c, causal=True, has_mask=False, of=T),
                    when=("(= (vec-length fs) 2)",),
                    example=lambda rng: _attention_family(
                        rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
+
+
+def _additive_causal_example(rng: np.random.Generator):
+    """An attention family masked by a lower-triangular additive mask filled with what models write
+    above the diagonal (the random mask gives only its shape)."""
+    fill = float(rng.choice([-math.inf, -1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))
+    return _attention_family(
+        rng, lambda mask: op.where(op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool")), 0.0, fill))
 
 
 def _causal_fill_example(rng: np.random.Generator):

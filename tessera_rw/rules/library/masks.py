@@ -7,6 +7,7 @@ condition turns the one into the other, and the negation then folds into the con
     where(m, a, b) = where(¬m, b, a)        ¬¬m = m        ¬(x = y) = (x ≠ y)        ¬(x ≠ y) = (x = y)
     ¬triu(1, k) = tril(1, k − 1)            (the causal mask written as the keys to drop)
     tril(1, k) ≠ 0 = tril(True, k)          (a float causal mask compared)
+    triu(full(c), k) = where(tril(True, k − 1), 0, c)     (an additive mask, as transformers build it)
 
 so where(triu(ones, 1), −∞, s), where(tril(ones) == 0, −∞, s), where(bias == 0, −∞, s) and
 where(~keep, −∞, s) reach the
@@ -59,6 +60,12 @@ def _float_tril_example(rng: np.random.Generator):
     return (lambda x: op.where(op.tril(op.ones((n, n)), k=k0) != 0, x, -1.0)), {"x": rand(rng, n, n)}
 
 
+def _additive_triangle_example(rng: np.random.Generator):
+    n, k0 = int(rng.integers(1, 7)), int(rng.integers(-2, 3))
+    fill = float(rng.choice([-np.inf, -1e9, 2.5]))
+    return (lambda x: x + op.triu(op.full((n, n), fill), k=k0)), {"x": rand(rng, n, n)}
+
+
 def _comparison_example(negated: str):
     def example(rng: np.random.Generator):
         n = int(rng.integers(1, 7))
@@ -88,6 +95,14 @@ RULES = (
          rhs=t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=k, of=BOOL),
          when=("(= c 1.0)", "(= s fs)"),
          example=_float_tril_example),
+    Rule("triu-of-full-is-where", "triu(full(c), k) = where(tril(True, k − 1), 0, c)",
+         lhs=t.triu(t.full(shape=fs, value=Expr("c"), dtype=d), k=k, of=T),
+         rhs=t.where(t.tril(t.full(shape=fs, value=True, dtype="bool", of=(fs, "bool")), k=Expr("(- k 1)"),
+                            of=(fs, "bool")),
+                     t.constant(value=0.0, dtype=d, of=((), d)), t.constant(value=Expr("c"), dtype=d, of=((), d)),
+                     of=T),
+         when=('(!= d "bool")', '(!= d "complex64")', '(!= d "complex128")'),
+         example=_additive_triangle_example),
     Rule("upcast-after-mask", "where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f)",
          lhs=t.where(m, t.cast(x, dtype=d), t.constant(value=float("-inf"), dtype=d), of=T),
          rhs=t.cast(t.where(m, x, t.constant(value=float("-inf"), dtype=dx, of=((), dx)), of=(s, dx)), dtype=d, of=T),
