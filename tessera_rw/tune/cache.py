@@ -221,25 +221,27 @@ class TuneCache:
 
     # ---- writing ----
 
-    def put(self, record: TuneRecord) -> bool:
+    def put(self, record: TuneRecord, *, supersede: bool = False) -> bool:
         """Merge `record` into the file of its arch; True when it was added or replaced a worse one
-        (never, for a read-only cache). A TuneCacheError when the file cannot be written."""
-        return self._merge_into(record.arch, [record]) > 0
+        (never, for a read-only cache); with `supersede` it replaces the record of its key whatever
+        that one's time. A TuneCacheError when the file cannot be written."""
+        return self._merge_into(record.arch, [record], supersede) > 0
 
-    def put_or_warn(self, record: TuneRecord) -> bool:
+    def put_or_warn(self, record: TuneRecord, *, supersede: bool = False) -> bool:
         """`put` for a tuning result: where the cache cannot be written (a read-only folder or HOME)
         the result is not kept, with a TuneCacheWarning once per file and process, and the tuning
         that made it stands. False then, as for a read-only cache."""
         try:
-            return self.put(record)
+            return self.put(record, supersede=supersede)
         except TuneCacheError as e:
             hint = f" ({e.hint})" if e.hint else ""
             warn_once(self.path(record.arch), "unwritable",
                       f"{e.detail}; tuning results are used but not kept{hint}", stacklevel=2)
             return False
 
-    def _merge_into(self, arch: str, incoming: Sequence[TuneRecord]) -> int:
-        """Merge records of one arch into its file under the lock; how many were added or won."""
+    def _merge_into(self, arch: str, incoming: Sequence[TuneRecord], supersede: bool = False) -> int:
+        """Merge records of one arch into its file under the lock; how many were added or won (with
+        `supersede`, the incoming ones drop the held records of their keys first)."""
         if self.read_only:
             return 0
         path = self.path(arch)
@@ -247,7 +249,8 @@ class TuneCache:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._locked(path):
                 existing = self._load(path, arch, locked=True)
-                merged = merge_records([*existing.records, *incoming])
+                replaced = {r.key for r in incoming} if supersede else set()
+                merged = merge_records([*(r for r in existing.records if r.key not in replaced), *incoming])
                 winners = set(map(id, merged))
                 changed = sum(1 for r in incoming if id(r) in winners)
                 if changed:

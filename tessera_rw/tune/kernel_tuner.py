@@ -106,6 +106,14 @@ def _record(op: KernelOp, template: Template, arch: ArchSpec, schedule: Schedule
                              noise_us=noise_us, trials=trials)
 
 
+def _stale(cache: TuneCache, record: TuneRecord, space: Sequence[Schedule]) -> bool:
+    """Whether the cache holds a record of `record`'s key whose schedule the space no longer has (a
+    template narrowed its schedules, or an import brought one no template runs): the new result
+    replaces it, however fast it claimed to be, or every run would tune again."""
+    held = cache.get(record.op_name, record.signature_hash, record.shapes, record.dtypes, record.arch)
+    return held is not None and find_schedule(space, held.config) is None
+
+
 def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Sequence[Schedule] | None = None,
                     interpolate: bool = True, restriction: SpaceRestriction | None = None,
                     ) -> tuple[Schedule, TuneRecord] | None:
@@ -117,7 +125,8 @@ def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Se
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
 
     def in_space(record: TuneRecord) -> Schedule | None:
-        return find_schedule(template.space(op, arch) if space is None else space, record.config)
+        found = find_schedule(template.space(op, arch) if space is None else space, record.config)
+        return found if found is None or restriction is None or restriction.admits(found) else None
 
     sig = signature_hash(op, template, restriction)
     record = cache.get(op.op, sig, shapes, dtypes, arch)
@@ -179,8 +188,8 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
     if measured_by in (ChosenBy.ON_DEVICE, ChosenBy.COST_MODEL):      # a replay is not this machine's result
         record = _record(op, template, arch, best.schedule, best.measurement.median_us, chosen_by,
                          best.measurement.noise_us, len(result.trials), restriction)
-        if cache is not None:
-            cache.put_or_warn(record)    # a cache that cannot be written costs a warning, not the result
+        if cache is not None:            # a cache that cannot be written costs a warning, not the result
+            cache.put_or_warn(record, supersede=_stale(cache, record, space.schedules))
     return KernelTuning(op, template.kind_of(op), best.schedule, space.default, measured_by,
                         best.measurement.median_us, best.measurement.noise_us, result, len(space),
                         len(space.pruned), record)

@@ -15,7 +15,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
-from tessera_rw.tune.kernel_tuner import Method, signature_hash, tune_kernel
+from tessera_rw.tune.kernel_tuner import Method, cached_schedule, signature_hash, tune_kernel
 from tessera_rw.tune.measure import Measurement
 from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.space import SpaceRestriction, knobs, ranked_space
@@ -171,6 +171,27 @@ def test_a_restricted_search_never_answers_for_the_whole_space(cache):
     # the whole space's best answers a restricted call when the restriction admits it
     admitting = SpaceRestriction.of(pipeline_stages=[knobs(free.schedule)["pipeline_stages"]])
     assert tune_kernel(op, arch, method="cost_model", cache=cache, restriction=admitting).chosen_by == "cache"
+
+
+def test_a_whole_space_record_outside_the_restriction_answers_no_restricted_lookup(cache):
+    op = matmul(1024, 1024, 1024)
+    free = tune_kernel(op, H100, method="cost_model", cache=cache)
+    other_stages = next(n for n in (2, 3, 4, 5) if n != knobs(free.schedule)["pipeline_stages"])
+    narrow = SpaceRestriction.of(pipeline_stages=[other_stages])
+    assert cached_schedule(op, H100, cache, restriction=narrow) is None
+    assert cached_schedule(op, H100, cache)[0] == free.schedule
+
+
+def test_a_cached_schedule_the_space_no_longer_has_is_replaced_by_the_next_tuning(cache):
+    """However fast it claimed to be: else every run would tune again and keep nothing."""
+    op = matmul(512, 512, 512)
+    tuned = tune_kernel(op, H100, method="cost_model", cache=cache)
+    config = dict(tuned.record.config) | {"bm": 8}                # a tile no schedule of the space has
+    cache.put(tuned.record.model_copy(update={"config": config, "time_us": 0.001}), supersede=True)
+    assert cached_schedule(op, H100, cache) is None
+    again = tune_kernel(op, H100, method="cost_model", cache=cache)
+    assert again.chosen_by == "cost_model" and again.schedule == tuned.schedule
+    assert tune_kernel(op, H100, method="cost_model", cache=cache).chosen_by == "cache"
 
 
 def test_every_measurer_has_the_protocols_members():
