@@ -305,6 +305,33 @@ def test_the_gradient_of_a_gradient_is_the_second_derivative():
     np.testing.assert_allclose(op.grad(lambda x: op.sum(op.grad(f)(x)))(xs), second_derivative(xs), rtol=1e-12)
 
 
+def test_a_gradient_whose_rules_build_constants_is_reused_by_every_trace_that_calls_it():
+    """The FFT and convolution gradients build an exchange matrix; a second trace calling the cached
+    gradient once found it an input of the first trace's graph only."""
+    from tests.finite_differences import numeric_gradient
+    spectrum_grad = op.grad(lambda x: op.sum(op.abs(op.rfft(x)) ** 2))
+    x = np.random.default_rng(2).standard_normal(6)
+    for power in (2, 3):                                 # two traces of functions calling it
+        outer = op.grad(lambda x: op.sum(spectrum_grad(x) ** power))
+        want = numeric_gradient(lambda x: np.sum(spectrum_grad(x) ** power), x)
+        np.testing.assert_allclose(outer(x), want, rtol=1e-6, atol=1e-6)
+    conv_grad = op.grad(lambda x, w: op.sum(op.conv1d(x, w) ** 2))
+    x, w = np.random.default_rng(3).standard_normal((1, 1, 8)), np.random.default_rng(4).standard_normal((2, 1, 3))
+    assert np.isfinite(op.kernel(lambda x, w: op.sum(conv_grad(x, w) ** 2))(x, w))
+    assert op.grad(lambda x, w: op.sum(conv_grad(x, w) ** 2), 1)(x, w).shape == w.shape
+
+
+def test_the_kinks_of_abs_and_pow_at_zero_give_the_usual_finite_gradients():
+    np.testing.assert_array_equal(op.grad(lambda x: op.sum(op.abs(op.rfft(x))))(np.ones(4)), np.ones(4))
+    np.testing.assert_array_equal(op.grad(lambda x: op.sum(x ** 0.0))(np.array([0.0, 1.0])), [0.0, 0.0])
+    exponent = op.grad(lambda a, b: op.sum(a ** b), 1)
+    np.testing.assert_array_equal(exponent(np.zeros(2), np.array([1.5, 2.0])), [0.0, 0.0])
+    np.testing.assert_allclose(exponent(np.array([2.0]), np.array([3.0])), [8 * np.log(2.0)])
+    square = op.grad(lambda a: op.sum(a ** 2.0))
+    assert "where" not in square.trace(np.zeros(3)).op_counts()        # a constant exponent settles the guard
+    np.testing.assert_array_equal(square(np.array([0.0, 3.0])), [0.0, 6.0])
+
+
 def test_op_kernel_of_a_kernel_is_that_kernel():
     g = op.grad(lambda x, w: op.sum((x @ w) ** 2), 1)
     assert op.kernel(g) is g

@@ -219,6 +219,18 @@ def capturing(guards: tuple[Guard, ...], parameters: set[str]) -> Iterator[Captu
         _CAPTURES.reset(token)
 
 
+@contextlib.contextmanager
+def not_capturing() -> Iterator[None]:
+    """While active, arrays met in ops are literals of the graph being built, not inputs of a trace
+    in progress around it: a derivative's own constants (a VJP's exchange matrix) belong to the
+    gradient graph, which a later trace may reuse from the cache."""
+    token = _CAPTURES.set(None)
+    try:
+        yield
+    finally:
+        _CAPTURES.reset(token)
+
+
 def note_nested(fn: Callable) -> None:
     """A kernel called inside the trace in progress: what it reads from outside is guarded (and its
     arrays named) as the outer function's own."""

@@ -48,6 +48,8 @@ def folded(node: Node) -> Node:
     uniform. Only one element is computed, whatever the shape."""
     if not node.args or node.dtype.is_complex:     # the e-graph holds no complex constants
         return node
+    if node.op == "where" and (chosen := _settled_branch(node)) is not None:
+        return chosen
     if (OPS[node.op].kind is not OpKind.ELEMENTWISE or node.op in BY_POSITION) and node.op not in KEEPS_UNIFORM:
         return node
     values = [uniform_value(a) for a in node.args]
@@ -59,3 +61,13 @@ def folded(node: Node) -> Node:
         return node                                # NaN, which no rule should see, or an int a double cannot hold
     constant = make_constant(scalar, node.dtype)
     return constant if not node.shape else make("broadcast_to", constant, shape=node.shape)
+
+
+def _settled_branch(where: Node) -> Node | None:
+    """The branch a `where` whose condition is one value for all elements takes, where that branch
+    is already of the where's type (a derivative's guard against 0·∞ that a constant exponent settles)."""
+    condition = uniform_value(where.args[0])
+    if condition is None:
+        return None
+    branch = where.args[1] if bool(condition) else where.args[2]
+    return branch if branch.type == where.type else None

@@ -38,11 +38,9 @@ import math
 import os
 import re
 import stat
-import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -51,8 +49,9 @@ from pydantic import ValidationError
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.tune.atomic_files import remove_stale_temps, set_aside, write_atomically
 from tessera_rw.tune.cache_file import (
-    EMPTY, ArchFile, FileStamp, first_problem, ranks_of, read_arch_file, record_order, remember)
+    EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_arch_file, record_order, remember)
 from tessera_rw.tune.records import (
     FILE_NAME_PATTERN, ChosenBy, TuneDocument, TuneRecord, arch_name, canonical_dtypes, canonical_shapes,
     current_versions)
@@ -194,6 +193,13 @@ class TuneCache:
             warnings.warn(f"autotune cache file {path} cannot be read ({e.strerror or e}); ignored",
                           TuneCacheWarning, stacklevel=4)
             return EMPTY
+        if isinstance(found, NewerFile):
+            if locked:
+                raise TuneCacheError(f"autotune cache file {path} {found}: left as it is, not rewritten",
+                                     hint="use another TESSERA_CACHE_DIR for this version, or upgrade it")
+            warn_once(path, "newer", f"autotune cache file {path} {found}; this version leaves it as it is and "
+                      "does not use it", stacklevel=4)
+            return EMPTY
         if isinstance(found, ArchFile):
             if found.skipped is not None:
                 # keyed by the records skipped, not the note: their indices move when the file is rewritten
@@ -214,7 +220,7 @@ class TuneCache:
                 warnings.warn(f"autotune cache file {path} {problem}; ignored (could not move it aside: "
                               f"{reason})", TuneCacheWarning, stacklevel=5)
                 return EMPTY
-        aside = _set_aside(path)
+        aside = set_aside(path)
         warnings.warn(f"autotune cache file {path} {problem}; moved aside to {aside.name} and ignored",
                       TuneCacheWarning, stacklevel=6)
         return EMPTY
@@ -254,8 +260,8 @@ class TuneCache:
                 winners = set(map(id, merged))
                 changed = sum(1 for r in incoming if id(r) in winners)
                 if changed:
-                    _remove_stale_temps(path)
-                    written = _write_atomically(path, TuneDocument.of(merged).to_json(existing.kept).encode())
+                    remove_stale_temps(path)
+                    written = write_atomically(path, TuneDocument.of(merged).to_json(existing.kept).encode())
                     remember(FileStamp.of(path, written), existing.holding(merged))
                 return changed
         except OSError as e:
@@ -275,7 +281,7 @@ class TuneCache:
                     found = self._load(path, a, locked=True)
                     removed += len(found.records) + len(found.kept)
                     path.unlink(missing_ok=True)
-                    _remove_stale_temps(path)
+                    remove_stale_temps(path)
             except OSError as e:
                 raise TuneCacheError(f"cannot clear the autotune cache {path}: {e.strerror or e}") from None
         return removed
@@ -287,7 +293,7 @@ class TuneCache:
         records = self.records()
         target = Path(path)
         try:
-            _write_atomically(target, TuneDocument.of(records, name=self.name).to_json().encode())
+            write_atomically(target, TuneDocument.of(records, name=self.name).to_json().encode())
         except OSError as e:
             raise TuneCacheError(f"cannot write {target}: {e.strerror or e}") from None
         return len(records)
@@ -344,53 +350,3 @@ def _read_export(source: Path) -> bytes:
         raise TuneCacheError(f"{source} holds more than {MAX_IMPORT_BYTES >> 20} MiB, more than an autotune "
                              "export can be; nothing was imported")
     return data
-
-
-def _write_atomically(path: Path, data: bytes) -> os.stat_result:
-    """Temp file in the same folder (so `os.replace` is a rename), fsync, replace, fsync the folder.
-    The written file's stat (a rename keeps its inode, size and mtime)."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temp, 0o644)   # mkstemp's 0600 would hide a shared cache from other users
-        written = os.stat(temp)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-    return written
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:   # a folder that cannot be opened cannot be fsynced either; the rename stands
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Temp files a killed writer left behind. Only called under the file's lock, so no live
-    writer of this file can own one."""
-    for temp in path.parent.glob(f".{path.name}.*.tmp"):
-        temp.unlink(missing_ok=True)
-
-
-def _set_aside(path: Path) -> Path:
-    """Rename a bad file to `<file>.corrupt-<UTC timestamp>` so it can be inspected, not reused."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists():
-        aside, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
-    os.replace(path, aside)
-    return aside

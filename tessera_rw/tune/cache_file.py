@@ -36,7 +36,7 @@ from typing import Literal, NamedTuple
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from tessera_rw.tune.records import FileToken, TuneDocument, TuneRecord, Versions
+from tessera_rw.tune.records import SCHEMA, FileToken, TuneDocument, TuneRecord, Versions
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -117,11 +117,35 @@ class _Outline(BaseModel):
     records: tuple[JsonValue, ...] = ()
 
 
+class NewerFile(str):
+    """A file in a later format (another tessera_rw's, sharing the cache folder): this version
+    neither reads it nor moves it aside, and leaves it as it is."""
+
+
+class _Tag(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    schema_tag: str = Field(alias="schema")
+
+
+def _newer_format(data: bytes) -> str | None:
+    """The file's schema tag where it names a later version of this format, else None."""
+    try:
+        tag = _Tag.model_validate_json(data).schema_tag
+    except ValidationError:
+        return None
+    prefix, _, version = tag.rpartition("/")
+    ours = SCHEMA.rpartition("/")
+    return tag if prefix == ours[0] and version.isdigit() and int(version) > int(ours[2]) else None
+
+
 def parse_arch_file(data: bytes, arch: str) -> ArchFile | str:
-    """The records of the file of `arch`, or why the whole file cannot be trusted."""
+    """The records of the file of `arch`, or why the whole file cannot be trusted (a NewerFile when
+    a later version wrote it)."""
     try:
         doc = TuneDocument.model_validate_json(data)
     except ValidationError as whole:
+        if (tag := _newer_format(data)) is not None:
+            return NewerFile(f"is in the format {tag}, newer than this tessera_rw's {SCHEMA}")
         return _parse_record_by_record(data, arch, whole)
     if all(r.arch == arch for r in doc.records):       # the usual case: one pass, nothing skipped
         return ArchFile(doc.records)

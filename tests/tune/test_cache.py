@@ -163,7 +163,7 @@ def _bad_files():
         "truncated": (doc([good])[:-20], "does not validate"),
         "not json": ("\x00\xff garbage", "does not validate"),
         "empty": ("", "does not validate"),
-        "schema": (doc([good], "tessera_rw.autotune/2"), "schema"),
+        "schema": (doc([good], "another.tool/1"), "schema"),
         "bare list": (json.dumps([good]), "does not validate"),
         "records not a list": (json.dumps({"schema": SCHEMA, "records": {"0": good}}), "records"),
         "extra top-level": (json.dumps({"schema": SCHEMA, "records": [good], "code": "x"}), "code"),
@@ -212,6 +212,18 @@ def test_a_write_over_a_bad_file_keeps_the_bad_one_for_inspection(cache):
     with pytest.warns(TuneCacheWarning, match="moved aside"):
         cache.put(rec())
     assert len(cache.records()) == 1 and len(list(path.parent.glob("*.corrupt-*"))) == 1
+
+
+def test_a_file_a_newer_version_wrote_is_left_as_it_is_unread_and_unwritten(cache):
+    path = cache.path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    newer = json.dumps({"schema": "tessera_rw.autotune/2", "records": [{"shape": "of things to come"}]})
+    path.write_text(newer)
+    with pytest.warns(TuneCacheWarning, match="format tessera_rw.autotune/2, newer than .* leaves it as it is"):
+        assert get(cache) is None
+    with pytest.raises(TuneCacheError, match="newer than .* not rewritten"):
+        cache.put(rec())
+    assert path.read_text() == newer and not list(path.parent.glob("*.corrupt-*"))
 
 
 def test_invalid_cache_names_are_refused(tmp_path):

@@ -35,13 +35,13 @@ def matmul(m: int) -> KernelOp:
 def refuse_writes(monkeypatch, when=lambda data: True) -> None:
     """Writing a cache file whose new text `when` picks fails as in a read-only folder (root
     writes anywhere, so chmod cannot show it)."""
-    real = cache_module._write_atomically
+    real = cache_module.write_atomically
 
     def write(path, data: bytes):
         if when(data):
             raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real(path, data)
-    monkeypatch.setattr(cache_module, "_write_atomically", write)
+    monkeypatch.setattr(cache_module, "write_atomically", write)
 
 
 def unwritable_warnings(caught) -> list[str]:

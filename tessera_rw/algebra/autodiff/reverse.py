@@ -31,6 +31,7 @@ from typing import Sequence
 from tessera_rw.algebra.api import full, tracing, zeros
 from tessera_rw.algebra.autodiff.cotangents import add_cotangents, to_dtype
 from tessera_rw.algebra.builder import describe_operands, user_site
+from tessera_rw.algebra.captures import not_capturing
 from tessera_rw.algebra.errors import (
     ArgumentError, DTypeError, ResultError, ShapeError, TesseraError, VerifyError)
 from tessera_rw.algebra.graph import Graph
@@ -121,7 +122,7 @@ def grad_graph(graph: Graph, wrt: tuple[int, ...], keep_outputs: bool = False, h
     targets = _targets(graph, wrt)
     active = _active(graph, targets)
     cotangents: dict[Node, SymbolicTensor] = {}
-    with tracing():
+    with tracing(), not_capturing():
         if loss in active:
             cotangents[loss] = full(loss.shape, 1.0, loss.dtype)
         for node in reversed(graph.nodes):

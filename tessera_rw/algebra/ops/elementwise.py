@@ -52,8 +52,11 @@ def _binary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
 def _pow_vjp(g, y, a, b):
     if y.dtype.is_complex:
         raise DTypeError("the VJP of pow is declared for real operands only", hint="write x * x for squares")
-    # y = aᵇ: ∂y/∂a = b·aᵇ⁻¹, ∂y/∂b = y·log a (only asked for when the exponent is differentiated)
-    return unbroadcast(g * b * api.power(a, b - 1), a), unbroadcast(g * y * api.log(a), b)
+    # y = aᵇ: ∂y/∂a = b·aᵇ⁻¹, ∂y/∂b = y·log a (only asked for when the exponent is differentiated);
+    # a⁰ = 1 whatever a, and 0ᵇ = 0 for every b > 0: both derivatives are 0 there, not 0·∞ (as JAX has them)
+    da = api.where(b == 0, 0.0, b * api.power(a, b - 1))
+    db = api.where(a == 0, 0.0, y * api.log(a))
+    return unbroadcast(g * da, a), unbroadcast(g * db, b)
 
 
 def _select_larger(g, a, b):
@@ -172,8 +175,8 @@ def _unary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
 # takes complex operands (the cotangent algebra keeps complex constants out of graphs).
 
 def _abs_vjp(g, y, x):
-    if x.dtype.is_complex:          # |z| = sqrt(z conj z): the cotangent points along z
-        return (api.cast(g, x.dtype) * x / api.cast(y, x.dtype),)
+    if x.dtype.is_complex:          # |z| = sqrt(z conj z): the cotangent points along z; 0 at z = 0
+        return (api.cast(g, x.dtype) * x / api.cast(api.where(y == 0, 1.0, y), x.dtype),)
     return (api.where(x > 0, g, api.where(x < 0, -g, zero(g))),)   # sign(x), 0 at the kink
 
 
