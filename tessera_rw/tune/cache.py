@@ -47,7 +47,7 @@ from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
 from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.tune.atomic_files import remove_stale_temps, set_aside, write_atomically
 from tessera_rw.tune.cache_file import (
@@ -114,7 +114,9 @@ class TuneCache:
         return f"TuneCache({self.name!r}, root={str(self.root)!r})"
 
     def path(self, arch: ArchSpec | str) -> Path:
-        """The file that holds this cache's records for `arch`."""
+        """The file that holds this cache's records for `arch`. A described ArchSpec named like a
+        known GPU but differing from it is refused: its records would answer for that GPU."""
+        _check_own_name(arch)
         name = arch_name(arch)
         if not _NAME.fullmatch(name):
             raise TuneCacheError(f"arch name {name!r} cannot name a cache file",
@@ -173,6 +175,7 @@ class TuneCache:
         return best.model_copy(update={"interpolated": True})
 
     def _file_of(self, arch: ArchSpec | str) -> ArchFile:
+        _check_own_name(arch)
         name = arch_name(arch)
         return self._load(self.path(name), name)
 
@@ -326,6 +329,21 @@ class TuneCache:
             yield
         finally:
             lock.release()
+
+
+def _check_own_name(arch: ArchSpec | str) -> None:
+    if not isinstance(arch, ArchSpec):
+        return
+    try:
+        known = arch_named(arch.name)
+    except ArchError:
+        return
+    if known != arch:
+        differ = [f for f in type(arch).model_fields if getattr(arch, f) != getattr(known, f)]
+        raise TuneCacheError(f"ArchSpec {arch.name!r} differs from the known {known.name} ({', '.join(differ)}): its "
+                             f"autotune records would be taken for that GPU's",
+                             hint=f"give a described GPU a name of its own: "
+                                  f"spec.model_copy(update={{'name': '{known.name}-custom'}})")
 
 
 def _same_spec(r: TuneRecord, arch: ArchSpec | str) -> bool:

@@ -93,7 +93,8 @@ def test_get_is_exact(cache, miss):
 def test_an_arch_spec_must_agree_on_compute_capability(cache):
     cache.put(rec())
     odd = arch_named("H100-SXM").model_copy(update={"compute_capability": (9, 1)})
-    assert get(cache, arch=odd) is None
+    with pytest.raises(TuneCacheError, match="compute_capability"):
+        get(cache, arch=odd)
 
 
 @pytest.mark.parametrize("old, new, winner", [
@@ -110,6 +111,16 @@ def test_merge_rules(cache, old, new, winner):
     assert cache.put(b) is (winner == "new")
     assert get(cache) == (b if winner == "new" else a)
     assert merge_records([a, b]) == [b if winner == "new" else a]
+
+
+@pytest.mark.parametrize("name", ["H100-SXM", "h100", "A100-SXM"])
+def test_a_described_gpu_named_like_a_known_one_is_refused_before_its_records_mix(cache, name):
+    described = arch_named("H100-SXM").model_copy(update={"name": name, "sm_count": 66})
+    with pytest.raises(TuneCacheError, match=f"ArchSpec '{name}' differs from the known .*sm_count"):
+        cache.get("matmul", "9f2c", MM, BF16, described)
+    own = described.model_copy(update={"name": "H100-PCIe-like"})
+    assert cache.get("matmul", "9f2c", MM, BF16, own) is None and cache.put(rec(arch=own))
+    assert get(cache, arch=arch_named("H100-SXM")) is None
 
 
 def test_merge_never_loses_other_records(cache):
