@@ -54,9 +54,9 @@ def _pow_vjp(g, y, a, b):
         raise DTypeError("the VJP of pow is declared for real operands only", hint="write x * x for squares")
     # y = aᵇ: ∂y/∂a = b·aᵇ⁻¹, ∂y/∂b = y·log a (only asked for when the exponent is differentiated);
     # a⁰ = 1 whatever a, and 0ᵇ = 0 for every b > 0: both derivatives are 0 there, not 0·∞ (as JAX has them)
-    da = api.where(b == 0, 0.0, b * api.power(a, b - 1))
-    db = api.where(a == 0, 0.0, y * api.log(a))
-    return unbroadcast(g * da, a), unbroadcast(g * db, b)
+    da = api.where(b == 0, 0.0, g * b * api.power(a, b - 1))       # g · b first: a seed's constants fold
+    db = api.where(a == 0, 0.0, g * y * api.log(a))
+    return unbroadcast(da, a), unbroadcast(db, b)
 
 
 def _select_larger(g, a, b):
