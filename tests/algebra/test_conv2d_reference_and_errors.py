@@ -189,7 +189,8 @@ def test_conv1d_dilated_kernel_larger_than_input():
     assert op.conv1d(x, w, dilation=2).shape == (1, 1, 2)
     with pytest.raises(ShapeError) as info:
         op.conv1d(x, w, dilation=3)
-    _check_message(info.value, "conv1d", "x: f32[1,1,6]")
+    _check_message(info.value, "conv1d", "x: f32[1,1,6]", "kernel (3,) dilated by (3,) to (7,) is wider than the "
+                   "padded input (6,)")
 
 
 def test_conv2d_kernel_larger_than_input():

@@ -43,8 +43,13 @@ def _conv_infer(spatial: int):
         out = tuple(conv_output_size(x.shape[2 + i], w.shape[2 + i], stride[i], padding[i], dilation[i])
                     for i in range(spatial))
         if min(out) < 1:
-            raise ShapeError(f"the dilated kernel {fmt_shape(w.shape[2:])} is larger than the padded input "
-                             f"{fmt_shape(x.shape[2:])}", hint="pad more or use a smaller kernel")
+            dilated = tuple(dilation[i] * (w.shape[2 + i] - 1) + 1 for i in range(spatial))
+            padded = tuple(x.shape[2 + i] + sum(padding[i]) for i in range(spatial))
+            spans = f"{fmt_shape(w.shape[2:])} dilated by {dilation} to {fmt_shape(dilated)}" \
+                if max(dilation) > 1 else fmt_shape(w.shape[2:])
+            raise ShapeError(f"the kernel {spans} is wider than the padded input {fmt_shape(padded)} "
+                             f"({fmt_shape(x.shape[2:])} padded by {padding})",
+                             hint="pad more, or use a smaller kernel or dilation")
         return TensorType((x.shape[0], w.shape[0]) + out, promote(x.dtype, w.dtype))
     return infer
 
