@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -147,7 +148,7 @@ def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Ke
     if not callable(fn):
         raise ArgumentError(f"autotune: {fn!r} is not an op or a kernel",
                             hint="pass an op function such as op.matmul, or an @op.kernel function")
-    names = _operand_names(fn, tuple(shapes))
+    names = _operand_names(fn, tuple(shapes) if isinstance(shapes, Sequence) else ())
 
     def call(*xs):
         return fn(**dict(zip(names, xs)))        # by name: an optional operand may follow attributes
@@ -159,8 +160,16 @@ def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Ke
 
 def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> list[tuple[int, ...]]:
     n, name = len(kernel.parameter_names), kernel.name
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence):
+        raise ArgumentError(f"autotune {name}: shapes={shapes!r} is not a shape or a sequence of shapes",
+                            hint="shapes=(1024, 1024, 1024) for a matmul's (M, N, K), or one tuple per operand")
     shapes = tuple(shapes)
-    if shapes and all(isinstance(d, int) for d in shapes):
+    flat = [d for d in shapes if not isinstance(d, Sequence)]
+    if flat and (odd := next((d for d in flat if not isinstance(d, numbers.Integral) or isinstance(d, bool)), None)):
+        raise ArgumentError(f"autotune {name}: the dimension {odd!r} in shapes={shapes!r} is not an integer",
+                            hint="dimensions are ints: shapes=(1024, 1024, 1024)")
+    if shapes and len(flat) == len(shapes):
+        shapes = tuple(int(d) for d in shapes)
         if fn is api.matmul and len(shapes) == 3:
             m, nn, k = shapes
             return [(m, k), (k, nn)]
@@ -172,7 +181,7 @@ def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> 
     if len(shapes) != n:
         raise ArgumentError(f"autotune {name}: {len(shapes)} shapes for {n} operands "
                             f"({', '.join(kernel.parameter_names)})", hint="give one shape per operand")
-    return [tuple(s) for s in shapes]
+    return [tuple(int(d) for d in s) for s in shapes]
 
 
 def _placeholders(kernel: Kernel, fn: Callable | Kernel, shapes, dtype) -> list[TensorSpec]:
@@ -189,6 +198,18 @@ def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
 
 # (on, cache) within an `autotune.scoped(...)` block, for this thread or task only; None outside one
 _SCOPED: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar("tessera_autotune", default=None)
+
+
+_ON, _OFF = ("1", "true", "on", "yes"), ("", "0", "false", "off", "no")
+
+
+def _switch(variable: str) -> bool:
+    """An on/off environment variable; a value that is neither says so, rather than leave it off unsaid."""
+    value = os.environ.get(variable, "").strip().lower()
+    if value not in _ON + _OFF:
+        raise ArgumentError(f"{variable}={os.environ[variable]!r} is neither on nor off",
+                            hint=f"set {variable}=1 to turn it on, or 0 (or unset it) to leave it off")
+    return value in _ON
 
 
 class Autotune:
@@ -212,8 +233,7 @@ class Autotune:
 
     def _process_state(self) -> tuple[bool, str]:
         if self._process is None:
-            self._process = (os.environ.get("TESSERA_AUTOTUNE", "").strip().lower() in ("1", "true", "on"),
-                             DEFAULT_CACHE)
+            self._process = (_switch("TESSERA_AUTOTUNE"), DEFAULT_CACHE)
         return self._process
 
     @property

@@ -51,6 +51,26 @@ def test_shapes_one_per_operand_and_mismatches():
     assert cfg.main.kind == "elementwise"
     with pytest.raises(ArgumentError, match="3 shapes for 2 operands"):
         autotune(op.add, shapes=((4,), (4,), (4,)), method="cost_model")
+    numpy_dims = tuple(np.int64(n) for n in (64, 64, 64))
+    assert autotune(op.matmul, shapes=numpy_dims, dtype="bf16", method="cost_model", cache=None).main.kind == "gemm"
+    for bad, says in (((64.0, 64, 64), "the dimension 64.0 .* is not an integer"), ("64,64,64", "is not a shape"),
+                      (5, "is not a shape")):
+        with pytest.raises(ArgumentError, match=says):
+            autotune(op.matmul, shapes=bad, dtype="bf16", method="cost_model", cache=None)
+    with pytest.raises(TesseraError, match="autotune cache name 5 is not a plain file name"):
+        autotune(op.matmul, shapes=(64, 64, 64), method="cost_model", cache=5)
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("On", True), ("0", False), ("", False),
+                                       ("no", False), ("maybe", None)])
+def test_the_environment_switch_says_on_or_off_or_that_it_is_neither(value, on, monkeypatch):
+    from tessera_rw.tuning import Autotune
+    monkeypatch.setenv("TESSERA_AUTOTUNE", value)
+    if on is None:
+        with pytest.raises(ArgumentError, match="TESSERA_AUTOTUNE='maybe' is neither on nor off"):
+            Autotune().enabled
+    else:
+        assert Autotune().enabled is on
 
 
 def test_save_and_load_cache_move_records_between_caches(tmp_path):

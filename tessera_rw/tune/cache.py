@@ -102,7 +102,7 @@ class TuneCache:
 
     def __init__(self, name: str = "default", root: str | os.PathLike[str] | None = None, *,
                  read_only: bool = False):
-        if not _NAME.fullmatch(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise TuneCacheError(f"autotune cache name {name!r} is not a plain file name",
                                  hint="use letters, digits, '.', '_' or '-', starting with a letter or digit")
         self.name = name
