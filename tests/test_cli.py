@@ -305,6 +305,15 @@ def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, 
     assert "malformed --input" in capsys.readouterr().err
 
 
+def test_what_a_module_prints_as_it_loads_goes_to_stderr_leaving_the_json_alone(tmp_path, capsys):
+    module = tmp_path / "chatty.py"
+    module.write_text("from tessera_rw import op\nprint('loading weights...')\n"
+                      "@op.kernel\ndef double(x):\n    return x * 2.0\n")
+    assert main(["--explain", f"{module}:double", "--input", "x=4", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["function"] == "double" and "loading weights..." in err
+
+
 def test_a_file_explains_the_kernels_it_makes_from_other_modules_functions_not_those_it_imports(tmp_path, capsys):
     (tmp_path / "blocks_helper.py").write_text(
         "from tessera_rw import op\n"

@@ -12,6 +12,7 @@ keyed by the kernel's name);
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import re
@@ -55,7 +56,8 @@ def _import(file: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.parent.resolve()))
     try:
-        spec.loader.exec_module(module)
+        with contextlib.redirect_stdout(sys.stderr):     # what a module prints is not part of the report
+            spec.loader.exec_module(module)
     except TesseraError:
         raise
     except Exception as e:  # the user's module failed to import: say so in one line
