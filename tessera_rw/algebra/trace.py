@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from tessera_rw.algebra.api.dispatch import tracing
 from tessera_rw.algebra.builder import make_input
 from tessera_rw.algebra.captures import Guard, capturing, function_name, function_of, guards_of
-from tessera_rw.algebra.errors import ResultError
+from tessera_rw.algebra.errors import ArgumentError, ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.pytree import TreeDef, flatten, is_container
@@ -99,6 +99,12 @@ def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[Symbol
                            "of them")
 
 
+def _number_lists(statics: Mapping[str, Any], trees: Mapping[str, TreeDef]) -> str | None:
+    """The first container argument whose leaves are all Python numbers (a list meant as an array), by name."""
+    return next((param for param, tree in trees.items() if tree.kind in (list, tuple)
+                 and all(isinstance(statics.get(leaf), (int, float, complex)) for leaf in tree.leaf_names(param))), None)
+
+
 def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str, Any],
           name: str | None = None, trees: Mapping[str, TreeDef] | None = None) -> Traced:
     """Trace `fn` with symbolic tensors for `tensors` and Python values for `statics` (by name);
@@ -112,7 +118,14 @@ def trace(fn: Callable, tensors: Mapping[str, TensorType], statics: Mapping[str,
     bound = inspect.BoundArguments(signature, {p: values[p] for p in signature.parameters if p in values})
     guards = guards_of(fn)          # what the trace reads: a change during it traces again at the next call
     with tracing(), collecting_pins() as pins, capturing(guards, set(values)) as captures:
-        result = fn(*bound.args, **bound.kwargs)
+        try:
+            result = fn(*bound.args, **bound.kwargs)
+        except TypeError as e:
+            if (listed := _number_lists(statics, trees or {})) is None:
+                raise
+            raise ArgumentError(f"tracing {function_name(fn)} raised TypeError: {e}; its argument {listed!r} is a "
+                                "Python list of numbers, which a kernel takes as a static value, not as a tensor",
+                                site=_definition_site(fn), hint="pass numpy.asarray(...) of it") from e
     items, structure = _collect(fn, result, bool(tensors))
     captured = captures.arrays.values()
     graph = Graph(name or function_name(fn), inputs + tuple(node for node, _ in captured),

@@ -265,3 +265,10 @@ def test_an_integer_beyond_the_tensors_type_is_refused_naming_the_op_and_the_ran
 def test_an_int_tensor_compares_with_a_float_literal_in_float32_as_it_adds():
     got = op.kernel(lambda x: x == 16777217.0)(np.array([16777217, 16777216], np.int32))
     assert got.tolist() == [True, True]          # 16777217 is 16777216 in float32, on both sides
+
+
+def test_a_list_of_numbers_used_as_a_tensor_is_told_to_become_an_array():
+    doubled = op.kernel(lambda x: x * 2.0)
+    with pytest.raises(ArgumentError, match="argument 'x' is a Python list of numbers") as e:
+        doubled([[1.0, 2.0], [3.0, 4.0]])
+    assert "numpy.asarray" in e.value.hint and isinstance(e.value.__cause__, TypeError)
