@@ -155,7 +155,7 @@ def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
         table.add_column(column, justify="left" if column == "fusion depth" else "right")
     for rank, c in enumerate(report.candidates):
         chosen = rank == report.chosen
-        table.add_row(f"{'*' if chosen else ''}{rank}", FusionDepth(c.fusion_depth).label, str(len(c.kernels)),
+        table.add_row(f"{'*' if chosen else ''}{rank}", candidate_label(report, rank), str(len(c.kernels)),
                       _mb(c.hbm_bytes), _gflop(c.flops), str(max((k.registers for k in c.kernels), default=0)),
                       _us(c.est_us), style="bold" if chosen else None)
     return table
@@ -221,11 +221,27 @@ def compact_schedule(schedule: str) -> str:
     return " ".join(p for p in (tile, f"w{warps}" if warps else "", f"s{stages}" if stages else "", *rest) if p)
 
 
+FFT_KINDS = ("fft", "ifft")
+
+
+def candidate_label(report: ExplainReport, rank: int) -> str:
+    """A candidate's fusion depth, and where the candidates differ in it, whether it takes the FFT
+    path ("unfused, FFT" beside "unfused, direct conv")."""
+    c = report.candidates[rank]
+    label = FusionDepth(c.fusion_depth).label
+    spectral = [any(k.kind in FFT_KINDS for k in o.kernels) for o in report.candidates]
+    if len(set(spectral)) < 2:
+        return label
+    if spectral[rank]:
+        return f"{label}, FFT"
+    return f"{label}, direct conv" if any(k.kind == "conv" for k in c.kernels) else f"{label}, no FFT"
+
+
 def choice_reason(report: ExplainReport, program: CompiledProgram | None = None) -> str:
     """Why the chosen candidate won, in one sentence: against the runner-up by the cost model,
     by timing on the GPU, or from the cache."""
     best = report.candidates[report.chosen]
-    label = FusionDepth(best.fusion_depth).label
+    label = candidate_label(report, report.chosen)
     if report.chosen_by == "cache":
         return f"chosen: {label} (candidate {report.chosen}), from the autotune cache: tuned earlier for this signature"
     if report.chosen_by == "on_device":
@@ -233,7 +249,8 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     if len(report.candidates) == 1:
         return (f"chosen: the only candidate ({label}), {_us(best.est_us)} µs by the cost model"
                 f"{_on_host(report, program)}")
-    other = report.candidates[1 if report.chosen == 0 else 0]
+    other_rank = 1 if report.chosen == 0 else 0
+    other = report.candidates[other_rank]
     parts = [f"{len(best.kernels)} vs {len(other.kernels)} kernels"]
     if best.hbm_bytes != other.hbm_bytes:
         parts.append(f"{_mb(best.hbm_bytes)} vs {_mb(other.hbm_bytes)} MB through HBM")
@@ -244,7 +261,7 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     else:
         speed = "preferred to"
     return (f"chosen: {label}, {_us(best.est_us)} µs by the cost model, {speed} the "
-            f"{FusionDepth(other.fusion_depth).label} runner-up ({'; '.join(parts)}){_on_host(report, program)}")
+            f"{candidate_label(report, other_rank)} runner-up ({'; '.join(parts)}){_on_host(report, program)}")
 
 
 def _on_host(report: ExplainReport, program: CompiledProgram | None) -> str:
@@ -306,7 +323,7 @@ def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
     yield candidates_table(report, program.arch if program else None)
     for rank, candidate in enumerate(report.candidates):
         costs = program.candidates[rank].kernels if program else None
-        yield kernels_table(candidate, costs, f"candidate {rank}: {FusionDepth(candidate.fusion_depth).label}")
+        yield kernels_table(candidate, costs, f"candidate {rank}: {candidate_label(report, rank)}")
     if program is not None:
         yield Text(str(program.candidate.graph))
     yield Text(choice_reason(report, program), style="bold")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
@@ -177,41 +177,70 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
             found[program.outputs] = candidate
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
         return (candidate_of(graph, arch),)
-    for depth in _unreached_depths(view, found.values()):
-        program = _favouring(result, arch, depth, objective, forbid)
+    for program, fits in _alternatives(result, arch, objective, forbid, tuple(found.values())):
         candidate = program and candidate_of(fold_layout_chains(program), arch)
-        if candidate and candidate.fusion_depth == depth and all(_launches(candidate) != _launches(c) for c in found.values()):
+        if candidate and fits(candidate) and all(_launches(candidate) != _launches(c) for c in found.values()):
             found[program.outputs] = candidate
     primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
     ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
     return tuple(ranked[:k])
 
 
-def _unreached_depths(view: EGraphView, found) -> list[FusionDepth]:
-    """The fusion depths the e-graph holds e-nodes of that no cheapest program reached: a fused op
-    that loses everywhere (a plugin's SIMT kernel beside tensor cores) is still weighed in the open."""
+SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})
+DIRECT_CONV_OPS = frozenset({"conv1d", "conv2d"})
+
+
+def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],
+                  found: tuple[Candidate, ...]) -> Iterator[tuple[Graph | None, Callable[[Candidate], bool]]]:
+    """Programs the cheapest per depth leave out but a reader weighs: for each fusion depth the
+    e-graph holds e-nodes of that no cheapest program reached (a plugin's SIMT kernel losing to
+    tensor cores), the program taking them; where the e-graph holds a convolution both direct and
+    through the FFT, the cheapest program of each form. Each with what a candidate made of it must
+    be to count."""
+    view = result.view
+    held = {e.op for enodes in view.classes.values() for e in enodes}
     reached = {c.fusion_depth for c in found}
-    held = {fusion_depth(e.op) for enodes in view.classes.values() for e in enodes}
-    return sorted(d for d in held - reached if d > max(reached))
+    for depth in sorted({fusion_depth(op) for op in held} - reached):
+        if depth > max(reached):
+            yield (_favouring(result, arch, objective, forbid, lambda op, d=depth: fusion_depth(op) == d, depth),
+                   lambda c, d=depth: c.fusion_depth == d)
+    if held & SPECTRAL_OPS and held & DIRECT_CONV_OPS:
+        yield _cheapest(result, arch, objective, forbid | SPECTRAL_OPS), lambda c: True
+        yield _cheapest(result, arch, objective, forbid | DIRECT_CONV_OPS), lambda c: True
 
 
-def _favouring(result: RewriteResult, arch: ArchSpec, depth: FusionDepth, objective: Objective,
-               forbid: frozenset[str]) -> Graph | None:
-    """The program that takes the e-nodes of `depth` wherever a template implements them (they cost
-    next to nothing while choosing), the rest at the cost model's price; None when none applies."""
+def _decoded(result: RewriteResult, choice: dict[str, ENode]) -> Graph:
     view, roots = result.view, result.output_classes()
-    costs = _Costs(view, arch, objective)
-    limited = costs.limited(depth, forbid)
-
-    def favoured(enode: ENode) -> float:
-        cost = limited(enode)
-        return VIEW_COST if fusion_depth(enode.op) == depth and cost < HOST_ONLY_US else cost
-    tree = cheapest_choice(view, favoured)
-    if any(r not in tree for r in roots):
-        return None
-    choice = share_more(view, tree, roots, favoured)
     return Graph(result.graph.name, result.graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
 
 
-def _launches(c: Candidate) -> tuple:     # what a candidate runs: each kernel's kind, fusions, bytes, FLOPs
-    return tuple((k.kind, k.fused, k.hbm_bytes, k.flops) for k in c.kernels)
+def _cheapest(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str]) -> Graph | None:
+    """The cheapest program of any depth without the ops in `forbid`; None when there is none."""
+    programs = [_decoded(result, chosen.choice) for chosen in choose_per_depth(result, arch, objective, forbid)]
+    key = (lambda g: candidate_of(g, arch).est_us) if objective is Objective.TIME else \
+        (lambda g: candidate_of(g, arch).flops)
+    return min(programs, key=key, default=None)
+
+
+def _favouring(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],
+               favour: Callable[[str], bool], depth: FusionDepth = FusionDepth.FULL) -> Graph | None:
+    """The program of fusion depth up to `depth` that takes the e-nodes of the ops `favour` names
+    wherever a template implements them (they cost next to nothing while choosing), the rest at the
+    cost model's price; None when none applies."""
+    view, roots = result.view, result.output_classes()
+    limited = _Costs(view, arch, objective).limited(depth, forbid)
+
+    def favoured(enode: ENode) -> float:
+        cost = limited(enode)
+        return VIEW_COST if favour(enode.op) and cost < HOST_ONLY_US else cost
+    tree = cheapest_choice(view, favoured)
+    if any(r not in tree for r in roots):
+        return None
+    return _decoded(result, share_more(view, tree, roots, favoured))
+
+
+def _launches(c: Candidate) -> tuple:
+    """What a candidate runs: each kernel's kind, fusions, bytes and FLOPs (an elementwise chain of
+    one op is that op's kernel)."""
+    return tuple((k.kind, () if k.kind == "elementwise" and len(k.fused) < 2 else k.fused, k.hbm_bytes, k.flops)
+                 for k in c.kernels)

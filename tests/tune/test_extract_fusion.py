@@ -109,6 +109,25 @@ def test_a_64_tap_convolution_stays_direct_where_the_fft_path_costs_more():
     assert kinds(conv1d_candidates(2048, 64, "bfloat16", 768, 768)[0]) == {"conv"}
 
 
+@pytest.mark.parametrize("kernel", [3, 255])
+def test_the_fft_and_the_direct_convolution_are_both_weighed_whichever_wins(kernel):
+    """The cost model decides between the two forms, so the report shows the one it turned down."""
+    found = conv1d_candidates(8192, kernel, "float32", 64, 1)
+    forms = [("fft" in kinds(c), "conv" in kinds(c)) for c in found]
+    assert (True, False) in forms and (False, True) in forms
+    assert forms[0] == ((True, False) if kernel == 255 else (False, True))
+    report = op.kernel(lambda x, w: op.conv1d(x, w, padding="same")).explain(
+        op.tensor((8, 64, 8192), "float32"), op.tensor((64, 64, kernel), "float32"))
+    labels = {row.split(": ", 1)[1].strip() for row in report.render().splitlines() if row.startswith("candidate ")}
+    assert {"unfused, FFT", "unfused, direct conv"} <= labels, labels
+
+
+def test_a_relu_on_its_own_is_one_candidate_however_it_is_spelt():
+    """A fused_elementwise of one op launches the kernel the op does: not a second candidate."""
+    x, w = op.tensor((8, 64, 56, 56), "bf16"), op.tensor((64, 64, 3, 3), "bf16")
+    assert len(candidates_of(lambda x, w: op.relu(op.conv2d(x, w, padding=1)), x=x, w=w)) == 1
+
+
 def test_a_large_2d_kernel_goes_through_the_fft_and_a_3x3_does_not():
     def conv2d(kernel):
         x, w = op.tensor((8, 32, 64, 64), "float32"), op.tensor((32, 32, kernel, kernel), "float32")
