@@ -121,9 +121,9 @@ class GradKernel(Kernel):
                 positions.append(names.index(param))
                 parts.append(next)
             else:
-                value = call.statics.get(param, "its default")
+                given = f"given {call.statics[param]!r}" if param in call.statics else "left at its default"
                 raise ArgumentError(f"{self.name}: cannot differentiate with respect to {param!r} (argnum {i}): "
-                                    f"it is given {value!r}, not a tensor",
+                                    f"it is {given}, not a tensor",
                                     hint="pass an array or op.tensor placeholder there, or leave it out of argnums",
                                     site=user_site())
         if not isinstance(self.argnums, tuple) and parts[0] is next:

@@ -332,6 +332,15 @@ def test_the_kinks_of_abs_and_pow_at_zero_give_the_usual_finite_gradients():
     np.testing.assert_array_equal(square(np.array([0.0, 3.0])), [0.0, 6.0])
 
 
+def test_differentiating_a_parameter_that_is_not_a_tensor_says_what_it_is():
+    def loss(x, scale=None):
+        return op.sum(x)
+    with pytest.raises(ArgumentError, match="'scale' \\(argnum 1\\): it is left at its default, not a tensor"):
+        op.grad(loss, 1)(np.ones(3))
+    with pytest.raises(ArgumentError, match="it is given 2.0, not a tensor"):
+        op.grad(loss, 1)(np.ones(3), 2.0)
+
+
 def test_op_kernel_of_a_kernel_is_that_kernel():
     g = op.grad(lambda x, w: op.sum((x @ w) ** 2), 1)
     assert op.kernel(g) is g
