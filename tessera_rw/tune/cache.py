@@ -144,6 +144,7 @@ class TuneCache:
             arch: ArchSpec | str) -> TuneRecord | None:
         """The record for exactly this kernel on `arch` under this process's versions, else None.
 
+        >>> import tempfile
         >>> TuneCache(root=tempfile.mkdtemp()).get("matmul", "9f2c", [(8, 8)], ["f32"], "h100") is None
         True
         """
@@ -160,6 +161,7 @@ class TuneCache:
         marked `interpolated=True` (its shapes and time are the source's). None when there is none.
         Interpolated records are never a source, so guesses do not compound.
 
+        >>> import tempfile
         >>> TuneCache(root=tempfile.mkdtemp()).nearest("matmul", [(8, 8)], ["f32"], "h100") is None
         True
         """

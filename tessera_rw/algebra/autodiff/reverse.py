@@ -14,7 +14,7 @@ with, not copied from, the forward pass.
 >>> print(grad_graph(forward, (1,)))
 def grad_loss(x: f64[4,3], w: f64[3,2]):
     t0 = transpose(x, axes=(1, 0))               # f64[3,4]
-    t1 = full(dtype=float64, shape=(4, 2), value=1.0) # f64[4,2]
+    t1 = broadcast_to(1.0, shape=(4, 2))         # f64[4,2]
     t2 = x @ w                                   # f64[4,2]
     t3 = tanh(t2)                                # f64[4,2]
     t4 = t3 * t3                                 # f64[4,2]
