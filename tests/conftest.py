@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 from hypothesis import settings
+from threadpoolctl import threadpool_limits
 
 from tessera_rw.codegen.device import gpu_available
 
@@ -23,6 +24,8 @@ def pytest_configure(config):
     # COLUMNS=80, which a piped console would take as the width asked for.
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+    # Each xdist worker already has a core: BLAS threads on top of it only spin against each other.
+    config._blas_threads = threadpool_limits(limits=1, user_api="blas")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,6 +20,7 @@ import numpy as np
 
 from tessera_rw.algebra.ops.attention import expand_kv_heads
 from tessera_rw.algebra.ops.attention_backward import split_lse
+from tessera_rw.codegen.blas_threads import one_blas_thread
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -60,7 +61,7 @@ def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: tuple[np.ndarr
     out = np.empty(batch + (sq, dv), ct)
     lse = np.empty(batch + (sq,), ct)
     scale = ct(scale)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"), one_blas_thread():
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
             out[..., q0:q1, :], lse[..., q0:q1] = _query_block(q[..., q0:q1, :], k, v, m_full, q0, scale, causal,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.codegen.blas_threads import one_blas_thread
 from tessera_rw.codegen.cpu_attention import key_end, tile_scores
 
 BLOCK_Q = 128
@@ -52,7 +53,7 @@ def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndar
     m_full = np.broadcast_to(mask[0], batch + (q.shape[-2], k.shape[-2])) if mask else None
     sq, sk = q.shape[-2], k.shape[-2]
     lse = np.empty(batch + (sq,), ct)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"), one_blas_thread():
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
             m = np.full(batch + (q1 - q0,), -np.inf, ct)
@@ -81,7 +82,7 @@ def bwd_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
     m_full = np.broadcast_to(mask[0], batch + (sq, sk)) if mask else None
     dq, dk, dv = np.zeros(q.shape, ct), np.zeros(k.shape, ct), np.zeros(v.shape, ct)
     scale = ct(scale)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), one_blas_thread():
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
             qb, dob = q[..., q0:q1, :], do[..., q0:q1, :]
