@@ -40,15 +40,16 @@ class policy:
 
     def __init__(self, name: Numerics | str):
         self._restore = set_numerics(name)
+        self.policy = current_numerics()
 
     def __enter__(self) -> Numerics:
-        return current_numerics()
+        return self.policy
 
     def __exit__(self, *exc) -> None:
         self._restore()
 
     def __repr__(self) -> str:
-        return f"numerics.policy({current_numerics().value!r})"
+        return f"numerics.policy({self.policy.value!r})"
 
 
 def current() -> Numerics:

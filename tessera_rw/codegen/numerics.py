@@ -104,11 +104,11 @@ def numerics_policy(name: Numerics | str) -> Iterator[Numerics]:
     ...     p is current_numerics()
     True
     """
-    token = _CURRENT.set(Numerics.parse(name))
+    restore = set_numerics(name)
     try:
         yield _CURRENT.get()
     finally:
-        _CURRENT.reset(token)
+        restore()
 
 
 # ---- the GPU side of kahan_sum --------------------------------------------------------------

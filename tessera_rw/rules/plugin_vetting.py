@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import types
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from tessera_rw.algebra.atomic_files import write_atomically
 from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.rules.plugins import LoadedPack, skip
 from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
@@ -118,9 +117,7 @@ class _Verdicts:
         self.found[key] = self._memory[key] = detail
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, suffix=".tmp") as f:
-                json.dump(self.found, f)
-            os.replace(f.name, self.path)       # a reader sees the old file or the new one, never half
+            write_atomically(self.path, json.dumps(self.found).encode())   # readers see the old file or the new
         except OSError:
             pass
         return detail

@@ -46,10 +46,10 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
+from tessera_rw.algebra.atomic_files import remove_stale_temps, set_aside, write_atomically
+from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
-from tessera_rw.algebra.cache_dir import cache_root
-from tessera_rw.tune.atomic_files import remove_stale_temps, set_aside, write_atomically
 from tessera_rw.tune.cache_file import (
     EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_arch_file, record_order, remember)
 from tessera_rw.tune.records import (
@@ -177,9 +177,7 @@ class TuneCache:
         return best.model_copy(update={"interpolated": True})
 
     def _file_of(self, arch: ArchSpec | str) -> ArchFile:
-        _check_own_name(arch)
-        name = arch_name(arch)
-        return self._load(self.path(name), name)
+        return self._load(self.path(arch), arch_name(arch))
 
     def _load(self, path: Path, arch: str, *, locked: bool = False) -> ArchFile:
         """What the file of `arch` holds. Unlocked (a reader), from memory when the file is

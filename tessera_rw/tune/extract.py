@@ -168,22 +168,36 @@ def extract_candidates(result: RewriteResult, arch: ArchSpec, k: int = 3, object
                        forbid: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
     """Up to `k` programs of distinct fusion depths from a saturated e-graph, cheapest first.
     Ops in `forbid` are never chosen (e.g. {"rfft"} for the best program without the FFT path)."""
-    view, roots, graph = result.view, result.output_classes(), result.graph
-    found: dict[tuple, Candidate] = {}
-    for chosen in choose_per_depth(result, arch, objective, forbid):
-        program = Graph(graph.name, graph.inputs, tuple(view.decode(chosen.choice, r) for r in roots)).verify()
-        candidate = found.get(program.outputs) or candidate_of(fold_layout_chains(program), arch)
-        if all(_launches(candidate) != _launches(c) for c in found.values()):   # a gemm fusing nothing: no new one
-            found[program.outputs] = candidate
+    found: list[Candidate] = []
+    for candidate in _per_depth(result, arch, objective, forbid):
+        if all(_launches(candidate) != _launches(c) for c in found):   # a gemm fusing nothing: no new one
+            found.append(candidate)
     if not found:   # no program of finite cost: an op as written has no GPU template; it still runs on the host
-        return (candidate_of(graph, arch),)
-    for program, fits in _alternatives(result, arch, objective, forbid, tuple(found.values())):
-        candidate = program and candidate_of(fold_layout_chains(program), arch)
-        if candidate and fits(candidate) and all(_launches(candidate) != _launches(c) for c in found.values()):
-            found[program.outputs] = candidate
-    primary = (lambda c: c.est_us) if objective is Objective.TIME else (lambda c: c.flops)
-    ranked = sorted(found.values(), key=lambda c: (primary(c), len(c.kernels), c.fusion_depth))
+        return (candidate_of(result.graph, arch),)
+    for candidate, fits in _alternatives(result, arch, objective, forbid, tuple(found)):
+        if candidate and fits(candidate) and all(_launches(candidate) != _launches(c) for c in found):
+            found.append(candidate)
+    ranked = sorted(found, key=lambda c: (_primary(c, objective), len(c.kernels), c.fusion_depth))
     return tuple(ranked[:k])
+
+
+def _primary(c: Candidate, objective: Objective) -> float:
+    return c.est_us if objective is Objective.TIME else c.flops
+
+
+def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
+               forbid: frozenset[str]) -> list[Candidate]:
+    """The cheapest program at each fusion depth (choose_per_depth), each costed once (a program
+    that two depths chose alike, once)."""
+    programs = {}
+    for chosen in choose_per_depth(result, arch, objective, forbid):
+        program = _decoded(result, chosen.choice)
+        programs.setdefault(program.outputs, program)
+    return [_candidate(program, arch) for program in programs.values()]
+
+
+def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
+    return None if program is None else candidate_of(fold_layout_chains(program), arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})
@@ -191,7 +205,7 @@ DIRECT_CONV_OPS = frozenset({"conv1d", "conv2d"})
 
 
 def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],
-                  found: tuple[Candidate, ...]) -> Iterator[tuple[Graph | None, Callable[[Candidate], bool]]]:
+                  found: tuple[Candidate, ...]) -> Iterator[tuple[Candidate | None, Callable[[Candidate], bool]]]:
     """Programs the cheapest per depth leave out but a reader weighs: for each fusion depth the
     e-graph holds e-nodes of that no cheapest program reached (a plugin's SIMT kernel losing to
     tensor cores), the program taking them; where the e-graph holds a convolution both direct and
@@ -202,24 +216,18 @@ def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, f
     reached = {c.fusion_depth for c in found}
     for depth in sorted({fusion_depth(op) for op in held} - reached):
         if depth > max(reached):
-            yield (_favouring(result, arch, objective, forbid, lambda op, d=depth: fusion_depth(op) == d, depth),
-                   lambda c, d=depth: c.fusion_depth == d)
+            favoured = _favouring(result, arch, objective, forbid, lambda op, d=depth: fusion_depth(op) == d, depth)
+            yield _candidate(favoured, arch), lambda c, d=depth: c.fusion_depth == d
     if held & SPECTRAL_OPS and held & DIRECT_CONV_OPS:
-        yield _cheapest(result, arch, objective, forbid | SPECTRAL_OPS), lambda c: True
-        yield _cheapest(result, arch, objective, forbid | DIRECT_CONV_OPS), lambda c: True
+        for without in (SPECTRAL_OPS, DIRECT_CONV_OPS):
+            cheapest = min(_per_depth(result, arch, objective, forbid | without),
+                           key=lambda c: _primary(c, objective), default=None)
+            yield cheapest, lambda c: True
 
 
 def _decoded(result: RewriteResult, choice: dict[str, ENode]) -> Graph:
     view, roots = result.view, result.output_classes()
     return Graph(result.graph.name, result.graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
-
-
-def _cheapest(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str]) -> Graph | None:
-    """The cheapest program of any depth without the ops in `forbid`; None when there is none."""
-    programs = [_decoded(result, chosen.choice) for chosen in choose_per_depth(result, arch, objective, forbid)]
-    key = (lambda g: candidate_of(g, arch).est_us) if objective is Objective.TIME else \
-        (lambda g: candidate_of(g, arch).flops)
-    return min(programs, key=key, default=None)
 
 
 def _favouring(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],

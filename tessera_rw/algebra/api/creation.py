@@ -23,9 +23,9 @@ def full(shape, fill_value, dtype="float32"):
         value = python_scalar(fill_value, spec.dtype)
     if beyond_double(value, spec.dtype):    # held exactly, as a literal
         return broadcast_to(np.array(value, dtype=spec.dtype.numpy), spec.shape)
-    exact = python_scalar(np.asarray(value, spec.dtype.numpy).item(), spec.dtype)
-    if spec.shape == () and is_tracing() and not spec.dtype.is_complex and exact == exact:
-        return SymbolicTensor(make_constant(exact, spec.dtype))     # what a Python scalar there would be
+    if spec.shape == () and is_tracing() and not spec.dtype.is_complex and value == value:
+        # what a Python scalar there would be, holding the value as the dtype rounds it
+        return SymbolicTensor(make_constant(np.asarray(value, spec.dtype.numpy).item(), spec.dtype))
     return apply("full", (), shape=spec.shape, value=value, dtype=spec.dtype)
 
 

@@ -63,6 +63,7 @@ class RowwiseSchedule(Schedule):
 # their precision there, so they run on the host
 ROW_DTYPES = SUPPORTED - {DType.float64}
 
+
 class RowwiseTemplate(Template):
     """softmax / log_softmax (kind 'softmax'), layernorm / rmsnorm (kind 'layernorm'), fused_normalization."""
 
