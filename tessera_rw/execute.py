@@ -58,6 +58,12 @@ def _runs_on_gpu(plan: KernelPlan, arch: ArchSpec, numerics: Numerics) -> bool:
         return False
 
 
+def host_arrays_run_on_gpu(program: CompiledProgram, numerics: Numerics) -> bool:
+    """Whether numpy inputs of `program` run on the GPU under `numerics`, TESSERA_DEVICE aside: when
+    there is one and it has a template for every kernel."""
+    return gpu_available() and _runs_on_gpu(program.plan, program.arch, numerics)
+
+
 def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
     """'cpu', 'gpu' or 'emulator' for this call."""
     forced = os.environ.get(DEVICE_VARIABLE, "").strip().lower()
@@ -74,7 +80,7 @@ def where_to_run(program: CompiledProgram, values: Mapping[str, Any]) -> str:
         return forced
     if on_device:
         return "gpu"
-    if gpu_available() and _runs_on_gpu(program.plan, program.arch, current_numerics()):
+    if host_arrays_run_on_gpu(program, current_numerics()):
         return "gpu"
     return "cpu"
 

@@ -32,7 +32,9 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.bound_call import BoundCall, Signature, holds_symbolic, is_static, static_key
 from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw.execute import run_program
 from tessera_rw.method_kernels import BoundKernel, InstanceKernels
+from tessera_rw.warm_calls import WarmCalls
 
 if TYPE_CHECKING:
     from tessera_rw.explain_report import ExplainReport
@@ -76,7 +78,7 @@ class Kernel:
         self._traces: dict[Signature, Traced] = {}
         self._retraced: dict[tuple[str, str], set] = {}      # (why, name) -> the float values, shapes, changes seen
         self._programs: dict[tuple, CompiledProgram] = {}
-        self._array_calls: dict[tuple, tuple[CompiledProgram, Traced]] = {}   # warm calls on numpy arrays
+        self._warm_calls = WarmCalls(self._positional if self._positional_only_call else ())
         self.tuning: TuneSettings | None = None          # this kernel's own tuning (@op.autotune, .schedule.autotune)
         self.restriction: SpaceRestriction | None = None  # .schedule.search_space(...)
         self._instances = InstanceKernels()               # per instance, when defined in a class body
@@ -189,7 +191,7 @@ class Kernel:
         """Drop a signature's trace and what was compiled from it."""
         self._traces.pop(signature, None)        # another thread may have dropped it first
         self._programs = {k: p for k, p in self._programs.items() if k[0] != signature}
-        self._array_calls.clear()
+        self._warm_calls.clear()
 
     def _note_retrace(self, why: str, name: str, item: Hashable, advice: Callable[[int], str]) -> None:
         """Count `item` among what `name` has been traced with, for reason `why`; at the
@@ -242,7 +244,7 @@ class Kernel:
     def forget_programs(self) -> None:
         """Drop the compiled programs, so the next call compiles (and tunes) again."""
         self._programs.clear()
-        self._array_calls.clear()
+        self._warm_calls.clear()
 
     def compiled(self, call: BoundCall) -> CompiledProgram:
         """The rewritten, chosen and lowered program for this call's signature (made on first use)."""
@@ -301,26 +303,13 @@ class Kernel:
             return None
         return args + tuple(kwargs[p] for p in rest)
 
-    def _array_key(self, args: tuple | None) -> tuple | None:
-        """For a call with every parameter a numpy array (`args` in parameter order): what decides
-        its program (shapes, dtypes, numerics policy, tuning state), else None."""
-        if args is None or len(args) != len(self._positional) or not self._positional_only_call:
-            return None
-        for a in args:
-            if type(a) is not np.ndarray:
-                return None
-        autotune = _autotune()
-        return (tuple((a.shape, a.dtype) for a in args), current_numerics(), autotune.enabled and autotune.cache)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from tessera_rw.execute import run_program
         ordered = self._in_order(args, kwargs)
-        key = self._array_key(ordered)
-        known = self._array_calls.get(key) if key is not None else None
-        if known is not None and known[1].holds():   # a warm call on arrays: no binding, no signature to build
-            program, traced = known
-            outputs = run_program(program, traced.feeds(dict(zip(self._positional, ordered))))
-            return outputs[0] if traced.structure is None else traced.structure(outputs)
+        autotune = _autotune()
+        key = None if ordered is None else self._warm_calls.key(ordered, autotune.enabled and autotune.cache)
+        warm = self._warm_calls.get(key)
+        if warm is not None:            # a warm call on arrays: no binding, no signature to build
+            return warm(ordered)
         if holds_symbolic(args, kwargs):
             note_nested(self.fn)             # called from another traced function: inline, guarded there
             return self.fn(*args, **kwargs)
@@ -331,7 +320,7 @@ class Kernel:
         else:
             program = self.compiled(call)
             if key is not None and not call.statics:
-                self._array_calls[key] = (program, traced)
+                self._warm_calls.remember(key, program, traced)
             outputs = run_program(program, traced.feeds(call.values))
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 

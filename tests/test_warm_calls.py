@@ -33,3 +33,36 @@ def test_a_keyword_call_with_a_missing_or_unknown_name_is_still_an_error():
         f(A[0], k=A[1])
     with pytest.raises(Exception, match="unexpected keyword argument 'w'"):
         f(A[0], k=A[1], w=A[2])
+
+
+def test_a_warm_call_on_the_host_runs_the_plan_without_deciding_the_device_again(monkeypatch):
+    import tessera_rw.warm_calls as warm_calls
+    f = op.kernel(lambda q, k, v: q * k + v)
+    f(*A)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm call went the general way")
+    monkeypatch.setattr(warm_calls, "run_program", refuse)
+    np.testing.assert_allclose(f(*A), A[0] * A[1] + A[2], rtol=1e-6)
+
+
+def test_tessera_device_set_after_a_warm_call_still_decides(monkeypatch):
+    f = op.kernel(lambda q, k, v: q * k + v)
+    f(*A)
+    monkeypatch.setenv("TESSERA_DEVICE", "tpu")
+    with pytest.raises(Exception, match="TESSERA_DEVICE='tpu' is not a device"):
+        f(*A)
+    monkeypatch.setenv("TESSERA_DEVICE", "cpu")
+    np.testing.assert_allclose(f(*A), A[0] * A[1] + A[2], rtol=1e-6)
+
+
+def test_a_warm_call_runs_under_the_numerics_policy_in_force():
+    from tessera_rw import numerics
+    seen = []
+    f = op.kernel(lambda x: op.sum(x, axis=-1))
+    big = np.array([[1e8, 1.0, -1e8, 1.0] * 64], np.float32)
+    for policy in ("deterministic", "kahan_sum", "deterministic", "kahan_sum"):
+        with numerics.policy(policy):
+            seen.append(float(f(big)[0]))
+    assert seen[0] == seen[2] and seen[1] == seen[3]
+    assert seen[1] == 128.0 != seen[0], seen
