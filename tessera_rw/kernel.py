@@ -37,6 +37,7 @@ from tessera_rw.method_kernels import BoundKernel, InstanceKernels
 from tessera_rw.warm_calls import WarmCalls
 
 if TYPE_CHECKING:
+    from tessera_rw.codegen.arch import ArchSpec
     from tessera_rw.explain_report import ExplainReport
     from tessera_rw.pipeline import CompiledProgram
     from tessera_rw.schedule_control import ScheduleControl
@@ -266,6 +267,13 @@ class Kernel:
             found = self._programs[key] = compile_program(traced.graph, None, self.tune_settings(), traced.pins)
         return found
 
+    def program_for_arch(self, signature: Signature, arch: ArchSpec) -> CompiledProgram:
+        """The program of a signature already traced, compiled (and tuned, when tuning is on) for
+        `arch`; not kept for calls, which run on this machine's GPU."""
+        from tessera_rw.pipeline import compile_program
+        traced = self._traces[signature]
+        return compile_program(traced.graph, arch, self.tune_settings(), traced.pins)
+
     def program(self, *args: Any, **kwargs: Any) -> CompiledProgram:
         """`k.program(x, y)`: what a call with these arguments runs (candidates, choice, KernelPlan)."""
         return self.compiled(self.bind(*args, **kwargs))
@@ -284,10 +292,11 @@ class Kernel:
     def _explained_program(self, signature: Signature) -> CompiledProgram:
         """The program a call compiled, else one compiled without measuring: from the cache where it
         holds the choice, else the cost model's, writing nothing (and not kept for calls)."""
+        from tessera_rw.codegen.arch import target_arch
         from tessera_rw.tune.kernel_tuner import Method
         settings = self.tune_settings()
         if settings is None or self._program_key(signature) in self._programs or \
-                Method.resolve(settings.method, self.name) is not Method.ON_DEVICE:
+                Method.resolve(settings.method, self.name, target_arch()) is not Method.ON_DEVICE:
             return self.program_of(signature)
         from tessera_rw.pipeline import compile_program
         traced = self._traces[signature]

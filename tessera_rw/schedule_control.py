@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.kernel import Kernel
 from tessera_rw.tune.plan_tuner import TuneSettings
 from tessera_rw.tune.space import SpaceRestriction
@@ -48,11 +49,12 @@ class ScheduleControl:
 
     def autotune(self, *args: Any, cost_model: str = "roofline", max_trials: int = 50, method: str = "auto",
                  cache: str | None | object = KERNELS_OWN, time_budget_s: float | None = None,
-                 **kwargs: Any) -> TuneConfig | list[TuneConfig]:
+                 arch: ArchSpec | str | None = None, **kwargs: Any) -> TuneConfig | list[TuneConfig]:
         """Tune now: the signature of `args` when given (arrays or op.tensor placeholders), else every
         signature seen so far. One TuneConfig per signature (a single one when there is one), kept in
         `cache` (by default the kernel's own, as @op.autotune(cache=...) named it, else "default";
-        None: no cache)."""
+        None: no cache). `arch` (a name such as 'A100-SXM' or 'sm_80') tunes for another GPU than
+        the one calls run on: its programs go to the cache, not to the kernel's calls."""
         if cost_model not in COST_MODELS:
             raise ArgumentError(f"{self.kernel.name}.schedule.autotune: unknown cost model {cost_model!r}",
                                 hint=f"use one of {list(COST_MODELS)}")
@@ -72,8 +74,9 @@ class ScheduleControl:
         k.tuning = TuneSettings(method=method, cache=cache, max_trials=max_trials, time_budget_s=time_budget_s)
         k.forget_programs()
         try:
-            configs = [TuneConfig(k.name, program, tuned_kernels(program))
-                       for program in (k.program_of(signature) for signature in signatures)]
+            programs = [k.program_of(signature) if arch is None else k.program_for_arch(signature, resolve_arch(arch))
+                        for signature in signatures]
+            configs = [TuneConfig(k.name, program, tuned_kernels(program)) for program in programs]
         except BaseException:
             k.tuning = before                 # a failed call leaves the kernel as it was
             k.forget_programs()

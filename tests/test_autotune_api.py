@@ -143,6 +143,7 @@ def test_explain_measures_nothing_where_a_call_would_tune_on_the_gpu(monkeypatch
     def no_device(*args, **kwargs):
         raise AssertionError("explain measured on the device")
     monkeypatch.setattr(kernel_tuner, "gpu_available", lambda: True)        # 'auto' resolves to on_device
+    monkeypatch.setattr(kernel_tuner, "is_this_gpu", lambda arch: True)
     monkeypatch.setattr(kernel_tuner, "tune_kernel", no_device)
 
     @op.autotune(method="auto", cache="explained")

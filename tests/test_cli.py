@@ -172,6 +172,19 @@ def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, c
     assert "has none" in err and "cost_model" in err
 
 
+def test_tune_for_another_arch_keeps_its_records_under_that_arch(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    from tessera_rw.tune.cache import TuneCache
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    shape = ["--input", "q=1x2x256x64:bf16", "--input", "k=1x2x256x64:bf16", "--input", "v=1x2x256x64:bf16"]
+    assert main(["tune", "examples/attention.py:attention", *shape, "--arch", "sm_80", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["arch"] == "A100-SXM" and report["chosen_by"] == "cost_model"   # no A100 here to time on
+    assert {r.arch for r in TuneCache("default").records()} == {"A100-SXM"}
+    assert main(["tune", "examples/attention.py:attention", *shape, "--arch", "B300"]) == 2
+    assert "unknown architecture 'B300'" in capsys.readouterr().err
+
+
 PINNED_MLP = '''
 from tessera_rw import op
 

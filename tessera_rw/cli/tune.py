@@ -2,7 +2,7 @@
 
     tessera-rewrite tune examples/attention.py:attention [--input q=4x16x2048x64:bf16 ...]
         [--method auto|on_device|cost_model] [--max-trials 50] [--time-budget 60] [--cache NAME]
-        [--format json]
+        [--arch A100-SXM] [--format json]
 
 Prints the chosen candidate, each kernel's schedule and how it was chosen (the cache, the cost
 model or the GPU), then per tuned kernel the schedules weighed: time and % of the best.
@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the whole tuning's time budget, shared by its kernels")
     p.add_argument("--cache", default=None, help="the named cache to read and write (default: the kernel's "
                                                  "@op.autotune(cache=...), else 'default')")
+    p.add_argument("--arch", metavar="NAME", default=None,
+                   help="tune for this GPU, e.g. A100-SXM or sm_80 (default: TESSERA_ARCH, else this machine's GPU); "
+                        "another GPU than this machine's is tuned by the cost model")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 
@@ -45,19 +48,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
     values = [inputs[name] for name in kernel.parameter_names if name in inputs]   # containers included
     own = kernel.tuning.cache if kernel.tuning is not None else None
     cfg = kernel.schedule.autotune(*values, method=args.method, cache=args.cache or own or "default",
-                                   max_trials=args.max_trials, time_budget_s=args.time_budget)
+                                   max_trials=args.max_trials, time_budget_s=args.time_budget, arch=args.arch)
     program = cfg.program
     if args.format == "json":
         console.file.write(json.dumps({
             "schema": "tessera_rw.tune/2", "function": kernel.name, "summary": str(cfg),
-            "candidate": program.chosen, "fusion_depth": int(program.candidate.fusion_depth),
+            "arch": program.arch.name, "candidate": program.chosen, "fusion_depth": int(program.candidate.fusion_depth),
             "fusion": program.candidate.fusion_depth.label,
             "chosen_by": program.chosen_by,
             "kernels": [{"op": k.op.op, "kind": k.kind, "schedule": describe(k.schedule), "default": describe(k.default),
                          "time_us": k.time_us, "noise_us": k.noise_us, "chosen_by": k.chosen_by,
                          "trials": len(k.trials), "space": k.space_size} for k in cfg.kernels]}, indent=2) + "\n")
         return 0
-    console.print(f"[bold]{kernel.name}[/]: {cfg}")
+    console.print(f"[bold]{kernel.name}[/] on {program.arch.name}: {cfg}")
     console.print(f"candidate {program.chosen} ({program.candidate.fusion_depth.label}), chosen by {program.chosen_by}")
     table = Table(title="kernels")
     for col in ("kernel", "kind", "schedule", "default", "µs", "chosen by", "trials / space"):

@@ -183,15 +183,41 @@ def arch_for_device(device_name: str, compute_capability: tuple[int, int]) -> Ar
 
 
 @cache
-def _detected() -> ArchSpec:
+def _device_identity() -> tuple[str, tuple[int, int]]:
+    """GPU 0's name and compute capability as cuda.core reports them."""
     try:
         from cuda.core import Device
         device = Device(0)
-        name, cc = device.name, tuple(device.compute_capability)
+        return device.name, tuple(device.compute_capability)
     except Exception as e:  # no driver, no GPU: say what to do instead
         raise ArchError(f"no GPU found ({type(e).__name__}: {e}) and {ARCH_ENV} is not set",
                         hint=f"set {ARCH_ENV} to one of {', '.join(known_names())} to plan for that GPU") from None
-    return arch_for_device(name, cc)
+
+
+def _detected() -> ArchSpec:
+    return arch_for_device(*_device_identity())
+
+
+def is_this_gpu(arch: ArchSpec) -> bool:
+    """Whether GPU 0 is a device of `arch` (its compute capability and one of its device names), so
+    that kernels timed here stand for `arch`; False without a GPU.
+
+    >>> is_this_gpu(arch_named("H100-SXM")) in (True, False)
+    True
+    """
+    try:
+        name, cc = _device_identity()
+    except ArchError:
+        return False
+    return cc == tuple(arch.compute_capability) and any(d.lower() in name.lower() for d in arch.device_names)
+
+
+def this_gpu_name() -> str:
+    """GPU 0's name, or 'no GPU'."""
+    try:
+        return _device_identity()[0]
+    except ArchError:
+        return "no GPU"
 
 
 def current_arch(environ: Mapping[str, str] = os.environ) -> ArchSpec:

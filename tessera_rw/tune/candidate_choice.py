@@ -67,7 +67,7 @@ def choose_candidate(graph: Graph, candidates: Sequence[Candidate], arch: ArchSp
                      numerics: Numerics = Numerics.DETERMINISTIC, *,
                      on_trial: Callable[[KernelOp, Trial], None] | None = None) -> CandidateChoice:
     """Tune the close candidates of `graph` and pick one (see the module)."""
-    method = Method.resolve(settings.method, graph.name)
+    method = Method.resolve(settings.method, graph.name, arch)
     cache = settings.open_cache()
     op_name, sig = program_key(graph, candidates, numerics, settings.restriction)
     shapes, dtypes = [i.type.shape for i in graph.inputs], [i.type.dtype for i in graph.inputs]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
-from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.arch import ArchSpec, is_this_gpu, this_gpu_name
 from tessera_rw.codegen.device import gpu_available
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule, Template
@@ -50,16 +50,23 @@ class Method(enum.StrEnum):
                                 hint="use 'on_device', 'cost_model' or 'auto'") from None
 
     @staticmethod
-    def resolve(method: str | Method, what: str) -> Method:
-        """'auto' becomes on_device or cost_model; on_device without a GPU is an error."""
+    def resolve(method: str | Method, what: str, arch: ArchSpec | None = None) -> Method:
+        """'auto' becomes on_device when this machine's GPU is an `arch` (any GPU when None), else
+        cost_model; on_device without a GPU, or on another GPU than `arch`, is an error."""
         m = Method.parse(method, what)
+        here = gpu_available() and (arch is None or is_this_gpu(arch))
         if m is Method.AUTO:
-            return Method.ON_DEVICE if gpu_available() else Method.COST_MODEL
+            return Method.ON_DEVICE if here else Method.COST_MODEL
         if m is Method.ON_DEVICE and not gpu_available():
             raise TesseraError(f"autotune {what}: method='on_device' times kernels on an NVIDIA GPU, and this "
                                "machine has none (or no usable CUDA driver)",
                                hint="use method='cost_model' to rank schedules by the roofline model, or 'auto' "
                                     "to measure when a GPU is present")
+        if m is Method.ON_DEVICE and not here:
+            raise TesseraError(f"autotune {what}: method='on_device' would time {arch.name}'s kernels on this "
+                               f"machine's {this_gpu_name()}, and keep the times as {arch.name}'s",
+                               hint=f"use method='cost_model' to rank schedules by {arch.name}'s roofline model, "
+                                    f"or tune on a {arch.name}")
         return m
 
 
@@ -151,7 +158,7 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
     template = template_for(op)
     space = ranked_space(template, op, arch, restriction)
     if measurer is None:
-        m = Method.resolve(method, op.op)
+        m = Method.resolve(method, op.op, arch)
     else:                                       # a given measurer's numbers count as its method's
         m = Method.COST_MODEL if ChosenBy(measurer.method) is ChosenBy.COST_MODEL else Method.ON_DEVICE
     first = None

@@ -138,7 +138,7 @@ def tune_plan(plan: KernelPlan, arch: ArchSpec, settings: TuneSettings, numerics
     """Tune every kernel of `plan` for `arch` under `settings` (a pinned kernel takes its pin). The
     time budget is the whole plan's: each kernel searches in what the ones before it left, and
     measures one schedule at least (the model's best) when nothing is left."""
-    method = Method.resolve(settings.method, plan.name)
+    method = Method.resolve(settings.method, plan.name, arch)
     deadline = None if settings.time_budget_s is None else time.monotonic() + settings.time_budget_s
     cache = settings.open_cache()
     ops = tunable_ops(plan, numerics, arch)

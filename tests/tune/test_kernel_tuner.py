@@ -136,6 +136,19 @@ def test_auto_without_a_gpu_uses_the_cost_model():
     assert tune_kernel(matmul(64, 64, 64), H100, method="auto").chosen_by == "cost_model"
 
 
+def test_a_gpu_of_another_arch_does_not_time_for_it(monkeypatch):
+    from tessera_rw.codegen import arch as arch_module
+    from tessera_rw.tune import kernel_tuner
+    monkeypatch.setattr(kernel_tuner, "gpu_available", lambda: True)
+    monkeypatch.setattr(arch_module, "_device_identity", lambda: ("NVIDIA H100 80GB HBM3", (9, 0)))
+    a100 = arch_named("A100-SXM")
+    assert Method.resolve("auto", "x", H100) is Method.ON_DEVICE
+    assert Method.resolve("auto", "x", a100) is Method.COST_MODEL
+    with pytest.raises(TesseraError, match="time A100-SXM's kernels on this machine's NVIDIA H100") as e:
+        Method.resolve("on_device", "x", a100)
+    assert "cost_model" in e.value.hint
+
+
 def test_unknown_method_is_a_clear_error():
     with pytest.raises(ArgumentError, match="unknown method 'fastest'"):
         tune_kernel(matmul(64, 64, 64), H100, method="fastest")
