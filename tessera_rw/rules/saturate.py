@@ -145,11 +145,14 @@ def _declare_extra_constructors(prepared: _Prepared, encoding: Encoding) -> None
 
 def setup_error(rulesets: Sequence[Ruleset]) -> str | None:
     """What egglog says against declaring `rulesets` (a rule naming an unknown function, a guard
-    that does not parse), or None when they declare cleanly, as every rewrite will."""
+    that does not parse), or None when they declare cleanly, as every rewrite will. A clean
+    declaration is kept as these rulesets' prepared e-graph, so a rewrite with them starts there."""
+    egraph, constructors = bindings.EGraph(), _base_constructors()
     try:
-        _run(bindings.EGraph(), _setup_program(rulesets, _base_constructors()))
+        _run(egraph, _setup_program(rulesets, constructors))
     except Exception as e:       # egglog's EggSmolError, whatever the binding calls it
         return f"{type(e).__name__}: " + " ".join(str(e).split())
+    _prepared.give_back(tuple(rulesets), _Prepared(egraph, constructors))
     return None
 
 

@@ -191,3 +191,24 @@ def test_a_variadic_op_of_any_arity_reads_back_from_the_e_graph():
     assert root in result.view.classes and "concatenate" in result.view.ops_in(root)
     assert _Constructors().get("Concatenate40") == ("concatenate", 40)
     assert _Constructors().get("Matmul") == ("matmul", 2) and _Constructors().get("NoSuchOp3") is None
+
+
+def test_rulesets_checked_by_declaring_them_are_the_prepared_e_graph_of_their_rewrites(monkeypatch):
+    """Declaring a plugin's rulesets to check them is the work a first rewrite would repeat: the
+    clean declaration is kept, and the rewrite with those rulesets starts from it."""
+    from tessera_rw.rules import saturate
+    from tessera_rw.rules.saturate import setup_error
+    rulesets = (AC,)
+    monkeypatch.setattr(saturate, "_prepared", saturate._PreparedEGraphs())
+    assert setup_error(rulesets) is None
+    checked = saturate._prepared.by_rulesets[rulesets]
+
+    def no_new_egraph():
+        raise AssertionError("the rewrite declared its rulesets again")
+    monkeypatch.setattr(saturate.bindings, "EGraph", no_new_egraph)
+    assert rewrite(chain(3), rulesets).report.stop_reason is not None
+    assert saturate._prepared.by_rulesets[rulesets] is checked
+    bad = Ruleset("bad", (Rule("unknown-guard", "a = a", lhs=t.add(a, b, of=(s, d)), rhs=t.add(a, b, of=(s, d)),
+                               when=("(= (no-such-function a) s)",)),))
+    monkeypatch.undo()
+    assert "no-such-function" in setup_error((bad,)) and (bad,) not in saturate._prepared.by_rulesets
