@@ -15,8 +15,11 @@ One JSON document per (cache name, arch) at `<root>/<name>/<arch>.json`, root be
   not JSON, or not a `TuneDocument` at its top level, is moved aside to `<file>.corrupt-<timestamp>`
   with a TuneCacheWarning and counts as empty: a bad file costs a re-tune, never a crash and never
   a wrong schedule. A file that cannot be read is skipped with a warning.
-- A parsed file is remembered until it changes, and indexed by op, signature, shapes and dtypes,
-  so a lookup in an unchanged file costs no parse.
+- A validated file is remembered until it changes, and indexed by op, signature, shapes and dtypes,
+  so a lookup in an unchanged file costs no parse. A writer validates a changed file before it
+  takes the lock, and under the lock parses it again only when another writer replaced it since:
+  the lock is held for the merge and the write, a parse only in a race.
+- An import is refused past MAX_IMPORT_BYTES, and at its first invalid record.
 - For one key, a measurement beats an estimate, a real record an interpolated one, then the
   lower time wins (`TuneRecord.better_than`).
 
@@ -39,7 +42,7 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,13 +54,15 @@ from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
 from tessera_rw.tune.cache_file import (
-    EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_arch_file, record_order, remember)
+    EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_ahead, read_arch_file, record_order,
+    remember)
 from tessera_rw.tune.records import (
     FILE_NAME_PATTERN, ChosenBy, TuneDocument, TuneRecord, arch_name, canonical_dtypes, canonical_shapes,
-    current_versions)
+    current_versions, document_json)
 
-LOCK_TIMEOUT_S = 60.0            # a write holds the lock for milliseconds; a minute means something is stuck
-MAX_IMPORT_BYTES = 64 << 20      # ~100k records; anything bigger is not an export of ours
+LOCK_TIMEOUT_S = 60.0            # a write holds the lock for under a second; a minute means something is stuck
+MAX_IMPORT_BYTES = 64 << 20      # ~130k records; anything bigger is not an export of ours
+RECORD_BYTES = 500               # a record's line in a file, config of half a dozen entries
 _NAME = re.compile(FILE_NAME_PATTERN)
 
 
@@ -68,16 +73,6 @@ class TuneCacheWarning(UserWarning):
 
 class TuneCacheError(TesseraError):
     """A cache that cannot be written, or a file that cannot be imported."""
-
-
-def merge_records(records: Iterable[TuneRecord]) -> list[TuneRecord]:
-    """The best record per key (see `TuneRecord.better_than`), in a stable order; earlier ones win ties."""
-    best: dict[str, TuneRecord] = {}
-    for r in records:
-        old = best.get(r.key)
-        if old is None or r.better_than(old):
-            best[r.key] = r
-    return sorted(best.values(), key=record_order)
 
 
 _warned: set[tuple[str, str]] = set()
@@ -180,11 +175,11 @@ class TuneCache:
         return self._load(self.path(arch), arch_name(arch))
 
     def _load(self, path: Path, arch: str, *, locked: bool = False) -> ArchFile:
-        """What the file of `arch` holds. Unlocked (a reader), from memory when the file is
-        unchanged, and an unreadable file is skipped with a warning; `locked` (a writer, under the
-        lock), read afresh, and an unreadable file is a TuneCacheError, so it is never replaced."""
+        """What the file of `arch` holds, from memory when the file is unchanged since it was last
+        validated. Unlocked (a reader), an unreadable file is skipped with a warning; `locked` (a
+        writer, under the lock), it is a TuneCacheError, so it is never replaced."""
         try:
-            found = read_arch_file(path, arch, reread=locked)
+            found = read_arch_file(path, arch)
         except FileNotFoundError:
             return EMPTY
         except OSError as e:
@@ -254,18 +249,16 @@ class TuneCache:
         if self.read_only:
             return 0
         path = self.path(arch)
+        read_ahead(path, arch)       # the parse and the ordering, before the lock where other writers wait
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._locked(path):
                 existing = self._load(path, arch, locked=True)
-                replaced = {r.key for r in incoming} if supersede else set()
-                merged = merge_records([*(r for r in existing.records if r.key not in replaced), *incoming])
-                winners = set(map(id, merged))
-                changed = sum(1 for r in incoming if id(r) in winners)
+                merged, changed = existing.merged(incoming, supersede)
                 if changed:
                     remove_stale_temps(path)
-                    written = write_atomically(path, TuneDocument.of(merged).to_json(existing.kept).encode())
-                    remember(FileStamp.of(path, written), existing.holding(merged))
+                    written = write_atomically(path, document_json(merged.records, merged.kept))
+                    remember(FileStamp.of(path, written), merged)
                 return changed
         except OSError as e:
             raise TuneCacheError(f"cannot write the autotune cache {path}: {e.strerror or e}",
@@ -296,7 +289,7 @@ class TuneCache:
         records = self.records()
         target = Path(path)
         try:
-            write_atomically(target, TuneDocument.of(records, name=self.name).to_json().encode())
+            write_atomically(target, document_json(records, name=self.name))
         except OSError as e:
             raise TuneCacheError(f"cannot write {target}: {e.strerror or e}") from None
         return len(records)
@@ -365,6 +358,15 @@ def _read_export(source: Path) -> bytes:
     except OSError as e:
         raise TuneCacheError(f"cannot read {source}: {e.strerror or e}") from None
     if st.st_size > MAX_IMPORT_BYTES or len(data) > MAX_IMPORT_BYTES:   # /proc files say 0 bytes
-        raise TuneCacheError(f"{source} holds more than {MAX_IMPORT_BYTES >> 20} MiB, more than an autotune "
-                             "export can be; nothing was imported")
+        size = f"{st.st_size / 2**20:.1f} MiB" if st.st_size > MAX_IMPORT_BYTES else "longer than its size says"
+        raise TuneCacheError(f"{source} ({size}) is over the import limit of {_import_limit()}, more than an "
+                             "autotune export can be; nothing was imported",
+                             hint="import a file written by `tessera-rewrite cache export`")
     return data
+
+
+def _import_limit() -> str:
+    """MAX_IMPORT_BYTES in words: '64 MiB (an export of about 134,000 records)'."""
+    size = f"{MAX_IMPORT_BYTES >> 20} MiB" if MAX_IMPORT_BYTES >= 1 << 20 else f"{MAX_IMPORT_BYTES} bytes"
+    records = MAX_IMPORT_BYTES // RECORD_BYTES
+    return f"{size} (an export of about {round(records, -3) if records >= 10_000 else records:,} records)"

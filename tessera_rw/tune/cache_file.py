@@ -5,10 +5,13 @@ records this version cannot use, kept as they were so that a rewrite never drops
   does not know); that record is skipped, with one warning, and written back unchanged, while the
   file's other records stay in use. Only bytes that are not JSON, or a top level that is not
   `{"schema": "tessera_rw.autotune/1", "records": [...]}`, condemn the whole file.
-- A parsed file is remembered per process under its `FileStamp`, as `fstat` of the open file
-  reports it: validating costs ~25 µs a record, and a tuning run looks the cache up once per
-  kernel. Every write is an `os.replace` of a new file, so a new version has a new stamp and an
-  old one is never answered from memory.
+- A validated file is remembered per process under its `FileStamp`, as `fstat` of the open file
+  reports it, and so is a file this process wrote: validating costs ~25 µs a record, a tuning run
+  looks the cache up once per kernel, and a writer reads the file under the lock before each
+  write. Every write is an `os.replace` of a new file, so a new version has a new stamp and an old
+  one is never answered from memory; a file that changed is validated again, all of it.
+- A write places each incoming record by bisection into the held ones (`ArchFile.merged`), and
+  the new document is serialised in one call (`document_json`).
 
 >>> from tessera_rw.tune.records import TuneDocument, TuneRecord
 >>> r = TuneRecord.create(op_name="matmul", signature_hash="9f2c", shapes=((8, 8), (8, 8)), dtypes=("f32", "f32"),
@@ -26,8 +29,9 @@ True
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,7 +47,31 @@ Shapes = tuple[tuple[int, ...], ...]
 
 def record_order(r: TuneRecord) -> tuple:
     """The stable order records are kept and listed in."""
-    return r.arch, r.op_name, r.signature_hash, r.shapes, r.dtypes, r.key
+    return r.arch, r.identity      # identity: op, signature, shapes, dtypes, arch, compute capability, versions
+
+
+def merge_records(records: Iterable[TuneRecord]) -> list[TuneRecord]:
+    """The best record per key (see `TuneRecord.better_than`), in a stable order; earlier ones win ties."""
+    return sorted(_keep_best({}, records).values(), key=record_order)
+
+
+def _keep_best(best: dict[tuple, TuneRecord], records: Iterable[TuneRecord]) -> dict[tuple, TuneRecord]:
+    """`best` (by `TuneRecord.identity`) with each of `records` put in where it beats the one held."""
+    for r in records:
+        identity = r.identity
+        held = best.get(identity)
+        if held is None or r.better_than(held):
+            best[identity] = r
+    return best
+
+
+def _place(records: Sequence[TuneRecord], r: TuneRecord) -> tuple[int, TuneRecord | None]:
+    """Where `r` goes in `records` (in `record_order`, one per key), and the record of its key held
+    there, if any."""
+    order = record_order(r)
+    at = bisect_left(records, order, key=record_order)
+    held = records[at] if at < len(records) and record_order(records[at]) == order else None
+    return at, held
 
 
 def first_problem(error: ValidationError, at: tuple[str | int, ...] = ()) -> str:
@@ -77,9 +105,34 @@ class ArchFile:
         have these ranks, any signature, in no particular order: what `nearest` may start from."""
         return self._by_source.get((op_name, dtypes, versions, ranks), ())
 
-    def holding(self, records: Iterable[TuneRecord]) -> ArchFile:
-        """This file after a write that leaves `records` in it (the skipped ones stay as they were)."""
-        return ArchFile(tuple(records), self.kept, self.skipped)
+    def merged(self, incoming: Sequence[TuneRecord], supersede: bool = False) -> tuple[ArchFile, int]:
+        """This file with `incoming` merged in as `merge_records` merges (with `supersede`, they first
+        drop the held records of their keys), and how many of them were added or won. The skipped
+        records stay as they were. Each incoming record is placed by bisection into the held ones,
+        kept in `record_order`, so a write costs no pass over them in Python."""
+        records = list(self._held)
+        if supersede:
+            for r in incoming:
+                at, held = _place(records, r)
+                if held is not None:
+                    del records[at]
+        for r in incoming:
+            at, held = _place(records, r)
+            if held is None:
+                records.insert(at, r)
+            elif r.better_than(held):
+                records[at] = r
+        changed = sum(1 for r in incoming if _place(records, r)[1] is r)
+        if not changed:
+            return self, 0
+        merged = ArchFile(tuple(records), self.kept, self.skipped)
+        merged.__dict__["_held"] = merged.records     # already one per key, in order: nothing to build
+        return merged, changed
+
+    @cached_property
+    def _held(self) -> Sequence[TuneRecord]:
+        """The records, the best one per key, in `record_order`: what a write merges into."""
+        return merge_records(self.records)
 
     @cached_property
     def _by_kernel(self) -> dict[tuple, tuple[TuneRecord, ...]]:
@@ -196,19 +249,31 @@ class FileStamp(NamedTuple):
 _remembered: dict[str, tuple[FileStamp, ArchFile]] = {}
 
 
-def read_arch_file(path: Path, arch: str, *, reread: bool = False) -> ArchFile | str:
+def read_arch_file(path: Path, arch: str) -> ArchFile | str:
     """The file of `arch` (see `parse_arch_file`), from memory when it has not changed since it was
-    last read, unless `reread`. Raises OSError, FileNotFoundError when there is no file."""
+    last validated or written. Raises OSError, FileNotFoundError when there is no file."""
     with open(path, "rb") as f:
         stamp = FileStamp.of(path, os.fstat(f.fileno()))     # of the file read, even if replaced since
         known = _remembered.get(stamp.path)
-        if not reread and known is not None and known[0] == stamp:
+        if known is not None and known[0] == stamp:
             return known[1]
         data = f.read()
     found = parse_arch_file(data, arch)
     if isinstance(found, ArchFile):
         remember(stamp, found)
     return found
+
+
+def read_ahead(path: Path, arch: str) -> None:
+    """Validate the file of `arch` and order its records for a merge before a writer takes the lock,
+    so that under the lock a file unchanged since costs neither. Any problem is left for the read
+    under the lock to report."""
+    try:
+        found = read_arch_file(path, arch)
+    except OSError:
+        return
+    if isinstance(found, ArchFile):
+        found._held     # built now and kept with the remembered file
 
 
 def remember(stamp: FileStamp, found: ArchFile) -> None:

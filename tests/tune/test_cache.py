@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.tune import cache as cache_module
-from tessera_rw.tune.cache import TuneCache, TuneCacheError, TuneCacheWarning, merge_records
+from tessera_rw.tune.cache import TuneCache, TuneCacheError, TuneCacheWarning
+from tessera_rw.tune.cache_file import merge_records
 from tessera_rw.tune.records import (
     SCHEMA, ChosenBy, TuneDocument, TuneRecord, codegen_source_hash, current_versions)
 from tests.tune.cache_records import BF16, CONFIG, MM, files_of, rec

@@ -1,9 +1,11 @@
 """Lookups in an unchanged cache file cost no parse (the parsed file is remembered under its path,
-mtime, size and inode); a changed file is read again; writers always re-read under the lock."""
+mtime, size and inode); a changed file is read again. A writer validates a changed file before it
+takes the lock, trusts under the lock only a file still unchanged since, and remembers what it wrote."""
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,9 +82,52 @@ def test_a_file_edited_in_place_is_read_again(tmp_path, path, parses):
     assert get(cache, 60) is not None and len(parses) == 2
 
 
-def test_a_put_re_reads_under_the_lock_and_remembers_what_it_wrote(tmp_path, path, parses):
+def test_a_put_into_an_unchanged_file_parses_nothing_and_remembers_what_it_wrote(tmp_path, path, parses):
     cache = TuneCache(root=tmp_path)
     assert get(cache, 7) is not None and len(parses) == 1
-    assert cache.put(rec(7, bm=16, time_us=1.0)) and len(parses) == 2      # the writer trusts no memory
-    assert get(cache, 7).config == {"bm": 16} and len(cache.records()) == 50
-    assert len(parses) == 2                                                # and the reader no parse
+    assert cache.put(rec(7, bm=16, time_us=1.0)) and cache.put(rec(60)) and len(parses) == 1
+    assert get(cache, 7).config == {"bm": 16} and len(cache.records()) == 51
+    assert len(parses) == 1
+
+
+@pytest.fixture
+def parses_under_lock(monkeypatch, parses) -> list[int]:
+    """How many parses had happened each time the file lock was released."""
+    seen: list[int] = []
+    real = TuneCache._locked
+
+    @contextmanager
+    def watched(self, path):
+        with real(self, path):
+            before = len(parses)
+            yield
+            seen.append(len(parses) - before)
+    monkeypatch.setattr(TuneCache, "_locked", watched)
+    return seen
+
+
+def test_a_put_validates_a_file_another_writer_replaced_before_it_takes_the_lock(tmp_path, path, parses,
+                                                                                 parses_under_lock):
+    cache = TuneCache(root=tmp_path)
+    assert cache.put(rec(7, bm=16, time_us=1.0)) and len(parses) == 1
+    st = path.stat()
+    # another process adds a record, at the same mtime: the new inode alone tells the files apart
+    write_behind(path, [rec(m, bm=16 if m == 7 else 64, time_us=1.0 if m == 7 else 10.0) for m in range(1, 52)],
+                 mtime_ns=st.st_mtime_ns)
+    assert cache.put(rec(60)) and len(parses) == 2 and parses_under_lock == [0, 0]
+    assert get(cache, 51) is not None and get(cache, 60) is not None and len(cache.records()) == 52
+
+
+def test_a_put_under_the_lock_reads_a_file_replaced_after_it_was_validated(tmp_path, path, parses,
+                                                                            monkeypatch):
+    cache = TuneCache(root=tmp_path)
+    real = TuneCache._locked
+
+    @contextmanager
+    def raced(self, path_):       # another writer gets in between the validation and the lock
+        write_behind(path, [rec(m) for m in range(1, 53)])
+        with real(self, path_):
+            yield
+    monkeypatch.setattr(TuneCache, "_locked", raced)
+    assert cache.put(rec(60)) and len(parses) == 2          # before the lock, then the new file under it
+    assert get(cache, 52) is not None and len(cache.records()) == 53
