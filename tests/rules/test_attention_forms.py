@@ -95,6 +95,14 @@ def upcast_before_mask(q, k, v, keep):
     return op.cast(op.softmax(s, axis=-1), "bf16") @ v
 
 
+def upcast_float32_mask(q, k, v, mask):      # a float32 padding mask beside bf16 scores
+    return op.cast(op.softmax(op.cast(q @ k.mT, "float32") * 0.25 + mask, axis=-1), "bf16") @ v
+
+
+def upcast_scaled_float32_mask(q, k, v, mask):
+    return op.cast(op.softmax(op.cast(q @ k.mT * 0.25, "float32") + mask, axis=-1), "bf16") @ v
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -167,6 +175,10 @@ FORMS = {
     "upcast-before-scale": (upcast_before_scale, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "upcast-before-mask": (upcast_before_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}
                            | {"keep": RNG.random((1, 1, S, S)) > 0.2}),
+    "upcast-float32-mask": (upcast_float32_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}
+                            | {"mask": rand(B, 1, 1, S)}),
+    "upcast-scaled-float32-mask": (upcast_scaled_float32_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
+                                                                for n in "qkv"} | {"mask": rand(B, 1, 1, S)}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
     "unscaled": (unscaled, QKV), "unscaled-additive-mask": (unscaled_additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),

@@ -3,7 +3,8 @@
 One fusion rule (with and without a mask) plus the `algebra` ruleset catch the ways attention is
 written: the scale on either side of the product or as a division, or none (c = 1: the scale
 folded into Q's projection), the softmax spelled out, where-masks, causal masks from tril,
-pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts.
+pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts (a float32 mask added to upcast
+scores included: the kernel adds its mask to float32 scores).
 A where-mask, softmax(where(m, c · Q Kᵀ, −∞)) V, fuses to the bool mask m: both keep the scores
 where m holds and discard the others, whatever they are (a NaN from a padded key row included; an
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
@@ -84,39 +85,70 @@ def _where_scores(fill: Expr, scaled: bool) -> Expr:
     return t.where(m, _scores(scaled), fill, of=(ss, sd))
 
 
-def _upcast_example(masked: bool, scaled: bool):
-    """Scores upcast to float32 before the scale (and the mask), the probabilities cast back."""
+# (mask, scale before the upcast) of each upcast rule: a bool mask by where, a float one added (to
+# the upcast scores, or to scores scaled in their own type first, as c · Q Kᵀ + M is written), or none
+UPCAST_FORMS = ((None, False), ("where", False), ("add", False), ("add", True))
+
+
+def _upcast_example(masked: str | None, scaled: bool, scale_first: bool):
+    """Scores upcast to float32 (before or after the scale), a mask applied (a bool one by where,
+    or a float32 one added), the probabilities cast back."""
     def body(q, k, v, m=None):
-        scores = op.cast(q @ k.mT, "float32")
-        scores = scores * 0.3 if scaled else scores
-        if masked:
+        product = q @ k.mT * 0.3 if scale_first else q @ k.mT
+        scores = op.cast(product, "float32")
+        scores = scores * 0.3 if scaled and not scale_first else scores
+        if masked == "where":
             scores = op.where(m, scores, -math.inf)
+        elif masked == "add":
+            scores = scores + m
         return op.cast(op.softmax(scores, axis=-1), q.dtype) @ v
+
     def example(rng: np.random.Generator):
         inputs = {name: x.astype(ml_dtypes.bfloat16) for name, x in qkv(rng).items()}
-        if masked:
-            inputs["m"] = keep(rng, inputs["q"].shape[-2], inputs["k"].shape[-2])
+        sq, sk = inputs["q"].shape[-2], inputs["k"].shape[-2]
+        if masked == "where":
+            inputs["m"] = keep(rng, sq, sk)
+        elif masked == "add":
+            inputs["m"] = rand(rng, 1, 1, sq, sk)
         return body, inputs
     return example
 
 
+def _upcast_scores(scaled: bool, scale_first: bool, masked: str | None) -> Expr:
+    """The float32 scores of an upcast rule, masked."""
+    if scale_first:
+        scores = t.cast(_scores(scaled), dtype="float32", of=(ss, "float32"))
+    else:
+        upcast = t.cast(t.matmul(q, kt, of=(ss, d)), dtype="float32", of=(ss, "float32"))
+        scores = t.mul(upcast, const(), of=(ss, "float32")) if scaled else upcast
+    if masked == "where":
+        return t.where(m, scores, const(value=float("-inf"), dtype="float32"), of=(ss, "float32"))
+    if masked == "add":
+        return t.add(scores, mask, of=(ss, "float32"))
+    return scores
+
+
 def _upcast_rules(scaled: bool):
     """softmax(cast(Q Kᵀ, f32) · c [masked]) cast back, then V: the fused kernel's own arithmetic
-    (its scores are float32 before the scale), so it fuses as the unconverted form does."""
-    for masked in (False, True):
-        upcast = t.cast(t.matmul(q, kt, of=(ss, d)), dtype="float32", of=(ss, "float32"))
-        scaled_scores = t.mul(upcast, const(), of=(ss, "float32")) if scaled else upcast
-        scores = (t.where(m, scaled_scores, const(value=float("-inf"), dtype="float32"), of=(ss, "float32"))
-                  if masked else scaled_scores)
-        probs = t.cast(t.softmax(scores, axis=ax), dtype=d, of=(ss, d))
-        yield Rule(_named(f"flash-attention-upcast-scores{'-where-masked' if masked else ''}", scaled),
-                   _shown("cast(softmax(cast(Q Kᵀ, f32) · c" + (" masked by M" if masked else "") + "), d) V = "
+    (its scores are float32 before the scale, and a float mask is added to them in float32), so it
+    fuses as the unconverted form does. A where-mask after c · Q Kᵀ upcast reaches this form by
+    upcast-after-mask; an added float32 mask has a rule of its own."""
+    for masked, scale_first in UPCAST_FORMS:
+        if scale_first and not scaled:
+            continue                            # without a scale the two forms are one
+        name = ("flash-attention-upcast-" + ("scaled-scores" if scale_first else "scores")
+                + {"where": "-where-masked", "add": "-additive-masked", None: ""}[masked])
+        shown_mask = {"where": " masked by M", "add": " + M", None: ""}[masked]
+        shown_scores = "cast(c · Q Kᵀ, f32)" if scale_first else "cast(Q Kᵀ, f32) · c"
+        probs = t.cast(t.softmax(_upcast_scores(scaled, scale_first, masked), axis=ax), dtype=d, of=(ss, d))
+        yield Rule(_named(name, scaled),
+                   _shown(f"cast(softmax({shown_scores}{shown_mask}), d) V = "
                           "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")", scaled),
                    lhs=t.matmul(probs, v, accum_dtype=acc, of=T),
-                   rhs=t.flash_attention(q, K, v, *((m,) if masked else ()), scale=_scale(scaled), causal=False,
-                                         has_mask=masked, of=T),
-                   when=SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked else ()),
-                   example=_upcast_example(masked, scaled))
+                   rhs=t.flash_attention(q, K, v, *{"where": (m,), "add": (mask,), None: ()}[masked],
+                                         scale=_scale(scaled), causal=False, has_mask=masked is not None, of=T),
+                   when=SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked == "where" else ()),
+                   example=_upcast_example(masked, scaled, scale_first))
 
 
 def _fusion_rules(scaled: bool):
