@@ -37,7 +37,7 @@ CTYPE = {DType.float32: "float", DType.bfloat16: "bf16_t", DType.float16: "f16_t
 _LOAD = {DType.float32: "{}", DType.bfloat16: "bf16_to_f32({})", DType.float16: "f16_to_f32({})"}
 _ACT = {
     "none": "v",
-    "relu": "fmaxf(v, 0.0f)",
+    "relu": "(v < 0.0f ? 0.0f : v)",            # NaN stays NaN, as the elementwise relu keeps it
     "gelu": "0.5f * v * (1.0f + erff(v * 0.70710678118654752f))",
     "gelu_tanh": "0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)))",
     "silu": "v / (1.0f + expf(-v))",

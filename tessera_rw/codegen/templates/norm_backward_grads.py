@@ -76,6 +76,12 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
         v = next((v for v in (8, 4, 2, 1) if self._vec_ok(op, v)), 1)
         return self.resident(op, RowwiseSchedule(BLOCKS[-1], v, 1))
 
+    def _accesses(self, op: KernelOp) -> list[tuple]:
+        """As a row kernel reads its operands, but one constant along the row (a row of one column)
+        is read where it is used: a block's rows come in its own loop, so there is no one row to
+        load it for before the body."""
+        return [("gather", *rest) if how == "row" else (how, *rest) for how, *rest in super()._accesses(op)]
+
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
         # as NormBackwardTemplate's: the widest blocks whose threads each load two vectors, then

@@ -195,8 +195,10 @@ def _epilogue_rules():
             for p in range(1, MAX_FUSED_INPUTS + 1):
                 xs = t.vars(" ".join(f"x{i}" for i in range(n)))
                 ys = t.vars(" ".join(f"y{j}" for j in range(p)))
+                # the normalized rows are the result's rows: an epilogue that broadcasts them (a
+                # softmax over a size-1 axis, added to a wider tensor) stays a kernel of its own
                 normed = t.fused_normalization(*ys, expr=e_in, norm=norm, axes=ax, eps=eps, has_weight=hw,
-                                               has_bias=hb, post=NO_EPILOGUE)
+                                               has_bias=hb, post=NO_EPILOGUE, of=(s, None))
                 outer = [normed if i == k else xs[i] for i in range(n)]
                 yield Rule(f"normalization-into-input-{k}-of-{n}-from-{p}", "f(…, norm(…), …) = norm(…; post=f)",
                            lhs=t.fused_elementwise(*outer, expr=e_out, of=T),
