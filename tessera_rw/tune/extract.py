@@ -216,8 +216,8 @@ def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, f
     reached = {c.fusion_depth for c in found}
     for depth in sorted({fusion_depth(op) for op in held} - reached):
         if depth > max(reached):
-            favoured = _favouring(result, arch, objective, forbid, lambda op, d=depth: fusion_depth(op) == d, depth)
-            yield _candidate(favoured, arch), lambda c, d=depth: c.fusion_depth == d
+            yield _candidate(_favouring(result, arch, depth, objective, forbid), arch), \
+                lambda c, d=depth: c.fusion_depth == d
     if held & SPECTRAL_OPS and held & DIRECT_CONV_OPS:
         for without in (SPECTRAL_OPS, DIRECT_CONV_OPS):
             cheapest = min(_per_depth(result, arch, objective, forbid | without),
@@ -230,17 +230,16 @@ def _decoded(result: RewriteResult, choice: dict[str, ENode]) -> Graph:
     return Graph(result.graph.name, result.graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
 
 
-def _favouring(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],
-               favour: Callable[[str], bool], depth: FusionDepth = FusionDepth.FULL) -> Graph | None:
-    """The program of fusion depth up to `depth` that takes the e-nodes of the ops `favour` names
-    wherever a template implements them (they cost next to nothing while choosing), the rest at the
-    cost model's price; None when none applies."""
+def _favouring(result: RewriteResult, arch: ArchSpec, depth: FusionDepth, objective: Objective,
+               forbid: frozenset[str]) -> Graph | None:
+    """The program that takes the e-nodes of `depth` wherever a template implements them (they cost
+    next to nothing while choosing), the rest at the cost model's price; None when none applies."""
     view, roots = result.view, result.output_classes()
     limited = _Costs(view, arch, objective).limited(depth, forbid)
 
     def favoured(enode: ENode) -> float:
         cost = limited(enode)
-        return VIEW_COST if favour(enode.op) and cost < HOST_ONLY_US else cost
+        return VIEW_COST if fusion_depth(enode.op) == depth and cost < HOST_ONLY_US else cost
     tree = cheapest_choice(view, favoured)
     if any(r not in tree for r in roots):
         return None
