@@ -15,6 +15,8 @@ def main(argv=None) -> int:
     parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune", "sanitize"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
+    parser.add_argument("--only", metavar="TEXT", help="gpu: only the rows whose name holds TEXT "
+                        "(e.g. 'attention bwd'); results go to gpu-only-<device>-<date>")
     parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block"], default="all",
                         help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
                              "or those whose blocks meet in a workspace)")
@@ -30,7 +32,7 @@ def main(argv=None) -> int:
         cost.run()
     elif args.suite == "gpu":
         from bench import gpu
-        return gpu.run(quick=args.quick)
+        return gpu.run(quick=args.quick, only=args.only)
     elif args.suite == "sanitize":
         from bench import sanitize
         return sanitize.run(args.kernels)

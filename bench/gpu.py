@@ -24,6 +24,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,8 +32,8 @@ from rich.console import Console
 
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
-from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, passed, results_markdown, rich_table,
-                                row_record, save)
+from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, passed, progress_line,
+                               results_markdown, rich_table, row_record, save)
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -325,8 +326,9 @@ def protocol_for(arch, quick: bool) -> Protocol:
     return Protocol(warmup=3 if quick else 10, reps=10 if quick else 50, flush_bytes=2 * arch.l2_bytes)
 
 
-def run(quick: bool = False, console: Console | None = None) -> int:
-    """Run every row; 2 when this machine cannot run the benchmark, 1 when a row failed, else 0."""
+def run(quick: bool = False, console: Console | None = None, only: str | None = None) -> int:
+    """Run every row (or those whose name holds `only`); 2 when this machine cannot run the benchmark,
+    1 when a row failed, else 0."""
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     reason = preflight()
     if reason:
@@ -340,7 +342,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
     machine = gpu_machine()
     header = machine_lines(machine) + [
-        f"{'--quick: ' if quick else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
+        f"{'--quick: ' if quick else ''}{f'--only {only!r}: ' if only else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
         f"{protocol.flush_bytes >> 20} MiB L2 flush between reps, medians",
         f"measured ceilings: copy {ceilings.copy_bytes_per_s / 1e9:,.0f} GB/s (read + write), "
         f"torch.matmul bf16 {CEILING_N}^3 {ceilings.matmul_flops_per_s / 1e12:,.0f} TFLOP/s "
@@ -348,7 +350,8 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     for line in header:
         console.print(line, markup=False)
     results = []
-    all_rows = rows(quick)
+    wanted = lambda name: only is None or only in name      # noqa: E731
+    all_rows = [row for row in rows(quick) if wanted(row.name)]
     precompile(list(kernels_to_compile(all_rows, arch, quick)), arch)
     for row in all_rows:
         try:
@@ -357,9 +360,11 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                 results.append(versus_compiled(row, results[-1], protocol))
         except Exception as e:     # one broken row is reported and the rest still run
             results.append(Result(row.name, status=f"ERROR {error_line(e)}"))
-        console.print(f"  {results[-1].name}: {results[-1].status}", markup=False)
-    results.append(long_conv(protocol, ceilings))
-    results.extend(backward_rows(protocol, ceilings, quick))
+        console.print(progress_line(results[-1]), markup=False)
+    later = [("long conv1d", partial(long_conv, protocol, ceilings)), *backward_rows(protocol, ceilings, quick)]
+    for _, timed in [(name, timed) for name, timed in later if wanted(name)]:
+        results.append(timed())
+        console.print(progress_line(results[-1]), markup=False)
     try:
         calls = call_overheads()
     except Exception as e:       # the rows above are kept whatever happens here
@@ -372,7 +377,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                 "ceilings": {"copy_bytes_per_s": ceilings.copy_bytes_per_s,
                              "matmul_flops_per_s": ceilings.matmul_flops_per_s},
                 "rows": [row_record(r) for r in results], "calls": calls}
-    paths = save(f"gpu{'-quick' if quick else ''}", machine, document, "\n".join(f"{h}  " for h in header[3:])
+    paths = save(f"gpu{'-quick' if quick else ''}{'-only' if only else ''}", machine, document, "\n".join(f"{h}  " for h in header[3:])
                  + "\n\n" + results_markdown(results) + "\n\n" + calls["line"])
     console.print(calls["line"], markup=False)
     console.print(f"written: {', '.join(map(str, paths))}")

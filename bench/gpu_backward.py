@@ -28,6 +28,7 @@ Both are `@op.kernel` calls on torch CUDA tensors, as a user makes them, timed l
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 from bench.gpu import Ceilings
 from bench.gpu_results import Result, error_line
@@ -315,13 +316,24 @@ def float64_attention_grads(q, k, v, w, causal: bool):
     return grads
 
 
-def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[Result]:
+def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[tuple[str, Callable[[], Result]]]:
+    """The backward rows, each as (what it times, the call that times it): a run that takes only
+    some rows (`bench gpu --only`) picks them by the first before any is timed."""
     shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
-    return ([linear_backward(protocol, ceilings), mlp_backward(protocol, ceilings),
-             layernorm_backward(protocol, ceilings)]
-            + [attention_backward(*shape, protocol, ceilings) for shape in shapes]
-            + [attention_backward_only(*shape, protocol, ceilings) for shape in shapes]
-            + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic")
-                                 for shape in shapes])
-            + ([] if quick else [attention_backward_only(*shape, protocol, ceilings, "deterministic", mma_sync=True)
-                                 for shape in shapes if shape[3] == 128]))
+
+    def label(kind: str, b, h, s, d, causal) -> str:
+        return f"{kind} bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''}"
+    found = [("linear backward", lambda: linear_backward(protocol, ceilings)),
+             ("MLP backward", lambda: mlp_backward(protocol, ceilings)),
+             ("layernorm backward", lambda: layernorm_backward(protocol, ceilings))]
+    found += [(label("attention fwd+bwd", *shape), partial(attention_backward, *shape, protocol, ceilings))
+              for shape in shapes]
+    found += [(label("attention bwd", *shape) + " fast", partial(attention_backward_only, *shape, protocol, ceilings))
+              for shape in shapes]
+    if not quick:
+        found += [(label("attention bwd", *shape) + " deterministic",
+                   partial(attention_backward_only, *shape, protocol, ceilings, "deterministic")) for shape in shapes]
+        found += [(label("attention bwd", *shape) + " deterministic mma.sync",
+                   partial(attention_backward_only, *shape, protocol, ceilings, "deterministic", mma_sync=True))
+                  for shape in shapes if shape[3] == 128]
+    return found

@@ -8,6 +8,8 @@ bench/results/<suite>-<device>-<date>.json and .md (results_files.write_results)
 ['1.000', '1.250 ±1%', '1.000 ±0%', '1,600', '2,000', 'TFLOP/s', '0.80', '80%']
 >>> row_record(r)["ours_per_torch_speed"], passed(r.status), passed("FAILED: wrong")
 (0.8, True, False)
+>>> progress_line(r)
+'  gemm: ok (ours 1.250 ms, torch 1.000 ms, ours/torch speed 0.80)'
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ def row_cells(r: Result) -> list[str]:
             f"{ref.median_ms:.3f} ±{ref.spread:.0%}" if ref else "", *rate, r.rate_unit,
             f"{speed:.2f}" if speed is not None else "", f"{100 * r.floor_ms / ours.median_ms:.0f}%" if ours else "",
             " / ".join("-" if e is None else f"{e:.1e}" for e in (r.error, r.torch_error)), r.status]
+
+
+def progress_line(r: Result) -> str:
+    """One finished row as the log shows it while the run goes on (a run stopped at its limit
+    writes no results file, so its log is what is left)."""
+    timing = (f"ours {r.ours.median_ms:.3f} ms" if r.ours else "") + (
+        f", torch {r.torch.median_ms:.3f} ms, ours/torch speed {_speed(r):.2f}" if r.ours and r.torch else "")
+    return f"  {r.name}: {r.status}" + (f" ({timing})" if timing else "")
 
 
 def row_record(r: Result) -> dict:

@@ -44,9 +44,9 @@ def tuning_rows(quick: bool):
         # and a GEMM off the square: 8192 tokens through a 4096 -> 1024 projection; shapes the cost
         # model was not fitted on: a skinny GEMM (256 tokens through an 8192-wide layer, fewer output
         # tiles than SMs) and attention with 96-wide heads over a ragged causal sequence
-        rows += [gemm_row(4096), gemm_shape_row(8192, 4096, 1024), attention_row(4, 16, 2048, 128, True),
-                 gemm_shape_row(256, 8192, 8192), attention_row(2, 12, 1000, 96, True),
-                 attention_backward_row(4, 16, 4096, 128)]
+        rows += [attention_backward_row(4, 16, 4096, 128), gemm_row(4096), gemm_shape_row(8192, 4096, 1024),
+                 attention_row(4, 16, 2048, 128, True), gemm_shape_row(256, 8192, 8192),
+                 attention_row(2, 12, 1000, 96, True)]
     return rows
 
 
@@ -193,6 +193,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                 failed = True
                 tuned.append([row.name, f"ERROR {error_line(e, 100)}"]
                              + [""] * (len(columns) - 2))
+            console.print("  " + " | ".join(tuned[-1]), markup=False)   # the log keeps it if the run is stopped
     console.print("timing logs:")
     logs = []
     for name, op in _or_error("timing logs", lambda: log_ops(quick), logs).items():

@@ -77,18 +77,25 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu, "versus_compiled", lambda row, ours, protocol: Result(row.name + " vs torch.compile"))
     monkeypatch.setattr(gpu, "call_overheads", lambda: {"warm_call_us": 30.0, "plan_run_us": 28.0, "line": "calls"})
     monkeypatch.setattr(gpu_fftconv, "long_conv", lambda protocol, ceilings: Result("long conv", status="owed: x"))
-    monkeypatch.setattr(gpu_backward, "backward_rows", lambda protocol, ceilings, quick: [Result("backward")])
+    monkeypatch.setattr(gpu_backward, "backward_rows", lambda protocol, ceilings, quick: [
+        ("attention bwd", lambda: Result("attention bwd", ours=Timing(2.0, 0.0), torch=Timing(1.0, 0.0)))])
     monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
     out = io.StringIO()
     assert gpu.run(quick=True, console=Console(file=out, width=240)) == 0
     [json_path] = tmp_path.glob("gpu-quick-NVIDIA-H200-*.json")
     saved = json.loads(json_path.read_text())
     names = [r["row"] for r in saved["rows"]]
-    assert names[0].startswith("gemm bf16 4096^3") and names[-2:] == ["long conv", "backward"]
+    assert names[0].startswith("gemm bf16 4096^3") and names[-2:] == ["long conv", "attention bwd"]
     assert any(n.endswith("vs torch.compile") for n in names) and saved["calls"]["warm_call_us"] == 30.0
     assert saved["protocol"] == {"warmup": 3, "reps": 10, "flush_bytes": 2 * arch_module.arch_named("H200").l2_bytes}
     assert "tessera_rw vs torch on H200" in out.getvalue()
     assert json_path.with_suffix(".md").read_text().count("\n| ") == len(names) + 1
+    assert "  attention bwd: ok (ours 2.000 ms, torch 1.000 ms, ours/torch speed 0.50)" in out.getvalue()
+
+    # --only: the rows whose name holds the text, in a file of their own
+    assert gpu.run(quick=True, console=Console(file=io.StringIO(), width=240), only="bwd") == 0
+    [only_path] = tmp_path.glob("gpu-quick-only-NVIDIA-H200-*.json")
+    assert [r["row"] for r in json.loads(only_path.read_text())["rows"]] == ["attention bwd"]
 
 
 def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch):
