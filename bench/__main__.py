@@ -16,7 +16,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
     parser.add_argument("--only", metavar="TEXT", help="gpu: only the rows whose name holds TEXT "
-                        "(e.g. 'attention bwd'); results go to gpu-only-<device>-<date>")
+                        "(e.g. 'attention bwd'); results go to gpu-only-TEXT-<device>-<date>")
     parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block"], default="all",
                         help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
                              "or those whose blocks meet in a workspace)")

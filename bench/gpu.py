@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from bench.results_files import slug
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
 from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, passed, progress_line,
@@ -342,8 +343,8 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
     ceilings = Ceilings(copy_bandwidth(COPY_BYTES, protocol), matmul_rate(CEILING_N, protocol))
     machine = gpu_machine()
     header = machine_lines(machine) + [
-        f"{'--quick: ' if quick else ''}{f'--only {only!r}: ' if only else ''}protocol: {protocol.warmup} warm-up, 2 x {protocol.reps} reps, "
-        f"{protocol.flush_bytes >> 20} MiB L2 flush between reps, medians",
+        f"{'--quick: ' if quick else ''}{f'--only {only!r}: ' if only else ''}protocol: {protocol.warmup} warm-up, "
+        f"2 x {protocol.reps} reps, {protocol.flush_bytes >> 20} MiB L2 flush between reps, medians",
         f"measured ceilings: copy {ceilings.copy_bytes_per_s / 1e9:,.0f} GB/s (read + write), "
         f"torch.matmul bf16 {CEILING_N}^3 {ceilings.matmul_flops_per_s / 1e12:,.0f} TFLOP/s "
         f"(datasheet {arch.hbm_gbps:,.0f} GB/s, {arch.peak_flops(BF16) / 1e12:,.0f} TFLOP/s)"]
@@ -377,7 +378,8 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
                 "ceilings": {"copy_bytes_per_s": ceilings.copy_bytes_per_s,
                              "matmul_flops_per_s": ceilings.matmul_flops_per_s},
                 "rows": [row_record(r) for r in results], "calls": calls}
-    paths = save(f"gpu{'-quick' if quick else ''}{'-only' if only else ''}", machine, document, "\n".join(f"{h}  " for h in header[3:])
+    suite = f"gpu{'-quick' if quick else ''}{f'-only-{slug(only)}' if only else ''}"
+    paths = save(suite, machine, document, "\n".join(f"{h}  " for h in header[3:])
                  + "\n\n" + results_markdown(results) + "\n\n" + calls["line"])
     console.print(calls["line"], markup=False)
     console.print(f"written: {', '.join(map(str, paths))}")

@@ -13,7 +13,8 @@ Two parts, both against references in the same run:
    beside the mma.sync kernel's, ten to twelve schedules, and under `fast` the mma.sync form that
    sums dQ with atomics too), timed and printed beside the default the cost model picks.
 
-Results go to bench/results/tune[-quick]-<device>-<date>.json and .md.
+Results go to bench/results/tune[-quick]-<device>-<date>.json and .md, written after each part (a run
+stopped at its limit keeps the parts it finished, the others marked as not reached).
 """
 
 from __future__ import annotations
@@ -167,6 +168,24 @@ def _or_error(what: str, make, lines: list[str]) -> dict:
         return {}
 
 
+COLUMNS = ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch/tuned", "trials/space", "tuning",
+           "second run", "tuned schedule")
+STAGES = ("tuned vs default", "timing logs", "schedule sweeps")
+
+
+def save_results(machine: dict, header: list[str], quick: bool, tuned: list[list[str]], logs: list[str],
+                 sweeps: list[str], reached: int):
+    """The results files as they stand once the first `reached` STAGES have run: the run writes
+    them after each stage, so one stopped at its time limit keeps what it measured."""
+    missing = [f"{stage}: not reached (the run was stopped first)" for stage in STAGES[reached:]]
+    document = {"suite": "tune", "quick": quick, "tuned": [dict(zip(COLUMNS, cells)) for cells in tuned],
+                "timing_logs": logs, "sweeps": [line.strip() for line in sweeps], "not_reached": list(STAGES[reached:])}
+    markdown = "\n\n".join([header[-1], markdown_table(COLUMNS, tuned), "timing logs:\n\n" + "\n".join(
+        f"- {line}" for line in logs), "schedule sweeps (every schedule of the space, timed by the tuner's "
+        "measurer):\n\n" + "\n".join(f"- {line.strip()}" for line in sweeps), *missing])
+    return save(f"tune{'-quick' if quick else ''}", machine, document, markdown)
+
+
 def run(quick: bool = False, console: Console | None = None) -> int:
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     reason = preflight()
@@ -181,9 +200,9 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                                        "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
     for line in header:
         console.print(line, markup=False)
-    columns = ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch/tuned", "trials/space", "tuning",
-               "second run", "tuned schedule")
     tuned: list[list[str]] = []
+    logs: list[str] = []
+    sweeps: list[str] = []
     failed = False
     with tempfile.TemporaryDirectory() as cache_root:
         for row in tuning_rows(quick):
@@ -191,18 +210,17 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                 tuned.append(tuned_vs_default(row, arch, protocol, cache_root, quick))
             except Exception as e:      # one broken row is reported and the rest still run
                 failed = True
-                tuned.append([row.name, f"ERROR {error_line(e, 100)}"]
-                             + [""] * (len(columns) - 2))
+                tuned.append([row.name, f"ERROR {error_line(e, 100)}"] + [""] * (len(COLUMNS) - 2))
             console.print("  " + " | ".join(tuned[-1]), markup=False)   # the log keeps it if the run is stopped
+    save_results(machine, header, quick, tuned, logs, sweeps, reached=1)
     console.print("timing logs:")
-    logs = []
     for name, op in _or_error("timing logs", lambda: log_ops(quick), logs).items():
         try:
             logs.append(record_log(name, op, arch, console))
         except Exception as e:
             logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
             console.print(f"  {logs[-1]}", markup=False)
-    sweeps = []
+    save_results(machine, header, quick, tuned, logs, sweeps, reached=2)
     for name, op in _or_error("schedule sweeps", sweep_ops, sweeps).items():
         try:
             sweeps += sweep(name, op, arch)
@@ -210,7 +228,7 @@ def run(quick: bool = False, console: Console | None = None) -> int:
             sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
     failed = failed or any("ERROR" in line for line in logs + sweeps)
     table = Table(title=f"autotuning on {arch.name}")
-    for col in columns:
+    for col in COLUMNS:
         table.add_column(col)
     for cells in tuned:
         table.add_row(*cells)
@@ -218,11 +236,6 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     console.print("schedule sweeps (every schedule of the space, timed by the tuner's measurer):")
     for line in sweeps:
         console.print(line, markup=False)
-    document = {"suite": "tune", "quick": quick, "tuned": [dict(zip(columns, cells)) for cells in tuned],
-                "timing_logs": logs, "sweeps": [line.strip() for line in sweeps]}
-    markdown = "\n\n".join([header[-1], markdown_table(columns, tuned), "timing logs:\n\n" + "\n".join(
-        f"- {line}" for line in logs), "schedule sweeps (every schedule of the space, timed by the tuner's "
-        "measurer):\n\n" + "\n".join(f"- {line.strip()}" for line in sweeps)])
-    paths = save(f"tune{'-quick' if quick else ''}", machine, document, markdown)
+    paths = save_results(machine, header, quick, tuned, logs, sweeps, reached=3)
     console.print(f"written: {', '.join(map(str, paths))}")
     return 1 if failed else 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import gpu_results, results_files
 from bench.gpu_results import Result, passed, results_markdown, row_record, save
 from bench.gpu_timing import Timing
@@ -94,7 +96,7 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
 
     # --only: the rows whose name holds the text, in a file of their own
     assert gpu.run(quick=True, console=Console(file=io.StringIO(), width=240), only="bwd") == 0
-    [only_path] = tmp_path.glob("gpu-quick-only-NVIDIA-H200-*.json")
+    [only_path] = tmp_path.glob("gpu-quick-only-bwd-NVIDIA-H200-*.json")
     assert [r["row"] for r in json.loads(only_path.read_text())["rows"]] == ["attention bwd"]
 
 
@@ -120,3 +122,32 @@ def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch
     assert [t["speed-up"] for t in saved["tuned"]] == ["1.22x", "1.22x"]
     assert saved["timing_logs"] == ["gemm-bf16-2048: 34 schedules", "attention-bf16-s2048-d64: 34 schedules"]
     assert len(saved["sweeps"]) == 4 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
+    assert saved["not_reached"] == []
+
+
+def test_a_tuning_run_stopped_in_its_sweeps_keeps_the_tuned_rows_and_logs(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from bench import gpu_tuning
+    from tessera_rw.codegen import arch as arch_module
+    monkeypatch.setattr(results_files, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_tuning, "preflight", lambda: None)
+    monkeypatch.setattr(gpu_tuning, "gpu_machine", lambda: dict(MACHINE))
+    monkeypatch.setattr(gpu_results, "nvidia_smi", lambda: {})
+    monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
+    monkeypatch.setattr(gpu_tuning, "tuned_vs_default", lambda row, arch, protocol, root, quick: [
+        row.name, "235.0", "192.0", "1.22x", "155.0", "0.81", "16/34", "2.0 s", "cache (3.0 ms)", "wg bm=128"])
+    monkeypatch.setattr(gpu_tuning, "record_log", lambda name, op, arch, console: f"{name}: 34 schedules")
+
+    def stopped(name, op, arch):
+        raise KeyboardInterrupt        # the run stopped here
+    monkeypatch.setattr(gpu_tuning, "sweep", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_tuning.run(quick=True, console=Console(file=io.StringIO(), width=240))
+    [json_path] = tmp_path.glob("tune-quick-NVIDIA-H200-*.json")
+    saved = json.loads(json_path.read_text())
+    assert len(saved["tuned"]) == 2 and len(saved["timing_logs"]) == 2
+    assert saved["sweeps"] == [] and saved["not_reached"] == ["schedule sweeps"]
+    assert "schedule sweeps: not reached" in json_path.with_suffix(".md").read_text()
