@@ -36,7 +36,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
 from tessera_rw.algebra.trace import Traced, trace
-from tessera_rw.bound_call import BoundCall, holds_symbolic
+from tessera_rw.bound_call import BoundCall
 from tessera_rw.kernel import Kernel
 from tessera_rw.method_kernels import BoundKernel
 
@@ -178,11 +178,6 @@ class GradKernel(Kernel):
             values[node] = value.node if isinstance(value, SymbolicTensor) else array_node(value, node.type)
         outputs = tuple(SymbolicTensor(n) for n in _substitute(traced.graph, values))
         return outputs[0] if traced.structure is None else traced.structure(outputs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if holds_symbolic(args, kwargs):
-            return self._inline(args, kwargs)
-        return super().__call__(*args, **kwargs)
 
     def __repr__(self) -> str:
         traced = len(self._traces)

@@ -312,6 +312,11 @@ class Kernel:
             return None
         return args + tuple(kwargs[p] for p in rest)
 
+    def _inline(self, args: tuple, kwargs: dict) -> Any:
+        """The call inside another traced function: its ops join that trace, guarded there."""
+        note_nested(self.fn)
+        return self.fn(*args, **kwargs)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ordered = self._in_order(args, kwargs)
         autotune = _autotune()
@@ -319,9 +324,8 @@ class Kernel:
         warm = self._warm_calls.get(key)
         if warm is not None:            # a warm call on arrays: no binding, no signature to build
             return warm(ordered)
-        if holds_symbolic(args, kwargs):
-            note_nested(self.fn)             # called from another traced function: inline, guarded there
-            return self.fn(*args, **kwargs)
+        if holds_symbolic(args, kwargs):     # called from another traced function
+            return self._inline(args, kwargs)
         call = self.bind(*args, **kwargs)
         traced = self.traced(call)
         if call.placeholders:

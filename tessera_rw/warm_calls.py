@@ -1,10 +1,11 @@
-"""Warm calls of a kernel on numpy arrays: once a signature's program is compiled, a call with numpy
-arrays of the same shapes and dtypes, under the same numerics policy and tuning state, skips
-binding, the signature and the device decision, and runs the plan at once.
+"""Warm calls of a kernel on numpy arrays or torch CUDA tensors: once a signature's program is
+compiled, a call with arrays of the same kinds, shapes, dtypes (and devices), under the same
+numerics policy and tuning state, skips binding, the signature and the device decision, and runs
+the plan at once.
 
-The device is decided when the call is remembered: numpy inputs run on the host's executor unless a
-GPU takes every kernel of the plan. `TESSERA_DEVICE`, read at every call, overrides that decision
-as it does for any call (execute.py).
+The device is decided when the call is remembered: torch CUDA tensors run on their GPU, numpy
+inputs on the host's executor unless a GPU takes every kernel of the plan. `TESSERA_DEVICE`, read
+at every call, overrides that decision as it does for any call (execute.py).
 
 >>> import numpy as np
 >>> from tessera_rw import op
@@ -26,52 +27,69 @@ import numpy as np
 
 from tessera_rw.algebra.trace import Traced
 from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tessera_rw.codegen.device_arrays import is_torch_cuda_tensor
 from tessera_rw.codegen.numerics import Numerics, current_numerics
 from tessera_rw.execute import DEVICE_VARIABLE, host_arrays_run_on_gpu, run_program
 from tessera_rw.pipeline import CompiledProgram
 
 
-@dataclass(frozen=True)
+@dataclass
 class WarmCall:
     """One remembered signature: its program and trace, the parameter names the arrays bind to, and
-    whether numpy inputs run on the host executor (so a call goes straight to it)."""
+    where its inputs run: the host executor (numpy inputs a GPU does not take), the GPU the torch
+    tensors are on (`device`), or the general way (run_program)."""
     program: CompiledProgram
     traced: Traced
     names: tuple[str, ...]
     numerics: Numerics
     on_host: bool
+    device: int | None = None
+    _plan_on_device: Any = None          # the DevicePlan a call on `device` runs, once made
 
     def __call__(self, arrays: tuple) -> Any:
         """The kernel's result on `arrays` (in parameter order), shaped as its function returns it."""
         values = dict(zip(self.names, arrays))
         if self.traced.captured:
             values = self.traced.feeds(values)
-        if self.on_host and not os.environ.get(DEVICE_VARIABLE):
+        if os.environ.get(DEVICE_VARIABLE):
+            outputs = run_program(self.program, values)
+        elif self.device is not None:
+            outputs = self._device_plan().run(values)
+        elif self.on_host:
             outputs = run_plan_on_cpu(self.program.plan, values, self.numerics)
         else:
             outputs = run_program(self.program, values)
         return outputs[0] if self.traced.structure is None else self.traced.structure(outputs)
 
+    def _device_plan(self):
+        if self._plan_on_device is None:       # as run_program would find it
+            from tessera_rw.codegen.plan_runtime import device_plan
+            self._plan_on_device = device_plan(self.program.plan, self.device, self.numerics, self.program.schedules)
+        return self._plan_on_device
+
 
 class WarmCalls:
-    """A kernel's remembered signatures on numpy arrays, keyed by what decides the program: the
-    arrays' shapes and dtypes, the numerics policy and the tuning state (`tuning_state()`, read at
-    each call)."""
+    """A kernel's remembered signatures on numpy arrays and torch CUDA tensors, keyed by what decides
+    the program and where it runs: the arrays' kinds, shapes, dtypes and GPUs, the numerics policy
+    and the tuning state (`tuning_state()`, read at each call)."""
 
     def __init__(self, names: tuple[str, ...]):
         self.names = names
         self._calls: dict[Hashable, WarmCall] = {}
 
     def key(self, args: tuple, tuning_state: Hashable) -> Hashable | None:
-        """The key of a call whose arguments, given positionally, are every parameter's numpy array;
-        else None (the call goes the general way)."""
+        """The key of a call whose arguments, given positionally, are every parameter's numpy array
+        or torch CUDA tensor; else None (the call goes the general way)."""
         if len(args) != len(self.names):
             return None
         shapes = []
         for a in args:
-            if type(a) is not np.ndarray:
+            if type(a) is np.ndarray:
+                shapes.append((a.shape, a.dtype))
+            elif is_torch_cuda_tensor(a):
+                shapes.append((a.shape, a.dtype, a.get_device()))
+            else:
                 return None
-            shapes.append((a.shape, a.dtype))
         return (*shapes, current_numerics(), tuning_state)
 
     def get(self, key: Hashable | None) -> WarmCall | None:
@@ -86,8 +104,11 @@ class WarmCalls:
 
     def remember(self, key: Hashable, program: CompiledProgram, traced: Traced) -> None:
         numerics = current_numerics()
-        self._calls[key] = WarmCall(program, traced, self.names, numerics,
-                                    on_host=not host_arrays_run_on_gpu(program, numerics))
+        devices = {shape[2] for shape in key[:len(self.names)] if len(shape) == 3}    # the torch tensors' GPUs
+        if len(devices) > 1:
+            return                   # refused on every call (run_plan_on_gpu says why)
+        self._calls[key] = WarmCall(program, traced, self.names, numerics, device=next(iter(devices), None),
+                                    on_host=not devices and not host_arrays_run_on_gpu(program, numerics))
 
     def clear(self) -> None:
         self._calls.clear()

@@ -66,3 +66,92 @@ def test_a_warm_call_runs_under_the_numerics_policy_in_force():
             seen.append(float(f(big)[0]))
     assert seen[0] == seen[2] and seen[1] == seen[3]
     assert seen[1] == 128.0 != seen[0], seen
+
+
+class _TorchDtype:
+    __module__ = "torch"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _TorchDtype) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class _CudaTensor:
+    """What a warm call reads of a torch CUDA tensor (its class's module, shape, dtype and device),
+    over a numpy array."""
+    __module__ = "torch"
+
+    def __init__(self, array: np.ndarray, device: int = 0):
+        self.array, self.shape, self.dtype, self.device = array, array.shape, _TorchDtype(str(array.dtype)), device
+
+    def data_ptr(self) -> int:
+        return self.array.ctypes.data
+
+    def get_device(self) -> int:
+        return self.device
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """device_plan replaced by the host executor over the tensors' arrays; the plans it made, by device."""
+    import tessera_rw.codegen.plan_runtime as plan_runtime
+    from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+    made = []
+
+    class Plan:
+        def __init__(self, plan, device, numerics):
+            self.plan, self.numerics = plan, numerics
+
+        def run(self, values, stream=None):
+            arrays = {n: v.array if isinstance(v, _CudaTensor) else v for n, v in values.items()}
+            return run_plan_on_cpu(self.plan, arrays, self.numerics)
+
+    def device_plan(plan, device, numerics, schedules=()):
+        made.append(device)
+        return Plan(plan, device, numerics)
+    monkeypatch.setattr(plan_runtime, "device_plan", device_plan)
+    return made
+
+
+def test_a_warm_call_on_torch_cuda_tensors_runs_their_device_plan_without_binding(fake_gpu, no_binding, monkeypatch):
+    import tessera_rw.warm_calls as warm_calls
+    f = op.kernel(lambda q, k, v: q * k + v)
+    tensors = [_CudaTensor(a) for a in A]
+    np.testing.assert_allclose(f(*tensors)[0], (A[0] * A[1] + A[2])[0], rtol=1e-6)    # cold: the general way
+    assert fake_gpu == [0]
+    no_binding()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm call went the general way")
+    monkeypatch.setattr(warm_calls, "run_program", refuse)
+    for _ in range(2):
+        np.testing.assert_allclose(f(*tensors), A[0] * A[1] + A[2], rtol=1e-6)
+    assert fake_gpu == [0, 0]        # the warm call's plan is looked up once, then kept
+
+
+def test_torch_tensors_on_another_gpu_or_mixed_gpus_are_other_signatures(fake_gpu):
+    f = op.kernel(lambda q, k, v: q * k + v)
+    f(*[_CudaTensor(a) for a in A])
+    f(*[_CudaTensor(a, device=1) for a in A])
+    assert fake_gpu == [0, 1]                        # a second GPU: its own call, its own plan
+    from tessera_rw.algebra.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="inputs live on devices"):
+        f(_CudaTensor(A[0]), _CudaTensor(A[1], device=1), _CudaTensor(A[2]))
+    with pytest.raises(ArgumentError, match="inputs live on devices"):       # not remembered: refused again
+        f(_CudaTensor(A[0]), _CudaTensor(A[1], device=1), _CudaTensor(A[2]))
+
+
+def test_numpy_and_torch_calls_of_one_shape_are_remembered_apart(fake_gpu):
+    f = op.kernel(lambda q, k, v: q * k + v)
+    for _ in range(2):
+        np.testing.assert_allclose(f(*A), A[0] * A[1] + A[2], rtol=1e-6)
+        np.testing.assert_allclose(f(*[_CudaTensor(a) for a in A]), A[0] * A[1] + A[2], rtol=1e-6)
+    assert fake_gpu == [0, 0]                        # the cold torch call's, then the warm one's

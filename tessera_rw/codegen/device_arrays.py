@@ -68,14 +68,24 @@ def torch_dtype_name(dtype: DType) -> str:
 
 def dtype_from_library(dtype: object) -> DType:
     """Our DType for a library's dtype or its name: torch.bfloat16, 'float8_e4m3fn', np.complex64."""
+    try:
+        return _FROM_LIBRARY[dtype]
+    except (KeyError, TypeError):        # not seen yet, or unhashable
+        pass
     text = str(dtype) if type(dtype).__module__.split(".")[0] == "torch" else dtype
     if isinstance(text, str):
         text = text.removeprefix("torch.")
     try:
-        return DType.parse(text)
+        found = DType.parse(text)
     except DTypeError:
         raise DTypeError(f"tensor dtype {dtype} has no tessera_rw equivalent",
                          hint="supported: " + ", ".join(d.value for d in DType)) from None
+    if type(dtype).__module__.split(".")[0] == "torch":      # a warm call reads each tensor's dtype
+        _FROM_LIBRARY[dtype] = found
+    return found
+
+
+_FROM_LIBRARY: dict[object, DType] = {}
 
 
 def is_c_contiguous(shape: Sequence[int], strides: Sequence[int] | None) -> bool:
@@ -104,19 +114,48 @@ def contiguity_error(index: int, shape: Sequence[int], strides: Sequence[int] | 
 def kind_of(value: Any) -> str:
     """Where a value lives: 'numpy' (host arrays and scalars), 'torch', 'cupy', or 'cuda' (a
     DeviceTensor, or any other object exporting device memory through DLPack or CAI)."""
-    if isinstance(value, DeviceTensor):
-        return "cuda"
-    if isinstance(value, (np.ndarray, np.generic, bool, int, float, complex)):
-        return "numpy"
-    package = type(value).__module__.split(".")[0]
-    if package == "torch" and hasattr(value, "data_ptr"):
-        return "torch"
-    if package == "cupy" and hasattr(value, "data"):
-        return "cupy"
-    if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
+    kind = _class_kind(type(value))
+    if kind is not None:
+        return kind
+    if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):     # set on the object
         return "cuda"
     raise TesseraError(f"cannot use a {type(value).__name__} as a kernel argument",
                        hint="pass a numpy array, a torch or CuPy CUDA tensor, or a DeviceTensor")
+
+
+def is_torch_cuda_tensor(value: Any) -> bool:
+    """Whether `value` is a torch tensor on a GPU."""
+    return _class_kind(type(value)) == "torch" and value.get_device() >= 0
+
+
+def _class_kind(cls: type) -> str | None:
+    """kind_of of the values of class `cls` where the class decides it (remembered per class)."""
+    kind = _KIND_OF_TYPE.get(cls)
+    if kind is None:
+        kind = _kind_of_type(cls)
+        if kind is not None:
+            _KIND_OF_TYPE[cls] = kind
+    return kind
+
+
+def _kind_of_type(cls: type) -> str | None:
+    """kind_of for every value of class `cls`, as its class attributes decide it; None when they
+    do not (an object may still export device memory through attributes of its own)."""
+    if issubclass(cls, DeviceTensor):
+        return "cuda"
+    if issubclass(cls, (np.ndarray, np.generic, bool, int, float, complex)):
+        return "numpy"
+    package = cls.__module__.split(".")[0]
+    if package == "torch" and hasattr(cls, "data_ptr"):
+        return "torch"
+    if package == "cupy" and hasattr(cls, "data"):
+        return "cupy"
+    if hasattr(cls, "__cuda_array_interface__") or hasattr(cls, "__dlpack__"):
+        return "cuda"
+    return None
+
+
+_KIND_OF_TYPE: dict[type, str] = {}
 
 
 def describe(value: Any) -> tuple[tuple[int, ...], DType]:
@@ -139,7 +178,8 @@ def device_index_of(value: Any) -> int | None:
     if isinstance(value, DeviceTensor):
         return value.device
     if kind == "torch":
-        return value.device.index if value.is_cuda else None
+        index = value.get_device()          # -1 on the host
+        return index if index >= 0 else None
     if kind == "cupy":
         return value.device.id
     if kind == "cuda":
@@ -192,14 +232,11 @@ def to_device(array: Any, stream, *, index: int = 0, order: bool = True) -> Devi
     if kind == "numpy":
         return _copy_in(host_array(array, index), stream)
     launch_device = _stream_device(stream)
-    if kind == "torch" and not array.is_cuda:
-        raise DeviceError(f"argument {index} is a torch tensor on {array.device}, shape {tuple(array.shape)}",
-                          hint="move it with .cuda(), or pass .numpy() to have it copied in")
+    if kind == "torch":
+        return _torch_in_place(array, stream, launch_device, index, order)
     _check_device(index, device_index_of(array), launch_device, array.shape, kind)
     dtype = describe(array)[1]
-    if kind == "torch":     # detached: DLPack refuses tensors that require grad; the storage is shared
-        array = array.detach() if array.is_contiguous() else array.detach().contiguous()
-    elif kind == "cupy" and not array.flags.c_contiguous:
+    if kind == "cupy" and not array.flags.c_contiguous:
         import cupy
         with cupy.cuda.Device(launch_device):
             array = cupy.ascontiguousarray(array)
@@ -211,12 +248,25 @@ def to_device(array: Any, stream, *, index: int = 0, order: bool = True) -> Devi
     return DeviceTensor(ptr, shape, dtype, array, kind, launch_device)
 
 
+def _torch_in_place(tensor: Any, stream, launch_device: int, index: int, order: bool) -> DeviceTensor:
+    """A torch CUDA tensor as a kernel operand, in place (a strided one made contiguous by torch
+    first): what a warm call on torch tensors pays per tensor, so only its own attributes are read."""
+    if not tensor.is_cuda:
+        raise DeviceError(f"argument {index} is a torch tensor on {tensor.device}, shape {tuple(tensor.shape)}",
+                          hint="move it with .cuda(), or pass .numpy() to have it copied in")
+    _check_device(index, tensor.get_device(), launch_device, tensor.shape, "torch")
+    dtype = dtype_from_library(tensor.dtype)
+    if not tensor.is_contiguous():   # torch's contiguity is ours: row-major, axes of size 1 taking any stride
+        tensor = tensor.contiguous()
+    if order:     # the torch work that produced the tensor (or its contiguous copy) comes first
+        order_after(stream, library_stream("torch", launch_device))
+    # the tensor itself keeps the storage alive (its data pointer includes the storage offset)
+    return DeviceTensor(tensor.data_ptr(), tuple(tensor.shape), dtype, tensor, "torch", launch_device)
+
+
 def _layout(array: Any, kind: str) -> tuple[int, tuple[int, ...], tuple[int, ...] | None]:
-    """(pointer, shape, strides in elements): a torch tensor's own attributes (its data pointer
-    includes the storage offset), others' through StridedMemoryView; CuPy arrays of a dtype their
-    DLPack export lacks are read through their own attributes."""
-    if kind == "torch":
-        return array.data_ptr(), tuple(array.shape), tuple(array.stride())
+    """(pointer, shape, strides in elements) of a CuPy or other CUDA array, through StridedMemoryView;
+    CuPy arrays of a dtype their DLPack export lacks are read through their own attributes."""
     try:
         view = _view(array, -1)
         return int(view.ptr), tuple(view.shape), view.strides
@@ -248,7 +298,7 @@ def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, reference: 
     shape = tuple(shape)
     if kind == "torch":
         import torch
-        out = torch.empty(shape, dtype=getattr(torch, torch_dtype_name(dtype)), device=f"cuda:{dev.device_id}")
+        out = torch.empty(shape, dtype=getattr(torch, torch_dtype_name(dtype)), device=dev.device_id)
         if order:
             order_after(stream, library_stream(kind, dev.device_id))
         return DeviceTensor(out.data_ptr(), shape, dtype, out, kind, dev.device_id), out

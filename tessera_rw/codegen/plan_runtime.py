@@ -13,14 +13,16 @@ reshapes launch nothing). Outputs that are views of one value share its output b
 allocated flat and each caller gets a tensor over their own part of it (a torch or CuPy view, a
 DeviceTensor at the offset); an output that fills its buffer alone is allocated at its own shape.
 
-Temporaries and the workspace belong to the DevicePlan, so two calls of one plan must not overlap
-in time on two streams; calls on one stream are ordered by it.
+A call runs on the stream it is given, else, for torch tensors, on torch's current stream (where
+torch's own next op on the outputs runs: nothing to order between the two), else on the plan's own.
+Temporaries and the workspace belong to the DevicePlan, so a call on another stream than the call
+before waits for that call first.
 
 What a call costs the host is kept to what changes between calls: each kernel is loaded and
-configured when the plan is made (launch.KernelLauncher); the launch arguments worked out for one
-set of input and output addresses are kept for the next call that has the same (torch's allocator
+configured when the plan is made (launch.KernelLauncher); the launches made for one set of input
+and output addresses on one stream are kept for the next call that has the same (torch's allocator
 hands the same blocks back to a loop); and the streams are ordered once each way per call, not
-per tensor.
+per tensor (not at all where the call runs on torch's stream).
 
 >>> run_plan_on_gpu(plan, {"x": x})          # doctest: +SKIP
 (array([...], dtype=float32),)
@@ -78,7 +80,7 @@ def _fills(ref: ValueRef, nbytes: int) -> bool:
     return ref.offset == 0 and ref.type.nbytes == nbytes
 
 
-BOUND_CALLS = 8          # address sets whose launch arguments a DevicePlan keeps
+BOUND_CALLS = 8          # (address set, stream) pairs whose launches a DevicePlan keeps
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,9 @@ class DevicePlan:
                                for k in self.kernels)
         # the buffers whose addresses change between calls: the inputs' and the outputs'
         self.varying = tuple(dict.fromkeys([ref.buffer for _, ref in plan.inputs] + [b for b, _ in self.output_groups]))
-        self._arguments_by_address: dict[tuple[int, ...], tuple[tuple[Any, ...] | None, ...]] = {}
+        self._launches_by_key: dict[tuple[int, ...], tuple[Any, ...]] = {}     # see _launches
+        self.library_steps = any(k.library is not None for k in self.kernels)
+        self._last_stream = None         # the stream of the last call (see _stream_for)
         self.stream.sync()
 
     def run(self, values: Mapping[str, Any], stream: Any = None) -> tuple[Any, ...]:
@@ -136,46 +140,61 @@ class DevicePlan:
         missing = [n for n, _ in plan.inputs if n not in values]
         if missing:
             raise ArgumentError(f"plan {plan.name}: no value for inputs {missing}")
-        stream = self.stream if stream is None else resolve_stream(stream, self.stream.device.device_id)
         device = self.stream.device.device_id
-        if stream.device.device_id != device:
-            raise DeviceError(f"plan {plan.name} was made for cuda:{device}, the stream is on "
-                              f"cuda:{stream.device.device_id}",
-                              hint="pass a stream on the device the plan's inputs live on")
+        first = values[plan.inputs[0][0]] if plan.inputs else None
+        kind = kind_of(first) if first is not None else "numpy"
+        stream = self._stream_for(kind, stream)
         memory = dict(self.resident)
-        first = None
         for i, (name, ref) in enumerate(plan.inputs):
-            value = values[name]
-            first = value if first is None else first
-            memory[ref.buffer] = to_device(value, stream, index=i, order=False)
+            memory[ref.buffer] = to_device(values[name], stream, index=i, order=False)
             if memory[ref.buffer].shape != ref.type.shape or memory[ref.buffer].dtype is not ref.type.dtype:
                 got = memory[ref.buffer]
                 raise ArgumentError(f"plan {plan.name}: input {name!r} is {got.dtype}{list(got.shape)}, "
                                     f"the plan was built for {ref.type}")
-        kind = kind_of(first) if first is not None else "numpy"
         results = self._allocate_outputs(kind, first, stream, memory)
         # the libraries' pending work comes first: what produced the inputs, and what may still use
-        # the memory their allocators just handed out
-        libraries = sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})
+        # the memory their allocators just handed out (nothing to order where we run on their stream)
+        libraries = [library_stream(library, device)
+                     for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})]
         for library in libraries:
-            order_after(stream, library_stream(library, device))
+            order_after(stream, library)
         recorders = active_recorders()
         if recorders:                   # profiled: CUDA events around each launch, one sync after the last
             timer = DeviceStepTimer(stream)
             for i, launch in enumerate(self._launches(memory, stream)):
                 timer.launch(i, launch)
-            device, schedules = f"cuda:{self.stream.device.device_id}", tuple(k.step.schedule for k in self.kernels)
-            timer.report(recorders, PlanRun(plan, self.numerics, device, stream_id(stream), self.arch, schedules))
+            where, schedules = f"cuda:{device}", tuple(k.step.schedule for k in self.kernels)
+            timer.report(recorders, PlanRun(plan, self.numerics, where, stream_id(stream), self.arch, schedules))
         else:
             for launch in self._launches(memory, stream):
                 launch()
         # ... and the libraries' next work comes after ours: their outputs, and the memory of their
         # inputs (a contiguous copy made for this call goes back to its allocator now)
         for library in libraries:
-            order_after(library_stream(library, device), stream)
+            order_after(library, stream)
         if kind == "numpy":
             return tuple(to_host(_view(memory[ref.buffer], ref), stream) for ref in plan.outputs)
         return tuple(results)
+
+    def _stream_for(self, kind: str, stream: Any) -> Any:
+        """The stream a call runs on: the one given, else torch's current stream for torch tensors
+        (as a torch op would run) and the plan's own for the rest. A call on another stream than
+        the call before waits for it: the plan's temporaries are one set."""
+        device = self.stream.device.device_id
+        if stream is not None:
+            stream = resolve_stream(stream, device)
+            if stream.device.device_id != device:
+                raise DeviceError(f"plan {self.plan.name} was made for cuda:{device}, the stream is on "
+                                  f"cuda:{stream.device.device_id}",
+                                  hint="pass a stream on the device the plan's inputs live on")
+        elif kind == "torch":
+            stream = library_stream("torch", device)
+        else:
+            stream = self.stream
+        if self._last_stream is not None:
+            order_after(stream, self._last_stream)
+        self._last_stream = stream
+        return stream
 
     def _allocate_outputs(self, kind: str, first: Any, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
         """Allocate every output buffer of the caller's `kind` into `memory`; returns what the caller
@@ -197,18 +216,20 @@ class DevicePlan:
         return tuple(handed)
 
     def _launches(self, memory: dict[int, DeviceTensor], stream: Any) -> Sequence[Callable[[], None]]:
-        """Each step's launch on `memory` and `stream`: the kernels' argument values worked out once
-        per set of addresses, the library calls made afresh (they hold the tensors themselves)."""
-        key = tuple(memory[b].ptr for b in self.varying)
-        found = self._arguments_by_address.get(key)
+        """Each step's launch on `memory` and `stream`: the kernels' launches made once per set of
+        addresses and stream, the library calls made afresh (they hold the tensors themselves)."""
+        key = (*(memory[b].ptr for b in self.varying), int(stream.handle))
+        found = self._launches_by_key.get(key)
         if found is None:
-            found = tuple(None if ready is None else ready.arguments(self._arguments(k, memory))
+            found = tuple(None if ready is None else ready.bound(self._arguments(k, memory), stream)
                           for k, ready in zip(self.kernels, self.launchers))
-            if len(self._arguments_by_address) >= BOUND_CALLS:        # the oldest goes
-                self._arguments_by_address.pop(next(iter(self._arguments_by_address), None), None)
-            self._arguments_by_address[key] = found
-        return [partial(k.library, self._arguments(k, memory), stream) if ready is None else ready.on(stream, arguments)
-                for k, ready, arguments in zip(self.kernels, self.launchers, found)]
+            if len(self._launches_by_key) >= BOUND_CALLS:        # the oldest goes
+                self._launches_by_key.pop(next(iter(self._launches_by_key), None), None)
+            self._launches_by_key[key] = found
+        if not self.library_steps:
+            return found
+        return [partial(k.library, self._arguments(k, memory), stream) if launch is None else launch
+                for k, launch in zip(self.kernels, found)]
 
     @staticmethod
     def _arguments(k: _Compiled, memory: dict[int, DeviceTensor]) -> list[DeviceTensor]:

@@ -1,7 +1,8 @@
 """What a DevicePlan call costs the host, checked without a GPU (the device calls stubbed): each
-kernel is made ready once, launches are bound once per set of input and output addresses, the
-streams are ordered once per call rather than per tensor, and every launch gets its step's
-pointers in step order."""
+kernel is made ready once, launches are bound once per set of input and output addresses and
+stream, a call on torch tensors runs on torch's stream (nothing to order), other streams are
+ordered once per call rather than per tensor, and every launch gets its step's pointers in step
+order."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Device:
 
     def __init__(self):
         self.stream = SimpleNamespace(device=SimpleNamespace(arch="90", device_id=0), sync=lambda: None, handle=7)
+        self.torch_stream = SimpleNamespace(device=self.stream.device, handle=5)
         self.next_address, self.made_ready, self.bound, self.launched, self.orders = 0x10000, [], [], [], []
         self.order_flags = []
 
@@ -45,14 +47,16 @@ class Device:
         device = self
 
         class Ready:
-            def arguments(self, args):
+            def bound(self, args, stream):
                 device.bound.append(source.name)
                 assert len(args) == arguments
-                return tuple(a.ptr for a in args)
-
-            def on(self, stream, pointers):
-                return lambda: device.launched.append((source.name, list(pointers), stream))
+                pointers = [a.ptr for a in args]
+                return lambda: device.launched.append((source.name, pointers, stream))
         return Ready()
+
+    def order_after(self, waiter, producer):        # as device.order_after: nothing to order on one stream
+        if waiter.handle != producer.handle:
+            self.orders.append((waiter.handle, producer.handle))
 
 
 @pytest.fixture
@@ -63,8 +67,8 @@ def device(monkeypatch):
     monkeypatch.setattr(plan_runtime, "empty_like_kind", d.allocate)
     monkeypatch.setattr(plan_runtime, "launcher", d.launcher)
     monkeypatch.setattr(plan_runtime, "kind_of", lambda value: "torch")
-    monkeypatch.setattr(plan_runtime, "library_stream", lambda kind, index: f"{kind} stream")
-    monkeypatch.setattr(plan_runtime, "order_after", lambda waiter, producer: d.orders.append((waiter, producer)))
+    monkeypatch.setattr(plan_runtime, "library_stream", lambda kind, index: d.torch_stream)
+    monkeypatch.setattr(plan_runtime, "order_after", d.order_after)
 
     def to_device(value, stream, index=0, order=True):
         d.order_flags.append(order)
@@ -104,27 +108,38 @@ def test_each_launch_gets_its_steps_pointers(device):
     assert last[-1] not in (0x800000, 0x900000)       # the last step writes the output buffer
 
 
-def test_streams_are_ordered_once_per_call_not_per_tensor(device):
+def test_a_call_on_torch_tensors_runs_on_torch_s_stream_with_nothing_to_order(device):
     plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
-    device.orders.clear()
     device.order_flags.clear()
     plan.run(_inputs(0x800000))
-    # before the launches: our stream waits for torch's once; after: torch's waits for ours once
-    assert device.orders == [(device.stream, "torch stream"), ("torch stream", device.stream)]
+    assert device.orders == [] and {s.handle for _, _, s in device.launched} == {device.torch_stream.handle}
     assert device.order_flags and not any(device.order_flags)   # no tensor ordered on its own
 
 
-def test_a_reused_launch_goes_on_the_calls_own_stream(device, monkeypatch):
+def test_a_call_on_another_stream_is_ordered_once_each_way_and_after_the_call_before(device):
+    plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
+    plan.run(_inputs(0x800000))                                 # on torch's stream
+    device.launched.clear()
+    device.order_flags.clear()
+    plan.run(_inputs(0x800000), stream=device.stream)
+    # before the launches our stream waits for torch's (its tensors, and the call before), after
+    # them torch's waits for ours; no tensor is ordered on its own
+    ours, torch = device.stream.handle, device.torch_stream.handle
+    assert set(device.orders) == {(ours, torch), (torch, ours)} and device.orders[-1] == (torch, ours)
+    assert {s.handle for _, _, s in device.launched} == {ours} and not any(device.order_flags)
+
+
+def test_a_launch_is_bound_once_per_stream_and_reused_on_it(device, monkeypatch):
     plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
     first_output = device.next_address
     other = SimpleNamespace(device=device.stream.device, handle=8)
-    for stream in (device.stream, other):
+    for stream in (device.stream, other, device.stream):
         device.next_address = first_output
         monkeypatch.setattr(plan_runtime, "resolve_stream", lambda *a, s=stream: s)
         plan.run(_inputs(0x800000), stream=stream)
     kernels = len(plan.kernels)
-    assert len(device.bound) == kernels                  # the same addresses: worked out once
-    assert [s for _, _, s in device.launched] == [device.stream] * kernels + [other] * kernels
+    assert len(device.bound) == 2 * kernels              # the same addresses: bound once on each stream
+    assert [s for _, _, s in device.launched] == [device.stream] * kernels + [other] * kernels + [device.stream] * kernels
 
 
 def test_a_stream_on_another_device_is_refused_before_anything_runs(device, monkeypatch):
