@@ -15,8 +15,9 @@ def main(argv=None) -> int:
     parser.add_argument("suite", choices=["cpu", "registers", "cost", "gpu", "tune", "sanitize"], help="which suite to run")
     parser.add_argument("--quick", action="store_true",
                         help="gpu, tune: fewer reps and shapes (fits a 10-minute limit)")
-    parser.add_argument("--only", metavar="TEXT", help="gpu: only the rows whose name holds TEXT "
-                        "(e.g. 'attention bwd'); results go to gpu-only-TEXT-<device>-<date>")
+    parser.add_argument("--only", metavar="TEXT", help="gpu, tune: only the rows (tune: and timing logs and "
+                        "sweeps) whose name holds TEXT (e.g. 'attention bwd', 'gemm'); results go to "
+                        "<suite>-only-TEXT-<device>-<date>")
     parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block"], default="all",
                         help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
                              "or those whose blocks meet in a workspace)")
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
         return sanitize.run(args.kernels)
     elif args.suite == "tune":
         from bench import gpu_tuning
-        return gpu_tuning.run(quick=args.quick)
+        return gpu_tuning.run(quick=args.quick, only=args.only)
     return 0
 
 

@@ -9,7 +9,7 @@
 # OUTDIR:
 #   tests     every gpu-marked test                      bench / benchq   python -m bench gpu [--quick]
 #   tune / tuneq   python -m bench tune [--quick]         sanitize   racecheck, synccheck and memcheck
-#   rows      python -m bench gpu --only "$BENCH_ONLY" (the rows whose name holds it)
+#   rows / tunerows   python -m bench gpu|tune --only "$BENCH_ONLY" (the rows whose name holds it)
 # Default: tests benchq sanitize. The results files the run wrote (and the timing logs) are packed
 # into OUTDIR/results.tar; a step stopped at its limit writes none. Where the checkout was copied
 # without its git metadata, set BENCH_COMMIT to the commit it holds: the results are stamped with it.
@@ -44,6 +44,8 @@ for step in "${STEPS[@]}"; do
            echo "bench gpu rc $?";;
     rows) timeout "$secs" python3 -m bench gpu --only "${BENCH_ONLY:?rows needs BENCH_ONLY}" > "$OUT/bench-gpu-only.log" 2>&1
            echo "bench gpu --only rc $?";;
+    tunerows) timeout "$secs" python3 -m bench tune --only "${BENCH_ONLY:?tunerows needs BENCH_ONLY}" \
+             > "$OUT/bench-tune-only.log" 2>&1; echo "bench tune --only rc $?";;
     tune|tuneq) timeout "$secs" python3 -m bench tune $([ "$name" = tuneq ] && echo --quick) > "$OUT/bench-tune.log" 2>&1
            echo "bench tune rc $?";;
     sanitize) timeout "$secs" python3 -m bench sanitize > "$OUT/sanitize.log" 2>&1; echo "plain rc $?"

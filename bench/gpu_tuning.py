@@ -30,7 +30,7 @@ from rich.table import Table
 from bench.gpu import BF16, Row, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
 from bench.gpu_backward import float64_attention_grads
 from bench.gpu_results import error_line, gpu_machine, machine_lines, save
-from bench.results_files import markdown_table
+from bench.results_files import markdown_table, slug
 from bench.gpu_timing import Protocol, time_torch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
@@ -173,7 +173,7 @@ COLUMNS = ("kernel", "default µs", "tuned µs", "speed-up", "torch µs", "torch
 STAGES = ("tuned vs default", "timing logs", "schedule sweeps")
 
 
-def save_results(machine: dict, header: list[str], quick: bool, tuned: list[list[str]], logs: list[str],
+def save_results(suite: str, machine: dict, header: list[str], quick: bool, tuned: list[list[str]], logs: list[str],
                  sweeps: list[str], reached: int):
     """The results files as they stand once the first `reached` STAGES have run: the run writes
     them after each stage, so one stopped at its time limit keeps what it measured."""
@@ -183,10 +183,12 @@ def save_results(machine: dict, header: list[str], quick: bool, tuned: list[list
     markdown = "\n\n".join([header[-1], markdown_table(COLUMNS, tuned), "timing logs:\n\n" + "\n".join(
         f"- {line}" for line in logs), "schedule sweeps (every schedule of the space, timed by the tuner's "
         "measurer):\n\n" + "\n".join(f"- {line.strip()}" for line in sweeps), *missing])
-    return save(f"tune{'-quick' if quick else ''}", machine, document, markdown)
+    return save(suite, machine, document, markdown)
 
 
-def run(quick: bool = False, console: Console | None = None) -> int:
+def run(quick: bool = False, console: Console | None = None, only: str | None = None) -> int:
+    """Every part on its kernels (or on those whose name holds `only`); 2 when this machine cannot
+    run it, 1 when something failed, else 0."""
     console = console or Console(width=None if sys.stdout.isatty() else 220)
     reason = preflight()
     if reason:
@@ -200,28 +202,31 @@ def run(quick: bool = False, console: Console | None = None) -> int:
                                        "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
     for line in header:
         console.print(line, markup=False)
+    suite = f"tune{'-quick' if quick else ''}{f'-only-{slug(only)}' if only else ''}"
+    wanted = lambda name: only is None or only in name              # noqa: E731
+    picked = lambda ops: {n: op for n, op in ops.items() if wanted(n)}   # noqa: E731
     tuned: list[list[str]] = []
     logs: list[str] = []
     sweeps: list[str] = []
     failed = False
     with tempfile.TemporaryDirectory() as cache_root:
-        for row in tuning_rows(quick):
+        for row in [r for r in tuning_rows(quick) if wanted(r.name)]:
             try:
                 tuned.append(tuned_vs_default(row, arch, protocol, cache_root, quick))
             except Exception as e:      # one broken row is reported and the rest still run
                 failed = True
                 tuned.append([row.name, f"ERROR {error_line(e, 100)}"] + [""] * (len(COLUMNS) - 2))
             console.print("  " + " | ".join(tuned[-1]), markup=False)   # the log keeps it if the run is stopped
-    save_results(machine, header, quick, tuned, logs, sweeps, reached=1)
+    save_results(suite, machine, header, quick, tuned, logs, sweeps, reached=1)
     console.print("timing logs:")
-    for name, op in _or_error("timing logs", lambda: log_ops(quick), logs).items():
+    for name, op in _or_error("timing logs", lambda: picked(log_ops(quick)), logs).items():
         try:
             logs.append(record_log(name, op, arch, console))
         except Exception as e:
             logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
             console.print(f"  {logs[-1]}", markup=False)
-    save_results(machine, header, quick, tuned, logs, sweeps, reached=2)
-    for name, op in _or_error("schedule sweeps", sweep_ops, sweeps).items():
+    save_results(suite, machine, header, quick, tuned, logs, sweeps, reached=2)
+    for name, op in _or_error("schedule sweeps", lambda: picked(sweep_ops()), sweeps).items():
         try:
             sweeps += sweep(name, op, arch)
         except Exception as e:
@@ -236,6 +241,6 @@ def run(quick: bool = False, console: Console | None = None) -> int:
     console.print("schedule sweeps (every schedule of the space, timed by the tuner's measurer):")
     for line in sweeps:
         console.print(line, markup=False)
-    paths = save_results(machine, header, quick, tuned, logs, sweeps, reached=3)
+    paths = save_results(suite, machine, header, quick, tuned, logs, sweeps, reached=3)
     console.print(f"written: {', '.join(map(str, paths))}")
     return 1 if failed else 0

@@ -100,11 +100,9 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     assert [r["row"] for r in json.loads(only_path.read_text())["rows"]] == ["attention bwd"]
 
 
-def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch):
-    import io
-
-    from rich.console import Console
-
+@pytest.fixture
+def tuning_stand_ins(tmp_path, monkeypatch):
+    """bench tune's run() with the device work replaced; the folder its results go to."""
     from bench import gpu_tuning
     from tessera_rw.codegen import arch as arch_module
     monkeypatch.setattr(results_files, "RESULTS", tmp_path)
@@ -116,8 +114,21 @@ def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch
         row.name, "235.0", "192.0", "1.22x", "155.0", "0.81", "16/34", "2.0 s", "cache (3.0 ms)", "wg bm=128"])
     monkeypatch.setattr(gpu_tuning, "record_log", lambda name, op, arch, console: f"{name}: 34 schedules")
     monkeypatch.setattr(gpu_tuning, "sweep", lambda name, op, arch: [f"  {name} [rows=64]: 145.6 µs"])
-    assert gpu_tuning.run(quick=True, console=Console(file=io.StringIO(), width=240)) == 0
-    [json_path] = tmp_path.glob("tune-quick-NVIDIA-H200-*.json")
+    return tmp_path
+
+
+def _tune(**options) -> int:
+    import io
+
+    from rich.console import Console
+
+    from bench import gpu_tuning
+    return gpu_tuning.run(console=Console(file=io.StringIO(), width=240), **options)
+
+
+def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tuning_stand_ins):
+    assert _tune(quick=True) == 0
+    [json_path] = tuning_stand_ins.glob("tune-quick-NVIDIA-H200-*.json")
     saved = json.loads(json_path.read_text())
     assert [t["speed-up"] for t in saved["tuned"]] == ["1.22x", "1.22x"]
     assert saved["timing_logs"] == ["gemm-bf16-2048: 34 schedules", "attention-bf16-s2048-d64: 34 schedules"]
@@ -125,29 +136,25 @@ def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tmp_path, monkeypatch
     assert saved["not_reached"] == []
 
 
-def test_a_tuning_run_stopped_in_its_sweeps_keeps_the_tuned_rows_and_logs(tmp_path, monkeypatch):
-    import io
-
-    from rich.console import Console
-
+def test_a_tuning_run_stopped_in_its_sweeps_keeps_the_tuned_rows_and_logs(tuning_stand_ins, monkeypatch):
     from bench import gpu_tuning
-    from tessera_rw.codegen import arch as arch_module
-    monkeypatch.setattr(results_files, "RESULTS", tmp_path)
-    monkeypatch.setattr(gpu_tuning, "preflight", lambda: None)
-    monkeypatch.setattr(gpu_tuning, "gpu_machine", lambda: dict(MACHINE))
-    monkeypatch.setattr(gpu_results, "nvidia_smi", lambda: {})
-    monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
-    monkeypatch.setattr(gpu_tuning, "tuned_vs_default", lambda row, arch, protocol, root, quick: [
-        row.name, "235.0", "192.0", "1.22x", "155.0", "0.81", "16/34", "2.0 s", "cache (3.0 ms)", "wg bm=128"])
-    monkeypatch.setattr(gpu_tuning, "record_log", lambda name, op, arch, console: f"{name}: 34 schedules")
 
     def stopped(name, op, arch):
         raise KeyboardInterrupt        # the run stopped here
     monkeypatch.setattr(gpu_tuning, "sweep", stopped)
     with pytest.raises(KeyboardInterrupt):
-        gpu_tuning.run(quick=True, console=Console(file=io.StringIO(), width=240))
-    [json_path] = tmp_path.glob("tune-quick-NVIDIA-H200-*.json")
+        _tune(quick=True)
+    [json_path] = tuning_stand_ins.glob("tune-quick-NVIDIA-H200-*.json")
     saved = json.loads(json_path.read_text())
     assert len(saved["tuned"]) == 2 and len(saved["timing_logs"]) == 2
     assert saved["sweeps"] == [] and saved["not_reached"] == ["schedule sweeps"]
     assert "schedule sweeps: not reached" in json_path.with_suffix(".md").read_text()
+
+
+def test_a_tuning_run_on_some_kernels_takes_only_theirs(tuning_stand_ins):
+    assert _tune(quick=False, only="gemm") == 0
+    [json_path] = tuning_stand_ins.glob("tune-only-gemm-NVIDIA-H200-*.json")
+    saved = json.loads(json_path.read_text())
+    assert len(saved["tuned"]) == 4 and all(t["kernel"].startswith("gemm") for t in saved["tuned"])
+    assert [line.split(":")[0] for line in saved["timing_logs"]] == ["gemm-bf16-2048", "gemm-bf16-4096"]
+    assert saved["sweeps"] == []                  # the sweeps are the attention backward's
