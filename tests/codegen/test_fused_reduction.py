@@ -34,6 +34,23 @@ def test_a_reduction_of_an_expression_is_one_kernel_and_matches_numpy(reduce):
     np.testing.assert_allclose(k(x, w, dy), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_a_losss_leading_minus_is_part_of_its_reduction(reduce):
+    x, y = rng.standard_normal((33, 96)), rng.standard_normal((33, 96))
+    k = op.kernel(lambda x, y: -getattr(op, reduce)(x * op.log(op.abs(y) + 1.0), axis=-1))
+    assert steps(k, x, y) == ["fused_reduction"]
+    np.testing.assert_allclose(k(x, y), -getattr(np, reduce)(x * np.log(np.abs(y) + 1.0), axis=-1), rtol=1e-12)
+
+
+def test_an_entropy_is_the_two_normalizations_and_one_reduction():
+    x = rng.standard_normal((33, 96)).astype(np.float32)
+    k = op.kernel(lambda x: -op.sum(op.softmax(x, axis=-1) * op.log_softmax(x, axis=-1), axis=-1))
+    assert sorted(steps(k, x)) == ["fused_reduction", "log_softmax", "softmax"]
+    z = x.astype(np.float64) - x.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    np.testing.assert_allclose(k(x), -(np.exp(log_p) * log_p).sum(-1), rtol=1e-5)
+
+
 def test_the_explain_report_names_the_reduction_and_what_it_fused():
     t = op.tensor((8192, 4096), "bf16")
     report = op.kernel(lambda x, y: op.sum((x - y) * (x - y), axis=0)).explain(t, t)

@@ -264,5 +264,21 @@ RULES = (
                               {"x": rand(rng, 0, 0, dtype=ml_dtypes.bfloat16)})),
 )
 
+
+
+def _negation_into(reduce: str) -> Rule:
+    """−Σ x = Σ (−x) (and the mean's): exact, and the negation then fuses into the expression the
+    reduction reads instead of being a kernel over its result (a loss's leading minus)."""
+    kd, sx, dx_ = Expr("kd"), Expr("sx"), Expr("dx")
+    return Rule(f"negation-into-{reduce}", f"−{reduce}(x) = {reduce}(−x)",
+                lhs=t.neg(t.term(reduce, x, axes=axes, keepdims=kd), of=T),
+                rhs=t.term(reduce, t.neg(x, of=(sx, dx_)), axes=axes, keepdims=kd, of=T),
+                when=("(= sx (shp x))", "(= dx (dt x))"),
+                example=lambda rng: (lambda x, y: -getattr(op, reduce)(x * y, axis=int(rng.integers(0, 2))),
+                                     (lambda x: {"x": x, "y": rand(rng, *x.shape)})(rand(rng, 0, 0))))
+
+
+RULES += tuple(_negation_into(reduce) for reduce in ("sum", "mean"))
+
 ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES,
                   doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels take")
