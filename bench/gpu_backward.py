@@ -42,6 +42,7 @@ from tessera_rw.codegen.templates.attention_backward_problem import WarpgroupGra
 from tessera_rw.tune.cost import schedule_cost
 
 TOKENS, D_IN, D_OUT = 8192, 4096, 4096
+LINEAR_NAME = f"linear backward dW+db bf16 X {TOKENS}x{D_IN}, W {D_IN}x{D_OUT} vs torch x.T@dy, dy.sum(0)"
 TOLERANCE = 2e-2          # ‖out − ref‖ / ‖ref‖ of bf16 gradients
 
 
@@ -58,6 +59,7 @@ def _attention_loss(causal: bool):
 
 
 MLP_TOKENS, MLP_WIDTH, MLP_HIDDEN = 4096, 2048, 8192
+MLP_NAME = f"MLP backward bf16 gelu T={MLP_TOKENS} {MLP_WIDTH}->{MLP_HIDDEN}->{MLP_WIDTH} vs torch fwd+autograd.grad"
 
 
 def _mlp_loss(x, w1, b1, w2, dy):
@@ -69,7 +71,7 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     # forward 2 products, backward 4 (dh, dW2, dx, dW1): each 2·T·D·H
     flops = 6 * 2 * t * d * h
     io_bytes = 2 * (2 * t * d + 2 * d * h + h) * 2     # x, dy, W1, W2, b1 read; their gradients written
-    result = Result(f"MLP backward bf16 gelu T={t} {d}->{h}->{d} vs torch fwd+autograd.grad",
+    result = Result(MLP_NAME,
                     floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
@@ -101,6 +103,7 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
 
 
 LN_TOKENS, LN_WIDTH = 8192, 4096
+LAYERNORM_NAME = f"layernorm backward dx+dW+db bf16 T={LN_TOKENS} D={LN_WIDTH} vs torch autograd.grad"
 
 
 def _layernorm_loss(x, w, b, dy):
@@ -111,7 +114,7 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     t, d = LN_TOKENS, LN_WIDTH
     flops = 20 * t * d                                  # statistics, x̂, the two row sums, dx; dW and db
     io_bytes = 2 * (3 * t * d + 4 * d)                  # x and dy read, dx written; w read, dw and db written
-    result = Result(f"layernorm backward dx+dW+db bf16 T={t} D={d} vs torch autograd.grad",
+    result = Result(LAYERNORM_NAME,
                     floor_ms=ceilings.floor_ms(flops, io_bytes), work=io_bytes, rate_unit="GB/s")
     try:
         import torch
@@ -167,7 +170,7 @@ def _grads_checked(result: Result, ours, theirs, forward, inputs, dy) -> bool:
 def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     flops = 2 * TOKENS * D_IN * D_OUT + TOKENS * D_OUT
     io_bytes = 2 * (TOKENS * D_IN + TOKENS * D_OUT + D_IN * D_OUT + D_OUT)
-    result = Result(f"linear backward dW+db bf16 X {TOKENS}x{D_IN}, W {D_IN}x{D_OUT} vs torch x.T@dy, dy.sum(0)",
+    result = Result(LINEAR_NAME,
                     floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
@@ -196,8 +199,8 @@ def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: P
     # the usual count: forward 2 products, backward 5, of 2·S·S·D per head; half under a causal mask
     flops = 7 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     io_bytes = 2 * b * h * s * d * (4 + 3)             # q, k, v, w read; dq, dk, dv written
-    result = Result(f"attention fwd+bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} "
-                    f"vs SDPA fwd+bwd", floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
+    result = Result(attention_name("fwd+bwd", b, h, s, d, causal), floor_ms=ceilings.floor_ms(flops, io_bytes),
+                    work=flops)
     try:
         import torch
         import torch.nn.functional as F
@@ -226,8 +229,7 @@ def attention_backward_only(b: int, h: int, s: int, d: int, causal: bool, protoc
     # the backward's 5 products of 2·S·S·D per head (half under a causal mask)
     flops = 5 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
     io_bytes = 2 * b * h * s * d * (5 + 3)             # q, k, v, o, dO read; dq, dk, dv written
-    result = Result(f"attention bwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} {policy}"
-                    f"{' mma.sync (pinned)' if mma_sync else ''} vs SDPA backward",
+    result = Result(attention_name("bwd", b, h, s, d, causal, policy, mma_sync),
                     floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
@@ -316,24 +318,26 @@ def float64_attention_grads(q, k, v, w, causal: bool):
     return grads
 
 
-def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[tuple[str, Callable[[], Result]]]:
-    """The backward rows, each as (what it times, the call that times it): a run that takes only
-    some rows (`bench gpu --only`) picks them by the first before any is timed."""
-    shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
+def attention_name(part: str, b: int, h: int, s: int, d: int, causal: bool, policy: str = "",
+                   mma_sync: bool = False) -> str:
+    """An attention row's name: its fwd+bwd against SDPA's, or its bwd alone under `policy`."""
+    shape = f"attention {part} bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''}"
+    if part == "fwd+bwd":
+        return f"{shape} vs SDPA fwd+bwd"
+    return f"{shape} {policy}{' mma.sync (pinned)' if mma_sync else ''} vs SDPA backward"
 
-    def label(kind: str, b, h, s, d, causal) -> str:
-        return f"{kind} bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''}"
-    found = [("linear backward", lambda: linear_backward(protocol, ceilings)),
-             ("MLP backward", lambda: mlp_backward(protocol, ceilings)),
-             ("layernorm backward", lambda: layernorm_backward(protocol, ceilings))]
-    found += [(label("attention fwd+bwd", *shape), partial(attention_backward, *shape, protocol, ceilings))
+
+def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[tuple[str, Callable[[], Result]]]:
+    """The backward rows, each as (its name, the call that times it): a run that takes only some
+    rows (`bench gpu --only`) picks them by name before any is timed."""
+    shapes = [(4, 16, 4096, 64, True)] if quick else [(4, 16, 4096, d, c) for d in (64, 128) for c in (False, True)]
+    found = [(LINEAR_NAME, lambda: linear_backward(protocol, ceilings)),
+             (MLP_NAME, lambda: mlp_backward(protocol, ceilings)),
+             (LAYERNORM_NAME, lambda: layernorm_backward(protocol, ceilings))]
+    found += [(attention_name("fwd+bwd", *shape), partial(attention_backward, *shape, protocol, ceilings))
               for shape in shapes]
-    found += [(label("attention bwd", *shape) + " fast", partial(attention_backward_only, *shape, protocol, ceilings))
-              for shape in shapes]
-    if not quick:
-        found += [(label("attention bwd", *shape) + " deterministic",
-                   partial(attention_backward_only, *shape, protocol, ceilings, "deterministic")) for shape in shapes]
-        found += [(label("attention bwd", *shape) + " deterministic mma.sync",
-                   partial(attention_backward_only, *shape, protocol, ceilings, "deterministic", mma_sync=True))
-                  for shape in shapes if shape[3] == 128]
+    policies = [("fast", False)] + ([] if quick else [("deterministic", False), ("deterministic", True)])
+    found += [(attention_name("bwd", *shape, policy, pinned),
+               partial(attention_backward_only, *shape, protocol, ceilings, policy, mma_sync=pinned))
+              for policy, pinned in policies for shape in shapes if not pinned or shape[3] == 128]
     return found

@@ -15,6 +15,7 @@ from bench.gpu_timing import Protocol, rel_error, time_torch
 from tessera_rw import op
 
 B, C, L = 16, 768, 8192
+LONG_CONV_NAME = f"long conv1d depthwise f32 B={B} C={C} L={L}, filter {L} (FFT plan) vs torch.fft"
 TOLERANCE = 1e-4        # float32 transforms of 16K points: ~1e-6 relative
 
 
@@ -44,7 +45,7 @@ def fft_on_device() -> str | None:
 
 def long_conv(protocol: Protocol, ceilings: Ceilings) -> Result:
     io_bytes = 2 * B * C * L * 4 + C * L * 4            # x read, y written, the filter read
-    result = Result(f"long conv1d depthwise f32 B={B} C={C} L={L}, filter {L} (FFT plan) vs torch.fft",
+    result = Result(LONG_CONV_NAME,
                     floor_ms=ceilings.floor_ms(0, io_bytes), rate_unit="GB/s", work=io_bytes)
     reason = fft_on_device()
     if reason:

@@ -332,9 +332,9 @@ class Kernel:
             outputs = tuple(TensorSpec(o.shape, o.dtype) for o in traced.graph.outputs)
         else:
             program = self.compiled(call)
-            if key is not None and not call.statics:
-                self._warm_calls.remember(key, program, traced)
             outputs = run_program(program, traced.feeds(call.values))
+            if key is not None and not call.statics:     # a call that ran: the next one may go warm
+                self._warm_calls.remember(key, program, traced)
         return outputs[0] if traced.structure is None else traced.structure(outputs)
 
     def __repr__(self) -> str:

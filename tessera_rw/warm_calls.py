@@ -20,8 +20,9 @@ at every call, overrides that decision as it does for any call (execute.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Hashable
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from tessera_rw.codegen.device_arrays import is_torch_cuda_tensor
 from tessera_rw.codegen.numerics import Numerics, current_numerics
 from tessera_rw.execute import DEVICE_VARIABLE, host_arrays_run_on_gpu, run_program
 from tessera_rw.pipeline import CompiledProgram
+
+if TYPE_CHECKING:
+    from tessera_rw.codegen.plan_runtime import DevicePlan
 
 
 @dataclass
@@ -44,7 +48,8 @@ class WarmCall:
     numerics: Numerics
     on_host: bool
     device: int | None = None
-    _plan_on_device: Any = None          # the DevicePlan a call on `device` runs, once made
+    # the DevicePlan a call on `device` runs, weakly: device_plan's cache decides how long it lives
+    _plan_on_device: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __call__(self, arrays: tuple) -> Any:
         """The kernel's result on `arrays` (in parameter order), shaped as its function returns it."""
@@ -61,11 +66,14 @@ class WarmCall:
             outputs = run_program(self.program, values)
         return outputs[0] if self.traced.structure is None else self.traced.structure(outputs)
 
-    def _device_plan(self):
-        if self._plan_on_device is None:       # as run_program would find it
+    def _device_plan(self) -> DevicePlan:
+        """The DevicePlan run_program would run on `device` (found once while device_plan keeps it)."""
+        found = self._plan_on_device() if self._plan_on_device is not None else None
+        if found is None:
             from tessera_rw.codegen.plan_runtime import device_plan
-            self._plan_on_device = device_plan(self.program.plan, self.device, self.numerics, self.program.schedules)
-        return self._plan_on_device
+            found = device_plan(self.program.plan, self.device, self.numerics, self.program.schedules)
+            self._plan_on_device = weakref.ref(found)
+        return found
 
 
 class WarmCalls:
@@ -82,15 +90,15 @@ class WarmCalls:
         or torch CUDA tensor; else None (the call goes the general way)."""
         if len(args) != len(self.names):
             return None
-        shapes = []
+        arrays = []
         for a in args:
             if type(a) is np.ndarray:
-                shapes.append((a.shape, a.dtype))
+                arrays.append(("numpy", a.shape, a.dtype))
             elif is_torch_cuda_tensor(a):
-                shapes.append((a.shape, a.dtype, a.get_device()))
+                arrays.append((a.get_device(), a.shape, a.dtype))      # a torch tensor: its GPU first
             else:
                 return None
-        return (*shapes, current_numerics(), tuning_state)
+        return (*arrays, current_numerics(), tuning_state)
 
     def get(self, key: Hashable | None) -> WarmCall | None:
         """The remembered call for `key`, when its trace still holds (the names it read outside its
@@ -104,7 +112,7 @@ class WarmCalls:
 
     def remember(self, key: Hashable, program: CompiledProgram, traced: Traced) -> None:
         numerics = current_numerics()
-        devices = {shape[2] for shape in key[:len(self.names)] if len(shape) == 3}    # the torch tensors' GPUs
+        devices = {where for where, _, _ in key[:len(self.names)] if where != "numpy"}    # the torch tensors' GPUs
         if len(devices) > 1:
             return                   # refused on every call (run_plan_on_gpu says why)
         self._calls[key] = WarmCall(program, traced, self.names, numerics, device=next(iter(devices), None),

@@ -91,6 +91,7 @@ class _CudaTensor:
 
     def __init__(self, array: np.ndarray, device: int = 0):
         self.array, self.shape, self.dtype, self.device = array, array.shape, _TorchDtype(str(array.dtype)), device
+        self.is_cuda = True
 
     def data_ptr(self) -> int:
         return self.array.ctypes.data
@@ -101,8 +102,13 @@ class _CudaTensor:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """device_plan replaced by the host executor over the tensors' arrays; the plans it made, by device."""
+    """device_plan replaced by the host executor over the tensors' arrays; the devices of the plans it made.
+    numpy arrays stay on the host, GPU or not."""
     import tessera_rw.codegen.plan_runtime as plan_runtime
+    import tessera_rw.execute as execute
+    import tessera_rw.warm_calls as warm_calls
+    for module in (execute, warm_calls):
+        monkeypatch.setattr(module, "host_arrays_run_on_gpu", lambda program, numerics: False)
     from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
     made = []
 
@@ -114,9 +120,13 @@ def fake_gpu(monkeypatch):
             arrays = {n: v.array if isinstance(v, _CudaTensor) else v for n, v in values.items()}
             return run_plan_on_cpu(self.plan, arrays, self.numerics)
 
-    def device_plan(plan, device, numerics, schedules=()):
-        made.append(device)
-        return Plan(plan, device, numerics)
+    kept = {}
+
+    def device_plan(plan, device, numerics, schedules=()):     # made once, kept as device_plan's cache keeps it
+        if (plan, device, numerics) not in kept:
+            made.append(device)
+            kept[plan, device, numerics] = Plan(plan, device, numerics)
+        return kept[plan, device, numerics]
     monkeypatch.setattr(plan_runtime, "device_plan", device_plan)
     return made
 
@@ -134,7 +144,7 @@ def test_a_warm_call_on_torch_cuda_tensors_runs_their_device_plan_without_bindin
     monkeypatch.setattr(warm_calls, "run_program", refuse)
     for _ in range(2):
         np.testing.assert_allclose(f(*tensors), A[0] * A[1] + A[2], rtol=1e-6)
-    assert fake_gpu == [0, 0]        # the warm call's plan is looked up once, then kept
+    assert fake_gpu == [0]           # the warm calls run the plan the cold call made
 
 
 def test_torch_tensors_on_another_gpu_or_mixed_gpus_are_other_signatures(fake_gpu):
@@ -154,4 +164,22 @@ def test_numpy_and_torch_calls_of_one_shape_are_remembered_apart(fake_gpu):
     for _ in range(2):
         np.testing.assert_allclose(f(*A), A[0] * A[1] + A[2], rtol=1e-6)
         np.testing.assert_allclose(f(*[_CudaTensor(a) for a in A]), A[0] * A[1] + A[2], rtol=1e-6)
-    assert fake_gpu == [0, 0]                        # the cold torch call's, then the warm one's
+    assert fake_gpu == [0]                           # the numpy calls ran on the host
+
+
+def test_a_call_that_failed_is_not_remembered(fake_gpu):
+    import tessera_rw.codegen.plan_runtime as plan_runtime
+    f = op.kernel(lambda q, k, v: q * k + v)
+    tensors = [_CudaTensor(a) for a in A]
+    made = plan_runtime.device_plan
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("out of device memory")
+    plan_runtime.device_plan = out_of_memory
+    try:
+        with pytest.raises(MemoryError):
+            f(*tensors)
+    finally:
+        plan_runtime.device_plan = made
+    assert not f._warm_calls._calls           # the next call goes the general way again
+    np.testing.assert_allclose(f(*tensors), A[0] * A[1] + A[2], rtol=1e-6)

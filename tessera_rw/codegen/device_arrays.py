@@ -72,7 +72,8 @@ def dtype_from_library(dtype: object) -> DType:
         return _FROM_LIBRARY[dtype]
     except (KeyError, TypeError):        # not seen yet, or unhashable
         pass
-    text = str(dtype) if type(dtype).__module__.split(".")[0] == "torch" else dtype
+    from_torch = type(dtype).__module__.split(".")[0] == "torch"
+    text = str(dtype) if from_torch else dtype
     if isinstance(text, str):
         text = text.removeprefix("torch.")
     try:
@@ -80,7 +81,7 @@ def dtype_from_library(dtype: object) -> DType:
     except DTypeError:
         raise DTypeError(f"tensor dtype {dtype} has no tessera_rw equivalent",
                          hint="supported: " + ", ".join(d.value for d in DType)) from None
-    if type(dtype).__module__.split(".")[0] == "torch":      # a warm call reads each tensor's dtype
+    if from_torch:          # remembered: a warm call reads each tensor's dtype
         _FROM_LIBRARY[dtype] = found
     return found
 
@@ -124,8 +125,8 @@ def kind_of(value: Any) -> str:
 
 
 def is_torch_cuda_tensor(value: Any) -> bool:
-    """Whether `value` is a torch tensor on a GPU."""
-    return _class_kind(type(value)) == "torch" and value.get_device() >= 0
+    """Whether `value` is a torch tensor on a CUDA GPU."""
+    return _class_kind(type(value)) == "torch" and value.is_cuda
 
 
 def _class_kind(cls: type) -> str | None:
@@ -139,8 +140,9 @@ def _class_kind(cls: type) -> str | None:
 
 
 def _kind_of_type(cls: type) -> str | None:
-    """kind_of for every value of class `cls`, as its class attributes decide it; None when they
-    do not (an object may still export device memory through attributes of its own)."""
+    """kind_of for every value of class `cls` where the class decides it (DeviceTensor, numpy and
+    Python numbers, torch and CuPy tensors); None for the rest, whose objects each say whether they
+    export device memory."""
     if issubclass(cls, DeviceTensor):
         return "cuda"
     if issubclass(cls, (np.ndarray, np.generic, bool, int, float, complex)):
@@ -150,9 +152,7 @@ def _kind_of_type(cls: type) -> str | None:
         return "torch"
     if package == "cupy" and hasattr(cls, "data"):
         return "cupy"
-    if hasattr(cls, "__cuda_array_interface__") or hasattr(cls, "__dlpack__"):
-        return "cuda"
-    return None
+    return None         # an export of device memory (CAI, DLPack) is asked of each object
 
 
 _KIND_OF_TYPE: dict[type, str] = {}
@@ -178,8 +178,7 @@ def device_index_of(value: Any) -> int | None:
     if isinstance(value, DeviceTensor):
         return value.device
     if kind == "torch":
-        index = value.get_device()          # -1 on the host
-        return index if index >= 0 else None
+        return value.get_device() if value.is_cuda else None
     if kind == "cupy":
         return value.device.id
     if kind == "cuda":

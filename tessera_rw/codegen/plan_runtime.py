@@ -14,9 +14,10 @@ allocated flat and each caller gets a tensor over their own part of it (a torch 
 DeviceTensor at the offset); an output that fills its buffer alone is allocated at its own shape.
 
 A call runs on the stream it is given, else, for torch tensors, on torch's current stream (where
-torch's own next op on the outputs runs: nothing to order between the two), else on the plan's own.
-Temporaries and the workspace belong to the DevicePlan, so a call on another stream than the call
-before waits for that call first.
+torch's own next op on the outputs runs: nothing to order between the two; its legacy default
+stream only on the current device), else on the plan's own. Temporaries and the workspace belong
+to the DevicePlan, so calls enqueue their work one at a time (a lock), and a call on another
+stream than the call before waits for that call first.
 
 What a call costs the host is kept to what changes between calls: each kernel is loaded and
 configured when the plan is made (launch.KernelLauncher); the launches made for one set of input
@@ -30,6 +31,7 @@ per tensor (not at all where the call runs on torch's stream).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, Callable, Mapping, Sequence
@@ -131,7 +133,8 @@ class DevicePlan:
         # the buffers whose addresses change between calls: the inputs' and the outputs'
         self.varying = tuple(dict.fromkeys([ref.buffer for _, ref in plan.inputs] + [b for b, _ in self.output_groups]))
         self._launches_by_key: dict[tuple[int, ...], tuple[Any, ...]] = {}     # see _launches
-        self.library_steps = any(k.library is not None for k in self.kernels)
+        self.has_library_steps = any(k.library is not None for k in self.kernels)
+        self._lock = threading.Lock()
         self._last_stream = None         # the stream of the last call (see _stream_for)
         self.stream.sync()
 
@@ -140,6 +143,11 @@ class DevicePlan:
         missing = [n for n, _ in plan.inputs if n not in values]
         if missing:
             raise ArgumentError(f"plan {plan.name}: no value for inputs {missing}")
+        with self._lock:            # one call's work is enqueued before another's: they share temporaries
+            return self._run(values, stream)
+
+    def _run(self, values: Mapping[str, Any], stream: Any) -> tuple[Any, ...]:
+        plan = self.plan
         device = self.stream.device.device_id
         first = values[plan.inputs[0][0]] if plan.inputs else None
         kind = kind_of(first) if first is not None else "numpy"
@@ -154,9 +162,9 @@ class DevicePlan:
         results = self._allocate_outputs(kind, first, stream, memory)
         # the libraries' pending work comes first: what produced the inputs, and what may still use
         # the memory their allocators just handed out (nothing to order where we run on their stream)
-        libraries = [library_stream(library, device)
-                     for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})]
-        for library in libraries:
+        library_streams = [library_stream(library, device)
+                           for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})]
+        for library in library_streams:
             order_after(stream, library)
         recorders = active_recorders()
         if recorders:                   # profiled: CUDA events around each launch, one sync after the last
@@ -170,7 +178,7 @@ class DevicePlan:
                 launch()
         # ... and the libraries' next work comes after ours: their outputs, and the memory of their
         # inputs (a contiguous copy made for this call goes back to its allocator now)
-        for library in libraries:
+        for library in library_streams:
             order_after(library, stream)
         if kind == "numpy":
             return tuple(to_host(_view(memory[ref.buffer], ref), stream) for ref in plan.outputs)
@@ -187,13 +195,25 @@ class DevicePlan:
                 raise DeviceError(f"plan {self.plan.name} was made for cuda:{device}, the stream is on "
                                   f"cuda:{stream.device.device_id}",
                                   hint="pass a stream on the device the plan's inputs live on")
-        elif kind == "torch":
-            stream = library_stream("torch", device)
         else:
-            stream = self.stream
+            stream = self._torch_stream(device) if kind == "torch" else None
+            stream = stream or self.stream
         if self._last_stream is not None:
             order_after(stream, self._last_stream)
         self._last_stream = stream
+        return stream
+
+    @staticmethod
+    def _torch_stream(device: int) -> Any:
+        """torch's current stream on `device` where a launch on it runs there, else None: a stream
+        of torch's own is tied to its device; the legacy default stream (handle 0) runs on the
+        current device, and cuda.core's wrapper of it keeps the device it first met."""
+        stream = library_stream("torch", device)
+        if stream.device.device_id != device:
+            return None
+        if int(stream.handle) == 0:
+            import torch
+            return stream if torch.cuda.current_device() == device else None
         return stream
 
     def _allocate_outputs(self, kind: str, first: Any, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
@@ -226,7 +246,7 @@ class DevicePlan:
             if len(self._launches_by_key) >= BOUND_CALLS:        # the oldest goes
                 self._launches_by_key.pop(next(iter(self._launches_by_key), None), None)
             self._launches_by_key[key] = found
-        if not self.library_steps:
+        if not self.has_library_steps:
             return found
         return [partial(k.library, self._arguments(k, memory), stream) if launch is None else launch
                 for k, launch in zip(self.kernels, found)]

@@ -129,6 +129,20 @@ def test_a_call_on_another_stream_is_ordered_once_each_way_and_after_the_call_be
     assert {s.handle for _, _, s in device.launched} == {ours} and not any(device.order_flags)
 
 
+def test_a_call_on_another_stream_waits_for_the_call_before_it(device, monkeypatch):
+    plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
+    monkeypatch.setattr(plan_runtime, "kind_of", lambda value: "cuda")         # no library's stream to order
+    monkeypatch.setattr(plan_runtime, "library_stream", lambda kind, index: None)
+    monkeypatch.setattr(plan_runtime, "order_after", lambda waiter, producer: None in (waiter, producer) or
+                        device.order_after(waiter, producer))
+    other = SimpleNamespace(device=device.stream.device, handle=8)
+    for stream in (None, other, other, None):
+        monkeypatch.setattr(plan_runtime, "resolve_stream", lambda *a, s=stream: s or device.stream)
+        plan.run(_inputs(0x800000), stream=stream)
+    ours = device.stream.handle
+    assert device.orders == [(8, ours), (ours, 8)]        # each switch waits for the call before, once
+
+
 def test_a_launch_is_bound_once_per_stream_and_reused_on_it(device, monkeypatch):
     plan = plan_runtime.DevicePlan(_plan(), 0, Numerics.DETERMINISTIC, H100)
     first_output = device.next_address
