@@ -168,3 +168,21 @@ def test_an_fp8_linear_layer_is_one_gemm_reading_the_weight_as_stored(dtype):
         wide = x.astype(np.float64) @ read + b.astype(np.float64)
         want = 0.5 * wide * (1 + erf(wide / np.sqrt(2)))
         assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
+def test_a_normalization_of_a_plain_tensor_with_an_epilogue_is_one_row_kernel(dtype):
+    @op.kernel
+    def normed_then_scaled(x, w):
+        return op.softmax(x, axis=-1) * w + op.layernorm(x) * w
+
+    rng = np.random.default_rng(17)
+    x, w = rng.standard_normal((33, 200)).astype(dtype), rng.standard_normal(200).astype(dtype)
+    program = normed_then_scaled.program(x, w)
+    assert [s.op for s in program.plan.steps] == ["fused_normalization", "fused_normalization"]
+    wide, w64 = x.astype(np.float64), w.astype(np.float64)
+    e = np.exp(wide - wide.max(-1, keepdims=True))
+    centered = wide - wide.mean(-1, keepdims=True)
+    want = e / e.sum(-1, keepdims=True) * w64 + centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5) * w64
+    inputs = {"x": x, "w": w}
+    assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])

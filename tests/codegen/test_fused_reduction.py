@@ -45,7 +45,8 @@ def test_a_losss_leading_minus_is_part_of_its_reduction(reduce):
 def test_an_entropy_is_the_two_normalizations_and_one_reduction():
     x = rng.standard_normal((33, 96)).astype(np.float32)
     k = op.kernel(lambda x: -op.sum(op.softmax(x, axis=-1) * op.log_softmax(x, axis=-1), axis=-1))
-    assert sorted(steps(k, x)) == ["fused_reduction", "log_softmax", "softmax"]
+    plan = steps(k, x)         # the product (and the minus) in the reduction or in log_softmax's epilogue
+    assert len(plan) == 3 and "neg" not in plan and "mul" not in plan, plan
     z = x.astype(np.float64) - x.max(-1, keepdims=True)
     log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
     np.testing.assert_allclose(k(x), -(np.exp(log_p) * log_p).sum(-1), rtol=1e-5)

@@ -99,6 +99,21 @@ def test_a_normalization_absorbs_the_elementwise_ops_on_both_sides():
     np.testing.assert_allclose(evaluate(fused, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("spelling", ["softmax(x) * w", "log_softmax(x) - x", "layernorm(x) * w",
+                                      "relu(layernorm(x, w)) + 1", "rmsnorm(x, w, w) * x"])
+def test_a_normalization_of_a_plain_tensor_absorbs_the_elementwise_ops_after_it(spelling):
+    x, w = RNG.standard_normal((4, 8)).astype(np.float32), RNG.standard_normal(8).astype(np.float32)
+    fn = {"softmax(x) * w": lambda x, w: op.softmax(x, axis=-1) * w,
+          "log_softmax(x) - x": lambda x, w: op.log_softmax(x, axis=-1) - x,
+          "layernorm(x) * w": lambda x, w: op.layernorm(x) * w,
+          "relu(layernorm(x, w)) + 1": lambda x, w: op.relu(op.layernorm(x, w)) + 1.0,
+          "rmsnorm(x, w, w) * x": lambda x, w: op.rmsnorm(x, w, w) * x}[spelling]
+    program = op.kernel(fn).program(x, w)
+    assert [s.op for s in program.plan.steps] == ["fused_normalization"], spelling
+    graph = op.kernel(fn).trace(x=x, w=w)
+    np.testing.assert_allclose(op.kernel(fn)(x, w), evaluate(graph, {"x": x, "w": w})[0], rtol=1e-5, atol=1e-6)
+
+
 def test_a_cast_to_the_products_own_dtype_is_no_kernel():
     x, w = (RNG.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((64, 32), (32, 16)))
     b = RNG.standard_normal(16).astype(ml_dtypes.bfloat16)

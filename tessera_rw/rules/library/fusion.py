@@ -168,6 +168,44 @@ def _normalization_rules():
 FUSION_RULES = FUSION_RULES + tuple(_normalization_rules())
 
 
+def _bare_norm_example(norm: str, params: int):
+    """norm(x, *params) followed by an elementwise op, which the lifted form lets it absorb."""
+    def example(rng: np.random.Generator):
+        rows, width = (int(v) for v in rng.integers(1, 6, size=2))
+        names = ["x", "w", "c"][:1 + params]
+        inputs = {"x": rand(rng, rows, width)} | {nm: rand(rng, width) for nm in names[1:]}
+
+        def body(*args):
+            if norm in ("softmax", "log_softmax"):
+                return getattr(op, norm)(args[0], axis=-1) * 2.0
+            return getattr(op, norm)(*args) * 2.0
+        return with_parameters(body, names), inputs
+    return example
+
+
+def _bare_normalization_rules():
+    """A normalization of a plain tensor is a fused_normalization whose prologue reads it as it is,
+    so the elementwise ops after it can join it as they join one with a prologue."""
+    ax, eps, hw, hb, x0 = t.vars("ax eps hw hb x0")
+    for norm in ("softmax", "log_softmax"):
+        yield Rule(f"{norm}-as-fused", f"{norm}(x) = fused_normalization(x; {norm})",
+                   lhs=t.term(norm, x0, axis=ax, of=T),
+                   rhs=t.fused_normalization(x0, expr=NO_EPILOGUE, norm=norm, axes=Expr("(vec-of ax)"), eps=0.0,
+                                             has_weight=False, has_bias=False, post=NO_EPILOGUE, of=T),
+                   example=_bare_norm_example(norm, 0))
+    for norm in ("layernorm", "rmsnorm"):
+        for params in range(3):
+            ps = t.vars("p0 p1")[:params]
+            yield Rule(f"{norm}-as-fused-{params}", f"{norm}(x, …) = fused_normalization(x, …; {norm})",
+                       lhs=t.term(norm, x0, *ps, axes=ax, eps=eps, has_weight=hw, has_bias=hb, of=T),
+                       rhs=t.fused_normalization(x0, *ps, expr=NO_EPILOGUE, norm=norm, axes=ax, eps=eps,
+                                                 has_weight=hw, has_bias=hb, post=NO_EPILOGUE, of=T),
+                       example=_bare_norm_example(norm, params))
+
+
+FUSION_RULES = FUSION_RULES + tuple(_bare_normalization_rules())
+
+
 # ---- ... and the elementwise ops after them -----------------------------------------------
 
 def _epilogue_example(n: int, k: int, p: int):
