@@ -23,6 +23,7 @@ from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.lower.layout_chains import fold_layout_chains
+from tessera_rw.lower.plain_normalizations import plain_normalizations
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
@@ -197,7 +198,7 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 
 
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
-    return None if program is None else candidate_of(fold_layout_chains(program), arch)
+    return None if program is None else candidate_of(plain_normalizations(fold_layout_chains(program)), arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})
