@@ -110,6 +110,15 @@ def _layernorm_loss(x, w, b, dy):
     return op.sum(op.layernorm(x, w, b) * dy)
 
 
+def layernorm_inputs(t: int, d: int):
+    """x, w, b and dy of a bf16 layer norm over rows of d, on the GPU: weights near 1, biases near 0."""
+    import torch
+    x = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+    w = 1 + 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
+    b = 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
+    return x, w, b, torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+
+
 def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     t, d = LN_TOKENS, LN_WIDTH
     flops = 20 * t * d                                  # statistics, x̂, the two row sums, dx; dW and db
@@ -120,10 +129,7 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         import torch
         import torch.nn.functional as F
         grad = op.grad(_layernorm_loss, argnums=(0, 1, 2))
-        x = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
-        w = 1 + 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
-        b = 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
-        dy = torch.randn(t, d, dtype=torch.bfloat16, device="cuda")
+        x, w, b, dy = layernorm_inputs(t, d)
         ours = grad(x, w, b, dy)
         leaves = [a.detach().clone().requires_grad_(True) for a in (x, w, b)]
         out = F.layer_norm(leaves[0], (d,), leaves[1], leaves[2])

@@ -1,10 +1,11 @@
-"""`python bench/torch_call_costs.py` (on a GPU with torch): what a warm call on torch CUDA tensors costs the
+"""`python -m bench.torch_call_costs` (on a GPU with torch): what a warm call on torch CUDA tensors costs the
 host, against the kernels it launches and torch doing the same work: a layer norm backward (op.grad) at a
 small and a large shape, and a 4x64 elementwise @op.kernel beside the same torch expression; then a call
 under a side stream. Host µs: the calls enqueued back to back; with the GPU: until the last one finished."""
 import time
 import torch
 import torch.nn.functional as F
+from bench.gpu_backward import layernorm_inputs
 from tessera_rw import op, profiler
 from tessera_rw.codegen.plan_runtime import device_plan
 from tessera_rw.codegen.numerics import Numerics
@@ -31,10 +32,7 @@ def scale_add(x, y):
 
 for t_, d in [(8, 64), (8192, 4096)]:
     grad = op.grad(loss, argnums=(0, 1, 2))
-    x = torch.randn(t_, d, dtype=torch.bfloat16, device="cuda")
-    w = 1 + 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
-    b = 0.1 * torch.randn(d, dtype=torch.bfloat16, device="cuda")
-    dy = torch.randn(t_, d, dtype=torch.bfloat16, device="cuda")
+    x, w, b, dy = layernorm_inputs(t_, d)
     ours = grad(x, w, b, dy)
     plan = grad.program(x, w, b, dy).plan
     values = dict(zip([n for n, _ in plan.inputs], (x, w, b, dy)))
