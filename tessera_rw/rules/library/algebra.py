@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import kernel_forms, masks
+from tessera_rw.rules.library import kernel_forms, masks, norm_forms
 from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -280,5 +280,6 @@ def _negation_into(reduce: str) -> Rule:
 
 RULES += tuple(_negation_into(reduce) for reduce in ("sum", "mean"))
 
-ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES,
-                  doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels take")
+ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES,
+                  doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels "
+                      "take, weighted norms written out")
