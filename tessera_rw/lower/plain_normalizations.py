@@ -17,15 +17,21 @@ speak of.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused import NO_EPILOGUE
 
 
+def lifts_nothing(op: str, attrs: Mapping[str, Any]) -> bool:
+    """Whether a node of `op` with `attrs` is a lifted normalization that fused nothing."""
+    return op == "fused_normalization" and attrs.get("expr") == NO_EPILOGUE and attrs.get("post") == NO_EPILOGUE
+
+
 def _lifts_nothing(node: Node) -> bool:
-    attrs = node.attr_map
-    return node.op == "fused_normalization" and attrs["expr"] == NO_EPILOGUE and attrs["post"] == NO_EPILOGUE
+    return lifts_nothing(node.op, node.attr_map)
 
 
 def _plain(node: Node, args: tuple[Node, ...]) -> Node:

@@ -23,7 +23,7 @@ from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.lower.layout_chains import fold_layout_chains
-from tessera_rw.lower.plain_normalizations import plain_normalizations
+from tessera_rw.lower.plain_normalizations import lifts_nothing, plain_normalizations
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
@@ -209,11 +209,12 @@ def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, f
                   found: tuple[Candidate, ...]) -> Iterator[tuple[Candidate | None, Callable[[Candidate], bool]]]:
     """Programs the cheapest per depth leave out but a reader weighs: for each fusion depth the
     e-graph holds e-nodes of that no cheapest program reached (a plugin's SIMT kernel losing to
-    tensor cores), the program taking them; where the e-graph holds a convolution both direct and
+    tensor cores; a normalization lifted to fuse nothing does not count: it runs as the plain op),
+    the program taking them; where the e-graph holds a convolution both direct and
     through the FFT, the cheapest program of each form. Each with what a candidate made of it must
     be to count."""
     view = result.view
-    held = {e.op for enodes in view.classes.values() for e in enodes}
+    held = {e.op for enodes in view.classes.values() for e in enodes if not lifts_nothing(e.op, dict(e.attrs))}
     reached = {c.fusion_depth for c in found}
     for depth in sorted({fusion_depth(op) for op in held} - reached):
         if depth > max(reached):

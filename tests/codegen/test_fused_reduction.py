@@ -35,14 +35,25 @@ def test_a_reduction_of_an_expression_is_one_kernel_and_matches_numpy(reduce):
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-def test_a_losss_leading_minus_is_part_of_its_reduction(reduce):
+def test_a_loss_s_leading_minus_is_part_of_its_reduction(reduce):
     x, y = rng.standard_normal((33, 96)), rng.standard_normal((33, 96))
     k = op.kernel(lambda x, y: -getattr(op, reduce)(x * op.log(op.abs(y) + 1.0), axis=-1))
     assert steps(k, x, y) == ["fused_reduction"]
     np.testing.assert_allclose(k(x, y), -getattr(np, reduce)(x * np.log(np.abs(y) + 1.0), axis=-1), rtol=1e-12)
 
 
-def test_an_entropy_is_the_two_normalizations_and_one_reduction():
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_an_integer_or_bool_reduction_keeps_its_minus_outside(reduce):
+    # −x wraps at int32's minimum before the wider sum (or float mean) would; bool has no minus
+    x = np.array([[-2 ** 31, 1, 2], [5, -7, 9]], np.int32)
+    k = op.kernel(lambda x: -getattr(op, reduce)(x, axis=-1))
+    np.testing.assert_array_equal(k(x), -getattr(np, reduce)(x.astype(np.int64), axis=-1).astype(k(x).dtype))
+    y = rng.standard_normal((4, 8)).astype(np.float32)
+    counts = op.kernel(lambda y: -getattr(op, reduce)(y > 0.0, axis=-1))
+    np.testing.assert_allclose(counts(y), -getattr(np, reduce)(y > 0.0, axis=-1), rtol=1e-6)
+
+
+def test_an_entropy_is_three_kernels_its_product_and_minus_in_them():
     x = rng.standard_normal((33, 96)).astype(np.float32)
     k = op.kernel(lambda x: -op.sum(op.softmax(x, axis=-1) * op.log_softmax(x, axis=-1), axis=-1))
     plan = steps(k, x)         # the product (and the minus) in the reduction or in log_softmax's epilogue

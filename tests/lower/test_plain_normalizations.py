@@ -38,3 +38,12 @@ def test_a_plain_layer_norm_is_planned_as_the_layer_norm_kernel():
     x, w, b, proj = (op.tensor(shape, "bf16") for shape in ((4, 512, 768), (768,), (768,), (768, 2304)))
     k = op.kernel(lambda x, w, b, proj: op.layernorm(x, w, b) @ proj)
     assert [s.op for s in k.program(x, w, b, proj).plan.steps] == ["layernorm", "matmul"]
+
+
+def test_a_lone_normalization_is_one_candidate_that_runs_as_itself():
+    x, v = op.tensor((4, 512, 768), "bf16"), op.tensor((768,), "bf16")
+    for norm, fn in (("softmax", lambda x, w, b: op.softmax(x, axis=-1)),
+                     ("layernorm", lambda x, w, b: op.layernorm(x, w, b)), ("rmsnorm", lambda x, w, b: op.rmsnorm(x, w))):
+        program = op.kernel(fn).program(x, v, v)
+        assert [c.graph.op_counts() for c in program.candidates] == [{norm: 1}], norm
+        assert [s.op for s in program.plan.steps] == [norm]

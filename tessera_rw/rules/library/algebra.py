@@ -264,18 +264,29 @@ RULES = (
                               {"x": rand(rng, 0, 0, dtype=ml_dtypes.bfloat16)})),
 )
 
+NOT_FLOATS = ("bool", "int32", "int64")     # no negation (bool), or one that wraps (−INT_MIN) before a wider sum
+
+
+def _negated_product_example(reduce: str):
+    """−reduce(x · y) over a random axis of random x and y."""
+    def example(rng: np.random.Generator):
+        x = rand(rng, 0, 0)
+        axis = int(rng.integers(0, 2))
+        return (lambda x, y: -getattr(op, reduce)(x * y, axis=axis)), {"x": x, "y": rand(rng, *x.shape)}
+    return example
 
 
 def _negation_into(reduce: str) -> Rule:
-    """−Σ x = Σ (−x) (and the mean's): exact, and the negation then fuses into the expression the
-    reduction reads instead of being a kernel over its result (a loss's leading minus)."""
-    kd, sx, dx_ = Expr("kd"), Expr("sx"), Expr("dx")
+    """−Σ x = Σ (−x) (and the mean's), in floating point: the same value but for the sign of a zero
+    result (−(1 + −1) is −0.0, −1 + 1 is +0.0); the negation then fuses into the expression the
+    reduction reads instead of being a kernel over its result (a loss's leading minus). Integers
+    keep their order: −x wraps at the type's minimum before a wider sum or mean would."""
+    kd, sx = Expr("kd"), Expr("sx")
     return Rule(f"negation-into-{reduce}", f"−{reduce}(x) = {reduce}(−x)",
                 lhs=t.neg(t.term(reduce, x, axes=axes, keepdims=kd), of=T),
-                rhs=t.term(reduce, t.neg(x, of=(sx, dx_)), axes=axes, keepdims=kd, of=T),
-                when=("(= sx (shp x))", "(= dx (dt x))"),
-                example=lambda rng: (lambda x, y: -getattr(op, reduce)(x * y, axis=int(rng.integers(0, 2))),
-                                     (lambda x: {"x": x, "y": rand(rng, *x.shape)})(rand(rng, 0, 0))))
+                rhs=t.term(reduce, t.neg(x, of=(sx, dx)), axes=axes, keepdims=kd, of=T),
+                when=("(= sx (shp x))", "(= dx (dt x))", *(f'(!= dx "{kind}")' for kind in NOT_FLOATS)),
+                example=_negated_product_example(reduce))
 
 
 RULES += tuple(_negation_into(reduce) for reduce in ("sum", "mean"))

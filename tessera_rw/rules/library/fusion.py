@@ -169,7 +169,8 @@ FUSION_RULES = FUSION_RULES + tuple(_normalization_rules())
 
 
 def _bare_norm_example(norm: str, params: int):
-    """norm(x, *params) followed by an elementwise op, which the lifted form lets it absorb."""
+    """norm(x, *params) of a random x, times 2 (the lift is checked alone: the epilogue rules that
+    would then take the product in are checked with their own examples)."""
     def example(rng: np.random.Generator):
         rows, width = (int(v) for v in rng.integers(1, 6, size=2))
         names = ["x", "w", "c"][:1 + params]
