@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -108,3 +109,28 @@ def test_compensated_sums_keep_infinities_and_nans_as_plain_summation_does(name)
     for schedule in ReductionTemplate().schedules(kernel_op, arch_named("H100-SXM")):
         got = emulator.run_emulated(kernel_op, [x], schedule=schedule)
         np.testing.assert_allclose(got, want, rtol=1e-6)          # an infinity's compensation was inf - inf
+
+
+@pytest.mark.parametrize("outer, inner", [("sum", "sum"), ("mean", "mean"), ("mean", "sum")])
+def test_a_reduction_of_per_row_reductions_is_one_kernel(outer, inner):
+    x, y = rng.standard_normal((33, 96)).astype(np.float32), rng.standard_normal((33, 96)).astype(np.float32)
+    k = op.kernel(lambda x, y: getattr(op, outer)(getattr(op, inner)(x * y, axis=-1)))
+    assert steps(k, x, y) == ["fused_reduction"]
+    want = getattr(np, outer)(getattr(np, inner)(x.astype(np.float64) * y, axis=-1))
+    np.testing.assert_allclose(k(x, y), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cross_entropy_averaged_over_its_rows_is_two_kernels():
+    x, y = rng.standard_normal((33, 96)).astype(np.float32), np.abs(rng.standard_normal((33, 96))).astype(np.float32)
+    k = op.kernel(lambda x, y: op.mean(-op.sum(y * op.log_softmax(x, axis=-1), axis=-1)))
+    assert len(steps(k, x, y)) == 2
+    z = x.astype(np.float64) - x.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    np.testing.assert_allclose(k(x, y), (-(y * log_p).sum(-1)).mean(), rtol=1e-5)
+
+
+def test_a_mean_of_row_sums_in_bf16_keeps_its_two_reductions():
+    # mean_i Σ_j x = mean(x · n_j) needs n_j exact in x's dtype; bf16 holds 257 as 256, so never in bf16
+    x = rng.standard_normal((33, 257)).astype(ml_dtypes.bfloat16)
+    k = op.kernel(lambda x: op.mean(op.sum(x, axis=-1)))
+    assert len(steps(k, x)) == 2

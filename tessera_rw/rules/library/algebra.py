@@ -291,6 +291,40 @@ def _negation_into(reduce: str) -> Rule:
 
 RULES += tuple(_negation_into(reduce) for reduce in ("sum", "mean"))
 
+
+def _rows_then_all_example(outer: str, inner: str):
+    """outer(inner(x · y, over each row)) of a random matrix: a loss's mean of per-row sums."""
+    def example(rng: np.random.Generator):
+        x = rand(rng, 0, 0)
+        return (lambda x, y: getattr(op, outer)(getattr(op, inner)(x * y, axis=-1))), {"x": x, "y": rand(rng, *x.shape)}
+    return example
+
+
+def _reduced_twice(outer: str, inner: str) -> Rule:
+    """A reduction of a matrix's per-row reductions is one reduction over the matrix (a loss averaged
+    over its rows): Σ_i Σ_j x = Σ x, mean_i mean_j x = mean x, and mean_i Σ_j x = mean (x · n_j)
+    where the row length n_j is exact in x's dtype (float32 and wider), in floating point (the order
+    of the additions is the kernel's, as in any reduction)."""
+    both = Expr("(vec-of 0 1)")
+    inner_type = (Expr("(vec-of (vec-get sx 0))"), d)
+    exact_width = ()
+    if (outer, inner) == ("mean", "sum"):        # n_j, a constant of x's dtype: exact in float32 and wider
+        exact_width = tuple(f'(!= d "{narrow}")' for narrow in ("bfloat16", *NARROW_RANGE_FLOATS))
+        width = t.constant(value=Expr("(to-f64 (vec-get sx 1))"), dtype=d, of=((), d))
+        reduced = t.mean(t.mul(x, width, of=(Expr("sx"), d)), axes=both, keepdims=False, of=T)
+    else:
+        reduced = t.term(outer, x, axes=both, keepdims=False, of=T)
+    return Rule(f"{outer}-of-row-{inner}s", f"{outer}_i {inner}_j x_ij = one reduction over x",
+                lhs=t.term(outer, t.term(inner, x, axes=Expr("(vec-of 1)"), keepdims=False, of=inner_type),
+                           axes=Expr("(vec-of 0)"), keepdims=False, of=T),
+                rhs=reduced,
+                when=("(= sx (shp x))", "(= (vec-length sx) 2)", "(= (dt x) d)",
+                      *(f'(!= d "{kind}")' for kind in NOT_FLOATS), *exact_width),
+                example=_rows_then_all_example(outer, inner))
+
+
+RULES += tuple(_reduced_twice(outer, inner) for outer, inner in (("sum", "sum"), ("mean", "mean"), ("mean", "sum")))
+
 ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES,
                   doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels "
                       "take, weighted norms written out")
