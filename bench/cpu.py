@@ -140,11 +140,11 @@ def executor_figures() -> tuple[list[Figure], list[host_executor.Versus]]:
 
 def call_figures() -> list[Figure]:
     from bench.kernel_calls import first_call_of_attention, warm_call_overhead_us
-    call, plan = warm_call_overhead_us()
+    call, plan, overhead = warm_call_overhead_us()
     first = first_call_of_attention()
     return [
-        Figure(f"warm @op.kernel call over its plan run ({call:.1f} vs {plan:.1f} µs)", call - plan, "µs", "< 20",
-               call - plan < 20),
+        Figure(f"warm @op.kernel call over its plan run, median of paired differences ({call:.1f} vs {plan:.1f} µs)",
+               overhead, "µs", "< 20", overhead < 20),
         Figure(f"first call, attention example, autotune on ({first['chosen_by']}, {first['kernels']} kernel(s), "
                f"imports {first['import_s']:.1f} s apart)", first["first_call_s"], "s", "< 10",
                first["first_call_s"] < 10 and first["finite"]),

@@ -1,8 +1,9 @@
 """The cost of calling an @op.kernel: warm-call overhead and the first call of the attention example.
 
 - Warm overhead: a kernel whose program is compiled (and tuned, from a warm cache) called on a
-  small array, against running its compiled plan directly with the same executor; the difference
-  is what binding, the signature lookup and dispatch cost per call.
+  small array, against running its compiled plan directly with the same executor, the two run in
+  pairs; the median paired difference is what binding, the signature lookup and dispatch cost per
+  call.
 - First call: a fresh process with an empty cache calls the attention example (bf16, 4x16x2048x64)
   with autotuning on, no GPU timing (`auto` ranks by the cost model without a GPU): trace,
   rewrite, extract, tune, lower and run it once. The process's imports are timed apart.
@@ -17,13 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-REPS = 2000
+PAIRS = 5000
 
 FIRST_CALL = """
 import json, sys, time
@@ -45,24 +46,33 @@ print(json.dumps({"import_s": imported - start, "first_call_s": done - called, "
 """
 
 
-def _median_calls_us(fns: Sequence[Callable[[], object]], reps: int = REPS, rounds: int = 7) -> list[float]:
-    """Each of `fns`' median µs per call over `rounds` blocks of `reps` calls, the blocks of the
-    functions alternating (a burst of load on a shared machine falls on all of them)."""
-    for fn in fns:
-        for _ in range(50):
-            fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, taken in zip(fns, samples):
-            start = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            taken.append((time.perf_counter() - start) / reps * 1e6)
-    return [statistics.median(taken) for taken in samples]
+def paired_calls_us(call: Callable[[], object], base: Callable[[], object],
+                    pairs: int = PAIRS) -> tuple[float, float, float]:
+    """(median µs of `call`, of `base`, median of call − base over pairs run back to back): each pair
+    runs the two in turn (in alternating order), so a burst of load on a shared machine falls on
+    both halves of the pairs it hits and drops out of their difference, where medians of separate
+    blocks of calls would each take it whole."""
+    for _ in range(50):
+        call()
+        base()
+    clock, calls, bases, differences = time.perf_counter_ns, [], [], []
+    for i in range(pairs):
+        first, second = (call, base) if i % 2 == 0 else (base, call)
+        start = clock()
+        first()
+        middle = clock()
+        second()
+        end = clock()
+        took_call, took_base = ((middle - start, end - middle) if i % 2 == 0 else (end - middle, middle - start))
+        calls.append(took_call / 1e3)
+        bases.append(took_base / 1e3)
+        differences.append((took_call - took_base) / 1e3)
+    return statistics.median(calls), statistics.median(bases), statistics.median(differences)
 
 
-def warm_call_overhead_us() -> tuple[float, float]:
-    """(kernel call µs, direct plan run µs), on the executor the call itself uses."""
+def warm_call_overhead_us() -> tuple[float, float, float]:
+    """(kernel call µs, direct plan run µs, the call's overhead over the run: their median paired
+    difference), on the executor the call itself uses."""
     from tessera_rw import autotune, op
     from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
     from tessera_rw.codegen.numerics import current_numerics
@@ -85,11 +95,11 @@ def warm_call_overhead_us() -> tuple[float, float]:
             else:
                 numerics = current_numerics()
                 direct = lambda: run_plan_on_cpu(program.plan, {"x": x}, numerics)  # noqa: E731
-            call, plan = _median_calls_us([lambda: scaled_softmax(x), direct])
+            found = paired_calls_us(lambda: scaled_softmax(x), direct)
         finally:
             autotune.enable(False)
             os.environ.pop("TESSERA_CACHE_DIR", None)
-    return call, plan
+    return found
 
 
 def first_call_of_attention() -> dict:
