@@ -22,8 +22,8 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
+from tessera_rw.algebra.ops.fused import lifts_nothing
 from tessera_rw.lower.layout_chains import fold_layout_chains
-from tessera_rw.lower.plain_normalizations import lifts_nothing, plain_normalizations
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
@@ -118,6 +118,8 @@ class _Costs:
 
     def __call__(self, enode: ENode) -> float:
         cost = self._memo.get(enode.id)
+        if cost is None and lifts_nothing(enode.op, enode.attrs):
+            cost = self._memo[enode.id] = math.inf        # the plain norm beside it is the same kernel
         if cost is None:
             op = KernelOp(enode.op, tuple(self.types[c] for c in enode.operands), enode.attrs, self.types[enode.eclass],
                           self.numerics)
@@ -198,7 +200,7 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 
 
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
-    return None if program is None else candidate_of(plain_normalizations(fold_layout_chains(program)), arch)
+    return None if program is None else candidate_of(fold_layout_chains(program), arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})
@@ -209,12 +211,12 @@ def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, f
                   found: tuple[Candidate, ...]) -> Iterator[tuple[Candidate | None, Callable[[Candidate], bool]]]:
     """Programs the cheapest per depth leave out but a reader weighs: for each fusion depth the
     e-graph holds e-nodes of that no cheapest program reached (a plugin's SIMT kernel losing to
-    tensor cores; a normalization lifted to fuse nothing does not count: it runs as the plain op),
+    tensor cores; a normalization lifted to fuse nothing does not count: extraction never takes it),
     the program taking them; where the e-graph holds a convolution both direct and
     through the FFT, the cheapest program of each form. Each with what a candidate made of it must
     be to count."""
     view = result.view
-    held = {e.op for enodes in view.classes.values() for e in enodes if not lifts_nothing(e.op, dict(e.attrs))}
+    held = {e.op for enodes in view.classes.values() for e in enodes if not lifts_nothing(e.op, e.attrs)}
     reached = {c.fusion_depth for c in found}
     for depth in sorted({fusion_depth(op) for op in held} - reached):
         if depth > max(reached):

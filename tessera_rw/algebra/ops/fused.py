@@ -227,6 +227,17 @@ NORMALIZATIONS = ("softmax", "log_softmax", "layernorm", "rmsnorm")
 NO_EPILOGUE = "$0"
 
 
+def lifts_nothing(op: str, attrs) -> bool:
+    """Whether a node of `op` with `attrs` (a mapping or (name, value) pairs) is a normalization
+    lifted to fused_normalization with nothing fused (prologue and epilogue `$0`): the epilogue
+    rules lift a plain norm so ops after it can join it, and where none did, the plain op in the
+    same e-class is the same kernel."""
+    if op != "fused_normalization":
+        return False
+    attrs = dict(attrs)
+    return attrs.get("expr") == NO_EPILOGUE and attrs.get("post") == NO_EPILOGUE
+
+
 def expr_leaves(tree) -> set[int]:
     """The operand indices a parsed expression reads."""
     return {tree} if isinstance(tree, int) else set().union(*(expr_leaves(a) for a in tree[1:]))
