@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from bench.results_files import slug
+from bench.results_files import suite_name, wanted
 from bench.gpu_timing import (Protocol, Timing, copy_bandwidth, matmul_rate, rel_error, run_poisoned, time_ours,
                               time_torch)
 from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, passed, progress_line,
@@ -352,8 +352,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
     for line in header:
         console.print(line, markup=False)
     results = []
-    wanted = lambda name: only is None or only in name      # noqa: E731
-    all_rows = [row for row in rows(quick) if wanted(row.name)]
+    all_rows = [row for row in rows(quick) if wanted(row.name, only)]
     precompile(list(kernels_to_compile(all_rows, arch, quick)), arch)
     for row in all_rows:
         try:
@@ -365,7 +364,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
         console.print(progress_line(results[-1]), markup=False)
     for name, timed in [(LONG_CONV_NAME, partial(long_conv, protocol, ceilings)),
                         *backward_rows(protocol, ceilings, quick)]:
-        if wanted(name):
+        if wanted(name, only):
             results.append(timed())
             console.print(progress_line(results[-1]), markup=False)
     try:
@@ -380,8 +379,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
                 "ceilings": {"copy_bytes_per_s": ceilings.copy_bytes_per_s,
                              "matmul_flops_per_s": ceilings.matmul_flops_per_s},
                 "rows": [row_record(r) for r in results], "calls": calls}
-    suite = f"gpu{'-quick' if quick else ''}{f'-only-{slug(only)}' if only else ''}"
-    paths = save(suite, machine, document, "\n".join(f"{h}  " for h in header[3:])
+    paths = save(suite_name("gpu", quick, only), machine, document, "\n".join(f"{h}  " for h in header[3:])
                  + "\n\n" + results_markdown(results) + "\n\n" + calls["line"])
     console.print(calls["line"], markup=False)
     console.print(f"written: {', '.join(map(str, paths))}")

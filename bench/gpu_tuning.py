@@ -30,7 +30,7 @@ from rich.table import Table
 from bench.gpu import BF16, Row, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
 from bench.gpu_backward import float64_attention_grads
 from bench.gpu_results import error_line, gpu_machine, machine_lines, save
-from bench.results_files import markdown_table, slug
+from bench.results_files import markdown_table, suite_name, wanted
 from bench.gpu_timing import Protocol, time_torch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
@@ -202,15 +202,14 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
                                        "L2 flushed, medians); torch by bench.gpu_timing's protocol"]
     for line in header:
         console.print(line, markup=False)
-    suite = f"tune{'-quick' if quick else ''}{f'-only-{slug(only)}' if only else ''}"
-    wanted = lambda name: only is None or only in name              # noqa: E731
-    picked = lambda ops: {n: op for n, op in ops.items() if wanted(n)}   # noqa: E731
+    suite = suite_name("tune", quick, only)
+    picked = lambda ops: {n: op for n, op in ops.items() if wanted(n, only)}   # noqa: E731
     tuned: list[list[str]] = []
     logs: list[str] = []
     sweeps: list[str] = []
     failed = False
     with tempfile.TemporaryDirectory() as cache_root:
-        for row in [r for r in tuning_rows(quick) if wanted(r.name)]:
+        for row in [r for r in tuning_rows(quick) if wanted(r.name, only)]:
             try:
                 tuned.append(tuned_vs_default(row, arch, protocol, cache_root, quick))
             except Exception as e:      # one broken row is reported and the rest still run

@@ -57,13 +57,13 @@ def paired_calls_us(call: Callable[[], object], base: Callable[[], object],
         base()
     clock, calls, bases, differences = time.perf_counter_ns, [], [], []
     for i in range(pairs):
-        first, second = (call, base) if i % 2 == 0 else (base, call)
+        swapped = i % 2 == 1
         start = clock()
-        first()
+        (base if swapped else call)()
         middle = clock()
-        second()
+        (call if swapped else base)()
         end = clock()
-        took_call, took_base = ((middle - start, end - middle) if i % 2 == 0 else (end - middle, middle - start))
+        took_call, took_base = (end - middle, middle - start) if swapped else (middle - start, end - middle)
         calls.append(took_call / 1e3)
         bases.append(took_base / 1e3)
         differences.append((took_call - took_base) / 1e3)

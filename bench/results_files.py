@@ -56,6 +56,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
 
 
+def suite_name(suite: str, quick: bool, only: str | None) -> str:
+    """The results file's suite: 'gpu', 'gpu-quick', 'tune-only-gemm' (`--quick`, `--only gemm`)."""
+    return f"{suite}{'-quick' if quick else ''}{f'-only-{slug(only)}' if only else ''}"
+
+
+def wanted(name: str, only: str | None) -> bool:
+    """Whether a row named `name` runs under `--only only` (every row without it)."""
+    return only is None or only in name
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

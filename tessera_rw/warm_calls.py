@@ -111,12 +111,11 @@ class WarmCalls:
         return warm
 
     def remember(self, key: Hashable, program: CompiledProgram, traced: Traced) -> None:
+        """Remember a call that ran (so its torch tensors, if any, were on one GPU)."""
         numerics = current_numerics()
-        devices = {where for where, _, _ in key[:len(self.names)] if where != "numpy"}    # the torch tensors' GPUs
-        if len(devices) > 1:
-            return                   # refused on every call (run_plan_on_gpu says why)
-        self._calls[key] = WarmCall(program, traced, self.names, numerics, device=next(iter(devices), None),
-                                    on_host=not devices and not host_arrays_run_on_gpu(program, numerics))
+        device = next((where for where, _, _ in key[:len(self.names)] if where != "numpy"), None)
+        self._calls[key] = WarmCall(program, traced, self.names, numerics, device=device,
+                                    on_host=device is None and not host_arrays_run_on_gpu(program, numerics))
 
     def clear(self) -> None:
         self._calls.clear()

@@ -151,7 +151,8 @@ class DevicePlan:
         device = self.stream.device.device_id
         first = values[plan.inputs[0][0]] if plan.inputs else None
         kind = kind_of(first) if first is not None else "numpy"
-        stream = self._stream_for(kind, stream)
+        given, stream = stream, self._stream_for(kind, stream, device)
+        on_torch_stream = given is None and kind == "torch" and stream is not self.stream    # torch's current stream
         memory = dict(self.resident)
         for i, (name, ref) in enumerate(plan.inputs):
             memory[ref.buffer] = to_device(values[name], stream, index=i, order=False)
@@ -162,7 +163,7 @@ class DevicePlan:
         results = self._allocate_outputs(kind, first, stream, memory)
         # the libraries' pending work comes first: what produced the inputs, and what may still use
         # the memory their allocators just handed out (nothing to order where we run on their stream)
-        library_streams = [library_stream(library, device)
+        library_streams = [stream if library == "torch" and on_torch_stream else library_stream(library, device)
                            for library in sorted({memory[ref.buffer].kind for _, ref in plan.inputs} | {kind})]
         for library in library_streams:
             order_after(stream, library)
@@ -184,11 +185,10 @@ class DevicePlan:
             return tuple(to_host(_view(memory[ref.buffer], ref), stream) for ref in plan.outputs)
         return tuple(results)
 
-    def _stream_for(self, kind: str, stream: Any) -> Any:
+    def _stream_for(self, kind: str, stream: Any, device: int) -> Any:
         """The stream a call runs on: the one given, else torch's current stream for torch tensors
         (as a torch op would run) and the plan's own for the rest. A call on another stream than
         the call before waits for it: the plan's temporaries are one set."""
-        device = self.stream.device.device_id
         if stream is not None:
             stream = resolve_stream(stream, device)
             if stream.device.device_id != device:
@@ -196,8 +196,7 @@ class DevicePlan:
                                   f"cuda:{stream.device.device_id}",
                                   hint="pass a stream on the device the plan's inputs live on")
         else:
-            stream = self._torch_stream(device) if kind == "torch" else None
-            stream = stream or self.stream
+            stream = (self._torch_stream(device) if kind == "torch" else None) or self.stream
         if self._last_stream is not None:
             order_after(stream, self._last_stream)
         self._last_stream = stream

@@ -267,12 +267,11 @@ RULES = (
 NOT_FLOATS = ("bool", "int32", "int64")     # no negation (bool), or one that wraps (−INT_MIN) before a wider sum
 
 
-def _negated_product_example(reduce: str):
-    """−reduce(x · y) over a random axis of random x and y."""
+def _of_a_product(reduced):
+    """An example: reduced(x · y, axis) of random x and y of one random matrix shape, axis 0 or 1."""
     def example(rng: np.random.Generator):
-        x = rand(rng, 0, 0)
-        axis = int(rng.integers(0, 2))
-        return (lambda x, y: -getattr(op, reduce)(x * y, axis=axis)), {"x": x, "y": rand(rng, *x.shape)}
+        x, axis = rand(rng, 0, 0), int(rng.integers(0, 2))
+        return (lambda x, y: reduced(x * y, axis)), {"x": x, "y": rand(rng, *x.shape)}
     return example
 
 
@@ -286,18 +285,10 @@ def _negation_into(reduce: str) -> Rule:
                 lhs=t.neg(t.term(reduce, x, axes=axes, keepdims=kd), of=T),
                 rhs=t.term(reduce, t.neg(x, of=(sx, dx)), axes=axes, keepdims=kd, of=T),
                 when=("(= sx (shp x))", "(= dx (dt x))", *(f'(!= dx "{kind}")' for kind in NOT_FLOATS)),
-                example=_negated_product_example(reduce))
+                example=_of_a_product(lambda v, axis: -getattr(op, reduce)(v, axis=axis)))
 
 
 RULES += tuple(_negation_into(reduce) for reduce in ("sum", "mean"))
-
-
-def _rows_then_all_example(outer: str, inner: str):
-    """outer(inner(x · y, over each row)) of a random matrix: a loss's mean of per-row sums."""
-    def example(rng: np.random.Generator):
-        x = rand(rng, 0, 0)
-        return (lambda x, y: getattr(op, outer)(getattr(op, inner)(x * y, axis=-1))), {"x": x, "y": rand(rng, *x.shape)}
-    return example
 
 
 def _reduced_twice(outer: str, inner: str) -> Rule:
@@ -320,11 +311,11 @@ def _reduced_twice(outer: str, inner: str) -> Rule:
                 rhs=reduced,
                 when=("(= sx (shp x))", "(= (vec-length sx) 2)", "(= (dt x) d)",
                       *(f'(!= d "{kind}")' for kind in NOT_FLOATS), *exact_width),
-                example=_rows_then_all_example(outer, inner))
+                example=_of_a_product(lambda v, _: getattr(op, outer)(getattr(op, inner)(v, axis=-1))))
 
 
 RULES += tuple(_reduced_twice(outer, inner) for outer, inner in (("sum", "sum"), ("mean", "mean"), ("mean", "sum")))
 
 ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES,
-                  doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the kernels "
-                      "take, weighted norms written out")
+                  doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the "
+                      "kernels take, weighted norms written out")

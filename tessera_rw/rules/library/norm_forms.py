@@ -21,11 +21,12 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.example_inputs import rand
+from tessera_rw.rules.library.norm_stats import statistics
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
 t = TermBuilder()
-x, w, ax, eps, s, d = t.vars("x w ax eps s d")
+x, w, ax, eps, s, d = t.vars("x w ax eps s d")     # named as norm_stats names them
 T = (s, d)
 LAST = "(- (vec-length s) 1)"
 FACTS = ("(= (shp x) s)", "(= (dt x) d)", f"(= ax (vec-of {LAST}))", "(>= eps 0.0)")
@@ -33,22 +34,10 @@ WEIGHT_FACTS = ("(= (dt w) d)", f"(= (shp w) (vec-of (vec-get s {LAST})))")
 EPS = 1e-5
 
 
-def _mean(term: Expr) -> Expr:
-    return t.mean(term, axes=ax, keepdims=True)
-
-
-def _statistic(norm: str) -> tuple[Expr, Expr]:
-    """(what the norm scales, the mean square it divides by the root of): (x − μ, its variance) or
-    (x, the mean of x²)."""
-    if norm == "layernorm":
-        centered = t.sub(x, _mean(x))
-        return centered, _mean(t.mul(centered, centered))
-    return x, _mean(t.mul(x, x))
-
-
 def _written(norm: str, spelling: str) -> Expr:
-    scaled, square = _statistic(norm)
-    plus_eps = t.add(square, t.constant(value=eps, dtype=d))
+    """x̂ as written out: the statistics as norm_stats spells them (reverse mode's own terms)."""
+    stats = statistics(norm)
+    scaled, plus_eps = (t.sub(x, stats[0]) if norm == "layernorm" else x), stats[-1]
     if spelling == "rsqrt":
         return t.mul(scaled, t.rsqrt(plus_eps))
     return t.div(scaled, t.sqrt(plus_eps))
@@ -77,9 +66,10 @@ def _rules():
                 written = _written(norm, spelling)
                 text = (f"{'(x − mean(x))' if norm == 'layernorm' else 'x'} "
                         f"{'· rsqrt(…)' if spelling == 'rsqrt' else '/ sqrt(…)'} of the mean square + eps")
+                text = f"w · {text}" if weight_first else f"{text} · w"
                 yield Rule(f"{norm}-written-out{'' if spelling == 'rsqrt' else '-over-sqrt'}"
                            f"{'-weight-first' if weight_first else ''}",
-                           f"{'w · ' if weight_first else ''}{text}{'' if weight_first else ' · w'} = {norm}(x, w, eps)",
+                           f"{text} = {norm}(x, w, eps)",
                            lhs=t.mul(w, written, of=T) if weight_first else t.mul(written, w, of=T),
                            rhs=t.term(norm, x, w, axes=ax, eps=eps, has_weight=True, has_bias=False, of=T),
                            when=FACTS + WEIGHT_FACTS, example=_example(norm, spelling, weight_first),

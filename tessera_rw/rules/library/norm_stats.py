@@ -28,7 +28,7 @@ import numpy as np
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.api.dispatch import apply
 from tessera_rw.algebra.ops.norm_backward import SECTION
-from tessera_rw.rules.library.algebra import rand
+from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 from tessera_rw.rules.tables import numel
