@@ -182,8 +182,11 @@ def tune_kernel(op: KernelOp, arch: ArchSpec, *, method: str | Method = Method.A
         else:
             from tessera_rw.tune.device_measure import DeviceMeasurer
             measurer = DeviceMeasurer(template, op, arch)
+    # the best estimate's variants (another walk, a persistent launch) tie with it: time them early
+    variants = template.variants(op, space.schedules[0], arch)
+    first = [schedules.index(v) for v in variants if v in schedules]
     result = search_space(schedules, estimates, measurer, strategy=strategy, max_trials=max_trials,
-                          time_budget_s=time_budget_s, seed=seed, on_trial=on_trial)
+                          time_budget_s=time_budget_s, seed=seed, on_trial=on_trial, first=first)
     best = result.best
     if not best.measurement.ok:
         reasons = "; ".join(f"{t.schedule.describe()}: {t.measurement.failure}" for t in result.trials[:5])

@@ -2,8 +2,10 @@
 
 - `exhaustive`: every schedule, in the cost model's order.
 - `random`: a seeded shuffle (the baseline a smarter search must beat).
-- `model`: a grid of the cost model's best few first (its prior), then optuna's TPE sampler,
-  which models where fast schedules lie from what was measured so far and proposes the next.
+- `model`: a grid of the cost model's best few first (its prior), and the schedules the caller
+  names `first` (the best estimate's variants, which only a measurement tells apart), then
+  optuna's TPE sampler, which models where fast schedules lie from what was measured so far and
+  proposes the next.
 
 Each step measures a batch, so the measurer can compile the batch in parallel and interleave its
 timing. The search stops at `max_trials` measured schedules, at `time_budget_s`, or when the space
@@ -81,10 +83,11 @@ class SearchResult:
 def search_space(space: Sequence[object], estimates: Sequence[float], measurer: Measurer, *,
                  strategy: Strategy | str = Strategy.MODEL, max_trials: int = 50, time_budget_s: float | None = None,
                  seed: int = 0, clock: Callable[[], float] = time.monotonic,
-                 on_trial: Callable[[Trial], None] | None = None) -> SearchResult:
+                 on_trial: Callable[[Trial], None] | None = None, first: Sequence[int] = ()) -> SearchResult:
     """Measure schedules of `space` (ranked: `estimates[i]` is schedule i's estimated µs, cheapest
     first) with `measurer` until a stop condition; see the module for strategies and stops.
-    `on_trial` hears of every trial as it is measured (a progress bar)."""
+    `on_trial` hears of every trial as it is measured (a progress bar); the model strategy
+    measures the indices `first` right after its own seeds."""
     strategy = Strategy.parse(strategy)
     if not space:
         raise ArgumentError("search: the space is empty", hint="check the schedule space of the kernel")
@@ -92,7 +95,7 @@ def search_space(space: Sequence[object], estimates: Sequence[float], measurer: 
         raise ArgumentError(f"search: max_trials must be at least 1, got {max_trials}")
     proposer = {Strategy.EXHAUSTIVE: _Ordered(range(len(space))),
                 Strategy.RANDOM: _Ordered(random.Random(seed).sample(range(len(space)), len(space))),
-                Strategy.MODEL: _ModelProposer(space, estimates, seed)}[strategy]
+                Strategy.MODEL: _ModelProposer(space, estimates, seed, first)}[strategy]
     start = clock()
     trials: list[Trial] = []
     incumbents: list[int] = []
@@ -165,7 +168,7 @@ class _ModelProposer:
     that is not in the space, or already measured, maps to the nearest unmeasured schedule, which
     is then told to the study under its own parameters."""
 
-    def __init__(self, space: Sequence[object], estimates: Sequence[float], seed: int):
+    def __init__(self, space: Sequence[object], estimates: Sequence[float], seed: int, first: Sequence[int] = ()):
         self.space, self.estimates = space, estimates
         self.params = [_params(s) for s in space]
         names = list(self.params[0])
@@ -178,7 +181,8 @@ class _ModelProposer:
             sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=SEED_TRIALS)
             self.study = optuna.create_study(sampler=sampler, direction="minimize")
-        self.seeded = list(range(min(SEED_TRIALS, len(space))))   # the space is ranked: the model's best
+        # the space is ranked: the model's best, then what the caller wants measured early
+        self.seeded = list(dict.fromkeys([*range(min(SEED_TRIALS, len(space))), *first]))
         self.pending: dict[int, object] = {}
         self.worst: float | None = None           # the slowest success so far: the scale of a failure
         self.failed_unscaled: list[int] = []      # failures before any success: told once one sets a scale

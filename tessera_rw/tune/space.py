@@ -33,8 +33,12 @@ from tessera_rw.tune.cost import schedule_cost
 
 def schedule_config(schedule: Schedule) -> dict[str, object]:
     """The schedule as a record's config: {'bm': 128, 'bn': 128, ...} (tuples become lists), with
-    its 'kind' when it has a tag (kinds of one template with the same fields)."""
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()}
+    its 'kind' when it has a tag (kinds of one template with the same fields). A quiet field at
+    its default is left out, as `describe` leaves it out: records and timing logs written before
+    the field existed name the same schedule."""
+    quiet = {f.name: f.default for f in fields(schedule) if f.name in schedule.quiet_defaults}
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()
+              if k not in quiet or v != quiet[k]}
     return config | {"kind": schedule.tag} if schedule.tag else config
 
 

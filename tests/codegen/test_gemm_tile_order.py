@@ -5,6 +5,8 @@ architecture whose L2 is too small to hold the operands, against float64 numpy."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tessera_rw.algebra.dtypes import DType
@@ -13,7 +15,7 @@ from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmTemplate, TmaSchedule, WgmmaSchedule, _tile_order
-from tessera_rw.codegen.templates.gemm_tile_order import tile_order, tile_origin
+from tessera_rw.codegen.templates.gemm_tile_order import other_groups, tile_order, tile_origin
 from tests.codegen.schedule_check import check_schedules
 
 MB = 1 << 20
@@ -96,3 +98,62 @@ def test_a_kernel_walking_groups_with_a_short_last_group_covers_every_tile(kind)
     tiles_m = -(-op.result.shape[0] // schedule.bm)
     assert 1 < group < tiles_m and tiles_m % group, f"{kind}: group {group} over {tiles_m} tile rows"
     check_schedules(template, op, [schedule], arch, _run)
+
+
+# ---- a schedule's own walk: what the tuner times beside the model's pick ------------------------------
+
+def test_a_schedule_fixing_its_group_walks_that_group():
+    t = TensorType((8192, 8192), DType.bfloat16)
+    op = KernelOp.of("matmul", (t, t), t, accum_dtype=None)
+    arch, template = arch_named("h100"), GemmTemplate()
+    schedule = template.schedules(op, arch)[0]
+    picked = _tile_order(op, schedule, arch).group
+    for group in {1, 4, 2 * picked} - {picked}:
+        walked = replace(schedule, group=group)
+        assert _tile_order(op, walked, arch).group == group
+        assert walked.describe() == f"{schedule.describe()} group={group}"
+        source = template.emit(op, walked, arch).source
+        assert ("int GROUP" not in source) if group == 1 else (f"int GROUP = {group};" in source)
+        assert template.emit(op, walked, arch).name.endswith(f"_group{group}")
+
+
+def test_other_groups_skip_walks_that_cannot_differ():
+    assert other_groups(32, 32, 132, 8 * MB, 8 * MB, 50 * MB) == ()        # both fit in L2: read once
+    assert other_groups(1, 32, 132, 128 * MB, 128 * MB, 50 * MB) == ()     # one tile row: one order
+    assert other_groups(64, 1, 132, 128 * MB, 128 * MB, 50 * MB) == ()     # one tile column: one order
+    picked = tile_order(64, 32, 132, 128 * MB, 128 * MB, 50 * MB).group
+    assert other_groups(64, 32, 132, 128 * MB, 128 * MB, 50 * MB) == tuple(g for g in (1, 2, 4, 8, 16, 32, 64)
+                                                                           if g != picked)
+
+
+def test_the_space_holds_each_default_under_every_other_walk_and_only_where_walks_differ():
+    template, arch = GemmTemplate(), arch_named("h100")
+    big, small = _product(4096, 4096, 4096), _product(2048, 2048, 2048)
+    space, defaults = template.space(big, arch), template.schedules(big, arch)
+    for d in defaults:       # the first default's kernel (TMA on sm_90) walks; mma.sync's tiles there do not
+        walks = {s.group for s in space if s.group and replace(s, group=0) == d}
+        picked = _tile_order(big, d, arch).group
+        others = other_groups(-(-4096 // d.bm), -(-4096 // d.bn), *_wave_and_bytes(big, d, arch))
+        assert walks == (set(others) if type(d) is type(defaults[0]) else set()), d
+        assert picked not in walks
+    assert not any(s.group for s in template.space(small, arch))     # 8 MiB operands stay in L2
+    assert not template.valid(big, replace(defaults[0], group=-1), arch)
+
+
+def _wave_and_bytes(op, s, arch):
+    from tessera_rw.codegen.templates.gemm_variants import walked as _walked
+    return _walked(op, s, arch)[2:]
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("kind", list(CASES))
+def test_kernels_walking_every_other_group_cover_every_tile(kind):
+    arch_name, op, schedule = CASES[kind]
+    arch = _small_l2(arch_name)
+    template = GemmTemplate()
+    walks = [s for s in template.space(op, arch) if s.group and replace(s, group=0) == schedule]
+    if not walks:          # the CASES schedule is not a default: time its walks directly
+        from tessera_rw.codegen.templates.gemm_variants import walked as _walked
+        walks = [replace(schedule, group=g) for g in other_groups(*_walked(op, schedule, arch))]
+    assert len(walks) >= 2, kind
+    check_schedules(template, op, walks, arch, _run)

@@ -29,3 +29,27 @@ def test_schedules_beyond_the_defaults_match_the_reference(template, index):
     picked = beyond_defaults(template, op, arch, PER_SAMPLE)
     assert picked, f"{type(template).__name__} has nothing beyond its defaults for {op} on {arch.name}"
     check_schedules(template, op, picked, arch)
+
+
+def _plain(schedule):
+    """The schedule as a default is: the L2 model's walk, one block a tile."""
+    from dataclasses import replace
+    plain = replace(schedule, group=0)
+    return replace(plain, persistent=False) if hasattr(plain, "persistent") else plain
+
+
+def test_the_defaults_other_walks_and_persistent_forms_match_the_reference():
+    """gemm_variants.py: a default tile walked in another order, or by a persistent grid, on the GPU
+    (every sample whose space has them; the 4096³ bf16 product has both on sm_90)."""
+    from tessera_rw.codegen.arch import current_arch
+    template, arch = GemmTemplate(), current_arch()
+    checked = 0
+    for op in template.samples():
+        defaults = template.schedules(op, arch)
+        forms = [s for s in template.space(op, arch) if s not in defaults and _plain(s) in defaults]
+        persistent = [s for s in forms if getattr(s, "persistent", False)]
+        picked = list(dict.fromkeys(persistent[:2] + forms[:2]))
+        if picked:
+            check_schedules(template, op, picked, arch)
+            checked += 1
+    assert checked, f"no GEMM sample has walk or persistent variants on {arch.name}"

@@ -3,6 +3,8 @@ search-space restriction, and what happens without a GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tessera_rw import op
@@ -18,7 +20,7 @@ from tessera_rw.tune.cost import best_schedule
 from tessera_rw.tune.kernel_tuner import Method, cached_schedule, signature_hash, tune_kernel
 from tessera_rw.tune.measure import Measurement
 from tessera_rw.tune.records import ChosenBy
-from tessera_rw.tune.space import SpaceRestriction, knobs, ranked_space
+from tessera_rw.tune.space import SpaceRestriction, find_schedule, knobs, ranked_space, schedule_config
 
 H100 = arch_named("H100-SXM")
 
@@ -217,3 +219,53 @@ def test_every_measurer_has_the_protocols_members():
     for cls in (DeviceMeasurer, CostModelMeasurer, ReplayMeasurer):
         assert all(callable(getattr(cls, name, None)) for name in wanted), cls
         assert inspect.signature(cls.measure).parameters.keys() == inspect.signature(Measurer.measure).parameters.keys()
+
+
+class WalkFaster:
+    """A made-up GPU where the default tile walking `group` tile rows is fastest, beyond noise."""
+    method = "on_device"
+
+    def __init__(self, default, group):
+        self.fast = replace(default, group=group)
+
+    def measure(self, schedules):
+        return [Measurement.of([90.0 if s == self.fast else 100.0 + (s != replace(s, group=0))]) for s in schedules]
+
+
+def test_a_walk_the_tuner_times_faster_than_the_models_is_kept_and_found_again(cache):
+    op = matmul(4096, 4096, 4096)
+    template = templates_for(op)[0]
+    space = ranked_space(template, op, H100)
+    walks = [s for s in space.schedules if s.group and replace(s, group=0) == space.default]
+    assert walks, "4096³ bf16 operands outrun half the L2: the default's other walks are in the space"
+    measurer = WalkFaster(space.default, walks[-1].group)
+    tuned = tune_kernel(op, H100, cache=cache, measurer=measurer, max_trials=len(space))
+    assert tuned.schedule == walks[-1] and tuned.default == space.default
+    assert tuned.record.config["group"] == walks[-1].group
+    again = tune_kernel(op, H100, cache=cache, measurer=Fixed())
+    assert again.chosen_by == "cache" and again.schedule == walks[-1]
+
+
+def test_the_best_estimates_variants_are_timed_in_the_first_trials():
+    op = matmul(4096, 4096, 4096)
+    template = templates_for(op)[0]
+    space = ranked_space(template, op, H100)
+    forms = template.variants(op, space.schedules[0], H100)
+    persistent = [s for s in forms if getattr(s, "persistent", False)]
+    assert persistent and len(forms) > 4
+    measurer = WalkFaster(space.default, 0)
+    measurer.fast = persistent[-1]          # the last variant listed: past the cost model's four seeds
+    tuned = tune_kernel(op, H100, measurer=measurer, max_trials=4 + len(forms))
+    assert tuned.schedule == persistent[-1]
+    assert {t.schedule for t in tuned.trials} >= set(forms)
+
+
+def test_a_config_leaves_out_the_models_walk_so_older_records_name_the_same_schedule():
+    op = matmul(4096, 4096, 4096)
+    space = ranked_space(templates_for(op)[0], op, H100)
+    config = schedule_config(space.default)
+    assert "group" not in config and config["kind"] == "tma"
+    assert find_schedule(space.schedules, config) == space.default
+    walked = replace(space.default, group=1)
+    assert schedule_config(walked) == config | {"group": 1}
+    assert find_schedule(space.schedules, schedule_config(walked)) == walked

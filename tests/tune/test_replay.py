@@ -30,11 +30,14 @@ def trials_needed(log: TimingLog, strategy: str, seed: int) -> int:
     """Trials the strategy takes until its incumbent is within TOLERANCE of the log's best."""
     op = log.kernel_op()
     template = template_for(op)
-    space = ranked_space(template, op, arch_named(log.arch))
+    ranked = ranked_space(template, op, arch_named(log.arch))
+    # the schedules the log timed, in the cost model's order (a space grown since has more)
+    logged = [e.config for e in log.entries]
+    kept = [(s, e) for s, e in zip(ranked.schedules, ranked.estimates) if schedule_config(s) in logged]
+    space, estimates = [s for s, _ in kept], [e for _, e in kept]
     replay = ReplayMeasurer(log)
     best = min(e.measurement().median_us for e in log.entries)
-    result = search_space(space.schedules, space.estimates, replay, strategy=strategy, max_trials=len(space),
-                          seed=seed)
+    result = search_space(space, estimates, replay, strategy=strategy, max_trials=len(space), seed=seed)
     n = result.trials_to_within(best, TOLERANCE)
     return len(space) + 1 if n is None else n
 

@@ -96,6 +96,12 @@ class Template(ABC):
         its defaults."""
         return self.schedules(op, arch)
 
+    def variants(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> tuple[Schedule, ...]:
+        """Schedules of the space computing `schedule`'s tiles in another order or launch, which the
+        resource model prices alike: only a measurement tells them apart, so a tuner times the
+        best estimate's variants first. None unless a template has such knobs."""
+        return ()
+
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         """Whether this template can run `op` under `schedule` on `arch` as its emitter writes it,
         within the block's shared memory and registers; every schedule of `space` is."""

@@ -48,13 +48,15 @@ from tessera_rw.codegen.templates.base import Resources, Schedule, Template, gri
 from tessera_rw.codegen.templates.gemm_cuda import kernel_name
 from tessera_rw.codegen.prelude import HOPPER_TARGET
 from tessera_rw.codegen.templates.gemm_footprint import (GemmSchedule, GemmSimtSchedule, TmaSchedule, WarpgroupTiling,
-                                                         WgmmaSchedule, blocks_per_sm, registers, smem_bytes)
+                                                         WgmmaSchedule, registers, smem_bytes)
 from tessera_rw.codegen.templates.gemm_hopper import (TMA_EFFICIENCY, WGMMA_EFFICIENCY, hopper_calibrated,
                                                       hopper_defaults, hopper_grid, hopper_valid, warpgroup_mma)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
 from tessera_rw.codegen.templates.gemm_tile_order import TileOrder, tile_order
+from tessera_rw.codegen.templates.gemm_variants import persistent_grid, walked
+from tessera_rw.codegen.templates.gemm_variants import variants as tile_variants
 from tessera_rw.codegen.templates.gemm_tma_cuda import emit_tma, tensor_maps
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import emit_wgmma
 
@@ -84,10 +86,7 @@ _SIMT_TILES, _SIMT_BK, _SIMT_THREAD_TILES = (32, 64, 128), (8, 16), (4, 8)
 def _tile_order(op: KernelOp, s: Schedule, arch: ArchSpec) -> TileOrder:
     """The grid's walk over the output tiles (gemm_tile_order.py) for a wave of the blocks the
     schedule keeps resident on every SM."""
-    p = GemmProblem.of(op)
-    wave = arch.sm_count * blocks_per_sm(s.threads, registers(p, s), smem_bytes(p, s), arch)
-    a, b = op.operands[:2]
-    return tile_order(-(-p.m // s.bm), -(-p.n // s.bn), wave, a.nbytes, b.nbytes, arch.l2_bytes)
+    return tile_order(*walked(op, s, arch), group=s.group or None)
 
 
 class GemmTemplate(Template):
@@ -160,10 +159,18 @@ class GemmTemplate(Template):
         else:
             grid = (GemmSimtSchedule(bm, bn, bk, tm, tn) for bm in _SIMT_TILES for bn in _SIMT_TILES
                     for bk in _SIMT_BK for tm in _SIMT_THREAD_TILES for tn in _SIMT_THREAD_TILES)
+        # the variants of the defaults of the first default's kernel, ahead of the grid: what the
+        # cost model cannot rank, a tuner times
+        defaults = self.schedules(op, arch)
+        forms = (v for s in defaults if type(s) is type(defaults[0]) for v in tile_variants(op, s, arch))
         # a tile past the problem's next power of two only multiplies padding
-        return grid_space(self.schedules(op, arch), grid,
+        return grid_space(defaults, (*forms, *grid),
                           lambda s: self._valid(p, s, arch) and _calibrated(p, s)
                           and s.bm <= max(64, _pow2(p.m)) and s.bn <= max(64, _pow2(p.n)))
+
+    def variants(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> tuple[Schedule, ...]:
+        space = self.space(op, arch)
+        return tuple(v for v in tile_variants(op, schedule, arch) if v in space)
 
     def valid(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> bool:
         if not self.accepts(op):
@@ -172,7 +179,7 @@ class GemmTemplate(Template):
         return isinstance(schedule, _schedule_kinds(p)) and self._valid(p, schedule, arch)
 
     def _valid(self, p: GemmProblem, s: Schedule, arch: ArchSpec) -> bool:
-        if _lacks_unit(p, arch):
+        if _lacks_unit(p, arch) or s.group < 0:
             return False
         if isinstance(s, WarpgroupTiling):
             return hopper_valid(p, s, arch)
@@ -259,7 +266,9 @@ class GemmTemplate(Template):
                 raise TesseraError(f"{schedule!r} does not fit {op} on {arch.name}", op=op.op,
                                    hint="TMA loads need rows 16-byte aligned (and a bias gradient one "
                                         "warpgroup across N); use a WgmmaSchedule")
-            return KernelSource(name, header + emit_tma(p, schedule, name, group), schedule.threads, grid=grid,
+            if schedule.persistent:
+                grid = (persistent_grid(op, schedule, arch), 1, 1)
+            return KernelSource(name, header + emit_tma(p, schedule, name, group, grid[0]), schedule.threads, grid=grid,
                                 dynamic_smem=smem_bytes(p, schedule), fast_math=fast, target=HOPPER_TARGET,
                                 tensor_maps=tensor_maps(p, schedule))
         if isinstance(schedule, WgmmaSchedule):

@@ -55,7 +55,10 @@ _DERIVATIVE = {
 
 def kernel_name(p: GemmProblem, s: Schedule) -> str:
     """The entry point's name: dtypes, epilogue, sizes and tile, one name per specialization."""
-    tile = s.tag + "x".join(str(getattr(s, f.name)) for f in fields(s))
+    loud = [f for f in fields(s) if f.name not in s.quiet_defaults]
+    quiet = [f for f in fields(s) if f.name in s.quiet_defaults and getattr(s, f.name) != f.default]
+    named = "".join(f"_{f.name}" if getattr(s, f.name) is True else f"_{f.name}{getattr(s, f.name)}" for f in quiet)
+    tile = s.tag + "x".join(str(getattr(s, f.name)) for f in loud) + named
     epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "")
     layout = "" if p.layout == "nn" else "_" + p.layout
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"

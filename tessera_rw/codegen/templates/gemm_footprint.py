@@ -27,6 +27,8 @@ class GemmSchedule(Schedule):
     warps_m: int = 2
     warps_n: int = 2
     stages: int = 3
+    group: int = 0      # tile rows per group of the grid's walk (gemm_tile_order.py); 0: the L2 model's pick
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"group"})
 
     @property
     def threads(self) -> int:
@@ -44,6 +46,8 @@ class WarpgroupTiling(Schedule):
     wg_m: int = 2
     wg_n: int = 1
     stages: int = 4
+    group: int = 0      # tile rows per group of the grid's walk (gemm_tile_order.py); 0: the L2 model's pick
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"group"})
 
     @property
     def consumers(self) -> int:
@@ -73,8 +77,12 @@ class WgmmaSchedule(WarpgroupTiling):
 
 @dataclass(frozen=True)
 class TmaSchedule(WarpgroupTiling):
-    """Warpgroup-MMA tiling with TMA loads: one more warpgroup produces (one thread issuing the copies)."""
+    """Warpgroup-MMA tiling with TMA loads: one more warpgroup produces (one thread issuing the copies).
+    A persistent one launches a block per SM slot, each walking tiles a grid apart: its producer
+    loads the next tile's stages while the consumers run the last one's epilogue."""
     tag: ClassVar[str] = "tma"
+    persistent: bool = False
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"group", "persistent"})
 
     @property
     def threads(self) -> int:
@@ -89,6 +97,8 @@ class GemmSimtSchedule(Schedule):
     bk: int = 8
     tm: int = 8
     tn: int = 8
+    group: int = 0      # tile rows per group of the grid's walk (gemm_tile_order.py); 0: the L2 model's pick
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"group"})
 
     @property
     def threads(self) -> int:

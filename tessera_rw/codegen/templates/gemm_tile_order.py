@@ -9,12 +9,19 @@ column, makes a wave a patch of `group` rows by wave / group columns: `group` pa
 wave / group panels of B (the square patch reads the fewest). `tile_order` picks the group that
 moves the fewest bytes under this model, and `tile_origin` writes the walk into a kernel.
 
+The model knows which panels a wave shares, not how the L2 replaces lines or how waves drift
+apart, so a schedule may also fix its group: `other_groups` lists the walks a tuner times beside
+the model's pick wherever the walk can matter (operands past half the L2, more than one tile row
+and column).
+
 >>> order = tile_order(tiles_m=64, tiles_n=32, wave=132, a_bytes=128 << 20, b_bytes=128 << 20,
 ...                    l2_bytes=50 << 20)
 >>> order.group, order.a_reads, order.b_reads      # 8192³ bf16 in 128 x 256 tiles on an H100
 (16, 4, 4)
 >>> tile_order(64, 32, 132, 128 << 20, 128 << 20, 50 << 20, group=1).b_reads   # row-major: 4 rows a wave
 16
+>>> other_groups(64, 32, 132, 128 << 20, 128 << 20, 50 << 20)
+(1, 2, 4, 8, 32, 64)
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ def tile_order(tiles_m: int, tiles_n: int, wave: int, a_bytes: int, b_bytes: int
     return TileOrder(group, a_reads, b_reads)
 
 
+def other_groups(tiles_m: int, tiles_n: int, wave: int, a_bytes: int, b_bytes: int, l2_bytes: int
+                 ) -> tuple[int, ...]:
+    """The groups, powers of two up to `tiles_m`, other than the one `tile_order` picks; none where
+    every walk is the same order (one tile row or column) or reads the operands once (they fit in
+    L2 together)."""
+    if tiles_m == 1 or tiles_n == 1 or a_bytes + b_bytes <= l2_bytes // 2:
+        return ()
+    picked = tile_order(tiles_m, tiles_n, wave, a_bytes, b_bytes, l2_bytes).group
+    return tuple(g for g in _powers_of_two(tiles_m) if g != picked)
+
+
 def _powers_of_two(limit: int) -> list[int]:
     out = [1]
     while out[-1] * 2 <= limit:
@@ -67,20 +85,23 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def tile_origin(group: int) -> str:
-    """Kernel lines placing a block of the flat grid: its tile's first row m0 and column n0 and its
-    batch z, given constants M, N, BM, BN; `group` tile rows per group (1: row-major)."""
-    head = "    constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;"
+def tile_origin(group: int, index: str = "blockIdx.x", indent: str = "    ") -> str:
+    """Kernel lines placing the flat grid's tile number `index` (a block's own, or the one a
+    persistent block is on): its first row m0 and column n0 and its batch z, given constants M, N,
+    BM, BN; `group` tile rows per group (1: row-major)."""
+    head = "constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;"
     if group == 1:
-        return f"""    // one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
+        lines = f"""// one flat grid: column tiles fastest (blocks sharing an A row panel run together), then rows, then batch
 {head}
-    const int n0 = (blockIdx.x % TILES_N) * BN, m0 = (blockIdx.x / TILES_N % TILES_M) * BM;
-    const int z = blockIdx.x / (TILES_N * TILES_M);"""
-    return f"""    // one flat grid: groups of GROUP tile rows, each walked column by column (a wave's blocks share GROUP
-    // row panels of A and a few column panels of B), then the next group, then batch
+const int n0 = ({index} % TILES_N) * BN, m0 = ({index} / TILES_N % TILES_M) * BM;
+const int z = {index} / (TILES_N * TILES_M);"""
+    else:
+        lines = f"""// one flat grid: groups of GROUP tile rows, each walked column by column (a wave's blocks share GROUP
+// row panels of A and a few column panels of B), then the next group, then batch
 {head}
-    constexpr int GROUP = {group};
-    const int z = blockIdx.x / (TILES_N * TILES_M), tile = blockIdx.x % (TILES_N * TILES_M);
-    const int first = tile / (GROUP * TILES_N) * GROUP, in_group = tile % (GROUP * TILES_N);
-    const int rows = TILES_M - first < GROUP ? TILES_M - first : GROUP;   // the last group may be short
-    const int m0 = (first + in_group % rows) * BM, n0 = in_group / rows * BN;"""
+constexpr int GROUP = {group};
+const int z = {index} / (TILES_N * TILES_M), in_batch = {index} % (TILES_N * TILES_M);
+const int first = in_batch / (GROUP * TILES_N) * GROUP, in_group = in_batch % (GROUP * TILES_N);
+const int rows = TILES_M - first < GROUP ? TILES_M - first : GROUP;   // the last group may be short
+const int m0 = (first + in_group % rows) * BM, n0 = in_group / rows * BN;"""
+    return "\n".join(indent + line for line in lines.splitlines())

@@ -20,6 +20,11 @@ written into each A tile by the warpgroup whose slab holds it, after the tile la
 fences the proxies and the warpgroup meets at a named barrier before issuing its MMAs (only
 schedules with one warpgroup across N, so no other warpgroup reads that slab).
 
+A persistent schedule launches a block per SM slot (gemm_variants.persistent_grid), and each walks
+tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the grid's order. Its stages and barrier phases
+run on across tiles (`it` counts the block's k-tiles), and the consumers hand a tile's last stage
+back before its epilogue, so the producer is loading the next tile while they store this one.
+
 Products the TMA cannot map fall back to the cp.async kernel (`tma_blocker`): rows not 16-byte
 aligned (a tensor map's strides must be) and operands broadcast over some batch dims but not all.
 """
@@ -91,7 +96,7 @@ def _copies(p: GemmProblem, s: TmaSchedule, operand: str) -> str:
     if k_major:
         return f"{load}(d{operand}, &tma_{operand.lower()}, k0, {origin}{batch}, &full[s]);"
     return (f"for (int b = 0; b < {extent} / BOX; ++b)   // 64-wide blocks, BK rows apart\n"
-            f"                    {load}(d{operand} + b * BK * BOX, &tma_{operand.lower()}, {origin} + b * BOX, k0{batch}, "
+            f"            {load}(d{operand} + b * BK * BOX, &tma_{operand.lower()}, {origin} + b * BOX, k0{batch}, "
             f"&full[s]);")
 
 
@@ -136,17 +141,34 @@ def _ones_row(p: GemmProblem) -> str:
 """
 
 
-def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int) -> str:
-    """The TMA kernel, after its launch comment and device helpers."""
+def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int, grid: int) -> str:
+    """The TMA kernel, after its launch comment and device helpers; a persistent schedule's `grid`
+    blocks each walk tiles blockIdx.x, blockIdx.x + gridDim.x, ..."""
     fns, signature, args = common(p)
     t = CTYPE[p.in_dtype]
     signature += ", const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b"
-    return kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s)) + f"""    constexpr int CONSUMERS = {s.consumers}, BOX = ROW_BYTES / sizeof({t});
+    opening = kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s))
+    tiles = -(-p.m // s.bm) * -(-p.n // s.bn) * p.nbatch
+    if s.persistent:
+        opening = opening.replace(f"<<<{tiles}, ", f"<<<{grid}, ").replace(
+            "(a 1-d grid of resources().blocks", f"(a persistent 1-d grid walking all {tiles} tiles")
+    # a persistent block's stages and barrier phases run on across its tiles: `it` counts its k-tiles
+    step = "it" if s.persistent else "kt"
+    producer, consumer = _producer(p, s, step), _consumer(p, s, step, args)
+    if s.persistent:
+        walk = "    for (int tile = blockIdx.x, it = 0; tile < TILES; tile += gridDim.x) {"
+        origin = tile_origin(group, "tile", " " * 8)
+        producer = f"{walk}\n{origin}\n{_indented(producer, 4)}\n    }}"
+        consumer = f"{walk}\n{origin}\n{_indented(consumer, 4)}\n    }}"
+        head = f"    constexpr int TILES = {tiles};"
+    else:
+        head = tile_origin(group)
+    return opening + f"""    constexpr int CONSUMERS = {s.consumers}, BOX = ROW_BYTES / sizeof({t});
     constexpr unsigned STAGE_BYTES = (BM + BN) * BK * sizeof({t});
     unsigned long long* const full = (unsigned long long*)(sB + STAGES * BK * BN);   // a stage's tiles have landed
     unsigned long long* const empty = full + STAGES;     // every consumer warp is done with a stage
     const int tid = threadIdx.x, lane = tid & 31, warpgroup = tid >> 7, warp = (tid >> 5) & 3;
-{tile_origin(group)}
+{head}
     if (tid == 0) {{
         for (int s = 0; s < STAGES; ++s) {{
             mbar_init(&full[s], 1);
@@ -159,40 +181,62 @@ def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int) -> str:
     if (warpgroup == CONSUMERS) {{     // the producer warpgroup: its first thread issues every copy
 {_registers(s, "dec", 8)}
         if (tid == CONSUMERS * 128) {{
-            for (int kt = 0; kt < KT; ++kt) {{
-                const int s = kt % STAGES, k0 = kt * BK;
-                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);   // tile kt - STAGES's MMAs retired
-                mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                {t}* dA = sA + s * BM * BK;
-                {t}* dB = sB + s * BK * BN;
-                {_copies(p, s, "A")}
-                {_copies(p, s, "B")}
-            }}
+{_indented(producer, 8)}
         }}
         return;
     }}
 {_registers(s, "inc", 4)}
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
 
-{accumulators()}
+{consumer}
+}}
+"""
+
+
+def _indented(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
+
+
+def _producer(p: GemmProblem, s: TmaSchedule, step: str) -> str:
+    """The producer thread's loop over one tile's k-tiles (at 4 spaces), `step` counting the
+    k-tiles its stages have taken."""
+    t = CTYPE[p.in_dtype]
+    advance = "++kt" if step == "kt" else "++kt, ++it"
+    return f"""    for (int kt = 0; kt < KT; {advance}) {{
+        const int s = {step} % STAGES, k0 = kt * BK;
+        if ({step} >= STAGES) mbar_wait(&empty[s], ({step} / STAGES - 1) & 1);   // tile {step} - STAGES's MMAs retired
+        mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+        {t}* dA = sA + s * BM * BK;
+        {t}* dB = sB + s * BK * BN;
+        {_copies(p, s, "A")}
+        {_copies(p, s, "B")}
+    }}"""
+
+
+def _consumer(p: GemmProblem, s: TmaSchedule, step: str, args: str) -> str:
+    """A consumer warpgroup's work on one tile (at 4 spaces): MMAs over its k-tiles, each stage
+    handed back once its MMAs retire, then the epilogue."""
+    t = CTYPE[p.in_dtype]
+    advance = "++kt" if step == "kt" else "++kt, ++it"
+    # a persistent block hands its last stage back before the epilogue: the next tile's loads overlap it
+    release = "" if step == "kt" else "    if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);   // the last stage\n"
+    return f"""{accumulators()}
 
 {_ones_here(p)}
-    for (int kt = 0; kt < KT; ++kt) {{
-        const int s = kt % STAGES;
-        mbar_wait(&full[s], (kt / STAGES) & 1);            // tile kt has landed
+    for (int kt = 0; kt < KT; {advance}) {{
+        const int s = {step} % STAGES;
+        mbar_wait(&full[s], ({step} / STAGES) & 1);            // tile {step} has landed
         const {t}* cA = sA + s * BM * BK;
         const {t}* cB = sB + s * BK * BN;
 {_ones_row(p)}{issue_mmas(p, s, "        ")}
-        wgmma_wait<1>();                                    // tile kt - 1's MMAs are done; tile kt's run on
+        wgmma_wait<1>();                                    // tile {step} - 1's MMAs are done; tile {step}'s run on
         wgmma_hold<MI * NI * 4>(&acc[0][0][0]);
-        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[({step} - 1) % STAGES]);
     }}
     wgmma_wait<0>();
     wgmma_hold<MI * NI * 4>(&acc[0][0][0]);   // the epilogue reads them after the wait, not before
-
-{store_accumulators(p, args)}
-}}
-"""
+{release}
+{store_accumulators(p, args)}"""
 
 
 def smem_bytes_of(p: GemmProblem, s: TmaSchedule) -> int:

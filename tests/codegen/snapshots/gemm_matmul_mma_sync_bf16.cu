@@ -29,8 +29,8 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bf16_bf16_none_1x4096x409
     // row panels of A and a few column panels of B), then the next group, then batch
     constexpr int TILES_N = (N + BN - 1) / BN, TILES_M = (M + BM - 1) / BM;
     constexpr int GROUP = 16;
-    const int z = blockIdx.x / (TILES_N * TILES_M), tile = blockIdx.x % (TILES_N * TILES_M);
-    const int first = tile / (GROUP * TILES_N) * GROUP, in_group = tile % (GROUP * TILES_N);
+    const int z = blockIdx.x / (TILES_N * TILES_M), in_batch = blockIdx.x % (TILES_N * TILES_M);
+    const int first = in_batch / (GROUP * TILES_N) * GROUP, in_group = in_batch % (GROUP * TILES_N);
     const int rows = TILES_M - first < GROUP ? TILES_M - first : GROUP;   // the last group may be short
     const int m0 = (first + in_group % rows) * BM, n0 = in_group / rows * BN;
     const bf16_t* Ab = A + gemm_boff_a(z);

@@ -1,0 +1,95 @@
+"""The persistent TMA GEMM kernel (gemm_tma_cuda.py, TmaSchedule(persistent=True)): a block per SM
+slot walks tiles a grid apart, its stages and barrier phases running on from one tile to the next.
+Run by the CPU emulator on an architecture of 2 SMs of 2 blocks (a wave of 4) so every block walks
+several tiles, against float64 numpy; compiled by NVRTC for sm_90a, ptxas's registers within the
+model's bound and no spills; and in the tuning space only where the tiles outnumber a wave."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.arch import arch_named
+from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.gemm import GemmTemplate, TmaSchedule
+from tessera_rw.codegen.templates.gemm_variants import persistent_grid, tiles_of
+from tessera_rw.tune.space import schedule_config
+from tests.codegen.emulated_ops import bias_grad_transposed, transposed
+from tests.codegen.schedule_check import check_schedules
+from tests.codegen.test_template_contract import REGISTER_BOUND
+
+BF16, F16, F32 = DType.bfloat16, DType.float16, DType.float32
+TEMPLATE = GemmTemplate()
+H100 = arch_named("h100")
+SMALL = H100.model_copy(update={"sm_count": 2, "max_blocks_per_sm": 2})   # a wave of 4 blocks
+TILE = TmaSchedule(64, 64, 64, 1, 1, 3)        # 48 KiB of stages: two blocks an SM
+
+# tiles per block > 1 everywhere; K of 2 to 8 k-tiles over 3 stages, so a block's stages wrap
+# inside a tile and across tiles
+OPS = {
+    "nn ragged 389x200x80 bf16": transposed((389, 80), (80, 200), BF16, BF16),
+    "nn long k 200x200x520 bf16": transposed((200, 520), (520, 200), BF16, BF16),
+    "tt batched 2x64x200x456 f16 -> f32": transposed((2, 64, 456), (456, 200), F16, F32, trans_a=True, trans_b=True),
+    "nt bias gelu 130x260x136 bf16": transposed((130, 136), (136, 260), BF16, BF16, trans_b=True,
+                                                extra=[((260,), BF16)], has_bias=True, activation="gelu"),
+    "bias grad tn 200x136x200 bf16": bias_grad_transposed(200, 136, 200, BF16),
+}
+
+
+def _run(op, arrays, schedule, arch):
+    return emulator.run_emulated(op, arrays, schedule=schedule, arch=arch)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("name", list(OPS))
+def test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference(name):
+    op = OPS[name]
+    persistent = replace(TILE, persistent=True)
+    assert TEMPLATE.valid(op, persistent, SMALL)
+    assert tiles_of(op, persistent) > 4 == persistent_grid(op, persistent, SMALL), name
+    kernel = TEMPLATE.emit(op, persistent, SMALL)
+    assert kernel.grid == (4, 1, 1) and "tile += gridDim.x" in kernel.source
+    check_schedules(TEMPLATE, op, [persistent, replace(persistent, group=2)], SMALL, _run)
+
+
+def test_fewer_tiles_than_a_wave_launch_one_block_a_tile():
+    op = transposed((128, 64), (64, 128), BF16, BF16)       # 4 tiles of 64 x 64 on a wave of 4 blocks
+    persistent = replace(TILE, persistent=True)
+    assert persistent_grid(op, persistent, SMALL) == tiles_of(op, persistent) == 4
+    assert TEMPLATE.emit(op, persistent, SMALL).grid == (4, 1, 1)
+
+
+def _product(n: int) -> KernelOp:
+    t = TensorType((n, n), BF16)
+    return KernelOp.of("matmul", (t, t), t, accum_dtype=None)
+
+
+def test_the_space_holds_the_persistent_form_only_where_tiles_outnumber_a_wave():
+    big, small = _product(4096), _product(1024)          # 512 and 32 tiles of 128 x 256 on 132 SMs
+    default = TEMPLATE.schedules(big, H100)[0]
+    space = TEMPLATE.space(big, H100)
+    forms = [s for s in space if isinstance(s, TmaSchedule) and s.persistent]
+    assert replace(default, persistent=True) in forms
+    assert {replace(s, persistent=False) for s in forms} <= set(space)      # each one's own launch is there too
+    assert not any(getattr(s, "persistent", False) for s in TEMPLATE.space(small, H100))
+    assert not any(getattr(s, "persistent", False) for s in TEMPLATE.schedules(big, H100))   # never a default
+    assert schedule_config(replace(default, persistent=True))["persistent"] is True
+    assert "persistent" not in schedule_config(default)
+    assert TEMPLATE.emit(big, replace(default, persistent=True), H100).name.endswith("_persistent")
+
+
+@pytest.mark.parametrize("schedule", [TmaSchedule(persistent=True), TmaSchedule(128, 128, 64, 1, 1, 6, persistent=True),
+                                      TmaSchedule(128, 256, 64, 2, 1, 4, group=4, persistent=True)],
+                         ids=lambda s: s.describe())
+def test_persistent_kernels_compile_for_sm_90a_without_spills(schedule):
+    op = _product(4096)
+    compiled = compile_cuda(TEMPLATE.emit(op, schedule, H100), H100.sm)
+    res = TEMPLATE.resources(op, schedule, H100)
+    assert compiled.spill_bytes == 0, f"{schedule.describe()}: ptxas spills {compiled.spill_bytes} bytes"
+    error = (res.registers - compiled.registers) / compiled.registers
+    assert abs(error) <= REGISTER_BOUND, f"{schedule.describe()}: estimate {res.registers}, ptxas {compiled.registers}"
