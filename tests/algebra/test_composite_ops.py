@@ -62,10 +62,12 @@ def test_split_into_sections_traced():
         np.testing.assert_array_equal(got, want)
 
 
-def test_logsumexp_of_a_row_of_minus_infinity_is_minus_infinity():
-    x = np.array([[-np.inf, -np.inf], [0.0, -np.inf]])
-    with np.errstate(divide="ignore"):                  # log(0), as numpy's own
-        np.testing.assert_array_equal(op.logsumexp(x, axis=1), scipy.special.logsumexp(x, axis=1))
+def test_logsumexp_of_infinite_rows_is_scipys():
+    x = np.array([[-np.inf, -np.inf], [0.0, -np.inf], [np.inf, 1.0], [np.nan, 1.0]])
+    with np.errstate(divide="ignore", invalid="ignore"):     # log(0) and inf - inf, as numpy's own
+        want = scipy.special.logsumexp(x, axis=1)
+        np.testing.assert_array_equal(op.logsumexp(x, axis=1), want)            # -inf, 0, inf, nan
+        np.testing.assert_array_equal(op.kernel(lambda x: op.logsumexp(x, axis=1))(x), want)
 
 
 def test_errors_name_the_op_and_what_to_do():

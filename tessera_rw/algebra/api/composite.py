@@ -18,8 +18,7 @@ import numbers
 from typing import Sequence
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import (add, equal, exp, log, maximum, minimum, multiply, sqrt, subtract,
-                                                  where)
+from tessera_rw.algebra.api.elementwise import add, exp, log, maximum, minimum, multiply, sqrt, subtract
 from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, squeeze
 from tessera_rw.algebra.api.reduction import max as reduce_max
 from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
@@ -101,11 +100,18 @@ def split(x, indices_or_sections, axis: int = 0) -> list:
 
 
 def logsumexp(x, axis=None, keepdims=False):
-    """log(Σ exp(x)) over `axis`, computed from x - max as scipy.special.logsumexp is (a row that is
-    all -inf gives -inf)."""
+    """log(Σ exp(x)) over `axis`, computed from x - max as scipy.special.logsumexp is: a row that is
+    all -inf gives -inf, one holding +inf gives +inf."""
     x = tensor_operand(x)
     axes = _axes("logsumexp", x, axis)
     peak = reduce_max(x, axes, keepdims=True)
-    peak = where(equal(peak, -math.inf), 0.0, peak)
-    total = log(reduce_sum(exp(subtract(x, peak)), axes, keepdims=keepdims))
-    return add(total, peak if keepdims else squeeze(peak, axes))
+    dtype = type_of(x).dtype
+
+    def finite(m):
+        # an infinite peak clipped to the dtype's finite range: x - m stays -inf or +inf where scipy's
+        # zeroed peak gives them (inf - inf would be NaN), and adding m back keeps the infinity.
+        # Clipping, not a where on m == ±inf, reads m once: each side's guard joins the kernel
+        # reading it (the sum's prologue, the final add) within its operand limit
+        return minimum(maximum(m, dtype.lowest), -dtype.lowest) if dtype.is_float else m
+    total = log(reduce_sum(exp(subtract(x, finite(peak))), axes, keepdims=keepdims))
+    return add(total, finite(peak if keepdims else squeeze(peak, axes)))
