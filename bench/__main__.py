@@ -18,9 +18,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", metavar="TEXT", help="gpu, tune: only the rows (tune: and timing logs and "
                         "sweeps) whose name holds TEXT (e.g. 'attention bwd', 'gemm'); results go to "
                         "<suite>-only-TEXT-<device>-<date>")
-    parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block"], default="all",
+    parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block", "variants"], default="all",
                         help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
-                             "or those whose blocks meet in a workspace)")
+                             "those whose blocks meet in a workspace, or a GEMM's persistent forms and walks)")
     args = parser.parse_args(argv)
     if args.suite == "cpu":
         from bench import cpu

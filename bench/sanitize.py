@@ -14,9 +14,13 @@ and an arrival counter (a reduction to a scalar split over the grid, a convoluti
 split along K, a column reduce with few output tiles) and the norm backward's row kernels (dx
 alone, with its row statistics, and with the weight and bias gradients' partial sums, whose
 blocks each walk several rows with barriers in each row), likewise.
+Last, a GEMM's variants (gemm_variants.py): the persistent forms of the TMA defaults, whose blocks
+each walk several tiles with their stages and barrier phases running on across them, and walks in
+another order, on products with more tiles than the GPU has SMs.
 racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
 global memory shows as a wrong result, which the checks against the references catch.
-`--kernels rows|backward|cross-block` runs one part. The exit status is 1 when any schedule is wrong.
+`--kernels rows|backward|cross-block|variants` runs one part. The exit status is 1 when any schedule
+is wrong.
 """
 
 from __future__ import annotations
@@ -86,14 +90,38 @@ def norm_backward_packed(name: str, x, **extra):
     return KernelOp.of(name, (x, x, w), OPS[name].infer(x, x, w, **attrs), **attrs)
 
 
-def check_op(op, arch) -> int:
-    """Every default schedule of `op` once, against its float64 reference: how many are wrong."""
+def variant_ops(arch) -> list:
+    """(op, schedules): GEMMs with more 128 x 256 tiles than `arch` has SMs (a ragged one, a bias
+    gradient), each at its first kind of default schedules in another walk and, for TMA ones, in
+    the persistent form under two walks."""
+    from dataclasses import replace
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.gemm import GemmTemplate, TmaSchedule
+    m, n, k = 16 * 128 - 48, (arch.sm_count // 16 + 1) * 256, 200      # ragged rows; K of 4 stages or fewer
+    ops = [KernelOp.of("matmul", (TensorType((m, k), BF16), TensorType((k, n), BF16)), TensorType((m, n), BF16),
+                       accum_dtype=None),
+           KernelOp.of("matmul_bias_grad", (TensorType((m, k), BF16), TensorType((k, n), BF16)),
+                       TensorType((m + 1, n), BF16), accum_dtype=None, trans_a=False)]
+    found = []
+    for op in ops:
+        defaults = GemmTemplate().schedules(op, arch)
+        first = [s for s in defaults if type(s) is type(defaults[0])]
+        forms = [replace(s, group=2) for s in first]
+        forms += [replace(s, persistent=True, group=g) for s in first if isinstance(s, TmaSchedule) for g in (0, 4)]
+        found.append((op, tuple(forms)))
+    return found
+
+
+def check_op(op, arch, schedules=None) -> int:
+    """Each of `schedules` (default: every default schedule of `op`) once, against its float64
+    reference: how many are wrong."""
     import numpy as np
     from tessera_rw.codegen.kernel_check import check, expected
     from tessera_rw.codegen.kernel_inputs import random_inputs
     from tessera_rw.codegen.templates.registry import templates_for
     template, wrong = templates_for(op)[0], 0
-    for schedule in template.schedules(op, arch):
+    for schedule in schedules if schedules is not None else template.schedules(op, arch):
         rng = np.random.default_rng(0)
         inputs = random_inputs(op, rng)
         reference = expected(op, inputs, rng).on(template.resources(op, schedule, arch).unit)
@@ -108,7 +136,7 @@ def check_op(op, arch) -> int:
 
 
 def run(kernels: str = "all") -> int:
-    """Check `kernels` ("all", "rows", "backward" or "cross-block"); 1 when any is wrong."""
+    """Check `kernels` ("all", "rows", "backward", "cross-block" or "variants"); 1 when any is wrong."""
     reason = preflight()
     if reason:
         print(reason, file=sys.stderr)
@@ -135,4 +163,6 @@ def run(kernels: str = "all") -> int:
            + (cross_block_ops() if kernels in ("all", "cross-block") else []))
     for op in ops:
         wrong += check_op(op, arch)
+    for op, schedules in variant_ops(arch) if kernels in ("all", "variants") else []:
+        wrong += check_op(op, arch, schedules)
     return 1 if wrong else 0

@@ -37,3 +37,37 @@ def test_check_op_counts_the_schedules_that_are_wrong(monkeypatch):
     monkeypatch.setattr(sanitize, "run_poisoned",
                         lambda op, arrays, schedule: np.zeros(op.result.shape, op.result.dtype.numpy))
     assert sanitize.check_op(op, arch) == len(AttentionStatsFromLseTemplate().schedules(op, arch)) == 1
+
+
+def test_the_variants_it_runs_are_persistent_gemms_walking_several_tiles_a_block():
+    from tessera_rw.codegen.templates.gemm import GemmTemplate
+    from tessera_rw.codegen.templates.gemm_variants import persistent_grid, tiles_of
+    arch = arch_named("h100")
+    found = sanitize.variant_ops(arch)
+    assert {op.op for op, _ in found} == {"matmul", "matmul_bias_grad"}
+    for op, schedules in found:
+        persistent = [s for s in schedules if getattr(s, "persistent", False)]
+        assert len(persistent) >= 2 and any(s.group for s in schedules if not getattr(s, "persistent", False))
+        for s in schedules:
+            assert GemmTemplate().valid(op, s, arch), s.describe()
+        assert all(tiles_of(op, s) > persistent_grid(op, s, arch) == arch.sm_count for s in persistent)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_check_op_runs_the_schedules_it_is_given(monkeypatch):
+    from dataclasses import replace
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.gemm import TmaSchedule
+    arch = arch_named("h100").model_copy(update={"sm_count": 2, "max_blocks_per_sm": 2})
+    a, b = TensorType((200, 80), DType.bfloat16), TensorType((80, 136), DType.bfloat16)
+    op = KernelOp.of("matmul", (a, b), TensorType((200, 136), DType.bfloat16), accum_dtype=None)
+    ran = []
+
+    def emulated(op, arrays, schedule):
+        ran.append(schedule)
+        return emulator.run_emulated(op, arrays, schedule=schedule, arch=arch)
+    monkeypatch.setattr(sanitize, "run_poisoned", emulated)
+    persistent = TmaSchedule(64, 64, 64, 1, 1, 3, persistent=True)
+    assert sanitize.check_op(op, arch, (persistent, replace(persistent, group=2))) == 0
+    assert ran == [persistent, replace(persistent, group=2)]
