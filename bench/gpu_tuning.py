@@ -1,6 +1,6 @@
 """`python -m bench tune [--quick]`: the autotuner on the GPU.
 
-Two parts, both against references in the same run:
+Three parts, against references in the same run:
 
 1. Tuned vs default: for gemm and flash_attention shapes (forward, and the backward kernel at the
    shape `bench gpu` times), the cost model's default schedule and the tuned one are timed by the
@@ -9,9 +9,11 @@ Two parts, both against references in the same run:
 2. Timing logs: every schedule of each op's space, measured, written to
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
-3. Schedule sweeps: every schedule of the attention backward's spaces (on sm_90 its wgmma kernel's
-   beside the mma.sync kernel's, ten to twelve schedules, and under `fast` the mma.sync form that
-   sums dQ with atomics too), timed and printed beside the default the cost model picks.
+3. Schedule sweeps: a GEMM's default beside its variants (other walks over the output tiles, the
+   persistent form: gemm_variants.py), then every schedule of the attention backward's spaces (on
+   sm_90 its wgmma kernel's beside the mma.sync kernel's, ten to twelve schedules, and under `fast`
+   the mma.sync form that sums dQ with atomics too), timed and printed beside the default the cost
+   model picks.
 
 Results go to bench/results/tune[-quick]-<device>-<date>.json and .md, written after each part (a run
 stopped at its limit keeps the parts it finished, the others marked as not reached).
@@ -94,11 +96,18 @@ def sweep_ops() -> dict[str, KernelOp]:
     return ops | {f"{name} fast": replace(op, numerics=Numerics.FAST) for name, op in ops.items()}
 
 
-def measure_space(op: KernelOp, arch) -> list:
-    """(schedule, measurement) for every schedule of `op`'s space, checked before it is timed."""
+def variant_sweep_ops() -> dict[str, KernelOp]:
+    """GEMMs whose default's variants (other walks, the persistent form) are timed beside it."""
+    return {"gemm bf16 4096^3 variants": gemm_row(4096).op,
+            "gemm bf16 8192x4096x1024 variants": gemm_shape_row(8192, 4096, 1024).op}
+
+
+def measure_space(op: KernelOp, arch, space=None) -> list:
+    """(schedule, measurement) for every schedule of `space` (default: `op`'s whole space), each
+    checked before it is timed."""
     from tessera_rw.tune.device_measure import DeviceMeasurer
     template = templates_for(op)[0]
-    space = template.space(op, arch)
+    space = template.space(op, arch) if space is None else tuple(space)
     measurer = DeviceMeasurer(template, op, arch)
     measured = []
     for start in range(0, len(space), LOG_BATCH):
@@ -107,13 +116,15 @@ def measure_space(op: KernelOp, arch) -> list:
     return measured
 
 
-def sweep(name: str, op: KernelOp, arch) -> list[str]:
-    """A line per schedule of `op`'s space, timed, the default schedule (the cost model's pick among
-    the template's defaults) marked."""
+def sweep(name: str, op: KernelOp, arch, variants: bool = False) -> list[str]:
+    """A line per schedule of `op`'s space (with `variants`, of the default and its variants only),
+    timed, the default schedule (the cost model's pick among the template's defaults) marked."""
     from tessera_rw.tune.cost import best_schedule
-    default = best_schedule(templates_for(op)[0], op, arch)[0]
+    template = templates_for(op)[0]
+    default = best_schedule(template, op, arch)[0]
+    space = (default, *template.variants(op, default, arch)) if variants else None
     lines = []
-    for schedule, m in measure_space(op, arch):
+    for schedule, m in measure_space(op, arch, space):
         timing = f"{m.median_us:9.1f} µs" if m.ok else f"failed: {m.failure}"
         lines.append(f"  {name} [{schedule.describe()}]{' (default)' if schedule == default else ''}: {timing}")
     return lines
@@ -225,11 +236,13 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
             logs.append(f"{name}: ERROR {type(e).__name__}: {e}")
             console.print(f"  {logs[-1]}", markup=False)
     save_results(suite, machine, header, quick, tuned, logs, sweeps, reached=2)
-    for name, op in _or_error("schedule sweeps", lambda: picked(sweep_ops()), sweeps).items():
-        try:
-            sweeps += sweep(name, op, arch)
-        except Exception as e:
-            sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
+    for variants, ops in ((True, variant_sweep_ops), (False, sweep_ops)):
+        for name, op in _or_error("schedule sweeps", lambda: picked(ops()), sweeps).items():
+            try:
+                sweeps += sweep(name, op, arch, variants)
+            except Exception as e:
+                sweeps.append(f"  {name}: ERROR {type(e).__name__}: {e}")
+            save_results(suite, machine, header, quick, tuned, logs, sweeps, reached=2)
     failed = failed or any("ERROR" in line for line in logs + sweeps)
     table = Table(title=f"autotuning on {arch.name}")
     for col in COLUMNS:

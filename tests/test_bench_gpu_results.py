@@ -113,7 +113,7 @@ def tuning_stand_ins(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_tuning, "tuned_vs_default", lambda row, arch, protocol, root, quick: [
         row.name, "235.0", "192.0", "1.22x", "155.0", "0.81", "16/34", "2.0 s", "cache (3.0 ms)", "wg bm=128"])
     monkeypatch.setattr(gpu_tuning, "record_log", lambda name, op, arch, console: f"{name}: 34 schedules")
-    monkeypatch.setattr(gpu_tuning, "sweep", lambda name, op, arch: [f"  {name} [rows=64]: 145.6 µs"])
+    monkeypatch.setattr(gpu_tuning, "sweep", lambda name, op, arch, variants: [f"  {name} [rows=64]: 145.6 µs"])
     return tmp_path
 
 
@@ -132,14 +132,16 @@ def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tuning_stand_ins):
     saved = json.loads(json_path.read_text())
     assert [t["speed-up"] for t in saved["tuned"]] == ["1.22x", "1.22x"]
     assert saved["timing_logs"] == ["gemm-bf16-2048: 34 schedules", "attention-bf16-s2048-d64: 34 schedules"]
-    assert len(saved["sweeps"]) == 4 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
+    assert len(saved["sweeps"]) == 6 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
+    assert [line.split(" [")[0] for line in saved["sweeps"][:2]] == ["gemm bf16 4096^3 variants",
+                                                                    "gemm bf16 8192x4096x1024 variants"]
     assert saved["not_reached"] == []
 
 
 def test_a_tuning_run_stopped_in_its_sweeps_keeps_the_tuned_rows_and_logs(tuning_stand_ins, monkeypatch):
     from bench import gpu_tuning
 
-    def stopped(name, op, arch):
+    def stopped(name, op, arch, variants):
         raise KeyboardInterrupt        # the run stopped here
     monkeypatch.setattr(gpu_tuning, "sweep", stopped)
     with pytest.raises(KeyboardInterrupt):
@@ -157,4 +159,5 @@ def test_a_tuning_run_on_some_kernels_takes_only_theirs(tuning_stand_ins):
     saved = json.loads(json_path.read_text())
     assert len(saved["tuned"]) == 4 and all(t["kernel"].startswith("gemm") for t in saved["tuned"])
     assert [line.split(":")[0] for line in saved["timing_logs"]] == ["gemm-bf16-2048", "gemm-bf16-4096"]
-    assert saved["sweeps"] == []                  # the sweeps are the attention backward's
+    assert [line.split(" [")[0] for line in saved["sweeps"]] == ["gemm bf16 4096^3 variants",
+                                                                "gemm bf16 8192x4096x1024 variants"]
