@@ -132,7 +132,10 @@ def cached_schedule(op: KernelOp, arch: ArchSpec, cache: TuneCache, *, space: Se
     shapes, dtypes = [t.shape for t in op.operands], [t.dtype for t in op.operands]
 
     def in_space(record: TuneRecord) -> Schedule | None:
-        found = find_schedule(template.space(op, arch) if space is None else space, record.config)
+        # a nearer shape's winner in a form this shape's space lacks (persistent, another walk)
+        # starts the search from its tile at the defaults of those fields
+        found = find_schedule(template.space(op, arch) if space is None else space, record.config,
+                              loose=record.interpolated)
         return found if found is None or restriction is None or restriction.admits(found) else None
 
     sig = signature_hash(op, template, restriction)

@@ -36,17 +36,35 @@ def schedule_config(schedule: Schedule) -> dict[str, object]:
     its 'kind' when it has a tag (kinds of one template with the same fields). A quiet field at
     its default is left out, as `describe` leaves it out: records and timing logs written before
     the field existed name the same schedule."""
-    quiet = {f.name: f.default for f in fields(schedule) if f.name in schedule.quiet_defaults}
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()
-              if k not in quiet or v != quiet[k]}
+    quiet = _quiet(schedule)
+    return {k: v for k, v in full_config(schedule).items() if k not in quiet or v != quiet[k]}
+
+
+def full_config(schedule: Schedule) -> dict[str, object]:
+    """The schedule's config with every field, quiet ones at their defaults too (how records and
+    timing logs spelled it before quiet fields were left out)."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()}
     return config | {"kind": schedule.tag} if schedule.tag else config
 
 
-def find_schedule(space: Iterable[Schedule], config: dict[str, object]) -> Schedule | None:
-    """The schedule of `space` whose config is `config`, None when the space no longer has it."""
+def _quiet(schedule: Schedule) -> dict[str, object]:
+    return {f.name: f.default for f in fields(schedule) if f.name in schedule.quiet_defaults}
+
+
+def find_schedule(space: Iterable[Schedule], config: dict[str, object], *, loose: bool = False) -> Schedule | None:
+    """The schedule of `space` whose config is `config` (spelled either way), None when the space no
+    longer has it. `loose`: else the schedule that config names with its quiet fields (a walk, a
+    persistent launch) at their defaults, as a nearer shape's winner is taken where the space has
+    not that form of it."""
+    space = tuple(space)
     for s in space:
-        if schedule_config(s) == config:
+        if config in (schedule_config(s), full_config(s)):
             return s
+    if loose:
+        for s in space:
+            quiet = _quiet(s)
+            if schedule_config(s) == {k: v for k, v in config.items() if k not in quiet}:
+                return s
     return None
 
 

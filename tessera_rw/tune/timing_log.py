@@ -32,7 +32,7 @@ from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.rules.schema import ATTRS, DTYPE, OPT_DTYPE
 from tessera_rw.tune.measure import Measurement
 from tessera_rw.tune.records import ChosenBy, ConfigKey, ConfigValue, FileToken, Finite, Shape, Token
-from tessera_rw.tune.space import schedule_config
+from tessera_rw.tune.space import full_config, schedule_config
 
 LOG_SCHEMA = "tessera_rw.timing-log/1"
 
@@ -132,7 +132,7 @@ class ReplayMeasurer:
     def measure(self, schedules: Sequence[Schedule]) -> list[Measurement]:
         out = []
         for s in schedules:
-            entry = self.entries.get(_key(schedule_config(s)))
+            entry = self.entries.get(_key(schedule_config(s))) or self.entries.get(_key(full_config(s)))
             out.append(entry.measurement() if entry is not None
                        else Measurement.failed(f"{s.describe()} is not in the timing log"))
         return out

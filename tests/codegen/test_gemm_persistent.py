@@ -1,8 +1,15 @@
 """The persistent TMA GEMM kernel (gemm_tma_cuda.py, TmaSchedule(persistent=True)): a block per SM
 slot walks tiles a grid apart, its stages and barrier phases running on from one tile to the next.
-Run by the CPU emulator on an architecture of 2 SMs of 2 blocks (a wave of 4) so every block walks
-several tiles, against float64 numpy; compiled by NVRTC for sm_90a, ptxas's registers within the
-model's bound and no spills; and in the tuning space only where the tiles outnumber a wave."""
+Run by the CPU emulator on an architecture of 2 SMs of 2 blocks (a wave of 4, or 2 for the blocks of
+two consumer warpgroups) so every block walks several tiles, against float64 numpy; compiled by
+NVRTC for sm_90a, ptxas's registers within the model's bound and no spills; and in the tuning space
+only where the tiles outnumber a wave.
+
+The emulator catches a wrong barrier parity, a stage never handed back (a deadlock) and a tile's
+ones row or origin computed from the wrong counter. It does not catch a stage handed back before
+the MMAs reading it retire: its wgmmas complete as they are issued. That order is the kernel's by
+construction (each release follows a wgmma_wait), and `bench sanitize --kernels variants` runs
+these kernels under compute-sanitizer on a GPU."""
 
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ TEMPLATE = GemmTemplate()
 H100 = arch_named("h100")
 SMALL = H100.model_copy(update={"sm_count": 2, "max_blocks_per_sm": 2})   # a wave of 4 blocks
 TILE = TmaSchedule(64, 64, 64, 1, 1, 3)        # 48 KiB of stages: two blocks an SM
+TWO_CONSUMERS = TmaSchedule(128, 64, 64, 2, 1, 3)   # setmaxnreg, 8 warps arriving on a stage's empty barrier
 
 # tiles per block > 1 everywhere; K of 2 to 8 k-tiles over 3 stages, so a block's stages wrap
 # inside a tile and across tiles
@@ -38,6 +46,9 @@ OPS = {
     "nt bias gelu 130x260x136 bf16": transposed((130, 136), (136, 260), BF16, BF16, trans_b=True,
                                                 extra=[((260,), BF16)], has_bias=True, activation="gelu"),
     "bias grad tn 200x136x200 bf16": bias_grad_transposed(200, 136, 200, BF16),
+    "bias grad nn 200x136x200 bf16": KernelOp.of("matmul_bias_grad", (TensorType((200, 136), BF16),
+                                                                       TensorType((136, 200), BF16)),
+                                                 TensorType((201, 200), BF16), accum_dtype=None, trans_a=False),
 }
 
 
@@ -46,14 +57,15 @@ def _run(op, arrays, schedule, arch):
 
 
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("tile, wave", [(TILE, 4), (TWO_CONSUMERS, 2)], ids=["one-consumer", "two-consumers"])
 @pytest.mark.parametrize("name", list(OPS))
-def test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference(name):
+def test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference(name, tile, wave):
     op = OPS[name]
-    persistent = replace(TILE, persistent=True)
+    persistent = replace(tile, persistent=True)
     assert TEMPLATE.valid(op, persistent, SMALL)
-    assert tiles_of(op, persistent) > 4 == persistent_grid(op, persistent, SMALL), name
+    assert tiles_of(op, persistent) > wave == persistent_grid(op, persistent, SMALL), name
     kernel = TEMPLATE.emit(op, persistent, SMALL)
-    assert kernel.grid == (4, 1, 1) and "tile += gridDim.x" in kernel.source
+    assert kernel.grid == (wave, 1, 1) and "tile += gridDim.x" in kernel.source
     check_schedules(TEMPLATE, op, [persistent, replace(persistent, group=2)], SMALL, _run)
 
 

@@ -114,10 +114,12 @@ PICKS = 4
 
 
 def beyond_defaults(template, op, arch, n: int = PICKS) -> list:
-    """Up to `n` schedules of the space that are not defaults, spread evenly over it from its first to
-    its last (the grid's far corner: the largest tiles, the most warps), the same each run."""
+    """Up to `n` schedules of the space that are neither defaults nor their variants, spread evenly
+    over it from its first to its last (the grid's far corner: the largest tiles, the most warps),
+    the same each run."""
     defaults = template.schedules(op, arch)
-    others = [s for s in template.space(op, arch) if s not in defaults]
+    variants = {v for d in defaults for v in template.variants(op, d, arch)}   # walked or launched otherwise
+    others = [s for s in template.space(op, arch) if s not in defaults and s not in variants]
     picks = (round(i * (len(others) - 1) / max(1, n - 1)) for i in range(n))
     return list(dict.fromkeys(others[i] for i in picks)) if others else []
 

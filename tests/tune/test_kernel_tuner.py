@@ -269,3 +269,28 @@ def test_a_config_leaves_out_the_models_walk_so_older_records_name_the_same_sche
     walked = replace(space.default, group=1)
     assert schedule_config(walked) == config | {"group": 1}
     assert find_schedule(space.schedules, schedule_config(walked)) == walked
+
+
+def test_a_nearer_shapes_persistent_winner_seeds_a_shape_without_that_form_with_its_tile(cache):
+    big, small = matmul(4096, 4096, 4096), matmul(1024, 1024, 1024)     # 512 tiles, and 32 (fewer than SMs)
+    template = templates_for(big)[0]
+    space = ranked_space(template, big, H100)
+    persistent = [s for s in template.variants(big, space.schedules[0], H100) if getattr(s, "persistent", False)]
+    measurer = WalkFaster(space.default, 0)
+    measurer.fast = persistent[-1]                     # persistent and walking another order
+    assert tune_kernel(big, H100, cache=cache, measurer=measurer, max_trials=40).schedule == persistent[-1]
+    hit = cached_schedule(small, H100, cache)
+    assert hit is not None, "the tile of the nearest shape's winner, as a plain launch, in the model's walk"
+    schedule, record = hit
+    assert record.interpolated and schedule == replace(persistent[-1], persistent=False, group=0)
+
+
+def test_configs_written_with_every_field_still_name_their_schedules():
+    from tessera_rw.codegen.templates.reduction import ReductionSchedule
+    from tessera_rw.tune.space import full_config
+    plain = ReductionSchedule(256, 4, 32)
+    old = {"threads": 256, "vec": 4, "split": 32, "blocks": 1}          # as records spelled it before
+    assert full_config(plain) == old and schedule_config(plain) == {"threads": 256, "vec": 4, "split": 32}
+    assert find_schedule([ReductionSchedule(128, 4, 32), plain], old) == plain
+    assert find_schedule([plain], old | {"blocks": 4}) is None
+    assert find_schedule([plain], old | {"blocks": 4}, loose=True) == plain

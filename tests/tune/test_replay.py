@@ -141,3 +141,17 @@ def test_every_template_sample_op_round_trips_through_a_timing_log():
         log = TimingLog.of(op, "H100-SXM", "test", [({"threads": 256}, Measurement.of([1.0]))])
         assert TimingLog.model_validate_json(log.model_dump_json(by_alias=True)).kernel_op() == op, op
     assert {"cast", "full", "arange"} <= {op.op for op in ops}
+
+
+def test_a_log_spelling_every_field_answers_for_the_schedule():
+    from tessera_rw.tune.space import full_config
+    log = synthetic_log(2)
+    op = log.kernel_op()
+    space = template_for(op).space(op, arch_named("H100-SXM"))
+    from dataclasses import replace
+    plain = space[0]
+    walked = replace(plain, group=2)                                   # a quiet field off its default
+    spelled = TimingLog.of(op, "H100-SXM", "test", [(full_config(plain), Measurement.of([7.0])),
+                                                    (schedule_config(walked), Measurement.of([6.0]))])
+    got = ReplayMeasurer(spelled).measure([plain, walked])
+    assert [m.median_us for m in got] == [7.0, 6.0]
