@@ -9,8 +9,10 @@ for checking, not for speed.
 
 What it catches: wrong indexing, swizzles and fragment layouts, edges and predicates, a stage read
 before its cp.async group is waited for, a missing barrier that lets a warp read what another has
-not written yet (warps run ahead of one another between barriers), divergent barriers. What it does not: data races
-between threads that the run order happens to hide, bank conflicts, anything about speed.
+not written yet (warps run ahead of one another between barriers), divergent barriers, mbarrier
+phases waited on wrongly (a deadlock), and a stage handed back before the wgmmas reading it retire
+(the arriving thread steps aside and the producer refills the stage at once). What it does not:
+data races between threads that the run order happens to hide, bank conflicts, anything about speed.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> from tessera_rw.algebra.node import TensorType

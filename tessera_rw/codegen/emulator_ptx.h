@@ -335,7 +335,10 @@ __device__ __forceinline__ void wgmma_commit() {
     t.mma_groups.push_back(std::move(t.open_mmas));
     t.open_mmas.clear();
 }
+// wgmma.wait_group.sync.aligned: the warp's lanes wait together (a warp collective), so no lane
+// goes past it, to hand a stage back say, while another lane's wgmmas on that stage are in flight
 template <int N> __device__ __forceinline__ void wgmma_wait() {
+    emu::exchange(emu::Slot{}, emu::WGMMA_WAIT);
     emu::Thread& t = emu::self();
     while (t.mma_groups.size() > N) {
         for (auto& retire : t.mma_groups.front()) retire();
@@ -434,7 +437,15 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
 }
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) { emu::mbarrier_arrive(bar, 0); }
+// A consumer's arrival hands a stage back: the arriving thread steps aside (it runs again after the
+// threads the arrival wakes) so a producer waiting for the stage refills it now, before the
+// arriving warp goes on. A stage handed back before its wgmmas retire is then refilled while they still read it,
+// which the TMA copy reports; otherwise the warp would reach its wgmma.wait_group first, and the
+// early hand-back would go unseen.
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    emu::mbarrier_arrive(bar, 0);
+    emu::yield(emu::STEPPED_ASIDE);
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
     emu::mbarrier_arrive(bar, bytes);
 }

@@ -111,16 +111,17 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
         while (true) {
             for (int l = last - 1; l >= first; --l)
                 if (b.threads[l].state == RUNNABLE) resume(b.threads[l]);
-            int live = 0, at_warp = 0, at_block = 0;
+            int live = 0, at_warp = 0, at_block = 0, aside = 0;
             for (int l = first; l < last; ++l) {
                 const State s = b.threads[l].state;
                 live += s != DONE;
                 at_warp += s == AT_WARP_BARRIER;
                 at_block += s == AT_BLOCK_BARRIER;
+                aside += s == POLLING || s == STEPPED_ASIDE;
             }
             if (at_warp && at_block)
                 return "a warp's lanes wait at different barriers (a divergent __syncthreads or warp collective)";
-            if (!at_warp) return nullptr;
+            if (!at_warp || aside) return nullptr;     // a collective waits for the lanes that stepped aside
             if (live != last - first) return "a warp collective ran after some of its warp's lanes had exited";
             for (int l = first; l < last; ++l) b.threads[l].state = RUNNABLE;
         }
@@ -147,7 +148,7 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
         bool waiting = false, polling = false;
         for (Thread& t : b.threads) {
             waiting |= t.state == AT_BLOCK_BARRIER;
-            polling |= t.state == POLLING;
+            polling |= t.state == POLLING || t.state == STEPPED_ASIDE;
         }
         if (polling) {
             // a __syncthreads waits for the polling threads too; they poll again unless nothing
@@ -157,7 +158,7 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
                        "fewer arrivals or transaction bytes than the barrier expects, or a __syncthreads a waiting "
                        "thread never reaches)";
             for (Thread& t : b.threads)
-                if (t.state == POLLING) t.state = RUNNABLE;
+                if (t.state == POLLING || t.state == STEPPED_ASIDE) t.state = RUNNABLE;
             continue;
         }
         if (!waiting) return nullptr;     // every thread is done

@@ -16,7 +16,9 @@
 //
 // A thread waiting on an mbarrier (mbar_try_wait failing) yields too, and is polled again after
 // every other thread has run as far as it can; a round in which no mbarrier changes while threads
-// poll is a deadlock (a wait on the wrong phase, a missing arrival), reported as an error.
+// poll is a deadlock (a wait on the wrong phase, a missing arrival), reported as an error. A thread
+// arriving on an mbarrier (a consumer handing a stage back) steps aside until the threads polling
+// run, so a producer refills the stage before the consumer's warp goes on, as it may on a GPU.
 //
 // __shared__ variables are static locals, one copy shared by the threads of the running block;
 // dynamic shared memory is one arena ending against a page that faults. Both are filled with 0xFF
@@ -103,7 +105,8 @@ inline long long __double_as_longlong(double d) { return emu_bits<long long>(d);
 
 namespace emu {
 
-enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, POLLING, DONE };
+// STEPPED_ASIDE: a thread that arrived on an mbarrier lets the threads that barrier wakes run first
+enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, POLLING, STEPPED_ASIDE, DONE };
 
 struct Copy { void* dst; unsigned char bytes[16]; };
 
@@ -134,7 +137,7 @@ struct Thread {
 
 // One lane's published operands at a warp collective, and which collective it is at.
 struct Slot { unsigned words[8]; const void* pointer; double value; int kind; };
-enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA };
+enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA, WGMMA_WAIT };
 
 // An mbarrier's state: arrivals it expects per phase, those still pending in the current phase,
 // transaction bytes outstanding (expected less completed), and phases completed so far.

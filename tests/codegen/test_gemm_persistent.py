@@ -5,23 +5,26 @@ two consumer warpgroups) so every block walks several tiles, against float64 num
 NVRTC for sm_90a, ptxas's registers within the model's bound and no spills; and in the tuning space
 only where the tiles outnumber a wave.
 
-The emulator catches a wrong barrier parity, a stage never handed back (a deadlock) and a tile's
-ones row or origin computed from the wrong counter. It does not catch a stage handed back before
-the MMAs reading it retire: its wgmmas complete as they are issued. That order is the kernel's by
-construction (each release follows a wgmma_wait), and `bench sanitize --kernels variants` runs
-these kernels under compute-sanitizer on a GPU."""
+The emulator catches a wrong barrier parity, a stage never handed back (a deadlock), a tile's ones
+row or origin computed from the wrong counter, and a stage handed back before the wgmmas reading it
+retire (the arriving thread steps aside, the producer refills the stage, and the copy finds the
+bytes still read). `bench sanitize --kernels variants` runs these kernels under compute-sanitizer
+on a GPU."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import arch_named
-from tessera_rw.codegen.compile import compile_cuda
+from tessera_rw.codegen.compile import KernelSource, compile_cuda
+from tessera_rw.codegen.emulator import EmulatorError
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm import GemmTemplate, TmaSchedule
 from tessera_rw.codegen.templates.gemm_variants import persistent_grid, tiles_of
@@ -105,3 +108,19 @@ def test_persistent_kernels_compile_for_sm_90a_without_spills(schedule):
     assert compiled.spill_bytes == 0, f"{schedule.describe()}: ptxas spills {compiled.spill_bytes} bytes"
     error = (res.registers - compiled.registers) / compiled.registers
     assert abs(error) <= REGISTER_BOUND, f"{schedule.describe()}: estimate {res.registers}, ptxas {compiled.registers}"
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_a_tiles_last_stage_handed_back_before_its_mmas_retire_stops_the_run():
+    op = OPS["nn long k 200x200x520 bf16"]
+    source = TEMPLATE.emit(op, replace(TILE, persistent=True), SMALL)
+    release = "if (lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);   // the last stage"
+    assert release in source.source
+    wait = "        wgmma_wait<0>();"
+    early = source.source.replace(release, "").replace(wait, f"        {release}\n{wait}")
+    mutated = KernelSource(source.name + "_early", early.replace(source.name, source.name + "_early"), source.threads,
+                           source.grid, source.dynamic_smem, target=source.target, tensor_maps=source.tensor_maps)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(t.shape).astype(ml_dtypes.bfloat16) for t in op.operands)
+    with pytest.raises(EmulatorError, match="an issued wgmma still reads"):
+        emulator.build(mutated)([a, b, np.zeros(op.result.shape, ml_dtypes.bfloat16)])

@@ -16,6 +16,7 @@ from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmTemplate, TmaSchedule, WgmmaSchedule, _tile_order
 from tessera_rw.codegen.templates.gemm_tile_order import other_groups, tile_order, tile_origin
+from tessera_rw.codegen.templates.gemm_variants import walked
 from tests.codegen.schedule_check import check_schedules
 
 MB = 1 << 20
@@ -133,16 +134,11 @@ def test_the_space_holds_each_default_under_every_other_walk_and_only_where_walk
     for d in defaults:       # the first default's kernel (TMA on sm_90) walks; mma.sync's tiles there do not
         walks = {s.group for s in space if s.group and replace(s, group=0) == d}
         picked = _tile_order(big, d, arch).group
-        others = other_groups(-(-4096 // d.bm), -(-4096 // d.bn), *_wave_and_bytes(big, d, arch))
+        others = other_groups(*walked(big, d, arch))
         assert walks == (set(others) if type(d) is type(defaults[0]) else set()), d
         assert picked not in walks
     assert not any(s.group for s in template.space(small, arch))     # 8 MiB operands stay in L2
     assert not template.valid(big, replace(defaults[0], group=-1), arch)
-
-
-def _wave_and_bytes(op, s, arch):
-    from tessera_rw.codegen.templates.gemm_variants import walked as _walked
-    return _walked(op, s, arch)[2:]
 
 
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
@@ -153,7 +149,6 @@ def test_kernels_walking_every_other_group_cover_every_tile(kind):
     template = GemmTemplate()
     walks = [s for s in template.space(op, arch) if s.group and replace(s, group=0) == schedule]
     if not walks:          # the CASES schedule is not a default: time its walks directly
-        from tessera_rw.codegen.templates.gemm_variants import walked as _walked
-        walks = [replace(schedule, group=g) for g in other_groups(*_walked(op, schedule, arch))]
+        walks = [replace(schedule, group=g) for g in other_groups(*walked(op, schedule, arch))]
     assert len(walks) >= 2, kind
     check_schedules(template, op, walks, arch, _run)
