@@ -36,7 +36,7 @@ def schedule_config(schedule: Schedule) -> dict[str, object]:
     its 'kind' when it has a tag (kinds of one template with the same fields). A quiet field at
     its default is left out, as `describe` leaves it out: records and timing logs written before
     the field existed name the same schedule."""
-    quiet = _quiet(schedule)
+    quiet = schedule.quiet_fields()
     return {k: v for k, v in full_config(schedule).items() if k not in quiet or v != quiet[k]}
 
 
@@ -45,10 +45,6 @@ def full_config(schedule: Schedule) -> dict[str, object]:
     timing logs spelled it before quiet fields were left out)."""
     config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(schedule).items()}
     return config | {"kind": schedule.tag} if schedule.tag else config
-
-
-def _quiet(schedule: Schedule) -> dict[str, object]:
-    return {f.name: f.default for f in fields(schedule) if f.name in schedule.quiet_defaults}
 
 
 def find_schedule(space: Iterable[Schedule], config: dict[str, object], *, loose: bool = False) -> Schedule | None:
@@ -62,8 +58,7 @@ def find_schedule(space: Iterable[Schedule], config: dict[str, object], *, loose
             return s
     if loose:
         for s in space:
-            quiet = _quiet(s)
-            if schedule_config(s) == {k: v for k, v in config.items() if k not in quiet}:
+            if schedule_config(s) == {k: v for k, v in config.items() if k not in s.quiet_fields()}:
                 return s
     return None
 

@@ -33,9 +33,15 @@ class Schedule:
 
     def describe(self) -> str:
         """'bm=128 bn=128 bk=32 warps=4 stages=3'"""
+        quiet = self.quiet_fields()
         return " ".join([self.tag] * bool(self.tag) + [
             f"{f.name}={getattr(self, f.name)}" for f in fields(self)
-            if f.name not in self.quiet_defaults or getattr(self, f.name) != f.default])
+            if f.name not in quiet or getattr(self, f.name) != quiet[f.name]])
+
+    def quiet_fields(self) -> dict[str, object]:
+        """The quiet fields' defaults, by name: where a field is at its default, names and records
+        leave it out."""
+        return {f.name: f.default for f in fields(self) if f.name in self.quiet_defaults}
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,10 @@ _DERIVATIVE = {
 
 def kernel_name(p: GemmProblem, s: Schedule) -> str:
     """The entry point's name: dtypes, epilogue, sizes and tile, one name per specialization."""
-    loud = [f for f in fields(s) if f.name not in s.quiet_defaults]
-    quiet = [f for f in fields(s) if f.name in s.quiet_defaults and getattr(s, f.name) != f.default]
-    named = "".join(f"_{f.name}" if getattr(s, f.name) is True else f"_{f.name}{getattr(s, f.name)}" for f in quiet)
-    tile = s.tag + "x".join(str(getattr(s, f.name)) for f in loud) + named
+    quiet = s.quiet_fields()
+    changed = [(name, getattr(s, name)) for name, default in quiet.items() if getattr(s, name) != default]
+    named = "".join(f"_{name}" if value is True else f"_{name}{value}" for name, value in changed)
+    tile = s.tag + "x".join(str(getattr(s, f.name)) for f in fields(s) if f.name not in quiet) + named
     epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "")
     layout = "" if p.layout == "nn" else "_" + p.layout
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"
@@ -128,8 +128,7 @@ def common(p: GemmProblem) -> tuple[str, str, str]:
 
 
 def launch_comment(p: GemmProblem, s: Schedule, name: str, signature: str) -> str:
-    blocks = -(-p.n // s.bn) * -(-p.m // s.bm) * p.nbatch
-    return (f"// launch: {name}<<<{blocks}, {s.threads}>>> (a 1-d grid of resources().blocks, "
+    return (f"// launch: {name}<<<{p.tiles(s.bm, s.bn)}, {s.threads}>>> (a 1-d grid of resources().blocks, "
             f"no dynamic shared memory)\n// arguments: {signature}\n")
 
 

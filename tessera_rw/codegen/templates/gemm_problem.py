@@ -127,6 +127,10 @@ class GemmProblem:
     def nbatch(self) -> int:
         return math.prod(self.batch)
 
+    def tiles(self, bm: int, bn: int) -> int:
+        """Output tiles of bm x bn over every batch: a flat grid's blocks, or a persistent one's walk."""
+        return -(-self.m // bm) * -(-self.n // bn) * self.nbatch
+
     @property
     def tensor_core(self) -> bool:
         """Whether the product runs on mma.sync (8- and 16-bit operands, or fp32 ones as tf32)."""

@@ -148,7 +148,7 @@ def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int, grid: int) -
     t = CTYPE[p.in_dtype]
     signature += ", const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b"
     opening = kernel_opening(p, s, name, fns, signature, smem_bytes_of(p, s))
-    tiles = -(-p.m // s.bm) * -(-p.n // s.bn) * p.nbatch
+    tiles = p.tiles(s.bm, s.bn)
     if s.persistent:
         opening = opening.replace(f"<<<{tiles}, ", f"<<<{grid}, ").replace(
             "(a 1-d grid of resources().blocks", f"(a persistent 1-d grid walking all {tiles} tiles")

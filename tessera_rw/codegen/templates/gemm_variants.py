@@ -45,8 +45,7 @@ def walked(op: KernelOp, s: Schedule, arch: ArchSpec) -> tuple[int, int, int, in
 
 def tiles_of(op: KernelOp, s: Schedule) -> int:
     """The output tiles of the product, over every batch."""
-    p = GemmProblem.of(op)
-    return -(-p.m // s.bm) * -(-p.n // s.bn) * p.nbatch
+    return GemmProblem.of(op).tiles(s.bm, s.bn)
 
 
 def persistent_grid(op: KernelOp, s: TmaSchedule, arch: ArchSpec) -> int:
