@@ -388,10 +388,29 @@ inline void mbarrier_arrive(const void* bar, long long expect_tx) {
     mbarrier_settle(m);
 }
 
-// A TMA tile load: the box at `coords` (innermost first) lands in shared memory at `dst` at once,
-// elements outside the tensor as zeros, each 16-byte chunk at its address XOR the swizzle; then
-// its bytes complete as transactions on `bar`. Writing bytes an issued wgmma still reads stops the
-// run (a stage refilled before its MMAs retired).
+// Shared bytes [address, address + n) that an issued wgmma still reads stop the run: a stage
+// refilled before its MMAs retired.
+inline void check_not_read_async(unsigned address, size_t n) {
+    for (size_t i = 0; i < n; i += 16)
+        if (block().async_reads[(address + i - DYNAMIC_SMEM_WINDOW) / 16])
+            fail("TMA: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group, "
+                 "then release the stage, before refilling it)");
+}
+
+// The copies complete on `m` land in shared memory: a wait has seen its phase complete.
+inline void land(Mbarrier& m) {
+    for (const Landing& l : m.landing) {
+        check_not_read_async(l.address, l.bytes.size());
+        std::memcpy(const_cast<unsigned char*>(shared_pointer(l.address, l.bytes.size())), l.bytes.data(), l.bytes.size());
+    }
+    m.landing.clear();
+}
+
+// A TMA tile load: the box at `coords` (innermost first) is read from global memory now, elements
+// outside the tensor as zeros, and its bytes complete as transactions on `bar`; it lands in shared
+// memory at `dst`, each 16-byte chunk at its address XOR the swizzle, when a wait on `bar` sees the
+// phase complete (so a tile read without that wait is stale). The hardware may write it any time
+// after the issue: a copy into bytes an issued wgmma still reads stops the run.
 inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, const void* bar) {
     if (map->rank != rank) fail("TMA: the copy's rank differs from its tensor map's");
     const unsigned at = shared_address(dst);
@@ -399,6 +418,8 @@ inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, 
     const int es = map->element_bytes;
     long long elements = 1;
     for (int d = 0; d < rank; ++d) elements *= map->box[d];
+    const size_t total = (size_t)(elements * es);
+    Landing copy{at, std::vector<unsigned char>(total)};
     for (long long i = 0; i < elements; ++i) {
         long long rest = i, offset = 0;
         bool inside = true;
@@ -410,15 +431,15 @@ inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, 
         }
         unsigned address = at + (unsigned)(i * es);
         if (map->swizzle == 128) address ^= ((address >> 7) & 7) << 4;
-        unsigned char* to = const_cast<unsigned char*>(shared_pointer(address, es));
-        if (block().async_reads[(address - DYNAMIC_SMEM_WINDOW) / 16])
-            fail("TMA: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group, "
-                 "then release the stage, before refilling it)");
+        shared_pointer(address, es);                     // inside the block's shared memory
+        unsigned char* to = copy.bytes.data() + (address - at);
         if (inside) std::memcpy(to, map->base + offset, es);
         else std::memset(to, 0, es);
     }
+    check_not_read_async(at, total);
     Mbarrier& m = mbarrier(bar);
-    m.tx -= elements * es;
+    m.landing.push_back(std::move(copy));
+    m.tx -= (long long)total;
     mbarrier_settle(m);
 }
 
@@ -450,10 +471,12 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
     emu::mbarrier_arrive(bar, bytes);
 }
 // try_wait.parity: true once the phase of that parity has completed, i.e. the current phase's
-// parity differs; a thread told no yields, to be polled again after the others have run
+// parity differs, and then the copies complete on it have landed; a thread told no yields, to be
+// polled again after the others have run
 __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
-    const emu::Mbarrier& m = emu::mbarrier(bar);
+    emu::Mbarrier& m = emu::mbarrier(bar);
     if ((m.phase & 1) != (parity & 1)) {
+        emu::land(m);
         ++emu::block().progress;
         return true;
     }

@@ -141,7 +141,17 @@ enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA, WGMMA_WAIT };
 
 // An mbarrier's state: arrivals it expects per phase, those still pending in the current phase,
 // transaction bytes outstanding (expected less completed), and phases completed so far.
-struct Mbarrier { int count, pending; long long tx; unsigned phase; };
+// A TMA copy's bytes, read from global memory when it was issued, written to shared memory when a
+// thread's wait on its mbarrier first sees the phase complete (not before: a thread reading the
+// tile without waiting reads what was there before).
+struct Landing { unsigned address; std::vector<unsigned char> bytes; };
+
+struct Mbarrier {
+    int count, pending;
+    long long tx;
+    unsigned phase;
+    std::vector<Landing> landing = {};   // copies complete on it, not yet seen landed by a wait
+};
 
 struct Block {
     std::vector<Thread> threads;

@@ -8,6 +8,9 @@ memory; only an explicit mask operand moves an Sq×Sk matrix through HBM. Two ke
 - AttentionSchedule: mma.sync (sm_80 on), Q's fragments held in registers (attention_cuda.py);
 - WarpgroupAttentionSchedule: sm_90's warpgroup MMAs, 64 query rows per warpgroup, Q read from
   shared memory by each Q Kᵀ product (attention_wgmma_cuda.py). On sm_90 its schedules come first.
+  Its producer form (`producer=True`, attention_tma_cuda.py) adds a warpgroup that loads Q, K and V
+  with TMA copies handed over by mbarriers; the tuning space holds it beside each wgmma schedule
+  (a variant the resource model prices alike, so only a measurement picks it).
 
 >>> from tessera_rw.codegen.arch import arch_named
 >>> t = FlashAttentionTemplate()
@@ -20,29 +23,26 @@ memory; only an explicit mask operand moves an Sq×Sk matrix through HBM. Two ke
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import replace
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
+from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
+from tessera_rw.codegen.templates.attention_problem import (MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM, WG_HEAD_DIMS,
+                                                            WG_ROWS, AttentionSchedule, AttentionShape,
+                                                            WarpgroupAttentionSchedule, resident_heads, round_up,
+                                                            with_lse)
+from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel, tma_head_dim
+from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_smem_bytes
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
+from tessera_rw.codegen.templates.warp_specialization import consumer_room, registers_at_launch
 
-# Head dims: the mma.sync kernel takes any multiple of 16 up to 128 (one k-step of Q Kᵀ is 16 wide);
-# at 256 its O accumulator (128 registers a thread) and Q fragments (64) spill. The wgmma kernel
-# keeps Q in shared memory and takes 64, 128 and 256 (its tiles are 64-value swizzled column
-# blocks); it alone serves 256, on sm_90, two warpgroups over 32-key tiles so up to 5 stages fit.
-MMA_SYNC_MAX_HEAD_DIM = 128
-WG_HEAD_DIMS = (64, 128, 256)
 WIDE_HEAD_KEYS, WIDE_HEAD_STAGES = 32, (3, 4, 5)
-MMA_M, MMA_K = 16, 16         # mma.sync m16n8k16: rows per warp tile, keys per k-step
 SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_90 (4 per partition)
 SIMT_OPS_PER_SCORE = 4        # scale-and-subtract FMA, running max, row-sum add, bf16 pack
 HIDDEN_SOFTMAX = 0.5          # share of the softmax SIMT time that other warps' MMAs do not hide
@@ -54,105 +54,9 @@ WGMMA_EFFICIENCY = 0.75
 GRID_WARPS, GRID_M_TILES, GRID_KEYS, GRID_STAGES = (2, 4, 8), (1, 2), (32, 64, 128), (1, 2, 3)
 CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key tiles, with edges)
 # sm_90's wgmma kernel: 64 rows per warpgroup, K/V tiles of 64 or 128 keys (a wgmma's width)
-WG_ROWS, WG_KEYS, WG_GROUPS, WG_STAGES = 64, (128, 64), (1, 2, 3), (3, 4)
+WG_KEYS, WG_GROUPS, WG_STAGES = (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
-
-
-@dataclass(frozen=True)
-class AttentionSchedule(Schedule):
-    """bm query rows per block (16·warps·MT), bn keys per K/V tile, warps per block, cp.async stages."""
-    bm: int = 128
-    bn: int = 64
-    warps: int = 8
-    stages: int = 2
-
-    @property
-    def m_tiles(self) -> int:
-        """16-row MMA tiles each warp owns."""
-        return self.bm // (MMA_M * self.warps)
-
-
-@dataclass(frozen=True)
-class WarpgroupAttentionSchedule(AttentionSchedule):
-    """sm_90's wgmma kernel: bm = 64 query rows per warpgroup of 4 warps, bn keys per K/V tile."""
-    tag: ClassVar[str] = "wg"
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """The op's sizes as the kernel sees them: heads flattened into one batch index."""
-    batch: tuple[int, ...]
-    bh: int
-    sq: int
-    sk: int
-    d: int
-    dtype: DType
-    causal: bool
-    scale: float
-    mask: TensorType | None
-
-    @classmethod
-    def of(cls, op: KernelOp) -> _Shape:
-        q, k = op.operands[0], op.operands[1]
-        a = op.attr_map
-        batch = output_type(op).shape[:-2]
-        scale = a.get("scale")
-        return cls(batch, math.prod(batch), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype,
-                   bool(a.get("causal")), q.shape[-1] ** -0.5 if scale is None else float(scale),
-                   op.operands[3] if a.get("has_mask") else None)
-
-    @property
-    def kind(self) -> str:
-        """The operands' kind as kernel and helper names spell it: 'bf16' or 'f16'."""
-        return "bf16" if self.dtype is DType.bfloat16 else "f16"
-
-    @property
-    def mma_sync(self) -> bool:
-        """Whether the mma.sync kernel can hold this head dim."""
-        return self.d <= MMA_SYNC_MAX_HEAD_DIM
-
-    def warpgroup_mma(self, arch: ArchSpec) -> bool:
-        """Whether sm_90's wgmma kernel serves it: sequences short of 64 stay on mma.sync where it
-        can take them, whose tiles shrink to them (a wgmma is 64 rows)."""
-        return (arch.compute_capability == (9, 0) and self.d in WG_HEAD_DIMS
-                and (not self.mma_sync or min(self.sq, self.sk) >= WG_ROWS))
-
-    def key_tiles(self, q0: int, s: AttentionSchedule) -> int:
-        """K/V tiles the block starting at query row q0 visits (causal stops at its last row)."""
-        tiles = -(-self.sk // s.bn)
-        return min(tiles, -(-(q0 + s.bm) // s.bn)) if self.causal else tiles
-
-    def visited_tiles(self, s: AttentionSchedule) -> int:
-        """K/V tiles summed over one head's query blocks."""
-        return sum(self.key_tiles(q0, s) for q0 in range(0, self.sq, s.bm))
-
-
-def output_type(op: KernelOp) -> TensorType:
-    """The attention output O of a flash_attention or flash_attention_lse op (the latter's result
-    holds O flat, then the row statistics)."""
-    if op.op == "flash_attention":
-        return op.result
-    return OPS["flash_attention"].infer(*op.operands, **op.attr_map)
-
-
-def with_lse(op: KernelOp) -> KernelOp:
-    """The flash_attention_lse op of a flash_attention op: the same operands and flags."""
-    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **op.attr_map),
-                       numerics=op.numerics, **op.attr_map)
-
-
-def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:
-    """How many (batch·head)s have their blocks running at once: the blocks every SM holds (by
-    registers, shared memory and warps) over the blocks of one head. A head's blocks walk the same
-    tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
-    per_sm = max(1, min(arch.registers_per_sm // (threads * max(registers, 1)), arch.smem_per_sm // max(smem, 1),
-                        arch.max_warps_per_sm // max(threads // 32, 1)))
-    return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
-
-
-def round_up(x: int, to: int) -> int:
-    return -(-x // to) * to
 
 
 class FlashAttentionTemplate(Template):
@@ -202,7 +106,7 @@ class FlashAttentionTemplate(Template):
         # 8 warps × 16 rows share each K/V tile among more rows; 4 warps × 16 rows keep more blocks
         # in flight when Sq is short or B·H small. Both hold D=128's O, Q, S fragments in < 245
         # registers. Short sequences shrink the tiles to what they cover instead of computing padding.
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         bn = min(64, round_up(shape.sk, MMA_K))
         found: list[AttentionSchedule] = list(self._warpgroup_defaults(op, shape, arch))
         for warps in (8, 4):
@@ -212,7 +116,7 @@ class FlashAttentionTemplate(Template):
                 found.append(s)
         return tuple(found)
 
-    def _warpgroup_defaults(self, op: KernelOp, shape: _Shape, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
+    def _warpgroup_defaults(self, op: KernelOp, shape: AttentionShape, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         """sm_90's wgmma schedules: two warpgroups (one where the query has 64 rows or fewer) over
         128-key tiles in 3 stages and over 64-key tiles in 4; for a head dim of 64 the 64-key tiles
         first (on an H200 they ran 1.22x faster at S=2048, tests/data/tuning_logs/, and were the
@@ -231,7 +135,7 @@ class FlashAttentionTemplate(Template):
         return tuple(s for s in picked if self._valid(op, s, arch))
 
     def unavailable(self, op: KernelOp, arch: ArchSpec) -> str | None:
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         if not shape.mma_sync and not shape.warpgroup_mma(arch):
             return (f"a head dim of {shape.d} fits only the wgmma kernel of sm_90 (mma.sync's fragments would "
                     f"spill), and {arch.name} is {arch.sm}: on it this attention runs unfused")
@@ -240,7 +144,7 @@ class FlashAttentionTemplate(Template):
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # As schedules() does, blocks and key tiles shrink to what a short sequence covers, more
         # 16-row tiles per warp only where the query has the rows, and no stage is left idle.
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         rows, keys = -(-shape.sq // MMA_M), round_up(shape.sk, MMA_K)
         grid = [AttentionSchedule(MMA_M * warps * mt, bn, warps, stages)
                 for warps in dict.fromkeys(min(w, rows) for w in GRID_WARPS)
@@ -248,14 +152,25 @@ class FlashAttentionTemplate(Template):
                 for bn in dict.fromkeys(min(b, keys) for b in GRID_KEYS)
                 for stages in GRID_STAGES if stages <= max(2, -(-shape.sk // bn))]
         if shape.warpgroup_mma(arch):
-            grid += [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
-                     for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
-                     for bn in (WG_KEYS if shape.mma_sync else (WIDE_HEAD_KEYS,))
-                     for stages in (WG_STAGES if shape.mma_sync else WIDE_HEAD_STAGES)]
+            warpgroup = [WarpgroupAttentionSchedule(WG_ROWS * groups, bn, 4 * groups, stages)
+                         for groups in WG_GROUPS if groups == 1 or WG_ROWS * (groups - 1) < shape.sq
+                         for bn in (WG_KEYS if shape.mma_sync else (WIDE_HEAD_KEYS,))
+                         for stages in (WG_STAGES if shape.mma_sync else WIDE_HEAD_STAGES)]
+            defaults = [s for s in self.schedules(op, arch) if isinstance(s, WarpgroupAttentionSchedule)]
+            grid += warpgroup + [replace(s, producer=True) for s in defaults + warpgroup]
         return grid_space(self.schedules(op, arch), grid,
                           lambda s: self._valid(op, s, arch) and self._calibrated(shape, s, rows, keys))
 
-    def _calibrated(self, shape: _Shape, s: AttentionSchedule, rows: int, keys: int) -> bool:
+    def variants(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> tuple[Schedule, ...]:
+        """A wgmma schedule's producer form: the same tiles and products, loaded by TMA copies of a
+        producer warpgroup instead of every thread's cp.async between block-wide barriers. The
+        resource model prices the two alike; which runs faster is a measurement."""
+        if not isinstance(schedule, WarpgroupAttentionSchedule) or schedule.producer:
+            return ()
+        form = replace(schedule, producer=True)
+        return (form,) if form in self.space(op, arch) else ()
+
+    def _calibrated(self, shape: AttentionShape, s: AttentionSchedule, rows: int, keys: int) -> bool:
         """Whether `s` lies where the register model was checked against ptxas (sm_80 and sm_90,
         every sample: no spills, within 25%). Beyond the largest default's estimate ptxas reaches
         255 registers and spills; two-warp blocks meet its 128-register step with spills; with a
@@ -271,27 +186,45 @@ class FlashAttentionTemplate(Template):
         return self.accepts(op) and isinstance(schedule, AttentionSchedule) and self._valid(op, schedule, arch)
 
     def _valid(self, op: KernelOp, s: AttentionSchedule, arch: ArchSpec) -> bool:
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule):
             if not (arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
                     and s.bn in WGMMA_WIDTHS and s.stages >= 3 and shape.d in WG_HEAD_DIMS):
                 return False
+            # the producer form: one or two consumers (setmaxnreg's split), whole boxes within each
+            # tensor (a head shorter than a tile keeps cp.async)
+            if s.producer and not (s.consumers <= 2 and tma_head_dim(shape.d) and shape.sq >= s.bm
+                                   and shape.sk >= s.bn):
+                return False
         elif not shape.mma_sync:
             return False
-        return (s.warps >= 1 and WARP_SIZE * s.warps <= arch.max_threads_per_block and s.m_tiles >= 1
+        room = consumer_room(s.consumers, arch.registers_per_thread) if self._split(s) else arch.registers_per_thread
+        return (s.warps >= 1 and s.threads <= arch.max_threads_per_block and s.m_tiles >= 1
                 and s.bm == MMA_M * s.warps * s.m_tiles and s.bn > 0 and s.bn % 16 == 0 and s.stages >= 1
                 and self._smem(shape, s) <= arch.smem_per_block
-                and self._registers(shape, s) <= arch.registers_per_thread
-                and WARP_SIZE * s.warps * self._registers(shape, s) <= arch.registers_per_sm)
+                and self._registers(shape, s) <= room
+                and s.threads * self._launch_registers(shape, s) <= arch.registers_per_sm)
 
     @staticmethod
-    def _smem(shape: _Shape, s: AttentionSchedule) -> int:
+    def _split(s: AttentionSchedule) -> bool:
+        """Whether the block moves registers from its producer to two consumers (setmaxnreg)."""
+        return isinstance(s, WarpgroupAttentionSchedule) and s.producer and s.consumers == 2
+
+    def _launch_registers(self, shape: AttentionShape, s: AttentionSchedule) -> int:
+        """Registers per thread the block launches with (what ptxas reports): a split block's even
+        share of the file, else what a thread needs."""
+        return registers_at_launch(s.threads) if self._split(s) else self._registers(shape, s)
+
+    @staticmethod
+    def _smem(shape: AttentionShape, s: AttentionSchedule) -> int:
+        if isinstance(s, WarpgroupAttentionSchedule) and s.producer:
+            return tma_smem_bytes(shape, s)
         # the wgmma kernel aligns its tiles to the swizzle's atoms
         align = ATOM_BYTES if isinstance(s, WarpgroupAttentionSchedule) else 0
         return (s.bm + 2 * s.stages * s.bn) * shape.d * 2 + align
 
     @staticmethod
-    def _registers(shape: _Shape, s: AttentionSchedule) -> int:
+    def _registers(shape: AttentionShape, s: AttentionSchedule) -> int:
         mt, d = s.m_tiles, shape.d
         edges = 12 if shape.causal or shape.sk % s.bn or shape.mask is not None else 0   # per-score predicates
         if isinstance(s, WarpgroupAttentionSchedule):
@@ -313,15 +246,15 @@ class FlashAttentionTemplate(Template):
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         s = schedule
         assert isinstance(s, AttentionSchedule)
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         q, k, v = op.operands[:3]
         q_blocks = -(-shape.sq // s.bm)
         tiles = shape.visited_tiles(s)                   # per (batch, head)
         scores = shape.bh * tiles * s.bm * s.bn          # padded score elements computed
         mma_flops = 4 * scores * shape.d                 # Q Kᵀ and P V, a multiply-add is 2
         flops = mma_flops + 5 * scores                   # scale, max, exp, sum, normalize per score
-        regs = self._registers(shape, s)
-        threads = WARP_SIZE * s.warps
+        regs = self._launch_registers(shape, s)
+        threads = s.threads
         # Every query block re-reads its head's K/V. The blocks of the heads in flight share them
         # through L2 as long as those heads' K/V fit in half of it; beyond that each block's pass
         # comes from HBM again.
@@ -360,9 +293,10 @@ class FlashAttentionTemplate(Template):
         assert isinstance(s, AttentionSchedule)
         if not self.accepts(op):
             raise ValueError(f"flash_attention template cannot implement {op}")
-        shape = _Shape.of(op)
+        shape = AttentionShape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule):
-            return emit_wgmma_kernel(op, shape, s, self._smem(shape, s))
+            emit = emit_tma_kernel if s.producer else emit_wgmma_kernel
+            return emit(op, shape, s, self._smem(shape, s))
         return emit_kernel(op, shape, s, self._smem(shape, s))
 
     def samples(self) -> tuple[KernelOp, ...]:

@@ -42,10 +42,10 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
-from tessera_rw.codegen.templates.attention import (HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM,
-                                                    WGMMA_EFFICIENCY, round_up, resident_heads)
+from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, WGMMA_EFFICIENCY
 from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
+from tessera_rw.codegen.templates.attention_problem import resident_heads, round_up
 from tessera_rw.codegen.templates.attention_backward_problem import (WG_ROWS, BackwardSchedule, BackwardShape,
                                                                      GradientSchedule, WarpgroupGradientSchedule)
 from tessera_rw.codegen.templates.attention_backward_wgmma_cuda import emit_wgmma_bwd

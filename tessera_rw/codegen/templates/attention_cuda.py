@@ -7,12 +7,13 @@ module of its own so the template's decisions read apart from some 200 lines of 
 imports nothing from attention.py at run time.
 
 >>> from tessera_rw.codegen.arch import arch_named
->>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate, _Shape
+>>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
+>>> from tessera_rw.codegen.templates.attention_problem import AttentionShape
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
 >>> arch = arch_named("a100")
 >>> s = t.schedules(op, arch)[0]
->>> emit_kernel(op, _Shape.of(op), s, t.resources(op, s, arch).smem_bytes).name
+>>> emit_kernel(op, AttentionShape.of(op), s, t.resources(op, s, arch).smem_bytes).name
 'flash_attention_bf16_d64_bm128_bn64_w8_s2'
 """
 
@@ -24,13 +25,13 @@ from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.tensor_map import TensorMapSpec
 
 if TYPE_CHECKING:
-    from tessera_rw.codegen.templates.attention import AttentionSchedule, _Shape
+    from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape
 
 LOG2E = 1.4426950408889634
 # mask dtypes the kernel reads, as their C types; accepts() admits exactly these
@@ -40,7 +41,7 @@ MASK_LOAD = {DType.bool: "(float)mv", DType.float32: "mv", DType.float16: "f16_t
               DType.bfloat16: "bf16_to_f32(mv)"}
 
 
-def emit_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
+def emit_kernel(op: KernelOp, shape: AttentionShape, s: AttentionSchedule, smem: int) -> KernelSource:
     """The mma.sync kernel for `op` under schedule `s`, after a comment giving its launch (`smem`
     bytes of dynamic shared memory, as the template counts them)."""
     return fill_kernel(KERNEL, op, shape, s, smem, LAUNCH_BOUNDS=f"{s.warps} * 32", MMA=f"mma_{shape.kind}_16816",
@@ -52,23 +53,25 @@ RESCALE_IN_PLACE = """#pragma unroll
                 for (int n = 0; n < D / 8; ++n) { o[m][n][2 * h] *= corr; o[m][n][2 * h + 1] *= corr; }"""
 
 
-def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int, target: str | None = None,
-                **holes: str) -> KernelSource:
+def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSchedule, smem: int,
+                target: str | None = None, tensor_maps: tuple[TensorMapSpec, ...] = (), **holes: str) -> KernelSource:
     """`text` (a forward kernel) with its holes filled for `op` under `s`, after its launch comment;
-    `holes` are the kernel's own, beyond those every forward kernel has."""
+    `holes` are the kernel's own, beyond those every forward kernel has. A kernel loading through
+    `tensor_maps` takes them after the output, named tma_q, tma_k, tma_v."""
     q, k, v = op.operands[:3]
     tag = shape.kind
     elem = f"{tag}_t"
     variant = f"{s.tag}_" if s.tag else ""
     name = (f"{op.op}_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
-            f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}")
+            f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}{'_tma' * bool(tensor_maps)}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
     mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()
     offsets, mask_strides = batch_offsets(shape.batch, q, k, v, mshape)
+    maps = ", tma_q, tma_k, tma_v" if tensor_maps else ""
     header = (f"// {op}\n// schedule: {s.describe()}\n"
-              f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {WARP_SIZE * s.warps}, {smem}>>>"
-              f"(q, k, v{', mask' if mask is not None else ''}, out); dynamic shared memory {smem} bytes "
+              f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {s.threads}, {smem}>>>"
+              f"(q, k, v{', mask' if mask is not None else ''}, out{maps}); dynamic shared memory {smem} bytes "
               "(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
               "// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
               + ("// out = [O | each row's logsumexp, high parts | their remainders]\n"
@@ -82,13 +85,14 @@ def fill_kernel(text: str, op: KernelOp, shape: _Shape, s: AttentionSchedule, sm
         MASK_VALUE=MASK_LOAD[mask.dtype] if mask is not None else "0.f",
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
-        MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets, **holes)
-    return KernelSource(name, header + source, threads=WARP_SIZE * s.warps,
+        MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets,
+        TMA_ARGS="".join(f",\n      const __grid_constant__ TmaMap {m}" for m in maps.split(", ")[1:]), **holes)
+    return KernelSource(name, header + source, threads=s.threads, tensor_maps=tensor_maps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
                         fast_math=op.numerics is Numerics.FAST, target=target)
 
 
-def store_lse(op: KernelOp, shape: _Shape) -> str:
+def store_lse(op: KernelOp, shape: AttentionShape) -> str:
     """flash_attention_lse's part of the output store: the row's logsumexp in base e, m + log2(l)
     scaled by ln 2, written by the first lane of its quad as a high part (rounded to bf16) after O
     and the remainder after all rows' high parts, in the element type (fp16: a finite high part
@@ -187,7 +191,7 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
 # ONLINE_SOFTMAX ends each row with $RESCALE_O, where `corr` scales the row's O to the new max
 SIGNATURE = r"""extern "C" __global__ void __launch_bounds__($LAUNCH_BOUNDS)
 $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __restrict__ v,
-      $MASK_ARG$ELEM* __restrict__ out) {
+      $MASK_ARG$ELEM* __restrict__ out$TMA_ARGS) {
 """
 
 CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, STAGES = $STAGES, THREADS = 32 * WARPS;

@@ -18,11 +18,12 @@ the proxies after its copies land, before the barrier that also tells every warp
 the MMAs on the stage the next refill overwrites.
 
 >>> from tessera_rw.codegen.arch import arch_named
->>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate, _Shape
+>>> from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
+>>> from tessera_rw.codegen.templates.attention_problem import AttentionShape
 >>> t = FlashAttentionTemplate()
 >>> op = t.samples()[0]
 >>> s = t.schedules(op, arch_named("h100"))[0]
->>> emit_wgmma_kernel(op, _Shape.of(op), s, 99328).name
+>>> emit_wgmma_kernel(op, AttentionShape.of(op), s, 99328).name
 'flash_attention_wg_bf16_d64_bm128_bn64_w8_s4'
 """
 
@@ -37,9 +38,9 @@ from tessera_rw.codegen.templates.attention_cuda import (BLOCK_INDEX, CONSTANTS,
                                                        SIGNATURE, STORE_OUTPUT, fill_kernel)
 
 if TYPE_CHECKING:
-    from tessera_rw.codegen.templates.attention import AttentionSchedule, _Shape
+    from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape
 
-def emit_wgmma_kernel(op: KernelOp, shape: _Shape, s: AttentionSchedule, smem: int) -> KernelSource:
+def emit_wgmma_kernel(op: KernelOp, shape: AttentionShape, s: AttentionSchedule, smem: int) -> KernelSource:
     """The wgmma kernel for `op` under schedule `s` (`smem` bytes of dynamic shared memory, the
     alignment slack included)."""
     return fill_kernel(KERNEL, op, shape, s, smem, target=HOPPER_TARGET, LAUNCH_BOUNDS=f"{s.warps} * 32, 1",
@@ -68,30 +69,13 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 
 """
 
-KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM = {ATOM_BYTES}, ROW_BYTES = {ROW_BYTES};""" + r"""
+# the pieces the TMA kernel (attention_tma_cuda.py) shares: the shared tiles' layout constants, the
+# P V product, the products of one tile, O rescaled and P packed once P V retired, the last P V
+WG_CONSTANTS = f"""    constexpr unsigned ATOM = {ATOM_BYTES}, ROW_BYTES = {ROW_BYTES};""" + r"""
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
-    static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
+"""
 
-    // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    $ELEM* const q_s = ($ELEM*)(fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1)));  // [D/64][BM][64]
-    $ELEM* const k_s = q_s + BM * D;                      // [STAGES][D/64][BN][64]
-    $ELEM* const v_s = k_s + STAGES * BN * D;             // [STAGES][D/64][BN][64]
-
-""" + BLOCK_INDEX + r"""    const int warpgroup = tid >> 7;
-
-    fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
-    cp_async_commit();
-    #pragma unroll
-    for (int t = 0; t < STAGES - 2; ++t) {
-        if (t < n_tiles) {
-            fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
-        }
-        cp_async_commit();
-    }
-
-""" + RUNNING_STATE + r"""    unsigned p[BN / 16][4];                               // the previous tile's P, packed: the pending P V's A
+PV_PRODUCT = r"""    unsigned p[BN / 16][4];                               // the previous tile's P, packed: the pending P V's A
     float rescale[MT][2];                                 // rows g and g + 8: O's factor to the new max
     // O += P V for tile `tile`: P's 16-bit pairs are the register A operand as they lie; V's rows
     // (keys) are k, its head dim (contiguous) n
@@ -102,20 +86,9 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM =
             $WG_PV<1>(&o[0][0][0], p[kk], wgmma_desc(vt + kk * 16 * 64, BN * ROW_BYTES, ATOM));
     };
 
-    // Per tile t: S_t = Q K_t and, behind it, tile t - 1's O += P V are issued together; the
-    // softmax of S_t runs while P V is still on the tensor cores, and O is rescaled once it retires.
-    for (int t = 0; t < n_tiles; ++t) {
-        cp_async_wait<STAGES - 3>();                      // Q and tile t have landed
-        fence_proxy_async();                              // where the tensor cores read them
-        __syncthreads();                                  // for every thread; and tile t - 2 is retired everywhere
-        const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
-        if (next < n_tiles) {
-            const int st = next % STAGES;
-            fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
-        }
-        cp_async_commit();                                // an empty group keeps the wait count uniform
-        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
+"""
+
+TILE_PRODUCTS = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
         const int k0 = t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
@@ -138,8 +111,12 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM =
         wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
-""" + ONLINE_SOFTMAX + r"""        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free
-        wgmma_hold<D / 2>(&o[0][0][0]);
+"""
+
+PV_RETIRED = r"""        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free
+"""
+
+RESCALE_AND_PACK = r"""        wgmma_hold<D / 2>(&o[0][0][0]);
         wgmma_hold<BN / 4>(&p[0][0]);
         #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -154,7 +131,9 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM =
             p[kk][3] = $PACK(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
         }
     }
-    // the last tile's P V
+"""
+
+LAST_PV = r"""    // the last tile's P V
     wgmma_hold<D / 2>(&o[0][0][0]);
     wgmma_fence();
     issue_pv(n_tiles - 1);
@@ -163,4 +142,40 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + f"""    constexpr unsigned ATOM =
     wgmma_hold<D / 2>(&o[0][0][0]);
     wgmma_hold<BN / 4>(&p[0][0]);
 
-""" + STORE_OUTPUT
+"""
+
+KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
+
+    // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    $ELEM* const q_s = ($ELEM*)(fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1)));  // [D/64][BM][64]
+    $ELEM* const k_s = q_s + BM * D;                      // [STAGES][D/64][BN][64]
+    $ELEM* const v_s = k_s + STAGES * BN * D;             // [STAGES][D/64][BN][64]
+
+""" + BLOCK_INDEX + r"""    const int warpgroup = tid >> 7;
+
+    fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    cp_async_commit();
+    #pragma unroll
+    for (int t = 0; t < STAGES - 2; ++t) {
+        if (t < n_tiles) {
+            fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+        }
+        cp_async_commit();
+    }
+
+""" + RUNNING_STATE + PV_PRODUCT + r"""    // Per tile t: S_t = Q K_t and, behind it, tile t - 1's O += P V are issued together; the
+    // softmax of S_t runs while P V is still on the tensor cores, and O is rescaled once it retires.
+    for (int t = 0; t < n_tiles; ++t) {
+        cp_async_wait<STAGES - 3>();                      // Q and tile t have landed
+        fence_proxy_async();                              // where the tensor cores read them
+        __syncthreads();                                  // for every thread; and tile t - 2 is retired everywhere
+        const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
+        if (next < n_tiles) {
+            const int st = next % STAGES;
+            fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+        }
+        cp_async_commit();                                // an empty group keeps the wait count uniform
+""" + TILE_PRODUCTS + ONLINE_SOFTMAX + PV_RETIRED + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT

@@ -16,6 +16,7 @@ from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 from tessera_rw.codegen.templates.gemm_simt_cuda import SIMT_PAD
 from tessera_rw.codegen.templates.gemm_tma_cuda import smem_bytes_of as tma_smem_bytes
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import smem_bytes_of as wgmma_smem_bytes
+from tessera_rw.codegen.templates.warp_specialization import registers_at_launch
 
 
 @dataclass(frozen=True)
@@ -183,15 +184,8 @@ _WGMMA_CHUNK_BYTES = 17  # wgmma kernel, per fp8 chunk copied byte by byte
 _WGMMA_OVERHEAD = 20    # wgmma kernel: descriptors, tile origins, loop counters
 _WGMMA_PROLOGUE_ONLY = 28  # wgmma kernel whose k-loop issues no loads: descriptors and epilogue addressing
 _TMA_OVERHEAD = 28      # TMA kernel: descriptors, barrier addresses, loop counters, epilogue addressing
-_REGISTER_FILE, _MAX_REGISTERS = 65536, 255   # per SM (and so per block at most), per thread
 _SIMT_OVERHEAD = 30    # thread coordinates, global pointers of the staged loads, loop counters
 _SIMT_SHARED_STAGING = 8  # a TN product's staged loads share coordinates (64x64 tiles: 47 registers, not 61, on sm_80)
-
-
-def registers_at_launch(threads: int) -> int:
-    """Registers per thread a block of `threads` launches with when it takes the whole file
-    (ptxas allocates in units of 8), as a kernel that redistributes them with setmaxnreg does."""
-    return min(_MAX_REGISTERS, _REGISTER_FILE // threads // 8 * 8)
 
 
 def tma_consumer_registers(p: GemmProblem, s: TmaSchedule) -> int:

@@ -30,7 +30,8 @@ from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_footprint import (TmaSchedule, WarpgroupTiling, WgmmaSchedule, registers,
                                                          smem_bytes, tma_consumer_registers)
 from tessera_rw.codegen.templates.gemm_problem import TENSOR_CORE_DTYPES, GemmProblem
-from tessera_rw.codegen.templates.gemm_tma_cuda import CONSUMER_REGISTERS, tma_blocker
+from tessera_rw.codegen.templates.gemm_tma_cuda import tma_blocker
+from tessera_rw.codegen.templates.warp_specialization import consumer_room
 
 # 128-byte k-steps (64 bf16/fp16 values, 128 fp8); bk is set per problem (wgmma_k)
 _TMA_DEFAULTS = (TmaSchedule(128, 256, 64, 2, 1, 4), TmaSchedule(128, 128, 64, 2, 1, 6),
@@ -94,7 +95,7 @@ def hopper_valid(p: GemmProblem, s: WarpgroupTiling, arch: ArchSpec) -> bool:
             and registers(p, s) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads))
     if isinstance(s, TmaSchedule):
         # two consumer warpgroups run on what setmaxnreg gives them
-        room = CONSUMER_REGISTERS if s.consumers == 2 else arch.registers_per_thread
+        room = consumer_room(s.consumers, arch.registers_per_thread)
         # a bias gradient's ones row is written by the one warpgroup reading its slab of A
         return (fits and tma_blocker(p) is None and s.stages >= 2 and max(s.bm, s.bn) <= MAX_BOX
                 and tma_consumer_registers(p, s) <= room and (not p.bias_grad or s.wg_n == 1))

@@ -41,6 +41,7 @@ from tessera_rw.codegen.templates.gemm_cuda import CTYPE, common
 from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
 from tessera_rw.codegen.templates.gemm_wgmma_cuda import (accumulators, issue_mmas, kernel_opening,
                                                          store_accumulators)
+from tessera_rw.codegen.templates.warp_specialization import register_split
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule
@@ -98,20 +99,6 @@ def _copies(p: GemmProblem, s: TmaSchedule, operand: str) -> str:
     return (f"for (int b = 0; b < {extent} / BOX; ++b)   // 64-wide blocks, BK rows apart\n"
             f"            {load}(d{operand} + b * BK * BOX, &tma_{operand.lower()}, {origin} + b * BOX, k0{batch}, "
             f"&full[s]);")
-
-
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232   # with two consumer warpgroups: 64512 of the 65536
-
-
-def _registers(s: TmaSchedule, change: str, indent: int) -> str:
-    """The setmaxnreg moving registers from the producer warpgroup to the consumers, for a block of
-    two consumer warpgroups (384 threads launch with at most 168 a thread, the consumers need more
-    for 128 accumulators and the epilogue); none for other blocks."""
-    if s.consumers != 2:
-        return ""
-    count = PRODUCER_REGISTERS if change == "dec" else CONSUMER_REGISTERS
-    role = "the producer needs few" if change == "dec" else "to the consumers"
-    return f"{' ' * indent}setmaxnreg_{change}<{count}>();   // registers: {role}"
 
 
 _ONE_BITS = {DType.bfloat16: "0x3F80u", DType.float16: "0x3C00u"}
@@ -179,13 +166,13 @@ def emit_tma(p: GemmProblem, s: TmaSchedule, name: str, group: int, grid: int) -
     __syncthreads();
 
     if (warpgroup == CONSUMERS) {{     // the producer warpgroup: its first thread issues every copy
-{_registers(s, "dec", 8)}
+{register_split(s.consumers, "dec", 8)}
         if (tid == CONSUMERS * 128) {{
 {_indented(producer, 8)}
         }}
         return;
     }}
-{_registers(s, "inc", 4)}
+{register_split(s.consumers, "inc", 4)}
     const int wm0 = (warpgroup / WG_N) * WARPGROUP_M, wn0 = (warpgroup % WG_N) * WARPGROUP_N;
 
 {consumer}
