@@ -486,20 +486,41 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned 
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
     while (!mbar_try_wait(bar, parity)) {}
 }
-// bar.sync id, 128: the last of the 128 to arrive opens it; the others poll until it has
-__device__ __forceinline__ void warpgroup_sync(int id) {
-    if (id < 1 || id > 15) emu::fail("bar.sync: a named barrier's id is 1..15 (0 is __syncthreads')");
-    auto found = emu::block().named_barriers.try_emplace(id, emu::Mbarrier{128, 128, 0, 0}).first;
-    emu::Mbarrier& b = found->second;
+namespace emu {
+
+// Named barrier `id` of `threads` arrivals a generation (bar.sync / bar.arrive id, threads).
+inline Mbarrier& named_barrier(int id, int threads) {
+    if (id < 1 || id > 15) fail("bar: a named barrier's id is 1..15 (0 is __syncthreads')");
+    if (threads <= 0 || threads % 32) fail("bar: a named barrier's thread count is a positive multiple of 32");
+    Mbarrier& b = block().named_barriers.try_emplace(id, Mbarrier{threads, threads, 0, 0}).first->second;
+    if (b.count != threads) fail("bar: one named barrier used with two thread counts");
+    return b;
+}
+
+// One arrival; the last of a generation opens it. The generation arrived in.
+inline unsigned named_arrive(Mbarrier& b) {
     const unsigned generation = b.phase;
-    ++emu::block().progress;
+    ++block().progress;
     if (--b.pending == 0) {
         b.pending = b.count;
         ++b.phase;
-        return;
     }
+    return generation;
+}
+
+}  // namespace emu
+
+// bar.sync id, threads: arrive, and poll until the generation's last arrival has opened it
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    emu::Mbarrier& b = emu::named_barrier(id, threads);
+    const unsigned generation = emu::named_arrive(b);
     while (b.phase == generation) emu::yield(emu::POLLING);
 }
+// bar.arrive id, threads: arrive and go on
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    emu::named_arrive(emu::named_barrier(id, threads));
+}
+__device__ __forceinline__ void warpgroup_sync(int id) { named_barrier_sync(id, 128); }
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {
     const int coords[] = {c0, c1};
     emu::tma_load(dst, map, coords, 2, bar);

@@ -261,6 +261,14 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
 // a barrier among the 128 threads of one warpgroup (`id` 1..15; 0 is __syncthreads')
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
+// named barrier `id` of `threads` arrivals (a multiple of 32): wait for the generation to open,
+// or arrive and go on
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
 // one TMA box from global memory into shared memory at `dst`, coordinates innermost first;
 // its bytes count as transactions on `bar`
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, int c0, int c1, unsigned long long* bar) {

@@ -35,10 +35,13 @@ def producer_forms(op, arch=H100) -> list[WarpgroupAttentionSchedule]:
 
 
 def picked_forms(op) -> list[WarpgroupAttentionSchedule]:
-    """The first and last producer forms of the op's space, and a one-consumer form where it has one."""
+    """The first and last producer forms of the op's space, and its first of one consumer, of two
+    taking turns, and of two stages, where it has them."""
     forms = producer_forms(op)
     one = [s for s in forms if s.consumers == 1]
-    return list(dict.fromkeys(forms[:1] + forms[-1:] + one[:1]))
+    pingpong = [s for s in forms if s.pingpong]
+    two = [s for s in forms if s.stages == 2]
+    return list(dict.fromkeys(forms[:1] + forms[-1:] + one[:1] + pingpong[:1] + two[:1]))
 
 
 EMULATED = {name: op for name, op in ATTENTION_OPS.items() if TEMPLATE.accepts(op) and producer_forms(op)}
@@ -46,7 +49,8 @@ EMULATED = {name: op for name, op in ATTENTION_OPS.items() if TEMPLATE.accepts(o
 
 def test_the_emulated_ops_cover_what_the_producer_kernel_takes():
     forms = [s for op in EMULATED.values() for s in picked_forms(op)]
-    assert {s.consumers for s in forms} == {1, 2}
+    assert {s.consumers for s in forms} == {1, 2} and {s.pingpong for s in forms} == {False, True}
+    assert 2 in {s.stages for s in forms}
     assert {op.operands[0].shape[-1] for op in EMULATED.values()} == {64, 128, 256}
     ops = EMULATED.values()
     assert any(o.attr_map.get("causal") for o in ops) and any(o.attr_map.get("has_mask") for o in ops)
@@ -67,6 +71,20 @@ BROKEN_OP = attention(1, 4, 2, 520, 128, BF16, causal=True)
 BROKEN_SCHEDULE = WarpgroupAttentionSchedule(bm=128, bn=64, warps=8, stages=3, producer=True)
 PV_RETIRED = "        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free\n"
 RELEASE = "        if (t > 0 && lane == 0) mbar_arrive(&empty[(t - 1) % STAGES]);   // tile t - 1's stage is free\n"
+
+
+@needs_emulator
+def test_consumers_taking_turns_wait_for_the_first_turn():
+    op = EMULATED["attention S=256 D=64 bf16"]
+    schedule = WarpgroupAttentionSchedule(128, 64, 8, 3, producer=True, pingpong=True)
+    source = TEMPLATE.emit(op, schedule, H100)
+    first = "    if (warpgroup == 1) named_barrier_arrive(1, 256);"
+    assert first in source.source
+    name = source.name + "_unstarted"
+    broken = replace(source, name=name, source=source.source.replace(first, "").replace(source.name, name))
+    inputs = random_inputs(op, rng_for(op))
+    with pytest.raises(EmulatorError, match="deadlock"):
+        build(broken)([*inputs.arrays, np.empty(op.result.shape, op.result.dtype.numpy)])
 
 
 @needs_emulator
@@ -108,6 +126,9 @@ COMPILED = [
     (attention(2, 8, 8, 1024, 64, BF16), WarpgroupAttentionSchedule(128, 64, 8, 4, producer=True)),
     (attention(2, 8, 8, 1024, 64, BF16), WarpgroupAttentionSchedule(64, 64, 4, 4, producer=True)),
     (attention(2, 8, 8, 1024, 128, BF16, causal=True), WarpgroupAttentionSchedule(128, 128, 8, 3, producer=True)),
+    (attention(2, 8, 8, 1024, 128, BF16, causal=True),
+     WarpgroupAttentionSchedule(128, 128, 8, 2, producer=True, pingpong=True)),
+    (attention(2, 8, 8, 1024, 64, BF16), WarpgroupAttentionSchedule(128, 64, 8, 4, producer=True, pingpong=True)),
     (attention(2, 8, 2, 1024, 128, F16, mask=BOOL), WarpgroupAttentionSchedule(128, 64, 8, 4, producer=True)),
     (attention(1, 8, 8, 2048, 256, BF16, causal=True), WarpgroupAttentionSchedule(128, 32, 8, 5, producer=True)),
 ]
@@ -134,14 +155,19 @@ def test_the_space_holds_producer_forms_where_tensor_maps_load_whole_tiles():
     defaults = TEMPLATE.schedules(op, H100)
     assert not any(getattr(s, "producer", False) for s in defaults), "an untuned call runs as before"
     forms = producer_forms(op)
-    assert {replace(s, producer=False) for s in forms} <= set(TEMPLATE.space(op, H100))
-    assert TEMPLATE.variants(op, defaults[0], H100) == (replace(defaults[0], producer=True),)
+    assert {replace(s, producer=False, pingpong=False) for s in forms if s.stages >= 3} <= set(TEMPLATE.space(op, H100))
+    assert TEMPLATE.variants(op, defaults[0], H100) == (replace(defaults[0], producer=True),
+                                                        replace(defaults[0], producer=True, pingpong=True))
     assert TEMPLATE.variants(op, forms[0], H100) == ()
     assert not producer_forms(op, A100), "sm_80 has no TMA"
     short = attention(1, 2, 2, 100, 128, F16)                    # 100 query rows: a 128-row box overhangs
     assert TEMPLATE.schedules(short, H100) and not producer_forms(short)
-    assert not TEMPLATE.valid(op, replace(WarpgroupAttentionSchedule(192, 64, 12, 3), producer=True), H100), \
+    assert not TEMPLATE.valid(op, WarpgroupAttentionSchedule(192, 64, 12, 3, producer=True), H100), \
         "three consumers: setmaxnreg's split is for two"
+    assert not TEMPLATE.valid(op, WarpgroupAttentionSchedule(64, 64, 4, 3, producer=True, pingpong=True), H100), \
+        "one consumer has no one to take turns with"
+    assert not TEMPLATE.valid(op, WarpgroupAttentionSchedule(128, 64, 8, 3, pingpong=True), H100)
+    assert not TEMPLATE.valid(op, WarpgroupAttentionSchedule(128, 64, 8, 2), H100), "cp.async needs three stages"
 
 
 def test_records_name_the_producer_form_and_older_records_the_cp_async_kernel():
@@ -154,3 +180,6 @@ def test_records_name_the_producer_form_and_older_records_the_cp_async_kernel():
     assert find_schedule(space, schedule_config(form)) == form
     assert form.describe() == plain.describe() + " producer=True"
     assert TEMPLATE.emit(op, form, H100).name == TEMPLATE.emit(op, plain, H100).name + "_tma"
+    turns = replace(form, pingpong=True)
+    assert schedule_config(turns)["pingpong"] is True and find_schedule(space, schedule_config(turns)) == turns
+    assert TEMPLATE.emit(op, turns, H100).name.endswith("_tma_pingpong")

@@ -157,18 +157,25 @@ class FlashAttentionTemplate(Template):
                          for bn in (WG_KEYS if shape.mma_sync else (WIDE_HEAD_KEYS,))
                          for stages in (WG_STAGES if shape.mma_sync else WIDE_HEAD_STAGES)]
             defaults = [s for s in self.schedules(op, arch) if isinstance(s, WarpgroupAttentionSchedule)]
-            grid += warpgroup + [replace(s, producer=True) for s in defaults + warpgroup]
+            # the producer forms: each wgmma schedule's, and in two stages (cp.async needs three)
+            two = [replace(s, stages=2) for s in warpgroup if shape.mma_sync]
+            grid += warpgroup + [form for s in defaults + warpgroup + two for form in self._producer_forms(s)]
         return grid_space(self.schedules(op, arch), grid,
                           lambda s: self._valid(op, s, arch) and self._calibrated(shape, s, rows, keys))
 
     def variants(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> tuple[Schedule, ...]:
-        """A wgmma schedule's producer form: the same tiles and products, loaded by TMA copies of a
-        producer warpgroup instead of every thread's cp.async between block-wide barriers. The
-        resource model prices the two alike; which runs faster is a measurement."""
+        """A wgmma schedule's producer forms: the same tiles and products, loaded by TMA copies of a
+        producer warpgroup instead of every thread's cp.async between block-wide barriers, its two
+        consumers taking turns at the tensor cores or not. The resource model prices them alike;
+        which runs fastest is a measurement."""
         if not isinstance(schedule, WarpgroupAttentionSchedule) or schedule.producer:
             return ()
-        form = replace(schedule, producer=True)
-        return (form,) if form in self.space(op, arch) else ()
+        space = self.space(op, arch)
+        return tuple(form for form in self._producer_forms(schedule) if form in space)
+
+    @staticmethod
+    def _producer_forms(s: WarpgroupAttentionSchedule) -> tuple[WarpgroupAttentionSchedule, ...]:
+        return tuple(replace(s, producer=True, pingpong=pingpong) for pingpong in (False, True))
 
     def _calibrated(self, shape: AttentionShape, s: AttentionSchedule, rows: int, keys: int) -> bool:
         """Whether `s` lies where the register model was checked against ptxas (sm_80 and sm_90,
@@ -189,12 +196,14 @@ class FlashAttentionTemplate(Template):
         shape = AttentionShape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule):
             if not (arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
-                    and s.bn in WGMMA_WIDTHS and s.stages >= 3 and shape.d in WG_HEAD_DIMS):
+                    and s.bn in WGMMA_WIDTHS and s.stages >= 3 - s.producer and shape.d in WG_HEAD_DIMS):
                 return False
-            # the producer form: one or two consumers (setmaxnreg's split), whole boxes within each
-            # tensor (a head shorter than a tile keeps cp.async)
+            # the producer form: one or two consumers (setmaxnreg's split), two to take turns, whole
+            # boxes within each tensor (a head shorter than a tile keeps cp.async), two stages or more
             if s.producer and not (s.consumers <= 2 and tma_head_dim(shape.d) and shape.sq >= s.bm
-                                   and shape.sk >= s.bn):
+                                   and shape.sk >= s.bn and (not s.pingpong or s.consumers == 2)):
+                return False
+            if s.pingpong and not s.producer:
                 return False
         elif not shape.mma_sync:
             return False

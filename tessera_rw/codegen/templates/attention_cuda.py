@@ -54,16 +54,17 @@ RESCALE_IN_PLACE = """#pragma unroll
 
 
 def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSchedule, smem: int,
-                target: str | None = None, tensor_maps: tuple[TensorMapSpec, ...] = (), **holes: str) -> KernelSource:
+                target: str | None = None, tensor_maps: tuple[TensorMapSpec, ...] = (), suffix: str = "",
+                **holes: str) -> KernelSource:
     """`text` (a forward kernel) with its holes filled for `op` under `s`, after its launch comment;
     `holes` are the kernel's own, beyond those every forward kernel has. A kernel loading through
-    `tensor_maps` takes them after the output, named tma_q, tma_k, tma_v."""
+    `tensor_maps` takes them after the output, named tma_q, tma_k, tma_v; `suffix` ends its name."""
     q, k, v = op.operands[:3]
     tag = shape.kind
     elem = f"{tag}_t"
     variant = f"{s.tag}_" if s.tag else ""
     name = (f"{op.op}_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
-            f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}{'_tma' * bool(tensor_maps)}")
+            f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}{suffix}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
     mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()

@@ -61,10 +61,13 @@ class WarpgroupAttentionSchedule(AttentionSchedule):
     """sm_90's wgmma kernel: bm = 64 query rows per warpgroup of 4 warps, bn keys per K/V tile.
     `producer`: one more warpgroup, whose one thread loads Q, K and V with TMA copies into `stages`
     buffers handed over by mbarriers (attention_tma_cuda.py), instead of every thread copying with
-    cp.async between block-wide barriers; `warps` counts the consumers."""
+    cp.async between block-wide barriers; `warps` counts the consumers. `pingpong` (a producer
+    block's two consumers): they take turns issuing their products, so one's softmax runs while the
+    other's MMAs do."""
     tag: ClassVar[str] = "wg"
     producer: bool = False
-    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"producer"})
+    pingpong: bool = False
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"producer", "pingpong"})
 
     @property
     def consumers(self) -> int:

@@ -42,8 +42,8 @@ from tessera_rw.codegen.prelude import ATOM_BYTES, HOPPER_TARGET, ROW_BYTES, wgm
 from tessera_rw.codegen.tensor_map import TensorMapSpec
 from tessera_rw.codegen.templates.attention_cuda import (BLOCK_INDEX, CONSTANTS, ONLINE_SOFTMAX, RUNNING_STATE,
                                                        SIGNATURE, STORE_OUTPUT, fill_kernel)
-from tessera_rw.codegen.templates.attention_wgmma_cuda import (LAST_PV, PV_PRODUCT, PV_RETIRED, RESCALE_AND_PACK,
-                                                             TILE_PRODUCTS, WG_CONSTANTS)
+from tessera_rw.codegen.templates.attention_wgmma_cuda import (LAST_PV, PRODUCTS_ISSUED, PV_PRODUCT, PV_RETIRED,
+                                                             RESCALE_AND_PACK, S_CLEARED, S_WAITED, WG_CONSTANTS)
 from tessera_rw.codegen.templates.warp_specialization import register_split
 
 if TYPE_CHECKING:
@@ -78,7 +78,8 @@ def smem_bytes(shape: AttentionShape, s: WarpgroupAttentionSchedule) -> int:
 
 def emit_tma_kernel(op: KernelOp, shape: AttentionShape, s: WarpgroupAttentionSchedule, smem: int) -> KernelSource:
     """The producer kernel for `op` under schedule `s` (`smem` bytes of dynamic shared memory)."""
-    return fill_kernel(KERNEL, op, shape, s, smem, target=HOPPER_TARGET, tensor_maps=tensor_maps(op, shape, s),
+    return fill_kernel(kernel_text(s.pingpong), op, shape, s, smem, target=HOPPER_TARGET,
+                       tensor_maps=tensor_maps(op, shape, s), suffix="_tma" + "_pingpong" * s.pingpong,
                        LAUNCH_BOUNDS=f"{s.threads}, 1", WG_S=wgmma_name(s.bn, shape.kind),
                        WG_PV=wgmma_rs_name(shape.d, shape.kind), PRODUCER_REGISTERS=register_split(s.consumers, "dec", 8),
                        CONSUMER_REGISTERS=register_split(s.consumers, "inc", 4),
@@ -133,7 +134,34 @@ $CONSUMER_REGISTERS
 """ + RUNNING_STATE + PV_PRODUCT + r"""    // Per tile t: S_t = Q K_t and, behind it, tile t - 1's O += P V are issued together; the
     // softmax of S_t runs while P V is still on the tensor cores, and O is rescaled once it retires.
     mbar_wait(q_full, 0);
-    for (int t = 0; t < n_tiles; ++t) {
+"""
+
+LOOP = r"""    for (int t = 0; t < n_tiles; ++t) {
         mbar_wait(&full[t % STAGES], (t / STAGES) & 1);   // tile t has landed
-""" + TILE_PRODUCTS + ONLINE_SOFTMAX + PV_RETIRED + r"""        if (t > 0 && lane == 0) mbar_arrive(&empty[(t - 1) % STAGES]);   // tile t - 1's stage is free
-""" + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT
+"""
+
+RELEASE = r"""        if (t > 0 && lane == 0) mbar_arrive(&empty[(t - 1) % STAGES]);   // tile t - 1's stage is free
+"""
+
+# pingpong: the two consumers take turns issuing their products (named barriers 1 and 2 of 256
+# threads, one warpgroup syncing, the other arriving), so one's softmax runs under the other's MMAs.
+# The second warpgroup's first arrival lets the first go first; the first warpgroup's last sync takes
+# the second's last arrival, after every wgmma (a turn given conditionally in the loop would make
+# ptxas serialize the wgmmas).
+FIRST_TURN = r"""    if (warpgroup == 1) named_barrier_arrive(1, 256);     // the first warpgroup issues first
+"""
+TAKE_TURN = r"""        named_barrier_sync(1 + warpgroup, 256);           // this warpgroup's turn at the tensor cores
+"""
+GIVE_TURN = r"""        named_barrier_arrive(2 - warpgroup, 256);         // the other's turn
+"""
+LAST_TURN = r"""    if (warpgroup == 0) named_barrier_sync(1, 256);       // the second's last turn given, taken
+"""
+
+
+def kernel_text(pingpong: bool) -> str:
+    """The kernel's text, its consumers taking turns at the tensor cores or not."""
+    first, take, give, last = (FIRST_TURN, TAKE_TURN, GIVE_TURN, LAST_TURN) if pingpong else ("",) * 4
+    closing = STORE_OUTPUT.rindex("}")                    # the kernel's closing brace
+    return (KERNEL + first + LOOP + S_CLEARED + take + PRODUCTS_ISSUED + give + S_WAITED + ONLINE_SOFTMAX
+            + PV_RETIRED + RELEASE + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT[:closing] + last
+            + STORE_OUTPUT[closing:])

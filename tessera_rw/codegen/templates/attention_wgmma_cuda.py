@@ -70,7 +70,8 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
 """
 
 # the pieces the TMA kernel (attention_tma_cuda.py) shares: the shared tiles' layout constants, the
-# P V product, the products of one tile, O rescaled and P packed once P V retired, the last P V
+# P V product, the products of one tile (S cleared, both issued, S waited for), O rescaled and P
+# packed once P V retired, the last P V
 WG_CONSTANTS = f"""    constexpr unsigned ATOM = {ATOM_BYTES}, ROW_BYTES = {ROW_BYTES};""" + r"""
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
 """
@@ -88,7 +89,7 @@ PV_PRODUCT = r"""    unsigned p[BN / 16][4];                               // th
 
 """
 
-TILE_PRODUCTS = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
+S_CLEARED = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
         const int k0 = t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
@@ -97,7 +98,9 @@ TILE_PRODUCTS = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
         for (int j = 0; j < BN / 8; ++j) s[0][j][0] = s[0][j][1] = s[0][j][2] = s[0][j][3] = 0.f;
         wgmma_hold<BN / 2>(&s[0][0][0]);
         wgmma_hold<D / 2>(&o[0][0][0]);
-        wgmma_fence();
+"""
+
+PRODUCTS_ISSUED = r"""        wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             $WG_S<0, 0>(&s[0][0][0],
@@ -106,12 +109,16 @@ TILE_PRODUCTS = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
         wgmma_commit();
         if (t > 0) issue_pv(t - 1);
         wgmma_commit();                                   // (empty on the first tile)
-        wgmma_hold<D / 2>(&o[0][0][0]);                   // no copy of O or S is taken while they are written
+"""
+
+S_WAITED = r"""        wgmma_hold<D / 2>(&o[0][0][0]);                   // no copy of O or S is taken while they are written
         wgmma_hold<BN / 2>(&s[0][0][0]);
         wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
 """
+
+TILE_PRODUCTS = S_CLEARED + PRODUCTS_ISSUED + S_WAITED
 
 PV_RETIRED = r"""        wgmma_wait<0>();                                  // tile t - 1's P V has retired: O and P are free
 """
