@@ -10,7 +10,8 @@ Three parts, against references in the same run:
    tests/data/tuning_logs/<op>-<arch>.json; tests/tune/test_replay.py compares search strategies
    on them without a GPU.
 3. Schedule sweeps: a GEMM's default beside its variants (other walks over the output tiles, the
-   persistent form: gemm_variants.py), then every schedule of the attention backward's spaces (on
+   persistent form: gemm_variants.py), an attention forward's beside its producer forms
+   (attention_tma_cuda.py), then every schedule of the attention backward's spaces (on
    sm_90 its wgmma kernel's beside the mma.sync kernel's, ten to twelve schedules, and under `fast`
    the mma.sync form that sums dQ with atomics too), timed and printed beside the default the cost
    model picks.
@@ -97,9 +98,12 @@ def sweep_ops() -> dict[str, KernelOp]:
 
 
 def variant_sweep_ops() -> dict[str, KernelOp]:
-    """GEMMs whose default's variants (other walks, the persistent form) are timed beside it."""
+    """GEMMs whose default's variants (other walks, the persistent form) are timed beside it, and
+    attention forwards whose default's producer forms (with and without turns) are."""
     return {"gemm bf16 4096^3 variants": gemm_row(4096).op,
-            "gemm bf16 8192x4096x1024 variants": gemm_shape_row(8192, 4096, 1024).op}
+            "gemm bf16 8192x4096x1024 variants": gemm_shape_row(8192, 4096, 1024).op,
+            "flash_attention fwd bf16 B=4 H=16 S=2048 D=64 variants": attention_row(4, 16, 2048, 64, False).op,
+            "flash_attention fwd bf16 B=4 H=16 S=2048 D=128 causal variants": attention_row(4, 16, 2048, 128, True).op}
 
 
 def measure_space(op: KernelOp, arch, space=None) -> list:

@@ -14,9 +14,12 @@ and an arrival counter (a reduction to a scalar split over the grid, a convoluti
 split along K, a column reduce with few output tiles) and the norm backward's row kernels (dx
 alone, with its row statistics, and with the weight and bias gradients' partial sums, whose
 blocks each walk several rows with barriers in each row), likewise.
-Last, a GEMM's variants (gemm_variants.py): the persistent forms of the TMA defaults, whose blocks
-each walk several tiles with their stages and barrier phases running on across them, and walks in
-another order, on products with more tiles than the GPU has SMs.
+Last, the variants: a GEMM's (gemm_variants.py), the persistent forms of the TMA defaults, whose
+blocks each walk several tiles with their stages and barrier phases running on across them, and
+walks in another order, on products with more tiles than the GPU has SMs; and the attention
+forward's producer forms (attention_tma_cuda.py), whose producer warpgroup hands K/V stages to the
+consumers through mbarriers, with and without the consumers' turns at the tensor cores, in two
+stages and three, over ragged causal GQA heads and a masked batch.
 racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
 global memory shows as a wrong result, which the checks against the references catch.
 `--kernels rows|backward|cross-block|variants` runs one part. The exit status is 1 when any schedule
@@ -93,7 +96,8 @@ def norm_backward_packed(name: str, x, **extra):
 def variant_ops(arch) -> list:
     """(op, schedules): GEMMs with more 128 x 256 tiles than `arch` has SMs (a ragged one, a bias
     gradient), each at its first kind of default schedules in another walk and, for TMA ones, in
-    the persistent form under two walks."""
+    the persistent form under two walks; then attention forwards at their producer forms (none
+    where the arch has no TMA)."""
     from dataclasses import replace
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.codegen.kernel_op import KernelOp
@@ -110,6 +114,24 @@ def variant_ops(arch) -> list:
         forms = [replace(s, group=2) for s in first]
         forms += [replace(s, persistent=True, group=g) for s in first if isinstance(s, TmaSchedule) for g in (0, 4)]
         found.append((op, tuple(forms)))
+    return found + attention_variant_ops(arch)
+
+
+def attention_variant_ops(arch) -> list:
+    """(op, schedules): a causal GQA attention over 520 ragged keys (D=128) and a masked one (D=64),
+    each at the producer forms of its space: one and two consumers, turns or not, 2 to 4 stages."""
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
+    template, found = FlashAttentionTemplate(), []
+    for hq, hkv, s, d, causal, mask in ((4, 2, 520, 128, True, None), (2, 2, 384, 64, False, DType.bool)):
+        q, kv = TensorType((2, hq, s, d), BF16), TensorType((2, hkv, s, d), BF16)
+        operands = (q, kv, kv) + ((TensorType((2, 1, s, s), mask),) if mask else ())
+        op = KernelOp.of("flash_attention", operands, q, scale=d ** -0.5, causal=causal, has_mask=mask is not None)
+        forms = tuple(s for s in template.space(op, arch) if getattr(s, "producer", False))
+        if forms:
+            found.append((op, forms))
     return found
 
 

@@ -43,7 +43,7 @@ def test_the_variants_it_runs_are_persistent_gemms_walking_several_tiles_a_block
     from tessera_rw.codegen.templates.gemm import GemmTemplate
     from tessera_rw.codegen.templates.gemm_variants import persistent_grid, tiles_of
     arch = arch_named("h100")
-    found = sanitize.variant_ops(arch)
+    found = [(op, schedules) for op, schedules in sanitize.variant_ops(arch) if op.op != "flash_attention"]
     assert {op.op for op, _ in found} == {"matmul", "matmul_bias_grad"}
     for op, schedules in found:
         persistent = [s for s in schedules if getattr(s, "persistent", False)]
@@ -51,6 +51,20 @@ def test_the_variants_it_runs_are_persistent_gemms_walking_several_tiles_a_block
         for s in schedules:
             assert GemmTemplate().valid(op, s, arch), s.describe()
         assert all(tiles_of(op, s) > persistent_grid(op, s, arch) == arch.sm_count for s in persistent)
+
+
+def test_the_attention_variants_it_runs_are_every_producer_form():
+    from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
+    h100 = arch_named("h100")
+    found = sanitize.attention_variant_ops(h100)
+    assert len(found) == 2 and not sanitize.attention_variant_ops(arch_named("a100"))
+    forms = [s for _, schedules in found for s in schedules]
+    assert {s.consumers for s in forms} == {1, 2} and {s.pingpong for s in forms} == {False, True}
+    assert {s.stages for s in forms} >= {2, 3}
+    for op, schedules in found:
+        assert all(s.producer and FlashAttentionTemplate().valid(op, s, h100) for s in schedules)
+    assert any(op.attr_map["causal"] and op.operands[0].shape[-3] != op.operands[1].shape[-3] for op, _ in found)
+    assert any(op.attr_map["has_mask"] for op, _ in found)
 
 
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")

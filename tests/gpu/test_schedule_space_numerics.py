@@ -55,3 +55,19 @@ def test_the_defaults_other_walks_and_persistent_forms_match_the_reference():
             persistent_forms += bool(persistent)
     assert walks, f"no GEMM sample has other walks on {arch.name}"
     assert persistent_forms or arch.compute_capability != (9, 0), f"no persistent GEMM was checked on {arch.name}"
+
+
+def test_the_attention_defaults_producer_forms_match_the_reference():
+    """attention_tma_cuda.py: each attention sample's default wgmma schedules in their producer forms
+    (a producer warpgroup's TMA copies, the consumers taking turns or not) on the GPU; sm_90 only."""
+    from tessera_rw.codegen.arch import current_arch
+    template, arch = FlashAttentionTemplate(), current_arch()
+    if arch.compute_capability != (9, 0):
+        pytest.skip(f"{arch.name} has no TMA: the producer forms are sm_90's")
+    checked = 0
+    for op in template.samples():
+        forms = [v for d in template.schedules(op, arch) for v in template.variants(op, d, arch)]
+        if forms:
+            check_schedules(template, op, forms[:4], arch)
+            checked += 1
+    assert checked >= 5, f"only {checked} attention samples have producer forms on {arch.name}"

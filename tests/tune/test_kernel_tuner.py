@@ -246,6 +246,31 @@ def test_a_walk_the_tuner_times_faster_than_the_models_is_kept_and_found_again(c
     assert again.chosen_by == "cache" and again.schedule == walks[-1]
 
 
+class OneFaster:
+    """A made-up GPU where one schedule runs 10% faster than all others."""
+    method = "on_device"
+
+    def __init__(self, fast):
+        self.fast = fast
+
+    def measure(self, schedules):
+        return [Measurement.of([90.0 if s == self.fast else 100.0]) for s in schedules]
+
+
+def test_an_attention_producer_form_the_tuner_times_faster_is_kept_and_found_again(cache):
+    q = TensorType((4, 16, 2048, 64), DType.bfloat16)
+    attention = KernelOp.of("flash_attention", (q, q, q), q, scale=None, causal=False, has_mask=False)
+    template = templates_for(attention)[0]
+    space = ranked_space(template, attention, H100)
+    forms = template.variants(attention, space.default, H100)
+    assert [(s.producer, s.pingpong) for s in forms] == [(True, False), (True, True)]
+    tuned = tune_kernel(attention, H100, cache=cache, measurer=OneFaster(forms[-1]))
+    assert tuned.schedule == forms[-1] and tuned.default == space.default
+    assert tuned.record.config["producer"] is True and tuned.record.config["pingpong"] is True
+    again = tune_kernel(attention, H100, cache=cache, measurer=Fixed())
+    assert again.chosen_by == "cache" and again.schedule == forms[-1]
+
+
 def test_the_best_estimates_variants_are_timed_in_the_first_trials():
     op = matmul(4096, 4096, 4096)
     template = templates_for(op)[0]
