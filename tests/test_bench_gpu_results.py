@@ -132,9 +132,11 @@ def test_a_whole_tuning_run_on_stand_ins_writes_its_tables(tuning_stand_ins):
     saved = json.loads(json_path.read_text())
     assert [t["speed-up"] for t in saved["tuned"]] == ["1.22x", "1.22x"]
     assert saved["timing_logs"] == ["gemm-bf16-2048: 34 schedules", "attention-bf16-s2048-d64: 34 schedules"]
-    assert len(saved["sweeps"]) == 6 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
-    assert [line.split(" [")[0] for line in saved["sweeps"][:2]] == ["gemm bf16 4096^3 variants",
-                                                                    "gemm bf16 8192x4096x1024 variants"]
+    assert len(saved["sweeps"]) == 8 and "| kernel | default µs |" in json_path.with_suffix(".md").read_text()
+    assert [line.split(" [")[0] for line in saved["sweeps"][:4]] == [
+        "gemm bf16 4096^3 variants", "gemm bf16 8192x4096x1024 variants",
+        "flash_attention fwd bf16 B=4 H=16 S=2048 D=64 variants",
+        "flash_attention fwd bf16 B=4 H=16 S=2048 D=128 causal variants"]
     assert saved["not_reached"] == []
 
 
