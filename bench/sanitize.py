@@ -119,7 +119,7 @@ def variant_ops(arch) -> list:
 
 def attention_variant_ops(arch) -> list:
     """(op, schedules): a causal GQA attention over 520 ragged keys (D=128) and a masked one (D=64),
-    each at the producer forms of its space: one and two consumers, turns or not, 2 to 4 stages."""
+    each at the producer forms of its space: turns or not, 2 to 4 stages."""
     from tessera_rw.algebra.dtypes import DType
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.codegen.kernel_op import KernelOp

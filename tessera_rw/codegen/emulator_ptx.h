@@ -272,6 +272,8 @@ inline void wgmma_issue(float* d, const std::vector<float>& a_rows, unsigned lon
     const unsigned char* smem = dynamic_smem_arena();
     std::vector<int>& reads = block().async_reads;
     for (size_t i = 0; i < offsets.size(); ++i) {
+        if (block().landing_writes[offsets[i] / 16])
+            fail("wgmma: reads shared memory that a TMA copy has yet to land in (wait on the copy's mbarrier first)");
         for (int byte = 0; byte < es; ++byte) issued[i * es + byte] = smem[offsets[i] + byte];
         ++reads[offsets[i] / 16];
     }
@@ -397,13 +399,23 @@ inline void check_not_read_async(unsigned address, size_t n) {
                  "then release the stage, before refilling it)");
 }
 
-// The copies complete on `m` land in shared memory: a wait has seen its phase complete.
+// The index of the 16-byte piece of dynamic shared memory holding `address`.
+inline size_t first_piece(unsigned address) { return (address - DYNAMIC_SMEM_WINDOW) / 16; }
+
+// The copies complete on `m` in the phases that have completed land in shared memory: a wait has
+// seen their phase complete.
 inline void land(Mbarrier& m) {
-    for (const Landing& l : m.landing) {
+    std::vector<Landing> later;
+    for (Landing& l : m.landing) {
+        if (l.phase >= m.phase) {
+            later.push_back(std::move(l));
+            continue;
+        }
         check_not_read_async(l.address, l.bytes.size());
         std::memcpy(const_cast<unsigned char*>(shared_pointer(l.address, l.bytes.size())), l.bytes.data(), l.bytes.size());
+        for (size_t i = 0; i < l.bytes.size(); i += 16) --block().landing_writes[first_piece(l.address) + i / 16];
     }
-    m.landing.clear();
+    m.landing = std::move(later);
 }
 
 // A TMA tile load: the box at `coords` (innermost first) is read from global memory now, elements
@@ -419,7 +431,7 @@ inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, 
     long long elements = 1;
     for (int d = 0; d < rank; ++d) elements *= map->box[d];
     const size_t total = (size_t)(elements * es);
-    Landing copy{at, std::vector<unsigned char>(total)};
+    Landing copy{at, std::vector<unsigned char>(total), 0};
     for (long long i = 0; i < elements; ++i) {
         long long rest = i, offset = 0;
         bool inside = true;
@@ -437,7 +449,12 @@ inline void tma_load(void* dst, const TmaMap* map, const int* coords, int rank, 
         else std::memset(to, 0, es);
     }
     check_not_read_async(at, total);
+    for (size_t i = 0; i < total; i += 16)
+        if (block().landing_writes[first_piece(at) + i / 16]++)
+            fail("TMA: a copy into shared memory that another copy has yet to land in (wait on the first one's "
+                 "mbarrier before the stage is refilled)");
     Mbarrier& m = mbarrier(bar);
+    copy.phase = m.phase;
     m.landing.push_back(std::move(copy));
     m.tx -= (long long)total;
     mbarrier_settle(m);

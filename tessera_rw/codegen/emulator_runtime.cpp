@@ -91,6 +91,7 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
     b.slots.assign(((threads + 31) / 32) * 2 * 32, Slot{});
     b.gathered.assign(((threads + 31) / 32) * 2, 0);
     b.async_reads.assign(dynamic_smem / 16 + 1, 0);
+    b.landing_writes.assign(dynamic_smem / 16 + 1, 0);
     if (dynamic_smem) std::memset(dynamic_smem_arena(), 0xFF, dynamic_smem);
 #ifdef __linux__
     if (__start_emu_shared) std::memset(__start_emu_shared, 0xFF, __stop_emu_shared - __start_emu_shared);
@@ -161,7 +162,13 @@ static const char* run_block(int threads, std::vector<char*>& stacks, size_t dyn
                 if (t.state == POLLING || t.state == STEPPED_ASIDE) t.state = RUNNABLE;
             continue;
         }
-        if (!waiting) return nullptr;     // every thread is done
+        if (!waiting) {                   // every thread is done
+            for (const auto& [bar, m] : b.mbarriers)
+                if (!m.landing.empty())
+                    return "TMA: a block ended with copies into its shared memory in flight (every copy's mbarrier "
+                           "phase must be waited on before the block exits)";
+            return nullptr;
+        }
         for (Thread& t : b.threads)
             if (t.state == AT_BLOCK_BARRIER) t.state = RUNNABLE;
     }

@@ -144,7 +144,7 @@ enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA, WGMMA_WAIT };
 // A TMA copy's bytes, read from global memory when it was issued, written to shared memory when a
 // thread's wait on its mbarrier first sees the phase complete (not before: a thread reading the
 // tile without waiting reads what was there before).
-struct Landing { unsigned address; std::vector<unsigned char> bytes; };
+struct Landing { unsigned address; std::vector<unsigned char> bytes; unsigned phase; };
 
 struct Mbarrier {
     int count, pending;
@@ -161,6 +161,7 @@ struct Block {
     std::vector<Slot> slots;                  // [warp][2 buffers][32 lanes]
     std::vector<char> gathered;               // [warp][2 buffers]: a lane has read for all (ldmatrix)
     std::vector<int> async_reads;             // per 16 bytes of dynamic shared memory: wgmmas issued, not retired, reading them
+    std::vector<int> landing_writes;          // ... and TMA copies issued, not yet landed, writing them
     Context scheduler;
     Thread* current = nullptr;
 };

@@ -198,10 +198,11 @@ class FlashAttentionTemplate(Template):
             if not (arch.compute_capability == (9, 0) and s.warps % 4 == 0 and s.bm == MMA_M * s.warps
                     and s.bn in WGMMA_WIDTHS and s.stages >= 3 - s.producer and shape.d in WG_HEAD_DIMS):
                 return False
-            # the producer form: one or two consumers (setmaxnreg's split), two to take turns, whole
+            # the producer form: two consumers (setmaxnreg's split; a block of one would hold its
+            # producer's registers idle, running fewer blocks an SM than the cp.async kernel), whole
             # boxes within each tensor (a head shorter than a tile keeps cp.async), two stages or more
-            if s.producer and not (s.consumers <= 2 and tma_head_dim(shape.d) and shape.sq >= s.bm
-                                   and shape.sk >= s.bn and (not s.pingpong or s.consumers == 2)):
+            if s.producer and not (s.consumers == 2 and tma_head_dim(shape.d) and shape.sq >= s.bm
+                                   and shape.sk >= s.bn):
                 return False
             if s.pingpong and not s.producer:
                 return False
@@ -216,8 +217,8 @@ class FlashAttentionTemplate(Template):
 
     @staticmethod
     def _split(s: AttentionSchedule) -> bool:
-        """Whether the block moves registers from its producer to two consumers (setmaxnreg)."""
-        return isinstance(s, WarpgroupAttentionSchedule) and s.producer and s.consumers == 2
+        """Whether the block moves registers from its producer to its two consumers (setmaxnreg)."""
+        return isinstance(s, WarpgroupAttentionSchedule) and s.producer
 
     def _launch_registers(self, shape: AttentionShape, s: AttentionSchedule) -> int:
         """Registers per thread the block launches with (what ptxas reports): a split block's even

@@ -8,13 +8,17 @@ the consumers, is the producer: its first thread copies Q once and each K/V tile
 layout wgmma reads), and no consumer thread spends an instruction on addresses or copies, nor waits
 at a block-wide barrier: the warpgroups run apart.
 
-Three kinds of mbarrier:
+The block is two consumer warpgroups and the producer; the producer warpgroup hands most of its
+registers to the consumers (setmaxnreg, warp_specialization.py). The mbarriers:
 - q_full: Q's copies have landed (once);
-- full[s]: a stage's K and V tiles have landed; the producer arrives on it expecting their bytes;
-- empty[s]: every consumer warp is done with a stage: it arrives once the P V reading the stage's V
-  has retired (`wgmma_wait<0>` in the next tile's step; the stage's K was read by a product that
-  retired before). The producer waits on it before refilling the stage.
-The parity waited for is the phase's: round t / STAGES of stage t % STAGES.
+- full_k[s], full_v[s]: a stage's K tile, or its V tile, has landed; the producer arrives on it
+  expecting the tile's bytes;
+- empty_k[s]: every consumer warp's S = Q Kᵀ reading the stage's K has retired (`wgmma_wait<1>`
+  in the same step); empty_v[s]: every consumer warp's P V reading the stage's V has retired
+  (`wgmma_wait<0>` in the next step). The producer waits on them before refilling the stage.
+The parity waited for is the phase's: round t / STAGES of stage t % STAGES. K runs a tile ahead of
+V (K_{t+1} is copied before V_t, as S_{t+1} is issued beside tile t's P V) and each is handed back as
+soon as its product retires, so two stages already load ahead.
 
 Each operand's map is 3-d, (head dim, rows, matrices), so the copies past a head's last row read
 zeros, not the next head's rows; a block finds its matrices from the broadcast offsets every
@@ -72,8 +76,8 @@ def tensor_maps(op: KernelOp, shape: AttentionShape, s: WarpgroupAttentionSchedu
 
 def smem_bytes(shape: AttentionShape, s: WarpgroupAttentionSchedule) -> int:
     """Dynamic shared memory: Q's tile and the K/V stages, room to align them to an atom, and an
-    mbarrier for Q and two per stage."""
-    return (s.bm + 2 * s.stages * s.bn) * shape.d * ELEMENT_BYTES + ATOM_BYTES + (2 * s.stages + 1) * MBARRIER_BYTES
+    mbarrier for Q and four per stage (K's and V's, full and empty)."""
+    return (s.bm + 2 * s.stages * s.bn) * shape.d * ELEMENT_BYTES + ATOM_BYTES + (4 * s.stages + 1) * MBARRIER_BYTES
 
 
 def emit_tma_kernel(op: KernelOp, shape: AttentionShape, s: WarpgroupAttentionSchedule, smem: int) -> KernelSource:
@@ -87,22 +91,26 @@ def emit_tma_kernel(op: KernelOp, shape: AttentionShape, s: WarpgroupAttentionSc
 
 
 KERNEL = SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    constexpr int CONSUMERS = WARPS / 4, BOX = ROW_BYTES / sizeof($ELEM);
-    constexpr unsigned Q_BYTES = BM * D * sizeof($ELEM), STAGE_BYTES = 2 * BN * D * sizeof($ELEM);
+    constexpr unsigned Q_BYTES = BM * D * sizeof($ELEM), TILE_BYTES = BN * D * sizeof($ELEM);
 
     // tiles start on 1024-byte atoms: the swizzle is a function of the shared address
     extern __shared__ __align__(16) unsigned char fa_smem[];
     $ELEM* const q_s = ($ELEM*)(fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1)));  // [D/64][BM][64]
     $ELEM* const k_s = q_s + BM * D;                      // [STAGES][D/64][BN][64]
     $ELEM* const v_s = k_s + STAGES * BN * D;             // [STAGES][D/64][BN][64]
-    unsigned long long* const full = (unsigned long long*)(v_s + STAGES * BN * D);   // a stage's K and V have landed
-    unsigned long long* const empty = full + STAGES;      // every consumer warp is done with a stage
-    unsigned long long* const q_full = empty + STAGES;    // Q has landed
+    unsigned long long* const full_k = (unsigned long long*)(v_s + STAGES * BN * D);   // a stage's K has landed
+    unsigned long long* const empty_k = full_k + STAGES;  // every consumer warp's S = Q K of it has retired
+    unsigned long long* const full_v = empty_k + STAGES;  // a stage's V has landed
+    unsigned long long* const empty_v = full_v + STAGES;  // every consumer warp's P V of it has retired
+    unsigned long long* const q_full = empty_v + STAGES;  // Q has landed
 
 """ + BLOCK_INDEX + r"""    const int warpgroup = tid >> 7;
     if (tid == 0) {
         for (int st = 0; st < STAGES; ++st) {
-            mbar_init(&full[st], 1);
-            mbar_init(&empty[st], 4 * CONSUMERS);
+            mbar_init(&full_k[st], 1);
+            mbar_init(&empty_k[st], 4 * CONSUMERS);
+            mbar_init(&full_v[st], 1);
+            mbar_init(&empty_v[st], 4 * CONSUMERS);
         }
         mbar_init(q_full, 1);
         fence_mbarrier_init();
@@ -114,16 +122,22 @@ $PRODUCER_REGISTERS
         if (tid == CONSUMERS * 128) {
             // the matrices of this (batch, head) in each operand's map
             const int q_mat = (int)(q_off / (SQ * D)), k_mat = (int)(k_off / (SK * D)), v_mat = (int)(v_off / (SK * D));
+            // tile t of K or V into its stage, once the products that read the stage's last tile retired
+            auto load = [&](int t, $ELEM* tiles, const TmaMap* map, int mat, unsigned long long* full,
+                            unsigned long long* empty) {
+                const int st = t % STAGES;
+                if (t >= STAGES) mbar_wait(&empty[st], (t / STAGES - 1) & 1);
+                mbar_arrive_expect_tx(&full[st], TILE_BYTES);
+                for (int c = 0; c < D / BOX; ++c)
+                    tma_load_3d(tiles + st * BN * D + c * BN * BOX, map, c * BOX, t * BN, mat, &full[st]);
+            };
             mbar_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < D / BOX; ++c) tma_load_3d(q_s + c * BM * BOX, &tma_q, c * BOX, q0, q_mat, q_full);
+            // K runs a tile ahead of V: S_{t+1} = Q K_{t+1} is issued beside tile t's P V
+            load(0, k_s, &tma_k, k_mat, full_k, empty_k);
             for (int t = 0; t < n_tiles; ++t) {
-                const int st = t % STAGES;
-                if (t >= STAGES) mbar_wait(&empty[st], (t / STAGES - 1) & 1);   // tile t - STAGES's P V retired
-                mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
-                for (int c = 0; c < D / BOX; ++c) {
-                    tma_load_3d(k_s + st * BN * D + c * BN * BOX, &tma_k, c * BOX, t * BN, k_mat, &full[st]);
-                    tma_load_3d(v_s + st * BN * D + c * BN * BOX, &tma_v, c * BOX, t * BN, v_mat, &full[st]);
-                }
+                if (t + 1 < n_tiles) load(t + 1, k_s, &tma_k, k_mat, full_k, empty_k);
+                load(t, v_s, &tma_v, v_mat, full_v, empty_v);
             }
         }
         return;
@@ -137,10 +151,18 @@ $CONSUMER_REGISTERS
 """
 
 LOOP = r"""    for (int t = 0; t < n_tiles; ++t) {
-        mbar_wait(&full[t % STAGES], (t / STAGES) & 1);   // tile t has landed
+        mbar_wait(&full_k[t % STAGES], (t / STAGES) & 1); // K of tile t has landed
+        if (t > 0) mbar_wait(&full_v[(t - 1) % STAGES], ((t - 1) / STAGES) & 1);   // and V of tile t - 1
 """
 
-RELEASE = r"""        if (t > 0 && lane == 0) mbar_arrive(&empty[(t - 1) % STAGES]);   // tile t - 1's stage is free
+K_RELEASE = r"""        if (lane == 0) mbar_arrive(&empty_k[t % STAGES]);  // S_t has retired: K of tile t is free
+"""
+
+V_RELEASE = r"""        if (t > 0 && lane == 0) mbar_arrive(&empty_v[(t - 1) % STAGES]);   // V of tile t - 1 is free
+"""
+
+# the last tile's P V, once its V has landed
+LAST_V = r"""    mbar_wait(&full_v[(n_tiles - 1) % STAGES], ((n_tiles - 1) / STAGES) & 1);
 """
 
 # pingpong: the two consumers take turns issuing their products (named barriers 1 and 2 of 256
@@ -162,6 +184,6 @@ def kernel_text(pingpong: bool) -> str:
     """The kernel's text, its consumers taking turns at the tensor cores or not."""
     first, take, give, last = (FIRST_TURN, TAKE_TURN, GIVE_TURN, LAST_TURN) if pingpong else ("",) * 4
     closing = STORE_OUTPUT.rindex("}")                    # the kernel's closing brace
-    return (KERNEL + first + LOOP + S_CLEARED + take + PRODUCTS_ISSUED + give + S_WAITED + ONLINE_SOFTMAX
-            + PV_RETIRED + RELEASE + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT[:closing] + last
-            + STORE_OUTPUT[closing:])
+    return (KERNEL + first + LOOP + S_CLEARED + take + PRODUCTS_ISSUED + give + S_WAITED + K_RELEASE
+            + ONLINE_SOFTMAX + PV_RETIRED + V_RELEASE + RESCALE_AND_PACK + LAST_V + LAST_PV
+            + STORE_OUTPUT[:closing] + last + STORE_OUTPUT[closing:])
