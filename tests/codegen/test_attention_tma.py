@@ -8,6 +8,7 @@ where tensor maps can load the operands, and records name both forms."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import numpy as np
@@ -58,7 +59,18 @@ def test_the_emulated_ops_cover_what_the_producer_kernel_takes():
     assert any(o.operands[0].shape[1] != o.operands[1].shape[1] for o in ops), "GQA"
 
 
+def kernels_checked(item) -> list:
+    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    if item.originalname == "test_producer_forms_match_the_reference":
+        op = EMULATED[item.callspec.params["name"]]
+        return [TEMPLATE.emit(op, s, H100) for s in picked_forms(op)]
+    if item.originalname == "test_a_broken_producer_pipeline_fails":
+        return [mutated(item.callspec.params["edits"])]
+    return []
+
+
 @needs_emulator
+@pytest.mark.usefixtures("module_kernels_built")
 @pytest.mark.parametrize("name", list(EMULATED))
 def test_producer_forms_match_the_reference(name):
     op = EMULATED[name]
@@ -90,7 +102,19 @@ def test_consumers_taking_turns_wait_for_the_first_turn():
         build(broken)([*inputs.arrays, np.empty(op.result.shape, op.result.dtype.numpy)])
 
 
+def mutated(edits):
+    """The broken-pipeline kernel with `edits` ((old, new) pairs) made in turn."""
+    source = TEMPLATE.emit(BROKEN_OP, BROKEN_SCHEDULE, H100)
+    name = source.name + "_mutated_" + hashlib.sha256(repr(edits).encode()).hexdigest()[:8]
+    text = source.source.replace(source.name, name)
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    return replace(source, name=name, source=text)
+
+
 @needs_emulator
+@pytest.mark.usefixtures("module_kernels_built")
 @pytest.mark.parametrize("edits, message", [
     # V's stage handed back before the P V reading it retires: the producer refills it under the wgmma
     (((PV_RETIRED + V_RELEASE, V_RELEASE + PV_RETIRED),), "an issued wgmma still reads"),
@@ -118,21 +142,15 @@ def test_consumers_taking_turns_wait_for_the_first_turn():
 def test_a_broken_producer_pipeline_fails(edits, message):
     """Each mutation (its edits of the source, in turn) stops the run with `message`, or (None)
     gives a wrong result."""
-    source = TEMPLATE.emit(BROKEN_OP, BROKEN_SCHEDULE, H100)
-    name = source.name + "_mutated"
-    text = source.source.replace(source.name, name)
-    for old, new in edits:
-        assert old in text
-        text = text.replace(old, new, 1)
-    mutated = replace(source, name=name, source=text)
+    kernel = mutated(edits)
     rng = rng_for(BROKEN_OP)
     inputs = random_inputs(BROKEN_OP, rng)
     out = np.full(BROKEN_OP.result.shape, np.nan, BROKEN_OP.result.dtype.numpy)
     if message:
         with pytest.raises(EmulatorError, match=message):
-            build(mutated)([*inputs.arrays, out])
+            build(kernel)([*inputs.arrays, out])
         return
-    build(mutated)([*inputs.arrays, out])
+    build(kernel)([*inputs.arrays, out])
     reference = expected(BROKEN_OP, inputs, rng).on(TEMPLATE.resources(BROKEN_OP, BROKEN_SCHEDULE, H100).unit)
     with pytest.raises(AssertionError):
         check(reference, out, "mutated kernel")

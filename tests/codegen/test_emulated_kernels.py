@@ -19,7 +19,8 @@ from tests.codegen.schedule_check import check_schedules
 from tests.codegen.schedule_cover import covering
 from tests.codegen.test_schedule_spaces import beyond_defaults
 
-pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+pytestmark = [pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler"),
+              pytest.mark.usefixtures("module_kernels_built")]
 
 ARCH = arch_named("h100")
 BEYOND_DEFAULTS = 2          # tuning-space schedules per op of the kinds a tuner searches
@@ -91,3 +92,19 @@ def test_the_atomic_backward_is_right_whichever_block_arrives_last(name, order):
     assert atomic
     check_schedules(template, op, atomic[:1], ARCH,
                     lambda o, arrays, s, arch: emulator.run_emulated(o, arrays, schedule=s, arch=arch, block_order=order))
+
+
+def kernels_checked(item) -> list:
+    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    name = item.callspec.params.get("name") if hasattr(item, "callspec") else None
+    if name is None:
+        return []
+    op = EMULATED[name]
+    template = _template(op)
+    if item.originalname == "test_kernel_matches_reference_at_default_schedules":
+        schedules = PICKED_DEFAULTS[name]
+    elif item.originalname == "test_kernel_matches_reference_beyond_the_default_schedules":
+        schedules = beyond_defaults(template, op, ARCH, BEYOND_DEFAULTS)
+    else:
+        return []
+    return [template.emit(op, s, ARCH) for s in schedules]

@@ -72,3 +72,22 @@ def test_more_kernels_than_the_process_remembers_are_all_returned(monkeypatch):
     kernels = emulator.build_all([built.source, _scaled("beside", 9.0), _scaled("and_beside", 10.0)])
     assert [k.source.name for k in kernels] == ["remembered", "beside", "and_beside"]
     assert len(emulator._built) == 1
+
+
+def test_a_kernel_built_in_another_process_s_program_is_found_there(monkeypatch):
+    """The on-disk index names each kernel's program, so a kernel built in a batch (by another
+    process, here a forgotten one) is not compiled again on its own; a program gone from under
+    the index is built again."""
+    sources = [_scaled("indexed", 11.0), _scaled("indexed_beside", 12.0)]
+    kernels = emulator.build_all(sources)
+    monkeypatch.setattr(emulator, "_built", {})
+    monkeypatch.setattr(emulator, "_build_batch", lambda batch: pytest.fail(f"{batch} compiled again"))
+    again = build(sources[1])
+    assert (again.program, again.index) == (kernels[1].program, 1)
+    y = np.zeros(32, np.float32)
+    again([np.ones(32, np.float32), y])
+    np.testing.assert_array_equal(y, np.full(32, 12.0, np.float32))
+    monkeypatch.undo()
+    monkeypatch.setattr(emulator, "_built", {})
+    kernels[0].program.unlink()
+    assert build(sources[0]).program.exists()

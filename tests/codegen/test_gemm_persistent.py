@@ -59,17 +59,31 @@ def _run(op, arrays, schedule, arch):
     return emulator.run_emulated(op, arrays, schedule=schedule, arch=arch)
 
 
+def _checked(name: str, tile: TmaSchedule) -> list[TmaSchedule]:
+    persistent = replace(tile, persistent=True)
+    return [persistent, replace(persistent, group=2)]
+
+
+def kernels_checked(item) -> list[KernelSource]:
+    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    if item.originalname != "test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference":
+        return []
+    name, tile = item.callspec.params["name"], item.callspec.params["tile"]
+    return [TEMPLATE.emit(OPS[name], s, SMALL) for s in _checked(name, tile)]
+
+
 @pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.usefixtures("module_kernels_built")
 @pytest.mark.parametrize("tile, wave", [(TILE, 4), (TWO_CONSUMERS, 2)], ids=["one-consumer", "two-consumers"])
 @pytest.mark.parametrize("name", list(OPS))
 def test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference(name, tile, wave):
     op = OPS[name]
-    persistent = replace(tile, persistent=True)
+    persistent, walked = _checked(name, tile)
     assert TEMPLATE.valid(op, persistent, SMALL)
     assert tiles_of(op, persistent) > wave == persistent_grid(op, persistent, SMALL), name
     kernel = TEMPLATE.emit(op, persistent, SMALL)
     assert kernel.grid == (wave, 1, 1) and "tile += gridDim.x" in kernel.source
-    check_schedules(TEMPLATE, op, [persistent, replace(persistent, group=2)], SMALL, _run)
+    check_schedules(TEMPLATE, op, [persistent, walked], SMALL, _run)
 
 
 def test_fewer_tiles_than_a_wave_launch_one_block_a_tile():
