@@ -6,9 +6,12 @@ import os
 import tempfile
 
 import pytest
+from filelock import FileLock
 from hypothesis import settings
 from threadpoolctl import threadpool_limits
 
+from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.device import gpu_available
 
 # In CI every run draws the same examples, so a red build is reproducible; locally they vary.
@@ -35,3 +38,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def module_kernels_built(request):
+    """Emulated kernels built ahead of the tests that run them. A module whose tests run kernels in
+    the CPU emulator defines `kernels_checked(item)`, the KernelSources a selected test of it runs,
+    and uses this fixture: before its first test, every kernel its selected tests run is compiled
+    in programs of many kernels (emulator.MAX_BATCH), a program's fixed cost (the prelude, the
+    link) being most of a small one's. Under pytest-xdist the first worker to take the lock builds
+    them; the others find them in the emulator's on-disk index."""
+    module = request.module
+    if not emulator.available():
+        return
+    mine = [item for item in request.session.items if getattr(item, "module", None) is module]
+    sources = [source for item in mine for source in module.kernels_checked(item)]
+    with FileLock(str(cache_root() / f"{module.__name__}.lock")):
+        emulator.build_all(sources)

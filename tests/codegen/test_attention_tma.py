@@ -60,7 +60,7 @@ def test_the_emulated_ops_cover_what_the_producer_kernel_takes():
 
 
 def kernels_checked(item) -> list:
-    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    """The kernels a selected test of this module runs (built beforehand: tests/conftest.py)."""
     if item.originalname == "test_producer_forms_match_the_reference":
         op = EMULATED[item.callspec.params["name"]]
         return [TEMPLATE.emit(op, s, H100) for s in picked_forms(op)]

@@ -95,7 +95,7 @@ def test_the_atomic_backward_is_right_whichever_block_arrives_last(name, order):
 
 
 def kernels_checked(item) -> list:
-    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    """The kernels a selected test of this module runs (built beforehand: tests/conftest.py)."""
     name = item.callspec.params.get("name") if hasattr(item, "callspec") else None
     if name is None:
         return []

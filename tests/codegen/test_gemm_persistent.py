@@ -65,7 +65,7 @@ def _checked(name: str, tile: TmaSchedule) -> list[TmaSchedule]:
 
 
 def kernels_checked(item) -> list[KernelSource]:
-    """The kernels a selected test of this module runs (built beforehand: conftest.py)."""
+    """The kernels a selected test of this module runs (built beforehand: tests/conftest.py)."""
     if item.originalname != "test_a_persistent_kernel_walking_several_tiles_a_block_matches_the_reference":
         return []
     name, tile = item.callspec.params["name"], item.callspec.params["tile"]
