@@ -3,6 +3,8 @@ breaks, or that clashes only when combined; a program deleted under a built kern
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 
@@ -78,8 +80,10 @@ def test_a_kernel_built_in_another_process_s_program_is_found_there(monkeypatch)
     """The on-disk index names each kernel's program, so a kernel built in a batch (by another
     process, here a forgotten one) is not compiled again on its own; a program gone from under
     the index is built again."""
-    sources = [_scaled("indexed", 11.0), _scaled("indexed_beside", 12.0)]
+    run = uuid.uuid4().hex[:8]             # kernels no earlier run built, so they share one program
+    sources = [_scaled(f"indexed_{run}", 11.0), _scaled(f"indexed_beside_{run}", 12.0)]
     kernels = emulator.build_all(sources)
+    assert kernels[0].program == kernels[1].program
     monkeypatch.setattr(emulator, "_built", {})
     monkeypatch.setattr(emulator, "_build_batch", lambda batch: pytest.fail(f"{batch} compiled again"))
     again = build(sources[1])
