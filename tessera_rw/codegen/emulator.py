@@ -238,7 +238,8 @@ def build_all(sources: Sequence[KernelSource]) -> list[EmulatedKernel]:
     cxx = compiler()
     prelude = _prelude_dir(cxx).name if missing else ""
     keys = {s: _kernel_key(s, prelude, cxx) for s in missing}
-    found |= {s: kernel for s in missing if (kernel := _indexed(s, keys[s])) is not None}
+    index = _index_dir() if missing else None
+    found |= {s: kernel for s in missing if (kernel := _indexed(s, index / keys[s])) is not None}
     missing = [s for s in missing if s not in found]
     if missing:
         count = -(-len(missing) // MAX_BATCH)
@@ -246,8 +247,8 @@ def build_all(sources: Sequence[KernelSource]) -> list[EmulatedKernel]:
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             for batch, programs in zip(batches, pool.map(_build_batch, batches)):
                 found.update((source, EmulatedKernel(source, *at)) for source, at in zip(batch, programs))
-                for source, (program, index) in zip(batch, programs):
-                    _index(keys[source], program, index)
+                for source, (program, at) in zip(batch, programs):
+                    _index(index / keys[source], program, at)
         _built.update((s, found[s]) for s in missing)
         for stale in list(_built)[:max(0, len(_built) - _KEPT)]:
             del _built[stale]
@@ -267,22 +268,24 @@ def _index_dir() -> Path:
     return path
 
 
-def _indexed(source: KernelSource, key: str) -> EmulatedKernel | None:
-    """`source` as some process built it into a program still on disk, or None."""
+def _indexed(source: KernelSource, entry: Path) -> EmulatedKernel | None:
+    """`source` as some process built it into a program still on disk (its index `entry` says
+    which), or None."""
     try:
-        name, index = (_index_dir() / key).read_text().split()
+        name, index = entry.read_text().split()
     except (OSError, ValueError):
         return None
     program = _program_dir() / name
     return EmulatedKernel(source, program, int(index)) if program.exists() else None
 
 
-def _index(key: str, program: Path, index: int) -> None:
-    """Record that kernel `key` is kernel `index` of `program` (written whole, then renamed)."""
-    fd, tmp = tempfile.mkstemp(dir=_index_dir())
+def _index(entry: Path, program: Path, index: int) -> None:
+    """Record in index `entry` that its kernel is kernel `index` of `program` (written whole, then
+    renamed)."""
+    fd, tmp = tempfile.mkstemp(dir=entry.parent)
     with os.fdopen(fd, "w") as f:
         f.write(f"{program.name} {index}")
-    os.replace(tmp, _index_dir() / key)
+    os.replace(tmp, entry)
 
 
 def _build_batch(batch: list[KernelSource]) -> list[tuple[Path, int]]:

@@ -390,17 +390,17 @@ inline void mbarrier_arrive(const void* bar, long long expect_tx) {
     mbarrier_settle(m);
 }
 
+// The index of the 16-byte piece of dynamic shared memory holding `address`.
+inline size_t first_piece(unsigned address) { return (address - DYNAMIC_SMEM_WINDOW) / 16; }
+
 // Shared bytes [address, address + n) that an issued wgmma still reads stop the run: a stage
 // refilled before its MMAs retired.
 inline void check_not_read_async(unsigned address, size_t n) {
     for (size_t i = 0; i < n; i += 16)
-        if (block().async_reads[(address + i - DYNAMIC_SMEM_WINDOW) / 16])
+        if (block().async_reads[first_piece(address) + i / 16])
             fail("TMA: writes shared memory that an issued wgmma still reads (retire it with wgmma.wait_group, "
                  "then release the stage, before refilling it)");
 }
-
-// The index of the 16-byte piece of dynamic shared memory holding `address`.
-inline size_t first_piece(unsigned address) { return (address - DYNAMIC_SMEM_WINDOW) / 16; }
 
 // The copies complete on `m` in the phases that have completed land in shared memory: a wait has
 // seen their phase complete.

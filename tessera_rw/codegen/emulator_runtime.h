@@ -139,13 +139,13 @@ struct Thread {
 struct Slot { unsigned words[8]; const void* pointer; double value; int kind; };
 enum Collective { SYNCWARP = 1, SHUFFLE, LDMATRIX, MMA, WGMMA_WAIT };
 
-// An mbarrier's state: arrivals it expects per phase, those still pending in the current phase,
-// transaction bytes outstanding (expected less completed), and phases completed so far.
 // A TMA copy's bytes, read from global memory when it was issued, written to shared memory when a
 // thread's wait on its mbarrier first sees the phase complete (not before: a thread reading the
-// tile without waiting reads what was there before).
+// tile without waiting reads what was there before); `phase` is the one it completes in.
 struct Landing { unsigned address; std::vector<unsigned char> bytes; unsigned phase; };
 
+// An mbarrier's state: arrivals it expects per phase, those still pending in the current phase,
+// transaction bytes outstanding (expected less completed), and phases completed so far.
 struct Mbarrier {
     int count, pending;
     long long tx;

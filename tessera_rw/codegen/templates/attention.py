@@ -36,7 +36,7 @@ from tessera_rw.codegen.templates.attention_problem import (MMA_K, MMA_M, MMA_SY
                                                             WG_ROWS, AttentionSchedule, AttentionShape,
                                                             WarpgroupAttentionSchedule, resident_heads, round_up,
                                                             with_lse)
-from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel, tma_head_dim
+from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel
 from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_smem_bytes
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
@@ -200,9 +200,9 @@ class FlashAttentionTemplate(Template):
                 return False
             # the producer form: two consumers (setmaxnreg's split; a block of one would hold its
             # producer's registers idle, running fewer blocks an SM than the cp.async kernel), whole
-            # boxes within each tensor (a head shorter than a tile keeps cp.async), two stages or more
-            if s.producer and not (s.consumers == 2 and tma_head_dim(shape.d) and shape.sq >= s.bm
-                                   and shape.sk >= s.bn):
+            # boxes within each tensor (a head shorter than a tile keeps cp.async; every wgmma head
+            # dim is whole 64-value boxes), two stages or more
+            if s.producer and not (s.consumers == 2 and shape.sq >= s.bm and shape.sk >= s.bn):
                 return False
             if s.pingpong and not s.producer:
                 return False

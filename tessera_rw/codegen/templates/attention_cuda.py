@@ -69,10 +69,10 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
     mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()
     offsets, mask_strides = batch_offsets(shape.batch, q, k, v, mshape)
-    maps = ", tma_q, tma_k, tma_v" if tensor_maps else ""
+    maps = ("tma_q", "tma_k", "tma_v") if tensor_maps else ()
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {s.threads}, {smem}>>>"
-              f"(q, k, v{', mask' if mask is not None else ''}, out{maps}); dynamic shared memory {smem} bytes "
+              f"(q, k, v{', mask' if mask is not None else ''}, out{''.join(', ' + m for m in maps)}); dynamic shared memory {smem} bytes "
               "(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
               "// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
               + ("// out = [O | each row's logsumexp, high parts | their remainders]\n"
@@ -87,7 +87,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets,
-        TMA_ARGS="".join(f",\n      const __grid_constant__ TmaMap {m}" for m in maps.split(", ")[1:]), **holes)
+        TMA_ARGS="".join(f",\n      const __grid_constant__ TmaMap {m}" for m in maps), **holes)
     return KernelSource(name, header + source, threads=s.threads, tensor_maps=tensor_maps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
                         fast_math=op.numerics is Numerics.FAST, target=target)

@@ -58,11 +58,6 @@ ELEMENT_BYTES = 2            # bf16 / fp16 operands
 BOX_COLUMNS = ROW_BYTES // ELEMENT_BYTES     # head-dim values per swizzled box row
 
 
-def tma_head_dim(d: int) -> bool:
-    """Whether the head dim splits into whole 64-value column blocks, the boxes the copies move."""
-    return d % BOX_COLUMNS == 0
-
-
 def tensor_maps(op: KernelOp, shape: AttentionShape, s: WarpgroupAttentionSchedule) -> tuple[TensorMapSpec, ...]:
     """Q's, K's and V's maps, in parameter order: (head dim, rows, matrices), a box of one column
     block of a block's query rows or of a key tile's rows."""
