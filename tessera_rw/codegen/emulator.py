@@ -228,22 +228,22 @@ _built: dict[KernelSource, EmulatedKernel] = {}
 
 
 def build_all(sources: Sequence[KernelSource]) -> list[EmulatedKernel]:
-    """build() each of `sources`: those not built yet in this process compiled in as few programs
-    as hold them, MAX_BATCH kernels at most to a program, one host compiler per core."""
+    """build() each of `sources`: those neither built in this process nor named by the on-disk
+    index (another process's builds) compiled in as few programs as hold them, MAX_BATCH kernels at
+    most to a program, one host compiler per core."""
     if not available():
         raise EmulatorError("emulating a kernel needs a C++17 compiler on a POSIX system; none was found",
                             hint=f"install g++ (or set {COMPILER_VARIABLE}), or run the kernel on a GPU")
     found = {s: _built[s] for s in sources if s in _built and _built[s].program.exists()}
     missing = [s for s in dict.fromkeys(sources) if s not in found]
-    cxx = compiler()
-    prelude = _prelude_dir(cxx).name if missing else ""
-    keys = {s: _kernel_key(s, prelude, cxx) for s in missing}
-    index = _index_dir() if missing else None
-    found |= {s: kernel for s in missing if (kernel := _indexed(s, index / keys[s])) is not None}
-    missing = [s for s in missing if s not in found]
     if missing:
-        count = -(-len(missing) // MAX_BATCH)
-        batches = [missing[i::count] for i in range(count)]
+        cxx = compiler()
+        prelude, index = _prelude_dir(cxx).name, _index_dir()
+        keys = {s: _kernel_key(s, prelude, cxx) for s in missing}
+        found |= {s: kernel for s in missing if (kernel := _indexed(s, index / keys[s])) is not None}
+        unbuilt = [s for s in missing if s not in found]
+        count = -(-len(unbuilt) // MAX_BATCH)
+        batches = [unbuilt[i::count] for i in range(count)]
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             for batch, programs in zip(batches, pool.map(_build_batch, batches)):
                 found.update((source, EmulatedKernel(source, *at)) for source, at in zip(batch, programs))
