@@ -40,6 +40,21 @@ def reduction_case(draw, positive=False):
     return shape, axis, draw(st.booleans())
 
 
+@pytest.mark.parametrize("keepdims", ["no", 2, None, 0.5])
+def test_keepdims_is_true_or_false_not_any_truthy_value(keepdims):
+    with pytest.raises(AttributeValueError, match=r"sum: keepdims must be True or False"):
+        op.sum(ph((2, 3)), axis=0, keepdims=keepdims)
+    assert op.sum(ph((2, 3)), axis=0, keepdims=np.True_).shape == (1, 3)
+    assert op.sum(ph((2, 3)), axis=0, keepdims=0).shape == (3,)
+
+
+@pytest.mark.parametrize("causal", ["no", "yes", 2, None])
+def test_attention_causal_is_true_or_false_not_any_truthy_value(causal):
+    q = ph((1, 2, 8, 4))
+    with pytest.raises(AttributeValueError, match=r"flash_attention: causal must be True or False"):
+        op.flash_attention(q, q, q, causal=causal)
+
+
 REDUCE_DTYPE = {  # (op, input dtype) -> result dtype
     ("sum", "float32"): "float32", ("sum", "int32"): "int64", ("sum", "bool"): "int64",
     ("sum", "bfloat16"): "bfloat16",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.dispatch import apply, flag, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import cast
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import AttributeValueError
@@ -152,4 +152,5 @@ def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         if not isinstance(scale, numbers.Real):
             raise AttributeValueError(f"scale must be a number, got {scale!r}")
-    return apply("flash_attention", operands, scale=float(scale), causal=bool(causal), has_mask=mask is not None)
+        causal = flag("causal", causal)
+    return apply("flash_attention", operands, scale=float(scale), causal=causal, has_mask=mask is not None)

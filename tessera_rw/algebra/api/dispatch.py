@@ -24,7 +24,7 @@ from tessera_rw.algebra.captures import captured_input
 from tessera_rw.algebra.builder import describe_operands, make, make_constant, make_input, user_site
 from tessera_rw.algebra.constant_folding import folded
 from tessera_rw.algebra.dtypes import DType, promote
-from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, TesseraError
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import ArrayLiteral, Node, TensorType
@@ -125,6 +125,14 @@ def op_context(op_name: str, operands: Sequence[Any], names: Sequence[str] = ())
         types = [t for t in (_safe_type(v) for v in operands) if t is not None]
         raise e.with_context(op=op_name, operands=describe_operands(tuple(names), types),
                              site=user_site()) from None
+
+
+def flag(name: str, value: Any) -> bool:
+    """A yes/no attribute (`causal`, `keepdims`) as a bool: True, False, numpy's bools, or 0 and 1;
+    anything else (a string such as "no", which is truthy) is refused, not read as its truth."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise AttributeValueError(f"{name} must be True or False, got {value!r}")
 
 
 def _safe_type(value: Any) -> TensorType | None:

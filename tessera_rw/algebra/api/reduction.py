@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.dispatch import apply, flag, op_context, tensor_operand, type_of
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
 
@@ -11,7 +11,8 @@ def _reduce(name: str, x, axis, keepdims: bool):
     x = tensor_operand(x)
     with op_context(name, (x,), ("x",)):
         axes = normalize_axes(axis, type_of(x).ndim if type_of(x) else 0)
-    return apply(name, (x,), axes=axes, keepdims=bool(keepdims))
+        keepdims = flag("keepdims", keepdims)
+    return apply(name, (x,), axes=axes, keepdims=keepdims)
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001  (numpy's name)
