@@ -240,6 +240,18 @@ def test_a_kernel_called_on_python_numbers_only_says_they_are_constants():
     with pytest.raises(ResultError, match="every argument it was called with is a Python value") as e:
         op.kernel(lambda x, y: x + y)(1.5, 2.0)
     assert "np.asarray" in e.value.hint
+    with pytest.raises(ResultError, match="Python value or numpy scalar") as e:
+        op.kernel(lambda a: a * 2.0)(np.float32(3.0))
+    assert "np.asarray(x) for a numpy scalar" in e.value.hint
+
+
+def test_a_masked_array_is_refused_rather_than_computed_on_with_its_mask_ignored():
+    masked = np.ma.masked_array(np.ones(3, np.float32), mask=[False, True, False])
+    with pytest.raises(ArgumentError, match="argument 'a' is not a tensor.*masked array") as e:
+        op.kernel(lambda a: a * 2.0)(masked)
+    assert "filled" in e.value.hint and "op.where" in e.value.hint
+    with pytest.raises(ArgumentError, match="exp: got a numpy masked array"):
+        op.exp(masked)
 
 
 def test_search_space_takes_one_number_for_a_list_and_refuses_a_bare_tile():

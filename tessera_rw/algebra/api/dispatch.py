@@ -71,6 +71,10 @@ def type_of(value: Any) -> TensorType | None:
         return value.type
     if is_scalar(value):
         return None  # numpy scalars too: np.sqrt(d) must not turn a bf16 graph into float64
+    if isinstance(value, np.ma.MaskedArray):
+        raise ArgumentError("got a numpy masked array: its mask would be ignored, every value computed on",
+                            hint="pass value.filled(fill) for the values to compute on, and the mask "
+                                 "(np.ma.getmaskarray(value)) as an argument of its own to use in op.where")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return TensorType(tuple(value.shape), _dtype_of(value))
     if isinstance(value, (list, tuple)):
