@@ -123,8 +123,12 @@ class ExplainReport(_Record):
         return hash(self.to_json(indent=None))
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The report as one `tessera_rw.explain/1` JSON document."""
+        """The report as one `tessera_rw.explain/1` JSON document, as text (to_dict(): as dicts)."""
         return self.model_dump_json(by_alias=True, indent=indent)
+
+    def to_dict(self) -> dict:
+        """The report's `tessera_rw.explain/1` document as `json.loads(report.to_json())` reads it."""
+        return self.model_dump(mode="json", by_alias=True)
 
     @classmethod
     def from_json(cls, document: str | bytes | dict) -> ExplainReport:

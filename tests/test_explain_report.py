@@ -102,6 +102,7 @@ def test_json_is_exactly_the_schema_and_round_trips(report):
     assert_schema(document)
     again = ExplainReport.from_json(report.to_json())
     assert again == report and again.program is None
+    assert report.to_dict() == document and ExplainReport.from_json(report.to_dict()) == report
 
 
 @pytest.mark.parametrize("change", [
