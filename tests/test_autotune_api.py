@@ -198,8 +198,9 @@ def test_schedule_autotune_keeps_to_the_kernels_own_cache():
 def test_op_autotune_rejects_a_bad_cache_name_and_method():
     with pytest.raises(Exception, match="not a plain file name"):
         op.autotune(cache="../etc")
-    with pytest.raises(ArgumentError, match="unknown method"):
-        op.autotune(method="guess")
+    with pytest.raises(ArgumentError, match="unknown method") as e:
+        op.autotune(method="roofline")
+    assert "'cost_model' (rank by the roofline model)" in e.value.hint
 
 
 def test_progress_shows_after_a_second_on_a_terminal_then_a_closing_table():

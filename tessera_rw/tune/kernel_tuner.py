@@ -47,7 +47,9 @@ class Method(enum.StrEnum):
             return Method(method)
         except ValueError:
             raise ArgumentError(f"autotune {what + ': ' if what else ''}unknown method {method!r}",
-                                hint="use 'on_device', 'cost_model' or 'auto'") from None
+                                hint="use 'on_device' (time on the GPU), 'cost_model' (rank by the roofline "
+                                     "model) or 'auto' (on_device on a GPU of the arch tuned for, else "
+                                     "cost_model)") from None
 
     @staticmethod
     def resolve(method: str | Method, what: str, arch: ArchSpec | None = None) -> Method:
