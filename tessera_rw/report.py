@@ -25,7 +25,7 @@ from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import BUILTIN_OPS, opdef
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.templates.registry import templates
+from tessera_rw.codegen.templates.registry import refusal, templates
 from tessera_rw.tune.cost import KernelCost
 from tessera_rw.tune.extract import FUSED_OP_DEPTH, FusionDepth
 
@@ -126,9 +126,8 @@ def unbuildable_lines(program: CompiledProgram) -> list[str]:
         if enode.op in FUSED_OP_DEPTH and enode.op in implemented:
             op = KernelOp(enode.op, tuple(view.types[c] for c in enode.operands), enode.attrs,
                           view.types[enode.eclass])
-            reasons = [t.refusal(op) for t in every if enode.op in t.ops]
-            if all(reasons):
-                refused.setdefault(f"{enode.op} {op.result}", "; ".join(dict.fromkeys(reasons)))
+            if (why := refusal(op)) is not None:
+                refused.setdefault(f"{enode.op} {op.result}", why)
     lines += [f"{what}: the rewrites reached it, but no candidate can use it: {why}" for what, why in refused.items()]
     return lines
 

@@ -31,7 +31,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.library_kernels import FFTCall
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule, Template
-from tessera_rw.codegen.templates.registry import NoTemplateError, templates_for
+from tessera_rw.codegen.templates.registry import NoTemplateError, refusal, templates_for
 from tessera_rw.lower.plan import KernelPlan, Step
 
 
@@ -115,8 +115,8 @@ def bind_plan(plan: KernelPlan, arch: ArchSpec, numerics: Numerics = Numerics.DE
         found = by_op[op]
         if found.template is None:
             empty = op.result.numel == 0 or any(t.numel == 0 for t in op.operands)
-            missing.append(f"  step {i}: {op}" + (" (zero-size: nothing to launch, the host computes it)"
-                                                  if empty else ""))
+            why = "zero-size: nothing to launch, the host computes it" if empty else refusal(op)
+            missing.append(f"  step {i}: {op}" + (f" ({why})" if why else ""))
             doubles |= any(t.dtype is DType.float64 for t in (*op.operands, op.result))
             continue
         template = found.template

@@ -165,6 +165,17 @@ def test_accepts_what_it_can_do_and_rejects_the_rest():
                         TensorType((64, 64), DType.float32), accum_dtype=None)
     assert not T.accepts(mixed)
     assert T.accepts(mm((70000, 8, 8), (8, 8)))                     # a flat grid has room for any batch
+    assert T.refusal(mixed) == "the gemm kernel takes two operands of one dtype, here bf16 and f32 (cast one)"
+    assert T.refusal(mm((64, 64), (64, 64), accum_dtype=DType.float16)) == \
+        "the gemm kernel accumulates in f32, not float16"
+
+
+def test_a_product_past_32_bit_indices_is_refused_with_what_to_do():
+    assert T.accepts(mm((46340, 46340), (46340, 46340)))
+    why = T.refusal(mm((46341, 64), (64, 46341)))
+    assert why.startswith("the gemm kernel indexes each matrix with 32-bit ints, and the result holds "
+                          "2,147,488,281 elements (M=46341, N=46341, K=64)") and "split the product" in why
+    assert "and a holds 2,147,483,648 elements" in T.refusal(mm((2 ** 28, 8), (8, 1)))
 
 
 def test_emit_refuses_what_it_does_not_accept():

@@ -76,6 +76,7 @@ def test_a_float64_plan_names_every_kernel_without_a_gpu_template():
     with pytest.raises(NoTemplateError, match=r"kernel\(s\) have no GPU template") as e:
         bind_plan(plan, H100)
     assert "f64[64,128]" in str(e.value) and "TESSERA_DEVICE=cpu" in str(e.value)
+    assert "(the gemm kernel multiplies f32, bf16, fp16 or fp8, not f64)" in str(e.value)
     assert "cast the float64 operands" in e.value.hint
 
 

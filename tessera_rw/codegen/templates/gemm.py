@@ -37,9 +37,8 @@ from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.node import TensorType  # noqa: F401  (doctest)
 from tessera_rw.algebra.ops.fused import ACTIVATIONS, DERIVATIVES, epilogue_operands
-from tessera_rw.algebra.ops.linalg import matmul_dims, read_as
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -53,6 +52,7 @@ from tessera_rw.codegen.templates.gemm_hopper import (TMA_EFFICIENCY, WGMMA_EFFI
                                                       hopper_defaults, hopper_grid, hopper_valid, warpgroup_mma)
 from tessera_rw.codegen.templates.gemm_mma_cuda import emit_tensor_core
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES, TENSOR_CORE_DTYPES, GemmProblem
+from tessera_rw.codegen.templates.gemm_samples import gemm_samples
 from tessera_rw.codegen.templates.gemm_simt_cuda import emit_simt
 from tessera_rw.codegen.templates.gemm_tile_order import TileOrder, tile_order
 from tessera_rw.codegen.templates.gemm_variants import persistent_grid, walked
@@ -101,30 +101,44 @@ class GemmTemplate(Template):
     ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "matmul_bias_grad"})
 
     def accepts(self, op: KernelOp) -> bool:
+        return op.op in self.ops and self.refusal(op) is None
+
+    def refusal(self, op: KernelOp) -> str | None:
+        """Why no GEMM kernel takes `op` (None when one does), as an explain report tells it."""
         if op.op not in self.ops or len(op.operands) < 2:
-            return False
+            return f"the gemm kernel implements {', '.join(sorted(self.ops))} of two operands or more"
         a, b = op.operands[:2]
-        if a.ndim < 2 or b.ndim < 2 or a.dtype is not b.dtype or a.dtype not in (*TENSOR_CORE_DTYPES, DType.float32):
-            return False
+        if a.ndim < 2 or b.ndim < 2:
+            return f"the gemm kernel multiplies matrices (2 dims or more), here {a} and {b}"
+        if a.dtype is not b.dtype:
+            return f"the gemm kernel takes two operands of one dtype, here {a.dtype.short} and {b.dtype.short} (cast one)"
+        if a.dtype not in (*TENSOR_CORE_DTYPES, DType.float32):
+            return f"the gemm kernel multiplies f32, bf16, fp16 or fp8, not {a.dtype.short}"
         if a.dtype in FP8_DTYPES and op.op == "matmul_bias_grad":
-            return False
-        accum = op.attr_map.get("accum_dtype")
-        if accum is not None and DType.parse(accum) is not DType.float32:
-            return False
+            return "the gemm kernel sums no bias gradient from fp8 operands"
         at = op.attr_map
+        if at.get("accum_dtype") is not None and DType.parse(at["accum_dtype"]) is not DType.float32:
+            return f"the gemm kernel accumulates in f32, not {at['accum_dtype']}"
         if len(op.operands) != 2 + len(epilogue_operands(at.get("has_bias"), at.get("activation", "none"),
                                                          at.get("has_residual"))):
-            return False
+            return f"the gemm kernel's epilogue operands do not match its attributes: {op}"
         p = GemmProblem.of(op)
-        if p.out_dtype not in _OUT_DTYPES or p.activation not in _ACTIVATIONS or not math.isfinite(p.scale):
-            return False
-        if p.nbatch * -(-p.m // 16) * -(-p.n // 16) > _MAX_BLOCKS:
-            return False
-        if any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.aux, p.residual) if t is not None):
-            return False
-        if max(p.m * p.k, p.k * p.n, p.m * p.n) >= _INT_INDEX or min(p.m, p.n, p.k) < 1:
-            return False
-        return True
+        if p.out_dtype not in _OUT_DTYPES or any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.aux, p.residual)
+                                                 if t is not None):
+            return "the gemm kernel writes, and reads its epilogue's operands, in f32, bf16 or fp16"
+        if p.activation not in _ACTIVATIONS or not math.isfinite(p.scale):
+            return f"the gemm kernel's epilogue takes a finite scale and no activation {p.activation!r}"
+        if min(p.m, p.n, p.k) < 1:
+            return f"the gemm kernel computes no empty product (M={p.m}, N={p.n}, K={p.k})"
+        largest = max((p.m * p.k, "a"), (p.k * p.n, "b"), (p.m * p.n, "the result"))
+        if largest[0] >= _INT_INDEX:
+            return (f"the gemm kernel indexes each matrix with 32-bit ints, and {largest[1]} holds {largest[0]:,} "
+                    f"elements (M={p.m}, N={p.n}, K={p.k}): split the product along M or N (op.split, "
+                    f"op.concatenate) into pieces of fewer than 2**31 elements")
+        if (blocks := p.nbatch * -(-p.m // 16) * -(-p.n // 16)) > _MAX_BLOCKS:
+            return (f"the gemm kernel's grid would need {blocks:,} blocks for {p.nbatch:,} products, over "
+                    f"{_MAX_BLOCKS:,}: split the batch")
+        return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         p = GemmProblem.of(op)
@@ -279,75 +293,7 @@ class GemmTemplate(Template):
         return KernelSource(name, header + body, schedule.threads, grid=grid, fast_math=fast)
 
     def samples(self) -> tuple[KernelOp, ...]:
-        bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
-        e4m3, e5m2 = FP8_DTYPES
-
-        def mm(a, b, dtype, numerics=Numerics.DEFAULT):
-            ta, tb = TensorType(a, dtype), TensorType(b, dtype)
-            batch, m, n, _ = matmul_dims(a, b)
-            return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None,
-                               numerics=numerics)
-
-        def gemm(a, b, dtype, out, extra=(), trans_a=False, trans_b=False, **attrs):
-            # an operand stored transposed is the product's operand with its last two axes swapped back
-            ta, tb = read_as(TensorType(a, dtype), trans_a), read_as(TensorType(b, dtype), trans_b)
-            batch, m, n, _ = matmul_dims(a, b)
-            base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
-                        dtype=out, trans_a=trans_a, trans_b=trans_b)
-            return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
-
-        def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
-            return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
-                               TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
-
-        return (
-            mm((4096, 4096), (4096, 4096), bf),
-            gemm((2048, 1024), (1024, 4096), bf, bf, (TensorType((4096,), bf),), has_bias=True,
-                 activation="gelu"),
-            gemm((1024, 2048), (2048, 1024), f16, f32, (TensorType((1024, 1024), f32),), has_residual=True,
-                 scale=0.5),
-            mm((8, 512, 64), (64, 512), bf),
-            mm((1024, 1024), (1024, 1024), f32),
-            mm((1000, 1000), (1000, 1000), bf),
-            mm((1001, 999), (999, 1003), bf),    # rows not 16-byte aligned: element-wise loads
-            mm((4096, 4096), (4096, 4096), f32, Numerics.FAST),     # tf32 tensor cores
-            mm((1000, 1000), (1000, 1000), f32, Numerics.FAST),     # tf32, partial tiles through cp.async
-            mm((4, 1001, 999), (999, 1003), f32, Numerics.FAST),    # tf32, ragged rows: element-wise loads
-            gemm((2048, 1024), (1024, 768), f32, f32, (TensorType((768,), f32),), has_bias=True,
-                 activation="gelu_tanh", numerics=Numerics.FAST),  # tf32 with an epilogue
-            # activation derivatives of a backward pass, reading the pre-activation
-            gemm((2048, 768), (768, 3072), bf, bf, (TensorType((2048, 3072), bf),), activation="dgelu"),
-            gemm((4, 256, 512), (512, 384), f16, f16, (TensorType((4, 256, 384), f16),), activation="dsilu"),
-            gemm((1000, 1000), (1000, 1000), f32, f32, (TensorType((1000, 1000), f32),), activation="drelu"),
-            gemm((1024, 512), (512, 1024), f32, f32, (TensorType((1024, 1024), f32),), activation="dgelu_tanh",
-                 numerics=Numerics.FAST),
-            # bias gradients: the ones row alone in the last tile row (768 = 6 x 128), in the middle
-            # of a ragged tile with element-wise loads, on SIMT, and in tf32; small enough that the
-            # GPU check's reference covers every row (kernel_check subsets big products by rows of A)
-            bias_grad(768, 1024, 1024, bf),
-            bias_grad(1000, 999, 1003, f16),
-            bias_grad(500, 777, 300, f32),
-            bias_grad(1024, 512, 1024, f32, Numerics.FAST),
-            # transposed operands, read in place: a backward pass's dX = dY Wᵀ (with an activation
-            # derivative) and dW = Xᵀ dY (with the bias gradient), on each path and with ragged rows
-            gemm((2048, 768), (768, 3072), bf, bf, (TensorType((2048, 3072), bf),), activation="dgelu", trans_b=True),
-            bias_grad(768, 2048, 3072, bf, trans_a=True),
-            gemm((4, 256, 512), (512, 384), f16, f16, trans_a=True, trans_b=True),
-            gemm((1001, 999), (999, 1003), bf, f32, trans_a=True),
-            bias_grad(1000, 999, 1003, f16, trans_a=True),
-            gemm((1000, 1000), (1000, 1000), f32, f32, trans_a=True, numerics=Numerics.FAST),
-            gemm((1024, 512), (512, 1024), f32, f32, trans_b=True, numerics=Numerics.FAST),
-            bias_grad(500, 777, 300, f32, trans_a=True),
-            gemm((3, 300, 200), (200, 500), f32, f32, trans_a=True, trans_b=True),
-            # fp8 (sm_89+): B stored [N, K] is read as it lies (cuBLASLt's only fp8 layout); stored
-            # [K, N] or A stored [K, M], it is transposed through registers; ragged rows byte by byte
-            gemm((4096, 4096), (4096, 4096), e4m3, bf, trans_b=True),
-            gemm((2048, 1024), (1024, 4096), e4m3, bf, (TensorType((4096,), bf),), has_bias=True, activation="gelu"),
-            gemm((4, 512, 256), (256, 384), e5m2, f32, trans_a=True, scale=0.25),
-            gemm((1001, 999), (999, 1003), e4m3, bf, trans_b=True),
-            gemm((1001, 999), (999, 1003), e4m3, f16, trans_a=True, trans_b=True),
-        )
-
+        return gemm_samples()
 
 def _schedule_kinds(p: GemmProblem) -> tuple[type[Schedule], ...]:
     """The schedule classes the product's kernels take: tensor-core ones (mma.sync, wgmma) or SIMT."""

@@ -63,6 +63,13 @@ def templates_for(op: KernelOp) -> list[Template]:
     return [t for t in templates() if op.op in t.ops and t.accepts(op)]
 
 
+def refusal(op: KernelOp) -> str | None:
+    """Why no template takes `op`: the reasons of those implementing its name (None when one takes
+    it, or when none implements it)."""
+    reasons = [t.refusal(op) for t in templates() if op.op in t.ops]
+    return None if not reasons or not all(reasons) else "; ".join(dict.fromkeys(reasons))
+
+
 class NoTemplateError(TesseraError):
     """No GPU template implements an op (or some kernels of a plan: the message lists them)."""
 
@@ -72,7 +79,9 @@ def template_for(op: KernelOp) -> Template:
     executor take the same one), or NoTemplateError saying what to do."""
     found = templates_for(op)
     if not found:
-        raise NoTemplateError("no GPU kernel template implements this op", op=op.op, operands=str(op),
+        why = refusal(op)
+        raise NoTemplateError(f"no GPU kernel template takes this op{': ' + why if why else ''}", op=op.op,
+                              operands=str(op),
                               hint="float64 and a few rare ops run on the host only: run it with the numpy "
                                    "executor, or register a template for it")
     return found[0]
