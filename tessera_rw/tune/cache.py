@@ -41,7 +41,6 @@ import math
 import os
 import re
 import stat
-import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +49,7 @@ from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from tessera_rw.algebra.atomic_files import remove_stale_temps, set_aside, write_atomically
+from tessera_rw.algebra.builder import warn_at_user_line
 from tessera_rw.algebra.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
@@ -78,12 +78,12 @@ class TuneCacheError(TesseraError):
 _warned: set[tuple[str, str]] = set()
 
 
-def warn_once(path: Path, about: str, message: str, stacklevel: int) -> None:
-    """A TuneCacheWarning, unless this process already warned `about` this file: a tuning run
-    touches a file once per kernel, and one line says it all."""
+def warn_once(path: Path, about: str, message: str) -> None:
+    """A TuneCacheWarning at the user's line, unless this process already warned `about` this file:
+    a tuning run touches a file once per kernel, and one line says it all."""
     if (str(path), about) not in _warned:
         _warned.add((str(path), about))
-        warnings.warn(message, TuneCacheWarning, stacklevel=stacklevel + 1)
+        warn_at_user_line(TuneCacheWarning(message))
 
 
 def _log2_distance(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:
@@ -188,21 +188,21 @@ class TuneCache:
                                      "as it is: rewriting it unread would lose the records it holds",
                                      hint="make the file readable by this user, or move it away to start "
                                           "afresh") from None
-            warnings.warn(f"autotune cache file {path} cannot be read ({e.strerror or e}); ignored",
-                          TuneCacheWarning, stacklevel=4)
+            warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} cannot be read ({e.strerror or e}); "
+                                               "ignored"))
             return EMPTY
         if isinstance(found, NewerFile):
             if locked:
                 raise TuneCacheError(f"autotune cache file {path} {found}: left as it is, not rewritten",
                                      hint="use another TESSERA_CACHE_DIR for this version, or upgrade it")
             warn_once(path, "newer", f"autotune cache file {path} {found}; this version leaves it as it is and "
-                      "does not use it", stacklevel=4)
+                      "does not use it")
             return EMPTY
         if isinstance(found, ArchFile):
             if found.skipped is not None:
                 # keyed by the records skipped, not the note: their indices move when the file is rewritten
                 warn_once(path, f"skipped {hash(found.kept)}", f"autotune cache file {path}: {found.skipped}; "
-                          "this version does not use them and keeps them in the file as they are", stacklevel=4)
+                          "this version does not use them and keeps them in the file as they are")
             return found
         return self._set_aside_or_skip(path, arch, problem=found, locked=locked)
 
@@ -215,12 +215,12 @@ class TuneCache:
                     return self._load(path, arch, locked=True)
             except (OSError, TuneCacheError) as e:     # a reader never fails on a bad file: it skips it
                 reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0]
-                warnings.warn(f"autotune cache file {path} {problem}; ignored (could not move it aside: "
-                              f"{reason})", TuneCacheWarning, stacklevel=5)
+                warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} {problem}; ignored (could not "
+                                                   f"move it aside: {reason})"))
                 return EMPTY
         aside = set_aside(path)
-        warnings.warn(f"autotune cache file {path} {problem}; moved aside to {aside.name} and ignored",
-                      TuneCacheWarning, stacklevel=6)
+        warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} {problem}; moved aside to {aside.name} "
+                                           "and ignored"))
         return EMPTY
 
     # ---- writing ----
@@ -240,7 +240,7 @@ class TuneCache:
         except TuneCacheError as e:
             hint = f" ({e.hint})" if e.hint else ""
             warn_once(self.path(record.arch), "unwritable",
-                      f"{e.detail}; tuning results are used but not kept{hint}", stacklevel=2)
+                      f"{e.detail}; tuning results are used but not kept{hint}")
             return False
 
     def _merge_into(self, arch: str, incoming: Sequence[TuneRecord], supersede: bool = False) -> int:

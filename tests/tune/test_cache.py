@@ -221,9 +221,10 @@ def test_a_write_over_a_bad_file_keeps_the_bad_one_for_inspection(cache):
     path = cache.path("H100-SXM")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    with pytest.warns(TuneCacheWarning, match="moved aside"):
+    with pytest.warns(TuneCacheWarning, match="moved aside") as warned:
         cache.put(rec())
     assert len(cache.records()) == 1 and len(list(path.parent.glob("*.corrupt-*"))) == 1
+    assert warned[0].filename == __file__         # the warning names the user's line, not the cache's
 
 
 def test_a_file_a_newer_version_wrote_is_left_as_it_is_unread_and_unwritten(cache):
