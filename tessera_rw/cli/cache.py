@@ -78,9 +78,13 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
     here = current_versions()
     others = sum(r.versions != here for r in records)
-    columns = ("op", "shapes", "dtypes", "arch", "config", "µs", "chosen by") + (("used here",) if others else ())
-    rows = [(r.op_name, _shapes(r), _runs([DType.parse(d).short for d in r.dtypes]), r.arch,
-             compact_schedule(_config(r)), f"{r.time_us:.2f}",
+    # records of one op, shapes and dtypes apart only in what the signature hashes (attributes,
+    # numerics policy, a restricted search) would read as duplicates without it
+    twins = len({(r.op_name, r.shapes, r.dtypes, r.arch) for r in records}) < len(records)
+    columns = (("op",) + (("signature",) if twins else ()) + ("shapes", "dtypes", "arch", "config", "µs", "chosen by")
+               + (("used here",) if others else ()))
+    rows = [(r.op_name, *((r.signature_hash[:8],) if twins else ()), _shapes(r),
+             _runs([DType.parse(d).short for d in r.dtypes]), r.arch, compact_schedule(_config(r)), f"{r.time_us:.2f}",
              r.chosen_by.value + (" (interpolated)" if r.interpolated else ""),
              *((_used_here(r, here),) if others else ())) for r in records]
     for i, col in enumerate(columns):
@@ -90,6 +94,12 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
                          no_wrap=col in ("op", "arch", "µs"), min_width=max(len(col), widest_word))
     for row in rows:
         table.add_row(*row)
+    if twins:
+        table.caption = ("signature: a hash of what else decides the kernel (its attributes, numerics policy, a "
+                         "restricted search); --format json shows it whole")
+    if not console.is_terminal:       # piped: whole rows, however wide, for the reader to grep
+        needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+        console = Console(file=console.file, width=max(console.width, needed), no_color=True)
     console.print(table)
     named = [n for n in cache.names_beside() if n != cache.name]
     if named:

@@ -114,3 +114,18 @@ def test_cli_says_which_records_hold_for_other_versions_than_this_machines(cli, 
     assert "1 record(s) hold for other versions" in text
     status, out, _ = cli("import", str(tmp_path / "from_gpu.json"), "--name", "third", "--format", "json")
     assert json.loads(out)["other_versions"] == 1
+
+
+def test_cli_list_tells_records_apart_by_signature_and_prints_whole_rows_when_piped(cli):
+    wide_config = {f"option_{i}": f"value_{i}" for i in range(12)}
+    TuneCache().put(rec(signature_hash="aaaaaaaaaaaaaaaa", config=wide_config, chosen_by="cost_model"))
+    TuneCache().put(rec(signature_hash="bbbbbbbbbbbbbbbb", config=wide_config, chosen_by="cost_model"))
+    status, out, _ = cli("list")
+    lines = out.splitlines()
+    assert status == 0 and "signature" in out and "aaaaaaaa" in out and "bbbbbbbb" in out
+    assert "signature: a hash of what else decides the kernel" in " ".join(out.split())
+    rows = [line for line in lines if "matmul" in line]
+    assert len(rows) == 2 and all("cost_model" in row and "option_11=value_11" in row for row in rows)
+    TuneCache().clear()
+    TuneCache().put(rec())
+    assert "signature" not in cli("list")[1]          # one record per op, shapes and dtypes: no column
