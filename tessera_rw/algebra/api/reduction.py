@@ -21,7 +21,8 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001  (numpy's name)
 
 
 def mean(x, axis=None, keepdims=False):
-    """The mean over `axis` (None: all axes), as numpy.mean."""
+    """The mean over `axis` (None: all axes), as numpy.mean; of integers or bools it is float32,
+    where numpy's is float64 (cast x to float64 first for that)."""
     return _reduce("mean", x, axis, keepdims)
 
 
