@@ -106,7 +106,8 @@ def rewrite_summary(report: ExplainReport, program: CompiledProgram | None) -> T
     for rule in sorted(report.rules, key=lambda r: (r.ruleset, -r.matches, r.name)):
         table.add_row(rule.ruleset, rule.name, str(rule.matches))
     if program is not None:
-        table.caption = "\n".join((iteration_lines(program), *unbuildable_lines(program)))
+        assumed = [f"{name} assumes {what}" for name, what in program.rewrite.report.assumed.items()]
+        table.caption = "\n".join((iteration_lines(program), *assumed, *unbuildable_lines(program)))
     return table
 
 

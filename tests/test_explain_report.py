@@ -263,3 +263,18 @@ def test_zero_size_tensors_explain_and_run():
     q = np.zeros((0, 4, 128, 64), np.float32)
     assert attention(q, q, q).shape == (0, 4, 128, 64)
     np.testing.assert_array_equal(op.kernel(lambda x: op.sum(x, axis=0))(np.zeros((0, 3), np.float32)), np.zeros(3))
+
+
+def test_a_rule_that_assumes_something_of_the_values_says_so_when_it_fires():
+    def attention(fill):
+        def body(q, k, v):
+            s = op.where(op.tril(op.ones((64, 64), dtype="bool")), q @ k.mT, fill)
+            return op.softmax(s, axis=-1) @ v
+        return op.kernel(body)
+
+    spec = op.tensor((2, 64, 32), "bf16")
+    text = " ".join(str(attention(-1e4).explain(spec, spec, spec)).split())
+    assert ("attention/causal-fill-is-neg-inf assumes that each row of the causal mask's scores holds a kept score "
+            "above its finite fill + 104") in text
+    plain = op.kernel(lambda q, k, v: op.softmax(q @ k.mT, axis=-1) @ v)
+    assert " assumes " not in " ".join(str(plain.explain(spec, spec, spec)).split())

@@ -32,6 +32,7 @@ class Rule:
     example: Example | None = None
     needs: tuple[str, ...] = ()     # rules of the same ruleset that build what this one matches
     explosive: bool = False         # matches grow with the e-graph (associativity): backed off
+    assumes: str = ""               # what the values (not the types) must satisfy: explain says it when it fires
 
     def __post_init__(self):
         bound = set(WILDCARD.findall(self.lhs.text)) | {w for fact in self.when for w in WILDCARD.findall(fact)}

@@ -64,6 +64,7 @@ class RewriteReport:
     matches: dict[str, int] = field(default_factory=dict)       # "ruleset/rule" -> total matches
     seconds_per_rule: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    assumed: dict[str, str] = field(default_factory=dict)      # "ruleset/rule" fired -> what it assumes of values
 
     @property
     def enodes(self) -> int:
@@ -234,4 +235,6 @@ def _saturate(egraph: bindings.EGraph, encoding: Encoding, rulesets: tuple[Rules
             stop = StopReason.saturated
             break
     view = EGraphView(egraph, encoding.literals)
-    return view, RewriteReport(stop, iterations, totals, rule_seconds, time.perf_counter() - start)
+    assumed = {f"{rs.name}/{r.name}": r.assumes for rs in rulesets for r in rs.rules
+               if r.assumes and totals[f"{rs.name}/{r.name}"]}
+    return view, RewriteReport(stop, iterations, totals, rule_seconds, time.perf_counter() - start, assumed)

@@ -40,6 +40,10 @@ T = (s, d)
 K, K_FACTS = mT(kt)
 SOFTMAX_ON_LAST_AXIS = ("(= ax (- (vec-length ss) 1))", "(>= (vec-length ss) 2)")
 CAUSAL_FILL_LIMIT = -1e4
+WHERE_FILL_ASSUMED = ("that each row of the causal mask's scores holds a kept score above its finite fill + 104, "
+                      "so the fill reads as −∞ (with −∞ as the fill the rule is exact)")
+ADDITIVE_FILL_ASSUMED = ("that each row's scores lie within −fill − 104 of each other, so the causal mask's finite "
+                         "fill reads as −∞ (with −∞ as the fill the rule is exact)")
 
 
 def qkv(rng: np.random.Generator, lead: int = 2) -> dict[str, np.ndarray]:
@@ -263,7 +267,7 @@ def _mask_rules():
                             scale=Expr("sc"), causal=False, has_mask=True, of=T),
                    rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, of=T),
                    when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
-                   example=_additive_causal_example)
+                   example=_additive_causal_example, assumes=ADDITIVE_FILL_ASSUMED)
         yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
                    lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, of=T),
                    rhs=term(*operands, scale=c, causal=True, has_mask=False, of=T),
@@ -295,7 +299,7 @@ def _causal_fill_rule() -> Rule:
                               axis=ax, of=T),
                 when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
                                              f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
-                example=_causal_fill_example)
+                example=_causal_fill_example, assumes=WHERE_FILL_ASSUMED)
 
 
 RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
