@@ -284,3 +284,32 @@ def test_a_list_of_numbers_used_as_a_tensor_is_told_to_become_an_array():
     with pytest.raises(ArgumentError, match="argument 'x' is a Python list of numbers") as e:
         doubled([[1.0, 2.0], [3.0, 4.0]])
     assert "numpy.asarray" in e.value.hint and isinstance(e.value.__cause__, TypeError)
+
+
+_X = np.ones((1, 3, 10), np.float32)
+_W = np.ones((4, 3, 3), np.float32)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: op.reshape(_X, None), "reshape: shape must be an int or ints, got None"),
+    (lambda: op.conv1d(_X, _W, padding=1.7), "conv1d: padding must be an int, 'same', 'valid' or pairs, got 1.7"),
+    (lambda: op.conv1d(_X, _W, padding=((1, 1.5),)), r"conv1d: padding must be ints, got \(1, 1.5\)"),
+    (lambda: op.pad(_X, 1.5), r"pad: pad_width must be an int, a \(before, after\) pair or a pair per axis"),
+    (lambda: op.split(_X, 2.5, axis=2), "split: indices_or_sections must be an int or ints, got 2.5"),
+    (lambda: op.split(_X, [2.5], axis=2), r"split: indices_or_sections must be ints, got \(2.5,\)"),
+    (lambda: op.tril(_X, k="a"), "tril: k must be an int, got 'a'"),
+    (lambda: op.triu(_X, k=1.5), "triu: k must be an int, got 1.5"),
+    (lambda: op.concatenate(5), "concatenate: xs must be a list of tensors, not a value of type int"),
+    (lambda: op.stack(_X), "stack: xs must be a list of tensors, not a value of type ndarray"),
+])
+def test_an_attribute_of_the_wrong_kind_is_an_error_naming_the_op_and_the_attribute(call, says):
+    with pytest.raises(TesseraError, match=says):
+        call()
+
+
+def test_the_attributes_checked_still_take_what_numpy_takes():
+    assert op.conv1d(_X, _W, padding=((1, 2),)).shape == (1, 4, 11)
+    assert [p.shape[2] for p in op.split(_X, np.array([3, 7]), axis=2)] == [3, 4, 3]
+    assert op.tril(_X, k=np.int64(1)).shape == _X.shape
+    assert op.pad(_X, np.array([[0, 0], [0, 0], [1, 2]])).shape == (1, 3, 13)
+    assert op.concatenate(x for x in (_X, _X)).shape == (2, 3, 10)

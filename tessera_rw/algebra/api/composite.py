@@ -19,7 +19,7 @@ from typing import Sequence
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, exp, log, maximum, minimum, multiply, sqrt, subtract
-from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, squeeze
+from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, int_tuple, squeeze, tensor_sequence
 from tessera_rw.algebra.api.reduction import max as reduce_max
 from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
 from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
@@ -67,7 +67,7 @@ def square(x):
 
 def stack(xs: Sequence, axis: int = 0):
     """The tensors, of one shape, stacked along a new axis, as numpy.stack."""
-    xs = [tensor_operand(x) for x in xs]
+    xs = tensor_sequence("stack", xs)
     if not xs:
         raise ArgumentError("stack needs at least one tensor", op="stack")
     with op_context("stack", xs, tuple(f"xs[{i}]" for i in range(len(xs)))):
@@ -93,7 +93,8 @@ def split(x, indices_or_sections, axis: int = 0) -> list:
                                  hint="give the split points instead: op.split(x, [i, j], axis)")
             cuts = [size // parts * i for i in range(1, parts)]
         else:
-            cuts = [min(max(int(i) + (size if int(i) < 0 else 0), 0), size) for i in indices_or_sections]
+            at = int_tuple(indices_or_sections, "indices_or_sections")
+            cuts = [min(max(i + (size if i < 0 else 0), 0), size) for i in at]
     bounds = zip([0, *cuts], [*cuts, size])
     lead = (slice(None),) * ax
     return [getitem(x, (*lead, slice(start, max(start, stop)))) for start, stop in bounds]

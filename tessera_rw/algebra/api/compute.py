@@ -7,6 +7,7 @@ import numbers
 
 from tessera_rw.algebra.api.dispatch import apply, flag, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import cast
+from tessera_rw.algebra.api.layout import int_tuple
 from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.ops.spectral import NORMS
@@ -66,13 +67,16 @@ def conv_padding(padding, kernel: tuple[int, ...], stride: tuple[int, ...],
         raise AttributeValueError(f"padding must be an int, 'same', 'valid' or pairs, got {padding!r}")
     if isinstance(padding, numbers.Integral):
         return ((int(padding), int(padding)),) * spatial
-    items = tuple(padding)
+    try:
+        items = tuple(padding)
+    except TypeError:
+        raise AttributeValueError(f"padding must be an int, 'same', 'valid' or pairs, got {padding!r}") from None
     if spatial == 1 and len(items) == 2 and all(isinstance(v, numbers.Integral) for v in items):
         return ((int(items[0]), int(items[1])),)
     if len(items) == spatial and all(isinstance(v, numbers.Integral) for v in items):
         return tuple((int(v), int(v)) for v in items)
-    if len(items) == spatial and all(len(tuple(p)) == 2 for p in items):
-        return tuple((int(lo), int(hi)) for lo, hi in items)
+    if len(items) == spatial and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in items):
+        return tuple(int_tuple(p, "padding") for p in items)
     raise AttributeValueError(f"padding {padding!r} does not fit a {spatial}-d convolution")
 
 

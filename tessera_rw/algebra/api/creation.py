@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from tessera_rw.algebra.api.dispatch import apply, is_tracing, op_context
+from tessera_rw.algebra.api.dispatch import apply, integer, is_tracing, op_context
 from tessera_rw.algebra.api.layout import broadcast_to
 from tessera_rw.algebra.builder import beyond_double, make_constant, python_scalar
 from tessera_rw.algebra.dtypes import DType
@@ -57,9 +57,13 @@ def arange(start, stop=None, step=1, dtype=None):
 
 def tril(x, k: int = 0):
     """Zero the elements above the k-th diagonal of the last two axes (numpy.tril)."""
-    return apply("tril", (x,), k=int(k))
+    with op_context("tril", (x,), ("x",)):
+        k = integer("k", k)
+    return apply("tril", (x,), k=k)
 
 
 def triu(x, k: int = 0):
     """Zero the elements below the k-th diagonal of the last two axes (numpy.triu)."""
-    return apply("triu", (x,), k=int(k))
+    with op_context("triu", (x,), ("x",)):
+        k = integer("k", k)
+    return apply("triu", (x,), k=k)

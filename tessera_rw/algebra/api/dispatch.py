@@ -139,6 +139,13 @@ def flag(name: str, value: Any) -> bool:
     raise AttributeValueError(f"{name} must be True or False, got {value!r}")
 
 
+def integer(name: str, value: Any) -> int:
+    """An int attribute (a diagonal's offset): an int or numpy int, not a float or a string read as one."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise AttributeValueError(f"{name} must be an int, got {value!r}")
+
+
 def _safe_type(value: Any) -> TensorType | None:
     try:
         return type_of(value)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
-from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
 
 def int_tuple(values, what: str) -> tuple[int, ...]:
     """An int or a sequence of ints as a tuple of ints; anything else is an error naming `what`."""
-    values = (values,) if isinstance(values, numbers.Integral) else tuple(values)
+    try:
+        values = (values,) if isinstance(values, numbers.Integral) else tuple(values)
+    except TypeError:
+        raise AttributeValueError(f"{what} must be an int or ints, got {values!r}") from None
     if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
         raise AttributeValueError(f"{what} must be ints, got {values!r}")
     return tuple(int(v) for v in values)
@@ -90,9 +94,18 @@ def broadcast_to(x, shape):
     return apply("broadcast_to", (x,), shape=dims)
 
 
+def tensor_sequence(op_name: str, xs) -> tuple:
+    """The tensors of a list (or other iterable) `xs`; one tensor or a number where the list
+    should be is an error naming `op_name`."""
+    if hasattr(xs, "shape") or not isinstance(xs, Iterable):
+        raise ArgumentError(f"xs must be a list of tensors, not a value of type {type(xs).__name__}",
+                            op=op_name, hint=f"op.{op_name}([a, b], axis)")
+    return tuple(tensor_operand(x) for x in xs)
+
+
 def concatenate(xs, axis: int = 0):
     """numpy.concatenate: the tensors joined along an existing axis (op.stack adds one)."""
-    xs = tuple(tensor_operand(x) for x in xs)
+    xs = tensor_sequence("concatenate", xs)
     with op_context("concatenate", xs, ("xs",)):
         if not xs:
             raise ShapeError("concatenate needs at least one tensor")

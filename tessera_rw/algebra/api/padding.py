@@ -31,7 +31,11 @@ def pad(x, pad_width, mode: str = "constant", constant_values: float = 0):
         if isinstance(pad_width, numbers.Integral):
             pairs = ((int(pad_width), int(pad_width)),) * ndim
         else:
-            items = tuple(pad_width)
+            try:
+                items = tuple(pad_width)
+            except TypeError:
+                raise AttributeValueError(f"pad_width must be an int, a (before, after) pair or a pair per axis, "
+                                          f"got {pad_width!r}") from None
             if len(items) == 2 and all(isinstance(v, numbers.Integral) for v in items):
                 pairs = (tuple(int_tuple(items, "pad_width")),) * ndim
             else:
