@@ -139,7 +139,7 @@ def check_op(op, arch, schedules=None) -> int:
     """Each of `schedules` (default: every default schedule of `op`) once, against its float64
     reference: how many are wrong."""
     import numpy as np
-    from tessera_rw.codegen.kernel_check import check, expected
+    from tessera_rw.codegen.kernel_check import KernelMismatchError, check, expected
     from tessera_rw.codegen.kernel_inputs import random_inputs
     from tessera_rw.codegen.templates.registry import templates_for
     template, wrong = templates_for(op)[0], 0
@@ -151,7 +151,7 @@ def check_op(op, arch, schedules=None) -> int:
         try:
             check(reference, run_poisoned(op, list(inputs.arrays), schedule), what)
             print(f"{what}: ok", flush=True)
-        except AssertionError as e:
+        except KernelMismatchError as e:
             wrong += 1
             print(f"{what}: WRONG {str(e).splitlines()[0]}", flush=True)
     return wrong

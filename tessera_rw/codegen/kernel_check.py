@@ -6,7 +6,7 @@ Three parts, each usable without a GPU:
   zero, with their exact float64 (complex128) twins;
 - `expected(op, inputs, rng, unit)`: the float64 reference, on a stratified subset of independent
   output rows when the whole one would take numpy seconds, with the tolerance of the output dtype;
-- `check(exp, out, what)`: raises AssertionError saying which element is off, by how much, against
+- `check(exp, out, what)`: raises KernelMismatchError saying which element is off, by how much, against
   what bound; every element must be finite (outputs are poisoned with NaN bytes before a launch, so
   an element the kernel never wrote fails here even outside the checked rows).
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
@@ -304,16 +305,22 @@ def _where(exp: Expected, flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in index)
 
 
+class KernelMismatchError(TesseraError, AssertionError):
+    """A kernel's output is not the op's reference: the wrong shape or dtype, an element never
+    written or not finite, or one off by more than the tolerance (the message says which, by how
+    much). An AssertionError too, so a test's check of a kernel fails as an assertion does."""
+
+
 def check(exp: Expected, out: np.ndarray, what: str) -> None:
-    """Raise AssertionError naming `what` unless `out` matches the reference within its bound."""
+    """Raise KernelMismatchError naming `what` unless `out` matches the reference within its bound."""
     op = exp.op
     want = (op.result.shape, op.result.dtype.numpy)
     if (out.shape, out.dtype) != want:        # raised, not asserted: python -O keeps the check
-        raise AssertionError(f"{what}: got {out.dtype}{list(out.shape)}, want {want[1]}{list(want[0])}")
+        raise KernelMismatchError(f"{what}: got {out.dtype}{list(out.shape)}, want {want[1]}{list(want[0])}")
     bad = _nonfinite(out)
     if bad.size:
         at = tuple(int(i) for i in np.unravel_index(bad[0], out.shape))
-        raise AssertionError(f"{what}: {bad.size} of {out.size} elements are NaN/inf (first at {at}); outputs "
+        raise KernelMismatchError(f"{what}: {bad.size} of {out.size} elements are NaN/inf (first at {at}); outputs "
                              f"start as NaN bytes, so these were never written or came out non-finite")
     part = out if exp.rows is None else out.take(exp.rows, axis=exp.axis)
     if exp.exact:
@@ -322,7 +329,7 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
         if not same.all():
             flat = int(np.flatnonzero(~same.ravel())[0])
             at = _where(exp, flat, part.shape)
-            raise AssertionError(f"{what}: {int((~same).sum())} of {same.size} checked elements differ from the "
+            raise KernelMismatchError(f"{what}: {int((~same).sum())} of {same.size} checked elements differ from the "
                                  f"exact reference; first at {at}: got {part.ravel()[flat]!r}, "
                                  f"want {exp.value.ravel()[flat]!r}")
         return
@@ -333,7 +340,7 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
     if over.any():
         flat = int(np.argmax(np.where(over, err / bound, 0.0).ravel()))
         at = _where(exp, flat, got.shape)
-        raise AssertionError(
+        raise KernelMismatchError(
             f"{what}: {int(over.sum())} of {over.size} checked elements exceed tol·(scale + |ref|) with "
             f"tol {exp.tol:.2e}, scale (RMS of the reference) {exp.scale:.3g}; worst at {at}: got "
             f"{got.ravel()[flat]!r}, want {exp.value.ravel()[flat]!r}, error {err.ravel()[flat] / exp.scale:.2e} "

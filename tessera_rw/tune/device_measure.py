@@ -28,7 +28,7 @@ from tessera_rw.codegen.arch import ArchSpec, current_arch
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.device import require_gpu, resolve_stream
 from tessera_rw.codegen.device_arrays import empty_like_kind, to_device, to_host
-from tessera_rw.codegen.kernel_check import Expected, check, expected
+from tessera_rw.codegen.kernel_check import Expected, KernelMismatchError, check, expected
 from tessera_rw.codegen.kernel_inputs import Inputs, random_inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import bind, l2_flush_buffer
@@ -92,7 +92,7 @@ class DeviceMeasurer:
             try:
                 source, binary = future.result()
                 runnable[i] = self._checked(s, source, binary)
-            except AssertionError as e:
+            except KernelMismatchError as e:
                 results[i] = Measurement.failed(f"wrong results: {e}")
             except Exception as e:       # a compile or launch error fails this schedule, not the batch
                 results[i] = Measurement.failed(f"{type(e).__name__}: {e}")
@@ -122,7 +122,7 @@ _VERIFIED: set[tuple[KernelOp, Schedule]] = set()     # kernels that passed thei
 
 def verify_kernel(template: Template, op: KernelOp, schedule: Schedule, source, binary, stream) -> None:
     """Run the compiled `schedule` of `op` once on random inputs and check it against the numpy
-    reference (AssertionError when wrong), unless it passed already in this process: how a kernel
+    reference (KernelMismatchError when wrong), unless it passed already in this process: how a kernel
     that tuning did not measure (a pinned one, one read from the cache) is checked before a plan
     holding it is timed."""
     if (op, schedule) in _VERIFIED:
@@ -183,7 +183,7 @@ def time_plans(plans: Sequence[tuple[KernelPlan, tuple[tuple[int, Schedule], ...
                     verify_kernel(k.step.template, k.step.op, k.step.schedule, k.source, k.binary, stream)
             ready[i].run(values)
             ready[i].stream.sync()
-        except AssertionError as e:
+        except KernelMismatchError as e:
             results[i] = Measurement.failed(f"wrong results: {e}")
             ready.pop(i, None)
         except Exception as e:        # one candidate's failure leaves the others to compete

@@ -10,6 +10,7 @@ import pytest
 from tessera_rw.codegen import kernel_check as kc
 from tessera_rw.codegen import kernel_inputs as ki
 from tests.codegen.ragged_ops import RAGGED, attention, conv1d, of, rowwise
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
@@ -96,8 +97,9 @@ def test_a_correct_float32_kernel_passes_and_one_wrong_element_fails(name):
     j = wrong.size // 3
     value = float(wrong[j])
     wrong[j] = value + (0.5 if exp.exact else 0.1 * (exp.scale + abs(value)))
-    with pytest.raises(AssertionError, match=r"\b1 of \d+ checked elements"):
+    with pytest.raises(kc.KernelMismatchError, match=r"\b1 of \d+ checked elements") as e:
         kc.check(exp, wrong.reshape(out.shape), name)
+    assert isinstance(e.value, TesseraError) and isinstance(e.value, AssertionError)
 
 
 def test_an_unwritten_element_outside_the_checked_rows_fails(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.codegen.kernel_check import KernelMismatchError
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import templates_for
 
@@ -92,7 +93,7 @@ def test_a_pinned_kernel_is_checked_before_its_plan_is_timed(tmp_path, monkeypat
     assert pinned and all((k.op, k.schedule) in device_measure._VERIFIED for k in pinned)
 
     def wrong(template, op_, schedule, source, binary, stream):   # a kernel that fails its check
-        raise AssertionError("stand-in mismatch")
+        raise KernelMismatchError("stand-in mismatch")
     monkeypatch.setattr(device_measure, "verify_kernel", wrong)
     from tessera_rw.codegen.numerics import current_numerics
     [measurement] = device_measure.time_plans([(cfg.program.plan, cfg.program.schedules)], current_numerics())
