@@ -236,7 +236,7 @@ def _workspace(source: KernelSource, lent: DeviceTensor | None, stream) -> Devic
         return None
     if lent is not None and lent.nbytes >= need and lent.device == stream.device.device_id:
         return lent
-    return empty_like_kind("cuda", (need,), DType.bool, None, stream)[0]
+    return empty_like_kind("cuda", (need,), DType.bool, stream)[0]
 
 
 def launch(source: KernelSource, compiled: CompiledKernel, args: Sequence[DeviceTensor], stream=None) -> None:
@@ -286,7 +286,7 @@ def prepare(op: KernelOp, inputs: Sequence[Any], *, schedule=None, arch=None, st
     compiled = compile_cuda(source, f"sm_{dev.arch}", fast_math=fast_math)
     args = tuple(to_device(x, s, index=i) for i, x in enumerate(inputs))
     kind = kind_of(inputs[0]) if inputs else "numpy"
-    out, result = empty_like_kind(kind, op.result.shape, op.result.dtype, inputs[0] if inputs else None, s)
+    out, result = empty_like_kind(kind, op.result.shape, op.result.dtype, s)
     return Prepared(s, source, compiled, (*args, out), result, kind, spec)
 
 

@@ -119,11 +119,11 @@ class DevicePlan:
         self.kernels = tuple(kernels)
         self.output_groups = _output_groups(plan)
         scratch = max((k.source.workspace_bytes for k in kernels if k.source is not None), default=0)
-        self.workspace = empty_like_kind("cuda", (scratch,), DType.bool, None, self.stream)[0] if scratch else None
+        self.workspace = empty_like_kind("cuda", (scratch,), DType.bool, self.stream)[0] if scratch else None
         self.resident: dict[int, DeviceTensor] = {}
         for b in plan.buffers:
             if b.role is BufferRole.TEMP:
-                self.resident[b.id] = empty_like_kind("cuda", (max(b.nbytes, 1),), DType.bool, None, self.stream)[0]
+                self.resident[b.id] = empty_like_kind("cuda", (max(b.nbytes, 1),), DType.bool, self.stream)[0]
         for node, ref in plan.constants:
             value = evaluate_node(node, []).astype(ref.type.dtype.numpy)
             self.resident[ref.buffer] = to_device(value, self.stream)
@@ -160,7 +160,7 @@ class DevicePlan:
                 got = memory[ref.buffer]
                 raise ArgumentError(f"plan {plan.name}: input {name!r} is {got.dtype}{list(got.shape)}, "
                                     f"the plan was built for {ref.type}")
-        results = self._allocate_outputs(kind, first, stream, memory)
+        results = self._allocate_outputs(kind, stream, memory)
         # the libraries' pending work comes first: what produced the inputs, and what may still use
         # the memory their allocators just handed out (nothing to order where we run on their stream)
         library_streams = [stream if library == "torch" and on_torch_stream else library_stream(library, device)
@@ -215,7 +215,7 @@ class DevicePlan:
             return stream if torch.cuda.current_device() == device else None
         return stream
 
-    def _allocate_outputs(self, kind: str, first: Any, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
+    def _allocate_outputs(self, kind: str, stream: Any, memory: dict[int, DeviceTensor]) -> tuple[Any, ...]:
         """Allocate every output buffer of the caller's `kind` into `memory`; returns what the caller
         gets for each output (None for numpy: copied out after the run)."""
         outputs = self.plan.outputs
@@ -224,10 +224,10 @@ class DevicePlan:
             nbytes, dtype = self.plan.buffers[buffer].nbytes, outputs[indexes[0]].type.dtype
             if len(indexes) == 1 and _fills(outputs[indexes[0]], nbytes):
                 only = indexes[0]
-                memory[buffer], handed[only] = empty_like_kind(kind, outputs[only].type.shape, dtype, first, stream,
+                memory[buffer], handed[only] = empty_like_kind(kind, outputs[only].type.shape, dtype, stream,
                                                                order=False)
                 continue
-            memory[buffer], flat = empty_like_kind(kind, (nbytes // dtype.itemsize,), dtype, first, stream,
+            memory[buffer], flat = empty_like_kind(kind, (nbytes // dtype.itemsize,), dtype, stream,
                                                    order=False)
             if flat is not None:
                 for i in indexes:

@@ -145,7 +145,7 @@ def _problem(op: KernelOp) -> tuple[Inputs, Expected]:
 def _on_device(op: KernelOp, inputs: Inputs, stream) -> tuple:
     """The operands copied to the device, then an output buffer: one launch's arguments."""
     args = [to_device(np.ascontiguousarray(a), stream, index=i) for i, a in enumerate(inputs.arrays)]
-    return (*args, empty_like_kind("cuda", op.result.shape, op.result.dtype, None, stream)[0])
+    return (*args, empty_like_kind("cuda", op.result.shape, op.result.dtype, stream)[0])
 
 
 def _random_value(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np.ndarray:

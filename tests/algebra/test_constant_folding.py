@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from tessera_rw import op
 from tessera_rw.algebra.evaluate import evaluate
-from tessera_rw.algebra.graph import Graph
 
 DTYPES = ["float32", "bf16", "float16", "float8_e4m3", "float64", "int32"]
 BINARY = {"add": lambda p, q: p + q, "sub": lambda p, q: p - q, "mul": lambda p, q: p * q,

@@ -201,7 +201,7 @@ def test_numpy_copies_reuse_one_pinned_buffer_and_cross_chunks(monkeypatch):
 def test_hand_written_kernel_on_numpy():
     s = resolve_stream()
     x = _random(1000, DType.float32)
-    out, user = empty_like_kind("numpy", (1000,), DType.float32, x, s)
+    out, user = empty_like_kind("numpy", (1000,), DType.float32, s)
     assert user is None
     launch(SCALE2, compile_cuda(SCALE2, _sm()), [to_device(x, s), out], s)
     np.testing.assert_array_equal(to_host(out, s), 2 * x)
@@ -216,7 +216,7 @@ def test_hand_written_kernel_on_library_tensors_is_zero_copy(library):
     x = lib.asarray(host, device="cuda") if library == "torch" else lib.asarray(host)
     x_in = to_device(x, s)
     assert x_in.kind == library and x_in.ptr == (x.data_ptr() if library == "torch" else x.data.ptr)
-    out, user = empty_like_kind(library, (1000,), DType.float32, x, s)
+    out, user = empty_like_kind(library, (1000,), DType.float32, s)
     launch(SCALE2, compile_cuda(SCALE2, _sm()), [x_in, out], s)
     s.sync()
     assert type(user) is type(x)

@@ -176,7 +176,7 @@ def test_cufft_matches_numpy(name, dtype, shape, axis, case, norm):
     x = random(shape, dtype, seed=7)       # irfft's spectra have imaginary parts at 0 and n/2 too
     o = fft_op(name, shape, dtype, lengths(name, shape[axis])[case], axis, norm)
     xd = to_device(x, stream)
-    y, _ = empty_like_kind("cuda", o.result.shape, o.result.dtype, None, stream)
+    y, _ = empty_like_kind("cuda", o.result.shape, o.result.dtype, stream)
     CuFFTKernel(FFTCall.of(o), 0)([xd, y], stream)
     got, after = to_host(y, stream), to_host(xd, stream)
     want = reference(o, x)
@@ -212,6 +212,6 @@ def test_bfloat16_signals_are_widened_on_the_device():
     stream = resolve_stream(None, 0)
     x = random((4, 1000), DType.float32).astype(ml_dtypes.bfloat16)
     o = fft_op("rfft", x.shape, DType.bfloat16, 1000, 1, "backward")
-    y, _ = empty_like_kind("cuda", o.result.shape, o.result.dtype, None, stream)
+    y, _ = empty_like_kind("cuda", o.result.shape, o.result.dtype, stream)
     CuFFTKernel(FFTCall.of(o), 0)([to_device(x, stream), y], stream)
     np.testing.assert_allclose(to_host(y, stream), np.fft.rfft(x.astype(np.float32)), atol=1e-3, rtol=1e-4)

@@ -91,7 +91,7 @@ def unbroadcast(ct: Tensor, like: Any) -> Tensor:
     return to_dtype(ct, like.dtype)
 
 
-def expand_reduced(g: Tensor, shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> Tensor:
+def expand_reduced(g: Tensor, shape: tuple[int, ...], axes: tuple[int, ...]) -> Tensor:
     """A reduction's result (or its cotangent) repeated over the axes it reduced; a constant one
     (the seed of a loss that is a sum) stays a constant of the new shape."""
     if g.node.op == "full":

@@ -56,19 +56,19 @@ def _mean_dtype(dtype: DType) -> DType:
 
 
 def _sum_vjp(g, y, x, axes, keepdims):
-    return (unbroadcast(expand_reduced(g, x.shape, axes, keepdims), x),)
+    return (unbroadcast(expand_reduced(g, x.shape, axes), x),)
 
 
 def _mean_vjp(g, y, x, axes, keepdims):
     count = int(np.prod([x.shape[a] for a in axes]))
-    return (unbroadcast(scaled(expand_reduced(g, x.shape, axes, keepdims), 1.0 / max(count, 1)), x),)
+    return (unbroadcast(scaled(expand_reduced(g, x.shape, axes), 1.0 / max(count, 1)), x),)
 
 
 def _extremum_vjp(g, y, x, axes, keepdims):
     """The cotangent goes to the elements that attained the max (or min), shared equally by ties."""
-    hit = api.cast(api.equal(x, expand_reduced(y, x.shape, axes, keepdims)), g.dtype)
-    ties = expand_reduced(api.sum(hit, axis=axes, keepdims=True), x.shape, axes, True)
-    return (unbroadcast(expand_reduced(g, x.shape, axes, keepdims) * hit / ties, x),)
+    hit = api.cast(api.equal(x, expand_reduced(y, x.shape, axes)), g.dtype)
+    ties = expand_reduced(api.sum(hit, axis=axes, keepdims=True), x.shape, axes)
+    return (unbroadcast(expand_reduced(g, x.shape, axes) * hit / ties, x),)
 
 
 REDUCTIONS = (

@@ -185,7 +185,7 @@ class ElementwiseTemplate(Template):
                 body.append(f"const {STORAGE[t.dtype]} a{i} = in{i}[{off}];")
                 leaves.append((f"x{i}", t.dtype, f"a{i}"))
         lane = [f"const {ctype(d)} {x} = {load(d, src)};" for x, d, src in leaves]
-        value = self._value(op, [(x, d) for x, d, _ in leaves], lane, idx)
+        value = self._value(op, [(x, d) for x, d, _ in leaves], lane)
         cfg = schedule.describe()
         source = f"""// {op}
 // elementwise, schedule {cfg}; shapes are baked in (broadcast index math specialized).
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
                             grid=(self.resources(op, schedule, arch).blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
 
-    def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str], idx: str) -> str:
+    def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str]) -> str:
         a, out = op.attr_map, op.result.dtype
         if op.op == "full":
             return literal(a["value"], out)

@@ -287,7 +287,6 @@ class RowwiseTemplate(Template):
         """The kernel around a row's statement lines `stats`: its helpers, row and lane, the operands
         constant along the row loaded once (r<i>)."""
         rows, length = self._row(op)
-        tpr = s.threads // s.rows_per_block
         name = kernel_name(self.kind_of(op), op, s)
         params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
         params.append(f"{STORAGE[op.result.dtype]}* __restrict__ out")
