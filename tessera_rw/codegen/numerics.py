@@ -23,12 +23,13 @@ it is part of a KernelOp, so compiled kernels and costs keyed by KernelOp keep p
 
 >>> current_numerics()
 <Numerics.DETERMINISTIC: 'deterministic'>
->>> with numerics_policy("fast"):
-...     with numerics_policy("kahan_sum"):
-...         inner = current_numerics()
-...     outer = current_numerics()
->>> inner.value, outer.value, current_numerics().value
-('kahan_sum', 'fast', 'deterministic')
+>>> restore = set_numerics("fast")
+>>> current_numerics().value
+'fast'
+>>> restore(); current_numerics().value
+'deterministic'
+
+Users scope it with `tessera_rw.numerics.policy`.
 
 `compensated_sum` is the CPU side of kahan_sum, for the numpy executor.
 """
@@ -38,8 +39,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import math
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -86,7 +86,8 @@ _CURRENT: contextvars.ContextVar[Numerics] = contextvars.ContextVar("tessera_rw_
 
 
 def current_numerics() -> Numerics:
-    """The policy in force here: the innermost `numerics_policy` block, else DETERMINISTIC."""
+    """The policy in force here: the innermost `numerics.policy` block or the last
+    policy set, else DETERMINISTIC."""
     return _CURRENT.get()
 
 
@@ -94,21 +95,6 @@ def set_numerics(name: Numerics | str) -> Callable[[], None]:
     """Put policy `name` in force here; the function returned puts back the one it replaced."""
     token = _CURRENT.set(Numerics.parse(name))
     return lambda: _CURRENT.reset(token)
-
-
-@contextmanager
-def numerics_policy(name: Numerics | str) -> Iterator[Numerics]:
-    """Run a block under policy `name`; blocks nest, and the outer policy returns on exit.
-
-    >>> with numerics_policy("fast") as p:
-    ...     p is current_numerics()
-    True
-    """
-    restore = set_numerics(name)
-    try:
-        yield _CURRENT.get()
-    finally:
-        restore()
 
 
 # ---- the GPU side of kahan_sum --------------------------------------------------------------

@@ -22,7 +22,7 @@ from tessera_rw.codegen.arch import MathUnit, arch_named
 from tessera_rw.codegen.calibration import CALIBRATION_ARCHS, arch_for_sm
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.codegen.numerics import Numerics, NumericsError, current_numerics, numerics_policy
+from tessera_rw.codegen.numerics import Numerics, NumericsError, current_numerics
 from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.gemm import GemmSchedule, GemmSimtSchedule, GemmTemplate
 from tessera_rw.codegen.templates.reduction import ReductionTemplate
@@ -73,7 +73,7 @@ def test_policies_nest_and_the_outer_one_returns_even_after_an_error():
     with numerics.policy("fast") as outer:
         assert outer is FAST and numerics.current() is FAST
         with pytest.raises(RuntimeError):
-            with numerics_policy("kahan_sum"):
+            with numerics.policy("kahan_sum"):
                 assert current_numerics() is KAHAN
                 raise RuntimeError
         assert current_numerics() is FAST
