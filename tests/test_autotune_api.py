@@ -12,7 +12,7 @@ from rich.console import Console
 from tessera_rw import autotune, op
 from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.codegen.device import gpu_available
-from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
+from tessera_rw.tune.cache import TuneCache, TuneCacheError, TuneCacheWarning
 from tessera_rw.tune.progress import TuningProgress
 from tessera_rw.tune.search import Trial
 from tessera_rw.tune.measure import Measurement
@@ -196,7 +196,7 @@ def test_schedule_autotune_keeps_to_the_kernels_own_cache():
 
 
 def test_op_autotune_rejects_a_bad_cache_name_and_method():
-    with pytest.raises(Exception, match="not a plain file name"):
+    with pytest.raises(TuneCacheError, match="not a plain file name"):
         op.autotune(cache="../etc")
     with pytest.raises(ArgumentError, match="unknown method") as e:
         op.autotune(method="roofline")

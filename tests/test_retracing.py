@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
-from tessera_rw.algebra.errors import RetraceWarning
+from tessera_rw.algebra.errors import ArgumentError, RetraceWarning
 from tessera_rw.kernel import RETRACE_WARNING_AFTER
 
 RNG = np.random.default_rng(7)
@@ -102,7 +102,7 @@ def test_closures_and_module_attributes_are_guarded():
     a.w = a.w - 1.0                                                    # an SGD step that rebinds
     np.testing.assert_allclose(a.forward(X), X @ a.w, rtol=1e-5)
     assert a.forward.kernel is a.forward.kernel                       # one kernel per instance
-    with pytest.raises(Exception, match="missing a required argument"):
+    with pytest.raises(ArgumentError, match="missing a required argument"):
         Linear.forward(X)                                             # unbound: self is missing
 
 
@@ -230,5 +230,5 @@ def test_a_class_without_weak_references_is_told_its_kernel_traces_each_call():
 
     with pytest.warns(RuntimeWarning, match="add '__weakref__' to Slotted.__slots__"):
         np.testing.assert_array_equal(Slotted().forward(X), X)
-    with pytest.raises(Exception, match="call instance.forward"):
+    with pytest.raises(ArgumentError, match="call instance.forward"):
         Affine.forward(Affine(np.eye(4, dtype=np.float32)), X)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tessera_rw import op
+from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.kernel import Kernel
 
 A = [np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32) for _ in range(3)]
@@ -29,9 +30,9 @@ def test_warm_calls_by_position_or_keyword_take_the_fast_path(call, no_binding):
 def test_a_keyword_call_with_a_missing_or_unknown_name_is_still_an_error():
     f = op.kernel(lambda q, k, v: q * k + v)
     f(*A)
-    with pytest.raises(Exception, match="missing a required argument"):
+    with pytest.raises(ArgumentError, match="missing a required argument"):
         f(A[0], k=A[1])
-    with pytest.raises(Exception, match="unexpected keyword argument 'w'"):
+    with pytest.raises(ArgumentError, match="unexpected keyword argument 'w'"):
         f(A[0], k=A[1], w=A[2])
 
 
@@ -50,7 +51,7 @@ def test_tessera_device_set_after_a_warm_call_still_decides(monkeypatch):
     f = op.kernel(lambda q, k, v: q * k + v)
     f(*A)
     monkeypatch.setenv("TESSERA_DEVICE", "tpu")
-    with pytest.raises(Exception, match="TESSERA_DEVICE='tpu' is not a device"):
+    with pytest.raises(ArgumentError, match="TESSERA_DEVICE='tpu' is not a device"):
         f(*A)
     monkeypatch.setenv("TESSERA_DEVICE", "cpu")
     np.testing.assert_allclose(f(*A), A[0] * A[1] + A[2], rtol=1e-6)

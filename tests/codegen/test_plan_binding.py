@@ -9,6 +9,7 @@ import pytest
 
 from tessera_rw import numerics, op
 from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.codegen.device import DeviceError
 from tessera_rw.codegen import emulator, library_kernels
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.calibration import arch_for_sm
@@ -166,7 +167,7 @@ def test_forcing_the_gpu_without_one_says_so(monkeypatch):
         pytest.skip("this machine has a GPU")
     monkeypatch.setenv("TESSERA_DEVICE", "gpu")
     x = np.ones((4, 8), np.float32)
-    with pytest.raises(Exception, match="needs an NVIDIA GPU"):
+    with pytest.raises(DeviceError, match="needs an NVIDIA GPU"):
         mlp(x, np.ones((8, 8), np.float32), np.ones(8, np.float32))
 
 

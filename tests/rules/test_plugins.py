@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tessera_rw import op
+from tessera_rw import TesseraError, op
 from tessera_rw.cli import main
 from tessera_rw.rules import plugins
 from tessera_rw.rules.library import BUILTIN_RULESETS
@@ -233,7 +233,7 @@ def test_a_plugin_op_is_declared_on_its_first_lookup_by_name():
     declared = OPS["rmsnorm_matmul"]
     unregister(declared)                                 # as in a process that compiled nothing yet
     assert opdef("rmsnorm_matmul").name == "rmsnorm_matmul"
-    with pytest.raises(Exception, match="unknown op 'rmsnorm_matmull'; did you mean 'rmsnorm_matmul'"):
+    with pytest.raises(TesseraError, match="unknown op 'rmsnorm_matmull'; did you mean 'rmsnorm_matmul'"):
         opdef("rmsnorm_matmull")
 
 
