@@ -1,1 +1,2 @@
-"""Layer 5: the cost model, candidate extraction from the e-graph, and (later) schedule search."""
+"""Layer 5: the cost model, candidate extraction from the e-graph, schedule spaces and search, measurement,
+and the persistent autotune cache."""
