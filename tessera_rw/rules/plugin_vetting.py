@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from tessera_rw.algebra.atomic_files import write_atomically
 from tessera_rw.algebra.cache_dir import cache_root
@@ -26,6 +27,7 @@ from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
 from tessera_rw.rules.soundness import Verdict, check_rule
 
 CHECK_SEEDS = (0, 1)       # examples drawn per rule: random shapes and values, each seed its own
+LOCK_SECONDS = 10          # waited for the verdicts file's lock before keeping a verdict in memory only
 
 
 _VETTED: dict[tuple[str, ...], tuple[Rule, ...]] = {}     # this process's: a pack is loaded once
@@ -91,10 +93,23 @@ def _code_bytes(code: types.CodeType) -> bytes:
     return code.co_code + b"\0".join(consts)
 
 
+_IN_MEMORY: dict[str, str] = {}      # this process's verdicts, kept when the folder cannot be written
+
+
+def _read(path: Path) -> dict[str, str]:
+    """The verdicts a file holds; an unreadable or malformed file holds none."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(found, dict) else {}
+
+
 class _Verdicts:
     """The verdicts file: rule version -> '' (sound or uncheckable) or why it is unsound. An
-    unreadable file is as good as none; an unwritable folder keeps the verdicts in memory."""
-    _memory: dict[str, str] = {}
+    unreadable file is as good as none; an unwritable folder keeps the verdicts in memory.
+    Processes checking rules at once each merge theirs into the file under its lock."""
 
     def __init__(self, path: Path, found: dict[str, str]):
         self.path, self.found = path, found
@@ -102,22 +117,18 @@ class _Verdicts:
     @classmethod
     def load(cls) -> _Verdicts:
         path = cache_root() / "plugins" / "rule_checks.json"
-        try:
-            found = json.loads(path.read_text())
-            found = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)} \
-                if isinstance(found, dict) else {}
-        except (OSError, ValueError):
-            found = {}
-        return cls(path, {**found, **cls._memory})
+        return cls(path, {**_read(path), **_IN_MEMORY})
 
     def get(self, key: str) -> str | None:
         return self.found.get(key)
 
     def put(self, key: str, detail: str) -> str:
-        self.found[key] = self._memory[key] = detail
+        self.found[key] = _IN_MEMORY[key] = detail
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, json.dumps(self.found).encode())   # readers see the old file or the new
-        except OSError:
-            pass
+            with FileLock(f"{self.path}.lock", timeout=LOCK_SECONDS):
+                merged = {**_read(self.path), **self.found}      # another process's verdicts stay
+                write_atomically(self.path, json.dumps(merged).encode())   # readers see the old file or the new
+        except (OSError, Timeout):
+            pass          # kept in memory: the next process checks the rule again
         return detail

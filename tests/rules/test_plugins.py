@@ -91,7 +91,7 @@ def test_an_unsound_plugin_rule_is_left_out_before_it_rewrites_anything(tmp_path
     from tessera_rw.rules import plugin_vetting
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(plugin_vetting, "_VETTED", {})
-    monkeypatch.setattr(plugin_vetting._Verdicts, "_memory", {})
+    monkeypatch.setattr(plugin_vetting, "_IN_MEMORY", {})
     with pytest.warns(PluginWarning, match=r"rule 'exp-is-linear' of plugin 'tests.rules.plugin_fixtures' "
                                            r"\(wrong-example\) was skipped: its example shows it unsound"):
         found = rulesets(entry_points=fake(f"{FIXTURES}:wrong_pack"))
@@ -106,6 +106,18 @@ def test_an_unsound_plugin_rule_is_left_out_before_it_rewrites_anything(tmp_path
     monkeypatch.setattr(plugin_vetting, "check_rule", lambda *a: pytest.fail("a verdict on disk is not checked again"))
     with pytest.raises(PluginError, match="exp-is-linear"):
         rulesets(strict=True, entry_points=fake(f"{FIXTURES}:wrong_pack"))
+
+
+def test_verdicts_of_processes_checking_at_once_are_merged_not_overwritten(tmp_path, monkeypatch):
+    from tessera_rw.rules import plugin_vetting
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plugin_vetting, "_IN_MEMORY", {})
+    first, second = plugin_vetting._Verdicts.load(), plugin_vetting._Verdicts.load()   # both read an empty file
+    first.put("rule-a", "")
+    monkeypatch.setattr(plugin_vetting, "_IN_MEMORY", {})        # the second is another process
+    second.put("rule-b", "changes the result")
+    on_disk = json.loads((tmp_path / "plugins" / "rule_checks.json").read_text())
+    assert on_disk == {"rule-a": "", "rule-b": "changes the result"}
 
 
 def test_a_skipped_pack_takes_its_ops_back_and_later_kernels_compile():
