@@ -90,6 +90,11 @@ class ArchSpec(BaseModel):
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
 
+    def register_limit(self, threads: int) -> int:
+        """The registers a thread of a `threads`-thread block may hold: ptxas's ceiling, or the
+        register file split over one block (__launch_bounds__(threads) keeps it at one block)."""
+        return min(self.registers_per_thread, self.registers_per_sm // threads)
+
     def has(self, unit: MathUnit) -> bool:
         return unit in self.peak_tflops
 

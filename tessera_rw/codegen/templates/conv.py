@@ -33,7 +33,7 @@ from tessera_rw.codegen.templates.conv_cuda import implicit_gemm_source
 from tessera_rw.codegen.templates.conv_depthwise import (DepthwiseSchedule, depthwise_emit, depthwise_fits,
                                                          depthwise_resources, depthwise_schedules)
 from tessera_rw.codegen.templates.conv_problem import (MAX_GRID_YZ, STATIC_SMEM_LIMIT, TENSOR_CORE_DTYPES,
-                                                       ConvProblem, cdiv, conv_op, pow2, register_limit)
+                                                       ConvProblem, cdiv, conv_op, pow2)
 from tessera_rw.codegen.templates.conv_space import depthwise_grid, implicit_gemm_grid
 
 _MMA_M, _MMA_N, _MMA_K = 16, 8, 16       # mma.sync m16n8k16
@@ -143,7 +143,7 @@ class DirectConvTemplate(Template):
                 and cdiv(cv.og, s.bn) <= MAX_GRID_YZ and 1 <= s.split_k <= MAX_SPLIT_K
                 and cv.groups * s.split_k <= MAX_GRID_YZ and self._workspace(cv, s) < _MAX_INDEX
                 and self._smem(cv, s) <= min(arch.smem_per_block, STATIC_SMEM_LIMIT)
-                and self._registers(cv, s) <= register_limit(s.threads, arch))
+                and self._registers(cv, s) <= arch.register_limit(s.threads))
 
     @staticmethod
     def _tiles(cv: ConvProblem, s: ConvSchedule) -> int:
@@ -192,7 +192,7 @@ class DirectConvTemplate(Template):
         x_traffic = x_bytes * (tiles_n if x_bytes > arch.l2_bytes // 2 else 1)
         w_traffic = w_bytes * (tiles_m if w_bytes > arch.l2_bytes // 2 else 1)
         registers = self._registers(cv, s)
-        limit = register_limit(s.threads, arch)
+        limit = arch.register_limit(s.threads)
         if cv.tensor_cores:
             unit, efficiency = MathUnit.BF16, _MMA_EFFICIENCY.get(arch.compute_capability[0], _MMA_EFFICIENCY[9])
         else:

@@ -17,7 +17,7 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule
 from tessera_rw.codegen.templates.conv_cuda import DepthwiseLayout, depthwise_source
 from tessera_rw.codegen.templates.conv_problem import (MAX_GRID_YZ, STATIC_SMEM_LIMIT, TENSOR_CORE_DTYPES,
-                                                       ConvProblem, cdiv, pow2, register_limit)
+                                                       ConvProblem, cdiv, pow2)
 
 # FFMA from registers fed by broadcast tap loads and 16-byte window loads; the staging sync and the
 # integer work of edge tiles keep it from the FP32 peak.
@@ -70,7 +70,7 @@ def depthwise_fits(cv: ConvProblem, s: DepthwiseSchedule, arch: ArchSpec) -> boo
             and s.threads % 32 == 0 and s.threads <= arch.max_threads_per_block
             and cv.o <= MAX_GRID_YZ and cv.n <= MAX_GRID_YZ
             and depthwise_smem(cv, s) <= min(arch.smem_per_block, STATIC_SMEM_LIMIT)
-            and depthwise_registers(cv, s) <= register_limit(s.threads, arch))
+            and depthwise_registers(cv, s) <= arch.register_limit(s.threads))
 
 
 def depthwise_grid(cv: ConvProblem, s: DepthwiseSchedule) -> tuple[int, int, int]:
@@ -93,7 +93,7 @@ def depthwise_resources(op: KernelOp, s: DepthwiseSchedule, arch: ArchSpec) -> R
     hbm = op.operand_bytes + op.result.nbytes
     return Resources(threads=s.threads, blocks=blocks, registers=registers, smem_bytes=depthwise_smem(cv, s),
                      hbm_bytes=hbm, flops=flops, unit=MathUnit.FP32, efficiency=DEPTHWISE_EFFICIENCY,
-                     spill_bytes=4 * max(0, registers - register_limit(s.threads, arch)))
+                     spill_bytes=4 * max(0, registers - arch.register_limit(s.threads)))
 
 
 def depthwise_emit(op: KernelOp, cv: ConvProblem, s: DepthwiseSchedule) -> KernelSource:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 
 # 16-bit inputs run on tensor cores: (CUDA type, name suffix of the kernel's helpers)
@@ -90,11 +89,6 @@ def cdiv(a: int, b: int) -> int:
 def pow2(n: int) -> int:
     """The smallest power of two >= n."""
     return 1 << (n - 1).bit_length()
-
-
-def register_limit(threads: int, arch: ArchSpec) -> int:
-    """What ptxas may use under __launch_bounds__(threads): the file split over one block."""
-    return min(arch.registers_per_thread, arch.registers_per_sm // threads)
 
 
 def conv_op(x: tuple[int, ...], w: tuple[int, ...], dtype: DType, *, padding, stride=None, dilation=None,

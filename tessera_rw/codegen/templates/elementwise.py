@@ -115,7 +115,7 @@ class ElementwiseTemplate(Template):
         if not (isinstance(s, ElementwiseSchedule) and self.accepts(op) and s.vec >= 1 and self._vec_ok(op, s.vec)
                 and s.threads % 32 == 0 and 0 < s.threads <= arch.max_threads_per_block):
             return False
-        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        limit = arch.register_limit(s.threads)
         return self._registers(op, s.vec, self._layout(op)[1], arch) <= limit
 
     # -- resources ----------------------------------------------------------------------------

@@ -201,7 +201,7 @@ class GemmTemplate(Template):
         if smem > min(_STATIC_SMEM, arch.smem_per_block) or s.threads > arch.max_threads_per_block:
             return False
         # __launch_bounds__(threads) lets ptxas use at most the file split over one block
-        if registers(p, s) > min(arch.registers_per_thread, arch.registers_per_sm // s.threads):
+        if registers(p, s) > arch.register_limit(s.threads):
             return False
         if isinstance(s, GemmSchedule):
             el = 16 // p.in_dtype.itemsize     # elements per 16-byte chunk

@@ -92,7 +92,7 @@ def hopper_valid(p: GemmProblem, s: WarpgroupTiling, arch: ArchSpec) -> bool:
     fits = (warpgroup_mma(p, arch) and s.bk == wgmma_k(p) and s.bm % (64 * s.wg_m) == 0 and s.bn % s.wg_n == 0
             and wide in SLAB_WIDTHS and smem_bytes(p, s) <= arch.smem_per_block
             and s.threads <= arch.max_threads_per_block
-            and registers(p, s) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads))
+            and registers(p, s) <= arch.register_limit(s.threads))
     if isinstance(s, TmaSchedule):
         # two consumer warpgroups run on what setmaxnreg gives them
         room = consumer_room(s.consumers, arch.registers_per_thread)

@@ -145,7 +145,7 @@ class ReductionTemplate(Template):
                                    and 2 * lay.n_out * s.blocks < MAX_INDEX)     # the parts' 32-bit index
         if not splits or not shared or s.vec not in self._vecs(op, lay):
             return False
-        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        limit = arch.register_limit(s.threads)
         return (self._smem(op, s, lay) <= min(STATIC_SMEM, arch.smem_per_block)
                 and self._registers(op, s, lay, arch) <= limit)
 

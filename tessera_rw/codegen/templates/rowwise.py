@@ -149,7 +149,7 @@ class RowwiseTemplate(Template):
                 and 0 < s.threads <= min(arch.max_threads_per_block, WARP_SIZE * WARP_SIZE)
                 and s.rows_per_block in (1, s.threads // WARP_SIZE) and s.vec >= 1 and self._vec_ok(op, s.vec)):
             return False
-        return self._registers(op, s, arch) <= min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        return self._registers(op, s, arch) <= arch.register_limit(s.threads)
 
     # -- resources ----------------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ class RowwiseTemplate(Template):
             if s.rows_per_block == 1 else 0
         heavy = spec.norm in ("softmax", "log_softmax") or "exp" in expr_ops(spec.post)
         regs = self._registers(op, s, arch)
-        limit = min(arch.registers_per_thread, arch.registers_per_sm // s.threads)
+        limit = arch.register_limit(s.threads)
         return Resources(threads=s.threads, blocks=blocks, registers=regs, smem_bytes=smem, hbm_bytes=hbm,
                          flops=op.flops, unit=MathUnit.FP32, efficiency=0.9 if heavy else 1.0,
                          spill_bytes=4 * max(0, regs - limit))

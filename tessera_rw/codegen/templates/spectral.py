@@ -103,7 +103,7 @@ class SpectralContractTemplate(Template):
         for threads, fpt, ob, nb in _CANDIDATES:
             # a tile wider than the op only computes padding: clip it (this may repeat a candidate)
             s = SpectralSchedule(threads, fpt, min(ob, sc.og), min(nb, sc.n))
-            if s not in found and self._registers(s, sc) <= _register_limit(threads, arch):
+            if s not in found and self._registers(s, sc) <= arch.register_limit(threads):
                 found.append(s)
         return tuple(found[:3])
 
@@ -118,7 +118,7 @@ class SpectralContractTemplate(Template):
         return (isinstance(s, SpectralSchedule) and self.accepts(op) and s.threads % 32 == 0
                 and 0 < s.threads <= arch.max_threads_per_block
                 and min(s.freq_per_thread, s.out_channels_per_block, s.batch_per_block) >= 1
-                and self._registers(s, _Contract.of(op)) <= _register_limit(s.threads, arch))
+                and self._registers(s, _Contract.of(op)) <= arch.register_limit(s.threads))
 
     @staticmethod
     def _registers(s: SpectralSchedule, sc: _Contract) -> int:
@@ -157,7 +157,7 @@ class SpectralContractTemplate(Template):
             flops=_COMPLEX_MAC_FLOPS * (tn * s.batch_per_block) * (to * s.out_channels_per_block) * sc.groups
             * sc.cg * (tf * s.threads * s.freq_per_thread),
             unit=MathUnit.FP32, efficiency=_CONTRACT_EFFICIENCY,
-            spill_bytes=4 * max(0, registers - _register_limit(s.threads, arch)))
+            spill_bytes=4 * max(0, registers - arch.register_limit(s.threads)))
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
         assert isinstance(schedule, SpectralSchedule)
@@ -240,10 +240,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(const spectral_cf* __
             }
 }
 """
-
-
-def _register_limit(threads: int, arch: ArchSpec) -> int:
-    return min(arch.registers_per_thread, arch.registers_per_sm // threads)
 
 
 def spectral_op(x: tuple[int, ...], w: tuple[int, ...], groups: int = 1) -> KernelOp:
