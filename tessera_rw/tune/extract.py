@@ -22,7 +22,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
-from tessera_rw.algebra.ops.fused import lifts_nothing
+from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp

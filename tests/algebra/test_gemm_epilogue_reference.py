@@ -13,7 +13,7 @@ from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.elementwise import activation_derivative
-from tessera_rw.algebra.ops.fused import ACTIVATIONS, DERIVATIVES, epilogue_operands
+from tessera_rw.algebra.ops.fused_gemm import ACTIVATIONS, DERIVATIVES, epilogue_operands
 
 GEMM = OPS["gemm"]
 ATTRS = dict(scale=1.0, has_bias=False, has_residual=False, accum_dtype=None, dtype=DType.float64)

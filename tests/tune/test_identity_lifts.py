@@ -3,7 +3,7 @@ norms so the ops after them can join) is never what extraction takes: the plain 
 is the same kernel, the one the benchmarks measure; where an epilogue joins, the lift is taken."""
 
 from tessera_rw import op
-from tessera_rw.algebra.ops.fused import lifts_nothing
+from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 
 
 def test_a_lifted_normalization_fuses_nothing_only_with_both_ends_plain():

@@ -25,7 +25,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
-from tessera_rw.algebra.ops.fused import parse_expr
+from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp

@@ -38,7 +38,7 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType  # noqa: F401  (doctest)
-from tessera_rw.algebra.ops.fused import ACTIVATIONS, DERIVATIVES, epilogue_operands
+from tessera_rw.algebra.ops.fused_gemm import ACTIVATIONS, DERIVATIVES, epilogue_operands
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp

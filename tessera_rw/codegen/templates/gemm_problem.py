@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops.fused import epilogue_operands
+from tessera_rw.algebra.ops.fused_gemm import epilogue_operands
 from tessera_rw.algebra.ops.linalg import matmul_dims, read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics

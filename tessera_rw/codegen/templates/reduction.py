@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused import parse_expr
+from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from tessera_rw.algebra.ops.fused import parse_expr
+from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import STORAGE, ctype, emit_tree, load, offset_expr, store
 from tessera_rw.codegen.templates.reduction_reads import Layout, Read, operand_reads, values_type

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops.fused import expr_leaves, parse_expr
+from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
 from tessera_rw.codegen.kernel_op import KernelOp
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused import MAX_FUSED_INPUTS, REDUCES
+from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_INPUTS
+from tessera_rw.algebra.ops.fused_reduction import REDUCES
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, expression_over, with_parameters
 from tessera_rw.rules.pattern import TermBuilder

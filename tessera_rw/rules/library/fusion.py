@@ -15,7 +15,8 @@ import inspect
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused import FUSIBLE, MAX_FUSED_INPUTS, NO_EPILOGUE
+from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_INPUTS
+from tessera_rw.algebra.ops.fused_norm import NO_EPILOGUE
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
