@@ -32,6 +32,7 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.algebra.trace import Traced, trace
 from tessera_rw.bound_call import BoundCall, Signature, holds_symbolic, is_static, static_key
 from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw import tuning_switch
 from tessera_rw.execute import run_program
 from tessera_rw.method_kernels import BoundKernel, InstanceKernels
 from tessera_rw.warm_calls import WarmCalls
@@ -43,17 +44,6 @@ if TYPE_CHECKING:
     from tessera_rw.schedule_control import ScheduleControl
     from tessera_rw.tune.plan_tuner import TuneSettings
     from tessera_rw.tune.space import SpaceRestriction
-
-_AUTOTUNE: list = []
-
-
-def _autotune():
-    """The `autotune` object (tessera_rw.tuning imports this module, so it is fetched on first use)."""
-    if not _AUTOTUNE:
-        from tessera_rw.tuning import autotune
-        _AUTOTUNE.append(autotune)
-    return _AUTOTUNE[0]
-
 
 RETRACE_WARNING_AFTER = 8  # distinct values of one float argument before a call says each retraces
 
@@ -237,7 +227,7 @@ class Kernel:
     def tune_settings(self, default: TuneSettings | None = None) -> TuneSettings | None:
         """How calls of this kernel tune: its own settings, else autotune.enable's, else `default`
         (None: the cost model's choice and default schedules). A search_space narrows any of them."""
-        settings = self.tuning or _autotune().settings() or default
+        settings = self.tuning or tuning_switch.settings() or default
         if settings is not None and self.restriction is not None:
             settings = replace(settings, restriction=self.restriction)
         return settings
@@ -254,8 +244,7 @@ class Kernel:
 
     def _program_key(self, signature: Signature) -> tuple:
         # the policy steers extraction (tf32 costs less); tuning settings steer the choice
-        autotune = _autotune()
-        return signature, current_numerics(), autotune.enabled and autotune.cache
+        return signature, current_numerics(), tuning_switch.enabled() and tuning_switch.cache()
 
     def program_of(self, signature: Signature) -> CompiledProgram:
         """The program of a signature already traced (made on first use, tuned when tuning is on)."""
@@ -319,8 +308,8 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ordered = self._in_order(args, kwargs)
-        autotune = _autotune()
-        key = None if ordered is None else self._warm_calls.key(ordered, autotune.enabled and autotune.cache)
+        tuning = tuning_switch.enabled() and tuning_switch.cache()
+        key = None if ordered is None else self._warm_calls.key(ordered, tuning)
         warm = self._warm_calls.get(key)
         if warm is not None:            # a warm call on arrays: no binding, no signature to build
             return warm(ordered)

@@ -19,7 +19,6 @@ when a GPU is present.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import inspect
 import numbers
 import os
@@ -39,6 +38,7 @@ from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.kernel import Kernel
 from tessera_rw.method_kernels import BoundKernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
+from tessera_rw import tuning_switch
 from tessera_rw.report import Printable
 from tessera_rw.tune.cache import TuneCache, TuneCacheWarning
 from tessera_rw.tune.extract import FusionDepth
@@ -48,7 +48,6 @@ from tessera_rw.tune.progress import trials_table
 from tessera_rw.tune.records import ChosenBy
 from tessera_rw.tune.space import SpaceRestriction, knobs
 
-DEFAULT_CACHE = "default"
 KERNELS_OWN = object()      # a tuning call's default cache: the kernel's own, else autotune.enable's
 KNOB_NAMES = {"tile": "tile", "pipeline_stages": "pipeline_depth", "vectorize": "vectorize", "warps": "warps"}
 
@@ -196,22 +195,6 @@ def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
     return program.tuning.tuning.kernels if program.tuning is not None else ()
 
 
-# (on, cache) within an `autotune.scoped(...)` block, for this thread or task only; None outside one
-_SCOPED: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar("tessera_autotune", default=None)
-
-
-_ON, _OFF = ("1", "true", "on", "yes"), ("", "0", "false", "off", "no")
-
-
-def _switch(variable: str) -> bool:
-    """An on/off environment variable; a value that is neither says so, rather than leave it off unsaid."""
-    value = os.environ.get(variable, "").strip().lower()
-    if value not in _ON + _OFF:
-        raise ArgumentError(f"{variable}={os.environ[variable]!r} is neither on nor off",
-                            hint=f"set {variable}=1 to turn it on, or 0 (or unset it) to leave it off")
-    return value in _ON
-
-
 class Autotune:
     """The `autotune` object: call it to tune; its methods switch tuning on and manage the cache.
 
@@ -224,48 +207,29 @@ class Autotune:
     (True, 'doc_example')
     """
 
-    def __init__(self) -> None:
-        self._process: tuple[bool, str] | None = None   # read from the environment at first use
-
-    def _state(self) -> tuple[bool, str]:
-        scoped = _SCOPED.get()
-        return scoped if scoped is not None else self._process_state()
-
-    def _process_state(self) -> tuple[bool, str]:
-        if self._process is None:
-            self._process = (_switch("TESSERA_AUTOTUNE"), DEFAULT_CACHE)
-        return self._process
-
     @property
     def enabled(self) -> bool:
-        return self._state()[0]
+        return tuning_switch.enabled()
 
     @property
     def cache(self) -> str:
-        return self._state()[1]
+        return tuning_switch.cache()
 
     def enable(self, on: bool = True, *, cache: str | None = None) -> None:
         """Make `@op.kernel` calls tune each new signature (from the cache when it knows it), in
         the whole process."""
-        if cache is not None:
-            TuneCache(cache)        # checks the name
-        self._process = (bool(on), cache or self._process_state()[1])
+        tuning_switch.enable(on, cache_name=cache)
 
     @contextlib.contextmanager
     def scoped(self, on: bool = True, *, cache: str | None = None) -> Iterator[Autotune]:
         """Tuning on (or off) inside the block only, in this thread or task; the process's setting
         returns after it, even after an error."""
-        if cache is not None:
-            TuneCache(cache)
-        token = _SCOPED.set((bool(on), cache or self.cache))
-        try:
+        with tuning_switch.scoped(on, cache=cache):
             yield self
-        finally:
-            _SCOPED.reset(token)
 
     def settings(self) -> TuneSettings | None:
         """The settings a kernel call tunes with when tuning is on, else None."""
-        return TuneSettings(cache=self.cache) if self.enabled else None
+        return tuning_switch.settings()
 
     def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
                  cache: str | None | object = KERNELS_OWN, max_trials: int = 50, time_budget_s: float | None = None,
