@@ -10,7 +10,7 @@ from tessera_rw.algebra.errors import (
     ArgumentError, AttributeValueError, AxisError, DTypeError, HostFallbackWarning, ResultError, RetraceWarning,
     ShapeError, TesseraError, VerifyError)
 from tessera_rw.algebra.graph import Graph
-from tessera_rw.algebra.version import package_version
+from tessera_rw.support.version import package_version
 
 __version__ = package_version()
 

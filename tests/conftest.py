@@ -10,7 +10,7 @@ from filelock import FileLock
 from hypothesis import settings
 from threadpoolctl import threadpool_limits
 
-from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.device import gpu_available
 

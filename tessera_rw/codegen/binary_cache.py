@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.support.cache_dir import cache_root
 
 CODEGEN_VERSION = b"tessera_rw-codegen-1"     # bump when the prelude or compile options change meaning
 SWITCH_VARIABLE = "TESSERA_BINARY_CACHE"

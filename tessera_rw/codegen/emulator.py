@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.binary_cache import SWITCH_VARIABLE

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from tessera_rw.algebra.atomic_files import write_atomically
-from tessera_rw.algebra.cache_dir import cache_root
+from tessera_rw.support.atomic_files import write_atomically
+from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.rules.plugins import LoadedPack, skip
 from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
 from tessera_rw.rules.soundness import Verdict, check_rule

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from egglog import bindings
 
-from tessera_rw.algebra.collector import with_collector_paused
+from tessera_rw.support.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.egraph import EGraphView

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.algebra.collector import with_collector_paused
+from tessera_rw.support.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
