@@ -36,7 +36,7 @@ class Device:
         self.next_address, self.made_ready, self.bound, self.launched, self.orders = 0x10000, [], [], [], []
         self.order_flags = []
 
-    def allocate(self, kind, shape, dtype, reference, stream, order=True):
+    def allocate(self, kind, shape, dtype, stream, order=True):
         self.order_flags.append(order)
         tensor = DeviceTensor(self.next_address, tuple(shape), dtype, None, kind)
         self.next_address += 0x10000
