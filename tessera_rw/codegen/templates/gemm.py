@@ -126,8 +126,10 @@ class GemmTemplate(Template):
         if p.out_dtype not in _OUT_DTYPES or any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.aux, p.residual)
                                                  if t is not None):
             return "the gemm kernel writes, and reads its epilogue's operands, in f32, bf16 or fp16"
-        if p.activation not in _ACTIVATIONS or not math.isfinite(p.scale):
-            return f"the gemm kernel's epilogue takes a finite scale and no activation {p.activation!r}"
+        if p.activation not in _ACTIVATIONS:
+            return f"the gemm kernel's epilogue has no activation {p.activation!r}"
+        if not math.isfinite(p.scale):
+            return f"the gemm kernel's epilogue takes a finite scale, not {p.scale}"
         if min(p.m, p.n, p.k) < 1:
             return f"the gemm kernel computes no empty product (M={p.m}, N={p.n}, K={p.k})"
         largest = max((p.m * p.k, "a"), (p.k * p.n, "b"), (p.m * p.n, "the result"))
