@@ -21,7 +21,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from tessera_rw.algebra.api.dispatch import set_eager_runner
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
@@ -56,5 +55,3 @@ def _program(name: str, inputs: tuple[Node, ...], outputs: tuple[Node, ...], num
     # nodes are interned: an equal call builds the same nodes, so they key the cache
     return compile_program(Graph(name, inputs, outputs), None, tuning, pins)
 
-
-set_eager_runner(run_eager)

@@ -10,7 +10,7 @@ import dataclasses
 import warnings
 from typing import Callable, Iterable
 
-from tessera_rw.algebra.ops import OPS, on_unknown_op, register, unregister
+from tessera_rw.algebra.ops import OPS, register, unregister
 from tessera_rw.rules.library import BUILTIN_RULESETS
 from tessera_rw.rules.plugin_vetting import vetted
 from tessera_rw.rules.plugins import LoadedPack, PluginWarning, discover, skip, unique_packs
@@ -22,11 +22,6 @@ def rulesets(plugins: bool = True, strict: bool | None = None,
              entry_points: Callable[[], Iterable] | None = None) -> tuple[Ruleset, ...]:
     packs = discover(strict, entry_points) if plugins else ()
     return BUILTIN_RULESETS + plugin_rulesets(packs, strict)
-
-
-# Loading the rulesets declares the accepted plugins' ops: an op may be looked up by name before any
-# program was rewritten (op.apply("my_fused_op", ...)).
-on_unknown_op(rulesets)
 
 
 def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None, vet: bool = True) -> tuple[Ruleset, ...]:
