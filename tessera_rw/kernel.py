@@ -244,7 +244,7 @@ class Kernel:
 
     def _program_key(self, signature: Signature) -> tuple:
         # the policy steers extraction (tf32 costs less); tuning settings steer the choice
-        return signature, current_numerics(), tuning_switch.enabled() and tuning_switch.cache()
+        return signature, current_numerics(), tuning_switch.tuning_cache()
 
     def program_of(self, signature: Signature) -> CompiledProgram:
         """The program of a signature already traced (made on first use, tuned when tuning is on)."""
@@ -308,8 +308,7 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ordered = self._in_order(args, kwargs)
-        tuning = tuning_switch.enabled() and tuning_switch.cache()
-        key = None if ordered is None else self._warm_calls.key(ordered, tuning)
+        key = None if ordered is None else self._warm_calls.key(ordered, tuning_switch.tuning_cache())
         warm = self._warm_calls.get(key)
         if warm is not None:            # a warm call on arrays: no binding, no signature to build
             return warm(ordered)

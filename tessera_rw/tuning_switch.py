@@ -77,6 +77,13 @@ def scoped(on: bool = True, *, cache: str | None = None) -> Iterator[None]:
         _SCOPED.reset(token)
 
 
+def tuning_cache() -> str | None:
+    """The cache calls tune into when tuning is on, else None: what keys a kernel's programs."""
+    on, name = _state()
+    return name if on else None
+
+
 def settings() -> TuneSettings | None:
     """The settings a kernel call tunes with when tuning is on, else None."""
-    return TuneSettings(cache=cache()) if enabled() else None
+    name = tuning_cache()
+    return None if name is None else TuneSettings(cache=name)

@@ -10,9 +10,9 @@ from filelock import FileLock
 from hypothesis import settings
 from threadpoolctl import threadpool_limits
 
-from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.device import gpu_available
+from tessera_rw.support.cache_dir import cache_root
 
 # In CI every run draws the same examples, so a red build is reproducible; locally they vary.
 settings.register_profile("ci", derandomize=True, print_blob=True)

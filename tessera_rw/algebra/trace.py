@@ -85,7 +85,8 @@ def _collect(fn: Callable, result: Any, has_tensors: bool) -> tuple[tuple[Symbol
             got = f"a {got} holding {', '.join(bad) or 'nothing'}"
     if not has_tensors:
         raise ResultError(f"{function_name(fn)} returned {got}, not tensors: every argument it was called with is a "
-                          "Python value or numpy scalar, which a kernel takes as a constant of its trace", site=_definition_site(fn),
+                          "Python value or numpy scalar, which a kernel takes as a constant of its trace",
+                          site=_definition_site(fn),
                           hint="pass arrays (np.asarray(x) for a numpy scalar x, np.asarray(1.5, np.float32) for "
                                "a number) to compute on tensors")
     if hasattr(result, "shape") and hasattr(result, "dtype"):

@@ -285,7 +285,8 @@ def _copy_in(array: np.ndarray, stream) -> DeviceTensor:
     return DeviceTensor(int(buffer.handle), array.shape, dtype, buffer, "numpy", dev.device_id)
 
 
-def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, stream, *, order: bool = True) -> tuple[DeviceTensor, Any]:
+def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: DType, stream, *,
+                    order: bool = True) -> tuple[DeviceTensor, Any]:
     """A new tensor for a kernel to write, of the library `kind` names: torch and CuPy results are
     allocated by torch / CuPy (on `stream`'s device) so the user gets their own type back, `stream`
     waiting for the library's pending work, which may still use the memory (unless `order` is

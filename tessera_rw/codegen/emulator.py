@@ -38,7 +38,6 @@ from typing import Sequence
 
 import numpy as np
 
-from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchSpec, arch_named
 from tessera_rw.codegen.binary_cache import SWITCH_VARIABLE
@@ -47,6 +46,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.launch import check_launch_shape, check_operands, coerce_scalars
 from tessera_rw.codegen.prelude import PORTABLE_HELPERS, TYPES, emulated_wgmma_helpers
 from tessera_rw.codegen.templates.base import first_schedule
+from tessera_rw.support.cache_dir import cache_root
 
 COMPILER_VARIABLE = "CXX"            # the host C++ compiler; default g++ (then c++, clang++)
 # -Og: half -O1's compile time, for kernels that run about a third slower; a test suite's kernels

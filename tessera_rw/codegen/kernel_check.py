@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
@@ -320,8 +320,8 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
     bad = _nonfinite(out)
     if bad.size:
         at = tuple(int(i) for i in np.unravel_index(bad[0], out.shape))
-        raise KernelMismatchError(f"{what}: {bad.size} of {out.size} elements are NaN/inf (first at {at}); outputs "
-                             f"start as NaN bytes, so these were never written or came out non-finite")
+        raise KernelMismatchError(f"{what}: {bad.size} of {out.size} elements are NaN/inf (first at {at}); "
+                                  f"outputs start as NaN bytes, so these were never written or came out non-finite")
     part = out if exp.rows is None else out.take(exp.rows, axis=exp.axis)
     if exp.exact:
         part = _compared(op, part)
@@ -329,9 +329,9 @@ def check(exp: Expected, out: np.ndarray, what: str) -> None:
         if not same.all():
             flat = int(np.flatnonzero(~same.ravel())[0])
             at = _where(exp, flat, part.shape)
-            raise KernelMismatchError(f"{what}: {int((~same).sum())} of {same.size} checked elements differ from the "
-                                 f"exact reference; first at {at}: got {part.ravel()[flat]!r}, "
-                                 f"want {exp.value.ravel()[flat]!r}")
+            raise KernelMismatchError(f"{what}: {int((~same).sum())} of {same.size} checked elements differ from "
+                                      f"the exact reference; first at {at}: got {part.ravel()[flat]!r}, "
+                                      f"want {exp.value.ravel()[flat]!r}")
         return
     got = _compared(op, part.astype(exp.value.dtype))
     err = np.abs(got - exp.value)

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock, Timeout
 
-from tessera_rw.support.atomic_files import write_atomically
-from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.rules.plugins import LoadedPack, skip
 from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
 from tessera_rw.rules.soundness import Verdict, check_rule
+from tessera_rw.support.atomic_files import write_atomically
+from tessera_rw.support.cache_dir import cache_root
 
 CHECK_SEEDS = (0, 1)       # examples drawn per rule: random shapes and values, each seed its own
 LOCK_SECONDS = 10          # waited for the verdicts file's lock before keeping a verdict in memory only

@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
-from tessera_rw.support.version import package_version
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.schema import camel
+from tessera_rw.support.version import package_version
 
 ENTRY_POINT_GROUP = "tessera_rw.rules"
 

@@ -21,7 +21,6 @@ from typing import Sequence
 
 from egglog import bindings
 
-from tessera_rw.support.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.egraph import EGraphView
@@ -30,6 +29,7 @@ from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.schema import PRELUDE, declaration, type_rule
 
 from tessera_rw.rules.tables import TABLE_FUNCTIONS, TABLES
+from tessera_rw.support.collector import with_collector_paused
 
 
 @dataclass(frozen=True)

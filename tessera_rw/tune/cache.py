@@ -48,11 +48,11 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
-from tessera_rw.support.atomic_files import remove_stale_temps, set_aside, write_atomically
 from tessera_rw.algebra.builder import warn_at_user_line
-from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
+from tessera_rw.support.atomic_files import remove_stale_temps, set_aside, write_atomically
+from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.tune.cache_file import (
     EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_ahead, read_arch_file, record_order,
     remember)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.support.collector import with_collector_paused
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
@@ -30,6 +29,7 @@ from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.rules.choice import cheapest_choice
 from tessera_rw.rules.egraph import EGraphView, ENode
 from tessera_rw.rules.saturate import RewriteResult
+from tessera_rw.support.collector import with_collector_paused
 from tessera_rw.tune.cost import KernelCost, kernel_cost
 from tessera_rw.tune.dag_sharing import VIEW_COST, share_more
 

@@ -36,9 +36,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
-from tessera_rw.support.version import package_version
 from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
 from tessera_rw.codegen.binary_cache import CODEGEN_VERSION
+from tessera_rw.support.version import package_version
 
 SCHEMA = "tessera_rw.autotune/1"      # the document format; bump with TuneRecord.schema_version
 

@@ -11,8 +11,8 @@ from tessera_rw.algebra.ops import (attention, attention_backward, conv, creatio
                                     fused_norm, fused_reduction, layout, linalg, norm_backward, reduction, spectral,
                                     strided)
 
-OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, linalg, conv,
-                                              spectral, attention, attention_backward, norm_backward, strided, fused_gemm,
+OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, linalg, conv, spectral,
+                                              attention, attention_backward, norm_backward, strided, fused_gemm,
                                               fused_expr, fused_reduction, fused_norm)
                       for d in m.DEFS}
 BUILTIN_OPS: frozenset[str] = frozenset(OPS)    # the ops tessera_rw declares itself; plugins add others

@@ -23,7 +23,8 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
-from tessera_rw.algebra.ops.elementwise import ACTIVATION_COTANGENTS, gelu_reference, sigmoid_reference, activation_derivative
+from tessera_rw.algebra.ops.elementwise import (ACTIVATION_COTANGENTS, activation_derivative, gelu_reference,
+                                                sigmoid_reference)
 from tessera_rw.algebra.ops.linalg import matmul_flops, infer_matmul, read_as
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
 

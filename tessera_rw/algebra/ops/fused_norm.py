@@ -36,7 +36,8 @@ def _split(xs: tuple, has_weight: bool, has_bias: bool, post: str) -> tuple[tupl
     params = has_weight + has_bias
     before = len(xs) - params - after
     if before < 1:
-        raise ShapeError(f"{len(xs)} operands cannot hold a prologue, {params} parameter(s) and {after} epilogue input(s)")
+        raise ShapeError(f"{len(xs)} operands cannot hold a prologue, {params} parameter(s) and {after} epilogue "
+                         f"input(s)")
     return xs[:before], xs[before:before + params], xs[before + params:]
 
 

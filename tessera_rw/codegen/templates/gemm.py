@@ -111,7 +111,8 @@ class GemmTemplate(Template):
         if a.ndim < 2 or b.ndim < 2:
             return f"the gemm kernel multiplies matrices (2 dims or more), here {a} and {b}"
         if a.dtype is not b.dtype:
-            return f"the gemm kernel takes two operands of one dtype, here {a.dtype.short} and {b.dtype.short} (cast one)"
+            return (f"the gemm kernel takes two operands of one dtype, here {a.dtype.short} and {b.dtype.short} "
+                    "(cast one)")
         if a.dtype not in (*TENSOR_CORE_DTYPES, DType.float32):
             return f"the gemm kernel multiplies f32, bf16, fp16 or fp8, not {a.dtype.short}"
         if a.dtype in FP8_DTYPES and op.op == "matmul_bias_grad":
