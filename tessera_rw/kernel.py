@@ -160,11 +160,14 @@ class Kernel:
         call.values[name] = value
         return False
 
-    def traced(self, call: BoundCall) -> Traced:
+    def traced(self, call: BoundCall, *, keep: bool = True) -> Traced:
         """The trace of this call's signature: traced on first use, and again when a name the
         function read outside its arguments (a global, a closure's, `self`'s) holds another array
-        or number now."""
+        or number now. `keep=False` traces a signature not yet traced without making it one of the
+        kernel's (what looking a config up does)."""
         found = self._traces.get(call.signature)
+        if found is None and not keep:
+            return self._trace(call)
         if found is not None and not found.holds():
             self._note_changes(found.changed())
             self._forget_signature(call.signature)

@@ -34,7 +34,7 @@ from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.arch import ArchSpec, resolve_arch
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
-from tessera_rw.codegen.templates.registry import template_for
+from tessera_rw.codegen.templates.registry import refusal, template_for
 from tessera_rw.kernel import Kernel
 from tessera_rw.method_kernels import BoundKernel
 from tessera_rw.pipeline import CompiledProgram, compile_program
@@ -134,9 +134,12 @@ def _check_tunable(name: str, program: CompiledProgram, arch: ArchSpec) -> None:
     numerics = current_numerics()
     if not program.plan.steps or tunable_ops(program.plan, numerics, arch):
         return
-    reasons = dict.fromkeys(why_untunable(KernelOp.from_node(s.node, numerics), arch) for s in program.plan.steps)
+    ops = [KernelOp.from_node(s.node, numerics) for s in program.plan.steps]
+    reasons = dict.fromkeys(why_untunable(op, arch) for op in ops)
+    refused = any(refusal(op) is not None for op in ops)        # a kernel has its name but not these operands
     raise TuneError(f"autotune({name}): nothing to tune on {arch.name}: {'; '.join(filter(None, reasons))}",
-                    hint="tune a float32, bf16 or fp16 form of it, or name another arch")
+                    hint="tune a form the kernel takes, as the reason says" if refused
+                    else "tune a float32, bf16 or fp16 form of it, or name another arch")
 
 
 def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Kernel:
@@ -189,6 +192,19 @@ def _placeholders(kernel: Kernel, fn: Callable | Kernel, shapes, dtype) -> list[
     if len(dtypes) != len(shaped):
         raise ArgumentError(f"autotune {kernel.name}: {len(dtypes)} dtypes for {len(shaped)} operands")
     return [TensorSpec(s, d) for s, d in zip(shaped, dtypes)]
+
+
+def _cache_to_read(name: str, cache: str | None, named: bool) -> TuneCache:
+    """The cache `autotune.load` reads: a name given outright (but the default) must be a cache that
+    exists, as a misspelt one would otherwise answer None as if it had nothing for the kernel."""
+    if cache is None:
+        raise ArgumentError(f"autotune.load({name}, cache=None): a load reads a cache",
+                            hint="name a cache, or leave cache out for the kernel's own (else autotune.enable's)")
+    store = TuneCache(cache)
+    if named and cache != tuning_switch.DEFAULT_CACHE and not store.folder.is_dir():
+        raise ArgumentError(f"autotune.load({name}): there is no autotune cache named {cache!r} in {store.root}",
+                            hint=f"caches there: {', '.join(store.names_beside()) or 'none'}")
+    return store
 
 
 def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
@@ -259,10 +275,10 @@ class Autotune:
         """The cached config for `fn` at `shapes` (the nearest cached shape's, marked interpolated,
         when this one was never tuned), or None when the cache has nothing for it. Never tunes."""
         kernel = _as_kernel(fn, shapes)
+        store = _cache_to_read(kernel.name, self.cache_of(kernel, cache), named=cache is not KERNELS_OWN)
         arch = resolve_arch(arch)
-        traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
+        traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)), keep=False)
         program = compile_program(traced.graph, arch, pins=traced.pins)
-        store = TuneCache(self.cache_of(kernel, KERNELS_OWN if cache is None else cache))
         defaults = dict(program.schedules)
         pinned = {p.step for p in program.pinned}
         found = []

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import numbers
 import os
 from typing import Iterator
+
+import numpy as np
 
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.tune.cache import TuneCache
@@ -35,6 +38,15 @@ def _switch(variable: str) -> bool:
         raise ArgumentError(f"{variable}={os.environ[variable]!r} is neither on nor off",
                             hint=f"set {variable}=1 to turn it on, or 0 (or unset it) to leave it off")
     return value in _ON
+
+
+def _on_off(function: str, on: object) -> bool:
+    """`on` as a bool: True, False, numpy's bools, or 0 and 1; a string such as "false", which is
+    truthy, is refused rather than read as its truth."""
+    if isinstance(on, (bool, np.bool_)) or (isinstance(on, numbers.Integral) and on in (0, 1)):
+        return bool(on)
+    raise ArgumentError(f"autotune.{function}(on={on!r}): `on` must be True or False",
+                        hint=f"autotune.{function}(False) turns tuning off; autotune.{function}() turns it on")
 
 
 def _process_state() -> tuple[bool, str]:
@@ -60,7 +72,7 @@ def enable(on: bool = True, *, cache_name: str | None = None) -> None:
     """Tuning on (or off) for the whole process, into `cache_name` (None: the cache in force)."""
     if cache_name is not None:
         TuneCache(cache_name)        # checks the name
-    state = (bool(on), cache_name or _process_state()[1])
+    state = (_on_off("enable", on), cache_name or _process_state()[1])
     _PROCESS[:] = [state]
 
 
@@ -70,7 +82,7 @@ def scoped(on: bool = True, *, cache: str | None = None) -> Iterator[None]:
     returns after it, even after an error."""
     if cache is not None:
         TuneCache(cache)
-    token = _SCOPED.set((bool(on), cache or _state()[1]))
+    token = _SCOPED.set((_on_off("scoped", on), cache or _state()[1]))
     try:
         yield
     finally:

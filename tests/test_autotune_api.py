@@ -298,8 +298,11 @@ def test_tuning_and_loading_use_the_kernels_own_cache_else_enables():
 
 def test_tuning_what_has_no_kernel_to_tune_says_why():
     from tessera_rw.tune.kernel_tuner import TuneError
-    with pytest.raises(TuneError, match=r"matmul of float64 has no GPU kernel template"):
+    with pytest.raises(TuneError, match=r"matmul of float64: the gemm kernel multiplies f32, bf16, fp16 or fp8"):
         autotune(op.matmul, shapes=(64, 64, 64), dtype="float64", method="cost_model", arch="H100-SXM")
+    with pytest.raises(TuneError, match=r"computes no empty product \(M=256, N=0, K=256\)") as empty:
+        autotune(op.matmul, shapes=(256, 0, 256), dtype="bf16", method="cost_model", arch="H100-SXM")
+    assert "float32, bf16 or fp16 form" not in str(empty.value)
     with pytest.raises(TuneError, match=r"has no kernel A100-SXM can run"):
         autotune(op.matmul, shapes=(64, 64, 64), dtype="float8_e4m3fn", method="cost_model", arch="A100-SXM")
     assert not TuneCache("default").records()
@@ -328,3 +331,40 @@ def test_a_cached_fusion_depth_with_kernels_tuned_anew_says_how_they_were_tuned(
     mm.schedule.search_space(tile_sizes=[(128, 128)])                # a new space: its kernels tune again
     narrowed = mm.schedule.autotune(spec, spec, method="cost_model")
     assert narrowed.chosen_by == "cost_model" and narrowed.main.schedule.bm == 128
+
+
+@pytest.mark.parametrize("on", ["false", "no", None, 2])
+def test_switching_tuning_takes_a_bool_not_a_truthy_string(on):
+    with pytest.raises(ArgumentError, match=r"`on` must be True or False"):
+        autotune.enable(on)
+    with pytest.raises(ArgumentError, match=r"autotune.scoped\(on="):
+        with autotune.scoped(on):
+            pass
+    assert not autotune.enabled
+
+
+def test_loading_from_a_misspelt_cache_is_an_error_not_none():
+    autotune(op.matmul, shapes=(128, 128, 128), dtype="bf16", method="cost_model", cache="spelt_right")
+    assert autotune.load(op.matmul, (128, 128, 128), dtype="bf16", cache="spelt_right") is not None
+    with pytest.raises(ArgumentError, match=r"no autotune cache named 'spelt_rihgt'.*\n.*spelt_right"):
+        autotune.load(op.matmul, (128, 128, 128), dtype="bf16", cache="spelt_rihgt")
+    with pytest.raises(ArgumentError, match=r"cache=None\): a load reads a cache"):
+        autotune.load(op.matmul, (128, 128, 128), dtype="bf16", cache=None)
+    assert autotune.load(op.matmul, (128, 128, 128), dtype="bf16", cache="default") is None   # not made yet
+
+
+def test_loading_a_config_does_not_add_a_signature_to_the_kernel():
+    @op.kernel
+    def mm(a, b):
+        return op.matmul(a, b)
+
+    mm(np.ones((4, 8), np.float32), np.ones((8, 2), np.float32))
+    before = repr(mm)
+    autotune.load(mm, ((100, 64), (64, 32)))
+    assert repr(mm) == before
+
+
+def test_estimates_are_shown_without_a_noise_band():
+    cfg = autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model", cache=None)
+    text = str(cfg.table())
+    assert " µs " in text and "±" not in text

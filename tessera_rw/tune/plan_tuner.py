@@ -28,7 +28,7 @@ from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.codegen.templates.registry import template_for, templates_for
+from tessera_rw.codegen.templates.registry import refusal, template_for, templates_for
 from tessera_rw.lower.plan import KernelPlan
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.cost import best_schedule
@@ -113,6 +113,8 @@ def why_untunable(op: KernelOp, arch: ArchSpec) -> str | None:
     templates = templates_for(op)
     dtypes = ", ".join(dict.fromkeys(t.dtype.name for t in (*op.operands, op.result)))
     if not templates:
+        if (why := refusal(op)) is not None:        # a template of its name refuses these operands
+            return f"{op.op} of {dtypes}: {why}"
         return f"{op.op} of {dtypes} has no GPU kernel template: it runs on the host"
     if templates[0].library is not None:
         return f"{op.op} runs as a {templates[0].library} library call, which has nothing to tune"

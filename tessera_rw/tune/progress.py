@@ -21,7 +21,7 @@ TABLE_ROWS = 8
 
 
 def trials_table(title: str, trials: Sequence[Trial], chosen: Trial | None = None) -> Table:
-    """Schedule, measured time (± noise) and time as % of the best, fastest first; failures last
+    """Schedule, measured time (± noise, when measured) and time as % of the best, fastest first; failures last
     with their reason; the chosen one marked."""
     table = Table(title=title, title_justify="left")
     table.add_column("schedule")
@@ -33,7 +33,8 @@ def trials_table(title: str, trials: Sequence[Trial], chosen: Trial | None = Non
     for t in ok[:TABLE_ROWS]:
         mark = " ◀" if chosen is not None and t.number == chosen.number else ""
         m = t.measurement
-        table.add_row(describe(t.schedule) + mark, f"{m.median_us:.2f} µs ± {m.noise_us:.2f}",
+        noise = f" ± {m.noise_us:.2f}" if m.noise_us else ""       # an estimate has none
+        table.add_row(describe(t.schedule) + mark, f"{m.median_us:.2f} µs{noise}",
                       f"{100 * m.median_us / best:.0f}%")
     if len(ok) > TABLE_ROWS:
         table.add_row(f"… {len(ok) - TABLE_ROWS} more", "", "")

@@ -170,8 +170,8 @@ class RankedSpace:
 
 def ranked_space(template: Template, op: KernelOp, arch: ArchSpec,
                  restriction: SpaceRestriction | None = None) -> RankedSpace:
-    """`template`'s space for `op`, narrowed by `restriction`, with estimates; ties keep the
-    template's order. Raises ArgumentError naming the op when the restriction leaves nothing."""
+    """`template`'s space for `op`, narrowed by `restriction`, with estimates, cheapest first; ties
+    put the defaults first, then keep the template's order. Raises ArgumentError naming the op when the restriction leaves nothing."""
     restriction = restriction or SpaceRestriction()
     kept, pruned = [], []
     for s in template.space(op, arch):
@@ -189,7 +189,10 @@ def ranked_space(template: Template, op: KernelOp, arch: ArchSpec,
         raise ArgumentError(f"no schedule of the {template.kind_of(op)} kernel {op} is left in the search space "
                             f"({restriction}) on {arch.name}",
                             hint=f"widen the search space; schedules it has: {'; '.join(allowed)}")
-    kept.sort(key=lambda se: se[1])
     defaults = [s for s in template.schedules(op, arch) if any(s == k for k, _ in kept)]
+    # among equal estimates the template's defaults come first, in their order: the cost model
+    # cannot tell those schedules apart, and a default is what an untuned call runs
+    rank = {s: i for i, s in enumerate(defaults)}
+    kept.sort(key=lambda se: (se[1], rank.get(se[0], len(rank))))
     default = min(defaults, key=lambda s: dict(kept)[s]) if defaults else kept[0][0]
     return RankedSpace(template, op, tuple(s for s, _ in kept), tuple(e for _, e in kept), default, tuple(pruned))
