@@ -77,7 +77,7 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
         return 0
     table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
     here = current_versions()
-    others = sum(r.versions != here for r in records)
+    others = sum(not r.holds_under(here) for r in records)
     # records of one op, shapes and dtypes apart only in what the signature hashes (attributes,
     # numerics policy, a restricted search) would read as duplicates without it
     twins = len({(r.op_name, r.shapes, r.dtypes, r.arch) for r in records}) < len(records)
@@ -122,7 +122,7 @@ def _import(cache: TuneCache, args: argparse.Namespace, console: Console) -> int
     here = current_versions()
     before = {r.key for r in cache.records()}
     n = cache.import_(args.file)
-    foreign = sum(r.versions != here for r in cache.records() if r.key not in before)
+    foreign = sum(not r.holds_under(here) for r in cache.records() if r.key not in before)
     note = (f"; {foreign} of them hold for other versions than this machine's ({_describe(here)}) and are "
             "never used here" if foreign else "")
     _say(console, args, {"imported": n, "other_versions": foreign, "file": args.file, "name": cache.name},
@@ -156,7 +156,7 @@ def _say(console: Console, args: argparse.Namespace, data: dict, text: str) -> N
 
 def _used_here(r: TuneRecord, here: Versions) -> str:
     """'yes', or which versions differ from this machine's ('no: driver')."""
-    differ = [field for field, theirs, ours in zip(Versions._fields, r.versions, here) if theirs != ours]
+    differ = r.versions_differing(here)
     return "yes" if not differ else "no: " + ", ".join(differ)
 
 

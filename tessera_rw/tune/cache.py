@@ -144,10 +144,11 @@ class TuneCache:
         True
         """
         shapes, dtypes, versions = canonical_shapes(shapes), canonical_dtypes(dtypes), current_versions()
+        found = None           # a measurement under these versions beats an estimate made anywhere
         for r in self._file_of(arch).exact(op_name, signature_hash, shapes, dtypes):
-            if r.versions == versions and _same_spec(r, arch):
-                return r
-        return None
+            if r.holds_under(versions) and _same_spec(r, arch) and (found is None or r.better_than(found)):
+                found = r
+        return found
 
     def nearest(self, op_name: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[object],
                 arch: ArchSpec | str, *, signature_hash: str | None = None) -> TuneRecord | None:

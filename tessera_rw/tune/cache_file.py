@@ -103,7 +103,8 @@ class ArchFile:
                 ) -> tuple[TuneRecord, ...]:
         """The real (not interpolated) records of `op_name` on these dtypes and versions whose operands
         have these ranks, any signature, in no particular order: what `nearest` may start from."""
-        return self._by_source.get((op_name, dtypes, versions, ranks), ())
+        held = self._by_source.get((op_name, dtypes, versions[:2], ranks), ())
+        return tuple(r for r in held if r.holds_under(versions))
 
     def merged(self, incoming: Sequence[TuneRecord], supersede: bool = False) -> tuple[ArchFile, int]:
         """This file with `incoming` merged in as `merge_records` merges (with `supersede`, they first
@@ -143,7 +144,7 @@ class ArchFile:
     @cached_property
     def _by_source(self) -> dict[tuple, tuple[TuneRecord, ...]]:
         return _grouped((r for r in self.records if not r.interpolated),
-                        lambda r: (r.op_name, r.dtypes, r.versions, ranks_of(r.shapes)))
+                        lambda r: (r.op_name, r.dtypes, r.versions[:2], ranks_of(r.shapes)))  # tessera, codegen
 
 
 EMPTY = ArchFile()

@@ -4,7 +4,9 @@ A record is data read back from disk that anyone could have written, so every fi
 tightly: names are short plain tokens (never code, never a dunder), numbers are finite, a config
 is a flat map of small scalars. Anything else fails validation; nothing is ever evaluated or
 unpickled. The `key` is everything that can change which schedule is fastest: the op and its
-signature, shapes, dtypes, the GPU, and the tessera_rw, codegen, NVRTC and driver versions.
+signature, shapes, dtypes, the GPU, and the tessera_rw, codegen, NVRTC and driver versions. A
+cost-model record holds under any NVRTC and driver, as an estimate involves neither: a cache
+tuned with `--arch` on a machine without a GPU serves that GPU's machines.
 
 >>> r = TuneRecord.create(op_name="matmul", signature_hash="9f2c", shapes=((128, 64), (64, 256)),
 ...                       dtypes=("bf16", "bf16"), arch="H100-SXM", config={"bm": 128, "bn": 128},
@@ -324,6 +326,17 @@ class TuneRecord(BaseModel):
     @property
     def versions(self) -> Versions:
         return Versions(self.tessera_version, self.codegen_version, self.nvrtc_version, self.driver_version)
+
+    def versions_differing(self, here: Versions) -> list[str]:
+        """The version fields that keep this record from answering for a process of versions `here`:
+        any that differ, but NVRTC's and the driver's for a cost-model record."""
+        device_free = self.chosen_by is ChosenBy.COST_MODEL
+        return [field for field, theirs, ours in zip(Versions._fields, self.versions, here)
+                if theirs != ours and not (device_free and field in ("nvrtc", "driver"))]
+
+    def holds_under(self, here: Versions) -> bool:
+        """Whether this record answers for a process of versions `here`."""
+        return not self.versions_differing(here)
 
     @property
     def identity(self) -> tuple:

@@ -166,6 +166,19 @@ def test_another_version_is_not_a_hit(cache, field):
     assert len(cache.records()) == 1          # kept, just not used
 
 
+@pytest.mark.parametrize("field", ["nvrtc", "driver"])
+def test_a_cost_model_record_holds_under_any_compiler_and_driver(cache, field):
+    """An estimate involves neither: a cache ranked where there is no GPU serves a GPU machine."""
+    elsewhere = current_versions()._replace(**{field: "550.54.15"})
+    cache.put(rec(chosen_by="cost_model", versions=elsewhere))
+    assert get(cache) is not None
+    assert cache.nearest("matmul", ((128, 64), (64, 512)), BF16, "H100-SXM") is not None
+    cache.put(rec(time_us=50.0))
+    assert get(cache).chosen_by is ChosenBy.ON_DEVICE       # a measurement here beats the estimate
+    assert not rec(chosen_by="cost_model", versions=current_versions()._replace(codegen="x")).holds_under(
+        current_versions())
+
+
 # ---- bad files are set aside, never used, never fatal (bad records: test_cache_skipped_records.py) ----
 
 def _bad_files():

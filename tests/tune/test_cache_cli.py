@@ -105,9 +105,10 @@ def test_cli_says_which_records_hold_for_other_versions_than_this_machines(cli, 
     other = TuneCache("gpu_host")
     other.put(rec(versions=gpu_host))
     other.put(rec(shapes=((8, 8), (8, 8))))
+    other.put(rec(shapes=((16, 8), (8, 8)), chosen_by="cost_model", versions=gpu_host))   # holds anywhere
     other.export(tmp_path / "from_gpu.json")
     status, out, _ = cli("import", str(tmp_path / "from_gpu.json"))
-    assert status == 0 and "imported 2" in out and "1 of them hold for other versions" in " ".join(out.split())
+    assert status == 0 and "imported 3" in out and "1 of them hold for other versions" in " ".join(out.split())
     status, out, _ = cli("list")
     text = " ".join(out.split())
     assert "used here" in text and "no: driver" in text and "yes" in text
