@@ -54,10 +54,10 @@ from tessera_rw.codegen.arch import ArchError, ArchSpec, arch_named
 from tessera_rw.support.atomic_files import remove_stale_temps, set_aside, write_atomically
 from tessera_rw.support.cache_dir import cache_root
 from tessera_rw.tune.cache_file import (
-    EMPTY, ArchFile, FileStamp, NewerFile, first_problem, ranks_of, read_ahead, read_arch_file, record_order,
-    remember)
+    EMPTY, ArchFile, FileStamp, NewerFile, first_problem, newer_format, ranks_of, read_ahead, read_arch_file,
+    record_order, remember)
 from tessera_rw.tune.records import (
-    FILE_NAME_PATTERN, ChosenBy, TuneDocument, TuneRecord, arch_name, canonical_dtypes, canonical_shapes,
+    FILE_NAME_PATTERN, SCHEMA, ChosenBy, TuneDocument, TuneRecord, arch_name, canonical_dtypes, canonical_shapes,
     current_versions, document_json)
 
 LOCK_TIMEOUT_S = 60.0            # a write holds the lock for under a second; a minute means something is stuck
@@ -73,6 +73,10 @@ class TuneCacheWarning(UserWarning):
 
 class TuneCacheError(TesseraError):
     """A cache that cannot be written, or a file that cannot be imported."""
+
+
+class NewerFileError(TuneCacheError):
+    """A cache file a newer tessera_rw wrote, which this one neither rewrites nor deletes."""
 
 
 _warned: set[tuple[str, str]] = set()
@@ -189,12 +193,11 @@ class TuneCache:
                                      "as it is: rewriting it unread would lose the records it holds",
                                      hint="make the file readable by this user, or move it away to start "
                                           "afresh") from None
-            warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} cannot be read ({e.strerror or e}); "
-                                               "ignored"))
+            warn_once(path, "unreadable", f"autotune cache file {path} cannot be read ({e.strerror or e}); ignored")
             return EMPTY
         if isinstance(found, NewerFile):
             if locked:
-                raise TuneCacheError(f"autotune cache file {path} {found}: left as it is, not rewritten",
+                raise NewerFileError(f"autotune cache file {path} {found}: left as it is, not rewritten",
                                      hint="use another TESSERA_CACHE_DIR for this version, or upgrade it")
             warn_once(path, "newer", f"autotune cache file {path} {found}; this version leaves it as it is and "
                       "does not use it")
@@ -216,8 +219,8 @@ class TuneCache:
                     return self._load(path, arch, locked=True)
             except (OSError, TuneCacheError) as e:     # a reader never fails on a bad file: it skips it
                 reason = e.strerror if isinstance(e, OSError) else str(e).splitlines()[0]
-                warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} {problem}; ignored (could not "
-                                                   f"move it aside: {reason})"))
+                warn_once(path, "kept bad", f"autotune cache file {path} {problem}; ignored (could not move it "
+                          f"aside: {reason})")
                 return EMPTY
         aside = set_aside(path)
         warn_at_user_line(TuneCacheWarning(f"autotune cache file {path} {problem}; moved aside to {aside.name} "
@@ -253,6 +256,10 @@ class TuneCache:
         read_ahead(path, arch)       # the parse and the ordering, before the lock where other writers wait
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TuneCacheError(f"cannot create the autotune cache folder {self.folder}: {e.strerror or e}",
+                                 hint="point TESSERA_CACHE_DIR at a writable folder") from None
+        try:
             with self._locked(path):
                 existing = self._load(path, arch, locked=True)
                 merged, changed = existing.merged(incoming, supersede)
@@ -267,7 +274,8 @@ class TuneCache:
 
     def clear(self, arch: ArchSpec | str | None = None) -> int:
         """Delete this cache's records (of one arch when given); how many there were.
-        Files set aside as corrupt are kept for inspection."""
+        Files set aside as corrupt are kept for inspection, and a file a newer tessera_rw wrote is
+        left as it is, with a warning."""
         removed = 0
         for a in ([arch_name(arch)] if arch is not None else self.archs()):
             path = self.path(a)
@@ -275,7 +283,11 @@ class TuneCache:
                 continue
             try:
                 with self._locked(path):
-                    found = self._load(path, a, locked=True)
+                    try:
+                        found = self._load(path, a, locked=True)
+                    except NewerFileError as e:
+                        warn_at_user_line(TuneCacheWarning(f"{e.detail}, nor cleared"))
+                        continue
                     removed += len(found.records) + len(found.kept)
                     path.unlink(missing_ok=True)
                     remove_stale_temps(path)
@@ -304,6 +316,10 @@ class TuneCache:
         try:
             doc = TuneDocument.model_validate_json(data)
         except ValidationError as e:
+            if (tag := newer_format(data)) is not None:
+                raise TuneCacheError(f"{source} is an autotune export in the format {tag}, newer than this "
+                                     f"tessera_rw's {SCHEMA}; nothing was imported",
+                                     hint="upgrade tessera_rw here to import it") from None
             raise TuneCacheError(f"{source} is not a valid autotune export: {first_problem(e)}",
                                  hint="nothing was imported; export it again with `tessera-rewrite cache export`")
         changed = 0

@@ -181,7 +181,7 @@ class _Tag(BaseModel):
     schema_tag: str = Field(alias="schema")
 
 
-def _newer_format(data: bytes) -> str | None:
+def newer_format(data: bytes) -> str | None:
     """The file's schema tag where it names a later version of this format, else None."""
     try:
         tag = _Tag.model_validate_json(data).schema_tag
@@ -198,7 +198,7 @@ def parse_arch_file(data: bytes, arch: str) -> ArchFile | str:
     try:
         doc = TuneDocument.model_validate_json(data)
     except ValidationError as whole:
-        if (tag := _newer_format(data)) is not None:
+        if (tag := newer_format(data)) is not None:
             return NewerFile(f"is in the format {tag}, newer than this tessera_rw's {SCHEMA}")
         return _parse_record_by_record(data, arch, whole)
     if all(r.arch == arch for r in doc.records):       # the usual case: one pass, nothing skipped

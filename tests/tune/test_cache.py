@@ -250,6 +250,13 @@ def test_a_file_a_newer_version_wrote_is_left_as_it_is_unread_and_unwritten(cach
     with pytest.raises(TuneCacheError, match="newer than .* not rewritten"):
         cache.put(rec())
     assert path.read_text() == newer and not list(path.parent.glob("*.corrupt-*"))
+    cache.put(rec(arch="A100"))
+    with pytest.warns(TuneCacheWarning, match="autotune/2, newer than .*: left as it is, not rewritten, nor cleared"):
+        assert cache.clear() == 1           # the other arch's record, and says which file it left
+    assert path.read_text() == newer and cache.archs() == ["H100-SXM"]
+    with pytest.raises(TuneCacheError, match=r"export in the format tessera_rw.autotune/2, newer .* nothing was "
+                                             r"imported\n.*upgrade tessera_rw"):
+        cache.import_(path)
 
 
 def test_invalid_cache_names_are_refused(tmp_path):

@@ -88,6 +88,16 @@ def test_a_reader_skips_a_file_it_cannot_read(filled, code):
     assert path.read_bytes() == before and len(fresh.records()) == 20
 
 
+def test_an_unreadable_file_is_warned_about_once(filled):
+    cache, path, _ = filled
+    fresh = TuneCache(root=cache.root)
+    with unreadable(path, errno.EIO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):       # a tuning run looks a file up once per kernel
+            fresh.get("matmul", "9f2c", ((1, 64), (64, 256)), ("bf16", "bf16"), "H100-SXM")
+    assert [str(w.message).count("cannot be read") for w in caught] == [1]
+
+
 def test_a_put_refuses_a_file_chmod_made_unreadable(filled):
     cache, path, before = filled
     path.chmod(0)
