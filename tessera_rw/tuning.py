@@ -23,7 +23,7 @@ import inspect
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,7 +64,10 @@ class TuneConfig:
     def chosen_by(self) -> ChosenBy:
         """How the program was chosen: from the cache only when its kernels' schedules came from
         there too (a cached fusion depth whose kernels were tuned anew says how they were);
-        INTERPOLATED when the cache answered from nearby shapes."""
+        INTERPOLATED when the cache answered from nearby shapes; PINNED when every kernel's schedule
+        was pinned, so nothing was tuned."""
+        if self.kernels and all(k.chosen_by is ChosenBy.PINNED for k in self.kernels):
+            return ChosenBy.PINNED
         if self.program.chosen_by is not ChosenBy.CACHE:
             return self.program.chosen_by
         ways = {k.chosen_by for k in self.kernels} - {ChosenBy.CACHE, ChosenBy.PINNED}
@@ -91,11 +94,14 @@ class TuneConfig:
     def time_us(self) -> float:
         return sum(k.time_us for k in self.kernels)
 
-    def __str__(self) -> str:
+    def _summary(self) -> str:
         parts = [f"{k}={v}" for k, v in self.knobs().items()] + [f"fusion={self.fusion}"]
+        return "Best config: " + ", ".join(parts)
+
+    def __str__(self) -> str:
         # a shape never tuned takes the nearest tuned one's config: say so
         marker = " (interpolated from the nearest tuned shape)" if self.chosen_by is ChosenBy.INTERPOLATED else ""
-        return "Best config: " + ", ".join(parts) + marker
+        return self._summary() + marker
 
     def table(self) -> Printable:
         """A table per tuned kernel: schedule, time, % of best (print() gives text, rich's print colour)."""
@@ -111,8 +117,8 @@ class TuneConfig:
 
     def __repr__(self) -> str:
         if self.chosen_by is ChosenBy.INTERPOLATED:      # the times are the nearest tuned shapes'
-            return (f"<TuneConfig {self.signature}: {self} (interpolated: {self.time_us:.1f} µs at the nearest "
-                    "tuned shape)>")
+            return (f"<TuneConfig {self.signature}: {self._summary()} (interpolated: {self.time_us:.1f} µs at the "
+                    "nearest tuned shape)>")
         return f"<TuneConfig {self.signature}: {self} ({self.chosen_by}, {self.time_us:.1f} µs)>"
 
 
@@ -207,6 +213,19 @@ def _cache_to_read(name: str, cache: str | None, named: bool) -> TuneCache:
     return store
 
 
+def _restriction(name: str, search_space: SpaceRestriction | Mapping[str, Any] | None) -> SpaceRestriction:
+    """`search_space=` as a SpaceRestriction: one already, a mapping of `kernel.schedule.search_space`'s
+    keywords, or None (every schedule)."""
+    if search_space is None or isinstance(search_space, SpaceRestriction):
+        return search_space or SpaceRestriction()
+    keywords = tuple(inspect.signature(SpaceRestriction.of).parameters)
+    if isinstance(search_space, Mapping) and not (odd := set(search_space) - set(keywords)):
+        return SpaceRestriction.of(**search_space)
+    got = f"the keys {sorted(odd)}" if isinstance(search_space, Mapping) else repr(search_space)
+    raise ArgumentError(f"autotune({name}): search_space takes a dict of {', '.join(keywords)}; got {got}",
+                        hint='search_space={"tile_sizes": [(64, 64), (128, 64)], "pipeline_stages": [2, 3]}')
+
+
 def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
     return program.tuning.tuning.kernels if program.tuning is not None else ()
 
@@ -249,7 +268,8 @@ class Autotune:
 
     def __call__(self, fn: Callable | Kernel, shapes: Sequence, dtype: Any = "float32", method: str = "auto", *,
                  cache: str | None | object = KERNELS_OWN, max_trials: int = 50, time_budget_s: float | None = None,
-                 search_space: SpaceRestriction | None = None, arch: ArchSpec | str | None = None) -> TuneConfig:
+                 search_space: SpaceRestriction | Mapping[str, Any] | None = None,
+                 arch: ArchSpec | str | None = None) -> TuneConfig:
         """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype` for `arch` (an ArchSpec,
         a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
         kernel = _as_kernel(fn, shapes)
@@ -257,7 +277,7 @@ class Autotune:
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
         _check_tunable(name, compile_program(traced.graph, arch, pins=traced.pins), resolve_arch(arch))
         settings = TuneSettings(method=method, cache=self.cache_of(kernel, cache),
-                                restriction=search_space or SpaceRestriction(), max_trials=max_trials,
+                                restriction=_restriction(name, search_space), max_trials=max_trials,
                                 time_budget_s=time_budget_s)
         program = compile_program(traced.graph, arch, settings, traced.pins)
         return TuneConfig(name, program, tuned_kernels(program))

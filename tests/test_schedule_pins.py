@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tessera_rw import op
+from tessera_rw import autotune, op
 from tessera_rw.algebra.errors import ArgumentError, AttributeValueError
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.arch import arch_named
@@ -16,6 +16,7 @@ from tessera_rw.kernel_sources import generated_kernels
 from tessera_rw.pipeline import compile_program
 from tessera_rw.tune.pins import PinWarning
 from tessera_rw.tune.plan_tuner import TuneSettings
+from tessera_rw.tune.records import ChosenBy
 
 H100 = arch_named("H100-SXM")
 A100 = arch_named("A100-SXM")
@@ -207,3 +208,11 @@ def test_a_gradient_program_keeps_the_pin_on_the_forward_product_it_recomputes()
     [pinned] = program.pinned                         # gelu' needs the forward product again
     assert (pinned.pin.m, pinned.pin.n, pinned.pin.k) == (256, 512, 128)
     assert tile_of(dict(program.schedules)[pinned.step]) == (64, 128, 32)
+
+
+def test_tuning_a_kernel_whose_every_product_is_pinned_says_so():
+    @op.kernel
+    def pinned(a, b):
+        return op.matmul(a, b, tile_shape=(64, 64, 32))
+    cfg = autotune(pinned, shapes=((256, 256), (256, 256)), dtype="bf16", method="cost_model", cache=None)
+    assert cfg.chosen_by is ChosenBy.PINNED and "(pinned," in repr(cfg)
