@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from tessera_rw.algebra import api
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.ops import OPS
@@ -153,9 +155,11 @@ def _as_kernel(fn: Callable | Kernel | BoundKernel, shapes: Sequence = ()) -> Ke
         return fn.kernel
     if isinstance(fn, Kernel):
         return fn
-    if not callable(fn):
+    if not callable(fn) or isinstance(fn, np.ufunc) or getattr(fn, "__module__", None) == "numpy":
+        name = getattr(fn, "__name__", repr(fn))
         raise ArgumentError(f"autotune: {fn!r} is not an op or a kernel",
-                            hint="pass an op function such as op.matmul, or an @op.kernel function")
+                            hint=f"pass an op function such as op.{name if hasattr(api, name) else 'matmul'}, "
+                                 "or an @op.kernel function")
     names = _operand_names(fn, tuple(shapes) if isinstance(shapes, Sequence) else ())
 
     def call(*xs):
@@ -176,6 +180,10 @@ def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> 
     if flat and (odd := next((d for d in flat if not isinstance(d, numbers.Integral) or isinstance(d, bool)), None)):
         raise ArgumentError(f"autotune {name}: the dimension {odd!r} in shapes={shapes!r} is not an integer",
                             hint="dimensions are ints: shapes=(1024, 1024, 1024)")
+    if negative := [d for s in shapes for d in (s if isinstance(s, Sequence) else (s,))
+                    if isinstance(d, numbers.Integral) and d < 0]:
+        raise ArgumentError(f"autotune {name}: shapes={shapes!r} has the negative dimension {negative[0]}",
+                            hint="dimensions are sizes: 0 or more")
     if shapes and len(flat) == len(shapes):
         shapes = tuple(int(d) for d in shapes)
         if fn is api.matmul and len(shapes) == 3:
@@ -226,6 +234,13 @@ def _restriction(name: str, search_space: SpaceRestriction | Mapping[str, Any] |
                         hint='search_space={"tile_sizes": [(64, 64), (128, 64)], "pipeline_stages": [2, 3]}')
 
 
+def _file_path(function: str, path: object) -> str | os.PathLike[str]:
+    if isinstance(path, (str, os.PathLike)):
+        return path
+    raise ArgumentError(f"autotune.{function}: the file must be a path (a str or pathlib.Path), got {path!r}",
+                        hint=f'autotune.{function}("h100.json")')
+
+
 def tuned_kernels(program: CompiledProgram) -> tuple[KernelTuning, ...]:
     return program.tuning.tuning.kernels if program.tuning is not None else ()
 
@@ -271,7 +286,9 @@ class Autotune:
                  search_space: SpaceRestriction | Mapping[str, Any] | None = None,
                  arch: ArchSpec | str | None = None) -> TuneConfig:
         """Tune `fn` (an op function or an @op.kernel) at `shapes` and `dtype` for `arch` (an ArchSpec,
-        a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module."""
+        a name such as 'A100-SXM' or 'sm_80', or None: this machine's GPU or TESSERA_ARCH); see the module.
+        `max_trials` and `time_budget_s` bound the schedules measured on the GPU; the cost model
+        weighs every schedule of the search space."""
         kernel = _as_kernel(fn, shapes)
         name = kernel.name
         traced = kernel.traced(kernel.bind(*_placeholders(kernel, fn, shapes, dtype)))
@@ -321,7 +338,7 @@ class Autotune:
         """Write every record of the cache (all archs) to `path`; returns how many. Saving an empty
         cache while other named caches hold records warns, naming them."""
         store = TuneCache(cache or self.cache)
-        written = store.export(path)
+        written = store.export(_file_path("save_cache", path))
         if not written:
             holding = [n for n in store.names_beside() if n != store.name and TuneCache(n, store.root).records()]
             if holding:
@@ -332,7 +349,7 @@ class Autotune:
 
     def load_cache(self, path: str | os.PathLike[str], *, cache: str | None = None) -> int:
         """Merge the records of an exported file into the cache; returns how many were new or better."""
-        return TuneCache(cache or self.cache).import_(path)
+        return TuneCache(cache or self.cache).import_(_file_path("load_cache", path))
 
     def __repr__(self) -> str:
         return f"<autotune: {'on' if self.enabled else 'off'}, cache {self.cache!r}>"

@@ -378,3 +378,15 @@ def test_search_space_may_be_given_as_a_dict_of_its_keywords():
         with pytest.raises(ArgumentError, match=r"search_space takes a dict of tile_sizes, pipeline_stages.*" + says):
             autotune(op.matmul, shapes=(1024, 1024, 1024), dtype="bf16", method="cost_model", cache=None,
                      search_space=odd)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: autotune(np.matmul, shapes=(8, 8, 8)), r"<ufunc 'matmul'> is not an op or a kernel\n.*op\.matmul"),
+    (lambda: autotune(op.matmul, shapes=(8, -1, 8)), r"autotune matmul: .* negative dimension -1"),
+    (lambda: autotune(op.add, shapes=((8, -2), (8, 1))), r"autotune add: .* negative dimension -2"),
+    (lambda: autotune.save_cache(None), r"autotune.save_cache: the file must be a path .* got None"),
+    (lambda: autotune.load_cache(3), r"autotune.load_cache: the file must be a path .* got 3"),
+])
+def test_bad_tuning_arguments_name_what_is_wrong(call, says):
+    with pytest.raises(ArgumentError, match=says):
+        call()

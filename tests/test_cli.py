@@ -172,6 +172,15 @@ def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, c
     assert "has none" in err and "cost_model" in err
 
 
+@pytest.mark.parametrize("flag, value, says", [("--max-trials", "abc", "'abc' is not a positive integer"),
+                                               ("--max-trials", "0", "0 is not a positive integer"),
+                                               ("--time-budget", "soon", "'soon' is not a positive number")])
+def test_tune_options_that_are_not_numbers_say_so(capsys, flag, value, says):
+    from tessera_rw.cli import main
+    assert main(["tune", "examples/matmul_autotune.py", flag, value]) == 2
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
+
+
 def test_tune_for_another_arch_keeps_its_records_under_that_arch(tmp_path, monkeypatch, capsys):
     from tessera_rw.cli import main
     from tessera_rw.tune.cache import TuneCache

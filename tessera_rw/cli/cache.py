@@ -75,6 +75,13 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     if args.format == "json":
         console.file.write(json.dumps([r.model_dump(mode="json") for r in records], indent=2) + "\n")
         return 0
+    if not records:
+        where = f" for {args.arch}" if args.arch else ""
+        console.print(f"autotune cache '{cache.name}' ({cache.folder}) has no records{where}: tuning adds them "
+                      "(tessera-rewrite tune FILE.py:FUNCTION, autotune(...), or kernel calls under "
+                      "autotune.enable())", markup=False, highlight=False, soft_wrap=True)
+        _name_the_others(cache, console)
+        return 0
     table = report_table(f"autotune cache '{cache.name}' ({len(records)} records, {cache.folder})")
     here = current_versions()
     others = sum(not r.holds_under(here) for r in records)
@@ -101,14 +108,18 @@ def _list(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
         needed = console.measure(table, options=console.options.update_width(10_000)).maximum
         console = Console(file=console.file, width=max(console.width, needed), no_color=True)
     console.print(table)
-    named = [n for n in cache.names_beside() if n != cache.name]
-    if named:
-        console.print(f"other caches in {cache.root}: {', '.join(named)} (list one with --name NAME)",
-                      markup=False, highlight=False)
+    _name_the_others(cache, console)
     if others:
         console.print(f"{others} record(s) hold for other versions than this machine's ({_describe(here)}): "
                       "lookups here never use them", markup=False, highlight=False)
     return 0
+
+
+def _name_the_others(cache: TuneCache, console: Console) -> None:
+    named = [n for n in cache.names_beside() if n != cache.name]
+    if named:
+        console.print(f"other caches in {cache.root}: {', '.join(named)} (list one with --name NAME)",
+                      markup=False, highlight=False)
 
 
 def _export(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:

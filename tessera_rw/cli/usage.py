@@ -17,7 +17,10 @@ USAGE = {
 
 def positive_int(text: str) -> int:
     """An argparse type: an int of at least 1."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return value
@@ -25,7 +28,10 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """An argparse type: a number above 0."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number")
     return value

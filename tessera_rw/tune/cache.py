@@ -62,6 +62,7 @@ from tessera_rw.tune.records import (
 
 LOCK_TIMEOUT_S = 60.0            # a write holds the lock for under a second; a minute means something is stuck
 MAX_IMPORT_BYTES = 64 << 20      # ~130k records; anything bigger is not an export of ours
+MAX_INTERPOLATION_FACTOR = 8    # how far off (per dimension) a tuned shape may answer for an unseen one
 RECORD_BYTES = 500               # a record's line in a file, config of half a dozen entries
 _NAME = re.compile(FILE_NAME_PATTERN)
 
@@ -88,6 +89,13 @@ def warn_once(path: Path, about: str, message: str) -> None:
     if (str(path), about) not in _warned:
         _warned.add((str(path), about))
         warn_at_user_line(TuneCacheWarning(message))
+
+
+def _within_reach(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether every dimension of `a` is within MAX_INTERPOLATION_FACTOR of `b`'s: further off, a
+    tuned config says little (a 4096³ product's tiles for an 8³ one)."""
+    return all(max(x, 1) <= max(y, 1) * MAX_INTERPOLATION_FACTOR and max(y, 1) <= max(x, 1) * MAX_INTERPOLATION_FACTOR
+               for sa, sb in zip(a, b) for x, y in zip(sa, sb))
 
 
 def _log2_distance(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]) -> float:
@@ -157,8 +165,9 @@ class TuneCache:
     def nearest(self, op_name: str, shapes: Sequence[Sequence[int]], dtypes: Sequence[object],
                 arch: ArchSpec | str, *, signature_hash: str | None = None) -> TuneRecord | None:
         """For a shape never tuned: the record of the same op, dtypes, arch and versions (and signature,
-        when given) whose operand shapes of the same ranks are nearest in log2 space, as a copy
-        marked `interpolated=True` (its shapes and time are the source's). None when there is none.
+        when given) whose operand shapes of the same ranks are nearest in log2 space, each dimension
+        within MAX_INTERPOLATION_FACTOR, as a copy marked `interpolated=True` (its shapes and time are
+        the source's). None when there is none.
         Interpolated records are never a source, so guesses do not compound.
 
         >>> import tempfile
@@ -167,7 +176,8 @@ class TuneCache:
         """
         shapes, dtypes, versions = canonical_shapes(shapes), canonical_dtypes(dtypes), current_versions()
         sources = [r for r in self._file_of(arch).sources(op_name, dtypes, versions, ranks_of(shapes))
-                   if signature_hash in (None, r.signature_hash) and _same_spec(r, arch)]
+                   if signature_hash in (None, r.signature_hash) and _same_spec(r, arch)
+                   and _within_reach(r.shapes, shapes)]
         if not sources:
             return None
         ranked = [((_log2_distance(r.shapes, shapes), r.chosen_by is not ChosenBy.ON_DEVICE, r.time_us), r)

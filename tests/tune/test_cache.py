@@ -144,6 +144,9 @@ def test_nearest_shape_is_interpolated(cache):
     assert near.interpolated and near.shapes == ((64, 64), (64, 64)) and near.config == CONFIG
     assert get(cache, shapes=((64, 64), (64, 64))).interpolated is False       # the stored one is untouched
     assert cache.nearest("matmul", ((3000, 64), (64, 3000)), BF16, "H100-SXM").shapes[0] == (4096, 64)
+    assert cache.nearest("matmul", ((8, 64), (64, 8)), BF16, "H100-SXM").shapes[0] == (64, 64)      # 8x off
+    assert cache.nearest("matmul", ((7, 64), (64, 7)), BF16, "H100-SXM") is None      # more: says little
+    assert cache.nearest("matmul", ((100, 600), (600, 100)), BF16, "H100-SXM") is None
     assert cache.nearest("matmul", ((100, 64, 1), (64, 100)), BF16, "H100-SXM") is None     # another rank
     assert cache.nearest("matmul", ((100, 64),), BF16, "H100-SXM") is None                  # another arity
     assert cache.nearest("matmul", ((100, 64), (64, 100)), ("f32", "f32"), "H100-SXM") is None

@@ -45,6 +45,8 @@ def test_cli_list_export_import_clear(cli, tmp_path):
     assert status == 2 and "--yes" in err and "2 records" in err and len(TuneCache().records()) == 2
     assert cli("clear", "--arch", "A100", "--yes")[:2] == (0, "deleted 1 records of cache 'default' for A100\n")
     assert [r.arch for r in TuneCache().records()] == ["H100-SXM"]
+    listed = " ".join(cli("list", "--arch", "A100")[1].split())
+    assert "has no records for A100: tuning adds them" in listed and "┃" not in listed
 
 
 def test_cli_clear_asks_on_a_terminal(cli, monkeypatch):
