@@ -26,14 +26,15 @@ from tessera_rw.cli.usage import UsageError, positive_int
 from tessera_rw.rules.plugins import discover
 from tessera_rw.rules.registry import BUILTIN_RULESETS, plugin_rulesets
 from tessera_rw.rules.schema import camel
-from tessera_rw.rules.soundness import RuleCheck, Verdict, check_rule, op_instances
+from tessera_rw.rules.soundness import INSTANCES, RuleCheck, Verdict, check_rule, op_instances
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("packs", nargs="*", metavar="PACK", help="pack or distribution names (default: all)")
     p.add_argument("--check", action="store_true", help="run the soundness check on every rule")
     p.add_argument("--ops", action="store_true", help="list the ops patterns can name, with their attributes")
-    p.add_argument("--seeds", type=positive_int, default=5, help="random instances per rule (default 5)")
+    p.add_argument("--seeds", type=positive_int, default=INSTANCES,
+                   help=f"random instances per rule (default {INSTANCES})")
     p.add_argument("--format", choices=["text", "json"], default="text")
 
 

@@ -23,6 +23,8 @@ from tessera_rw.rules.egraph import CycleError
 from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.saturate import Limits, rewrite
 
+INSTANCES = 5        # random instances of its example a rule is checked on, by `rules --check` and plugin vetting
+
 # Agreement bounds by output dtype, relative to the result's scale (`_scales`).
 TOLERANCE = {DType.float64: 1e-10, DType.float32: 2e-5, DType.float16: 4e-3, DType.bfloat16: 3e-2,
              DType.float8_e4m3: 0.25, DType.float8_e5m2: 0.5}

@@ -150,3 +150,18 @@ def undeclared_op_template():
     class Orphan(RmsnormMatmulTemplate):
         ops = frozenset({"orphan_fused"})
     return Orphan()
+
+
+def _sigmoid_times_x(rng):
+    return (lambda x: op.sigmoid(x) * x), {"x": rng.standard_normal((3, 4)).astype(np.float32)}
+
+
+def unverifiable_pack() -> RulePack:
+    """Wrong rules whose examples cannot show it: one fails to run (a misspelt op), one the rule
+    does not match."""
+    raises = Rule("tanh-is-silu", "x tanh(x) = silu(x) (false)", lhs=t.mul(x, t.tanh(x), of=(s, d)),
+                  rhs=t.silu(x, of=(s, d)),
+                  example=lambda rng: ((lambda x: x * op.tanhh(x)), {"x": rng.standard_normal((3, 4))}))
+    unmatched = Rule("sigmoid-is-gelu", "x σ(x) = gelu(x) (false)", lhs=t.mul(x, t.sigmoid(x), of=(s, d)),
+                     rhs=t.gelu(x, approximate="none", of=(s, d)), example=_sigmoid_times_x)
+    return RulePack(name="unverifiable", version="1.0", rulesets=(Ruleset("unverifiable", (raises, unmatched)),))

@@ -249,10 +249,17 @@ def test_a_plugin_op_is_declared_on_its_first_lookup_by_name():
         opdef("rmsnorm_matmull")
 
 
-def test_a_rule_without_an_example_loads_and_says_it_cannot_be_checked():
-    with pytest.warns(PluginWarning, match=r"rules \['tanh-is-tanh'\] have no example"):
+def test_a_rule_without_an_example_is_left_out_as_it_cannot_be_checked(tmp_path, monkeypatch):
+    from tessera_rw.rules import plugin_vetting
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plugin_vetting, "_VETTED", {})
+    with pytest.warns(PluginWarning, match=r"rule 'tanh-is-tanh' .* was skipped: it cannot be checked, so it is not "
+                                           r"trusted: the rule has no example to check it on"):
         found = rulesets(entry_points=fake(f"{FIXTURES}:untested_pack"))
-    assert "untested" in {rs.name for rs in found}
+    assert next(rs for rs in found if rs.name == "untested").rules == ()
+    monkeypatch.setattr(plugin_vetting, "_VETTED", {})
+    with pytest.raises(PluginError, match="tanh-is-tanh"):
+        rulesets(strict=True, entry_points=fake(f"{FIXTURES}:untested_pack"))
 
 
 @pytest.mark.parametrize("pack, says, code", [("right_vjp_pack", "ok", 0), ("wrong_vjp_pack", "UNSOUND", 1)])
