@@ -18,10 +18,10 @@ from typing import Mapping
 
 import numpy as np
 
-from tessera_rw.algebra.errors import ArgumentError
+from tessera_rw.algebra.errors import ArgumentError, ResultError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 
 # Host types narrower than float32; arithmetic on them is carried out in float32.
 _LOW_PRECISION = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"})
@@ -56,6 +56,12 @@ def evaluate_node(node: Node, args: list[np.ndarray], precise: bool = False) -> 
     if not op.exact:
         args = widened(args)
     result = np.asarray(op.reference(*args, **node.attr_map))
+    # a plugin op's reference and shape rule disagree: never broadcast its result into place
+    # (tessera_rw's own ops may: a filled constant is held as its one value)
+    if result.shape != node.shape and node.op not in BUILTIN_OPS:
+        raise ResultError(f"its reference returned an array of shape {result.shape}, but its shape rule gives "
+                          f"{node.type}", op=node.op, operands=", ".join(str(a.type) for a in node.args) or None,
+                          hint=f"make {node.op}'s reference and shape rule (infer) agree")
     if node.op == "constant" and not precise:
         return result  # a Python scalar stays in its compute type (float32), as in a kernel's literal
     return result.astype(_held_as(node, precise), copy=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import numpy as np
 import pytest
 
 from tessera_rw import op
@@ -77,3 +78,21 @@ def test_editing_a_plugin_module_makes_its_rules_a_new_version(tmp_path, monkeyp
     finally:
         sys.modules.pop("edited_plugin", None)
         plugin_vetting._module_source.cache_clear()
+
+
+def test_a_plugin_reference_returning_another_shape_than_its_shape_rule_is_an_error():
+    from tessera_rw.algebra.errors import ResultError
+    from tessera_rw.algebra.evaluate import evaluate
+    from tessera_rw.algebra.ops import register, unregister
+    from tessera_rw.plugin import TensorType
+    rowwise = OpDef("first_row_only", ("x",), OpKind.ELEMENTWISE, lambda x: TensorType(x.shape, x.dtype),
+                    lambda x: x[:1])               # (1, n) where the shape rule says (m, n)
+    register(rowwise)
+    try:
+        graph = op.kernel(lambda x: op.apply("first_row_only", (x,))).trace(op.tensor((4, 8), "float32"))
+        x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+        with pytest.raises(ResultError, match=r"first_row_only: its reference returned an array of shape \(1, 8\), "
+                                              r"but its shape rule gives f32\[4,8\]"):
+            evaluate(graph, {graph.inputs[0].attr("name"): x})
+    finally:
+        unregister(rowwise)
