@@ -40,18 +40,32 @@ def plugin_rulesets(packs: Iterable[LoadedPack], strict: bool | None = None, vet
         tagged = tuple(dataclasses.replace(rs, origin=lp.distribution) for rs in lp.pack.rulesets)
         key = (lp.distribution, lp.pack.name, lp.pack.version)
         if error := _refusal(tuple(accepted), key, (*found, *tagged)):
+            part = _refused_part(tagged, accepted)        # while the pack's ops are declared
             for op in added:
                 unregister(op)
             for op in lp.pack.ops:
                 _OP_OWNERS.pop(op.name, None)
-            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name})", "egglog refuses its rules"
-                 f"{' beside those of ' + ', '.join(repr(d) for d, _, _ in accepted) if accepted else ''}: {error}",
+            skip(f"rule plugin from {lp.distribution!r} ({lp.pack.name})",
+                 f"egglog refuses {part}: {error}",
                  strict, hint="fix the rule's pattern or its `when` guard, and give its functions and ops "
                               "names of the plugin's own")
             continue
         found += tuple(vetted(rs, lp, strict) for rs in tagged) if vet else tagged    # fewer rules: still accepted
         accepted.append(key)
     return tuple(found)
+
+
+def _refused_part(rulesets: tuple[Ruleset, ...], accepted: list[tuple[str, str, str]]) -> str:
+    """Which of a refused pack's rules egglog refuses, each tried alone beside the built-ins: 'its
+    rule 'x' (ruleset r)'; or, when each declares cleanly alone, that it clashes with the packs
+    accepted before it."""
+    alone = [f"{r.name!r} (ruleset {rs.name})" for rs in rulesets for r in rs.rules
+             if setup_error(BUILTIN_RULESETS + (dataclasses.replace(rs, rules=(r,)),))]
+    if alone:
+        return f"its rule{'s' if len(alone) > 1 else ''} {', '.join(alone)}"
+    if accepted and not setup_error(BUILTIN_RULESETS + rulesets):
+        return f"its rules beside those of {', '.join(dict.fromkeys(repr(d) for d, _, _ in accepted))}"
+    return "its rules"
 
 
 # the package whose accepted rule pack declared each plugin op: only its templates may implement it

@@ -75,14 +75,15 @@ def test_broken_plugins_warn_with_their_name_and_the_rest_works():
 def test_a_pack_whose_rules_egglog_refuses_is_skipped_and_kernels_still_compile(monkeypatch):
     from tessera_rw.rules import plugin_vetting
     monkeypatch.setattr(plugin_vetting, "_VETTED", {})        # vetted anew in this process: it warns here
-    with pytest.warns(PluginWarning, match=r"\(unparsable\) was skipped: egglog refuses its rules: .*Unbound function nonsense"), \
+    with pytest.warns(PluginWarning, match=r"\(unparsable\) was skipped: egglog refuses its rule 'unknown-guard' "
+                                          r"\(ruleset unparsable\): .*Unbound function nonsense"), \
             pytest.warns(PluginWarning, match="exp-is-linear"):      # the other pack's unsound rule is left out
         found = rulesets(entry_points=fake(f"{FIXTURES}:unparsable_pack", f"{FIXTURES}:wrong_pack"))
     assert "unparsable" not in {rs.name for rs in found} and "wrong_algebra" in {rs.name for rs in found}
     graph = op.kernel(lambda x: op.exp(x) * 2).trace(op.tensor((4,), "float32"))
     assert rewrite(graph, found).report.stop_reason
     with pytest.raises(PluginError, match=r"\(unparsable\) failed to load \(TESSERA_STRICT_PLUGINS is set\): egglog "
-                                          r"refuses its rules: .*nonsense") as e:
+                                          r"refuses its rule 'unknown-guard' .*nonsense") as e:
         rulesets(strict=True, entry_points=fake(f"{FIXTURES}:unparsable_pack"))
     assert "skipped" not in str(e.value)
 
