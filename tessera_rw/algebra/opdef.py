@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.node import TensorType
 
 
@@ -67,6 +68,12 @@ class OpDef:
     exact: bool = False
     doc: str = ""
     vjp: VjpFn | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ArgumentError(f"op name {self.name!r} is not a Python identifier, as op.apply and pattern "
+                                "builders need", hint="use letters, digits and _, not starting with a digit: "
+                                                      "'fused_swish'")
 
     @cached_property
     def attr_names(self) -> tuple[str, ...]:

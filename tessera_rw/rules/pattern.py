@@ -123,4 +123,6 @@ def unknown_pattern_op(name: str, known: Iterable[str]) -> str:
         return f"pattern op {name!r} is not an op: patterns use the graph's op names, here {NUMPY_NAMES[name]!r}"
     close = difflib.get_close_matches(name, list(known), n=3)
     return f"pattern op {name!r} is not an op" + (f"; did you mean {', '.join(map(repr, close))}?" if close else
-                                                  " (the op names are the keys of tessera_rw.algebra.ops.OPS)")
+                                                  ": `tessera-rewrite rules --ops` lists the ops; a plugin's own "
+                                                  "op is named once its builder has it: TermBuilder(extra_ops="
+                                                  "(its OpDef,))")

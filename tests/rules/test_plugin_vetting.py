@@ -1,5 +1,5 @@
-"""Plugin rules are used only once their own examples show them sound, and a verdict holds for
-exactly the code it was reached on."""
+"""Plugin rules are used only once their own examples show them sound, a verdict holds for
+exactly the code it was reached on, and plugin ops are checked where they are declared and run."""
 
 from __future__ import annotations
 
@@ -96,3 +96,10 @@ def test_a_plugin_reference_returning_another_shape_than_its_shape_rule_is_an_er
             evaluate(graph, {graph.inputs[0].attr("name"): x})
     finally:
         unregister(rowwise)
+
+
+@pytest.mark.parametrize("name", ["my op!", "2x", "", None])
+def test_an_op_name_that_is_not_an_identifier_is_refused_where_it_is_declared(name):
+    from tessera_rw.algebra.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="is not a Python identifier"):
+        OpDef(name, ("x",), OpKind.ELEMENTWISE, lambda x: x, lambda x: x)

@@ -22,6 +22,9 @@ def test_a_misspelled_or_numpy_named_pattern_op_is_told_the_graph_name():
         t.sigmod(x)
     with pytest.raises(AttributeError, match="patterns use the graph's op names, here 'mul'"):
         t.multiply(x, x)
+    with pytest.raises(AttributeError, match=r"'qqq_fused' is not an op: `tessera-rewrite rules --ops` lists the ops; "
+                                             r"a plugin's own op .* TermBuilder\(extra_ops=\(its OpDef,\)\)"):
+        t.qqq_fused(x)
 
 
 def test_a_right_hand_side_term_without_its_type_is_refused_naming_the_rule():
