@@ -72,11 +72,14 @@ def test_broken_and_hostile_template_plugins_are_skipped_with_their_names():
 def test_a_template_implements_only_the_ops_its_own_package_declares():
     builtin = builtin_templates()
     with pytest.warns(PluginWarning, match=r"implements \['rmsnorm_matmul'\], but 'tessera-rw-rmsnorm-matmul' "
-                                           r"declares it"):
+                                           r"declares 'rmsnorm_matmul'\n.*its own rule pack declares"):
         assert load_templates(builtin, fake(f"{FIXTURES}:someone_elses_op_template")) == ()
     with pytest.warns(PluginWarning, match=r"implements \['orphan_fused'\], but no rule pack of "
-                                           r"'tests.rules.plugin_fixtures' that loaded declares it"):
+                                           r"'tests.rules.plugin_fixtures' that loaded declares 'orphan_fused'\n"
+                                           r".*declare it in the pack's `ops`"):
         assert load_templates(builtin, fake(f"{FIXTURES}:undeclared_op_template")) == ()
+    with pytest.warns(PluginWarning, match=r"implements \['reshape'\], but 'reshape' is one of tessera_rw's own ops"):
+        assert load_templates(builtin, fake(f"{FIXTURES}:builtin_op_template")) == ()
 
 
 def test_plugin_templates_are_off_with_the_plugins(monkeypatch):

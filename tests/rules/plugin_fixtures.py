@@ -152,6 +152,15 @@ def undeclared_op_template():
     return Orphan()
 
 
+def builtin_op_template():
+    """A template for one of tessera_rw's own ops."""
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Reshape(RmsnormMatmulTemplate):
+        ops = frozenset({"reshape"})
+    return Reshape()
+
+
 def _sigmoid_times_x(rng):
     return (lambda x: op.sigmoid(x) * x), {"x": rng.standard_normal((3, 4)).astype(np.float32)}
 

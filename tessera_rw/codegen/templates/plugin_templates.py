@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Callable, Iterable
 
 from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.rules.plugins import (PluginError, PluginWarning, distribution_of, installed_entry_points,
                                      plugins_disabled, skip)
@@ -129,9 +130,16 @@ def _check_own(t: Template, dist: str) -> None:
     a pack that was skipped, nor another package's op of the same name."""
     owners = {op: plugin_op_owner(op) for op in sorted(t.ops)}
     foreign = {op: owner for op, owner in owners.items() if owner != dist}
-    if foreign:
-        owner = next(iter(foreign.values()))
-        whose = f"{owner!r} declares it" if owner else f"no rule pack of {dist!r} that loaded declares it"
-        raise PluginError(f"{type(t).__name__} implements {sorted(foreign)}, but {whose}",
-                          hint=f"a plugin's templates load with its rule pack: see why the pack of {dist!r} was "
-                               "skipped (`tessera-rewrite rules`)")
+    if not foreign:
+        return
+    op, owner = next(iter(foreign.items()))
+    if op in BUILTIN_OPS:
+        raise PluginError(f"{type(t).__name__} implements {sorted(foreign)}, but {op!r} is one of tessera_rw's own "
+                          "ops, which its own templates run", hint="declare an op of the plugin's own in its rule "
+                                                                   "pack, rewrite into it, and implement that")
+    if owner:
+        raise PluginError(f"{type(t).__name__} implements {sorted(foreign)}, but {owner!r} declares {op!r}",
+                          hint="a plugin's templates implement the ops its own rule pack declares")
+    raise PluginError(f"{type(t).__name__} implements {sorted(foreign)}, but no rule pack of {dist!r} that loaded "
+                      f"declares {op!r}", hint=f"declare it in the pack's `ops`; if it is declared, see why the pack "
+                                               f"of {dist!r} was skipped (`tessera-rewrite rules`)")
