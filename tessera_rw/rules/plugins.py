@@ -16,15 +16,15 @@ from __future__ import annotations
 import functools
 import os
 import re
-import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from tessera_rw.algebra.builder import warn_at_user_line
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
@@ -163,7 +163,7 @@ def discover(strict: bool | None = None,
                 raise PluginError(f"supports tessera_rw {pack.tessera_rw}, this is {package_version()}",
                                   hint="upgrade the plugin or tessera_rw")
         except Exception as e:  # a broken plugin must not take the compiler down with it
-            skip(f"rule plugin from {dist!r} ({ep.name})", f"{type(e).__name__}: {e}", strict, cause=e)
+            skip(f"rule plugin from {dist!r} ({ep.name})", load_failure(e), strict, cause=e)
             continue
         loaded.append(LoadedPack(pack, dist))
     return tuple(loaded)
@@ -171,10 +171,19 @@ def discover(strict: bool | None = None,
 
 def skip(plugin: str, why: str, strict: bool | None, hint: str | None = None, cause: Exception | None = None) -> None:
     """Warn that `plugin` is skipped and why, or raise PluginError under strict mode
-    (TESSERA_STRICT_PLUGINS=1)."""
+    (TESSERA_STRICT_PLUGINS=1). The warning points at the user's line that loaded the plugins."""
     if _env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict:
         raise PluginError(f"{plugin} failed to load (TESSERA_STRICT_PLUGINS is set): {why}", hint=hint) from cause
-    warnings.warn(f"{plugin} was skipped: {why}" + (f" ({hint})" if hint else ""), PluginWarning, stacklevel=3)
+    warn_at_user_line(PluginWarning(f"{plugin} was skipped: {why}" + (f" ({hint})" if hint else "")))
+
+
+def load_failure(e: Exception) -> str:
+    """What went wrong loading a plugin's entry point, in a line or two: a pydantic error without
+    its documentation links."""
+    if isinstance(e, ValidationError):
+        problems = e.errors(include_url=False, include_input=False)
+        return f"{e.title}: " + "; ".join(f"{'.'.join(map(str, p['loc'])) or 'value'}: {p['msg']}" for p in problems)
+    return f"{type(e).__name__}: {e}"
 
 
 _BOTH_HINT = ("rename it in one package, uninstall one (pip uninstall {}), or set TESSERA_DISABLE_PLUGINS=1 "

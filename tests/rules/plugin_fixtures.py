@@ -24,6 +24,11 @@ def duplicate_pack() -> RulePack:
     return RulePack(name="dupe", version="1.0", rulesets=(Ruleset("algebra", ()),))
 
 
+def unversioned_pack() -> RulePack:
+    """Metadata pydantic refuses: no version."""
+    return RulePack(name="unversioned", rulesets=())
+
+
 def future_pack() -> RulePack:
     return RulePack(name="future", version="1.0", tessera_rw=">=9", rulesets=(Ruleset("future", ()),))
 

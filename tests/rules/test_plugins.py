@@ -72,6 +72,14 @@ def test_broken_plugins_warn_with_their_name_and_the_rest_works():
         assert discover(entry_points=fake(f"{FIXTURES}:future_pack")) == ()
 
 
+def test_a_pack_pydantic_refuses_says_which_field_in_a_line_at_the_users_line():
+    with pytest.warns(PluginWarning) as warned:
+        assert discover(entry_points=fake(f"{FIXTURES}:unversioned_pack")) == ()
+    (w,) = warned
+    assert "(unversioned_pack) was skipped: RulePack: version: Field required" in str(w.message)
+    assert "pydantic.dev" not in str(w.message) and w.filename == __file__
+
+
 def test_a_pack_whose_rules_egglog_refuses_is_skipped_and_kernels_still_compile(monkeypatch):
     from tessera_rw.rules import plugin_vetting
     monkeypatch.setattr(plugin_vetting, "_VETTED", {})        # vetted anew in this process: it warns here

@@ -23,7 +23,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.codegen.templates.base import Template
 from tessera_rw.rules.plugins import (PluginError, PluginWarning, distribution_of, installed_entry_points,
-                                     plugins_disabled, skip)
+                                     load_failure, plugins_disabled, skip)
 from tessera_rw.rules.registry import plugin_op_owner
 
 TEMPLATE_ENTRY_POINT_GROUP = "tessera_rw.templates"
@@ -54,7 +54,7 @@ def load_templates(builtin: tuple[Template, ...], entry_points: Callable[[], Ite
                 _check(t, taken)
                 _check_own(t, dist)
         except Exception as e:  # a broken plugin must not take the compiler down with it
-            skip(f"template plugin from {dist!r} ({ep.name})", f"{type(e).__name__}: {e}", strict, cause=e)
+            skip(f"template plugin from {dist!r} ({ep.name})", load_failure(e), strict, cause=e)
             continue
         for t in offered:
             taken.update({op: f"{type(t).__name__} from {dist!r}" for op in t.ops})
