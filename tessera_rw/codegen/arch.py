@@ -26,6 +26,7 @@ from tessera_rw.algebra.errors import TesseraError
 
 ARCH_ENV = "TESSERA_ARCH"
 WARP_SIZE = 32   # threads per warp, on every NVIDIA arch
+REGISTER_UNIT = 256   # registers are allocated to a warp in units of this many
 
 
 class ArchError(TesseraError):
@@ -94,6 +95,20 @@ class ArchSpec(BaseModel):
         """The registers a thread of a `threads`-thread block may hold: ptxas's ceiling, or the
         register file split over one block (__launch_bounds__(threads) keeps it at one block)."""
         return min(self.registers_per_thread, self.registers_per_sm // threads)
+
+    def resident_blocks(self, threads: int, registers: int, smem_bytes: int) -> int:
+        """Blocks of `threads` threads, each holding `registers` registers and `smem_bytes` of shared
+        memory, that one SM runs at once: the least of the block cap, the warps, the register file
+        (allocated per warp in units of 256) and shared memory; 0 when not one fits."""
+        if threads > self.max_threads_per_block or smem_bytes > self.smem_per_block:
+            return 0
+        warps = -(-threads // WARP_SIZE)
+        per_warp = -(-min(registers, self.registers_per_thread) * WARP_SIZE // REGISTER_UNIT) * REGISTER_UNIT
+        limits = [self.max_blocks_per_sm, self.max_warps_per_sm // warps,
+                  self.registers_per_sm // max(per_warp * warps, 1)]
+        if smem_bytes:
+            limits.append(self.smem_per_sm // smem_bytes)
+        return max(0, min(limits))
 
     def has(self, unit: MathUnit) -> bool:
         return unit in self.peak_tflops

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
-from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
+from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, first_schedule
 from tessera_rw.codegen.templates.registry import NO_KERNEL_OPS, templates_for
@@ -40,7 +40,6 @@ WARPS_TO_HIDE_LATENCY = {MathUnit.BF16: 4, MathUnit.FP8: 4, MathUnit.TF32: 4, Ma
 MEMORY_WARPS_TO_HIDE_LATENCY = 8
 ACHIEVABLE_BANDWIDTH = 0.9      # of the spec-sheet HBM bandwidth, what a streaming copy reaches
 LONE_SM_BANDWIDTH_SHARE = 4     # an SM with the memory system to itself pulls ~4x its fair share
-REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256
 # DRAM latency under load: bytes in flight / latency bounds a starved grid's bandwidth (fitted to
 # a bf16 column sum of 8192x4096 on 64 blocks of 256 threads, 16 bytes in flight each, on an H200:
 # about 0.3 TB/s).
@@ -89,23 +88,12 @@ class KernelCost:
         return f"memory-bound: {self.hbm_bytes / 1e6:.3g} MB through HBM, occupancy {self.occupancy:.0%}"
 
 
-def resident_blocks(res: Resources, arch: ArchSpec) -> int:
-    """Blocks one SM holds at once, limited by registers, shared memory, warps and the block cap."""
-    warps = math.ceil(res.threads / 32)
-    regs = min(res.registers, arch.registers_per_thread)
-    regs_per_warp = math.ceil(regs * WARP_SIZE / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
-    limits = [arch.max_blocks_per_sm, arch.max_warps_per_sm // warps, arch.registers_per_sm // max(regs_per_warp * warps, 1)]
-    if res.smem_bytes:
-        limits.append(arch.smem_per_sm // res.smem_bytes)
-    return max(0, min(limits))
-
-
 def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: Resources, arch: ArchSpec,
            has_template: bool = True) -> KernelCost:
     """The time of a kernel with resources `res` on `arch` (infinite when the schedule does not fit)."""
-    per_sm = resident_blocks(res, arch) if res.smem_bytes <= arch.smem_per_block else 0
+    per_sm = arch.resident_blocks(res.threads, res.registers, res.smem_bytes)
     warps = math.ceil(res.threads / 32)
-    if per_sm == 0 or res.threads > arch.max_threads_per_block:
+    if per_sm == 0:
         compute = memory = math.inf
         occupancy = 0.0
     elif res.blocks == 0:         # an empty tensor: nothing to compute or move

@@ -146,8 +146,7 @@ def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers
     """How many (batch·head)s have their blocks running at once: the blocks every SM holds (by
     registers, shared memory and warps) over the blocks of one head. A head's blocks walk the same
     tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
-    per_sm = max(1, min(arch.registers_per_sm // (threads * max(registers, 1)), arch.smem_per_sm // max(smem, 1),
-                        arch.max_warps_per_sm // max(threads // 32, 1)))
+    per_sm = max(1, arch.resident_blocks(threads, registers, smem))
     return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
 
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
+from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.templates import gemm_fp8_cuda as fp8
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
@@ -193,12 +193,3 @@ def tma_consumer_registers(p: GemmProblem, s: TmaSchedule) -> int:
     addresses and counters; with a residual, about as many again (ptxas hoists its loads ahead of
     the epilogue's stores, 64x64 to 128x64 tiles: within 10%)."""
     return s.accumulators * (2 if p.residual is not None else 1) + _TMA_OVERHEAD
-
-
-def blocks_per_sm(threads: int, registers: int, smem: int, arch: ArchSpec) -> int:
-    """Resident blocks per SM allowed by warps, registers (256 per warp granule) and shared memory."""
-    warps = -(-threads // 32)
-    by_warps = arch.max_warps_per_sm // warps
-    by_regs = arch.registers_per_sm // (warps * 32 * (-(-registers // 8) * 8))
-    by_smem = arch.smem_per_sm // max(smem, 1)
-    return max(1, min(by_warps, by_regs, by_smem, arch.max_blocks_per_sm))

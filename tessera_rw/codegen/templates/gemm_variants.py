@@ -29,7 +29,7 @@ from dataclasses import replace
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule, blocks_per_sm, registers, smem_bytes
+from tessera_rw.codegen.templates.gemm_footprint import TmaSchedule, registers, smem_bytes
 from tessera_rw.codegen.templates.gemm_problem import GemmProblem
 from tessera_rw.codegen.templates.gemm_tile_order import other_groups
 
@@ -38,7 +38,7 @@ def walked(op: KernelOp, s: Schedule, arch: ArchSpec) -> tuple[int, int, int, in
     """What a walk over the schedule's output tiles depends on: tile rows and columns, a wave's
     blocks, A's and B's bytes and the L2's."""
     p = GemmProblem.of(op)
-    wave = arch.sm_count * blocks_per_sm(s.threads, registers(p, s), smem_bytes(p, s), arch)
+    wave = arch.sm_count * max(1, arch.resident_blocks(s.threads, registers(p, s), smem_bytes(p, s)))
     a, b = op.operands[:2]
     return -(-p.m // s.bm), -(-p.n // s.bn), wave, a.nbytes, b.nbytes, arch.l2_bytes
 
