@@ -76,3 +76,18 @@ def test_tessera_arch_overrides_detection(monkeypatch):
     monkeypatch.setenv("TESSERA_ARCH", "nonsense")
     with pytest.raises(ArchError):
         target_arch()
+
+
+@pytest.mark.parametrize("threads, registers, smem, blocks", [
+    (256, 128, 0, 2),              # the register file: 8 warps x 4096 registers, twice
+    (256, 64, 0, 4),
+    (128, 32, 0, 16),              # warps: 64 / 4
+    (64, 32, 0, 32),               # the block cap
+    (128, 33, 0, 12),              # 33 registers take 40 per thread: allocated per warp in units of 256
+    (128, 32, 100 * 1024, 2),      # shared memory: 228 KiB over 100
+    (1024, 32, 0, 2),
+    (1056, 32, 0, 0),              # over 1024 threads: none fits
+    (128, 32, 228 * 1024, 0),      # over the 227 KiB a block may have
+])
+def test_resident_blocks_follow_the_occupancy_rules(threads, registers, smem, blocks):
+    assert arch_named("H100-SXM").resident_blocks(threads, registers, smem) == blocks
