@@ -171,7 +171,8 @@ class RankedSpace:
 def ranked_space(template: Template, op: KernelOp, arch: ArchSpec,
                  restriction: SpaceRestriction | None = None) -> RankedSpace:
     """`template`'s space for `op`, narrowed by `restriction`, with estimates, cheapest first; ties
-    put the defaults first, then keep the template's order. Raises ArgumentError naming the op when the restriction leaves nothing."""
+    put the defaults first, then keep the template's order. Raises ArgumentError naming the op when
+    the restriction leaves nothing."""
     restriction = restriction or SpaceRestriction()
     kept, pruned = [], []
     for s in template.space(op, arch):
