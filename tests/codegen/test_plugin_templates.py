@@ -1,6 +1,7 @@
 """Kernel templates from plugins: the example package's kernel runs its fused op, and broken or
 hostile template plugins are skipped with a warning naming them."""
 
+import dataclasses
 from importlib import metadata
 
 import numpy as np
@@ -128,6 +129,26 @@ def test_a_template_that_raises_is_passed_over_and_named(method, monkeypatch):
         kernel_cost.cache_clear()
     assert "rmsnorm_matmul" not in [k.kind for k in report.candidates[report.chosen].kernels]
     str(report)                                           # the report prints
+
+
+def test_a_template_claiming_to_move_fewer_bytes_than_its_result_is_passed_over():
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.plugin_templates import guarded
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw_rmsnorm_matmul.template import RmsnormMatmulTemplate
+
+    class Cheap(RmsnormMatmulTemplate):
+        def resources(self, op, schedule, arch):
+            return dataclasses.replace(super().resources(op, schedule, arch), hbm_bytes=64)
+    f32 = DType.float32
+    op_ = KernelOp.of("rmsnorm_matmul", (TensorType((512, 256), f32), TensorType((256,), f32),
+                                         TensorType((256, 96), f32)), TensorType((512, 96), f32), eps=1e-6)
+    cheap = guarded(Cheap(), "cheap-dist")
+    with pytest.warns(PluginWarning, match=r"Cheap from 'cheap-dist' raised in schedules or resources: PluginError: "
+                                           r".* moves 64 bytes, fewer than the 196,608 of the result it writes"):
+        assert cheap.schedules(op_, arch_named("H100-SXM")) == ()
 
 
 def test_a_template_whose_emit_fails_is_named_as_the_plugins_fault():

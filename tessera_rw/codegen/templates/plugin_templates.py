@@ -86,11 +86,15 @@ def guarded(t: Template, dist: str) -> Template:
             return False
 
     def with_resources(method: str, op, arch) -> tuple:
-        """The method's schedules whose resources the template can state (the cost model asks)."""
+        """The method's schedules whose resources the template can state (the cost model asks), and
+        states believably: a kernel writes its whole result at least, so it cannot move fewer bytes."""
         try:
             schedules = tuple(inner[method](op, arch))
+            written = op.result.nbytes
             for schedule in schedules:
-                inner["resources"](op, schedule, arch)
+                if (moved := inner["resources"](op, schedule, arch).hbm_bytes) < written:
+                    raise PluginError(f"resources({op}, {schedule}) says the kernel moves {moved:,} bytes, fewer than "
+                                      f"the {written:,} of the result it writes")
             return schedules
         except Exception as e:  # noqa: BLE001
             fails(f"{method} or resources", e)
