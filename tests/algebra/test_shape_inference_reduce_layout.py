@@ -55,6 +55,20 @@ def test_attention_causal_is_true_or_false_not_any_truthy_value(causal):
         op.flash_attention(q, q, q, causal=causal)
 
 
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), True, "0.1"])
+def test_attention_scale_is_a_finite_number(scale):
+    q = ph((1, 2, 8, 4))
+    with pytest.raises(AttributeValueError, match=r"flash_attention: scale must be a finite number"):
+        op.flash_attention(q, q, q, scale=scale)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("eps", [float("inf"), float("nan"), -1e-5, True])
+def test_a_norms_eps_is_a_finite_number_not_below_zero(norm, eps):
+    with pytest.raises(AttributeValueError, match=rf"{norm}: eps must be a finite number >= 0"):
+        getattr(op, norm)(ph((2, 8)), eps=eps)
+
+
 REDUCE_DTYPE = {  # (op, input dtype) -> result dtype
     ("sum", "float32"): "float32", ("sum", "int32"): "int64", ("sum", "bool"): "int64",
     ("sum", "bfloat16"): "bfloat16",

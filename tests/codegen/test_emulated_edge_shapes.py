@@ -68,3 +68,31 @@ def test_a_relu_fused_into_a_gemm_keeps_nan_as_the_relu_kernel_does():
     x[0, 3], x[1, 5] = 1.0, 1.0
     (emulated,), (host,) = both(finite, x=x, w=w)
     assert (emulated.astype(np.float32) == 0).all() and (host.astype(np.float32) == 0).all()
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("name, fn, dtype, want", [
+    ("pad -inf", lambda x: op.pad(x, ((1, 1), (1, 1)), constant_values=-INF) * 2.0, np.float32,
+     lambda x: np.pad(x, 1, constant_values=-np.inf) * 2),
+    ("pad nan bf16", lambda x: op.pad(x, ((0, 0), (0, 3)), constant_values=NAN) * 2.0, ml_dtypes.bfloat16,
+     lambda x: np.pad(x, ((0, 0), (0, 3)), constant_values=np.nan) * 2),
+    ("pad -inf f64", lambda x: op.pad(x, ((1, 1), (1, 1)), constant_values=-INF) * 2.0, np.float64,
+     lambda x: np.pad(x, 1, constant_values=-np.inf) * 2),
+    ("full nan", lambda x: x + op.full((4, 5), NAN), np.float32, lambda x: x + np.nan),
+    ("full -inf f64", lambda x: x + op.full((4, 5), -INF, dtype="float64"), np.float64, lambda x: x - np.inf),
+    ("additive causal mask", lambda x: op.softmax(x @ x.mT + op.triu(op.full((5, 5), -INF), 1), axis=-1), np.float32,
+     lambda x: _softmax(x @ x.T + np.triu(np.full((5, 5), -np.inf), 1))),
+])
+def test_non_finite_constants_are_written_into_kernels_by_their_bits(name, fn, dtype, want):
+    x = np.random.default_rng(3).standard_normal((4, 5) if "mask" not in name else (5, 8)).astype(dtype)
+    (emulated,), (host,) = both(op.kernel(fn), x=x)
+    expected = want(x.astype(np.float64))
+    for got in (emulated, host):
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=2e-2, atol=1e-6)
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)

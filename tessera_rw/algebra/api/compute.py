@@ -154,7 +154,7 @@ def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
     with op_context("flash_attention", operands, ("q", "k", "v", "mask")):
         head_dim = type_of(q).shape[-1] if type_of(q).ndim else 1
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        if not isinstance(scale, numbers.Real):
-            raise AttributeValueError(f"scale must be a number, got {scale!r}")
+        if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+            raise AttributeValueError(f"scale must be a finite number, got {scale!r}")
         causal = flag("causal", causal)
     return apply("flash_attention", operands, scale=float(scale), causal=causal, has_mask=mask is not None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tessera_rw.algebra.api.dispatch import apply, flag, op_context, tensor_operand, type_of
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
@@ -57,8 +59,8 @@ def _norm(name: str, x, weight, bias, axis, eps: float):
     operands = [tensor_operand(x)] + [p for p in (weight, bias) if p is not None]
     with op_context(name, operands, ("x", "weight", "bias")):
         axes = normalize_axes(axis, type_of(operands[0]).ndim)
-        if not isinstance(eps, (int, float)) or eps < 0:
-            raise AttributeValueError(f"eps must be a number >= 0, got {eps!r}")
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps < math.inf:
+            raise AttributeValueError(f"eps must be a finite number >= 0, got {eps!r}")
     return apply(name, operands, axes=axes, eps=float(eps),
                  has_weight=weight is not None, has_bias=bias is not None)
 

@@ -7,6 +7,8 @@ follow x).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tessera_rw.algebra.autodiff.cotangents import expand_reduced, scaled, unbroadcast
@@ -116,8 +118,8 @@ def infer_norm(x: TensorType, *params: TensorType, axes: tuple[int, ...], eps: f
                         hint="move the axes to the end with op.transpose first")
     if not x.dtype.is_float:
         raise DTypeError(f"needs a floating-point operand, got {x.dtype}", hint="cast first")
-    if not eps >= 0:
-        raise ShapeError(f"eps must be >= 0, got {eps}")
+    if not 0 <= eps < math.inf:
+        raise ShapeError(f"eps must be a finite number >= 0, got {eps}")
     normalized = tuple(x.shape[a] for a in axes)
     names = [n for n, present in (("weight", has_weight), ("bias", has_bias)) if present]
     for name, p in zip(names, params):

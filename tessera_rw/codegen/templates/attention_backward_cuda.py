@@ -34,6 +34,7 @@ from tessera_rw.codegen.templates.attention_backward_atomic_cuda import (BWD_KER
                                                                         DQ_SMEM, DQ_STEP, DS_STORE, workspace_bytes)
 from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_TYPES, TILE_HELPERS,
                                                          mask_strides, offset_statements)
+from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention_backward import BackwardSchedule, BackwardShape, GradientSchedule
@@ -72,7 +73,7 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
                        MASK_OFFSET=f"{offset}\n    const {mask_type}* mp = mask + m_off;")
     return dict(ELEM=f"{tag}_t", MMA=f"mma_{tag}_16816", PACK=f"pack_{tag}x2", TO_F32=f"{tag}_to_f32",
                 ROWS=s.rows, COLS=s.cols, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
-                BH=shape.bh, SCALE=f"{shape.scale!r}f", SCALE_LOG2=f"{shape.scale * LOG2E!r}f",
+                BH=shape.bh, SCALE=float_literal(shape.scale), SCALE_LOG2=float_literal(shape.scale * LOG2E),
                 CAUSAL="true" if shape.causal else "false", **masking)
 
 

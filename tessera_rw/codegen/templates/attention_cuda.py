@@ -29,6 +29,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.tensor_map import TensorMapSpec
+from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape
@@ -80,7 +81,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
     source = Text(text).substitute(
         NAME=name, ELEM=elem, STORE_LSE=store_lse(op, shape), PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
         BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
-        SCALE_LOG2=f"{shape.scale * LOG2E!r}f", CAUSAL="true" if shape.causal else "false",
+        SCALE_LOG2=float_literal(shape.scale * LOG2E), CAUSAL="true" if shape.causal else "false",
         HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
         MASK_ARG=f"const {mask_type}* __restrict__ mask, " if mask is not None else "",
         MASK_VALUE=MASK_LOAD[mask.dtype] if mask is not None else "0.f",

@@ -17,6 +17,8 @@ templates import it and none of them owns it; it imports no template.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 from collections.abc import Callable, Iterable
 
@@ -66,15 +68,32 @@ def store(d: DType, x: str) -> str:
             DType.bool: f"(unsigned char)(({x}) != 0)"}.get(d, f"({STORAGE[d]})({x})")
 
 
+# the bits of the values C++ has no literal for, by compute type
+_NON_FINITE = {"float": ("__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"),
+               "double": ("__longlong_as_double(0x7ff0000000000000LL)", "__longlong_as_double(0x7ff8000000000000LL)")}
+
+
 def literal(value: float, d: DType) -> str:
+    """`value` as a C++ literal of `d`'s compute type; ±inf and NaN by their bits.
+
+    >>> literal(0.5, DType.float32), literal(float("-inf"), DType.float32), literal(float("nan"), DType.float64)
+    ('0.5f', '(-__int_as_float(0x7f800000))', '__longlong_as_double(0x7ff8000000000000LL)')
+    """
     c = ctype(d)
-    if c == "float":
-        return f"{float(value)!r}f".replace("inf", "__int_as_float(0x7f800000)")
-    if c == "double":
-        return f"{float(value)!r}"
+    if c in _NON_FINITE:
+        v = float(value)
+        if not math.isfinite(v):
+            inf, nan = _NON_FINITE[c]
+            return nan if math.isnan(v) else inf if v > 0 else f"(-{inf})"
+        return f"{v!r}f" if c == "float" else f"{v!r}"
     if c == "bool":
         return "true" if value else "false"
     return f"({c}){int(value)}"
+
+
+def float_literal(value: float) -> str:
+    """`value` as a C++ float literal: '0.125f', or the bits of ±inf and NaN."""
+    return literal(value, DType.float32)
 
 
 VEC_STRUCT = """template <typename T, int N> struct __align__(sizeof(T) * N) vec_t { T v[N]; };"""

@@ -28,6 +28,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
+from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
@@ -102,7 +103,7 @@ def common(p: GemmProblem) -> tuple[str, str, str]:
            _batch_offset("c", p.batch, p.batch, p.m * p.n))
     params, args, steps = "", "", []
     if p.scale != 1.0:
-        steps.append(f"v *= {p.scale!r}f;")
+        steps.append(f"v *= {float_literal(p.scale)};")
     operands = (("bias", p.bias), ("aux", p.aux), ("res", p.residual))
     for name, t in operands:
         if t is None:

@@ -39,7 +39,7 @@ from tessera_rw.codegen.arch import ArchSpec, arch_named  # noqa: F401  (doctest
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.cuda_scalar import STORAGE, index_type, store
+from tessera_rw.codegen.templates.cuda_scalar import STORAGE, float_literal, index_type, store
 from tessera_rw.codegen.templates.rowwise import REG_KAHAN, RowwiseSchedule, RowwiseTemplate, row_spec
 from tessera_rw.codegen.templates.rowwise_stats import Sums
 
@@ -235,8 +235,8 @@ def _rstd(sums: Sums, inv: str, eps: float, keep: list[str]) -> list[str]:
     """rstd from the sum of squares; where the statistics are kept (`keep`, the lines storing them),
     var + eps named first and the lines after."""
     if not keep:
-        return [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {eps!r}f);"]
-    return [f"const float var = {sums.total('q')} * {inv};", f"const float var_eps = var + {eps!r}f;",
+        return [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {float_literal(eps)});"]
+    return [f"const float var = {sums.total('q')} * {inv};", f"const float var_eps = var + {float_literal(eps)};",
             "const float rstd = rsqrtf(var_eps);", *keep]
 
 

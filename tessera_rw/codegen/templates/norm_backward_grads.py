@@ -38,7 +38,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule
-from tessera_rw.codegen.templates.cuda_scalar import STORAGE, index_type, load, store
+from tessera_rw.codegen.templates.cuda_scalar import STORAGE, float_literal, index_type, load, store
 from tessera_rw.codegen.templates.norm_backward import REG_PER_HELD, NormBackwardTemplate, each_vector, lanes
 from tessera_rw.codegen.templates.rowwise import REG_KAHAN, RowwiseSchedule, row_spec
 
@@ -163,7 +163,7 @@ class NormBackwardGradsTemplate(NormBackwardTemplate):
             body += [f"const float mean = {sums.total('s')} * {inv};"]
             body += each(lanes("x[k][j] -= mean;", v))
         body += [sums.init("q")] + each(lanes(sums.add("q", "x[k][j] * x[k][j]"), v), guarded=False)
-        body += [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {spec.eps!r}f);"]
+        body += [f"const float rstd = rsqrtf({sums.total('q')} * {inv} + {float_literal(spec.eps)});"]
         body += ([sums.init("a")] if centered else []) + [sums.init("b")]
         step = (f"{{ x[k][j] *= rstd; const float gw = g[k][j] * {weight}; "
                 + (sums.add("a", "gw") + " " if centered else "") + sums.add("b", "gw * x[k][j]")

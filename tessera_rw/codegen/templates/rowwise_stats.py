@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA
+from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,11 @@ def resident_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max
         out += [sums.init("s")] + each(lanes(sums.add("s", "v[k][j]")), False)
         out += [f"const float mean = {sums.total('s')} * (1.0f / {length}.0f);", sums.init("q")]
         out += each(lanes(f"{{ v[k][j] -= mean; {sums.add('q', 'v[k][j] * v[k][j]')} }}"))
-        out += [f"const float rstd = rsqrtf({sums.total('q')} * (1.0f / {length}.0f) + {spec.eps!r}f);"]
+        out += [f"const float rstd = rsqrtf({sums.total('q')} * (1.0f / {length}.0f) + {float_literal(spec.eps)});"]
         value = "v[k][j] * rstd"
     else:
         out += [sums.init("q")] + each(lanes(sums.add("q", "v[k][j] * v[k][j]")), False)
-        out += [f"const float rstd = rsqrtf({sums.total('q')} * (1.0f / {length}.0f) + {spec.eps!r}f);"]
+        out += [f"const float rstd = rsqrtf({sums.total('q')} * (1.0f / {length}.0f) + {float_literal(spec.eps)});"]
         value = "v[k][j] * rstd"
     return out + each(epilogue(value))
 
@@ -142,7 +143,7 @@ def looped_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max: 
         return ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {stmt}"]
 
     inv_len = f"(1.0f / {length}.0f)"
-    eps = f"{spec.eps!r}f"
+    eps = float_literal(spec.eps)
     if spec.norm in ("softmax", "log_softmax"):
         inf = "__int_as_float(0x7f800000)"
         # Online softmax, rescaled once per vector: the running sum moves to the new maximum.
