@@ -183,6 +183,30 @@ def test_an_op_written_without_a_gpu_template_is_the_candidate_and_runs_on_the_h
     assert [s.op for s in f.program(big, big, big).plan.steps] == ["flash_attention"]
 
 
+@pytest.mark.parametrize("arch, seq, head_dim", [("A100-SXM", 255, 256), ("H100-SXM", 128, 40)])
+def test_bf16_attention_no_fused_kernel_takes_runs_unfused_on_the_gpu(arch, seq, head_dim):
+    """The fused kernels take head dims of multiples of 16 that fit shared memory: 256 does not on
+    sm_80, 40 nowhere. There the unfused form is the plan, every kernel of it a GPU one; where the
+    fused kernel exists it wins."""
+    import ml_dtypes
+    import numpy as np
+    from tessera_rw import op
+    from tessera_rw.pipeline import compile_program
+    f = op.kernel(lambda q, k, v: op.flash_attention(q, k, v, causal=True))
+    x = op.tensor((2, 4, seq, head_dim), "bfloat16")
+    program = compile_program(f.trace(x, x, x), arch)
+    assert "flash_attention" not in [s.op for s in program.plan.steps]
+    assert all(k.has_template for k in program.candidate.kernels)
+    fused = op.tensor((2, 4, seq, 64), "bfloat16")
+    assert [s.op for s in compile_program(f.trace(fused, fused, fused), arch).plan.steps] == ["flash_attention"]
+    r = np.random.default_rng(0).standard_normal((1, 2, 9, head_dim)).astype(ml_dtypes.bfloat16)
+    s = r.astype(np.float64) @ r.astype(np.float64).swapaxes(-1, -2) / np.sqrt(head_dim)
+    s = np.where(np.tril(np.ones((9, 9), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ r.astype(np.float64)
+    np.testing.assert_allclose(f(r, r, r).astype(np.float64), want, atol=3e-2)
+
+
 def test_a_deeper_program_launching_the_same_kernels_is_not_a_second_candidate():
     """A lone product as a gemm node fusing nothing runs what the plain matmul runs: one candidate."""
     graph = op.kernel(lambda x, w: x @ w).trace(op.tensor((512, 256), "float32"), op.tensor((256, 128), "float32"))

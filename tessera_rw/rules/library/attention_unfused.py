@@ -1,14 +1,16 @@
-"""flash_attention spelled out in float32, which no fused attention kernel takes: part of the
+"""flash_attention spelled out, for where no fused attention kernel takes it: part of the
 `attention` ruleset.
 
     flash_attention(Q, K, V [, M], c, causal) = softmax(mask(c · Q Kᵀ)) V
 
 where mask adds an additive M, keeps the scores where a bool M is true (−∞ elsewhere) and, under
-`causal`, where tril(1) is. The fused kernels take bf16 and fp16; a float32 op.flash_attention
-gets the unfused form beside it here, so extraction has a plan whose every kernel exists on the
-GPU (matmul, softmax) to pick, and epilogue fusion applies to it as to attention written by hand.
-(float64 has no GPU kernels at all: it keeps the fused node, which the numpy executor runs
-blockwise.)
+`causal`, where tril(1) is. The fused kernels take bf16 and fp16 with head dims of multiples of 16
+that fit the arch's shared memory (not 256 on sm_80); float32 they never take. So every
+op.flash_attention but float64's gets the unfused form beside it here, and extraction has a plan
+whose every kernel exists on the GPU (matmul, softmax) to pick where the fused node has no kernel,
+with epilogue fusion applying to it as to attention written by hand; where the fused kernel exists
+the cost model prefers it. (float64 has no GPU kernels at all: it keeps the fused node, which the
+numpy executor runs blockwise.)
 
 The unfused form holds every score in memory at once, so it is offered only up to
 UNFUSED_SCORES_LIMIT scores (256 MiB: B=4, H=16, S=1024 fits); larger attention keeps the fused
@@ -28,26 +30,25 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
-from tessera_rw.rules.schema import egg_string
 from tessera_rw.rules.tables import numel, swapped_last
 
 t = TermBuilder()
 q, k, v, mask, c, s, d = t.vars("q k v mask c s d")
 T = (s, d)
 RANKS = (2, 3, 4)
-UNFUSED_DTYPE = DType.float32
+EXAMPLE_DTYPE = DType.float32        # the rules hold for any float; their examples, and GQA's, are float32
 MASKS = ("none", "additive", "bool")
 UNFUSED_SCORES_LIMIT = 1 << 26
 
 
 def _facts(rank: int, masked: str) -> tuple[str, ...]:
-    """Q, K, V of rank `rank`, one batch and dtype d (float32); ss the scores' shape (.., Sq, Sk), pk
+    """Q, K, V of rank `rank`, one batch and dtype d (not float64); ss the scores' shape (.., Sq, Sk), pk
     Kᵀ's permutation (egglog looks tables up in a rule's query only)."""
     same_batch = [f"(= (vec-get {x}_s {i}) (vec-get q_s {i}))" for x in ("k", "v") for i in range(rank - 2)]
     mask_dtype = {"none": (), "additive": ("(= (dt mask) d)",), "bool": ('(= (dt mask) "bool")',)}[masked]
     return (*(f"(= {x}_s (shp {x}))" for x in ("q", "k", "v")),
             *(f"(= (vec-length {x}_s) {rank})" for x in ("q", "k", "v")),
-            *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), f"(= d {egg_string(UNFUSED_DTYPE.value)})", *same_batch,
+            *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), '(!= d "float64")', *same_batch,
             f"(= ss (vec-set q_s {rank - 1} (vec-get k_s {rank - 2})))", f"(= pk (swap-last {rank}))",
             f"(<= {numel('ss', rank)} {UNFUSED_SCORES_LIMIT})", *mask_dtype)
 
@@ -86,13 +87,13 @@ def _gqa_rules():
              "(= (vec-get v_s 2) (vec-get k_s 2))", "(= (vec-get k_s 0) (vec-get q_s 0))",
              "(= (vec-get v_s 0) (vec-get q_s 0))", "(< (vec-get k_s 1) (vec-get q_s 1))",
              "(= (% (vec-get q_s 1) (vec-get k_s 1)) 0)", "(= g (/ (vec-get q_s 1) (vec-get k_s 1)))",
-             *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), f"(= d {egg_string(UNFUSED_DTYPE.value)})",
+             *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), '(!= d "float64")',
              f"(<= {scores} {UNFUSED_SCORES_LIMIT})")
     for masked in (False, True):
         extra = (mask,) if masked else ()
         flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, of=T)
         yield Rule(f"flash-attention-repeat-kv-heads{'-masked' if masked else ''}",
-                   "flash(Q, K, V) = flash(Q, repeat_heads(K), repeat_heads(V)) (GQA), in float32",
+                   "flash(Q, K, V) = flash(Q, repeat_heads(K), repeat_heads(V)) (GQA)",
                    lhs=t.flash_attention(q, k, v, *extra, **flags),
                    rhs=t.flash_attention(q, _repeated_heads(k), _repeated_heads(v), *extra, **flags), when=facts,
                    example=_gqa_example(masked))
@@ -100,7 +101,7 @@ def _gqa_rules():
 
 def _gqa_example(masked: bool):
     def example(rng: np.random.Generator):
-        dtype = UNFUSED_DTYPE
+        dtype = EXAMPLE_DTYPE
         b, hkv, sq, sk, dh, dv = (int(n) for n in rng.integers(1, 5, size=6))
         g = int(rng.integers(2, 4))
         arrays = {"q": rand(rng, b, hkv * g, sq, dh, dtype=dtype.numpy), "k": rand(rng, b, hkv, sk, dh, dtype=dtype.numpy),
@@ -114,7 +115,7 @@ def _gqa_example(masked: bool):
 
 def _example(rank: int, masked: str, causal: bool):
     def example(rng: np.random.Generator):
-        dtype = UNFUSED_DTYPE
+        dtype = EXAMPLE_DTYPE
         batch = tuple(int(n) for n in rng.integers(1, 4, size=rank - 2))
         sq, sk, dh, dv = (int(n) for n in rng.integers(1, 7, size=4))
         arrays = {n: rand(rng, *batch, rows, cols, dtype=dtype.numpy)
@@ -136,7 +137,7 @@ def _rules():
                 name = "-".join(["flash-attention-unfused", *(("causal",) if causal else ()),
                                  *(() if masked == "none" else (f"{masked}-mask",)), f"{rank}d"])
                 yield Rule(name, f"flash_attention(Q, K, V{', M' if extra else ''}) = softmax(c·Q Kᵀ"
-                                 f"{' masked' if extra or causal else ''}) V, in float32",
+                                 f"{' masked' if extra or causal else ''}) V",
                            lhs=t.flash_attention(q, k, v, *extra, scale=c, causal=causal, has_mask=bool(extra), of=T),
                            rhs=_unfused(rank, masked, causal), when=_facts(rank, masked),
                            example=_example(rank, masked, causal))
