@@ -212,3 +212,13 @@ def test_rulesets_checked_by_declaring_them_are_the_prepared_e_graph_of_their_re
                                when=("(= (no-such-function a) s)",)),))
     monkeypatch.undo()
     assert "no-such-function" in setup_error((bad,)) and (bad,) not in saturate._prepared.by_rulesets
+
+
+def test_iteration_matches_count_the_rules_the_report_lists_and_setup_is_apart():
+    fn = lambda q, k, v: op.softmax(q @ k.mT / 8.0, axis=-1) @ v  # noqa: E731
+    g = op.kernel(fn).trace(*(op.tensor((2, 4, 16, 8), "bf16") for _ in range(3)))
+    report = rewrite(g, BUILTIN_RULESETS).report
+    per_iteration = sum(n for it in report.iterations for n in it.matches.values())
+    assert per_iteration == sum(report.matches.values()) > 0           # the type analyses are not rules
+    assert all("/" in name for it in report.iterations for name in it.matches)
+    assert 0 <= report.setup_seconds <= report.seconds
