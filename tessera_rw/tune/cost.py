@@ -70,21 +70,27 @@ class KernelCost:
     spill_us: float
     est_us: float
     has_template: bool = True
+    l2_feed_us: float = 0.0   # the L2 feed's time: memory_us is the larger of it and HBM's
 
     @property
     def bound(self) -> str:
-        """'compute', 'memory' or 'launch': what the time is mostly made of."""
+        """'compute', 'memory' (HBM), 'L2 feed' (the tiles' loads from L2 into the SMs) or 'launch':
+        what the time is mostly made of."""
         if self.launch_us >= max(self.compute_us, self.memory_us):
             return "launch"
-        return "compute" if self.compute_us >= self.memory_us else "memory"
+        if self.compute_us >= self.memory_us:
+            return "compute"
+        return "L2 feed" if self.l2_feed_us >= self.memory_us else "memory"
 
     def why(self) -> str:
-        """'compute-bound: 137.4 GFLOP on bf16 at 62% occupancy' — one line for --explain."""
+        """'compute-bound: 137.4 GFLOP on bf16 at 62% occupancy': the bound, in one line."""
         if self.bound == "launch":
             return f"launch-bound: {self.launch_us:.1f} µs launch > {max(self.compute_us, self.memory_us):.1f} µs of work"
         if self.bound == "compute":
             return (f"compute-bound: {self.executed_flops / 1e9:.3g} GFLOP on {self.unit}, "
                     f"occupancy {self.occupancy:.0%}")
+        if self.bound == "L2 feed":
+            return f"bound by the L2 feed: {self.l2_feed_us:.3g} µs of tile loads from L2, occupancy {self.occupancy:.0%}"
         return f"memory-bound: {self.hbm_bytes / 1e6:.3g} MB through HBM, occupancy {self.occupancy:.0%}"
 
 
@@ -95,9 +101,9 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
     warps = math.ceil(res.threads / 32)
     if per_sm == 0:
         compute = memory = math.inf
-        occupancy = 0.0
+        occupancy = feed = 0.0
     elif res.blocks == 0:         # an empty tensor: nothing to compute or move
-        compute = memory = occupancy = 0.0
+        compute = memory = occupancy = feed = 0.0
     else:
         busiest = math.ceil(res.blocks / arch.sm_count)            # blocks on the busiest SM
         resident_warps = min(per_sm, busiest) * warps
@@ -118,7 +124,7 @@ def timing(op: KernelOp, kind: str, fused: tuple[str, ...], schedule: str, res: 
     est = max(compute, memory) + arch.launch_us + spill
     return KernelCost(op, kind, fused, schedule, res.threads, res.blocks, res.registers, res.smem_bytes,
                       res.hbm_bytes, op.flops, res.flops, res.unit.value, per_sm, occupancy, compute, memory,
-                      arch.launch_us, spill, est, has_template)
+                      arch.launch_us, spill, est, has_template, feed)
 
 
 # The kernel kind an op without a template reports, by how it moves data (the vocabulary of the

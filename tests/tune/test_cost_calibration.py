@@ -41,3 +41,20 @@ def test_a_large_gemm_keeps_a_large_tile():
     cfg = autotune(op.matmul, shapes=(8192, 8192, 8192), dtype="bf16", method="cost_model", cache=None, arch="H200")
     bm, bn, _ = cfg.main.schedule.bm, cfg.main.schedule.bn, cfg.main.schedule.bk
     assert bm * bn >= 128 * 128
+
+
+def test_a_kernel_whose_l2_feed_outlasts_its_hbm_traffic_is_said_to_be_bound_by_the_feed():
+    """A big GEMM's tiles re-read their operands from L2 many times over: when that feed, not the
+    HBM traffic, is the longer memory term, the report must not blame HBM."""
+    import dataclasses
+    from tessera_rw.algebra.dtypes import DType
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.codegen.arch import arch_named
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.tune.cost import kernel_cost
+    t = TensorType((4096, 4096), DType.bfloat16)
+    cost = kernel_cost(KernelOp.of("matmul", (t, t), t, accum_dtype=None), arch_named("h100"))
+    feed = dataclasses.replace(cost, compute_us=5.0, memory_us=9.0, l2_feed_us=9.0, launch_us=2.0)
+    hbm = dataclasses.replace(feed, l2_feed_us=3.0)
+    assert (feed.bound, hbm.bound) == ("L2 feed", "memory")
+    assert feed.why().startswith("bound by the L2 feed: 9 µs") and hbm.why().startswith("memory-bound")
