@@ -278,3 +278,6 @@ def test_a_rule_that_assumes_something_of_the_values_says_so_when_it_fires():
             "above its finite fill + 104") in text
     plain = op.kernel(lambda q, k, v: op.softmax(q @ k.mT, axis=-1) @ v)
     assert " assumes " not in " ".join(str(plain.explain(spec, spec, spec)).split())
+    exact = attention(float("-inf")).explain(spec, spec, spec)          # −∞ takes the exact rules
+    assert " assumes " not in " ".join(str(exact).split())
+    assert [k.kind for k in exact.candidates[exact.chosen].kernels] == ["flash_attention"]

@@ -40,10 +40,13 @@ T = (s, d)
 K, K_FACTS = mT(kt)
 SOFTMAX_ON_LAST_AXIS = ("(= ax (- (vec-length ss) 1))", "(>= (vec-length ss) 2)")
 CAUSAL_FILL_LIMIT = -1e4
+# a fill of −∞ needs no assumption, and takes the exact rules (bool-mask-from-neg-inf, then
+# causal-from-tril-mask); these rules, and what they assume, are for finite fills
+FINITE_FILL = "(> c -inf)"
 WHERE_FILL_ASSUMED = ("that each row of the causal mask's scores holds a kept score above its finite fill + 104, "
-                      "so the fill reads as −∞ (with −∞ as the fill the rule is exact)")
+                      "so the fill reads as −∞")
 ADDITIVE_FILL_ASSUMED = ("that each row's scores lie within −fill − 104 of each other, so the causal mask's finite "
-                         "fill reads as −∞ (with −∞ as the fill the rule is exact)")
+                         "fill reads as −∞")
 
 
 def qkv(rng: np.random.Generator, lead: int = 2) -> dict[str, np.ndarray]:
@@ -266,7 +269,7 @@ def _mask_rules():
                    lhs=term(*operands, t.where(tril, const(value=0.0, dtype=Expr("cd2")), const()),
                             scale=Expr("sc"), causal=False, has_mask=True, of=T),
                    rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, of=T),
-                   when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
+                   when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL),
                    example=_additive_causal_example, assumes=ADDITIVE_FILL_ASSUMED)
         yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
                    lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, of=T),
@@ -279,7 +282,7 @@ def _mask_rules():
 def _additive_causal_example(rng: np.random.Generator):
     """An attention family masked by a lower-triangular additive mask filled with what models write
     above the diagonal (the random mask gives only its shape)."""
-    fill = float(rng.choice([-math.inf, -1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))
+    fill = float(rng.choice([-1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))      # finite: FINITE_FILL
     return _attention_family(
         rng, lambda mask: op.where(op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool")), 0.0, fill))
 
@@ -298,7 +301,7 @@ def _causal_fill_rule() -> Rule:
                 rhs=t.softmax(t.where(tril, Expr("x"), const(value=float("-inf"), dtype=sd), of=(ss, sd)),
                               axis=ax, of=T),
                 when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
-                                             f"(<= c {CAUSAL_FILL_LIMIT:.1f})"),
+                                             f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL),
                 example=_causal_fill_example, assumes=WHERE_FILL_ASSUMED)
 
 
