@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from io import StringIO
 from typing import TYPE_CHECKING, Iterator
@@ -212,16 +213,28 @@ def kernels_table(candidate: CandidateInfo, costs: tuple[KernelCost, ...] | None
 
 
 def compact_schedule(schedule: str) -> str:
-    """'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3' -> '128x128x32 w2x2 s3': tiles and knobs, compact."""
-    knobs = dict(part.split("=", 1) for part in schedule.split() if "=" in part)
+    """'bm=128 bn=128 bk=32 warps_m=2 warps_n=2 stages=3' -> '128x128x32 w2x2 s3': tiles and knobs,
+    compact; a tuple value stays whole ('tile=(1, 1024)' -> 'tile=(1,1024)'), a bare word ('tma')
+    is kept.
+
+    >>> compact_schedule("tma bm=64 bn=128 bk=64 stages=4"), compact_schedule("tile=(1, 1024) threads=256")
+    ('tma 64x128x64 s4', 'tile=(1,1024) t=256')
+    """
+    parts = _SCHEDULE_PART.findall(schedule)
+    knobs = {k: v.replace(" ", "") for k, v, _ in parts if k}
     if not knobs:
         return schedule
+    words = [w for k, _, w in parts if not k]
     tile = "x".join(knobs.pop(k) for k in ("bm", "bn", "bk") if k in knobs)
     warps = "x".join(knobs.pop(k) for k in ("warps_m", "warps_n") if k in knobs) or knobs.pop("warps", "")
     stages = knobs.pop("stages", "")
     rest = [f"{k.replace('rows_per_block', 'rows').replace('threads', 't').replace('fusion_depth', 'depth')}={v}"
             for k, v in knobs.items()]
-    return " ".join(p for p in (tile, f"w{warps}" if warps else "", f"s{stages}" if stages else "", *rest) if p)
+    return " ".join(p for p in (*words, tile, f"w{warps}" if warps else "", f"s{stages}" if stages else "", *rest)
+                    if p)
+
+
+_SCHEDULE_PART = re.compile(r"(\w+)=(\([^)]*\)|\S+)|(\S+)")     # key=value (a tuple whole), or a bare word
 
 
 FFT_KINDS = ("fft", "ifft")
