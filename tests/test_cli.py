@@ -40,6 +40,11 @@ def test_explain_with_inputs(capsys):
       "--input", "v=4x8"], "matmul"),
     ([], "--explain"),
     (["bogus"], "unknown command 'bogus': the commands are rules, cache, tune"),
+    (["explain", "examples/attention.py:attention"], "to explain a file, --explain examples/attention.py:attention"),
+    (["--explain", "examples"], "examples is a folder: name a .py file in it"),
+    (["--explain", "examples/attention.py:example_inputs"], "takes no arguments, so it computes on no tensors: it is "
+                                                            "not a kernel; the kernels of examples/attention.py are "
+                                                            "attention, causal_attention"),
 ])
 def test_bad_invocations_print_one_line_and_exit_2(args, says, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -353,3 +358,11 @@ def test_a_file_explains_the_kernels_it_makes_from_other_modules_functions_not_t
     assert main(["--explain", str(module), "--format", "json"]) == 0
     names = [r["function"] for r in json.loads(capsys.readouterr().out)]
     assert names == ["block", "own"]
+
+
+def test_a_kernel_without_example_inputs_is_told_the_command_that_gives_them(tmp_path, capsys):
+    from tessera_rw.cli import main
+    (tmp_path / "two.py").write_text("from tessera_rw import op\n\n@op.kernel\ndef f(x, y):\n    return x + y\n\n"
+                                     "@op.kernel\ndef g(x):\n    return x * 2\n")
+    assert main(["--explain", str(tmp_path / "two.py")]) == 2
+    assert "--explain two.py:f --input x=4x16x64:bf16 --input y=4x16x64:bf16" in capsys.readouterr().err

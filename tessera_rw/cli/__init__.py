@@ -27,8 +27,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
         if argv and name is None and not argv[0].startswith("-"):
+            target = next((a for a in argv if ".py" in a), None)     # `explain f.py` for `--explain f.py`
             raise UsageError(f"unknown command {argv[0]!r}: the commands are {', '.join(SUBCOMMANDS)}; "
-                             f"to explain a file, --explain {argv[0]}")
+                             f"to explain a file, --explain {target or 'FILE.py'}")
         parser = Parser(prog="tessera-rewrite" + (f" {name}" if name else ""),
                         epilog=None if name else OTHER_COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
         module = SUBCOMMANDS[name] if name else explain

@@ -75,6 +75,8 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
     elif not path or not func:
         raise UsageError(f"target {target!r} must be FILE.py:FUNCTION or FILE.py")
     file = Path(path)
+    if file.is_dir():
+        raise UsageError(f"{path} is a folder: name a .py file in it (FILE.py or FILE.py:FUNCTION)")
     if not file.is_file():
         raise UsageError(f"no such file: {path}")
     module = _import(file)
@@ -91,7 +93,18 @@ def load_targets(target: str) -> tuple[list[Kernel], Any]:
         made = [f"{name} ({v.name})" if v.name != name else name for name, v in named.items()]
         raise UsageError(f"{path} has no function {func!r}"
                          + (f"; its kernels are {', '.join(made)}" if made else ""))
+    if not isinstance(fn, Kernel) and _takes_nothing(fn):
+        made = [f"{name} ({v.name})" if v.name != name else name for name, v in named.items()]
+        raise UsageError(f"{path}:{func} takes no arguments, so it computes on no tensors: it is not a kernel"
+                         + (f"; the kernels of {path} are {', '.join(made)}" if made else ""))
     return [fn if isinstance(fn, Kernel) else Kernel(fn)], module
+
+
+def _takes_nothing(fn: Any) -> bool:
+    try:
+        return not inspect.signature(fn).parameters
+    except (TypeError, ValueError):        # a builtin without a signature: let tracing say what it is
+        return False
 
 
 def _made_in(kernel: Kernel, module: Any) -> bool:
@@ -133,8 +146,10 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
                          f"{', '.join(missing)}")
     if missing:
+        shapes = " ".join(f"--input {n}=4x16x64:bf16" for n in missing)
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
-                         "in its module)")
+                         f"in its module): tessera-rewrite --explain {Path(module.__file__).name}:{kernel.name} "
+                         f"{shapes}")
     return inputs
 
 
