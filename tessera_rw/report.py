@@ -149,10 +149,15 @@ def iteration_lines(program: CompiledProgram) -> str:
     return "\n".join(lines)
 
 
-def candidates_table(report: ExplainReport, arch: ArchSpec | None) -> Table:
-    """One row per candidate, cheapest estimate first; the chosen one is marked."""
-    where = (f" on {arch.name} ({arch.sm}, {arch.hbm_gbps:,.0f} GB/s, "
-             f"{arch.peak_tflops.get(MathUnit.BF16, 0):,.0f} bf16 TFLOP/s)") if arch else ""
+def candidates_table(report: ExplainReport, program: CompiledProgram | None) -> Table:
+    """One row per candidate, cheapest estimate first; the chosen one is marked. The title gives
+    the GPU's bandwidth and the peaks of the math units the candidates' kernels run on."""
+    arch = program.arch if program is not None else None
+    where = ""
+    if arch is not None:
+        units = dict.fromkeys(k.unit for c in program.candidates for k in c.kernels if k.has_template)
+        peaks = ", ".join(f"{arch.peak_tflops[MathUnit(u)]:,.0f} {u}" for u in units if MathUnit(u) in arch.peak_tflops)
+        where = f" on {arch.name} ({arch.sm}, {arch.hbm_gbps:,.0f} GB/s" + (f", {peaks} TFLOP/s)" if peaks else ")")
     table = report_table("candidates" + where, caption="* chosen; registers, µs: the cost model's estimates "
                                                        "(--emit-cuda lists ptxas's registers)")
     for column in ("#", "fusion depth", "kernels", "HBM MB", "GFLOP", "max regs", "est µs"):
@@ -253,13 +258,23 @@ def candidate_label(report: ExplainReport, rank: int) -> str:
     return f"{label}, direct conv" if any(k.kind == "conv" for k in c.kernels) else f"{label}, no FFT"
 
 
+def _how_cached(program: CompiledProgram | None) -> str:
+    """How the cached records of a program's kernels were made: 'timed on the GPU', 'ranked by the
+    cost model', or both."""
+    kernels = program.tuning.tuning.kernels if program is not None and program.tuning is not None else ()
+    ways = {k.record.chosen_by.value for k in kernels if k.record is not None}
+    words = {"on_device": "timed on the GPU", "cost_model": "ranked by the cost model"}
+    return " and ".join(words[w] for w in sorted(ways, reverse=True) if w in words) or "tuned"
+
+
 def choice_reason(report: ExplainReport, program: CompiledProgram | None = None) -> str:
     """Why the chosen candidate won, in one sentence: against the runner-up by the cost model,
     by timing on the GPU, or from the cache."""
     best = report.candidates[report.chosen]
     label = candidate_label(report, report.chosen)
     if report.chosen_by == "cache":
-        return f"chosen: {label} (candidate {report.chosen}), from the autotune cache: tuned earlier for this signature"
+        return (f"chosen: {label} (candidate {report.chosen}), from the autotune cache: "
+                f"{_how_cached(program)} earlier for this signature")
     if report.chosen_by == "on_device":
         return f"chosen: {label} (candidate {report.chosen}), timed fastest on the GPU{_timings(program)}"
     if len(report.candidates) == 1:
@@ -336,7 +351,7 @@ def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
     else:
         yield Text(f"{report.function}(" + ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in report.inputs) + ")")
     yield rewrite_summary(report, program)
-    yield candidates_table(report, program.arch if program else None)
+    yield candidates_table(report, program)
     for rank, candidate in enumerate(report.candidates):
         costs = program.candidates[rank].kernels if program else None
         yield kernels_table(candidate, costs, f"candidate {rank}: {candidate_label(report, rank)}")

@@ -165,6 +165,17 @@ def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path,
     assert report["fusion_depth"] == 2 and report["fusion"] == "fully fused"     # as explain's JSON has it
 
 
+def test_explain_says_how_a_cached_choice_was_made_and_the_peaks_of_the_units_used(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    assert main(["--explain", "examples/matmul_autotune.py", "--tune"]) == 0     # @op.autotune: its own cache
+    capsys.readouterr()
+    assert main(["--explain", "examples/matmul_autotune.py"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "from the autotune cache: ranked by the cost model earlier for this signature" in text
+    assert "989 bf16" in text and "fp8" not in text                            # the units its kernels run on
+
+
 def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
     from tessera_rw.cli import main
     from tessera_rw.codegen.device import gpu_available
