@@ -292,7 +292,21 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
     else:
         speed = "preferred to"
     return (f"chosen: {label}, {_us(best.est_us)} µs by the cost model, {speed} the "
-            f"{candidate_label(report, other_rank)} runner-up ({'; '.join(parts)}){_on_host(report, program)}")
+            f"{candidate_label(report, other_rank)} runner-up ({'; '.join(parts)}){_other_form(report)}"
+            f"{_on_host(report, program)}")
+
+
+def _other_form(report: ExplainReport) -> str:
+    """Where the candidates take the FFT path or not, and the runner-up took the chosen one's: the
+    best candidate of the other form, which is the decision the reader looks for."""
+    spectral = [any(k.kind in FFT_KINDS for k in c.kernels) for c in report.candidates]
+    if len(set(spectral)) < 2:
+        return ""
+    ranks = [r for r in range(len(report.candidates)) if spectral[r] != spectral[report.chosen]]
+    other = min(ranks, key=lambda r: report.candidates[r].est_us or math.inf)
+    if other == (1 if report.chosen == 0 else 0):       # the runner-up already is
+        return ""
+    return f"; the best {candidate_label(report, other)} candidate takes {_us(report.candidates[other].est_us)} µs"
 
 
 def _on_host(report: ExplainReport, program: CompiledProgram | None) -> str:

@@ -3,6 +3,7 @@ tessera_rw.explain/1 schema; the text reads at 100 columns; --emit-cuda writes c
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -281,3 +282,11 @@ def test_a_rule_that_assumes_something_of_the_values_says_so_when_it_fires():
     exact = attention(float("-inf")).explain(spec, spec, spec)          # −∞ takes the exact rules
     assert " assumes " not in " ".join(str(exact).split())
     assert [k.kind for k in exact.candidates[exact.chosen].kernels] == ["flash_attention"]
+
+
+def test_the_choice_between_the_fft_and_direct_convolution_is_stated(capsys):
+    from tessera_rw.cli import main
+    assert main(["--explain", "examples/hyena_conv.py"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"chosen: \S+, FFT, [\d.]+ µs by the cost model, .*; the best \S+, direct conv candidate takes "
+                     r"[\d.]+ µs", text)
