@@ -29,6 +29,7 @@ from tessera_rw.rules.rule import WILDCARD, Rule, Ruleset
 from tessera_rw.rules.soundness import INSTANCES, Verdict, check_rule
 from tessera_rw.support.atomic_files import write_atomically
 from tessera_rw.support.cache_dir import cache_root
+from tessera_rw.support.version import package_version
 
 CHECK_SEEDS = tuple(range(INSTANCES))   # as `rules --check` draws: random shapes and values, each seed its own
 LOCK_SECONDS = 10          # waited for the verdicts file's lock before keeping a verdict in memory only
@@ -79,7 +80,7 @@ def _unsound_because(rule: Rule, ruleset: Ruleset) -> str:
 
 
 def rule_version(rule: Rule, ruleset: Ruleset, lp: LoadedPack) -> str:
-    """What a verdict holds for: the package and pack versions, the rule's own text (its patterns'
+    """What a verdict holds for: tessera_rw's version, the package and pack versions, the rule's own text (its patterns'
     wildcards numbered in order, as they differ from process to process) and example, and the
     source of the modules the pack's functions come from (an op's reference or shape rule may
     change what the rule computes)."""
@@ -88,7 +89,8 @@ def rule_version(rule: Rule, ruleset: Ruleset, lp: LoadedPack) -> str:
     canonical = WILDCARD.sub(lambda m: numbering.setdefault(m.group(0), f"w{len(numbering)}"), text)
     code = getattr(rule.example, "__code__", None)
     example = b"" if code is None else _code_bytes(code)
-    parts = (lp.distribution, lp.pack.name, lp.pack.version, ruleset.name, rule.name, canonical, pack_source(lp))
+    parts = (package_version(), lp.distribution, lp.pack.name, lp.pack.version, ruleset.name, rule.name, canonical,
+             pack_source(lp))
     return hashlib.sha256("\0".join(parts).encode() + example).hexdigest()
 
 
@@ -101,7 +103,7 @@ def _code_bytes(code: types.CodeType) -> bytes:
 
 def pack_source(lp: LoadedPack) -> str:
     """A hash of the source files of the top-level packages (or modules) that the pack's rule
-    examples and op functions are defined in; '' when none has a file."""
+    examples and op functions are defined in (a module without a file counts by its name)."""
     functions = [r.example for rs in lp.pack.rulesets for r in rs.rules if r.example is not None]
     functions += [f for op in lp.pack.ops for f in (op.infer, op.reference, op.flops, op.vjp) if f is not None]
     tops = sorted({m.split(".")[0] for f in functions if isinstance(m := getattr(f, "__module__", None), str)})

@@ -90,7 +90,8 @@ class KernelCost:
             return (f"compute-bound: {self.executed_flops / 1e9:.3g} GFLOP on {self.unit}, "
                     f"occupancy {self.occupancy:.0%}")
         if self.bound == "L2 feed":
-            return f"bound by the L2 feed: {self.l2_feed_us:.3g} µs of tile loads from L2, occupancy {self.occupancy:.0%}"
+            return (f"bound by the L2 feed: {self.l2_feed_us:.3g} µs of tile loads from L2, "
+                    f"occupancy {self.occupancy:.0%}")
         return f"memory-bound: {self.hbm_bytes / 1e6:.3g} MB through HBM, occupancy {self.occupancy:.0%}"
 
 

@@ -17,9 +17,8 @@ templates import it and none of them owns it; it imports no template.
 
 from __future__ import annotations
 
-import math
-
 import hashlib
+import math
 from collections.abc import Callable, Iterable
 
 from tessera_rw.algebra.dtypes import DType, promote

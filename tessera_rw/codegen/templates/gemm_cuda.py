@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
+from tessera_rw.codegen.templates.gemm_tile_order import tile_origin
 
 if TYPE_CHECKING:
     from tessera_rw.codegen.templates.gemm_problem import GemmProblem
