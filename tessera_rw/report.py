@@ -24,7 +24,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import BUILTIN_OPS, opdef
-from tessera_rw.codegen.arch import ArchSpec, MathUnit
+from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import refusal, templates
 from tessera_rw.tune.cost import KernelCost
@@ -245,12 +245,17 @@ _SCHEDULE_PART = re.compile(r"(\w+)=(\([^)]*\)|\S+)|(\S+)")     # key=value (a t
 FFT_KINDS = ("fft", "ifft")
 
 
+def takes_fft(report: ExplainReport) -> list[bool]:
+    """Whether each candidate takes the FFT path."""
+    return [any(k.kind in FFT_KINDS for k in c.kernels) for c in report.candidates]
+
+
 def candidate_label(report: ExplainReport, rank: int) -> str:
     """A candidate's fusion depth, and where the candidates differ in it, whether it takes the FFT
     path ("unfused, FFT" beside "unfused, direct conv")."""
     c = report.candidates[rank]
     label = FusionDepth(c.fusion_depth).label
-    spectral = [any(k.kind in FFT_KINDS for k in o.kernels) for o in report.candidates]
+    spectral = takes_fft(report)
     if len(set(spectral)) < 2:
         return label
     if spectral[rank]:
@@ -299,7 +304,7 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
 def _other_form(report: ExplainReport) -> str:
     """Where the candidates take the FFT path or not, and the runner-up took the chosen one's: the
     best candidate of the other form, which is the decision the reader looks for."""
-    spectral = [any(k.kind in FFT_KINDS for k in c.kernels) for c in report.candidates]
+    spectral = takes_fft(report)
     if len(set(spectral)) < 2:
         return ""
     ranks = [r for r in range(len(report.candidates)) if spectral[r] != spectral[report.chosen]]

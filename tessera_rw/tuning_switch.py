@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import numbers
 import os
 from typing import Iterator
 
-import numpy as np
-
+from tessera_rw.algebra.api.dispatch import is_flag
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.tune.cache import TuneCache
 from tessera_rw.tune.plan_tuner import TuneSettings
@@ -41,9 +39,9 @@ def _switch(variable: str) -> bool:
 
 
 def _on_off(function: str, on: object) -> bool:
-    """`on` as a bool: True, False, numpy's bools, or 0 and 1; a string such as "false", which is
-    truthy, is refused rather than read as its truth."""
-    if isinstance(on, (bool, np.bool_)) or (isinstance(on, numbers.Integral) and on in (0, 1)):
+    """`on` as a bool (`is_flag`); a string such as "false", which is truthy, is refused rather than
+    read as its truth."""
+    if is_flag(on):
         return bool(on)
     raise ArgumentError(f"autotune.{function}(on={on!r}): `on` must be True or False",
                         hint=f"autotune.{function}(False) turns tuning off; autotune.{function}() turns it on")

@@ -131,10 +131,16 @@ def op_context(op_name: str, operands: Sequence[Any], names: Sequence[str] = ())
                              site=user_site()) from None
 
 
+def is_flag(value: Any) -> bool:
+    """Whether `value` says yes or no: True, False, numpy's bools, or 0 and 1 (not a string such as
+    "no", which is truthy)."""
+    return isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1))
+
+
 def flag(name: str, value: Any) -> bool:
-    """A yes/no attribute (`causal`, `keepdims`) as a bool: True, False, numpy's bools, or 0 and 1;
-    anything else (a string such as "no", which is truthy) is refused, not read as its truth."""
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+    """A yes/no attribute (`causal`, `keepdims`) as a bool (`is_flag`); anything else is refused,
+    not read as its truth."""
+    if is_flag(value):
         return bool(value)
     raise AttributeValueError(f"{name} must be True or False, got {value!r}")
 

@@ -43,7 +43,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import COMPENSATED_SUM_CUDA, Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
-                                                      expr_ops, kernel_name, store, vector_widths, words)
+                                                      expr_ops, kernel_name, literal, store, vector_widths, words)
 from tessera_rw.codegen.templates.reduction_column import column_body, column_split, column_workspace_bytes
 from tessera_rw.codegen.templates.reduction_reads import Layout, operand_reads, reduction_layout, values_type
 from tessera_rw.codegen.templates.reduction_split import MAX_GRID_SPLIT, grid_split, parts_met, split_workspace_bytes
@@ -277,8 +277,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({walk.pa
         if name in ("sum", "mean"):
             return f"({c})0", "a + b"
         is_float = c in ("float", "double")
-        big = {"float": "__int_as_float(0x7f800000)", "double": "__longlong_as_double(0x7ff0000000000000ll)",
-               "int": "2147483647", "long long": "9223372036854775807ll"}[c]
+        big = literal(math.inf, acc) if is_float else {"int": "2147483647", "long long": "9223372036854775807ll"}[c]
         pick = ">" if name == "max" else "<"
         nan = " || a != a" if is_float else ""    # numpy propagates NaN
         ident = f"-{big}" if name == "max" else big

@@ -76,7 +76,7 @@ __device__ __forceinline__ float rowwise_block_sum_kahan(float s, float c) {{
 def block_helpers(warps: int) -> str:
     """Block-wide sum / max: warp shuffles, then the warps' partials through shared memory."""
     fns = []
-    for name, warp_fn, ident in (("sum", "warp_sum", "0.0f"), ("max", "warp_max", "-__int_as_float(0x7f800000)")):
+    for name, warp_fn, ident in (("sum", "warp_sum", "0.0f"), ("max", "warp_max", f"-{float_literal(math.inf)}")):
         fns.append(f"""__device__ __forceinline__ float rowwise_block_{name}(float x) {{
     __shared__ float partial[{warps}];
     x = {warp_fn}(x);
@@ -95,7 +95,7 @@ def resident_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max
     """A row held in registers: load it once, reduce its statistics, write it normalized."""
     chunks = math.ceil(length / (tpr * v))
     ragged = length % (tpr * v) != 0
-    inf = "__int_as_float(0x7f800000)"
+    inf = float_literal(math.inf)
     neutral = f"-{inf}" if spec.norm in ("softmax", "log_softmax") else "0.0f"
 
     def each(lines: list[str], guarded: bool = True) -> list[str]:
@@ -145,7 +145,7 @@ def looped_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max: 
     inv_len = f"(1.0f / {length}.0f)"
     eps = float_literal(spec.eps)
     if spec.norm in ("softmax", "log_softmax"):
-        inf = "__int_as_float(0x7f800000)"
+        inf = float_literal(math.inf)
         # Online softmax, rescaled once per vector: the running sum moves to the new maximum.
         online = ["float cm = x[0];", *lanes("cm = fmaxf(cm, x[j]);"), "const float n = fmaxf(m, cm);",
                   f"if (n != -{inf}) {{", f"    {{ const float f = expf(m - n); {sums.scale('s', 'f')} }}",

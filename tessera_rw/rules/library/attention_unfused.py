@@ -36,6 +36,7 @@ t = TermBuilder()
 q, k, v, mask, c, s, d = t.vars("q k v mask c s d")
 T = (s, d)
 RANKS = (2, 3, 4)
+NOT_FLOAT64 = '(!= d "float64")'     # float64 has no GPU kernels: it keeps the fused node
 EXAMPLE_DTYPE = DType.float32        # the rules hold for any float; their examples, and GQA's, are float32
 MASKS = ("none", "additive", "bool")
 UNFUSED_SCORES_LIMIT = 1 << 26
@@ -48,7 +49,7 @@ def _facts(rank: int, masked: str) -> tuple[str, ...]:
     mask_dtype = {"none": (), "additive": ("(= (dt mask) d)",), "bool": ('(= (dt mask) "bool")',)}[masked]
     return (*(f"(= {x}_s (shp {x}))" for x in ("q", "k", "v")),
             *(f"(= (vec-length {x}_s) {rank})" for x in ("q", "k", "v")),
-            *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), '(!= d "float64")', *same_batch,
+            *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), NOT_FLOAT64, *same_batch,
             f"(= ss (vec-set q_s {rank - 1} (vec-get k_s {rank - 2})))", f"(= pk (swap-last {rank}))",
             f"(<= {numel('ss', rank)} {UNFUSED_SCORES_LIMIT})", *mask_dtype)
 
@@ -87,7 +88,7 @@ def _gqa_rules():
              "(= (vec-get v_s 2) (vec-get k_s 2))", "(= (vec-get k_s 0) (vec-get q_s 0))",
              "(= (vec-get v_s 0) (vec-get q_s 0))", "(< (vec-get k_s 1) (vec-get q_s 1))",
              "(= (% (vec-get q_s 1) (vec-get k_s 1)) 0)", "(= g (/ (vec-get q_s 1) (vec-get k_s 1)))",
-             *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), '(!= d "float64")',
+             *(f"(= (dt {x}) d)" for x in ("q", "k", "v")), NOT_FLOAT64,
              f"(<= {scores} {UNFUSED_SCORES_LIMIT})")
     for masked in (False, True):
         extra = (mask,) if masked else ()
