@@ -17,6 +17,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.rules.pattern import Expr
 
 WILDCARD = re.compile(r"\bw\d+\b")      # what TermBuilder fills an attribute or type left out with
+REWRITTEN = "rewritten__"                # the variable a rule with `apart` terms binds its left side to
 
 # An example: from a random generator, a function to trace and its inputs (numpy arrays by name).
 Example = Callable[[np.random.Generator], tuple[Callable, dict[str, np.ndarray]]]
@@ -33,6 +34,7 @@ class Rule:
     needs: tuple[str, ...] = ()     # rules of the same ruleset that build what this one matches
     explosive: bool = False         # matches grow with the e-graph (associativity): backed off
     assumes: str = ""               # what the values (not the types) must satisfy: explain says it when it fires
+    apart: tuple[Expr, ...] = ()    # terms of the left side that must lie in another e-class than it
 
     def __post_init__(self):
         bound = set(WILDCARD.findall(self.lhs.text)) | {w for fact in self.when for w in WILDCARD.findall(fact)}
@@ -44,8 +46,13 @@ class Rule:
 
     def egglog(self, ruleset: str, run_as: str | None = None) -> str:
         """The egglog rewrite, reported as "ruleset/rule" and run in egglog ruleset `run_as`."""
+        name = f':ruleset {run_as or ruleset} :name "{ruleset}/{self.name}"'
+        if self.apart:    # a rule, to name the rewritten term's class
+            apart = (f"(!= {REWRITTEN} {a})" for a in self.apart)
+            query = " ".join((f"(= {REWRITTEN} {self.lhs})", *self.when, *apart))
+            return f"(rule ({query}) ((union {REWRITTEN} {self.rhs})) {name})"
         when = f" :when ({' '.join(self.when)})" if self.when else ""
-        return f'(rewrite {self.lhs} {self.rhs}{when} :ruleset {run_as or ruleset} :name "{ruleset}/{self.name}")'
+        return f"(rewrite {self.lhs} {self.rhs}{when} {name})"
 
 
 @dataclass(frozen=True)

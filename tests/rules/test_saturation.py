@@ -160,6 +160,20 @@ def test_a_cycle_from_an_extra_rule_keeps_fused_expressions_bounded(monkeypatch)
     np.testing.assert_allclose(f(xs), xs + 1.0, atol=1e-5)
 
 
+def test_a_fused_node_in_its_own_operand_class_is_not_merged_into_itself():
+    """x · 1 = x puts mul(x, 1) in x's class: its fused form must not take itself in, nesting
+    'mul(mul(mul($0,$1),$2),$3)' of x and ones, each nesting another spelling of x."""
+    from tessera_rw.pipeline import rulesets
+    from tessera_rw.rules.library.fusion import FUSION_RULES
+
+    assert any("(!= rewritten__ " in r.egglog("epilogue") for r in FUSION_RULES if r.apart)
+    g = op.kernel(lambda x: op.tanh(x) * 1.0 * 3.0).trace(op.tensor((4, 5), "f32"))
+    view = rewrite(g, rulesets()).view
+    own = [e for cls, enodes in view.classes.items() for e in enodes
+           if e.op == "fused_elementwise" and cls in e.operands]
+    assert own and all(dict(e.attrs)["expr"].count("(") == 1 for e in own)
+
+
 def test_an_op_registered_after_the_rulesets_were_prepared_is_declared_for_its_graph(monkeypatch):
     """Rewrites reuse an e-graph with the rulesets declared; an op registered since (a plugin's, when
     its rules were refused and the built-in rulesets' e-graph is reused) is declared with the graph."""

@@ -4,7 +4,8 @@
 Each fusible op lifts into a one-op fused node; a fused node that feeds input $k of another is
 substituted into it (its inputs taking the place of $k), up to MAX_FUSED_INPUTS inputs and
 MAX_FUSED_OPS ops: where the e-graph holds a cycle (x = log(exp(x)), from a plugin's rule, say)
-substitution could otherwise nest the expression without end, doubling it each iteration.
+substitution could otherwise nest the expression without end, doubling it each iteration. A node
+in its own operand's class (x · 1 = x puts mul(x, 1) in x's class) is never substituted into itself.
 Where an intermediate has other users the e-graph keeps both forms; extraction weighs the recompute.
 """
 
@@ -15,7 +16,7 @@ import inspect
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_INPUTS
+from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_INPUTS, MAX_FUSED_OPS
 from tessera_rw.algebra.ops.fused_norm import NO_EPILOGUE
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
@@ -25,7 +26,6 @@ from tessera_rw.rules.schema import egg_string
 t = TermBuilder()
 s, d, e_in, e_out = t.vars("s d e_in e_out")
 T = (s, d)
-MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches
 
 API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power}
 
@@ -114,7 +114,8 @@ def _merge_rules():
                            lhs=t.fused_elementwise(*outer_args, expr=e_out, of=T),
                            rhs=t.fused_elementwise(*merged, expr=Expr(_substituted(n, m, k)), of=T),
                            when=(f'(< (+ (count-matches e_in "(") (count-matches e_out "(")) {MAX_FUSED_OPS})',),
-                           example=_merge_example(n, m, k), needs=ALL_FUSION_RULE_NAMES)
+                           example=_merge_example(n, m, k), needs=ALL_FUSION_RULE_NAMES,
+                           apart=(inner,))    # where x · 1 = x put a node in its operand's class
 
 
 def _names() -> tuple[str, ...]:
