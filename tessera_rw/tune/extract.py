@@ -5,7 +5,9 @@ each depth — unfused, epilogue-fused, fully fused — only the e-nodes of that
 chosen; the cheapest tree under that restriction comes first (exact when nothing is shared, and
 safe with cycles), then a DAG pass re-chooses e-nodes whose operands are already paid for elsewhere,
 scoring every change by the cost of the whole program (a shared subexpression is paid once:
-`dag_sharing`). Programs that come out alike at two depths are kept once. A depth whose fused ops
+`dag_sharing`). Each program's layout chains are folded and its elementwise kernels merged where
+only one reads the other (lower's passes) before it is costed. Programs that come out alike at two
+depths are kept once. A depth whose fused ops
 the e-graph holds but no cheapest program takes (a plugin's SIMT kernel losing to tensor cores)
 still gets a candidate that takes them, so the report weighs it in the open. Everything is
 deterministic: ties keep the e-node the e-graph listed first.
@@ -22,6 +24,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
+from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -200,7 +203,7 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 
 
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
-    return None if program is None else candidate_of(fold_layout_chains(program), arch)
+    return None if program is None else candidate_of(merge_elementwise(fold_layout_chains(program)), arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from scipy import special
 
 from tessera_rw import op
 from tessera_rw.codegen import emulator
@@ -96,3 +97,20 @@ def test_non_finite_constants_are_written_into_kernels_by_their_bits(name, fn, d
 def _softmax(s: np.ndarray) -> np.ndarray:
     e = np.exp(s - s.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float64], ids=["fp32", "bf16", "f64"])
+def test_constants_in_a_merged_expression_are_literals_of_its_kernel(dtype):
+    # the gelu derivative: one kernel whose expression holds its constants and reads x once; a
+    # -inf floor written into it as well
+    kernel = op.kernel(lambda x: op.maximum(op.grad(lambda t: op.sum(op.gelu(t)))(x), -INF))
+    x = np.random.default_rng(5).standard_normal((6, 40)).astype(dtype)
+    plan = kernel.program(x).plan
+    assert [s.op for s in plan.steps] == ["fused_elementwise"] and len(plan.steps[0].inputs) == 1
+    assert "-inf:" in plan.steps[0].node.attr_map["expr"]
+    (emulated,), (host,) = both(kernel, x=x)
+    wide = x.astype(np.float64)
+    want = special.ndtr(wide) + wide * np.exp(-0.5 * wide ** 2) / np.sqrt(2 * np.pi)
+    tolerance = 2e-2 if dtype is ml_dtypes.bfloat16 else 1e-5
+    for got in (emulated, host):
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)

@@ -1,16 +1,19 @@
 """A chain of elementwise ops as one node, fused_elementwise(xs; expr): `expr` is a tree of the
-FUSIBLE ops over the inputs ('mul(relu(add($0,$1)),$2)'), computed in one pass. The expression
-language (parse_expr, expr_leaves) is shared with the fused reductions and normalizations and
-with the kernels that compute them."""
+FUSIBLE ops over the inputs ('mul(relu(add($0,$1)),$2)') and scalar constants written with their
+dtype ('mul($0,0.5:float32)'), computed in one pass. The expression language (parse_expr,
+expr_leaves) is shared with the fused reductions and normalizations and with the kernels that
+compute them."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
 from tessera_rw.algebra.autodiff.cotangents import before_fusion
-from tessera_rw.algebra.errors import AttributeValueError
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import AttributeValueError, DTypeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 
@@ -20,14 +23,45 @@ FUSIBLE = {1: ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh"
            2: ("add", "sub", "mul", "div", "pow", "maximum", "minimum")}
 _ARITY = {name: n for n, names in FUSIBLE.items() for name in names}
 MAX_FUSED_INPUTS = 4
+MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A constant in an expression, 'value:dtype' ('0.5:float32', '-inf:float32'): it computes as
+    the 0-d constant of that dtype it stands for, so taking one into an expression changes nothing."""
+    value: float
+    dtype: DType
+
+    @classmethod
+    def parse(cls, token: str) -> Scalar:
+        value, sep, dtype = token.partition(":")
+        try:
+            if not sep:
+                raise ValueError("no ':dtype'")
+            return cls(float(value), DType.parse(dtype))
+        except (ValueError, DTypeError) as e:
+            raise ValueError(f"{token!r} is neither $i, op(...) nor a constant 'value:dtype' ({e})") from None
+
+    def __str__(self) -> str:
+        return f"{self.value!r}:{self.dtype.value}"
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.asarray(self.value, dtype=self.dtype.compute.numpy)
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType((), self.dtype)
 
 
 @functools.lru_cache(maxsize=1024)          # a plan evaluates the same expressions on every call
 def parse_expr(text: str) -> tuple:
-    """'add(exp($0),$1)' -> ('add', ('exp', 0), 1): input positions are ints, ops are tuples."""
+    """'add(exp($0),0.5:float32)' -> ('add', ('exp', 0), Scalar(0.5, float32)): input positions
+    are ints, constants Scalars, ops tuples."""
     pos = 0
 
-    def parse() -> tuple | int:
+    def parse() -> tuple | int | Scalar:
         nonlocal pos
         if text.startswith("$", pos):
             end = pos + 1
@@ -35,6 +69,10 @@ def parse_expr(text: str) -> tuple:
                 end += 1
             index, pos = int(text[pos + 1:end]), end
             return index
+        end = min((i for i in (text.find(c, pos) for c in "(,)") if i >= 0), default=len(text))
+        if end == len(text) or text[end] != "(":
+            scalar, pos = Scalar.parse(text[pos:end]), end
+            return scalar
         open_ = text.index("(", pos)
         name, pos = text[pos:open_], open_ + 1
         args = [parse()]
@@ -55,13 +93,30 @@ def parse_expr(text: str) -> tuple:
     return tree
 
 
-def fold(tree, leaf, apply):
+def spell_expr(tree) -> str:
+    """The text parse_expr reads back as `tree`.
+
+    >>> spell_expr(parse_expr("add(exp($0),-0.5:float32)"))
+    'add(exp($0),-0.5:float32)'
+    """
+    if isinstance(tree, int):
+        return f"${tree}"
+    if isinstance(tree, Scalar):
+        return str(tree)
+    return f"{tree[0]}({','.join(spell_expr(a) for a in tree[1:])})"
+
+
+def fold(tree, leaf, apply, scalar):
+    """`tree` computed bottom-up: `leaf(i)` for input $i, `scalar(s)` for a constant, `apply(name,
+    args)` for an op."""
     if isinstance(tree, int):
         return leaf(tree)
+    if isinstance(tree, Scalar):
+        return scalar(tree)
     name, *args = tree
     if _ARITY.get(name) != len(args):
         raise AttributeValueError(f"{name!r} with {len(args)} operands cannot be fused (fusible: {sorted(_ARITY)})")
-    return apply(name, [fold(a, leaf, apply) for a in args])
+    return apply(name, [fold(a, leaf, apply, scalar) for a in args])
 
 
 def infer_fused(*xs: TensorType, expr: str) -> TensorType:
@@ -71,18 +126,18 @@ def infer_fused(*xs: TensorType, expr: str) -> TensorType:
         if not 0 <= i < len(xs):
             raise AttributeValueError(f"the expression reads input ${i} of {len(xs)}")
         return xs[i]
-    return fold(parse_expr(expr), leaf, lambda name, args: OPS[name].infer(*args))
+    return fold(parse_expr(expr), leaf, lambda name, args: OPS[name].infer(*args), lambda c: c.type)
 
 
 def fused(*xs: np.ndarray, expr: str) -> np.ndarray:
     from tessera_rw.algebra.ops import OPS
-    return fold(parse_expr(expr), lambda i: xs[i], lambda name, args: OPS[name].reference(*args))
+    return fold(parse_expr(expr), lambda i: xs[i], lambda name, args: OPS[name].reference(*args), lambda c: c.array)
 
 
 def fused_flops(out: TensorType, *xs: TensorType, expr: str) -> int:
     from tessera_rw.algebra.ops import OPS
     return fold(parse_expr(expr), lambda i: 0,
-                 lambda name, args: sum(args) + OPS[name].flops(out, out, out))
+                lambda name, args: sum(args) + OPS[name].flops(out, out, out), lambda c: 0)
 
 
 DEFS = (
@@ -94,4 +149,6 @@ DEFS = (
 
 def expr_leaves(tree) -> set[int]:
     """The operand indices a parsed expression reads."""
-    return {tree} if isinstance(tree, int) else set().union(*(expr_leaves(a) for a in tree[1:]))
+    if isinstance(tree, (int, Scalar)):
+        return {tree} if isinstance(tree, int) else set()
+    return set().union(*(expr_leaves(a) for a in tree[1:]))

@@ -25,6 +25,7 @@ from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused_expr import Scalar
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
 
@@ -237,6 +238,8 @@ def emit_tree(tree, leaves: list[tuple[str, DType]], lines: list[str], prefix: s
     """Emit `tree` (parse_expr form) over computed `leaves` as statements; returns (name, dtype)."""
     if isinstance(tree, int):
         return leaves[tree]
+    if isinstance(tree, Scalar):
+        return literal(tree.value, tree.dtype), tree.dtype
     name, *subtrees = tree
     args = [emit_tree(s, leaves, lines, prefix) for s in subtrees]
     out = OPS[name].infer(*(TensorType((), d) for _, d in args)).dtype
@@ -246,4 +249,4 @@ def emit_tree(tree, leaves: list[tuple[str, DType]], lines: list[str], prefix: s
 
 
 def expr_ops(tree) -> list[str]:
-    return [] if isinstance(tree, int) else [tree[0]] + [n for s in tree[1:] for n in expr_ops(s)]
+    return [] if isinstance(tree, (int, Scalar)) else [tree[0]] + [n for s in tree[1:] for n in expr_ops(s)]

@@ -1,0 +1,105 @@
+"""Elementwise kernels merged after extraction (lower/elementwise_merge.py): scalar constants go
+into the expression, a tensor is read once, and a producer only one kernel reads is absorbed by it;
+the program computes what it did."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import special
+
+from tessera_rw import op
+from tessera_rw.algebra.builder import make, make_constant, make_input
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, merge_elementwise
+
+F32 = DType.float32
+UNARY = ("exp", "tanh", "neg", "abs", "sin", "sigmoid")
+BINARY = ("add", "sub", "mul", "maximum", "minimum")
+
+
+def fused(*args, expr):
+    return make("fused_elementwise", *args, expr=expr)
+
+
+def kernels(graph: Graph) -> list:
+    return [n for n in graph.nodes if n.op not in ("input", "constant")]
+
+
+def test_the_gelu_derivative_is_one_kernel_that_reads_x_once():
+    # written out by autodiff it reads x in five places and holds four constants: as the fusion
+    # rules bound a fused node's inputs, extraction leaves it as three kernels
+    kernel = op.kernel(lambda x: op.grad(lambda t: op.sum(op.gelu(t)))(x))
+    x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    plan = kernel.program(x).plan
+    assert [s.op for s in plan.steps] == ["fused_elementwise"]
+    assert len(plan.steps[0].inputs) == 1
+    want = special.ndtr(x.astype(np.float64)) + x * np.exp(-0.5 * x.astype(np.float64) ** 2) / np.sqrt(2 * np.pi)
+    np.testing.assert_allclose(kernel(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_constants_go_into_the_expression_and_a_repeated_tensor_is_read_once():
+    x = make_input("x", (4, 8), F32)
+    y = fused(x, make_constant(-0.5, F32), x, expr="mul(mul($0,$1),$2)")
+    (merged,) = kernels(merge_elementwise(Graph("g", (x,), (y,))))
+    assert merged.args == (x,) and merged.attr_map["expr"] == "mul(mul($0,-0.5:float32),$0)"
+
+
+def test_a_producer_another_kernel_also_reads_is_not_absorbed():
+    x = make_input("x", (4, 8), F32)
+    shared = fused(x, expr="exp($0)")
+    a, b = fused(shared, expr="tanh($0)"), fused(shared, x, expr="add($0,$1)")
+    merged = merge_elementwise(Graph("g", (x,), (a, b)))
+    assert sorted(n.attr_map["expr"] for n in kernels(merged)) == ["add($0,$1)", "exp($0)", "tanh($0)"]
+
+
+def test_a_producer_of_another_shape_is_not_absorbed():
+    x, row = make_input("x", (4, 8), F32), make_input("row", (8,), F32)
+    scaled_row = fused(row, expr="exp($0)")          # absorbed, it would be computed once per element
+    y = fused(x, scaled_row, expr="mul($0,$1)")
+    assert len(kernels(merge_elementwise(Graph("g", (x, row), (y,))))) == 2
+
+
+def test_a_merge_that_would_read_too_many_tensors_stops_short():
+    xs = [make_input(f"x{i}", (4, 8), F32) for i in range(MERGED_INPUTS + 2)]
+    total = xs[0]
+    for x in xs[1:]:
+        total = fused(total, x, expr="add($0,$1)")
+    graph = Graph("g", tuple(xs), (total,))
+    merged = merge_elementwise(graph)
+    assert len(kernels(merged)) == 2 and all(len(n.args) <= MERGED_INPUTS for n in kernels(merged))
+    feeds = {f"x{i}": np.full((4, 8), float(i), np.float32) for i in range(len(xs))}
+    np.testing.assert_array_equal(evaluate(merged, feeds)[0], evaluate(graph, feeds)[0])
+
+
+@st.composite
+def elementwise_programs(draw):
+    """A random program of one-op fused nodes and plain ops over two inputs and scalar constants,
+    each value read by one or more later ones."""
+    x, y = make_input("x", (3, 5), F32), make_input("y", (3, 5), F32)
+    values = [x, y]
+    for _ in range(draw(st.integers(2, 9))):
+        name = draw(st.sampled_from(UNARY + BINARY))
+        pick = st.sampled_from(values)
+        operands = [draw(pick)] if name in UNARY else [draw(pick), draw(
+            st.one_of(pick, st.floats(-2, 2, width=32).map(lambda c: make_constant(c, F32))))]
+        if draw(st.booleans()):
+            values.append(fused(*operands, expr=f"{name}({','.join(f'${i}' for i in range(len(operands)))})"))
+        else:
+            values.append(make(name, *operands))
+    outputs = (values[-1],) + ((values[-2],) if draw(st.booleans()) else ())
+    return Graph("g", (x, y), outputs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(elementwise_programs(), st.integers(0, 2**31 - 1))
+def test_a_merged_program_computes_what_the_program_did(graph, seed):
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal((3, 5)).astype(np.float32), "y": rng.standard_normal((3, 5)).astype(np.float32)}
+    merged = merge_elementwise(graph)
+    assert len(kernels(merged)) <= len(kernels(graph))
+    for got, want in zip(evaluate(merged, feeds), evaluate(graph, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
