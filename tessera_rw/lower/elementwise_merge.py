@@ -26,7 +26,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_OPS, Scalar, parse_expr, spell_expr
+from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_OPS, Scalar, fold, parse_expr, spell_expr
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 _FUSIBLE_OPS = frozenset(name for names in FUSIBLE.values() for name in names)
@@ -39,13 +39,8 @@ def merge_elementwise(graph: Graph) -> Graph:
     new: dict[Node, Node] = {}
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     for node in graph.nodes:
-        args = tuple(new[a] for a in node.args)
-        if node.op == "fused_elementwise":
-            new[node] = _merged(node, args, absorbable)
-        elif not _same(args, node.args):
-            new[node] = make(node.op, *args, **node.attr_map)
-        else:
-            new[node] = node
+        rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
+        new[node] = _merged(node, rebuilt, absorbable) if node.op == "fused_elementwise" else rebuilt
         if len(users[node]) == 1 and node not in outputs and _elementwise(new[node]):
             absorbable.add(new[node])
     if all(new[n] is n for n in graph.nodes):
@@ -57,17 +52,18 @@ def _elementwise(node: Node) -> bool:
     return node.op == "fused_elementwise" or (node.op in _FUSIBLE_OPS and not node.attr_map)
 
 
-def _merged(node: Node, args: tuple[Node, ...], absorbable: set[Node]) -> Node:
-    """The node computing `node` over `args` with what it can take in; `node` rebuilt over `args`
-    where taking in producers would read too many tensors or nest too many ops."""
+def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
+    """The node computing `rebuilt` (`node` over the merged program's values) with what it can take
+    in; without producers where taking them in would read too many tensors or nest too many ops."""
     for take_producers in (True, False):
-        tree = _spelled(parse_expr(node.attr_map["expr"]), args, absorbable if take_producers else set(), node)
-        leaves = list({id(leaf): leaf for leaf in _leaves(tree)}.values())
-        if len(leaves) <= MERGED_INPUTS and _op_count(tree) <= MAX_FUSED_OPS:
+        leaves: list[Node] = []
+        tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, absorbable if take_producers else set(),
+                        node, leaves)
+        ops = fold(tree, lambda i: 0, lambda name, args: 1 + sum(args), lambda c: 0)
+        if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
-    expr = spell_expr(_numbered(tree, leaves))
-    rebuilt = node if _same(args, node.args) else make(node.op, *args, **node.attr_map)
-    if (_same(tuple(leaves), args) and expr == node.attr_map["expr"]) or _op_count(tree) < 2:
+    expr = spell_expr(tree)
+    if (tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]) or ops < 2:
         return rebuilt          # a one-op node is that op's kernel: its constant is not worth a new one
     try:
         merged = make("fused_elementwise", *leaves, expr=expr)
@@ -76,45 +72,23 @@ def _merged(node: Node, args: tuple[Node, ...], absorbable: set[Node]) -> Node:
     return merged if merged.type == node.type else rebuilt
 
 
-def _same(a: tuple[Node, ...], b: tuple[Node, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], root: Node):
-    """`tree` over Node leaves: each input a constant's Scalar, an absorbable producer's own
-    expression, or the input node itself."""
+def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], root: Node, leaves: list[Node]):
+    """`tree` over `args` respelled: each input a constant's Scalar, an absorbable producer's own
+    expression, or the index of the input node in `leaves` (appended when first read)."""
     if isinstance(tree, Scalar):
         return tree
     if isinstance(tree, int):
-        return _leaf(args[tree], absorbable, root)
-    return (tree[0], *(_spelled(a, args, absorbable, root) for a in tree[1:]))
+        return _leaf(args[tree], absorbable, root, leaves)
+    return (tree[0], *(_spelled(a, args, absorbable, root, leaves) for a in tree[1:]))
 
 
-def _leaf(arg: Node, absorbable: set[Node], root: Node):
+def _leaf(arg: Node, absorbable: set[Node], root: Node, leaves: list[Node]):
     if arg.op == "constant" and isinstance(arg.attr_map["value"], (int, float, bool)):
         return Scalar(float(arg.attr_map["value"]), arg.dtype)
     if arg in absorbable and arg.shape == root.shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
-            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), root)
-        return (arg.op, *(_leaf(a, absorbable, root) for a in arg.args))
-    return arg
-
-
-def _op_count(tree) -> int:
-    return 0 if isinstance(tree, (Node, Scalar)) else 1 + sum(_op_count(a) for a in tree[1:])
-
-
-def _leaves(tree) -> list[Node]:
-    if isinstance(tree, Node):
-        return [tree]
-    if isinstance(tree, Scalar):
-        return []
-    return [leaf for a in tree[1:] for leaf in _leaves(a)]
-
-
-def _numbered(tree, leaves: list[Node]):
-    if isinstance(tree, Node):
-        return next(i for i, leaf in enumerate(leaves) if leaf is tree)
-    if isinstance(tree, Scalar):
-        return tree
-    return (tree[0], *(_numbered(a, leaves) for a in tree[1:]))
+            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), root, leaves)
+        return (arg.op, *(_leaf(a, absorbable, root, leaves) for a in arg.args))
+    if arg not in leaves:                      # nodes are interned: equal is the same node
+        leaves.append(arg)
+    return leaves.index(arg)

@@ -7,10 +7,9 @@ safe with cycles), then a DAG pass re-chooses e-nodes whose operands are already
 scoring every change by the cost of the whole program (a shared subexpression is paid once:
 `dag_sharing`). Each program's layout chains are folded and its elementwise kernels merged where
 only one reads the other (lower's passes) before it is costed. Programs that come out alike at two
-depths are kept once. A depth whose fused ops
-the e-graph holds but no cheapest program takes (a plugin's SIMT kernel losing to tensor cores)
-still gets a candidate that takes them, so the report weighs it in the open. Everything is
-deterministic: ties keep the e-node the e-graph listed first.
+depths are kept once. A depth whose fused ops the e-graph holds but no cheapest program takes (a
+plugin's SIMT kernel losing to tensor cores) still gets a candidate that takes them, so the report
+weighs it in the open. Everything is deterministic: ties keep the e-node the e-graph listed first.
 """
 
 from __future__ import annotations

@@ -149,6 +149,8 @@ DEFS = (
 
 def expr_leaves(tree) -> set[int]:
     """The operand indices a parsed expression reads."""
-    if isinstance(tree, (int, Scalar)):
-        return {tree} if isinstance(tree, int) else set()
+    if isinstance(tree, int):
+        return {tree}
+    if isinstance(tree, Scalar):
+        return set()
     return set().union(*(expr_leaves(a) for a in tree[1:]))
