@@ -113,15 +113,19 @@ def tuned_linear_gelu(program: CompiledProgram) -> None:
     assert program.schedules
 
 
-def fp8_gemm_with_epilogue(program: CompiledProgram, weight_out_in: bool = False) -> None:
+def fp8_gemm_reading_the_weight_in_place(program: CompiledProgram) -> None:
     (gemm,) = program.candidate.kernels
     assert gemm.kind == "gemm" and set(gemm.fused) >= {"bias", "gelu"}
     (step,) = program.plan.steps
-    assert step.node.attr("trans_b") is weight_out_in and gemm.op.operands[0].dtype.value == "float8_e4m3"
+    assert step.node.attr("trans_b") and gemm.op.operands[0].dtype.value == "float8_e4m3"
 
 
-def fp8_gemm_reading_the_weight_in_place(program: CompiledProgram) -> None:
-    fp8_gemm_with_epilogue(program, weight_out_in=True)
+def fp8_gemm_reading_a_transposed_weight(program: CompiledProgram) -> None:
+    """W stored [in, out]: one copy lays it out k-major for the fp8 wgmma, which reads it transposed."""
+    transpose, gemm = program.plan.steps
+    assert transpose.op == "transpose" and transpose.node.args[0].op == "input"
+    assert gemm.op == "gemm" and gemm.node.attr("trans_b") and gemm.node.args[1] is transpose.node
+    assert program.candidate.kernels[1].schedule.startswith("tma ")      # the wgmma kernel, not mma.sync
 
 
 EXPECTED = {
@@ -134,7 +138,7 @@ EXPECTED = {
     ("training_step", "block_loss_and_grads"): training_step_fused,
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
     ("fp8_linear", "fp8_linear"): fp8_gemm_reading_the_weight_in_place,
-    ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_with_epilogue,
+    ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_reading_a_transposed_weight,
 }
 
 

@@ -4,7 +4,9 @@
 - `(lowest d)`: the most negative finite value of dtype `d` (what masked_fill(finfo.min) writes);
 - `(spectrum d)` / `(real-of c)`: the complex type of a real signal's spectrum, and back;
 - `(identity-perm n)`: the permutation of n axes that moves nothing;
-- `(accum-float d)`: the float type a kernel accumulates float dtype `d` in (float64 or float32).
+- `(accum-float d)`: the float type a kernel accumulates float dtype `d` in (float64 or float32);
+- `(k-major-mma d)`: true for the 8-bit floats, whose tensor-core products read both operands with k
+  contiguous (A as [M, K], B as [N, K]).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ def _swap_last(n: int) -> str:
 TABLES = "\n".join(
     ["(function swap-last (i64) Dims :merge old)", "(function lowest (String) f64 :merge old)",
      "(function spectrum (String) String :merge old)", "(function real-of (String) String :merge old)",
-     "(function identity-perm (i64) Dims :merge old)", "(function accum-float (String) String :merge old)"]
+     "(function identity-perm (i64) Dims :merge old)", "(function accum-float (String) String :merge old)",
+     "(function k-major-mma (String) bool :merge old)"]
     + [_swap_last(n) for n in range(2, MAX_RANK + 1)]
     + [f"(set (identity-perm {n}) (vec-of {' '.join(map(str, range(n)))}))" for n in range(1, MAX_RANK + 1)]
     + [f"(set (lowest {egg_string(d.value)}) {egg_f64(d.lowest)})" for d in DType if d.is_float]
     + [f"(set (spectrum {egg_string(d.value)}) {egg_string(complex_of(d).value)})" for d in DType if d.is_float]
     + [f"(set (real-of {egg_string(d.value)}) {egg_string(real_of(d).value)})" for d in DType if d.is_complex]
-    + [f"(set (accum-float {egg_string(d.value)}) {egg_string(stats_dtype(d).value)})" for d in DType if d.is_float])
+    + [f"(set (accum-float {egg_string(d.value)}) {egg_string(stats_dtype(d).value)})" for d in DType if d.is_float]
+    + [f"(set (k-major-mma {egg_string(d.value)}) true)" for d in DType if d.is_float and d.itemsize == 1])
 TABLE_FUNCTIONS = frozenset({"shp", "dt", "swap-last", "lowest", "spectrum", "real-of", "identity-perm",
-                             "accum-float"})
+                             "accum-float", "k-major-mma"})
 
 
 # Odd factors of the transform lengths the spectral rules pick: a power of two times one of these

@@ -77,3 +77,32 @@ def test_a_transposed_product_is_written_by_the_swapped_gemm(dtype):
     want = np.swapaxes(0.5 * pre * (1 + erf(pre / np.sqrt(2))), -1, -2)
     assert got.shape == (2, 48, 64)
     _assert_close(got, want, dtype)
+
+
+def test_an_fp8_operand_stored_across_k_is_copied_k_major_where_the_copy_pays():
+    """fp8 wgmma reads A as [M, K] and B as [N, K]: a large product takes a transpose kernel and the
+    warpgroup-MMA GEMM, a small one the single mma.sync kernel that transposes on its way in; a
+    bf16 product, whose wgmma reads either layout, is never offered the copy."""
+    @op.kernel
+    def linear_in_out(x, w, b):
+        return op.gelu(x @ w + b)
+
+    def choice(m, k, n, dtype):
+        program = linear_in_out.program(op.tensor((m, k), dtype), op.tensor((k, n), dtype), op.tensor((n,), "bf16"))
+        fired = {rule for rule, _, _ in program.rewrite.report.fired()}
+        return _steps(program.plan), {r for r in fired if "k-major" in r}
+
+    big, fired = choice(8192, 4096, 4096, "fp8_e4m3")
+    assert big == [("transpose", False, False), ("gemm", False, True)] and "fp8-b-k-major3" in fired
+    small, fired = choice(128, 96, 72, "fp8_e5m2")
+    assert small == [("gemm", False, False)] and fired           # offered, not taken
+    assert choice(8192, 4096, 4096, "bf16") == ([("gemm", False, False)], set())
+
+    @op.kernel
+    def weight_gradient(x, dy):
+        return x.mT @ dy
+
+    x, dy = (op.tensor((8192, 4096), "fp8_e4m3") for _ in range(2))
+    program = weight_gradient.program(x, dy)         # xᵀ read as [M, K], dy as [N, K]: both copied
+    assert _steps(program.plan) == [("transpose", False, False)] * 2 + [("gemm", False, True)]
+    assert {"fp8-a-k-major2", "fp8-b-k-major2"} <= {rule for rule, _, _ in program.rewrite.report.fired()}

@@ -15,7 +15,8 @@ from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.library.fused_reductions import REDUCTION_FUSION_RULES
 from tessera_rw.rules.library.fusion import FUSION_RULES
-from tessera_rw.rules.library.transposed_operands import transposed_operand_rules, transposed_product_rules
+from tessera_rw.rules.library.transposed_operands import (
+    k_major_fp8_rules, transposed_operand_rules, transposed_product_rules)
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 
@@ -155,6 +156,7 @@ RULES = (
     *_cast_rules(),
     *transposed_operand_rules(),
     *transposed_product_rules(),
+    *k_major_fp8_rules(),
 )
 
 EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES,

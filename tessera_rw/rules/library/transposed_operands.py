@@ -9,6 +9,13 @@ a transposed tile as cheaply as a plain one (cuBLAS's op(A) = Aᵀ), so these ru
 the copy-free form and extraction takes it wherever the transpose has no other reader. A transpose
 of a GEMM's result goes the other way: the GEMM of the swapped operands writes it directly.
 
+8-bit float products are the exception: their tensor cores (Hopper's wgmma) read both operands with
+k contiguous, A as [M, K] and B as [N, K], so an fp8 operand stored the other way is offered in a
+transposed copy too, and the cost model weighs the copy against the slower kernels that read it
+where it lies:
+
+    gemm(X, B, …; trans_a)  =  gemm(Xᵀ, B, …)        gemm(A, Y, …)  =  gemm(A, Yᵀ, …; trans_b)     (fp8)
+
 These rules live in the `epilogue` ruleset, the fold one per number of epilogue operands (a gemm
 built before the fold, like an activation derivative's, is folded too); the packed bias-gradient
 GEMM's fold is the `gradient` ruleset's.
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -70,6 +78,34 @@ def transposed_operand_rules() -> Iterator[Rule]:
         yield Rule(f"transposed-b-into-gemm{n + 2}", "gemm(A, Yᵀ, …) = gemm(A, Y, …; trans_b)",
                    lhs=_gemm(a, xt, extras, ta, False), rhs=_gemm(a, x, extras, ta, True), when=facts,
                    example=_gemm_example("b", n), needs=("matmul-is-gemm", *_EXTRA_NEEDS[n]))
+
+
+def _fp8_example(side: str, extras: int):
+    """`_gemm_example`'s product on float8_e4m3 operands, with a bf16 bias and residual (what an
+    fp8 product writes)."""
+    example = _gemm_example(side, extras)
+
+    def fp8(rng: np.random.Generator):
+        body, inputs = example(rng)
+        kinds = {"x": ml_dtypes.float8_e4m3fn, "w": ml_dtypes.float8_e4m3fn}
+        return body, {name: v.astype(kinds.get(name, ml_dtypes.bfloat16)) for name, v in inputs.items()}
+    return fp8
+
+
+def k_major_fp8_rules() -> Iterator[Rule]:
+    """gemm(X, B, …; trans_a) = gemm(Xᵀ, B, …) and gemm(A, Y, …) = gemm(A, Yᵀ, …; trans_b) for an
+    8-bit float operand, for 0 to 2 epilogue operands: the transposed copy the k-major tensor cores read."""
+    xt, facts = mT(x)
+    k_major = facts + ("(= (k-major-mma x_d) true)",)
+    for n in range(len(_EXTRA_NEEDS)):
+        extras = EXTRAS[:n]
+        yield Rule(f"fp8-a-k-major{n + 2}", "gemm(X, B, …; trans_a) = gemm(Xᵀ, B, …) for fp8 X",
+                   lhs=_gemm(x, b, extras, True, tb), rhs=_gemm(xt, b, extras, False, tb), when=k_major,
+                   example=_fp8_example("a", n),
+                   needs=("matmul-is-gemm", "transposed-a-into-gemm2", *_EXTRA_NEEDS[n]))
+        yield Rule(f"fp8-b-k-major{n + 2}", "gemm(A, Y, …) = gemm(A, Yᵀ, …; trans_b) for fp8 Y",
+                   lhs=_gemm(a, x, extras, ta, False), rhs=_gemm(a, xt, extras, ta, True), when=k_major,
+                   example=_fp8_example("in place", n), needs=("matmul-is-gemm", *_EXTRA_NEEDS[n]))
 
 
 def _product_example(with_bias: bool):
