@@ -183,10 +183,10 @@ def _runs(items: list[str]) -> str:
     """The operands' shapes or dtypes in order, a run of equal ones written once with its count.
 
     >>> _runs(["bf16", "bf16", "bf16"]), _runs(["512x512", "512x512", "512"])
-    ('bf16×3', '512x512×2 512')
+    ('3 × bf16', '2 × 512x512, 512')
     """
     runs = [(item, sum(1 for _ in group)) for item, group in itertools.groupby(items)]
-    return " ".join(item if n == 1 else f"{item}×{n}" for item, n in runs)
+    return ", ".join(item if n == 1 else f"{n} × {item}" for item, n in runs)
 
 
 def _config(r: TuneRecord) -> str:

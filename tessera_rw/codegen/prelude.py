@@ -32,6 +32,17 @@ __device__ __forceinline__ float e5m2_to_f32(fp8_t x) {
     return (x & 0x80u) ? -mag : mag;
 }
 
+// an integer power as torch computes it: exact by squaring, wrapping as the narrower result type
+// does (in unsigned arithmetic, where wrapping is defined); a negative exponent gives 0, or ±1 for
+// a base of ±1
+__device__ __forceinline__ long long ipow(long long x, long long n) {
+    if (n < 0) return x == 1 ? 1 : x == -1 ? ((n & 1) ? -1 : 1) : 0;
+    unsigned long long r = 1, b = (unsigned long long)x;
+    for (; n; n >>= 1, b *= b)
+        if (n & 1) r *= b;
+    return (long long)r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -82,3 +82,20 @@ def test_every_fp8_value_widens_to_float32_exactly(dtype):
     nan = np.isnan(want)
     assert (np.isnan(got) == nan).all()
     assert (got.view(np.uint32)[~nan] == want.view(np.uint32)[~nan]).all()
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+@pytest.mark.parametrize("dtype", [DType.int32, DType.int64], ids=["int32", "int64"])
+def test_an_integer_power_is_exact_and_agrees_with_the_reference_for_negative_exponents(dtype):
+    """Exact where a double's pow is not (3³⁹ needs 62 bits), wrapping as numpy does, and 0 or ±1 for a
+    negative exponent (torch's integer pow), the reference's answer where numpy itself raises."""
+    from tessera_rw.algebra.ops.elementwise import integer_power
+
+    rng = np.random.default_rng(5)
+    base = np.concatenate([[3, -3, 1, -1, -1, 0, 2, 7], rng.integers(-9, 10, 248)]).astype(dtype.numpy)
+    exponent = np.concatenate([[39, 39, -4, -3, -2, -1, -1, 30], rng.integers(-4, 40, 248)]).astype(dtype.numpy)
+    t = TensorType((256,), dtype)
+    got = run_emulated(KernelOp.of("pow", (t, t), t), [base, exponent], arch="h100")
+    want = integer_power(base, exponent)
+    assert (want[2:7] == [1, -1, 1, 0, 0]).all() and (dtype is DType.int32 or want[0] == 3**39)
+    np.testing.assert_array_equal(got, want)

@@ -30,8 +30,8 @@ def test_cli_list_export_import_clear(cli, tmp_path):
     TuneCache().put(rec(arch="A100", chosen_by="cost_model", time_us=7.25))
     status, out, _ = cli("list")
     assert status == 0
-    for text in ("op", "shapes", "dtypes", "config", "µs", "chosen by", "matmul", "128x64 64x256",
-                 "bf16×2", "H100-SXM", "128x128x32 w2x2 s3", "10.00", "on_device", "cost_model", "7.25"):
+    for text in ("op", "shapes", "dtypes", "config", "µs", "chosen by", "matmul", "128x64, 64x256",
+                 "2 × bf16", "H100-SXM", "128x128x32 w2x2 s3", "10.00", "on_device", "cost_model", "7.25"):
         assert text in out
     status, out, _ = cli("list", "--format", "json", "--arch", "A100")
     assert status == 0 and [r["arch"] for r in json.loads(out)] == ["A100-SXM"]

@@ -59,6 +59,22 @@ def _pow_vjp(g, y, a, b):
     return unbroadcast(da, a), unbroadcast(db, b)
 
 
+def integer_power(a, b) -> np.ndarray:
+    """np.power, but for an integer raised to a negative integer power, where numpy raises: 0, or
+    ±1 for a base of ±1, as torch and the generated kernels compute it (1 / aⁿ truncated).
+
+    >>> integer_power(np.array([2, 1, -1, -1, 0, 3], np.int32), np.array([-1, -5, -3, -2, -1, 2], np.int32)).tolist()
+    [0, 1, -1, 1, 0, 9]
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if not (np.issubdtype(np.result_type(a, b), np.integer) and (b < 0).any()):
+        return np.power(a, b)
+    negative = b < 0
+    whole = np.power(a, np.where(negative, 0, b).astype(b.dtype))
+    of_unit = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0))
+    return np.where(negative, of_unit, whole).astype(whole.dtype)
+
+
 def _select_larger(g, a, b):
     """The shares of a max's cotangent: all of it to the larger operand, half to each at a tie (as
     torch and JAX split it); b's is g minus a's, so the shares sum to g exactly."""
@@ -84,7 +100,7 @@ ARITHMETIC = (
     # y = a / b: ∂y/∂a = 1/b, ∂y/∂b = -y/b
     _binary("div", _infer_true_div, np.true_divide,
             vjp=lambda g, y, a, b: (unbroadcast(g / conj(b), a), unbroadcast(-(g * conj(y / b)), b))),
-    _binary("pow", _infer_arith, np.power, cost=4, vjp=_pow_vjp),
+    _binary("pow", _infer_arith, lambda a, b: integer_power(a, b), cost=4, vjp=_pow_vjp),
     _binary("maximum", _infer_real_arith, np.maximum, vjp=_maximum_vjp),
     _binary("minimum", _infer_real_arith, np.minimum, vjp=_minimum_vjp),
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -47,6 +48,7 @@ GRID_THREADS, GRID_VECS, GRID_TILE_THREADS = (64, 128, 256, 512, 1024), (1, 2, 4
 
 @dataclass(frozen=True)
 class CopySchedule(Schedule):
+    quiet_defaults: ClassVar[frozenset[str]] = frozenset({"tile"})     # the gather is named without it
     threads: int = 256
     vec: int = 4          # gather: consecutive result elements per thread
     tile: int = 0         # TILE: the shared-memory transpose; 0: the gather

@@ -199,6 +199,8 @@ def scalar_op(name: str, args: list[tuple[str, DType]], attrs: dict, out: DType)
         pick = ">" if name == "maximum" else "<"
         nan = f" || {a} != {a}" if c in ("float", "double") else ""   # numpy propagates NaN
         return f"(({a} {pick} {b}{nan}) ? {a} : {b})"
+    if name == "pow" and out.is_integer:
+        return f"({c})ipow((long long)({args[0][0]}), (long long)({args[1][0]}))"
     if name == "pow":
         return f"({c})pow{f}({as_(args[0], 'float' if f else 'double')}, {as_(args[1], 'float' if f else 'double')})"
     if name == "logical_and":
