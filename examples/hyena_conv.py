@@ -13,8 +13,9 @@ length. tessera_rw's `spectral` rules give the conv1d a second form,
 
 and the cost model picks it because it is O(L log L): the plan runs `rfft`, `spectral_contract` (the
 per-frequency product; groups=channels makes it a pointwise product), `irfft` — cuFFT on a GPU,
-numpy.fft on the host. The gates and the skip term fuse into elementwise kernels around it, and
-the projections' biases into their gemms.
+numpy.fft on the host. The gates and the skip term fuse into elementwise kernels around it, which
+read v, g1 and g2 where the projection wrote them (no copies of the split), and the projections'
+biases into their gemms.
 
 The rewrite covers conv1d (and conv2d) with stride 1 and dilation 1, any padding, any groups; a
 strided or dilated convolution stays direct.

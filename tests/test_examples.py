@@ -82,6 +82,8 @@ def spectral_convolution(program: CompiledProgram) -> None:
     assert "conv1d" not in ops and {"rfft", "irfft", "spectral_contract"} <= set(ops), ops
     kinds = {k.kind for k in program.candidate.kernels}
     assert {"fft", "ifft"} <= kinds
+    # the gates and the value are read where the projection wrote them, the conv's crop where irfft did
+    assert "slice" not in ops and ops.count("strided_elementwise") == 2
 
 
 def backward_gemms_with_epilogues(program: CompiledProgram) -> None:

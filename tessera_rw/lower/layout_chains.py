@@ -89,7 +89,9 @@ def strided_view(node: Node, views: dict[Node, StridedView]) -> StridedView:
     op, a = node.op, node.attr_map
     inner = strided_view(node.args[0], views) if op in COPIES | {"reshape"} else None
     found = _dense(node)
-    if op == "transpose":
+    if op == "strided_copy":        # a chain folded already: a view of its operand, which it copies
+        found = StridedView(node.args[0], node.shape, tuple(a["strides"]), a["offset"], 1)
+    elif op == "transpose":
         found = StridedView(inner.root, node.shape, tuple(inner.strides[p] for p in a["axes"]), inner.offset,
                             inner.copies)
     elif op == "slice" and all(step > 0 for step in a["steps"]):

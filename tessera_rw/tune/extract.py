@@ -25,6 +25,7 @@ from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.layout_chains import fold_layout_chains
+from tessera_rw.lower.view_reads import read_views_in_place
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
@@ -59,7 +60,7 @@ class FusionDepth(enum.IntEnum):
 
 
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
-                  "fused_elementwise": FusionDepth.EPILOGUE,
+                  "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
                   "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
                   "flash_attention": FusionDepth.FULL,
@@ -202,7 +203,9 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 
 
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
-    return None if program is None else candidate_of(merge_elementwise(fold_layout_chains(program)), arch)
+    if program is None:
+        return None
+    return candidate_of(read_views_in_place(merge_elementwise(fold_layout_chains(program))), arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

@@ -24,6 +24,7 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import spectral_op
 from tests.codegen.emulated_attention_ops import ATTENTION_OPS
+from tests.codegen.emulated_view_ops import VIEW_OPS
 from tests.codegen.ragged_ops import RAGGED, matmul, of
 
 BF16, F16, F32, BOOL = DType.bfloat16, DType.float16, DType.float32, DType.bool
@@ -395,4 +396,4 @@ def _plugin_ops() -> dict[str, KernelOp]:
 
 
 EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | ATTENTION_OPS | _rowwise_ops() | _reduction_ops()
-                                  | _elementwise_ops() | _copy_ops() | _conv_ops() | _spectral_ops() | _plugin_ops())
+                                  | _elementwise_ops() | VIEW_OPS | _copy_ops() | _conv_ops() | _spectral_ops() | _plugin_ops())

@@ -4,7 +4,10 @@ layout ops into (lower/layout_chains.py), never written by users or rules.
 A view of a dense value x is (shape, strides, offset): element i of the view is x's storage at
 offset + Σ iₖ·stridesₖ. `strided_copy` writes one view dense; `strided_concatenate` writes several
 views, of several operands, one after another along `axis` (the cotangents of q, k and v, each
-transposed back from heads, joined into the gradient of their projection).
+transposed back from heads, joined into the gradient of their projection); `strided_elementwise`
+computes a fused expression over views of its operands, one per operand, each as the result's
+shape (a stride of 0 repeats an axis), so the slices it reads are never copied
+(lower/view_reads.py).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = np.arange(12.0).reshape(3, 4)
@@ -12,6 +15,8 @@ transposed back from heads, joined into the gradient of their projection).
 [[1.0, 3.0], [5.0, 7.0]]
 >>> _strided_concatenate(x, x, axis=1, shape=(2, 3), sizes=(1, 2), strides=(4, 1, 1, 4), offsets=(0, 2)).tolist()
 [[0.0, 2.0, 6.0], [4.0, 3.0, 7.0]]
+>>> _strided_elementwise(x, x, expr="mul($0,$1)", shape=(3, 2), strides=(4, 1, 4, 1), offsets=(0, 2)).tolist()  # x[:, :2] * x[:, 2:]
+[[0.0, 3.0], [24.0, 35.0], [80.0, 99.0]]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from tessera_rw.algebra.autodiff.cotangents import before_fusion
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
 from tessera_rw.algebra.shapes import fmt_shape
 
 
@@ -79,6 +85,32 @@ def _strided_concatenate(*xs: np.ndarray, axis, shape, sizes, strides, offsets) 
     return np.concatenate([view_of(x, *view) for x, view in zip(xs, views)], axis=axis)
 
 
+def operand_views(shape: tuple[int, ...], strides: tuple[int, ...],
+                  offsets: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
+    """Each operand's (strides, offset) of a strided_elementwise, its strides flat in `strides`."""
+    rank = len(shape)
+    return [(tuple(strides[k * rank:(k + 1) * rank]), off) for k, off in enumerate(offsets)]
+
+
+def _infer_strided_elementwise(*xs: TensorType, expr: str, shape: tuple[int, ...], strides: tuple[int, ...],
+                               offsets: tuple[int, ...]) -> TensorType:
+    if len(offsets) != len(xs) or len(strides) != len(xs) * len(shape):
+        raise ShapeError(f"{len(xs)} operands read as {fmt_shape(shape)} need {len(xs)} offsets and "
+                         f"{len(xs) * len(shape)} strides, not {len(offsets)} and {len(strides)}")
+    for x, (st, off) in zip(xs, operand_views(tuple(shape), strides, offsets)):
+        _check_view(x, tuple(shape), st, off)
+    return infer_fused(*(TensorType(tuple(shape), x.dtype) for x in xs), expr=expr)
+
+
+def _strided_elementwise(*xs: np.ndarray, expr, shape, strides, offsets) -> np.ndarray:
+    views = operand_views(tuple(shape), strides, offsets)
+    return fused(*(view_of(x, shape, st, off) for x, (st, off) in zip(xs, views)), expr=expr)
+
+
+def _strided_elementwise_flops(out: TensorType, *xs: TensorType, expr: str, **view) -> int:
+    return fused_flops(out, expr=expr)
+
+
 DEFS = (
     OpDef("strided_copy", ("x",), OpKind.LAYOUT, _infer_strided_copy, _strided_copy, exact=True,
           vjp=before_fusion("strided_copy"),
@@ -88,4 +120,8 @@ DEFS = (
           variadic=True, exact=True, vjp=before_fusion("strided_concatenate"),
           doc="strided views of the operands (sizes along axis, strides flat per operand, offsets) one after "
               "another along axis: a concatenate of layout chains in one copy, as lowering folds it"),
+    OpDef("strided_elementwise", ("xs",), OpKind.ELEMENTWISE, _infer_strided_elementwise, _strided_elementwise,
+          _strided_elementwise_flops, variadic=True, vjp=before_fusion("strided_elementwise"),
+          doc="fused_elementwise's expression over strided views of the operands (strides flat per operand, "
+              "in the result's rank, 0 where a view repeats; offsets), as lowering reads slices in place"),
 )

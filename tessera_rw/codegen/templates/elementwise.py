@@ -1,5 +1,9 @@
 """Elementwise kernels: one pass over the result, every operand broadcast to it, vectorized.
 
+A strided_elementwise reads each operand as a strided view of its storage (an offset, then a stride
+per result axis): slices read where they lie, not copied first (lower/view_reads.py). A view whose
+inner axis is contiguous is read in vectors where its offset and outer strides keep them aligned.
+
 Shapes are baked into the emitted source: the kernel is compiled per shape anyway, so each
 operand's broadcast index math is specialized there (division by constants becomes a multiply),
 and the launch takes only pointers. Adjacent axes that every operand walks the same way are
@@ -26,6 +30,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.algebra.ops.fused_expr import parse_expr
+from tessera_rw.algebra.ops.strided import operand_views
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -65,6 +70,7 @@ HEAVY_TEMPS = {"exp": 1, "log": 1, "sigmoid": 1, "silu": 1, "sin": 2, "cos": 2, 
 GRID_WAVES = 4            # grid-stride: this many full waves of resident blocks, then loop
 CREATION = frozenset({"full", "arange"})
 TRIANGLE = frozenset({"tril", "triu"})
+EXPRESSIONS = frozenset({"fused_elementwise", "strided_elementwise"})     # ops computing attrs["expr"]
 
 # two or more of these in one expression lower the modeled efficiency (see resources())
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "sigmoid", "silu", "gelu", "pow"})
@@ -81,23 +87,35 @@ class ElementwiseTemplate(Template):
                 and op.result.numel > 0)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        if op.op == "fused_elementwise":
-            return tuple(dict.fromkeys(expr_ops(parse_expr(op.attr_map["expr"]))))
+        if op.op in EXPRESSIONS:
+            reads = ("strided_read",) if op.op == "strided_elementwise" else ()
+            return tuple(dict.fromkeys(expr_ops(parse_expr(op.attr_map["expr"])))) + reads
         return ()
 
     # -- layout -------------------------------------------------------------------------------
 
     def _layout(self, op: KernelOp) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """The result's axes, coalesced, and each one's stride in the result and in every operand."""
         out = op.result.shape
-        sizes, strides = coalesce(out, [contiguous_strides(out)] + [broadcast_strides(out, t.shape) for t in op.operands])
+        sizes, strides = coalesce(out, [contiguous_strides(out)] + [st for st, _ in self._views(op)])
         if op.op in TRIANGLE:   # the row and column stay separate axes: the mask needs both
             sizes, strides = out, [contiguous_strides(out)] * 2
         return sizes or (1,), [s or (1,) for s in strides]
 
+    def _views(self, op: KernelOp) -> list[tuple[tuple[int, ...], int]]:
+        """Each operand's strides in the result's rank and its offset, in elements."""
+        out, a = op.result.shape, op.attr_map
+        if op.op == "strided_elementwise":
+            return operand_views(out, a["strides"], a["offsets"])
+        return [(broadcast_strides(out, t.shape), 0) for t in op.operands]
+
     def _vec_ok(self, op: KernelOp, vec: int) -> bool:
-        sizes, _ = self._layout(op)
+        sizes, strides = self._layout(op)
         widest = max(t.dtype.itemsize for t in op.operands + (op.result,))
-        return sizes[-1] % vec == 0 and vec * widest <= MAX_ACCESS_BYTES
+        offsets = [offset for _, offset in self._views(op)]
+        aligned = all(st[-1] != 1 or (off % vec == 0 and all(s % vec == 0 for s in st[:-1]))
+                      for st, off in zip(strides[1:], offsets))       # every vector load starts aligned
+        return sizes[-1] % vec == 0 and vec * widest <= MAX_ACCESS_BYTES and aligned
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[ElementwiseSchedule, ...]:
         vecs = [v for v in (8, 4, 2, 1) if self._vec_ok(op, v)]
@@ -121,7 +139,7 @@ class ElementwiseTemplate(Template):
     # -- resources ----------------------------------------------------------------------------
 
     def _expr(self, op: KernelOp):
-        if op.op == "fused_elementwise":
+        if op.op in EXPRESSIONS:
             return parse_expr(op.attr_map["expr"])
         return (op.op, *range(len(op.operands)))
 
@@ -131,13 +149,20 @@ class ElementwiseTemplate(Template):
         units = op.result.numel // v
         resident = min(arch.max_blocks_per_sm, arch.max_warps_per_sm * 32 // schedule.threads)
         blocks = max(1, min(math.ceil(units / schedule.threads), arch.sm_count * resident * GRID_WAVES))
-        # A broadcast operand is read at its own size: the repeats hit L1/L2.
-        hbm = op.operand_bytes + op.result.nbytes
+        # A broadcast operand is read at its own size: the repeats hit L1/L2; a view, only its elements.
+        hbm = sum(self._read_bytes(op, i) for i in range(len(op.operands))) + op.result.nbytes
         tree = self._expr(op)
         heavy = sum(n in TRANSCENDENTAL for n in expr_ops(tree))
         return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, v, strides, arch),
                          smem_bytes=0, hbm_bytes=hbm, flops=op.flops, unit=MathUnit.FP32,
                          efficiency=1.0 if heavy < 2 else 0.8)
+
+    def _read_bytes(self, op: KernelOp, i: int) -> int:
+        t = op.operands[i]
+        if op.op != "strided_elementwise":
+            return t.nbytes
+        strides, _ = self._views(op)[i]
+        return t.dtype.itemsize * math.prod(n for n, s in zip(op.result.shape, strides) if s)
 
     def _registers(self, op: KernelOp, v: int, strides, arch: ArchSpec) -> int:
         # Calibrated against ptxas on samples(); every term is a value the loop keeps live.
@@ -145,6 +170,8 @@ class ElementwiseTemplate(Template):
         for t, st in zip(op.operands, strides[1:]):
             if not st[-1]:   # one value per trip; an indexed one pays a division and its own address
                 regs += REG_SCALAR + (REG_INDEXED if any(st) else 0)
+            elif st[-1] != 1:    # a gather: an address per lane
+                regs += REG_INDEXED + REG_PER_LANE * v * words(t.dtype)
             elif t.dtype is DType.bool:   # bytes stay packed four to a register
                 regs += REG_PER_BOOL_WORD * max(1, v // 4)
             else:            # the loaded vector, then its values unpacked to compute type
@@ -175,9 +202,13 @@ class ElementwiseTemplate(Template):
         params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
         params.append(f"{out_t}* __restrict__ out")
         body, leaves = [], []
+        views = self._views(op)
         for i, (t, st) in enumerate(zip(op.operands, strides[1:])):
-            off = offset_expr("i", sizes, st)
-            if st[-1]:   # this operand runs along the result's inner axis: one vector load
+            off = offset_expr("i", sizes, st) + (f" + {views[i][1]}u" if views[i][1] else "")
+            if st[-1] not in (0, 1):    # strided along the inner axis: each lane its own load
+                body.append(f"const {STORAGE[t.dtype]}* a{i} = in{i} + ({off});")
+                leaves.append((f"x{i}", t.dtype, f"a{i}[j * {st[-1]}u]"))
+            elif st[-1]:   # this operand runs along the result's inner axis: one vector load
                 body.append(f"const vec_t<{STORAGE[t.dtype]}, {v}> a{i} = "
                             f"*reinterpret_cast<const vec_t<{STORAGE[t.dtype]}, {v}>*>(in{i} + ({off}));")
                 leaves.append((f"x{i}", t.dtype, f"a{i}.v[j]"))
@@ -224,7 +255,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             lines.append(f"const int col = (int)((i + j) % {cols}u), row = (int)(((i + j) / {cols}u) % {rows}u);")
             keep = "<=" if op.op == "tril" else ">="
             return f"((col - row {keep} {int(a['k'])}) ? {leaves[0][0]} : {literal(0, leaves[0][1])})"
-        if op.op == "fused_elementwise":
+        if op.op in EXPRESSIONS:
             var, _ = emit_tree(parse_expr(a["expr"]), leaves, lines)
             return var
         return scalar_op(op.op, leaves, dict(a), out)
@@ -254,6 +285,11 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             ew("logical_and", TensorType((4096, 4096), b), TensorType((4096, 4096), b)),
             ew("tril", big, k=0),
             ew("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
+            # a gated unit reading both halves of [4096, 8192] in place, and a strided column of x32
+            ew("strided_elementwise", TensorType((4096, 8192), bf), TensorType((4096, 8192), bf), expr="mul(silu($0),$1)",
+               shape=(4096, 4096), strides=(8192, 1, 8192, 1), offsets=(0, 4096)),
+            ew("strided_elementwise", x32, x32, expr="add($0,$1)", shape=(1024, 1024), strides=(2048, 1, 1, 2048),
+               offsets=(1024, 0)),
             KernelOp.of("full", (), TensorType((4096, 4096), bf), shape=(4096, 4096), value=1.5, dtype=bf),
             KernelOp.of("arange", (), TensorType((1 << 20,), f32), start=0, stop=1 << 20, step=1, dtype=f32),
         )
