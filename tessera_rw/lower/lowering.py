@@ -99,7 +99,9 @@ class _Buffers:
         self.specs.append([name, role, nbytes])
         return len(self.specs) - 1
 
-    def temp(self, name: str, nbytes: int) -> int:
+    def temp(self, nbytes: int) -> int:
+        """A temporary of `nbytes`: a released one where one is free (the smallest that fits, else
+        the largest, grown), or a new one, named tmp0, tmp1, ... (it holds several values in turn)."""
         fitting = [b for b in self.free if self.specs[b][2] >= nbytes]
         if fitting:
             chosen = min(fitting, key=lambda b: (self.specs[b][2], b))
@@ -107,7 +109,7 @@ class _Buffers:
             chosen = max(self.free, key=lambda b: (self.specs[b][2], -b))
             self.specs[chosen][2] = nbytes
         else:
-            return self.new(name, BufferRole.TEMP, nbytes)
+            return self.new(f"tmp{sum(spec[1] is BufferRole.TEMP for spec in self.specs)}", BufferRole.TEMP, nbytes)
         self.free.remove(chosen)
         return chosen
 
@@ -145,7 +147,10 @@ def lower(graph: Graph) -> KernelPlan:
     where = {n: located(n) for n in (*graph.inputs, *nodes)}     # unused inputs are not in `nodes`
     kernels = [n for n in nodes if n.op not in SOURCE_OPS and where[n][0] is n]
     served = _served_in_place(graph.outputs, where)
-    in_output_buffer = {where[o][0] for o, ok in zip(graph.outputs, served) if ok}
+    in_output_buffer: dict[Node, int] = {}         # buffer-owning node -> the first output it serves
+    for i, (o, ok) in enumerate(zip(graph.outputs, served)):
+        if ok:
+            in_output_buffer.setdefault(where[o][0], i)
 
     # Execution order: (node, None) computes a node; (copy, i) copies output i into its own buffer.
     copies_after: dict[Node, list[int]] = {}
@@ -186,12 +191,12 @@ def lower(graph: Graph) -> KernelPlan:
         inputs = tuple(ref(a) for a in node.args)
         if copy_of is not None:
             target = results[copy_of] = ValueRef(
-                buffers.new(f"out{len(steps)}", BufferRole.OUTPUT, node.type.nbytes), node.type)
+                buffers.new(f"out{copy_of}", BufferRole.OUTPUT, node.type.nbytes), node.type)
         else:
             if node in in_output_buffer:
-                owner[node] = buffers.new(f"out{len(steps)}", BufferRole.OUTPUT, node.type.nbytes)
+                owner[node] = buffers.new(f"out{in_output_buffer[node]}", BufferRole.OUTPUT, node.type.nbytes)
             else:
-                owner[node] = buffers.temp(f"t{len(steps)}", node.type.nbytes)
+                owner[node] = buffers.temp(node.type.nbytes)
             target = ValueRef(owner[node], node.type)
         steps.append(Step(node, inputs, target))
         for base in {where[a][0] for a in node.args}:

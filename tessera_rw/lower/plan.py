@@ -121,7 +121,8 @@ class KernelPlan:
     def __str__(self) -> str:
         lines = [f"plan {self.name}: {len(self.steps)} kernel(s), {len(self.buffers)} buffer(s), "
                  f"{self.temp_bytes} bytes of temporaries"]
-        lines += [f"  b{b.id} {b.role.value:8s} {b.name:10s} {b.nbytes} bytes" for b in self.buffers]
+        width = len(f"b{len(self.buffers) - 1}")
+        lines += [f"  {f'b{b.id}':{width}s} {b.role.value:8s} {b.name:10s} {b.nbytes} bytes" for b in self.buffers]
         for i, step in enumerate(self.steps):
             args = ", ".join(step.operand_text(j) for j in range(len(step.inputs)))
             lines.append(f"  {i}: {step.output} = {step.op}({args})")

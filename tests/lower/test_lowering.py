@@ -90,6 +90,8 @@ def test_a_chain_takes_turns_between_two_temporaries():
     assert len(plan.steps) == 20
     assert len(plan.buffers_of(BufferRole.TEMP)) == 2
     assert plan.temp_bytes == 2 * (4 << 20)
+    # named as buffers that hold several values, not as one of them; outputs by their position
+    assert [b.name for b in plan.buffers] == ["x", "tmp0", "tmp1", "out0"]
 
 
 def test_a_temporary_grows_to_the_largest_value_it_holds():
@@ -117,6 +119,7 @@ def test_outputs_that_are_inputs_or_repeats_are_copied_out():
     plan = lower(Graph("f", (x,), (x, e, e)))
     replay(plan)
     assert [s.op for s in plan.steps] == ["exp", "transpose", "transpose"]
+    assert [b.name for b in plan.buffers_of(BufferRole.OUTPUT)] == ["out1", "out2", "out0"]
     out = run_plan_on_cpu(plan, {"x": np.arange(3, dtype=np.float32)})
     np.testing.assert_array_equal(out[0], np.arange(3, dtype=np.float32))
     assert out[1] is not out[2] and np.array_equal(out[1], out[2])
