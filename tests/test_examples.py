@@ -130,6 +130,15 @@ def fp8_gemm_reading_a_transposed_weight(program: CompiledProgram) -> None:
     assert program.candidate.kernels[1].schedule.startswith("tma ")      # the wgmma kernel, not mma.sync
 
 
+def rotary_in_one_kernel(program: CompiledProgram) -> None:
+    assert step_ops(program) == ["concatenated_elementwise"]
+    assert {"concatenate", "neg", "strided_read"} <= set(program.candidate.kernels[0].fused)
+
+
+def swiglu_reading_the_halves_in_place(program: CompiledProgram) -> None:
+    assert step_ops(program) == ["gemm", "strided_elementwise", "gemm"]
+
+
 EXPECTED = {
     ("attention", "attention"): flash_attention_fused,
     ("attention", "causal_attention"): causal_flash_attention,
@@ -141,6 +150,8 @@ EXPECTED = {
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
     ("fp8_linear", "fp8_linear"): fp8_gemm_reading_the_weight_in_place,
     ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_reading_a_transposed_weight,
+    ("rotary_swiglu", "rotary_embedding"): rotary_in_one_kernel,
+    ("rotary_swiglu", "swiglu_mlp"): swiglu_reading_the_halves_in_place,
 }
 
 

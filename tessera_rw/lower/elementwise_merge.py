@@ -26,10 +26,10 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_OPS, Scalar, fold, parse_expr, spell_expr
+from tessera_rw.algebra.ops.fused_expr import (FUSIBLE_OPS, MAX_FUSED_OPS, Scalar, count_ops, parse_expr,
+                                                spell_expr)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
-_FUSIBLE_OPS = frozenset(name for names in FUSIBLE.values() for name in names)
 
 
 def merge_elementwise(graph: Graph) -> Graph:
@@ -49,7 +49,7 @@ def merge_elementwise(graph: Graph) -> Graph:
 
 
 def _elementwise(node: Node) -> bool:
-    return node.op == "fused_elementwise" or (node.op in _FUSIBLE_OPS and not node.attr_map)
+    return node.op == "fused_elementwise" or (node.op in FUSIBLE_OPS and not node.attr_map)
 
 
 def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
@@ -59,7 +59,7 @@ def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
         leaves: list[Node] = []
         tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, absorbable if take_producers else set(),
                         node, leaves)
-        ops = fold(tree, lambda i: 0, lambda name, args: 1 + sum(args), lambda c: 0)
+        ops = count_ops(tree)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
     expr = spell_expr(tree)

@@ -61,8 +61,14 @@ def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output
     view = strided_view(arg, views)
     if view.root is arg or not view.copies:       # nothing copied: already a view the plan aliases
         return None
-    inner = [s for s, n in zip(in_rank(view.shape, view.strides, reader.shape), reader.shape) if n > 1]
-    return view if not inner or inner[-1] in (0, 1) else None
+    return view if coalesced(view.shape, view.strides, reader.shape) else None
+
+
+def coalesced(shape: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a view of `shape` read as `out` runs along the result's inner axis (stride 1) or
+    repeats one value along it (0): lanes next to each other read next to each other."""
+    inner = [s for s, n in zip(in_rank(shape, strides, out), out) if n > 1]
+    return not inner or inner[-1] in (0, 1)
 
 
 def in_rank(shape: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:

@@ -85,7 +85,7 @@ ATTRS: dict[str, AttrCodec] = {
     "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,
     "trans_a": BOOL, "trans_b": BOOL,
     "eps": F64, "scale": F64, "value": F64, "start": F64, "stop": F64, "step": F64,
-    "norm": STR, "approximate": STR, "activation": STR, "expr": STR, "post": STR, "reduce": STR,
+    "norm": STR, "approximate": STR, "activation": STR, "expr": STR, "exprs": STR, "post": STR, "reduce": STR,
 }
 # Literal arrays are opaque leaves: the e-graph holds a key into the encoding's literal table.
 LITERAL_KEY = STR

@@ -23,6 +23,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
+from tessera_rw.lower.concat_reads import read_concatenates_in_place
 from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.lower.view_reads import read_views_in_place
@@ -61,6 +62,7 @@ class FusionDepth(enum.IntEnum):
 
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
+                  "concatenated_elementwise": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
                   "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
                   "flash_attention": FusionDepth.FULL,
@@ -205,7 +207,8 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
-    return candidate_of(read_views_in_place(merge_elementwise(fold_layout_chains(program))), arch)
+    lowered = read_concatenates_in_place(read_views_in_place(merge_elementwise(fold_layout_chains(program))))
+    return candidate_of(lowered, arch)
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

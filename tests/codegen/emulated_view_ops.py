@@ -1,5 +1,7 @@
-"""The strided_elementwise ops of emulated_ops.EMULATED: elementwise kernels reading slices where
-they lie (lower/view_reads.py), vector loads where the views keep them aligned, scalar ones where not."""
+"""The strided_elementwise and concatenated_elementwise ops of emulated_ops.EMULATED: elementwise
+kernels reading slices where they lie (lower/view_reads.py) and computing the pieces of a concatenate
+where it is read (lower/concat_reads.py), vector loads where the views keep them aligned, scalar ones
+where not."""
 
 from __future__ import annotations
 
@@ -16,6 +18,16 @@ def strided(expr: str, operands: tuple[tuple[int, ...], ...], dtype: DType, shap
               strides=strides, offsets=offsets)
 
 
+def rope(b: int, s: int, d: int, dtype: DType):
+    """x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x[..., d/2:], x[..., :d/2]): per half of the
+    last axis, x read at both halves and cos, sin at this one."""
+    h, row = d // 2, (s * d, d, 1)
+    x, table = TensorType((b, s, d), dtype), TensorType((s, d), dtype)
+    strides = (row + (0, d, 1) * 2 + row) * 2
+    exprs = "sub(mul($0,$1),mul($3,$2));add(mul($0,$1),mul($3,$2))"
+    return of("concatenated_elementwise", x, table, table, x, exprs=exprs, axis=2, sizes=(h, h), shape=(b, s, d), strides=strides, offsets=(0, 0, 0, h, h, h, h, 0))
+
+
 VIEW_OPS = {
     # both halves of a gated unit's projection: vector loads
     "strided gated halves bf16": strided("mul(silu($0),$1)", ((2, 64, 512),) * 2, BF16, (2, 64, 256),
@@ -28,4 +40,11 @@ VIEW_OPS = {
                                               (0, 0)),
     # a column of a batch of rows: a view with an offset in every batch
     "strided batch of columns bf16": strided("exp($0)", ((3, 40, 24),), BF16, (3, 40, 8), (960, 24, 1), (16,)),
+    # concatenates computed where they are read: rotary embeddings (vector loads), a concatenate
+    # along an outer axis of a constant piece and a ragged one (scalar loads)
+    "concatenated rope bf16": rope(2, 64, 128, BF16),
+    "concatenated rope ragged f32": rope(1, 7, 30, F32),
+    "concatenated rows f32": of("concatenated_elementwise", TensorType((9, 13), F32), TensorType((13,), F32),
+                                exprs="tanh($0);mul($1,2.0:float32)", axis=0, sizes=(5, 4), shape=(9, 13),
+                                strides=(13, 1, 0, 0, 0, 0, 0, 1), offsets=(13, 0, 0, 0)),
 }

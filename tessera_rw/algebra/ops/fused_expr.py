@@ -22,6 +22,7 @@ FUSIBLE = {1: ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh"
                "sigmoid", "relu", "silu"),
            2: ("add", "sub", "mul", "div", "pow", "maximum", "minimum")}
 _ARITY = {name: n for n, names in FUSIBLE.items() for name in names}
+FUSIBLE_OPS = frozenset(_ARITY)
 MAX_FUSED_INPUTS = 4
 MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches
 
@@ -117,6 +118,15 @@ def fold(tree, leaf, apply, scalar):
     if _ARITY.get(name) != len(args):
         raise AttributeValueError(f"{name!r} with {len(args)} operands cannot be fused (fusible: {sorted(_ARITY)})")
     return apply(name, [fold(a, leaf, apply, scalar) for a in args])
+
+
+def count_ops(tree) -> int:
+    """The ops in a parsed expression.
+
+    >>> count_ops(parse_expr("add(exp($0),mul($0,2.0:float32))"))
+    3
+    """
+    return fold(tree, lambda i: 0, lambda name, args: 1 + sum(args), lambda c: 0)
 
 
 def infer_fused(*xs: TensorType, expr: str) -> TensorType:

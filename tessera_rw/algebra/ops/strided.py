@@ -7,7 +7,10 @@ views, of several operands, one after another along `axis` (the cotangents of q,
 transposed back from heads, joined into the gradient of their projection); `strided_elementwise`
 computes a fused expression over views of its operands, one per operand, each as the result's
 shape (a stride of 0 repeats an axis), so the slices it reads are never copied
-(lower/view_reads.py).
+(lower/view_reads.py); `concatenated_elementwise` is a concatenate of such computations along
+`axis`, each piece its own expression over its own views (piece-local coordinates), so a
+concatenate an elementwise kernel reads is computed in place rather than copied first
+(lower/concat_reads.py).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = np.arange(12.0).reshape(3, 4)
@@ -17,6 +20,9 @@ shape (a stride of 0 repeats an axis), so the slices it reads are never copied
 [[0.0, 2.0, 6.0], [4.0, 3.0, 7.0]]
 >>> _strided_elementwise(x, x, expr="mul($0,$1)", shape=(3, 2), strides=(4, 1, 4, 1), offsets=(0, 2)).tolist()  # x[:, :2] * x[:, 2:]
 [[0.0, 3.0], [24.0, 35.0], [80.0, 99.0]]
+>>> _concatenated_elementwise(x, exprs="neg($0);$0", axis=1, sizes=(2, 2), shape=(3, 4), strides=(4, 1, 4, 1),
+...                           offsets=(2, 0)).tolist()                  # cat(-x[:, 2:], x[:, :2]): rotate_half
+[[-2.0, -3.0, 0.0, 1.0], [-6.0, -7.0, 4.0, 5.0], [-10.0, -11.0, 8.0, 9.0]]
 """
 
 from __future__ import annotations
@@ -85,6 +91,9 @@ def _strided_concatenate(*xs: np.ndarray, axis, shape, sizes, strides, offsets) 
     return np.concatenate([view_of(x, *view) for x, view in zip(xs, views)], axis=axis)
 
 
+EXPRESSION_OPS = frozenset({"fused_elementwise", "strided_elementwise"})    # ops computing attrs["expr"]
+
+
 def operand_views(shape: tuple[int, ...], strides: tuple[int, ...],
                   offsets: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
     """Each operand's (strides, offset) of a strided_elementwise, its strides flat in `strides`."""
@@ -111,6 +120,52 @@ def _strided_elementwise_flops(out: TensorType, *xs: TensorType, expr: str, **vi
     return fused_flops(out, expr=expr)
 
 
+def piece_shapes(shape: tuple[int, ...], axis: int, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shape of each piece of a concatenated_elementwise."""
+    return [shape[:axis] + (n,) + shape[axis + 1:] for n in sizes]
+
+
+def piece_views(nxs: int, shape: tuple[int, ...], axis: int, sizes: tuple[int, ...], strides: tuple[int, ...],
+                offsets: tuple[int, ...]) -> list[list[tuple[tuple[int, ...], int]]]:
+    """Per piece, each operand's (strides, offset) in the piece's own coordinates."""
+    per_piece = nxs * len(shape)
+    return [operand_views(tuple(shape), strides[k * per_piece:(k + 1) * per_piece], offsets[k * nxs:(k + 1) * nxs])
+            for k in range(len(sizes))]
+
+
+def _infer_concatenated_elementwise(*xs: TensorType, exprs: str, axis: int, sizes: tuple[int, ...],
+                                    shape: tuple[int, ...], strides: tuple[int, ...],
+                                    offsets: tuple[int, ...]) -> TensorType:
+    pieces = exprs.split(";")
+    if not 0 <= axis < len(shape) or len(pieces) != len(sizes) or sum(sizes) != shape[axis] \
+            or len(offsets) != len(sizes) * len(xs) or len(strides) != len(offsets) * len(shape):
+        raise ShapeError(f"{len(pieces)} pieces of sizes {sizes} along axis {axis} over {len(xs)} operands do not "
+                         f"make {fmt_shape(shape)} (one stride per axis and an offset per piece and operand)")
+    types = []
+    for expr, piece, views in zip(pieces, piece_shapes(tuple(shape), axis, sizes),
+                                  piece_views(len(xs), tuple(shape), axis, sizes, strides, offsets)):
+        for x, (st, off) in zip(xs, views):
+            _check_view(x, piece, st, off)
+        types.append(infer_fused(*(TensorType(piece, x.dtype) for x in xs), expr=expr).dtype)
+    if len(set(types)) != 1:
+        raise DTypeError(f"the pieces compute {', '.join(map(str, types))}: a concatenate has one dtype")
+    return TensorType(tuple(shape), types[0])
+
+
+def _concatenated_elementwise(*xs: np.ndarray, exprs, axis, sizes, shape, strides, offsets) -> np.ndarray:
+    pieces = []
+    for expr, piece, views in zip(exprs.split(";"), piece_shapes(tuple(shape), axis, sizes),
+                                  piece_views(len(xs), tuple(shape), axis, sizes, strides, offsets)):
+        pieces.append(np.broadcast_to(fused(*(view_of(x, piece, st, off) for x, (st, off) in zip(xs, views)),
+                                            expr=expr), piece))
+    return np.concatenate(pieces, axis=axis)
+
+
+def _concatenated_elementwise_flops(out: TensorType, *xs: TensorType, exprs: str, axis: int, sizes, **view) -> int:
+    per_element = [fused_flops(TensorType((), out.dtype), expr=expr) for expr in exprs.split(";")]
+    return sum(f * out.numel // out.shape[axis] * n for f, n in zip(per_element, sizes))
+
+
 DEFS = (
     OpDef("strided_copy", ("x",), OpKind.LAYOUT, _infer_strided_copy, _strided_copy, exact=True,
           vjp=before_fusion("strided_copy"),
@@ -124,4 +179,10 @@ DEFS = (
           _strided_elementwise_flops, variadic=True, vjp=before_fusion("strided_elementwise"),
           doc="fused_elementwise's expression over strided views of the operands (strides flat per operand, "
               "in the result's rank, 0 where a view repeats; offsets), as lowering reads slices in place"),
+    OpDef("concatenated_elementwise", ("xs",), OpKind.ELEMENTWISE, _infer_concatenated_elementwise,
+          _concatenated_elementwise, _concatenated_elementwise_flops, variadic=True,
+          vjp=before_fusion("concatenated_elementwise"),
+          doc="pieces along axis (sizes), each one ';'-separated expression of exprs over strided views of the "
+              "operands in its own coordinates (strides flat per piece and operand, offsets per piece and "
+              "operand): a concatenate computed where an elementwise kernel reads it, as lowering folds it"),
 )

@@ -3,6 +3,8 @@
 A strided_elementwise reads each operand as a strided view of its storage (an offset, then a stride
 per result axis): slices read where they lie, not copied first (lower/view_reads.py). A view whose
 inner axis is contiguous is read in vectors where its offset and outer strides keep them aligned.
+A concatenated_elementwise computes each piece of a concatenate as such a strided expression of its
+own (elementwise_pieces.py), choosing the piece by the element's coordinate along the axis.
 
 Shapes are baked into the emitted source: the kernel is compiled per shape anyway, so each
 operand's broadcast index math is specialized there (division by constants becomes a multiply),
@@ -30,7 +32,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.algebra.ops.fused_expr import parse_expr
-from tessera_rw.algebra.ops.strided import operand_views
+from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, operand_views
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -40,6 +42,7 @@ from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, READABLE
                                                       broadcast_strides, coalesce, contiguous_strides, ctype,
                                                       emit_tree, expr_ops, index_type, kernel_name, literal, load,
                                                       offset_expr, scalar_op, store, vector_widths, words)
+from tessera_rw.codegen.templates.elementwise_pieces import pieces
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,6 @@ HEAVY_TEMPS = {"exp": 1, "log": 1, "sigmoid": 1, "silu": 1, "sin": 2, "cos": 2, 
 GRID_WAVES = 4            # grid-stride: this many full waves of resident blocks, then loop
 CREATION = frozenset({"full", "arange"})
 TRIANGLE = frozenset({"tril", "triu"})
-EXPRESSIONS = frozenset({"fused_elementwise", "strided_elementwise"})     # ops computing attrs["expr"]
 
 # two or more of these in one expression lower the modeled efficiency (see resources())
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "sigmoid", "silu", "gelu", "pow"})
@@ -87,7 +89,10 @@ class ElementwiseTemplate(Template):
                 and op.result.numel > 0)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        if op.op in EXPRESSIONS:
+        if op.op == "concatenated_elementwise":
+            names = (n for p in pieces(op) for n in self.fused(p.op) if n != "strided_read")
+            return tuple(dict.fromkeys(names)) + ("concatenate", "strided_read")
+        if op.op in EXPRESSION_OPS:
             reads = ("strided_read",) if op.op == "strided_elementwise" else ()
             return tuple(dict.fromkeys(expr_ops(parse_expr(op.attr_map["expr"])))) + reads
         return ()
@@ -110,6 +115,10 @@ class ElementwiseTemplate(Template):
         return [(broadcast_strides(out, t.shape), 0) for t in op.operands]
 
     def _vec_ok(self, op: KernelOp, vec: int) -> bool:
+        if op.op == "concatenated_elementwise":   # no vector straddles two pieces, each piece's loads aligned
+            axis, shape = op.attr_map["axis"], op.result.shape
+            apart = (math.prod(shape[axis + 1:]) if axis < len(shape) - 1 else math.gcd(*op.attr_map["sizes"]))
+            return apart % vec == 0 and all(self._vec_ok(p.op, vec) for p in pieces(op))
         sizes, strides = self._layout(op)
         widest = max(t.dtype.itemsize for t in op.operands + (op.result,))
         offsets = [offset for _, offset in self._views(op)]
@@ -133,27 +142,25 @@ class ElementwiseTemplate(Template):
         if not (isinstance(s, ElementwiseSchedule) and self.accepts(op) and s.vec >= 1 and self._vec_ok(op, s.vec)
                 and s.threads % 32 == 0 and 0 < s.threads <= arch.max_threads_per_block):
             return False
-        limit = arch.register_limit(s.threads)
-        return self._registers(op, s.vec, self._layout(op)[1], arch) <= limit
+        return self._register_estimate(op, s.vec, arch) <= arch.register_limit(s.threads)
 
     # -- resources ----------------------------------------------------------------------------
 
     def _expr(self, op: KernelOp):
-        if op.op in EXPRESSIONS:
+        if op.op in EXPRESSION_OPS:
             return parse_expr(op.attr_map["expr"])
         return (op.op, *range(len(op.operands)))
 
     def resources(self, op: KernelOp, schedule: ElementwiseSchedule, arch: ArchSpec) -> Resources:
         v = schedule.vec
-        sizes, strides = self._layout(op)
         units = op.result.numel // v
         resident = min(arch.max_blocks_per_sm, arch.max_warps_per_sm * 32 // schedule.threads)
         blocks = max(1, min(math.ceil(units / schedule.threads), arch.sm_count * resident * GRID_WAVES))
         # A broadcast operand is read at its own size: the repeats hit L1/L2; a view, only its elements.
-        hbm = sum(self._read_bytes(op, i) for i in range(len(op.operands))) + op.result.nbytes
-        tree = self._expr(op)
-        heavy = sum(n in TRANSCENDENTAL for n in expr_ops(tree))
-        return Resources(threads=schedule.threads, blocks=blocks, registers=self._registers(op, v, strides, arch),
+        parts = [p.op for p in pieces(op)] if op.op == "concatenated_elementwise" else [op]
+        hbm = sum(self._read_bytes(p, i) for p in parts for i in range(len(p.operands))) + op.result.nbytes
+        heavy = max(sum(n in TRANSCENDENTAL for n in expr_ops(self._expr(p))) for p in parts)
+        return Resources(threads=schedule.threads, blocks=blocks, registers=self._register_estimate(op, v, arch),
                          smem_bytes=0, hbm_bytes=hbm, flops=op.flops, unit=MathUnit.FP32,
                          efficiency=1.0 if heavy < 2 else 0.8)
 
@@ -163,6 +170,11 @@ class ElementwiseTemplate(Template):
             return t.nbytes
         strides, _ = self._views(op)[i]
         return t.dtype.itemsize * math.prod(n for n, s in zip(op.result.shape, strides) if s)
+
+    def _register_estimate(self, op: KernelOp, v: int, arch: ArchSpec) -> int:
+        if op.op == "concatenated_elementwise":   # one piece runs at a time: the largest
+            return max(self._register_estimate(p.op, v, arch) for p in pieces(op))
+        return self._registers(op, v, self._layout(op)[1], arch)
 
     def _registers(self, op: KernelOp, v: int, strides, arch: ArchSpec) -> int:
         # Calibrated against ptxas on samples(); every term is a value the loop keeps live.
@@ -195,28 +207,15 @@ class ElementwiseTemplate(Template):
 
     def emit(self, op: KernelOp, schedule: ElementwiseSchedule, arch: ArchSpec) -> KernelSource:
         v, n = schedule.vec, op.result.numel
-        sizes, strides = self._layout(op)
         idx = index_type(n)
         name = kernel_name(self.kind, op, schedule)
         out_t = STORAGE[op.result.dtype]
         params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
         params.append(f"{out_t}* __restrict__ out")
-        body, leaves = [], []
-        views = self._views(op)
-        for i, (t, st) in enumerate(zip(op.operands, strides[1:])):
-            off = offset_expr("i", sizes, st) + (f" + {views[i][1]}u" if views[i][1] else "")
-            if st[-1] not in (0, 1):    # strided along the inner axis: each lane its own load
-                body.append(f"const {STORAGE[t.dtype]}* a{i} = in{i} + ({off});")
-                leaves.append((f"x{i}", t.dtype, f"a{i}[j * {st[-1]}u]"))
-            elif st[-1]:   # this operand runs along the result's inner axis: one vector load
-                body.append(f"const vec_t<{STORAGE[t.dtype]}, {v}> a{i} = "
-                            f"*reinterpret_cast<const vec_t<{STORAGE[t.dtype]}, {v}>*>(in{i} + ({off}));")
-                leaves.append((f"x{i}", t.dtype, f"a{i}.v[j]"))
-            else:        # repeated along the inner axis: one scalar serves all lanes
-                body.append(f"const {STORAGE[t.dtype]} a{i} = in{i}[{off}];")
-                leaves.append((f"x{i}", t.dtype, f"a{i}"))
-        lane = [f"const {ctype(d)} {x} = {load(d, src)};" for x, d, src in leaves]
-        value = self._value(op, [(x, d) for x, d, _ in leaves], lane)
+        if op.op == "concatenated_elementwise":
+            compute = self._pieces_code(op, v, idx)
+        else:
+            compute = self._compute(op, range(len(op.operands)), "i", v)
         cfg = schedule.describe()
         source = f"""// {op}
 // elementwise, schedule {cfg}; shapes are baked in (broadcast index math specialized).
@@ -227,13 +226,8 @@ class ElementwiseTemplate(Template):
 extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.join(params)}) {{
     const {idx} step = gridDim.x * blockDim.x * {v}u;
     for ({idx} i = ((({idx})blockIdx.x) * blockDim.x + threadIdx.x) * {v}u; i < {n}u; i += step) {{
-        {chr(10).join('        ' + s for s in body).strip()}
         vec_t<{out_t}, {v}> r;
-        #pragma unroll
-        for (int j = 0; j < {v}; ++j) {{
-            {chr(10).join('            ' + s for s in lane).strip()}
-            r.v[j] = {store(op.result.dtype, value)};
-        }}
+        {_indented(compute, 8)}
         *reinterpret_cast<vec_t<{out_t}, {v}>*>(out + i) = r;
     }}
 }}
@@ -241,6 +235,46 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
         return KernelSource(name, source, schedule.threads,
                             grid=(self.resources(op, schedule, arch).blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
+
+    def _pieces_code(self, op: KernelOp, v: int, idx: str) -> str:
+        """Each piece's computation, chosen by the element's coordinate c along the axis; `ip` is its
+        index in the piece (the vector of `v` elements never straddles two pieces)."""
+        axis, shape = op.attr_map["axis"], op.result.shape
+        inner, width = math.prod(shape[axis + 1:]), shape[axis]
+        parts = pieces(op)
+        lines = [f"const {idx} c = {'i' if inner == 1 else f'(i / {inner}u)'} % {width}u;"]
+        for k, p in enumerate(parts):
+            own = p.op.result.shape[axis]
+            test = f"if (c < {p.start + own}u) " if k < len(parts) - 1 else ""
+            lines.append(f"{'} else ' if k else ''}{test}{{")
+            back = f" - {p.start * inner}u" if p.start else ""
+            lines.append(f"    const {idx} ip = (i / {width * inner}u) * {own * inner}u + i % {width * inner}u{back};")
+            lines.append(_indented(self._compute(p.op, p.operands, "ip", v), 4, first=True))
+        return "\n".join(lines + ["}"])
+
+    def _compute(self, op: KernelOp, pointers, index: str, v: int) -> str:
+        """The loads of `op`'s operands (from in<pointers[k]>) at element `index` and the loop over
+        the vector's lanes that leaves the results in r."""
+        sizes, strides = self._layout(op)
+        body, leaves = [], []
+        views = self._views(op)
+        for i, (t, st, p) in enumerate(zip(op.operands, strides[1:], pointers)):
+            off = offset_expr(index, sizes, st) + (f" + {views[i][1]}u" if views[i][1] else "")
+            if st[-1] not in (0, 1):    # strided along the inner axis: each lane its own load
+                body.append(f"const {STORAGE[t.dtype]}* a{i} = in{p} + ({off});")
+                leaves.append((f"x{i}", t.dtype, f"a{i}[j * {st[-1]}u]"))
+            elif st[-1]:   # this operand runs along the result's inner axis: one vector load
+                body.append(f"const vec_t<{STORAGE[t.dtype]}, {v}> a{i} = "
+                            f"*reinterpret_cast<const vec_t<{STORAGE[t.dtype]}, {v}>*>(in{p} + ({off}));")
+                leaves.append((f"x{i}", t.dtype, f"a{i}.v[j]"))
+            else:        # repeated along the inner axis: one scalar serves all lanes
+                body.append(f"const {STORAGE[t.dtype]} a{i} = in{p}[{off}];")
+                leaves.append((f"x{i}", t.dtype, f"a{i}"))
+        lane = [f"const {ctype(d)} {x} = {load(d, src)};" for x, d, src in leaves]
+        value = self._value(op, [(x, d) for x, d, _ in leaves], lane)
+        lanes = "\n".join("    " + line for line in lane)
+        return "\n".join(body + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", lanes,
+                                 f"    r.v[j] = {store(op.result.dtype, value)};", "}"])
 
     def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str]) -> str:
         a, out = op.attr_map, op.result.dtype
@@ -255,7 +289,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             lines.append(f"const int col = (int)((i + j) % {cols}u), row = (int)(((i + j) / {cols}u) % {rows}u);")
             keep = "<=" if op.op == "tril" else ">="
             return f"((col - row {keep} {int(a['k'])}) ? {leaves[0][0]} : {literal(0, leaves[0][1])})"
-        if op.op in EXPRESSIONS:
+        if op.op in EXPRESSION_OPS:
             var, _ = emit_tree(parse_expr(a["expr"]), leaves, lines)
             return var
         return scalar_op(op.op, leaves, dict(a), out)
@@ -290,6 +324,19 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
                shape=(4096, 4096), strides=(8192, 1, 8192, 1), offsets=(0, 4096)),
             ew("strided_elementwise", x32, x32, expr="add($0,$1)", shape=(1024, 1024), strides=(2048, 1, 1, 2048),
                offsets=(1024, 0)),
+            # rotary embeddings: x·cos + cat(−x₂, x₁)·sin, each half computed where the concatenate is read
+            ew("concatenated_elementwise", TensorType((32, 2048, 128), bf), TensorType((2048, 128), bf),
+               TensorType((2048, 128), bf), TensorType((32, 2048, 128), bf), axis=2, sizes=(64, 64),
+               exprs="sub(mul($0,$1),mul($3,$2));add(mul($0,$1),mul($3,$2))", shape=(32, 2048, 128),
+               strides=((2048 * 128, 128, 1) + (0, 128, 1) * 2 + (2048 * 128, 128, 1)) * 2,
+               offsets=(0, 0, 0, 64, 64, 64, 64, 0)),
             KernelOp.of("full", (), TensorType((4096, 4096), bf), shape=(4096, 4096), value=1.5, dtype=bf),
             KernelOp.of("arange", (), TensorType((1 << 20,), f32), start=0, stop=1 << 20, step=1, dtype=f32),
         )
+
+
+def _indented(code: str, spaces: int, first: bool = False) -> str:
+    """`code` indented by `spaces` on every line (on the first too where `first`)."""
+    pad = " " * spaces
+    text = "\n".join(pad + line if line else line for line in code.split("\n"))
+    return text if first else text[spaces:]

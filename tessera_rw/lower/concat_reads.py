@@ -1,0 +1,168 @@
+"""Concatenates computed where an elementwise kernel reads them, not copied first.
+
+Rotary embeddings, `x * cos + cat(-x[..., d:], x[..., :d]) * sin`, are three kernels as extracted:
+one negates the second half of x, a copy joins the halves, and the last kernel reads the joined
+tensor back. But an elementwise kernel computes each element on its own, so along the concatenated
+axis it can compute each piece's elements from that piece's own sources: the first half of the result
+from x's first half, cos, sin and the negated second half of x, the second half likewise. A
+fused_elementwise or strided_elementwise node that reads a concatenate (or a strided_concatenate)
+densely, which nothing else reads, becomes one concatenated_elementwise: per piece, its expression
+with the concatenate's piece in place of the concatenate (the piece's own expression where the piece
+is an elementwise kernel only the concatenate reads, or a view of the piece's storage), and its other
+operands read at the piece's part of them. Rotary embeddings become one kernel.
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x = make_input("x", (8, 64), DType.float32)
+>>> halves = [make("slice", x, starts=(0, s), stops=(8, s + 32), steps=(1, 1)) for s in (32, 0)]
+>>> rotated = make("concatenate", make("fused_elementwise", halves[0], expr="neg($0)"), halves[1], axis=1)
+>>> y = make("fused_elementwise", x, rotated, expr="add($0,$1)")
+>>> from tessera_rw.lower.view_reads import read_views_in_place
+>>> [(n.op, n.attr_map.get("exprs")) for n in read_concatenates_in_place(read_views_in_place(Graph("g", (x,), (y,))))
+...  .nodes if n.op != "input"]
+[('concatenated_elementwise', 'add($0,neg($1));add($0,$1)')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.fused_expr import FUSIBLE_OPS, MAX_FUSED_OPS, count_ops, fold, parse_expr, spell_expr
+from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views
+from tessera_rw.algebra.shapes import contiguous_strides
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.layout_chains import strided_view
+from tessera_rw.lower.view_reads import LAYOUT_OPS, coalesced, in_rank
+
+CONCATENATES = frozenset({"concatenate", "strided_concatenate"})
+
+
+@dataclass(frozen=True)
+class Read:
+    """A node read through a view: its storage at offset + Σ iₖ·strides_k, in the reader's rank."""
+    node: Node
+    strides: tuple[int, ...]
+    offset: int
+
+
+def read_concatenates_in_place(graph: Graph) -> Graph:
+    """`graph` with each elementwise node reading a concatenate only it reads computing the
+    concatenate's pieces in place."""
+    users, outputs = graph.users, set(graph.outputs)
+    private = {n for n in graph.nodes if len(users[n]) == 1 and n not in outputs}   # read by one node only
+    new: dict[Node, Node] = {}
+    for node in graph.nodes:
+        rebuilt = node.replace(args=tuple(new[a] for a in node.args))
+        if node.op in EXPRESSION_OPS:
+            rebuilt = _computed_in_place(rebuilt, {new[n] for n in private if n in new}) or rebuilt
+        new[node] = rebuilt
+    if all(new[n] is n for n in graph.nodes):
+        return graph
+    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _reads(node: Node) -> list[Read]:
+    """How an elementwise node reads each operand, in its own rank."""
+    if node.op == "strided_elementwise":
+        a = node.attr_map
+        views = operand_views(node.shape, a["strides"], a["offsets"])
+        return [Read(x, st, off) for x, (st, off) in zip(node.args, views)]
+    return [Read(x, in_rank(x.shape, contiguous_strides(x.shape), node.shape), 0) for x in node.args]
+
+
+def _expression(node: Node):
+    return parse_expr(node.attr_map["expr"]) if node.op in EXPRESSION_OPS else (node.op, *range(len(node.args)))
+
+
+def _computed_in_place(node: Node, private: set[Node]) -> Node | None:
+    """`node` as a concatenated_elementwise over the first concatenate it reads densely and alone, or None."""
+    reads = _reads(node)
+    dense = contiguous_strides(node.shape)
+    at = next((i for i, r in enumerate(reads) if r.node.op in CONCATENATES and r.node in private
+               and r.node.shape == node.shape and r.strides == dense and r.offset == 0), None)
+    if at is None:
+        return None
+    joined, tree = reads[at].node, _expression(node)
+    axis = joined.attr_map["axis"]
+    slots: list[Node] = []                       # the operands; one node may fill several slots
+    pieces = []                                  # per piece: its expression, each slot's Read, its width
+    start = 0
+    for source, width in _pieces(joined):
+        used: dict[int, Read] = {}
+        leaf = {i: _slot(_shifted(r, axis, start), slots, used) for i, r in enumerate(reads) if i != at}
+        leaf[at] = _source_tree(source, private, slots, used)
+        expr = fold(tree, leaf.__getitem__, lambda name, args: (name, *args), lambda c: c)
+        pieces.append((expr, used, width))
+        start += width
+    if len(slots) > MERGED_INPUTS or any(count_ops(expr) > MAX_FUSED_OPS for expr, _, _ in pieces):
+        return None
+    strides, offsets = [], []
+    for _, used, _ in pieces:
+        for k, slot in enumerate(slots):
+            read = used.get(k, Read(slot, (0,) * len(node.shape), 0))     # a slot the piece leaves unread
+            strides += read.strides
+            offsets.append(read.offset)
+    try:
+        computed = make("concatenated_elementwise", *slots, exprs=";".join(spell_expr(e) for e, _, _ in pieces),
+                        axis=axis, sizes=tuple(w for _, _, w in pieces), shape=node.shape, strides=tuple(strides),
+                        offsets=tuple(offsets))
+    except TesseraError:         # the pieces' expressions type apart from the node: keep it
+        return None
+    return computed if computed.type == node.type else None
+
+
+def _pieces(joined: Node) -> list[tuple[Read, int]]:
+    """Each piece of a concatenate as a Read in the piece's own coordinates, and its width."""
+    a = joined.attr_map
+    if joined.op == "concatenate":
+        return [(Read(x, contiguous_strides(x.shape), 0), x.shape[a["axis"]]) for x in joined.args]
+    views = concatenated_views(joined.shape, a["axis"], a["sizes"], a["strides"], a["offsets"])
+    return [(Read(x, st, off), shape[a["axis"]]) for x, (shape, st, off) in zip(joined.args, views)]
+
+
+def _source_tree(source: Read, private: set[Node], slots: list[Node], used: dict[int, Read]):
+    """A piece's expression: the expression of the elementwise node it is, where only the
+    concatenate reads that node and reads it whole, else the piece read (through its view, where
+    it is a copy of one)."""
+    e = source.node
+    if (e in private and (e.op in EXPRESSION_OPS or e.op in FUSIBLE_OPS and not e.attr_map)
+            and source.strides == contiguous_strides(e.shape) and source.offset == 0):
+        reads = _reads(e)
+        return fold(_expression(e), lambda i: _slot(_through_view(reads[i], e.shape, private), slots, used),
+                    lambda name, args: (name, *args), lambda c: c)
+    return _slot(_through_view(source, source.node.shape, private), slots, used)
+
+
+def _through_view(read: Read, out: tuple[int, ...], private: set[Node]) -> Read:
+    """`read` (by a reader of shape `out`) of the storage under it, where it reads a copy of a view
+    whole (broadcast at most), which only it reads, and the view keeps the reads coalesced."""
+    x = read.node
+    whole = read.offset == 0 and read.strides == in_rank(x.shape, contiguous_strides(x.shape), out)
+    if not (whole and x in private and x.op in LAYOUT_OPS):
+        return read
+    view = strided_view(x, {})
+    if not view.copies or view.root is x or not coalesced(view.shape, view.strides, out):
+        return read
+    return Read(view.root, in_rank(view.shape, view.strides, out), view.offset)
+
+
+def _slot(read: Read, slots: list[Node], used: dict[int, Read]) -> int:
+    """The slot a piece reads `read` from: one of the node's slots already reading it so, or one
+    this piece has not used yet, or a new one."""
+    for k, slot in enumerate(slots):
+        if slot is read.node and used.get(k, read) == read:
+            used[k] = read
+            return k
+    slots.append(read.node)
+    used[len(slots) - 1] = read
+    return len(slots) - 1
+
+
+def _shifted(read: Read, axis: int, start: int) -> Read:
+    """`read` at the part of it a piece starting at `start` along `axis` reads."""
+    return Read(read.node, read.strides, read.offset + start * read.strides[axis])
+
