@@ -106,3 +106,12 @@ def test_an_integer_power_is_exact_and_agrees_with_the_reference_for_negative_ex
     want = integer_power(base, exponent)
     assert (want[2:7] == [1, -1, 1, 0, 0]).all() and (dtype is DType.int32 or want[0] == 3**39)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_view_into_storage_past_32_bits_indexes_it_in_64_bits():
+    # a [2, 1024] slice at the end of a 2³¹-element tensor: the result is small, the offsets are not
+    big = TensorType((2**21, 1024), DType.bfloat16)
+    op = KernelOp.of("strided_elementwise", (big,), TensorType((2, 1024), DType.bfloat16), expr="exp($0)",
+                     shape=(2, 1024), strides=(1024, 1), offsets=((2**21 - 2) * 1024,))
+    source = T.emit(op, T.schedules(op, ARCHS[1])[0], ARCHS[1]).source
+    assert "unsigned long long i" in source and f"+ {(2**21 - 2) * 1024}u" in source

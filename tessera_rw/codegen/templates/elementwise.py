@@ -207,7 +207,7 @@ class ElementwiseTemplate(Template):
 
     def emit(self, op: KernelOp, schedule: ElementwiseSchedule, arch: ArchSpec) -> KernelSource:
         v, n = schedule.vec, op.result.numel
-        idx = index_type(n)
+        idx = index_type(max([n] + [t.numel for t in op.operands]))     # a view may reach past the result's size
         name = kernel_name(self.kind, op, schedule)
         out_t = STORAGE[op.result.dtype]
         params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
