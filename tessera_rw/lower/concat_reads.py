@@ -25,7 +25,8 @@ operands read at the piece's part of them. Rotary embeddings become one kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
@@ -55,11 +56,22 @@ def read_concatenates_in_place(graph: Graph) -> Graph:
     users, outputs = graph.users, set(graph.outputs)
     private = {n for n in graph.nodes if len(users[n]) == 1 and n not in outputs}   # read by one node only
     new: dict[Node, Node] = {}
+    old: dict[Node, Node] = {}
+
+    def readers(node: Node) -> set[Node] | None:
+        """The (rebuilt) nodes reading `node`; None where one is yet to be rebuilt or it is an output."""
+        found = users[old[node]]
+        if old[node] in outputs or any(u not in new for u in found):
+            return None
+        return {new[u] for u in found}
+
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node.op in EXPRESSION_OPS:
-            rebuilt = _computed_in_place(rebuilt, {new[n] for n in private if n in new}) or rebuilt
-        new[node] = rebuilt
+            mine = {new[n] for n in private if n in new}
+            rebuilt = (_computed_in_place(rebuilt, _Sources(mine, readers, recompute=True))
+                       or _computed_in_place(rebuilt, _Sources(mine, readers, recompute=False)) or rebuilt)
+        new[node], old[rebuilt] = rebuilt, node
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
@@ -78,15 +90,33 @@ def _expression(node: Node):
     return parse_expr(node.attr_map["expr"]) if node.op in EXPRESSION_OPS else (node.op, *range(len(node.args)))
 
 
-def _computed_in_place(node: Node, private: set[Node]) -> Node | None:
+@dataclass
+class _Sources:
+    """What a concatenated kernel may take in: nodes read by one node only, and (where `recompute`)
+    elementwise nodes it reads slices of, computed again from their own operands, where all their
+    readers go into the kernel (`absorbed`: the concatenate, the pieces inlined, the copies read
+    through)."""
+    private: set[Node]
+    readers: Callable[[Node], set[Node] | None]
+    recompute: bool
+    recomputed: set[Node] = field(default_factory=set)
+    absorbed: set[Node] = field(default_factory=set)
+
+    def all_read_here(self) -> bool:
+        """Whether every node recomputed is read only by nodes the kernel absorbs."""
+        return all((found := self.readers(e)) is not None and found <= self.absorbed for e in self.recomputed)
+
+
+def _computed_in_place(node: Node, sources: _Sources) -> Node | None:
     """`node` as a concatenated_elementwise over the first concatenate it reads densely and alone, or None."""
     reads = _reads(node)
     dense = contiguous_strides(node.shape)
-    at = next((i for i, r in enumerate(reads) if r.node.op in CONCATENATES and r.node in private
+    at = next((i for i, r in enumerate(reads) if r.node.op in CONCATENATES and r.node in sources.private
                and r.node.shape == node.shape and r.strides == dense and r.offset == 0), None)
     if at is None:
         return None
     joined, tree = reads[at].node, _expression(node)
+    sources.absorbed.add(joined)
     axis = joined.attr_map["axis"]
     slots: list[Node] = []                       # the operands; one node may fill several slots
     pieces = []                                  # per piece: its expression, each slot's Read, its width
@@ -94,11 +124,12 @@ def _computed_in_place(node: Node, private: set[Node]) -> Node | None:
     for source, width in _pieces(joined):
         used: dict[int, Read] = {}
         leaf = {i: _slot(_shifted(r, axis, start), slots, used) for i, r in enumerate(reads) if i != at}
-        leaf[at] = _source_tree(source, private, slots, used)
+        leaf[at] = _source_tree(source, sources, slots, used)
         expr = fold(tree, leaf.__getitem__, lambda name, args: (name, *args), lambda c: c)
         pieces.append((expr, used, width))
         start += width
-    if len(slots) > MERGED_INPUTS or any(count_ops(expr) > MAX_FUSED_OPS for expr, _, _ in pieces):
+    if len(slots) > MERGED_INPUTS or any(count_ops(expr) > MAX_FUSED_OPS for expr, _, _ in pieces) \
+            or not sources.all_read_here():
         return None
     strides, offsets = [], []
     for _, used, _ in pieces:
@@ -124,28 +155,65 @@ def _pieces(joined: Node) -> list[tuple[Read, int]]:
     return [(Read(x, st, off), shape[a["axis"]]) for x, (shape, st, off) in zip(joined.args, views)]
 
 
-def _source_tree(source: Read, private: set[Node], slots: list[Node], used: dict[int, Read]):
+def _source_tree(source: Read, sources: _Sources, slots: list[Node], used: dict[int, Read]):
     """A piece's expression: the expression of the elementwise node it is, where only the
     concatenate reads that node and reads it whole, else the piece read (through its view, where
     it is a copy of one)."""
     e = source.node
-    if (e in private and (e.op in EXPRESSION_OPS or e.op in FUSIBLE_OPS and not e.attr_map)
+    if (e in sources.private and _elementwise(e)
             and source.strides == contiguous_strides(e.shape) and source.offset == 0):
         reads = _reads(e)
-        return fold(_expression(e), lambda i: _slot(_through_view(reads[i], e.shape, private), slots, used),
+        sources.absorbed.add(e)
+        return fold(_expression(e), lambda i: _leaf_tree(reads[i], e.shape, sources, slots, used),
                     lambda name, args: (name, *args), lambda c: c)
-    return _slot(_through_view(source, source.node.shape, private), slots, used)
+    return _leaf_tree(source, source.node.shape, sources, slots, used)
+
+
+def _elementwise(node: Node) -> bool:
+    return node.op in EXPRESSION_OPS or node.op in FUSIBLE_OPS and not node.attr_map
+
+
+def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[Node], used: dict[int, Read]):
+    """What a piece reads: a slot, through the view where `read` is of a copy of one; where that
+    view slices an elementwise node (and recomputing is allowed), that node's expression over its
+    own operands, read at the slice."""
+    through = _through_view(read, out, sources.private)
+    e = through.node
+    sliced = _as_slice(through, e.shape) if sources.recompute and _elementwise(e) and len(out) == len(e.shape) else None
+    if sliced is None:
+        return _slot(through, slots, used)
+    starts, steps = sliced
+    sources.recomputed.add(e)
+    sources.absorbed.add(read.node)
+    reads = [Read(r.node, tuple(s * k for s, k in zip(r.strides, steps)),
+                  r.offset + sum(s * a for s, a in zip(r.strides, starts))) for r in _reads(e)]
+    return fold(_expression(e), lambda i: _slot(reads[i], slots, used), lambda name, args: (name, *args),
+                lambda c: c)
+
+
+def _as_slice(read: Read, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The starts and steps of the slice of a dense value of `shape` that `read` is, or None.
+
+    >>> _as_slice(Read(None, (8, 2), 3), (4, 8))
+    ((0, 3), (1, 2))
+    """
+    dense = contiguous_strides(shape)
+    if any(s % c for s, c in zip(read.strides, dense)):
+        return None
+    steps = tuple(s // c for s, c in zip(read.strides, dense))
+    starts = tuple((read.offset // c) % n for c, n in zip(dense, shape))
+    return (starts, steps) if sum(a * c for a, c in zip(starts, dense)) == read.offset else None
 
 
 def _through_view(read: Read, out: tuple[int, ...], private: set[Node]) -> Read:
-    """`read` (by a reader of shape `out`) of the storage under it, where it reads a copy of a view
-    whole (broadcast at most), which only it reads, and the view keeps the reads coalesced."""
+    """`read` (by a reader of shape `out`) of the storage under it, where it reads a chain of layout
+    ops whole (broadcast at most), which only it reads, and the view keeps the reads coalesced."""
     x = read.node
     whole = read.offset == 0 and read.strides == in_rank(x.shape, contiguous_strides(x.shape), out)
     if not (whole and x in private and x.op in LAYOUT_OPS):
         return read
     view = strided_view(x, {})
-    if not view.copies or view.root is x or not coalesced(view.shape, view.strides, out):
+    if view.root is x or not coalesced(view.shape, view.strides, out):
         return read
     return Read(view.root, in_rank(view.shape, view.strides, out), view.offset)
 

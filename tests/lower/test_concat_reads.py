@@ -72,6 +72,36 @@ def test_the_rotary_kernel_matches_numpy_in_the_emulator(dtype, shape):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=bound * np.abs(want).max(), rtol=0)
 
 
+@op.kernel
+def rope_grad(x, cos, sin, g):
+    return op.grad(lambda t: op.sum(rope(t, cos, sin) * g))(x)
+
+
+def test_the_rotary_gradient_recomputes_the_product_each_half_reads():
+    x = op.tensor((4, 32, 2048, 128), "bf16")
+    program = rope_grad.program(x, op.tensor((2048, 128), "bf16"), op.tensor((2048, 128), "bf16"), x)
+    assert [s.op for s in program.plan.steps] == ["concatenated_elementwise"]      # not g·sin, then the join
+    rng = np.random.default_rng(6)
+    x, cos, sin, g = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 16, 64), (16, 64), (16, 64),
+                                                                          (2, 3, 16, 64)))
+    gs = g * sin
+    np.testing.assert_allclose(rope_grad(x, cos, sin, g), g * cos + np.concatenate([gs[..., 32:], -gs[..., :32]], -1),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_the_rotary_gradient_kernel_matches_numpy_in_the_emulator():
+    rng = np.random.default_rng(7)
+    x, g = (rng.standard_normal((2, 4, 32, 64)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    cos, sin = (rng.standard_normal((32, 64)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    program = rope_grad.program(x, cos, sin, g)
+    assert [s.op for s in program.plan.steps] == ["concatenated_elementwise"]
+    (got,) = run_plan_emulated(program.plan, {"x": x, "cos": cos, "sin": sin, "g": g})
+    gs = np.asarray(g, np.float64) * np.asarray(sin, np.float64)
+    want = np.asarray(g, np.float64) * np.asarray(cos, np.float64) + np.concatenate([gs[..., 32:], -gs[..., :32]], -1)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=3e-2 * np.abs(want).max(), rtol=0)
+
+
 def test_a_concatenate_something_else_reads_or_reads_broadcast_stays():
     x, y = make_input("x", (4, 6), F32), make_input("y", (4, 6), F32)
     joined = make("concatenate", make("fused_elementwise", x, expr="exp($0)"), y, axis=1)       # [4, 12]
@@ -84,17 +114,22 @@ def test_a_concatenate_something_else_reads_or_reads_broadcast_stays():
 
 @st.composite
 def concatenated_programs(draw):
-    """An elementwise node over y and a concatenate (along a random axis) of pieces that are inputs,
-    slices of x, or elementwise nodes of slices, each read by the concatenate alone or also returned."""
+    """An elementwise node over y and a concatenate (along a random axis) of pieces that are slices
+    of x or of an elementwise node of x (recomputed in the pieces where nothing else reads it), or
+    elementwise nodes of such slices, each read by the concatenate alone or also returned."""
     x = make_input("x", (4, 6, 8), F32)
     axis = draw(st.integers(0, 2))
     pieces, outputs = [], []
+    base = x
+    if draw(st.booleans()):
+        base = make("fused_elementwise", x, expr="mul(tanh($0),3.0:float32)")
+        outputs += [base] if draw(st.booleans()) and draw(st.booleans()) else []
     for _ in range(draw(st.integers(2, 3))):
         width = draw(st.integers(1, 2))
         start = draw(st.integers(0, x.shape[axis] - width))
         starts = tuple(start if a == axis else 0 for a in range(3))
         stops = tuple(start + width if a == axis else n for a, n in enumerate(x.shape))
-        piece = make("slice", x, starts=starts, stops=stops, steps=(1, 1, 1))
+        piece = make("slice", base, starts=starts, stops=stops, steps=(1, 1, 1))
         kind = draw(st.sampled_from(["slice", "fused", "plain"]))
         if kind == "fused":
             scale = draw(st.sampled_from(["0.5", "-2.0"]))
