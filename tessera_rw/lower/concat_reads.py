@@ -33,7 +33,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import FUSIBLE_OPS, MAX_FUSED_OPS, count_ops, fold, parse_expr, spell_expr
-from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views
+from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views, slice_of
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
 from tessera_rw.lower.layout_chains import strided_view
@@ -179,7 +179,7 @@ def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[
     own operands, read at the slice."""
     through = _through_view(read, out, sources.private)
     e = through.node
-    sliced = _as_slice(through, e.shape) if sources.recompute and _elementwise(e) and len(out) == len(e.shape) else None
+    sliced = slice_of(e.shape, through.strides, through.offset) if sources.recompute and _elementwise(e) and len(out) == len(e.shape) else None
     if sliced is None:
         return _slot(through, slots, used)
     starts, steps = sliced
@@ -189,20 +189,6 @@ def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[
                   r.offset + sum(s * a for s, a in zip(r.strides, starts))) for r in _reads(e)]
     return fold(_expression(e), lambda i: _slot(reads[i], slots, used), lambda name, args: (name, *args),
                 lambda c: c)
-
-
-def _as_slice(read: Read, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The starts and steps of the slice of a dense value of `shape` that `read` is, or None.
-
-    >>> _as_slice(Read(None, (8, 2), 3), (4, 8))
-    ((0, 3), (1, 2))
-    """
-    dense = contiguous_strides(shape)
-    if any(s % c for s, c in zip(read.strides, dense)):
-        return None
-    steps = tuple(s // c for s, c in zip(read.strides, dense))
-    starts = tuple((read.offset // c) % n for c, n in zip(dense, shape))
-    return (starts, steps) if sum(a * c for a, c in zip(starts, dense)) == read.offset else None
 
 
 def _through_view(read: Read, out: tuple[int, ...], private: set[Node]) -> Read:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.ops.strided import operand_views, slice_text
 
 
 # Bytes a view's offset is a multiple of. Generated kernels load and store up to 16 bytes at once
@@ -89,9 +90,16 @@ class Step:
 
     def operand_text(self, i: int) -> str:
         """Operand `i` as the plan prints it, marked ᵀ when the kernel reads it transposed (a GEMM's
-        trans_a / trans_b: the buffer holds xᵀ, the product reads x)."""
+        trans_a / trans_b: the buffer holds xᵀ, the product reads x), followed by the slice a
+        strided_elementwise reads of it."""
         flag = TRANSPOSED_OPERANDS[i] if i < len(TRANSPOSED_OPERANDS) else None
-        return f"{self.inputs[i]}ᵀ" if flag and self.node.attr(flag) else str(self.inputs[i])
+        if flag and self.node.attr(flag):
+            return f"{self.inputs[i]}ᵀ"
+        if self.node.op == "strided_elementwise":
+            a = self.node.attr_map
+            strides, offset = operand_views(self.node.shape, a["strides"], a["offsets"])[i]
+            return f"{self.inputs[i]}{slice_text(self.inputs[i].type.shape, self.node.shape, strides, offset)}"
+        return str(self.inputs[i])
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ def test_a_gated_unit_reads_both_halves_of_its_projection_in_place():
     program = swiglu.program(x, w)
     assert [s.op for s in program.plan.steps] == ["gemm", "strided_elementwise"]
     assert "strided_read" in program.candidate.kernels[1].fused
+    assert "f32[64,96][:,0:48], " in str(program.plan) and "f32[64,96][:,48:96])" in str(program.plan)
     h = x.astype(np.float64) @ w
     want = h[:, :48] / (1 + np.exp(-h[:, :48])) * h[:, 48:]
     np.testing.assert_allclose(swiglu(x, w), want, rtol=1e-4, atol=1e-4)

@@ -36,7 +36,7 @@ from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
-from tessera_rw.algebra.shapes import fmt_shape
+from tessera_rw.algebra.shapes import contiguous_strides, fmt_shape
 
 
 def _check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
@@ -92,6 +92,52 @@ def _strided_concatenate(*xs: np.ndarray, axis, shape, sizes, strides, offsets) 
 
 
 EXPRESSION_OPS = frozenset({"fused_elementwise", "strided_elementwise"})    # ops computing attrs["expr"]
+
+
+def slice_of(shape: tuple[int, ...], strides: tuple[int, ...],
+             offset: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The starts and steps of the slice of a dense value of `shape` that the view (strides, offset),
+    of the same rank, is (a step of 0 repeats one index), or None where it is no slice.
+
+    >>> slice_of((4, 8), (8, 2), 3), slice_of((4, 8), (1, 8), 0)
+    (((0, 3), (1, 2)), None)
+    """
+    dense = contiguous_strides(shape)
+    if len(strides) != len(shape) or any(s % c for s, c in zip(strides, dense)):
+        return None
+    steps = tuple(s // c for s, c in zip(strides, dense))
+    starts = tuple((offset // c) % n for c, n in zip(dense, shape))
+    return (starts, steps) if sum(a * c for a, c in zip(starts, dense)) == offset else None
+
+
+def slice_text(shape: tuple[int, ...], view: tuple[int, ...], strides: tuple[int, ...], offset: int) -> str:
+    """numpy's spelling of a view of a dense value of `shape` as `view`, where it is a slice: ':' for
+    a whole axis, 'a:b' or 'a:b:s' for a part, 'a*' for one index repeated; nothing where it reads
+    the whole value (broadcast at most); else its strides and offset.
+
+    >>> slice_text((2, 768, 4096), (2, 256, 4096), (3145728, 4096, 1), 2097152), slice_text((8,), (8,), (0,), 3)
+    ('[:,512:768,:]', '[3*]')
+    >>> slice_text((256, 1), (2, 256, 4096), (0, 1, 0), 0), slice_text((2, 8192), (2, 4096), (8192, 1), 0)
+    ('', '[:,0:4096]')
+    """
+    lead = len(view) - len(shape)
+    whole = (0,) * lead + tuple(0 if n == 1 and m != 1 else c
+                                for n, m, c in zip(shape, view[lead:], contiguous_strides(shape)))
+    fits = all(n in (1, m) for n, m in zip(shape, view[lead:]))
+    if lead >= 0 and fits and tuple(strides) == whole and offset == 0:
+        return ""
+    found = slice_of(shape, strides, offset)
+    if found is None:
+        return f"[strides={strides}+{offset}]"
+    parts = []
+    for n, whole, a, step in zip(view, shape, *found):
+        if step == 0:
+            parts.append(f"{a}*")
+        elif (a, step, n) == (0, 1, whole):
+            parts.append(":")
+        else:
+            parts.append(f"{a}:{a + (n - 1) * step + 1}" + (f":{step}" if step != 1 else ""))
+    return "[" + ",".join(parts) + "]"
 
 
 def operand_views(shape: tuple[int, ...], strides: tuple[int, ...],
