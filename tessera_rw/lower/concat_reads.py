@@ -157,8 +157,7 @@ def _pieces(joined: Node) -> list[tuple[Read, int]]:
 
 def _source_tree(source: Read, sources: _Sources, slots: list[Node], used: dict[int, Read]):
     """A piece's expression: the expression of the elementwise node it is, where only the
-    concatenate reads that node and reads it whole, else the piece read (through its view, where
-    it is a copy of one)."""
+    concatenate reads that node and reads it whole, else what _leaf_tree reads for it."""
     e = source.node
     if (e in sources.private and _elementwise(e)
             and source.strides == contiguous_strides(e.shape) and source.offset == 0):
@@ -174,12 +173,13 @@ def _elementwise(node: Node) -> bool:
 
 
 def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[Node], used: dict[int, Read]):
-    """What a piece reads: a slot, through the view where `read` is of a copy of one; where that
-    view slices an elementwise node (and recomputing is allowed), that node's expression over its
-    own operands, read at the slice."""
+    """What a piece reads for `read`: a slot (through the view under a chain of layout ops only it
+    reads), or, where that view slices an elementwise node and recomputing is allowed, the node's
+    expression over its own operands read at the slice."""
     through = _through_view(read, out, sources.private)
     e = through.node
-    sliced = slice_of(e.shape, through.strides, through.offset) if sources.recompute and _elementwise(e) and len(out) == len(e.shape) else None
+    recompute = sources.recompute and _elementwise(e) and len(out) == len(e.shape)
+    sliced = slice_of(e.shape, through.strides, through.offset) if recompute else None
     if sliced is None:
         return _slot(through, slots, used)
     starts, steps = sliced

@@ -396,4 +396,5 @@ def _plugin_ops() -> dict[str, KernelOp]:
 
 
 EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | ATTENTION_OPS | _rowwise_ops() | _reduction_ops()
-                                  | _elementwise_ops() | VIEW_OPS | _copy_ops() | _conv_ops() | _spectral_ops() | _plugin_ops())
+                                  | _elementwise_ops() | VIEW_OPS | _copy_ops() | _conv_ops() | _spectral_ops()
+                                  | _plugin_ops())

@@ -25,7 +25,8 @@ def rope(b: int, s: int, d: int, dtype: DType):
     x, table = TensorType((b, s, d), dtype), TensorType((s, d), dtype)
     strides = (row + (0, d, 1) * 2 + row) * 2
     exprs = "sub(mul($0,$1),mul($3,$2));add(mul($0,$1),mul($3,$2))"
-    return of("concatenated_elementwise", x, table, table, x, exprs=exprs, axis=2, sizes=(h, h), shape=(b, s, d), strides=strides, offsets=(0, 0, 0, h, h, h, h, 0))
+    return of("concatenated_elementwise", x, table, table, x, exprs=exprs, axis=2, sizes=(h, h), shape=(b, s, d),
+              strides=strides, offsets=(0, 0, 0, h, h, h, h, 0))
 
 
 VIEW_OPS = {

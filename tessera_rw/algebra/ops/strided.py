@@ -18,7 +18,8 @@ concatenate an elementwise kernel reads is computed in place rather than copied 
 [[1.0, 3.0], [5.0, 7.0]]
 >>> _strided_concatenate(x, x, axis=1, shape=(2, 3), sizes=(1, 2), strides=(4, 1, 1, 4), offsets=(0, 2)).tolist()
 [[0.0, 2.0, 6.0], [4.0, 3.0, 7.0]]
->>> _strided_elementwise(x, x, expr="mul($0,$1)", shape=(3, 2), strides=(4, 1, 4, 1), offsets=(0, 2)).tolist()  # x[:, :2] * x[:, 2:]
+>>> _strided_elementwise(x, x, expr="mul($0,$1)", shape=(3, 2), strides=(4, 1, 4, 1),
+...                      offsets=(0, 2)).tolist()                       # x[:, :2] * x[:, 2:]
 [[0.0, 3.0], [24.0, 35.0], [80.0, 99.0]]
 >>> _concatenated_elementwise(x, exprs="neg($0);$0", axis=1, sizes=(2, 2), shape=(3, 4), strides=(4, 1, 4, 1),
 ...                           offsets=(2, 0)).tolist()                  # cat(-x[:, 2:], x[:, :2]): rotate_half

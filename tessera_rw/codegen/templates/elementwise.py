@@ -320,8 +320,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             ew("tril", big, k=0),
             ew("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
             # a gated unit reading both halves of [4096, 8192] in place, and a strided column of x32
-            ew("strided_elementwise", TensorType((4096, 8192), bf), TensorType((4096, 8192), bf), expr="mul(silu($0),$1)",
-               shape=(4096, 4096), strides=(8192, 1, 8192, 1), offsets=(0, 4096)),
+            ew("strided_elementwise", TensorType((4096, 8192), bf), TensorType((4096, 8192), bf),
+               expr="mul(silu($0),$1)", shape=(4096, 4096), strides=(8192, 1, 8192, 1), offsets=(0, 4096)),
             ew("strided_elementwise", x32, x32, expr="add($0,$1)", shape=(1024, 1024), strides=(2048, 1, 1, 2048),
                offsets=(1024, 0)),
             # rotary embeddings: x·cos + cat(−x₂, x₁)·sin, each half computed where the concatenate is read
