@@ -11,7 +11,8 @@ Per row, following the method of counting the floor first and checking before ti
 Rows: bf16 GEMM vs torch.matmul; an fp8 (e4m3) GEMM vs torch._scaled_mm; flash attention forward vs scaled_dot_product_attention; softmax and
 layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
 long FFT convolution (bench/gpu_fftconv.py); a linear layer's dW + db and attention's gradients
-(bench/gpu_backward.py). `--quick` takes fewer reps, the first schedule only,
+(bench/gpu_backward.py); rotary embeddings and SwiGLU, whose slices and joins the plan reads in
+place (bench/gpu_slices.py). `--quick` takes fewer reps, the first schedule only,
 and no 8192^3 GEMM. Last, a warm `@op.kernel` call against its plan run directly. The table is
 printed and written to bench/results/gpu[-quick]-<device>-<date>.json and .md (bench/gpu_results.py),
 with the driver and the clocks before and after the run.
@@ -338,6 +339,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
         return 2
     from bench.gpu_backward import backward_rows
     from bench.gpu_fftconv import LONG_CONV_NAME, long_conv
+    from bench.gpu_slices import slice_row_runs
     from tessera_rw.codegen.arch import current_arch
     arch = current_arch()
     protocol = protocol_for(arch, quick)
@@ -363,7 +365,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
             results.append(Result(row.name, status=f"ERROR {error_line(e)}"))
         console.print(progress_line(results[-1]), markup=False)
     for name, timed in [(LONG_CONV_NAME, partial(long_conv, protocol, ceilings)),
-                        *backward_rows(protocol, ceilings, quick)]:
+                        *backward_rows(protocol, ceilings, quick), *slice_row_runs(protocol, ceilings)]:
         if wanted(name, only):
             results.append(timed())
             console.print(progress_line(results[-1]), markup=False)

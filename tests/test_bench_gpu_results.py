@@ -64,7 +64,7 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from bench import gpu, gpu_backward, gpu_fftconv
+    from bench import gpu, gpu_backward, gpu_fftconv, gpu_slices
     from tessera_rw.codegen import arch as arch_module
     monkeypatch.setattr(results_files, "RESULTS", tmp_path)
     monkeypatch.setattr(gpu, "preflight", lambda: None)
@@ -81,13 +81,15 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_fftconv, "long_conv", lambda protocol, ceilings: Result("long conv", status="owed: x"))
     monkeypatch.setattr(gpu_backward, "backward_rows", lambda protocol, ceilings, quick: [
         ("attention bwd", lambda: Result("attention bwd", ours=Timing(2.0, 0.0), torch=Timing(1.0, 0.0)))])
+    monkeypatch.setattr(gpu_slices, "slice_row_runs", lambda protocol, ceilings: [
+        ("rotary", lambda: Result("rotary", ours=Timing(0.5, 0.0), torch=Timing(1.0, 0.0)))])
     monkeypatch.setattr(arch_module, "current_arch", lambda: arch_module.arch_named("H200"))
     out = io.StringIO()
     assert gpu.run(quick=True, console=Console(file=out, width=240)) == 0
     [json_path] = tmp_path.glob("gpu-quick-NVIDIA-H200-*.json")
     saved = json.loads(json_path.read_text())
     names = [r["row"] for r in saved["rows"]]
-    assert names[0].startswith("gemm bf16 4096^3") and names[-2:] == ["long conv", "attention bwd"]
+    assert names[0].startswith("gemm bf16 4096^3") and names[-3:] == ["long conv", "attention bwd", "rotary"]
     assert any(n.endswith("vs torch.compile") for n in names) and saved["calls"]["warm_call_us"] == 30.0
     assert saved["protocol"] == {"warmup": 3, "reps": 10, "flush_bytes": 2 * arch_module.arch_named("H200").l2_bytes}
     assert "tessera_rw vs torch on H200" in out.getvalue()
