@@ -32,7 +32,8 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import FUSIBLE_OPS, MAX_FUSED_OPS, count_ops, fold, parse_expr, spell_expr
+from tessera_rw.algebra.ops.fused_expr import (FUSIBLE_OPS, MAX_FUSED_OPS, Scalar, count_ops, fold, parse_expr,
+                                                spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views, slice_of
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
@@ -156,16 +157,35 @@ def _pieces(joined: Node) -> list[tuple[Read, int]]:
 
 
 def _source_tree(source: Read, sources: _Sources, slots: list[Node], used: dict[int, Read]):
-    """A piece's expression: the expression of the elementwise node it is, where only the
-    concatenate reads that node and reads it whole, else what _leaf_tree reads for it."""
-    e = source.node
-    if (e in sources.private and _elementwise(e)
-            and source.strides == contiguous_strides(e.shape) and source.offset == 0):
-        reads = _reads(e)
+    """A piece's expression: the expression of the elementwise node it is (or a reshape of, that
+    only adds or drops axes of size 1, as a stack's pieces are), where only the concatenate reads
+    that node and reads it whole, else what _leaf_tree reads for it."""
+    e, shape = source.node, source.node.shape
+    if not (source.strides == contiguous_strides(shape) and source.offset == 0 and e in sources.private):
+        return _leaf_tree(source, shape, sources, slots, used)
+    if e.op == "reshape" and _squeezed(shape) == _squeezed(e.args[0].shape) and e.args[0] in sources.private \
+            and _elementwise(e.args[0]):
         sources.absorbed.add(e)
-        return fold(_expression(e), lambda i: _leaf_tree(reads[i], e.shape, sources, slots, used),
-                    lambda name, args: (name, *args), lambda c: c)
-    return _leaf_tree(source, source.node.shape, sources, slots, used)
+        e = e.args[0]
+    if not _elementwise(e):
+        return _leaf_tree(source, shape, sources, slots, used)
+    reads = [_reranked(r, e.shape, shape) for r in _reads(e)]
+    sources.absorbed.add(e)
+    return fold(_expression(e), lambda i: _leaf_tree(reads[i], shape, sources, slots, used),
+                lambda name, args: (name, *args), lambda c: c)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
+def _reranked(read: Read, shape: tuple[int, ...], to: tuple[int, ...]) -> Read:
+    """`read` by a reader of `shape` as the reader reshaped to `to`, which has the same axes but
+    for axes of size 1 (whose strides do not matter: 0)."""
+    if shape == to:
+        return read
+    strides = iter(s for s, n in zip(read.strides, shape) if n != 1)
+    return Read(read.node, tuple(0 if n == 1 else next(strides) for n in to), read.offset)
 
 
 def _elementwise(node: Node) -> bool:
@@ -204,9 +224,11 @@ def _through_view(read: Read, out: tuple[int, ...], private: set[Node]) -> Read:
     return Read(view.root, in_rank(view.shape, view.strides, out), view.offset)
 
 
-def _slot(read: Read, slots: list[Node], used: dict[int, Read]) -> int:
+def _slot(read: Read, slots: list[Node], used: dict[int, Read]) -> int | Scalar:
     """The slot a piece reads `read` from: one of the node's slots already reading it so, or one
-    this piece has not used yet, or a new one."""
+    this piece has not used yet, or a new one; a scalar constant goes into the expression."""
+    if (scalar := Scalar.of(read.node)) is not None:
+        return scalar
     for k, slot in enumerate(slots):
         if slot is read.node and used.get(k, read) == read:
             used[k] = read

@@ -83,8 +83,8 @@ def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], root: Node, le
 
 
 def _leaf(arg: Node, absorbable: set[Node], root: Node, leaves: list[Node]):
-    if arg.op == "constant" and isinstance(arg.attr_map["value"], (int, float, bool)):
-        return Scalar(float(arg.attr_map["value"]), arg.dtype)
+    if (scalar := Scalar.of(arg)) is not None:
+        return scalar
     if arg in absorbable and arg.shape == root.shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
             return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), root, leaves)

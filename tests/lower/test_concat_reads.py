@@ -102,6 +102,18 @@ def test_the_rotary_gradient_kernel_matches_numpy_in_the_emulator():
     np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=3e-2 * np.abs(want).max(), rtol=0)
 
 
+def test_a_stack_of_computed_values_is_computed_where_it_is_read():
+    @op.kernel
+    def stacked(x, y):
+        return op.stack([op.exp(x), y * 2.0], axis=1) + 1.0
+
+    program = stacked.program(op.tensor((64, 32), "f32"), op.tensor((64, 32), "f32"))
+    (step,) = program.plan.steps
+    assert step.op == "concatenated_elementwise" and len(step.inputs) == 2      # x and y; the constants inlined
+    x, y = np.random.default_rng(8).standard_normal((2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(stacked(x, y), np.stack([np.exp(x), 2 * y], axis=1) + 1, rtol=1e-6)
+
+
 def test_a_concatenate_something_else_reads_or_reads_broadcast_stays():
     x, y = make_input("x", (4, 6), F32), make_input("y", (4, 6), F32)
     joined = make("concatenate", make("fused_elementwise", x, expr="exp($0)"), y, axis=1)       # [4, 12]

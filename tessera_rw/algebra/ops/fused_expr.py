@@ -35,6 +35,14 @@ class Scalar:
     dtype: DType
 
     @classmethod
+    def of(cls, node) -> Scalar | None:
+        """The Scalar a graph node is where it is a scalar constant (a 0-d `constant` of a Python
+        number), else None."""
+        if node.op == "constant" and isinstance(node.attr_map["value"], (int, float, bool)):
+            return cls(float(node.attr_map["value"]), node.dtype)
+        return None
+
+    @classmethod
     def parse(cls, token: str) -> Scalar:
         value, sep, dtype = token.partition(":")
         try:
