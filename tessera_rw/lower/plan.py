@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.strided import operand_views, slice_text
 
 
@@ -95,11 +96,21 @@ class Step:
         flag = TRANSPOSED_OPERANDS[i] if i < len(TRANSPOSED_OPERANDS) else None
         if flag and self.node.attr(flag):
             return f"{self.inputs[i]}ᵀ"
-        if self.node.op == "strided_elementwise":
-            a = self.node.attr_map
-            strides, offset = operand_views(self.node.shape, a["strides"], a["offsets"])[i]
+        views = self._views()
+        if i < len(views):
+            strides, offset = views[i]
             return f"{self.inputs[i]}{slice_text(self.inputs[i].type.shape, self.node.shape, strides, offset)}"
         return str(self.inputs[i])
+
+    def _views(self) -> list[tuple[tuple[int, ...], int]]:
+        """The (strides, offset) views a strided op reads its leading operands through."""
+        a = self.node.attr_map
+        if self.node.op == "strided_elementwise":
+            return operand_views(self.node.shape, a["strides"], a["offsets"])
+        if self.node.op == "strided_normalization":
+            return prologue_views(self.node.args, a["has_weight"], a["has_bias"], a["post"], self.node.shape,
+                                  a["strides"], a["offsets"])
+        return []
 
 
 @dataclass(frozen=True)

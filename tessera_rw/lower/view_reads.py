@@ -1,4 +1,4 @@
-"""Slices read in place: an elementwise kernel reads the views it is given, not copies of them.
+"""Slices read in place: an elementwise or row kernel reads the views it is given, not copies of them.
 
 A gated unit, `silu(h[..., :d]) * h[..., d:]`, is three kernels as extracted: two copies writing
 each half of h dense, then the product reading them back. But a slice (or a chain of slices,
@@ -9,7 +9,9 @@ such copies, read by it alone, becomes a strided_elementwise over the values und
 copies are gone. A view is read in place only where it keeps the storage's innermost elements
 contiguous along the result's inner axis (or repeats one value along it), so the reads stay
 coalesced; a transpose that moves the innermost axis keeps its copy kernel, whose shared-memory
-tile reads and writes both coalesced.
+tile reads and writes both coalesced. A row-wise normalization over its trailing axes reads its rows
+the same way (a strided_normalization): the queries and keys of QK-norm, RMS-normalized per head,
+are normalized where the projection wrote them.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -28,6 +30,7 @@ from dataclasses import replace
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.layout_chains import COPIES, StridedView, strided_view
 
@@ -42,10 +45,13 @@ def read_views_in_place(graph: Graph) -> Graph:
     new: dict[Node, Node] = {}
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
-        if node.op == "fused_elementwise":
-            reads = [_read_in_place(arg, node, users[arg], arg in outputs, views) for arg in node.args]
+        rows = _row_attrs(node)
+        if node.op == "fused_elementwise" or rows is not None:
+            viewed = node.args if rows is None else node.args[:_prologue_inputs(node)]
+            reads = [_read_in_place(arg, node, users[arg], arg in outputs, views) for arg in viewed]
+            reads = [r and replace(r, root=new[r.root]) for r in reads]
             if any(reads):
-                rebuilt = _strided(rebuilt, [r and replace(r, root=new[r.root]) for r in reads])
+                rebuilt = _strided(rebuilt, reads) if rows is None else _strided_rows(rebuilt, reads, rows)
         new[node] = rebuilt
     if all(new[n] is n for n in graph.nodes):
         return graph
@@ -81,15 +87,58 @@ def in_rank(shape: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ..
     return (0,) * lead + tuple(0 if n == 1 and m != 1 else s for n, m, s in zip(shape, out[lead:], strides))
 
 
-def _strided(node: Node, reads: list[StridedView | None]) -> Node:
-    """`node` (a fused_elementwise) as a strided_elementwise: each operand read as its view where it
-    has one, else as itself (dense, broadcast to the result)."""
+def _views_of(node: Node, reads: list[StridedView | None]) -> tuple[list[Node], tuple[int, ...], tuple[int, ...]]:
+    """The nodes `node` reads for its first len(reads) operands (each view's storage, where it has
+    one, else the operand itself, dense and broadcast) and their strides and offsets."""
     args, strides, offsets = [], [], []
     for arg, view in zip(node.args, reads):
         view = view or StridedView(arg, arg.shape, contiguous_strides(arg.shape), 0, 0)
         args.append(view.root)
         strides += in_rank(view.shape, view.strides, node.shape)
         offsets.append(view.offset)
-    strided = make("strided_elementwise", *args, expr=node.attr_map["expr"], shape=node.shape,
-                   strides=tuple(strides), offsets=tuple(offsets))
+    return args, tuple(strides), tuple(offsets)
+
+
+def _strided(node: Node, reads: list[StridedView | None]) -> Node:
+    """`node` (a fused_elementwise) as a strided_elementwise."""
+    args, strides, offsets = _views_of(node, reads)
+    strided = make("strided_elementwise", *args, expr=node.attr_map["expr"], shape=node.shape, strides=strides,
+                   offsets=offsets)
+    return strided if strided.type == node.type else node
+
+
+NORMS = frozenset({"softmax", "log_softmax", "layernorm", "rmsnorm"})
+
+
+def _row_attrs(node: Node) -> dict | None:
+    """A row-wise normalization's attributes as a fused_normalization's, where it normalizes its
+    trailing axes (the row kernels read no other), else None."""
+    a = node.attr_map
+    if node.op == "fused_normalization":
+        found = dict(a)
+    elif node.op in ("softmax", "log_softmax"):
+        found = dict(expr="$0", norm=node.op, axes=(a["axis"],), eps=0.0, has_weight=False, has_bias=False, post="$0")
+    elif node.op in NORMS:
+        found = dict(expr="$0", norm=node.op, axes=tuple(a["axes"]), eps=a["eps"], has_weight=a["has_weight"],
+                     has_bias=a["has_bias"], post="$0")
+    else:
+        return None
+    rank = len(node.shape)
+    axes = tuple(found["axes"])
+    return found if axes == tuple(range(rank - len(axes), rank)) else None
+
+
+def _prologue_inputs(node: Node) -> int:
+    """How many of a normalization's operands are its rows' inputs (the rest: weight, bias, epilogue)."""
+    if node.op != "fused_normalization":
+        return 1
+    a = node.attr_map
+    return len(node.args) - a["has_weight"] - a["has_bias"] - max(expr_leaves(parse_expr(a["post"])))
+
+
+def _strided_rows(node: Node, reads: list[StridedView | None], attrs: dict) -> Node:
+    """`node` (a normalization) as a strided_normalization reading its rows' inputs as views."""
+    args, strides, offsets = _views_of(node, reads)
+    strided = make("strided_normalization", *args, *node.args[len(reads):], **attrs, shape=node.shape,
+                   strides=strides, offsets=offsets)
     return strided if strided.type == node.type else node

@@ -62,7 +62,7 @@ class FusionDepth(enum.IntEnum):
 
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
-                  "concatenated_elementwise": FusionDepth.EPILOGUE,
+                  "concatenated_elementwise": FusionDepth.EPILOGUE, "strided_normalization": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
                   "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
                   "flash_attention": FusionDepth.FULL,
@@ -98,13 +98,14 @@ class Candidate:
         return sum(k.est_us for k in self.kernels)
 
 
-def candidate_of(graph: Graph, arch: ArchSpec) -> Candidate:
-    """A program as it stands, costed kernel by kernel under the numerics policy in force."""
+def candidate_of(graph: Graph, arch: ArchSpec, depth: FusionDepth | None = None) -> Candidate:
+    """A program as it stands, costed kernel by kernel under the numerics policy in force; its
+    fusion depth is its ops' deepest unless given (that of the program it was lowered from)."""
     kernels = []
-    depth = FusionDepth.UNFUSED
     numerics = current_numerics()
+    if depth is None:
+        depth = max((fusion_depth(node.op) for node in graph.nodes), default=FusionDepth.UNFUSED)
     for node in graph.nodes:
-        depth = max(depth, fusion_depth(node.op))
         cost = kernel_cost(KernelOp.from_node(node, numerics), arch, fused_op=fusion_depth(node.op) > 0)
         if cost is not None:
             kernels.append(cost)
@@ -208,7 +209,8 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
     lowered = read_concatenates_in_place(read_views_in_place(merge_elementwise(fold_layout_chains(program))))
-    return candidate_of(lowered, arch)
+    # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
+    return candidate_of(lowered, arch, max(fusion_depth(node.op) for node in program.nodes))
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

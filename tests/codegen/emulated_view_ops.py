@@ -29,6 +29,16 @@ def rope(b: int, s: int, d: int, dtype: DType):
               strides=strides, offsets=(0, 0, 0, h, h, h, h, 0))
 
 
+def strided_norm(norm: str, root: tuple[int, ...], dtype: DType, shape: tuple[int, ...], strides: tuple[int, ...],
+                 offset: int, weights: int = 0):
+    """`norm` of a view of `root` (the last axis), with `weights` of weight, bias."""
+    params = (TensorType(shape[-1:], dtype),) * weights
+    attrs = dict(expr="$0", norm=norm, axes=(len(shape) - 1,), eps=1e-5 if weights else 0.0,
+                 has_weight=weights > 0, has_bias=weights > 1, post="$0")
+    return of("strided_normalization", TensorType(root, dtype), *params, **attrs, shape=shape, strides=strides,
+              offsets=(offset,))
+
+
 VIEW_OPS = {
     # both halves of a gated unit's projection: vector loads
     "strided gated halves bf16": strided("mul(silu($0),$1)", ((2, 64, 512),) * 2, BF16, (2, 64, 256),
@@ -43,6 +53,12 @@ VIEW_OPS = {
     "strided batch of columns bf16": strided("exp($0)", ((3, 40, 24),), BF16, (3, 40, 8), (960, 24, 1), (16,)),
     # concatenates computed where they are read: rotary embeddings (vector loads), a concatenate
     # along an outer axis of a constant piece and a ragged one (scalar loads)
+    # normalized slices read in place: k of a q|k|v projection with its heads brought forward (QK-norm,
+    # vector loads), a misaligned ragged slice (scalar loads), a softmax over every other column
+    "strided rmsnorm k heads bf16": strided_norm("rmsnorm", (2, 64, 3 * 4 * 32), BF16, (2, 4, 64, 32),
+                                                 (64 * 384, 32, 384, 1), 128, weights=1),
+    "strided layernorm ragged f32": strided_norm("layernorm", (37, 50), F32, (30, 41), (50, 1), 103, weights=2),
+    "strided softmax strided columns f32": strided_norm("softmax", (16, 96), F32, (16, 48), (96, 2), 1),
     "concatenated rope bf16": rope(2, 64, 128, BF16),
     "concatenated rope ragged f32": rope(1, 7, 30, F32),
     "concatenated rows f32": of("concatenated_elementwise", TensorType((9, 13), F32), TensorType((13,), F32),

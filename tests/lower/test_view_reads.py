@@ -5,7 +5,9 @@ in the emulator: tests/codegen/emulated_ops.py and the examples)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +16,8 @@ from tessera_rw.algebra.builder import make, make_input
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.emulator_plan import run_plan_emulated
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.lower.view_reads import read_views_in_place
 
@@ -120,3 +124,50 @@ def test_reading_views_in_place_computes_what_the_program_did(graph, seed):
     assert len(kernels(read)) <= len(kernels(graph))
     for got, want in zip(evaluate(read, feeds), evaluate(graph, feeds)):
         np.testing.assert_array_equal(got, want)
+
+
+@op.kernel
+def qk_norm_attention(x, w_qkv, q_norm, k_norm):
+    """Attention with its queries and keys RMS-normalized per head (QK-norm), from one projection."""
+    b, s, _ = x.shape
+    qkv = (x @ w_qkv).reshape((b, s, 3, 2, 16))
+    q, k, v = (op.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))
+    return op.flash_attention(op.rmsnorm(q, q_norm), op.rmsnorm(k, k_norm), v)
+
+
+def qk_norm_reference(x, w_qkv, q_norm, k_norm):
+    b, s, _ = x.shape
+    qkv = (np.asarray(x, np.float64) @ np.asarray(w_qkv, np.float64)).reshape(b, s, 3, 2, 16).transpose(2, 0, 3, 1, 4)
+
+    def rms(t, w):
+        return t / np.sqrt((t * t).mean(-1, keepdims=True) + 1e-6) * np.asarray(w, np.float64)
+    q, k, v = rms(qkv[0], q_norm), rms(qkv[1], k_norm), qkv[2]
+    scores = q @ np.swapaxes(k, -1, -2) / 4.0
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def qk_norm_inputs(rng, dtype=np.float32):
+    shapes = {"x": (2, 24, 40), "w_qkv": (40, 96), "q_norm": (16,), "k_norm": (16,)}
+    return {n: rng.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+
+
+def test_qk_norm_normalizes_the_heads_where_the_projection_wrote_them():
+    inputs = qk_norm_inputs(np.random.default_rng(9))
+    program = qk_norm_attention.program(**inputs)
+    steps = [s.op for s in program.plan.steps]
+    assert steps.count("strided_normalization") == 2 and steps.count("strided_copy") <= 1      # only v's
+    depths = [c.fusion_depth for c in program.candidates]       # lowering leaves each its depth as extracted
+    assert len(set(depths)) == len(depths)
+    assert "f32[2,24,96][" in str(program.plan)
+    np.testing.assert_allclose(qk_norm_attention(**inputs), qk_norm_reference(**inputs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_the_qk_norm_plan_matches_numpy_in_the_emulator():
+    inputs = qk_norm_inputs(np.random.default_rng(10), ml_dtypes.bfloat16)
+    program = qk_norm_attention.program(**inputs)
+    assert [s.op for s in program.plan.steps].count("strided_normalization") == 2
+    (got,) = run_plan_emulated(program.plan, inputs)
+    want = qk_norm_reference(**inputs)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=3e-2 * np.abs(want).max(), rtol=0)

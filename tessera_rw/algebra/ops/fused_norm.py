@@ -3,6 +3,10 @@
 fused_normalization(prologue inputs…, weight?, bias?, epilogue inputs…; expr, norm, post):
 post(norm(expr(prologue inputs), weight, bias), epilogue inputs), where in `post` $0 is the
 normalized row and $1… the epilogue inputs. post="$0" is no epilogue.
+
+strided_normalization is the same with its prologue inputs read as strided views of their storage
+(shape: the result's; strides flat per prologue input, in the result's rank; offsets), as lowering
+reads a normalized slice in place (lower/view_reads.py).
 """
 
 from __future__ import annotations
@@ -73,9 +77,55 @@ def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, po
     return fused_flops(out, *before, expr=expr) + 7 * out.numel + fused_flops(out, out, *after, expr=post)
 
 
+def prologue_views(xs: tuple, has_weight: bool, has_bias: bool, post: str, shape: tuple[int, ...],
+                   strides: tuple[int, ...], offsets: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
+    """Each prologue input's (strides, offset) of a strided_normalization."""
+    before, _, _ = _split(xs, has_weight, has_bias, post)
+    rank = len(shape)
+    if len(offsets) != len(before) or len(strides) != rank * len(before):
+        raise ShapeError(f"{len(before)} prologue input(s) read as {tuple(shape)} need {len(before)} offsets and "
+                         f"{rank * len(before)} strides, not {len(offsets)} and {len(strides)}")
+    return [(tuple(strides[k * rank:(k + 1) * rank]), off) for k, off in enumerate(offsets)]
+
+
+def _viewed(xs: tuple, types: bool, shape, views) -> tuple:
+    from tessera_rw.algebra.ops.strided import check_view, view_of
+    before = []
+    for x, (st, off) in zip(xs, views):
+        if types:
+            check_view(x, tuple(shape), st, off)
+            before.append(TensorType(tuple(shape), x.dtype))
+        else:
+            before.append(view_of(x, shape, st, off))
+    return tuple(before) + tuple(xs[len(views):])
+
+
+def _infer_strided_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float,
+                        has_weight: bool, has_bias: bool, post: str, shape: tuple[int, ...],
+                        strides: tuple[int, ...], offsets: tuple[int, ...]) -> TensorType:
+    views = prologue_views(xs, has_weight, has_bias, post, shape, strides, offsets)
+    return _infer_fused_norm(*_viewed(xs, True, shape, views), expr=expr, norm=norm, axes=axes, eps=eps,
+                             has_weight=has_weight, has_bias=has_bias, post=post)
+
+
+def _strided_norm(*xs: np.ndarray, shape, strides, offsets, **attrs) -> np.ndarray:
+    views = prologue_views(xs, attrs["has_weight"], attrs["has_bias"], attrs["post"], shape, strides, offsets)
+    return _fused_norm(*_viewed(xs, False, shape, views), **attrs)
+
+
+def _strided_norm_flops(out: TensorType, *xs: TensorType, shape, strides, offsets, **attrs) -> int:
+    before, _, _ = _split(xs, attrs["has_weight"], attrs["has_bias"], attrs["post"])
+    views = tuple(TensorType(tuple(shape), x.dtype) for x in before)
+    return _fused_norm_flops(out, *views, *xs[len(before):], **attrs)
+
+
 DEFS = (
     OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, _infer_fused_norm, _fused_norm, _fused_norm_flops,
           variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row",
           vjp=before_fusion("fused_normalization")),
+    OpDef("strided_normalization", ("xs",), OpKind.NORMALIZATION, _infer_strided_norm, _strided_norm,
+          _strided_norm_flops, variadic=True, vjp=before_fusion("strided_normalization"),
+          doc="fused_normalization with its prologue inputs read as strided views (shape, strides flat per "
+              "prologue input in the result's rank, offsets), as lowering reads a normalized slice in place"),
 )
 

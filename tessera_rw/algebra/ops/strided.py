@@ -40,7 +40,8 @@ from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
 from tessera_rw.algebra.shapes import contiguous_strides, fmt_shape
 
 
-def _check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
+def check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
+    """Raise ShapeError unless (shape, strides, offset) is a view inside x's storage."""
     if len(shape) != len(strides) or any(n < 0 for n in shape) or any(s < 0 for s in strides) or offset < 0:
         raise ShapeError(f"a strided view of {fmt_shape(shape)} with strides {strides} at offset {offset} is not "
                          "one: one stride per dim, none negative")
@@ -59,7 +60,7 @@ def view_of(x: np.ndarray, shape, strides, offset) -> np.ndarray:
 
 
 def _infer_strided_copy(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> TensorType:
-    _check_view(x, shape, strides, offset)
+    check_view(x, shape, strides, offset)
     return TensorType(tuple(shape), x.dtype)
 
 
@@ -83,7 +84,7 @@ def _infer_strided_concatenate(*xs: TensorType, axis: int, shape: tuple[int, ...
     if len({x.dtype for x in xs}) != 1:
         raise DTypeError(f"operands have dtypes {', '.join(str(x.dtype) for x in xs)}")
     for x, view in zip(xs, concatenated_views(shape, axis, sizes, strides, offsets)):
-        _check_view(x, *view)
+        check_view(x, *view)
     return TensorType(tuple(shape), xs[0].dtype)
 
 
@@ -154,7 +155,7 @@ def _infer_strided_elementwise(*xs: TensorType, expr: str, shape: tuple[int, ...
         raise ShapeError(f"{len(xs)} operands read as {fmt_shape(shape)} need {len(xs)} offsets and "
                          f"{len(xs) * len(shape)} strides, not {len(offsets)} and {len(strides)}")
     for x, (st, off) in zip(xs, operand_views(tuple(shape), strides, offsets)):
-        _check_view(x, tuple(shape), st, off)
+        check_view(x, tuple(shape), st, off)
     return infer_fused(*(TensorType(tuple(shape), x.dtype) for x in xs), expr=expr)
 
 
@@ -192,7 +193,7 @@ def _infer_concatenated_elementwise(*xs: TensorType, exprs: str, axis: int, size
     for expr, piece, views in zip(pieces, piece_shapes(tuple(shape), axis, sizes),
                                   piece_views(len(xs), tuple(shape), axis, sizes, strides, offsets)):
         for x, (st, off) in zip(xs, views):
-            _check_view(x, piece, st, off)
+            check_view(x, piece, st, off)
         types.append(infer_fused(*(TensorType(piece, x.dtype) for x in xs), expr=expr).dtype)
     if len(set(types)) != 1:
         raise DTypeError(f"the pieces compute {', '.join(map(str, types))}: a concatenate has one dtype")

@@ -10,7 +10,9 @@ row; the re-reads hit L2 while the rows in flight fit in it.
 
 fused_normalization adds a prologue expression over its leading inputs (applied as the row is
 loaded) and an epilogue `post` ($0 the normalized value) applied as it is written. Operands
-broadcast to the row; one constant per row is loaded once. Statistics are fp32; under the
+broadcast to the row; one constant per row is loaded once. strided_normalization reads its prologue
+inputs as strided views (a normalized slice read where it lies), its rows' vectors where the view's
+offset and row strides keep them aligned. Statistics are fp32; under the
 `kahan_sum` numerics policy every sum among them (softmax's denominator, the mean, the variance,
 the mean square) carries a Neumaier compensation per thread, and threads merge (sum,
 compensation) pairs. Maxima are exact and stay as they are.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -68,7 +71,7 @@ class RowwiseTemplate(Template):
     """softmax / log_softmax (kind 'softmax'), layernorm / rmsnorm (kind 'layernorm'), fused_normalization."""
 
     kind = "softmax"
-    ops = frozenset({"softmax", "log_softmax", "layernorm", "rmsnorm", "fused_normalization"})
+    ops = frozenset({"softmax", "log_softmax", "layernorm", "rmsnorm", "fused_normalization", "strided_normalization"})
     rows_held = 1             # rows of values a thread keeps in registers when resident
 
     def kind_of(self, op: KernelOp) -> str:
@@ -81,10 +84,11 @@ class RowwiseTemplate(Template):
         return spec.k > 0 and 0 < op.result.numel < MAX_INDEX and all(t.numel < MAX_INDEX for t in op.operands)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        if op.op != "fused_normalization":
+        if op.op not in ("fused_normalization", "strided_normalization"):
             return ()
         spec = row_spec(op)
-        return tuple(dict.fromkeys(expr_ops(spec.expr) + expr_ops(spec.post)))
+        reads = ("strided_read",) if op.op == "strided_normalization" else ()
+        return tuple(dict.fromkeys(expr_ops(spec.expr) + expr_ops(spec.post))) + reads
 
     # -- geometry -----------------------------------------------------------------------------
 
@@ -112,8 +116,10 @@ class RowwiseTemplate(Template):
     def _vec_ok(self, op: KernelOp, v: int) -> bool:
         _, length = self._row(op)
         widest = max(t.dtype.itemsize for t in op.operands + (op.result,))
+        offsets = [off for _, off in self._views(op)]
         return length % v == 0 and v * widest <= MAX_ACCESS_BYTES and all(
-            acc[0] != "vector" or acc[2][-1] % v == 0 for acc in self._accesses(op))
+            acc[0] != "vector" or (acc[2][-1] % v == 0 and off % v == 0 and all(r % v == 0 for r in acc[4]))
+            for acc, off in zip(self._accesses(op), offsets))         # a view's rows start aligned too
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         _, length = self._row(op)
@@ -158,7 +164,8 @@ class RowwiseTemplate(Template):
         spec = row_spec(op)
         blocks = math.ceil(rows / s.rows_per_block)
         reads = sum(t.nbytes for t in spec.prologue)
-        hbm = op.operand_bytes + op.result.nbytes
+        n_pro = len(spec.prologue)
+        hbm = reads + sum(t.nbytes for t in op.operands[n_pro:]) + op.result.nbytes
         if not self.resident(op, s):
             # Each extra pass re-reads the row; rows in flight (one per resident warp or block)
             # that fit in L2 are re-read from there, otherwise from HBM.
@@ -192,24 +199,36 @@ class RowwiseTemplate(Template):
 
     # -- emission -----------------------------------------------------------------------------
 
+    def _views(self, op: KernelOp) -> list[tuple[tuple[int, ...], int]]:
+        """Per operand: its strides in the rows' shape and its offset (a strided_normalization's
+        prologue inputs as their views, every other operand broadcast)."""
+        out = self.row_shape(op)
+        found = [(broadcast_strides(out, t.shape), 0) for t in op.operands]
+        if op.op == "strided_normalization":
+            a = op.attr_map
+            views = prologue_views(op.operands, a["has_weight"], a["has_bias"], a["post"], out, a["strides"],
+                                   a["offsets"])
+            found[:len(views)] = views
+        return found
+
     def _accesses(self, op: KernelOp) -> list[tuple]:
-        """Per operand: (how it is read, row offset in `row`, col sizes, col strides)."""
+        """Per operand: (how it is read, row offset in `row`, col sizes, col strides, row strides)."""
         spec = row_spec(op)
         out = self.row_shape(op)
         lead = out[:len(out) - spec.k]
         found = []
-        for t in op.operands:
-            st = broadcast_strides(out, t.shape)
+        for st, off in self._views(op):
             rs, (rst,) = coalesce(lead, [st[:len(lead)]])
             cs, (cst,) = coalesce(out[len(lead):], [st[len(lead):]])
             rs, rst, cs, cst = rs or (1,), rst or (0,), cs or (1,), cst or (0,)
             how = "vector" if cst[-1] == 1 else "row" if not any(cst) else "gather"
-            found.append((how, offset_expr("row", rs, rst), cs, cst))
+            row_off = offset_expr("row", rs, rst) + (f" + {off}u" if off else "")
+            found.append((how, f"({row_off})" if off else row_off, cs, cst, rst))
         return found
 
     def read(self, op: KernelOp, acc: list[tuple], i: int, which: str, v: int) -> tuple[list[str], str]:
         """Lines loading operand i's vector at column c (named `which`i), and its lane-j value."""
-        how, row_off, cs, cst = acc[i]
+        how, row_off, cs, cst, _ = acc[i]
         t = op.operands[i].dtype
         if how == "row":
             return [], f"r{i}"
@@ -257,7 +276,7 @@ class RowwiseTemplate(Template):
                 lines += pre
                 body.append(f"y = y + {val};")
             normed = (OPS["fused_elementwise"].infer(*spec.prologue, expr=op.attr_map["expr"]).dtype
-                      if op.op == "fused_normalization" else op.operands[0].dtype)
+                      if op.op in ("fused_normalization", "strided_normalization") else op.operands[0].dtype)
             leaves = [("y", normed)]
             for i in epi:
                 pre, val = gather(i, "e")

@@ -1,7 +1,8 @@
 """What a row-wise kernel computes, whichever op it is: prologue -> norm -> affine -> epilogue.
 
 softmax / log_softmax normalize one axis; layernorm / rmsnorm their trailing axes with a weight and
-bias; fused_normalization adds an elementwise prologue and epilogue; norm_backward reads x and its
+bias; fused_normalization adds an elementwise prologue and epilogue (strided_normalization reads its
+prologue inputs as views); norm_backward reads x and its
 cotangent g as the rows, the weight scaling g, a residual added as it writes (rowwise.py and
 norm_backward.py emit them).
 """
@@ -51,5 +52,8 @@ def row_spec(op: KernelOp) -> RowSpec:
     b = next(params) if a["has_bias"] else None
     axes = tuple(a["axes"])
     trailing = axes == tuple(range(op.result.ndim - len(axes), op.result.ndim))
-    return RowSpec(a["norm"], xs[:before], parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
+    prologue = xs[:before]
+    if op.op == "strided_normalization":        # the rows are views of the operands, of the result's shape
+        prologue = tuple(TensorType(op.result.shape, t.dtype) for t in prologue)
+    return RowSpec(a["norm"], prologue, parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
                    float(a.get("eps", 0.0)), len(axes) if trailing else 0)
