@@ -33,17 +33,15 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT,
-                                                      broadcast_strides, coalesce, emit_tree, expr_ops,
-                                                      index_type, kernel_name, load, offset_expr, store,
-                                                      vector_widths)
-from tessera_rw.codegen.templates.rowwise_spec import row_spec
+from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, coalesce,
+                                                      emit_tree, expr_ops, index_type, kernel_name, load,
+                                                      offset_expr, store, vector_widths)
+from tessera_rw.codegen.templates.rowwise_spec import row_spec, row_views
 from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
     resident_statistics
 
@@ -200,16 +198,7 @@ class RowwiseTemplate(Template):
     # -- emission -----------------------------------------------------------------------------
 
     def _views(self, op: KernelOp) -> list[tuple[tuple[int, ...], int]]:
-        """Per operand: its strides in the rows' shape and its offset (a strided_normalization's
-        prologue inputs as their views, every other operand broadcast)."""
-        out = self.row_shape(op)
-        found = [(broadcast_strides(out, t.shape), 0) for t in op.operands]
-        if op.op == "strided_normalization":
-            a = op.attr_map
-            views = prologue_views(op.operands, a["has_weight"], a["has_bias"], a["post"], out, a["strides"],
-                                   a["offsets"])
-            found[:len(views)] = views
-        return found
+        return row_views(op, self.row_shape(op))
 
     def _accesses(self, op: KernelOp) -> list[tuple]:
         """Per operand: (how it is read, row offset in `row`, col sizes, col strides, row strides)."""
@@ -378,6 +367,11 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
             KernelOp.of("fused_normalization", (hid, hid, w, w, hid), hid, **fused_ln),      # residual -> LN -> gate
             KernelOp.of("layernorm", (TensorType((2048, 65536), bf),), TensorType((2048, 65536), bf), axes=(1,),
                         eps=1e-5, has_weight=False, has_bias=False),                  # looped three-pass
+            # QK-norm: k's heads RMS-normalized where a q|k|v projection wrote them (a strided view)
+            KernelOp.of("strided_normalization", (TensorType((4, 512, 2304), bf), TensorType((64,), bf)),
+                        TensorType((4, 12, 512, 64), bf), expr="$0", norm="rmsnorm", axes=(3,), eps=1e-6,
+                        has_weight=True, has_bias=False, post="$0", shape=(4, 12, 512, 64),
+                        strides=(512 * 2304, 64, 2304, 1), offsets=(768,)),
             # kahan_sum: the same paths with compensated statistics
             KernelOp.of("softmax", (x,), x, axis=1, numerics=kahan),
             KernelOp.of("log_softmax", (short,), short, axis=1, numerics=kahan),

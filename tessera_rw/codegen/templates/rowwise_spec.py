@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
+from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.cuda_scalar import broadcast_strides
 
 
 @dataclass(frozen=True)
@@ -57,3 +59,14 @@ def row_spec(op: KernelOp) -> RowSpec:
         prologue = tuple(TensorType(op.result.shape, t.dtype) for t in prologue)
     return RowSpec(a["norm"], prologue, parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
                    float(a.get("eps", 0.0)), len(axes) if trailing else 0)
+
+
+def row_views(op: KernelOp, out: tuple[int, ...]) -> list[tuple[tuple[int, ...], int]]:
+    """Per operand: its strides in the rows' shape `out` and its offset (a strided_normalization's
+    prologue inputs as their views, every other operand broadcast)."""
+    found = [(broadcast_strides(out, t.shape), 0) for t in op.operands]
+    if op.op == "strided_normalization":
+        a = op.attr_map
+        views = prologue_views(op.operands, a["has_weight"], a["has_bias"], a["post"], out, a["strides"], a["offsets"])
+        found[:len(views)] = views
+    return found
