@@ -30,7 +30,7 @@ from dataclasses import replace
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
+from tessera_rw.algebra.ops.fused_norm import prologue_inputs
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.layout_chains import COPIES, StridedView, strided_view
 
@@ -39,7 +39,8 @@ LAYOUT_OPS = COPIES | {"reshape", "strided_copy"}      # what strided_view sees 
 
 def read_views_in_place(graph: Graph) -> Graph:
     """`graph` with each fused_elementwise node that reads copies of views (which nothing else
-    reads) a strided_elementwise reading the views in place."""
+    reads) a strided_elementwise reading the views in place, and each row-wise normalization whose
+    rows are such copies a strided_normalization."""
     users, outputs = graph.users, set(graph.outputs)
     views: dict[Node, StridedView] = {}
     new: dict[Node, Node] = {}
@@ -133,7 +134,7 @@ def _prologue_inputs(node: Node) -> int:
     if node.op != "fused_normalization":
         return 1
     a = node.attr_map
-    return len(node.args) - a["has_weight"] - a["has_bias"] - max(expr_leaves(parse_expr(a["post"])))
+    return prologue_inputs(len(node.args), a["has_weight"], a["has_bias"], a["post"])
 
 
 def _strided_rows(node: Node, reads: list[StridedView | None], attrs: dict) -> Node:

@@ -34,14 +34,19 @@ def lifts_nothing(op: str, attrs) -> bool:
     return attrs.get("expr") == NO_EPILOGUE and attrs.get("post") == NO_EPILOGUE
 
 
+def prologue_inputs(operands: int, has_weight: bool, has_bias: bool, post: str) -> int:
+    """How many of a fused_normalization's operands are its rows' inputs (the rest: weight, bias,
+    then the epilogue's inputs)."""
+    return operands - has_weight - has_bias - max(expr_leaves(parse_expr(post)))
+
+
 def _split(xs: tuple, has_weight: bool, has_bias: bool, post: str) -> tuple[tuple, tuple, tuple]:
     """(prologue inputs, weight/bias, epilogue inputs) of a fused_normalization's operands."""
-    after = max(expr_leaves(parse_expr(post)))
     params = has_weight + has_bias
-    before = len(xs) - params - after
+    before = prologue_inputs(len(xs), has_weight, has_bias, post)
     if before < 1:
-        raise ShapeError(f"{len(xs)} operands cannot hold a prologue, {params} parameter(s) and {after} epilogue "
-                         f"input(s)")
+        raise ShapeError(f"{len(xs)} operands cannot hold a prologue, {params} parameter(s) and "
+                         f"{len(xs) - params - before} epilogue input(s)")
     return xs[:before], xs[before:before + params], xs[before + params:]
 
 
