@@ -98,13 +98,18 @@ class Candidate:
         return sum(k.est_us for k in self.kernels)
 
 
+def depth_of(graph: Graph) -> FusionDepth:
+    """A program's fusion depth: its deepest op's."""
+    return max((fusion_depth(node.op) for node in graph.nodes), default=FusionDepth.UNFUSED)
+
+
 def candidate_of(graph: Graph, arch: ArchSpec, depth: FusionDepth | None = None) -> Candidate:
     """A program as it stands, costed kernel by kernel under the numerics policy in force; its
     fusion depth is its ops' deepest unless given (that of the program it was lowered from)."""
     kernels = []
     numerics = current_numerics()
     if depth is None:
-        depth = max((fusion_depth(node.op) for node in graph.nodes), default=FusionDepth.UNFUSED)
+        depth = depth_of(graph)
     for node in graph.nodes:
         cost = kernel_cost(KernelOp.from_node(node, numerics), arch, fused_op=fusion_depth(node.op) > 0)
         if cost is not None:
@@ -210,7 +215,7 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
         return None
     lowered = read_concatenates_in_place(read_views_in_place(merge_elementwise(fold_layout_chains(program))))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
-    return candidate_of(lowered, arch, max(fusion_depth(node.op) for node in program.nodes))
+    return candidate_of(lowered, arch, depth_of(program))
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

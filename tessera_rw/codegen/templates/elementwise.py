@@ -25,6 +25,7 @@ row-wise, reduction and copy templates.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
@@ -227,7 +228,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
     const {idx} step = gridDim.x * blockDim.x * {v}u;
     for ({idx} i = ((({idx})blockIdx.x) * blockDim.x + threadIdx.x) * {v}u; i < {n}u; i += step) {{
         vec_t<{out_t}, {v}> r;
-        {_indented(compute, 8)}
+        {textwrap.indent(compute, " " * 8).lstrip()}
         *reinterpret_cast<vec_t<{out_t}, {v}>*>(out + i) = r;
     }}
 }}
@@ -249,7 +250,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             lines.append(f"{'} else ' if k else ''}{test}{{")
             back = f" - {p.start * inner}u" if p.start else ""
             lines.append(f"    const {idx} ip = (i / {width * inner}u) * {own * inner}u + i % {width * inner}u{back};")
-            lines.append(_indented(self._compute(p.op, p.operands, "ip", v), 4, first=True))
+            lines.append(textwrap.indent(self._compute(p.op, p.operands, "ip", v), " " * 4))
         return "\n".join(lines + ["}"])
 
     def _compute(self, op: KernelOp, pointers, index: str, v: int) -> str:
@@ -334,9 +335,3 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             KernelOp.of("arange", (), TensorType((1 << 20,), f32), start=0, stop=1 << 20, step=1, dtype=f32),
         )
 
-
-def _indented(code: str, spaces: int, first: bool = False) -> str:
-    """`code` indented by `spaces` on every line (on the first too where `first`)."""
-    pad = " " * spaces
-    text = "\n".join(pad + line if line else line for line in code.split("\n"))
-    return text if first else text[spaces:]

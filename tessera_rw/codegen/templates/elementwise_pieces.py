@@ -15,6 +15,7 @@ element by its coordinate along the concatenated axis.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tessera_rw.algebra.node import TensorType
@@ -30,8 +31,10 @@ class Piece:
     start: int                      # where the piece starts along the concatenated axis
 
 
-def pieces(op: KernelOp) -> list[Piece]:
-    """The pieces of a concatenated_elementwise, in order along its axis."""
+@functools.lru_cache(maxsize=256)
+def pieces(op: KernelOp) -> tuple[Piece, ...]:
+    """The pieces of a concatenated_elementwise, in order along its axis (parsed once per op: the
+    template asks for them in every schedule check, costing and emission)."""
     a = op.attr_map
     shape, axis, sizes = op.result.shape, a["axis"], tuple(a["sizes"])
     found, start = [], 0
@@ -47,4 +50,4 @@ def pieces(op: KernelOp) -> list[Piece]:
                               offsets=tuple(views[i][1] for i in used))
         found.append(Piece(strided, used, start))
         start += piece_shape[axis]
-    return found
+    return tuple(found)

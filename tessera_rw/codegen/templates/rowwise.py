@@ -114,7 +114,7 @@ class RowwiseTemplate(Template):
     def _vec_ok(self, op: KernelOp, v: int) -> bool:
         _, length = self._row(op)
         widest = max(t.dtype.itemsize for t in op.operands + (op.result,))
-        offsets = [off for _, off in self._views(op)]
+        offsets = [off for _, off in row_views(op, self.row_shape(op))]
         return length % v == 0 and v * widest <= MAX_ACCESS_BYTES and all(
             acc[0] != "vector" or (acc[2][-1] % v == 0 and off % v == 0 and all(r % v == 0 for r in acc[4]))
             for acc, off in zip(self._accesses(op), offsets))         # a view's rows start aligned too
@@ -197,16 +197,13 @@ class RowwiseTemplate(Template):
 
     # -- emission -----------------------------------------------------------------------------
 
-    def _views(self, op: KernelOp) -> list[tuple[tuple[int, ...], int]]:
-        return row_views(op, self.row_shape(op))
-
     def _accesses(self, op: KernelOp) -> list[tuple]:
         """Per operand: (how it is read, row offset in `row`, col sizes, col strides, row strides)."""
         spec = row_spec(op)
         out = self.row_shape(op)
         lead = out[:len(out) - spec.k]
         found = []
-        for st, off in self._views(op):
+        for st, off in row_views(op, out):
             rs, (rst,) = coalesce(lead, [st[:len(lead)]])
             cs, (cst,) = coalesce(out[len(lead):], [st[len(lead):]])
             rs, rst, cs, cst = rs or (1,), rst or (0,), cs or (1,), cst or (0,)
