@@ -52,14 +52,17 @@ def step_ops(program: CompiledProgram) -> list[str]:
 
 # -- what each kernel's chosen program must show --------------------------------------------------------
 
+ATTENTION_STEPS = ("flash_attention", "strided_attention")     # the latter reads and writes views in place
+
+
 def flash_attention_fused(program: CompiledProgram) -> None:
-    assert step_ops(program).count("flash_attention") == 1, step_ops(program)
+    assert sum(step_ops(program).count(op) for op in ATTENTION_STEPS) == 1, step_ops(program)
     assert "softmax" not in step_ops(program)
 
 
 def causal_flash_attention(program: CompiledProgram) -> None:
     flash_attention_fused(program)
-    (step,) = [s for s in program.plan.steps if s.op == "flash_attention"]
+    (step,) = [s for s in program.plan.steps if s.op in ATTENTION_STEPS]
     assert step.node.attr_map["causal"] is True
 
 
@@ -75,6 +78,8 @@ def transformer_block_fused(program: CompiledProgram) -> None:
     assert len(gemms) == 4                                      # QKV, output, MLP up and down projections
     assert sum("bias" in k.fused for k in gemms) >= 3 and any("gelu" in k.fused for k in gemms)
     assert step_ops(program).count("layernorm") + step_ops(program).count("fused_normalization") == 2
+    # q, k and v read where the projection wrote them, the heads written merged: no copy kernel
+    assert "strided_attention" in step_ops(program) and not {"transpose", "strided_copy"} & set(step_ops(program))
 
 
 def spectral_convolution(program: CompiledProgram) -> None:

@@ -3,9 +3,10 @@
 It executes the plan a GPU would — the same kernels in the same order, writing the same reused
 buffers — so a plan is verified without a device. Each kernel computes with its op's numpy
 reference at the node's dtype (16-bit floats widened to float32, rounded where a kernel rounds),
-except where the reference would not fit: flash attention and its backward run block by block in
-bounded memory (cpu_attention, cpu_attention_backward), and the fft family runs through
-scipy.fft (numpy.fft's semantics; numpy 2's rfft of float32 is several times slower).
+except where the reference would not fit: flash attention (over strided views too) and its
+backward run block by block in bounded memory (cpu_attention, cpu_attention_backward), and the
+fft family runs through scipy.fft (numpy.fft's semantics; numpy 2's rfft of float32 is several
+times slower).
 Under the `kahan_sum` policy, sums and means accumulate with compensation, as the kernels do.
 
 >>> import numpy as np
@@ -29,6 +30,7 @@ import scipy.fft
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.strided_attention import viewed, written_through
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
 from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
@@ -40,6 +42,13 @@ HostKernel = Callable[[Node, list[np.ndarray]], np.ndarray]
 
 def _flash_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
     return flash_attention_blockwise(*args, **node.attr_map)
+
+
+def _strided_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    a = node.attr_map
+    o = flash_attention_blockwise(*viewed(args, a["shapes"], a["strides"], a["offsets"]), scale=a["scale"],
+                                  causal=a["causal"], has_mask=a["has_mask"])
+    return written_through(o, a["shape"], a["out_strides"])
 
 
 def _compensated(node: Node, args: list[np.ndarray]) -> np.ndarray:
@@ -66,6 +75,7 @@ def _scipy_transform(name: str) -> HostKernel:
 # Kernels whose host form differs from the op's reference; every other op runs its reference.
 HOST_KERNELS: dict[str, HostKernel] = {
     "flash_attention": _flash_attention,
+    "strided_attention": _strided_attention,
     "flash_attention_lse": lambda node, args: flash_attention_lse_blockwise(*args, **node.attr_map),
     "attention_row_stats": lambda node, args: row_stats_blockwise(*args, **node.attr_map),
     "flash_attention_bwd": lambda node, args: bwd_blockwise(*args, **node.attr_map),

@@ -36,6 +36,7 @@ from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
+from tessera_rw.algebra.ops.strided_attention import view_types
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_inputs import Inputs
@@ -89,6 +90,8 @@ def reduction_length(op: KernelOp) -> int:
     if op.op == "attention_row_stats_from_lse":        # Σ dO·O over a row's head dim
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
+        if op.op == "strided_attention":
+            ops = view_types(ops, attrs["shapes"], attrs["strides"], attrs["offsets"])
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
     if kind is OpKind.NORMALIZATION:   # over the rows (a norm backward's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
@@ -128,10 +131,11 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 # ops whose reference runs whole: the packed attention gradients, the forward with its row
 # logsumexps and a norm's input gradient with its row statistics or gradient partials have no row
 # axis, the row statistics read queries from three operands, and those read off the logsumexps take
-# O and them packed in one flat operand
+# O and them packed in one flat operand; attention over strided views reads q from a projection
+# whose rows are not its own
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
                              "attention_row_stats_from_lse", "norm_backward_stats",
-                             "norm_backward_grads"})
+                             "norm_backward_grads", "strided_attention"})
 
 
 def _product_a(op: KernelOp) -> TensorType:

@@ -27,6 +27,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.strided import operand_views, slice_text
+from tessera_rw.algebra.ops.strided_attention import attention_views
 
 
 # Bytes a view's offset is a multiple of. Generated kernels load and store up to 16 bytes at once
@@ -98,18 +99,20 @@ class Step:
             return f"{self.inputs[i]}ᵀ"
         views = self._views()
         if i < len(views):
-            strides, offset = views[i]
-            return f"{self.inputs[i]}{slice_text(self.inputs[i].type.shape, self.node.shape, strides, offset)}"
+            shape, strides, offset = views[i]
+            return f"{self.inputs[i]}{slice_text(self.inputs[i].type.shape, shape, strides, offset)}"
         return str(self.inputs[i])
 
-    def _views(self) -> list[tuple[tuple[int, ...], int]]:
-        """The (strides, offset) views a strided op reads its leading operands through."""
-        a = self.node.attr_map
+    def _views(self) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+        """The (shape, strides, offset) views a strided op reads its leading operands through."""
+        a, shape = self.node.attr_map, self.node.shape
         if self.node.op == "strided_elementwise":
-            return operand_views(self.node.shape, a["strides"], a["offsets"])
+            return [(shape, *view) for view in operand_views(shape, a["strides"], a["offsets"])]
         if self.node.op == "strided_normalization":
-            return prologue_views(self.node.args, a["has_weight"], a["has_bias"], a["post"], self.node.shape,
-                                  a["strides"], a["offsets"])
+            return [(shape, *view) for view in prologue_views(self.node.args, a["has_weight"], a["has_bias"],
+                                                              a["post"], shape, a["strides"], a["offsets"])]
+        if self.node.op == "strided_attention":
+            return attention_views(a["shapes"], a["strides"], a["offsets"])
         return []
 
 

@@ -23,6 +23,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
+from tessera_rw.lower.attention_views import read_attention_views
 from tessera_rw.lower.concat_reads import read_concatenates_in_place
 from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.layout_chains import fold_layout_chains
@@ -65,7 +66,7 @@ FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.
                   "concatenated_elementwise": FusionDepth.EPILOGUE, "strided_normalization": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
                   "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
-                  "flash_attention": FusionDepth.FULL,
+                  "flash_attention": FusionDepth.FULL, "strided_attention": FusionDepth.FULL,
                   "flash_attention_lse": FusionDepth.FULL, "attention_row_stats": FusionDepth.FULL,
                   "attention_row_stats_from_lse": FusionDepth.FULL,
                   "flash_attention_bwd": FusionDepth.FULL}
@@ -213,7 +214,8 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
-    lowered = read_concatenates_in_place(read_views_in_place(merge_elementwise(fold_layout_chains(program))))
+    lowered = merge_elementwise(fold_layout_chains(program))
+    lowered = read_concatenates_in_place(read_attention_views(read_views_in_place(lowered)))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
 

@@ -11,6 +11,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention import with_lse
+from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention
 from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
 from tests.codegen.ragged_ops import of
@@ -40,6 +41,12 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention GQA 4/2 heads S=100 D=32 bf16": attention(1, 4, 2, 100, 32, BF16),
         "attention S=150 D=256 causal bf16": attention(1, 2, 2, 150, 256, BF16, causal=True),
         "attention S=40 D=256 bool mask f16": attention(1, 2, 2, 40, 256, F16, mask=BOOL),
+    }
+    # q, k and v read where a fused projection wrote them, O written with the heads side by side
+    ops |= {
+        "attention packed qkv S=128 D=64 causal bf16": packed_qkv_attention(2, 2, 128, 64, BF16, causal=True),
+        "attention packed qkv GQA 4/2 heads S=100 D=128 f16": packed_qkv_attention(1, 4, 100, 128, F16, kv_heads=2),
+        "attention packed qkv S=70 D=256 causal bf16": packed_qkv_attention(1, 2, 70, 256, BF16, causal=True),
     }
     for name, template in (("row stats", rows), ("backward", bwd)):
         ops |= {

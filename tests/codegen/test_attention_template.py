@@ -11,6 +11,7 @@ from tessera_rw.codegen.arch import MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention import AttentionSchedule, FlashAttentionTemplate
 from tessera_rw.codegen.templates.attention_cuda import batch_offsets
+from tessera_rw.codegen.templates.attention_problem import RowLayout, attention_operands
 
 TEMPLATE = FlashAttentionTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
@@ -32,15 +33,16 @@ def test_every_sample_has_schedules_and_sound_resources(arch):
         assert TEMPLATE.accepts(op)
         schedules = TEMPLATE.schedules(op, arch)
         assert bool(schedules) != bool(TEMPLATE.unavailable(op, arch)), op
-        sq = op.operands[0].shape[-2]
-        heads = op.result.numel // (sq * op.result.shape[-1])
+        read = attention_operands(op)                         # a strided_attention's views
+        sq = read[0].shape[-2]
+        heads = op.result.numel // (sq * read[2].shape[-1])
         for s in schedules:
             res = TEMPLATE.resources(op, s, arch)
             assert res.threads == 32 * s.warps and res.unit is MathUnit.BF16
             assert res.blocks * s.bm >= heads * sq              # query blocks cover every row of every head
             assert res.flops >= op.flops
             if not op.attr_map["causal"]:                      # causal never reads the masked-off half
-                assert res.hbm_bytes >= op.operand_bytes + op.result.nbytes
+                assert res.hbm_bytes >= sum(t.nbytes for t in read) + op.result.nbytes
             assert 0.2 < res.efficiency < 0.8
 
 
@@ -94,7 +96,8 @@ def test_source_names_the_op_schedule_and_launch():
 def test_batch_offsets_broadcast_and_group_heads():
     q = TensorType((2, 8, 64, 64), DType.bfloat16)
     kv = TensorType((2, 2, 64, 64), DType.bfloat16)
-    code, strides = batch_offsets((2, 8), q, kv, kv, (1, 1, 64, 1))   # a per-query mask, broadcast over keys
+    layouts = [RowLayout.dense(t, 2) for t in (q, kv, kv, q)]
+    code, strides = batch_offsets((2, 8), layouts, (1, 1, 64, 1))    # a per-query mask, broadcast over keys
     assert "k_off += (long long)(i / 4) * 4096;" in code              # 4 query heads share a kv head
     assert "k_off += (long long)i * 8192;" in code                    # batch stride: 2 heads · 64 · 64
     assert "m_off" in code.splitlines()[0] and "m_off +=" not in code

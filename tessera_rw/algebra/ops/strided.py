@@ -115,12 +115,14 @@ def slice_of(shape: tuple[int, ...], strides: tuple[int, ...],
 def slice_text(shape: tuple[int, ...], view: tuple[int, ...], strides: tuple[int, ...], offset: int) -> str:
     """numpy's spelling of a view of a dense value of `shape` as `view`, where it is a slice: ':' for
     a whole axis, 'a:b' or 'a:b:s' for a part, 'a*' for one index repeated; nothing where it reads
-    the whole value (broadcast at most); else its strides and offset.
+    the whole value (broadcast at most); else the view's shape, strides and offset.
 
     >>> slice_text((2, 768, 4096), (2, 256, 4096), (3145728, 4096, 1), 2097152), slice_text((8,), (8,), (0,), 3)
     ('[:,512:768,:]', '[3*]')
     >>> slice_text((256, 1), (2, 256, 4096), (0, 1, 0), 0), slice_text((2, 8192), (2, 4096), (8192, 1), 0)
     ('', '[:,0:4096]')
+    >>> slice_text((2, 8, 96), (2, 2, 8, 16), (768, 16, 96, 1), 32)     # heads of a projection
+    '[view 2x2x8x16 strides (768,16,96,1) +32]'
     """
     lead = len(view) - len(shape)
     whole = (0,) * lead + tuple(0 if n == 1 and m != 1 else c
@@ -130,7 +132,7 @@ def slice_text(shape: tuple[int, ...], view: tuple[int, ...], strides: tuple[int
         return ""
     found = slice_of(shape, strides, offset)
     if found is None:
-        return f"[strides={strides}+{offset}]"
+        return f"[view {'x'.join(map(str, view))} strides ({','.join(map(str, strides))}) +{offset}]"
     parts = []
     for n, whole, a, step in zip(view, shape, *found):
         if step == 0:

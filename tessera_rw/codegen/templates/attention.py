@@ -27,6 +27,9 @@ from dataclasses import replace
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops.strided import slice_text
+from tessera_rw.algebra.ops.strided_attention import attention_views
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -34,8 +37,9 @@ from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
 from tessera_rw.codegen.templates.attention_problem import (MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM, WG_HEAD_DIMS,
                                                             WG_ROWS, AttentionSchedule, AttentionShape,
-                                                            WarpgroupAttentionSchedule, resident_heads, round_up,
-                                                            with_lse)
+                                                            WarpgroupAttentionSchedule, attention_operands,
+                                                            output_type, packed_qkv_attention, resident_heads,
+                                                            round_up, with_lse)
 from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel
 from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_smem_bytes
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
@@ -57,6 +61,9 @@ CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key ti
 WG_KEYS, WG_GROUPS, WG_STAGES = (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
+# a strided_attention's rows: each starts on 16 bytes (cp.async's copies), and a tile's rows lie
+# within 2^31 elements of its first (the loaders index them in 32 bits)
+ROW_ALIGNMENT, MAX_ROW_STRIDE = 16, 2 ** 23
 
 
 class FlashAttentionTemplate(Template):
@@ -66,10 +73,11 @@ class FlashAttentionTemplate(Template):
 
     >>> t = FlashAttentionTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True, True, True, True, True, True, True, True]
+    [True, True, True, True, True, True, True, True, True, True, True, True, True]
     """
     kind = "flash_attention"
-    ops = frozenset({"flash_attention", "flash_attention_lse"})      # the latter also writes each row's logsumexp
+    # flash_attention_lse also writes each row's logsumexp; strided_attention reads and writes views
+    ops = frozenset({"flash_attention", "flash_attention_lse", "strided_attention"})
 
     def accepts(self, op: KernelOp) -> bool:
         return op.op in self.ops and self.refusal(op) is None
@@ -78,9 +86,10 @@ class FlashAttentionTemplate(Template):
         """bf16/fp16 only: fp32 (and fp64) attention stays unfused, since its products would run on
         the SIMT pipe or tf32, where the unfused GEMM + softmax plan is as fast and keeps fp32's
         accuracy. Head dims are multiples of 16 up to 128, and 256 (on sm_90 only, see WG_HEAD_DIMS)."""
-        if len(op.operands) < 3 or min(t.ndim for t in op.operands[:3]) < 2:
+        operands = attention_operands(op)
+        if len(operands) < 3 or min(t.ndim for t in operands[:3]) < 2:
             return "the fused attention kernel takes q, k and v of at least 2 dims"
-        q, k, v = op.operands[:3]
+        q, k, v = operands[:3]
         if q.dtype not in (DType.bfloat16, DType.float16):
             return (f"the fused attention kernel computes in bf16/fp16 on tensor cores, and q is {q.dtype}: "
                     f"{q.dtype} attention runs as GEMM + softmax + GEMM (cast q, k and v to bf16 or fp16 to fuse it)")
@@ -92,15 +101,38 @@ class FlashAttentionTemplate(Template):
             return (f"the fused attention kernel takes head dims that are multiples of 16 up to "
                     f"{MMA_SYNC_MAX_HEAD_DIM}, or {WG_HEAD_DIMS[-1]}, with v's equal to q's; here q's is {d} and "
                     f"v's {v.shape[-1]}")
-        mask = op.operands[3] if op.attr_map.get("has_mask") else None
+        mask = operands[3] if op.attr_map.get("has_mask") else None
         if mask is not None and mask.dtype not in MASK_TYPES:
             return f"the fused attention kernel reads masks of {', '.join(map(str, MASK_TYPES))}, not {mask.dtype}"
+        return self._layout_refusal(op) if op.op == "strided_attention" else None
+
+    @staticmethod
+    def _layout_refusal(op: KernelOp) -> str | None:
+        """Why the kernels cannot read or write a strided_attention's views: each row's values
+        contiguous and every row starting on 16 bytes (cp.async and the stores move 16 and 4 bytes)."""
+        a, elements = op.attr_map, ROW_ALIGNMENT // op.result.dtype.itemsize
+        for name, (shape, strides, offset) in zip("qkv", attention_views(a["shapes"], a["strides"], a["offsets"])):
+            if strides[-1] != 1 or any(s % elements for s in (*strides[:-1], offset)) or strides[-2] > MAX_ROW_STRIDE:
+                return (f"the fused attention kernel reads rows of {shape[-1]} contiguous values starting on "
+                        f"{ROW_ALIGNMENT} bytes, at most {MAX_ROW_STRIDE} apart; {name}'s view has strides "
+                        f"{strides} and offset {offset}")
+        out = a["out_strides"]
+        if out[-1] != 1 or any(s % elements for s in out[:-1]) or out[-2] > MAX_ROW_STRIDE:
+            return (f"the fused attention kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
+                    f"bytes, at most {MAX_ROW_STRIDE} apart; the output's strides are {out}")
         return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map
+        views = ()
+        if op.op == "strided_attention":
+            out, written = output_type(op).shape, a["out_strides"]
+            read = [slice_text(root.shape, *view) for root, view in
+                    zip(op.operands, attention_views(a["shapes"], a["strides"], a["offsets"]))]
+            views = ("strided_read",) * any(read) + ("strided_write",) * any(
+                n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
         return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
-            + ("softmax",) + (("logsumexp",) if op.op == "flash_attention_lse" else ())
+            + ("softmax",) + (("logsumexp",) if op.op == "flash_attention_lse" else ()) + views
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # 8 warps × 16 rows share each K/V tile among more rows; 4 warps × 16 rows keep more blocks
@@ -202,7 +234,8 @@ class FlashAttentionTemplate(Template):
             # producer's registers idle, running fewer blocks an SM than the cp.async kernel), whole
             # boxes within each tensor (a head shorter than a tile keeps cp.async; every wgmma head
             # dim is whole 64-value boxes), two stages or more
-            if s.producer and not (s.consumers == 2 and shape.sq >= s.bm and shape.sk >= s.bn):
+            if s.producer and not (s.consumers == 2 and shape.sq >= s.bm and shape.sk >= s.bn
+                                   and op.op != "strided_attention"):
                 return False
             if s.pingpong and not s.producer:
                 return False
@@ -257,7 +290,7 @@ class FlashAttentionTemplate(Template):
         s = schedule
         assert isinstance(s, AttentionSchedule)
         shape = AttentionShape.of(op)
-        q, k, v = op.operands[:3]
+        q, k, v = attention_operands(op)[:3]
         q_blocks = -(-shape.sq // s.bm)
         tiles = shape.visited_tiles(s)                   # per (batch, head)
         scores = shape.bh * tiles * s.bm * s.bn          # padded score elements computed
@@ -331,4 +364,7 @@ class FlashAttentionTemplate(Template):
                 # the logsumexp part has no row axis, so its check runs the whole reference: sizes
                 # whose float64 scores stay near 100 MB, as the backward's samples
                 with_lse(attn(2, 4, 4, 1024, 64, bf)),
-                with_lse(attn(1, 2, 2, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(1, 1))))
+                with_lse(attn(1, 2, 2, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(1, 1))),
+                # q, k, v read where a fused projection wrote them, O written with the heads side by side
+                packed_qkv_attention(2, 4, 1024, 64, bf, causal=True),
+                packed_qkv_attention(1, 8, 1000, 128, f16, kv_heads=2))

@@ -26,6 +26,7 @@ from string import Template as Text
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -34,6 +35,7 @@ from tessera_rw.codegen.templates.attention_backward_atomic_cuda import (BWD_KER
                                                                         DQ_SMEM, DQ_STEP, DS_STORE, workspace_bytes)
 from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_TYPES, TILE_HELPERS,
                                                          mask_strides, offset_statements)
+from tessera_rw.codegen.templates.attention_problem import RowLayout
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
@@ -66,7 +68,8 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
     else:
         mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape
         rows, cols = mask_strides(mshape)
-        offset = offset_statements(shape.batch, [("m_off", mshape[:-2], mshape[-2] * mshape[-1])])
+        offset = offset_statements(shape.batch, [("m_off", RowLayout(mshape[:-2], contiguous_strides(mshape)[:-2],
+                                                                    mshape[-1]))])
         mask_type = MASK_TYPES[mask.dtype]
         masking = dict(HAS_MASK="true", MASK_T=mask_type, MASK_ROW=rows, MASK_COL=cols,
                        MASK_TERM=MASK_TERM[mask.dtype], MASK_ARG=f"const {mask_type}* __restrict__ mask, ",

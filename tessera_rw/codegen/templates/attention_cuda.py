@@ -19,20 +19,16 @@ imports nothing from attention.py at run time.
 
 from __future__ import annotations
 
-import math
 from string import Template as Text
-from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.tensor_map import TensorMapSpec
+from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape, RowLayout, row_layouts
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
-
-if TYPE_CHECKING:
-    from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape
+from tessera_rw.codegen.tensor_map import TensorMapSpec
 
 LOG2E = 1.4426950408889634
 # mask dtypes the kernel reads, as their C types; accepts() admits exactly these
@@ -69,13 +65,16 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
     mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape if mask is not None else ()
-    offsets, mask_strides = batch_offsets(shape.batch, q, k, v, mshape)
+    layouts = row_layouts(op)
+    offsets, mask_strides = batch_offsets(shape.batch, layouts, mshape)
     maps = ("tma_q", "tma_k", "tma_v") if tensor_maps else ()
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// launch: {name}<<<{shape.bh * -(-shape.sq // s.bm)}, {s.threads}, {smem}>>>"
               f"(q, k, v{', mask' if mask is not None else ''}, out{''.join(', ' + m for m in maps)}); dynamic shared memory {smem} bytes "
               "(raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)\n"
-              "// contiguous row-major operands; blocks are (batch·head, query block), query block fastest\n"
+              f"// rows of {shape.d} contiguous values, {', '.join(str(layout.row) for layout in layouts)} apart "
+              "in q, k, v, out; "
+              "blocks are (batch·head, query block), query block fastest\n"
               + ("// out = [O | each row's logsumexp, high parts | their remainders]\n"
                  if op.op == "flash_attention_lse" else ""))
     source = Text(text).substitute(
@@ -88,6 +87,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
         MASK_BOOL="true" if mask is not None and mask.dtype is DType.bool else "false",
         MASK_ROW_STRIDE=mask_strides[0], MASK_COL_STRIDE=mask_strides[1],
         MASK_PTR="mask + m_off" if mask is not None else "nullptr", OFFSETS=offsets,
+        **{f"{name}_ROW": layout.row for name, layout in zip("QKVO", layouts)},
         TMA_ARGS="".join(f",\n      const __grid_constant__ TmaMap {m}" for m in maps), **holes)
     return KernelSource(name, header + source, threads=s.threads, tensor_maps=tensor_maps,
                         grid=(shape.bh * -(-shape.sq // s.bm), 1, 1), dynamic_smem=smem,
@@ -117,20 +117,23 @@ def store_lse(op: KernelOp, shape: AttentionShape) -> str:
 """
 
 
-def batch_offsets(batch: tuple[int, ...], q: TensorType, k: TensorType, v: TensorType,
+def batch_offsets(batch: tuple[int, ...], layouts: tuple[RowLayout, ...],
                   mask_shape: tuple[int, ...]) -> tuple[str, tuple[int, int]]:
-    """CUDA statements turning the flat (batch, head) index `bh` into each operand's element offset
-    (broadcast dims add nothing, a GQA head axis divides), and the mask's row and column strides.
+    """CUDA statements turning the flat (batch, head) index `bh` into the element offset of q's,
+    k's, v's and O's rows (`layouts`, in that order; a broadcast dim adds nothing, a GQA head axis
+    divides), and the mask's row and column strides.
 
-    >>> from tessera_rw.algebra.dtypes import DType
+    >>> from tessera_rw.algebra.node import TensorType
     >>> q, kv = TensorType((2, 8, 4, 64), DType.bfloat16), TensorType((2, 2, 4, 64), DType.bfloat16)
-    >>> print(batch_offsets((2, 8), q, kv, kv, ())[0].splitlines()[2])
-            i = rem % 8; rem /= 8; q_off += (long long)i * 256; k_off += (long long)(i / 4) * 256; v_off += (long long)(i / 4) * 256;
+    >>> layouts = [RowLayout.dense(t, 2) for t in (q, kv, kv, q)]
+    >>> print(batch_offsets((2, 8), layouts, ())[0].splitlines()[2])
+            i = rem % 8; rem /= 8; q_off += (long long)i * 256; k_off += (long long)(i / 4) * 256; \
+v_off += (long long)(i / 4) * 256; o_off += (long long)i * 256;
     """
-    operands = [(name, t.shape[:-2], t.shape[-2] * t.shape[-1]) for name, t in (("q_off", q), ("k_off", k), ("v_off", v))]
+    operands = list(zip(("q_off", "k_off", "v_off", "o_off"), layouts))
     strides = (0, 0)
     if mask_shape:
-        operands.append(("m_off", mask_shape[:-2], mask_shape[-2] * mask_shape[-1]))
+        operands.append(("m_off", RowLayout(mask_shape[:-2], contiguous_strides(mask_shape)[:-2], mask_shape[-1])))
         strides = mask_strides(mask_shape)
     return offset_statements(batch, operands), strides
 
@@ -141,19 +144,21 @@ def mask_strides(mask_shape: tuple[int, ...]) -> tuple[int, int]:
     return (cols if rows != 1 else 0, 1 if cols != 1 else 0)
 
 
-def offset_statements(batch: tuple[int, ...], operands: list[tuple[str, tuple[int, ...], int]]) -> str:
-    """CUDA declaring each `(name, batch dims, elements per matrix)` operand's offset for the flat
-    (batch, head) index `bh`: a broadcast dim adds nothing, a smaller (GQA) one divides the index."""
-    lines = [f"    long long {' = 0, '.join(name for name, _, _ in operands)} = 0;", "    {  int rem = bh, i;"]
+def offset_statements(batch: tuple[int, ...], operands: list[tuple[str, RowLayout]]) -> str:
+    """CUDA declaring each `(name, layout)` operand's offset for the flat (batch, head) index `bh`:
+    a broadcast dim adds nothing, a smaller (GQA) one divides the index."""
+    lines = ["    long long " + ", ".join(f"{name} = {layout.offset}" for name, layout in operands) + ";",
+             "    {  int rem = bh, i;"]
     for axis in reversed(range(len(batch))):
         n = batch[axis]
         terms = []
-        for name, dims, per_batch in operands:
-            dims = (1,) * (len(batch) - len(dims)) + tuple(dims)
-            if dims[axis] == 1:
+        for name, layout in operands:
+            lead = len(batch) - len(layout.batch)
+            dims, strides = (1,) * lead + layout.batch, (0,) * lead + layout.strides
+            if dims[axis] == 1 or strides[axis] == 0:
                 continue
             index = "i" if dims[axis] == n else f"(i / {n // dims[axis]})"
-            terms.append(f"{name} += (long long){index} * {math.prod(dims[axis + 1:]) * per_batch};")
+            terms.append(f"{name} += (long long){index} * {strides[axis]};")
         lines.append(f"        i = rem % {n}; rem /= {n}; " + " ".join(terms))
     lines.append("    }")
     return "\n".join(lines)
@@ -170,8 +175,9 @@ __device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
     return row * width + (((col >> 3) ^ (row & (group - 1))) << 3) + (col & 7);
 }
 
-// rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
-template <int ROWS, int WIDTH, int THREADS>
+// rows [0, valid) of a [ROWS][WIDTH] global tile, its rows SRC_ROW elements apart, into swizzled
+// shared memory; later rows read as zero
+template <int ROWS, int WIDTH, int THREADS, int SRC_ROW = WIDTH>
 __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * WIDTH / 8;
     #pragma unroll
@@ -180,7 +186,7 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (WIDTH / 8), col = (c % (WIDTH / 8)) * 8;
             // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
-            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * WIDTH + col, r < valid ? 16 : 0);
+            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * SRC_ROW + col, r < valid ? 16 : 0);
         }
     }
 }
@@ -204,6 +210,7 @@ CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, ST
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = $CAUSAL, HAS_MASK = $HAS_MASK, MASK_BOOL = $MASK_BOOL;
     constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
+    constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW, O_ROW = $O_ROW;   // elements from row to row
 """
 
 BLOCK_INDEX = r"""    // a head's query blocks run side by side (they share its K and V in L2); causal ones longest first,
@@ -286,7 +293,7 @@ STORE_OUTPUT = r"""    #pragma unroll
             const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
             const int row = row0 + m * 16 + g + 8 * h;
             if (row < SQ) {
-                $ELEM* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
+                $ELEM* dst = out + o_off + (long long)row * O_ROW + 2 * t4;
                 #pragma unroll
                 for (int n = 0; n < D / 8; ++n)
                     *(unsigned*)(dst + n * 8) = $PACK(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);
@@ -303,13 +310,13 @@ KERNEL = TILE_HELPERS + SIGNATURE + CONSTANTS + r"""
     $ELEM* v_s = k_s + STAGES * BN * D;                   // [STAGES][BN][D]
 
 """ + BLOCK_INDEX + r"""
-    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    fa_load_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN, tid);
         }
         cp_async_commit();
     }
@@ -327,8 +334,10 @@ KERNEL = TILE_HELPERS + SIGNATURE + CONSTANTS + r"""
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW, SK - next * BN,
+                                                tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW, SK - next * BN,
+                                                tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         cp_async_wait<STAGES - 1>();

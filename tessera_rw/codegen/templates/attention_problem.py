@@ -21,6 +21,8 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.strided_attention import attention_views, view_types
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
@@ -94,13 +96,13 @@ class AttentionShape:
 
     @classmethod
     def of(cls, op: KernelOp) -> AttentionShape:
-        q, k = op.operands[0], op.operands[1]
+        q, k, *rest = attention_operands(op)
         a = op.attr_map
         batch = output_type(op).shape[:-2]
         scale = a.get("scale")
         return cls(batch, math.prod(batch), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype,
                    bool(a.get("causal")), q.shape[-1] ** -0.5 if scale is None else float(scale),
-                   op.operands[3] if a.get("has_mask") else None)
+                   rest[1] if a.get("has_mask") else None)
 
     @property
     def kind(self) -> str:
@@ -128,12 +130,53 @@ class AttentionShape:
         return sum(self.key_tiles(q0, s) for q0 in range(0, self.sq, s.bm))
 
 
+def attention_operands(op: KernelOp) -> tuple[TensorType, ...]:
+    """q, k, v (and the mask) as the attention reads them: a strided_attention's views."""
+    if op.op != "strided_attention":
+        return op.operands
+    a = op.attr_map
+    return view_types(op.operands, a["shapes"], a["strides"], a["offsets"])
+
+
 def output_type(op: KernelOp) -> TensorType:
-    """The attention output O of a flash_attention or flash_attention_lse op (the latter's result
-    holds O flat, then the row statistics)."""
+    """The attention output O of a flash_attention, flash_attention_lse or strided_attention op (the
+    second's result holds O flat, then the row statistics; the third's, O in another layout)."""
     if op.op == "flash_attention":
         return op.result
-    return OPS["flash_attention"].infer(*op.operands, **op.attr_map)
+    a = op.attr_map
+    return OPS["flash_attention"].infer(*attention_operands(op), scale=a["scale"], causal=a["causal"],
+                                        has_mask=a["has_mask"])
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where an operand's rows lie, in elements: `offset`, plus each batch index times its stride
+    (along the output's batch dims `batch`, 1 where the operand broadcasts, fewer heads where it is
+    shared by several: GQA), plus the row index times `row`; a row's values are contiguous."""
+    batch: tuple[int, ...]
+    strides: tuple[int, ...]
+    row: int
+    offset: int = 0
+
+    @classmethod
+    def dense(cls, t: TensorType, rank: int) -> RowLayout:
+        """A dense operand's, its batch dims padded to `rank` with ones."""
+        lead = rank - (t.ndim - 2)
+        strides = contiguous_strides(t.shape)
+        return cls((1,) * lead + t.shape[:-2], (0,) * lead + strides[:-2], t.shape[-1])
+
+
+def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
+    """q's, k's, v's and O's row layouts (O as the attention output, before any logsumexps)."""
+    out = output_type(op)
+    rank = out.ndim - 2
+    if op.op != "strided_attention":
+        return (*(RowLayout.dense(t, rank) for t in op.operands[:3]), RowLayout.dense(out, rank))
+    a = op.attr_map
+    views = [RowLayout(shape[:-2], strides[:-2], strides[-2], offset)
+             for shape, strides, offset in attention_views(a["shapes"], a["strides"], a["offsets"])]
+    o = a["out_strides"]
+    return (*views, RowLayout(out.shape[:-2], tuple(o[:-2]), o[-2]))
 
 
 def with_lse(op: KernelOp) -> KernelOp:
@@ -148,6 +191,21 @@ def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers
     tiles in step, so what they stream is shared through L2 while these heads' tensors fit there."""
     per_sm = max(1, arch.resident_blocks(threads, registers, smem))
     return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
+
+
+def packed_qkv_attention(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False,
+                         kv_heads: int | None = None) -> KernelOp:
+    """The strided_attention of multi-head attention cut from one projection: q, k and v read where
+    a [batch, seq, (heads + 2·kv_heads)·d] projection holds them (each token's q heads, then its k
+    heads, then its v heads), the output written as [batch, seq, heads, d], heads side by side."""
+    kv_heads = kv_heads or heads
+    row = (heads + 2 * kv_heads) * d
+    qkv = TensorType((batch, seq, row), dtype)
+    shapes = (batch, heads, seq, d) + (batch, kv_heads, seq, d) * 2
+    attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shapes=shapes, strides=(seq * row, d, row, 1) * 3,
+                 offsets=(0, heads * d, (heads + kv_heads) * d), shape=(batch, seq, heads, d),
+                 out_strides=(seq * heads * d, d, heads * d, 1))
+    return KernelOp.of("strided_attention", (qkv,) * 3, OPS["strided_attention"].infer(qkv, qkv, qkv, **attrs), **attrs)
 
 
 def round_up(x: int, to: int) -> int:

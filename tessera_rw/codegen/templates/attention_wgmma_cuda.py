@@ -49,10 +49,10 @@ def emit_wgmma_kernel(op: KernelOp, shape: AttentionShape, s: AttentionSchedule,
 
 
 TILE_LOADER = r"""
-// rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
-// layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk (c ^ row) % 8; later rows
-// read as zero
-template <int ROWS, int D, int THREADS>
+// rows [0, valid) of a [ROWS][D] global tile, its rows SRC_ROW elements apart, into shared memory
+// in wgmma's 128-byte swizzled layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk
+// (c ^ row) % 8; later rows read as zero
+template <int ROWS, int D, int THREADS, int SRC_ROW = D>
 __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * D / 8;
     #pragma unroll
@@ -61,8 +61,8 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (D / 8), cc = c % (D / 8);
             // a row past `valid` copies zero bytes from the tile's first row, inside the tensor
-            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + (r < valid ? r * D + cc * 8 : 0),
-                        r < valid ? 16 : 0);
+            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8,
+                        src + (r < valid ? r * SRC_ROW + cc * 8 : 0), r < valid ? 16 : 0);
         }
     }
 }
@@ -161,13 +161,15 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    static_ass
 
 """ + BLOCK_INDEX + r"""    const int warpgroup = tid >> 7;
 
-    fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    fa_load_wg_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
-            fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN,
+                                                   tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN,
+                                                   tid);
         }
         cp_async_commit();
     }
@@ -181,8 +183,10 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    static_ass
         const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
+                                                   SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
+                                                   SK - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
 """ + TILE_PRODUCTS + ONLINE_SOFTMAX + PV_RETIRED + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT

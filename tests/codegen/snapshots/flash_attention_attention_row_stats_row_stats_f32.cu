@@ -12,8 +12,9 @@ __device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
     return row * width + (((col >> 3) ^ (row & (group - 1))) << 3) + (col & 7);
 }
 
-// rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
-template <int ROWS, int WIDTH, int THREADS>
+// rows [0, valid) of a [ROWS][WIDTH] global tile, its rows SRC_ROW elements apart, into swizzled
+// shared memory; later rows read as zero
+template <int ROWS, int WIDTH, int THREADS, int SRC_ROW = WIDTH>
 __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * WIDTH / 8;
     #pragma unroll
@@ -22,7 +23,7 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (WIDTH / 8), col = (c % (WIDTH / 8)) * 8;
             // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
-            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * WIDTH + col, r < valid ? 16 : 0);
+            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * SRC_ROW + col, r < valid ? 16 : 0);
         }
     }
 }

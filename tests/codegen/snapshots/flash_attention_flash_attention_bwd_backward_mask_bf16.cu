@@ -3,10 +3,10 @@
 // launch: flash_attention_bwd_wg_bf16_d64_mask_r128_c64_w8_s2<<<128, 256, 66560>>>(q, k, v, do, stats, mask, out); dynamic shared memory 66560 bytes
 // out = [dQ | dK | dV], each [B·H][S][D]; blocks per head: the dK/dV jobs, then the dQ jobs
 
-// rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
-// layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk (c ^ row) % 8; later rows
-// read as zero
-template <int ROWS, int D, int THREADS>
+// rows [0, valid) of a [ROWS][D] global tile, its rows SRC_ROW elements apart, into shared memory
+// in wgmma's 128-byte swizzled layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk
+// (c ^ row) % 8; later rows read as zero
+template <int ROWS, int D, int THREADS, int SRC_ROW = D>
 __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * D / 8;
     #pragma unroll
@@ -15,8 +15,8 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (D / 8), cc = c % (D / 8);
             // a row past `valid` copies zero bytes from the tile's first row, inside the tensor
-            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + (r < valid ? r * D + cc * 8 : 0),
-                        r < valid ? 16 : 0);
+            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8,
+                        src + (r < valid ? r * SRC_ROW + cc * 8 : 0), r < valid ? 16 : 0);
         }
     }
 }

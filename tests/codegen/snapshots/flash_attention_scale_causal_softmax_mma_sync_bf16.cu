@@ -1,7 +1,7 @@
 // flash_attention(bf16[2,16,2048,128], bf16[2,16,2048,128], bf16[2,16,2048,128], causal=True, scale=0.08838834764831845) -> bf16[2,16,2048,128]
 // schedule: bm=128 bn=64 warps=8 stages=2
 // launch: flash_attention_bf16_d128_causal_bm128_bn64_w8_s2<<<512, 256, 98304>>>(q, k, v, out); dynamic shared memory 98304 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
-// contiguous row-major operands; blocks are (batch·head, query block), query block fastest
+// rows of 128 contiguous values, 128, 128, 128, 128 apart in q, k, v, out; blocks are (batch·head, query block), query block fastest
 
 // element offset of (row, col) in a [rows][width] shared tile whose 16-byte chunks are XOR-swizzled
 // by row, so the 8 row addresses of one ldmatrix land in different bank groups: within aligned groups
@@ -12,8 +12,9 @@ __device__ __forceinline__ int fa_swizzle(int row, int col, int width) {
     return row * width + (((col >> 3) ^ (row & (group - 1))) << 3) + (col & 7);
 }
 
-// rows [0, valid) of a [ROWS][WIDTH] global tile into swizzled shared memory; later rows read as zero
-template <int ROWS, int WIDTH, int THREADS>
+// rows [0, valid) of a [ROWS][WIDTH] global tile, its rows SRC_ROW elements apart, into swizzled
+// shared memory; later rows read as zero
+template <int ROWS, int WIDTH, int THREADS, int SRC_ROW = WIDTH>
 __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * WIDTH / 8;
     #pragma unroll
@@ -22,7 +23,7 @@ __device__ __forceinline__ void fa_load_tile(unsigned short* dst, const unsigned
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (WIDTH / 8), col = (c % (WIDTH / 8)) * 8;
             // a zero-byte copy reads nothing, so a row past `valid` may point past the tensor
-            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * WIDTH + col, r < valid ? 16 : 0);
+            cp_async_16(dst + fa_swizzle(r, col, WIDTH), src + r * SRC_ROW + col, r < valid ? 16 : 0);
         }
     }
 }
@@ -38,6 +39,7 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = true, HAS_MASK = false, MASK_BOOL = false;
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
+    constexpr int Q_ROW = 128, K_ROW = 128, V_ROW = 128, O_ROW = 128;   // elements from row to row
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16_t* q_s = (bf16_t*)fa_smem;                         // [BM][D]
@@ -49,10 +51,10 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
-    long long q_off = 0, k_off = 0, v_off = 0;
+    long long q_off = 0, k_off = 0, v_off = 0, o_off = 0;
     {  int rem = bh, i;
-        i = rem % 16; rem /= 16; q_off += (long long)i * 262144; k_off += (long long)i * 262144; v_off += (long long)i * 262144;
-        i = rem % 2; rem /= 2; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304;
+        i = rem % 16; rem /= 16; q_off += (long long)i * 262144; k_off += (long long)i * 262144; v_off += (long long)i * 262144; o_off += (long long)i * 262144;
+        i = rem % 2; rem /= 2; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304; o_off += (long long)i * 4194304;
     }
     const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
     const bf16_t* kp = k + k_off;
@@ -61,13 +63,13 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     // causal: key tiles past the block's last row are all masked, so they are never loaded
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
 
-    fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    fa_load_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN, tid);
         }
         cp_async_commit();
     }
@@ -95,8 +97,10 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW, SK - next * BN,
+                                                tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW, SK - next * BN,
+                                                tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         cp_async_wait<STAGES - 1>();
@@ -196,7 +200,7 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
             const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
             const int row = row0 + m * 16 + g + 8 * h;
             if (row < SQ) {
-                bf16_t* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
+                bf16_t* dst = out + o_off + (long long)row * O_ROW + 2 * t4;
                 #pragma unroll
                 for (int n = 0; n < D / 8; ++n)
                     *(unsigned*)(dst + n * 8) = pack_bf16x2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);

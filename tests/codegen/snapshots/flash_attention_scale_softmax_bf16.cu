@@ -1,12 +1,12 @@
 // flash_attention(bf16[4,16,4096,64], bf16[4,16,4096,64], bf16[4,16,4096,64], scale=0.125) -> bf16[4,16,4096,64]
 // schedule: wg bm=128 bn=64 warps=8 stages=4
 // launch: flash_attention_wg_bf16_d64_bm128_bn64_w8_s4<<<2048, 256, 82944>>>(q, k, v, out); dynamic shared memory 82944 bytes (raise cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KB)
-// contiguous row-major operands; blocks are (batch·head, query block), query block fastest
+// rows of 64 contiguous values, 64, 64, 64, 64 apart in q, k, v, out; blocks are (batch·head, query block), query block fastest
 
-// rows [0, valid) of a [ROWS][D] global tile into shared memory in wgmma's 128-byte swizzled
-// layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk (c ^ row) % 8; later rows
-// read as zero
-template <int ROWS, int D, int THREADS>
+// rows [0, valid) of a [ROWS][D] global tile, its rows SRC_ROW elements apart, into shared memory
+// in wgmma's 128-byte swizzled layout: [D / 64][ROWS][64], chunk c of a row's 64-value block at chunk
+// (c ^ row) % 8; later rows read as zero
+template <int ROWS, int D, int THREADS, int SRC_ROW = D>
 __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsigned short* src, int valid, int tid) {
     constexpr int CHUNKS = ROWS * D / 8;
     #pragma unroll
@@ -15,8 +15,8 @@ __device__ __forceinline__ void fa_load_wg_tile(unsigned short* dst, const unsig
         if (CHUNKS % THREADS == 0 || c < CHUNKS) {
             const int r = c / (D / 8), cc = c % (D / 8);
             // a row past `valid` copies zero bytes from the tile's first row, inside the tensor
-            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8, src + (r < valid ? r * D + cc * 8 : 0),
-                        r < valid ? 16 : 0);
+            cp_async_16(dst + (cc / 8) * ROWS * 64 + r * 64 + ((cc ^ r) & 7) * 8,
+                        src + (r < valid ? r * SRC_ROW + cc * 8 : 0), r < valid ? 16 : 0);
         }
     }
 }
@@ -32,6 +32,7 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = false, HAS_MASK = false, MASK_BOOL = false;
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
+    constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64, O_ROW = 64;   // elements from row to row
     constexpr unsigned ATOM = 1024, ROW_BYTES = 128;
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
     static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
@@ -47,10 +48,10 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     const int qb = CAUSAL ? NQB - 1 - (int)(blockIdx.x % NQB) : (int)(blockIdx.x % NQB), bh = blockIdx.x / NQB;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
-    long long q_off = 0, k_off = 0, v_off = 0;
+    long long q_off = 0, k_off = 0, v_off = 0, o_off = 0;
     {  int rem = bh, i;
-        i = rem % 16; rem /= 16; q_off += (long long)i * 262144; k_off += (long long)i * 262144; v_off += (long long)i * 262144;
-        i = rem % 4; rem /= 4; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304;
+        i = rem % 16; rem /= 16; q_off += (long long)i * 262144; k_off += (long long)i * 262144; v_off += (long long)i * 262144; o_off += (long long)i * 262144;
+        i = rem % 4; rem /= 4; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304; o_off += (long long)i * 4194304;
     }
     const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
     const bf16_t* kp = k + k_off;
@@ -60,13 +61,15 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
     const int warpgroup = tid >> 7;
 
-    fa_load_wg_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
+    fa_load_wg_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
-            fa_load_wg_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + t * BN * D, vp + (long long)t * BN * D, SK - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN,
+                                                   tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN,
+                                                   tid);
         }
         cp_async_commit();
     }
@@ -101,8 +104,10 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
         const int next = t + STAGES - 2;                  // into the stage tile t - 2 held
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_wg_tile<BN, D, THREADS>(k_s + st * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
-            fa_load_wg_tile<BN, D, THREADS>(v_s + st * BN * D, vp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
+                                                   SK - next * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
+                                                   SK - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
@@ -205,7 +210,7 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
             const float inv = 1.f / l;                    // 0 · inf = NaN for an all-masked row, as the reference
             const int row = row0 + m * 16 + g + 8 * h;
             if (row < SQ) {
-                bf16_t* dst = out + (long long)bh * SQ * D + (long long)row * D + 2 * t4;
+                bf16_t* dst = out + o_off + (long long)row * O_ROW + 2 * t4;
                 #pragma unroll
                 for (int n = 0; n < D / 8; ++n)
                     *(unsigned*)(dst + n * 8) = pack_bf16x2(o[m][n][2 * h] * inv, o[m][n][2 * h + 1] * inv);

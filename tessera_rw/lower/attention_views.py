@@ -1,0 +1,130 @@
+"""Attention reads q, k and v where the projection wrote them, and writes O where the next one reads it.
+
+Multi-head attention cut from one fused projection is, as extracted, a copy kernel bringing each
+head's rows together (`transpose(reshape(qkv, (B, S, 3, H, D)), (2, 0, 3, 1, 4))`, q, k and v its
+slices), the attention kernel, and a copy putting the heads back side by side for the output
+projection (`transpose(o, (0, 2, 1, 3))`). The attention kernel loads and stores one row of D values
+at a time, so neither copy is needed: a row of q is D contiguous values of the projection wherever
+it lies, and a row of O can be stored where the transpose would have put it. A flash_attention node
+whose q, k or v are copies of views (read by it alone), or whose only reader is a copy permuting
+its axes that keeps the head dim innermost, becomes a strided_attention reading and writing those
+views, and the copies are gone.
+
+A view is read in place where each row's D values are contiguous and every row starts 16 bytes
+aligned (the kernels copy rows in 16-byte pieces); the same holds for the rows it writes.
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> qkv = make_input("qkv", (2, 128, 3 * 4 * 64), DType.bfloat16)
+>>> heads = make("transpose", make("reshape", qkv, shape=(2, 128, 3, 4, 64)), axes=(2, 0, 3, 1, 4))
+>>> q, k, v = (make("reshape", make("slice", heads, starts=(i, 0, 0, 0, 0), stops=(i + 1, 2, 4, 128, 64),
+...                                 steps=(1,) * 5), shape=(2, 4, 128, 64)) for i in range(3))
+>>> o = make("flash_attention", q, k, v, scale=0.125, causal=True, has_mask=False)
+>>> merged = make("transpose", o, axes=(0, 2, 1, 3))
+>>> (node,) = [n for n in read_attention_views(Graph("g", (qkv,), (merged,))).nodes if n.op != "input"]
+>>> node.op, node.attr_map["strides"][:4], node.attr_map["offsets"], node.attr_map["out_strides"]
+('strided_attention', (98304, 64, 768, 1), (0, 256, 512), (32768, 64, 256, 1))
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.shapes import contiguous_strides
+from tessera_rw.lower.layout_chains import StridedView, strided_view
+from tessera_rw.lower.view_reads import LAYOUT_OPS
+
+ROW_ALIGNMENT = 16        # bytes: where every row of a view read or written in place must start
+
+
+def read_attention_views(graph: Graph) -> Graph:
+    """`graph` with each flash_attention node that reads copies of views, or whose output is only
+    copied into another layout, a strided_attention reading and writing those views in place."""
+    users, outputs = graph.users, set(graph.outputs)
+    views: dict[Node, StridedView] = {}
+    written: dict[Node, tuple[Node, tuple[int, ...]]] = {}     # copy of an attention -> (it, out strides)
+    reads: dict[Node, list[StridedView]] = {}
+    for node in graph.nodes:
+        if node.op != "flash_attention":
+            continue
+        reads[node] = [_read_in_place(arg, node, users[arg], arg in outputs, views) or _dense(arg)
+                       for arg in node.args[:3]]
+        copy = users[node][0] if len(users[node]) == 1 and node not in outputs else None
+        out_strides = copy and _written_in_place(copy, node, views)
+        if out_strides:
+            written[copy] = (node, out_strides)
+        elif all(r.root is arg for r, arg in zip(reads[node], node.args)):
+            del reads[node]
+    if not reads:
+        return graph
+    writes = {attention for attention, _ in written.values()}     # computed where their copy was
+    new: dict[Node, Node] = {}
+    for node in graph.nodes:
+        rebuilt = node.replace(args=tuple(new[a] for a in node.args))
+        if node in written:
+            attention, out_strides = written[node]
+            rebuilt = _strided(attention, reads[attention], new, node.shape, out_strides)
+        elif node in reads and node not in writes:
+            rebuilt = _strided(node, reads[node], new, node.shape, contiguous_strides(node.shape))
+        new[node] = rebuilt
+    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _dense(node: Node) -> StridedView:
+    return StridedView(node, node.shape, contiguous_strides(node.shape), 0, 0)
+
+
+def _aligned(strides, offset: int, itemsize: int) -> bool:
+    return all(s * itemsize % ROW_ALIGNMENT == 0 for s in (*strides, offset))
+
+
+def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
+                   views: dict[Node, StridedView]) -> StridedView | None:
+    """The view the attention `reader` may read instead of `arg`: a chain of layout ops holding a
+    copy, which only `reader` reads, whose rows are contiguous and aligned."""
+    if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS:
+        return None
+    view = strided_view(arg, views)
+    if view.root is arg or not view.copies or view.strides[-1] != 1:
+        return None
+    return view if _aligned(view.strides[:-1], view.offset, arg.type.dtype.itemsize) else None
+
+
+def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView]) -> tuple[int, ...] | None:
+    """Where each axis of `attention`'s output steps in `copy`'s dense value, when `copy` is a copy
+    of it permuting its axes with the head dim kept innermost and every row aligned; else None."""
+    if copy.op not in LAYOUT_OPS:
+        return None
+    view = strided_view(copy, views)
+    if view.root is not attention or not view.copies or view.offset:
+        return None
+    own = contiguous_strides(attention.shape)
+    out = [0] * len(own)
+    for n, stride, dense in zip(view.shape, view.strides, contiguous_strides(copy.shape)):
+        if n == 1:
+            continue
+        axis = next((j for j, s in enumerate(own) if s == stride and attention.shape[j] == n and not out[j]), None)
+        if axis is None:
+            return None
+        out[axis] = dense
+    if any(not out[j] for j, n in enumerate(attention.shape) if n != 1) or out[-1] != 1:
+        return None
+    return tuple(out) if _aligned(out[:-1], 0, attention.type.dtype.itemsize) else None
+
+
+def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], shape: tuple[int, ...],
+             out_strides: tuple[int, ...]) -> Node:
+    """`attention` as a strided_attention reading `reads` (each padded to the output's rank) and
+    writing a dense value of `shape` through `out_strides`."""
+    rank = len(attention.shape)
+    shapes, strides = [], []
+    for view in reads:
+        lead = rank - len(view.shape)
+        shapes += (1,) * lead + view.shape
+        strides += (0,) * lead + view.strides
+    a = attention.attr_map
+    return make("strided_attention", *(new[r.root] for r in reads), *(new[m] for m in attention.args[3:]),
+                scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"], shapes=tuple(shapes),
+                strides=tuple(strides), offsets=tuple(r.offset for r in reads), shape=shape,
+                out_strides=tuple(out_strides))
