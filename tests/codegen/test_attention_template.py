@@ -11,7 +11,7 @@ from tessera_rw.codegen.arch import MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention import AttentionSchedule, FlashAttentionTemplate
 from tessera_rw.codegen.templates.attention_cuda import batch_offsets
-from tessera_rw.codegen.templates.attention_problem import RowLayout, attention_operands
+from tessera_rw.codegen.templates.attention_problem import RowLayout, attention_operands, packed_qkv_attention
 
 TEMPLATE = FlashAttentionTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
@@ -121,3 +121,26 @@ def test_head_dim_256_runs_on_sm_90_wgmma_only_and_says_why_elsewhere():
     assert TEMPLATE.unavailable(op, h100) is None
     assert TEMPLATE.schedules(op, a100) == () and TEMPLATE.space(op, a100) == ()
     assert "256" in TEMPLATE.unavailable(op, a100) and "sm_90" in TEMPLATE.unavailable(op, a100)
+
+
+def test_strided_attention_refuses_rows_off_16_bytes_and_says_which_view():
+    op = packed_qkv_attention(1, 2, 64, 64, DType.bfloat16)
+    a = dict(op.attr_map)
+    a["offsets"] = (0, 132, 256)                                 # k starts 264 bytes in
+    shifted = KernelOp.of("strided_attention", op.operands, op.result, **a)
+    reason = TEMPLATE.refusal(shifted)
+    assert reason is not None and "k's view" in reason and "offset 132" in reason
+    assert not TEMPLATE.accepts(shifted) and TEMPLATE.accepts(op)
+
+
+def test_strided_attention_keeps_to_cp_async_kernels_and_says_what_it_fused():
+    h100 = arch_named("h100")
+    strided = packed_qkv_attention(2, 4, 1024, 64, DType.bfloat16, causal=True)
+    dense = attention((2, 4, 1024, 64), (2, 4, 1024, 64), causal=True)
+    assert any(getattr(s, "producer", False) for s in TEMPLATE.space(dense, h100))
+    assert not any(getattr(s, "producer", False) for s in TEMPLATE.space(strided, h100))   # TMA maps are dense
+    assert TEMPLATE.fused(strided)[-2:] == ("strided_read", "strided_write")
+    s = TEMPLATE.schedules(strided, h100)[0]
+    assert TEMPLATE.resources(strided, s, h100) == TEMPLATE.resources(dense, s, h100)   # the same rows move
+    source = TEMPLATE.emit(strided, s, h100).source
+    assert "Q_ROW = 768, K_ROW = 768, V_ROW = 768, O_ROW = 256" in source
