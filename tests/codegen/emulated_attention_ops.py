@@ -26,6 +26,11 @@ def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=()) -
 
 
 
+def with_mask(op: KernelOp, shape: tuple[int, ...]) -> KernelOp:
+    """A strided_attention `op` with a bool mask of `shape` as its fourth operand."""
+    return of("strided_attention", *op.operands, TensorType(shape, BOOL), **(dict(op.attr_map) | {"has_mask": True}))
+
+
 def _attention_ops() -> dict[str, KernelOp]:
     rows, bwd = AttentionRowStatsTemplate(), FlashAttentionBwdTemplate()
     ops = {
@@ -47,6 +52,7 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention packed qkv S=128 D=64 causal bf16": packed_qkv_attention(2, 2, 128, 64, BF16, causal=True),
         "attention packed qkv GQA 4/2 heads S=100 D=128 f16": packed_qkv_attention(1, 4, 100, 128, F16, kv_heads=2),
         "attention packed qkv S=70 D=256 causal bf16": packed_qkv_attention(1, 2, 70, 256, BF16, causal=True),
+        "attention packed qkv bool mask f16": with_mask(packed_qkv_attention(2, 2, 48, 64, F16), (2, 1, 48, 48)),
     }
     for name, template in (("row stats", rows), ("backward", bwd)):
         ops |= {

@@ -94,12 +94,13 @@ def attention_programs(draw):
     dense = make_input("dense", (b, h, s, d), F32)
     layout = draw(st.sampled_from(("qkv", "hqkv")))
     operands = [heads(x, i, layout, h, d) if draw(st.booleans()) else dense for i in range(3)]
-    o = make("flash_attention", *operands, scale=d ** -0.5, causal=draw(st.booleans()), has_mask=False)
+    mask = (make_input("mask", (s, s), F32),) if draw(st.booleans()) else ()
+    o = make("flash_attention", *operands, *mask, scale=d ** -0.5, causal=draw(st.booleans()), has_mask=bool(mask))
     merged = make("transpose", o, axes=(0, 2, 1, 3)) if draw(st.booleans()) else o
     outputs = (merged, o) if merged is not o and draw(st.booleans()) else (merged,)
     if draw(st.booleans()):                    # another reader of q's copy keeps it
         outputs += (make("exp", operands[0]),)
-    return Graph("g", (x, dense), outputs)
+    return Graph("g", (x, dense, *mask), outputs)
 
 
 @settings(max_examples=80, deadline=None)
