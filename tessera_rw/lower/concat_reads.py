@@ -141,7 +141,7 @@ def _computed_in_place(node: Node, sources: _Sources) -> Node | None:
     try:
         computed = make("concatenated_elementwise", *slots, exprs=";".join(spell_expr(e) for e, _, _ in pieces),
                         axis=axis, sizes=tuple(w for _, _, w in pieces), shape=node.shape, strides=tuple(strides),
-                        offsets=tuple(offsets))
+                        offsets=tuple(offsets), shared=tuple(slots.index(slot) for slot in slots))
     except TesseraError:         # the pieces' expressions type apart from the node: keep it
         return None
     return computed if computed.type == node.type else None

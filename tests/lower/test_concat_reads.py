@@ -52,6 +52,9 @@ def test_rotary_embeddings_are_one_kernel_reading_x_where_it_lies():
     assert step.op == "concatenated_elementwise" and {i.buffer for i in step.inputs} == {0, 1, 2}
     (kernel,) = program.candidate.kernels
     assert {"concatenate", "neg"} <= set(kernel.fused) and kernel.schedule.endswith("vec=8")
+    # x fills two operands (each half reads both of its halves), and is read from HBM once
+    assert step.node.attr_map["shared"] == (0, 1, 2, 0)
+    assert kernel.hbm_bytes == 2 * x.type.nbytes + 2 * table.type.nbytes
     rng = np.random.default_rng(4)
     small = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 16, 64), (16, 64), (16, 64))]
     np.testing.assert_allclose(rope(*small), rope_reference(*small), rtol=1e-6, atol=1e-6)

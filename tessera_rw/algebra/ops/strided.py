@@ -184,9 +184,12 @@ def piece_views(nxs: int, shape: tuple[int, ...], axis: int, sizes: tuple[int, .
 
 
 def _infer_concatenated_elementwise(*xs: TensorType, exprs: str, axis: int, sizes: tuple[int, ...],
-                                    shape: tuple[int, ...], strides: tuple[int, ...],
-                                    offsets: tuple[int, ...]) -> TensorType:
+                                    shape: tuple[int, ...], strides: tuple[int, ...], offsets: tuple[int, ...],
+                                    shared: tuple[int, ...] = ()) -> TensorType:
     pieces = exprs.split(";")
+    if shared and (len(shared) != len(xs) or any(not 0 <= j <= i or xs[j] != xs[i] for i, j in enumerate(shared))):
+        raise ShapeError(f"shared={shared} must name, per operand, the first of the {len(xs)} operands "
+                         "holding the same tensor")
     if not 0 <= axis < len(shape) or len(pieces) != len(sizes) or sum(sizes) != shape[axis] \
             or len(offsets) != len(sizes) * len(xs) or len(strides) != len(offsets) * len(shape):
         raise ShapeError(f"{len(pieces)} pieces of sizes {sizes} along axis {axis} over {len(xs)} operands do not "
@@ -202,7 +205,7 @@ def _infer_concatenated_elementwise(*xs: TensorType, exprs: str, axis: int, size
     return TensorType(tuple(shape), types[0])
 
 
-def _concatenated_elementwise(*xs: np.ndarray, exprs, axis, sizes, shape, strides, offsets) -> np.ndarray:
+def _concatenated_elementwise(*xs: np.ndarray, exprs, axis, sizes, shape, strides, offsets, shared=()) -> np.ndarray:
     pieces = []
     for expr, piece, views in zip(exprs.split(";"), piece_shapes(tuple(shape), axis, sizes),
                                   piece_views(len(xs), tuple(shape), axis, sizes, strides, offsets)):
@@ -234,5 +237,7 @@ DEFS = (
           vjp=before_fusion("concatenated_elementwise"),
           doc="pieces along axis (sizes), each one ';'-separated expression of exprs over strided views of the "
               "operands in its own coordinates (strides flat per piece and operand, offsets per piece and "
-              "operand): a concatenate computed where an elementwise kernel reads it, as lowering folds it"),
+              "operand; `shared`: per operand, the first operand holding the same tensor, as a piece reading two "
+              "views of one tensor takes it twice): a concatenate computed where an elementwise kernel reads it, "
+              "as lowering folds it"),
 )

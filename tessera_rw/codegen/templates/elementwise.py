@@ -159,11 +159,24 @@ class ElementwiseTemplate(Template):
         blocks = max(1, min(math.ceil(units / schedule.threads), arch.sm_count * resident * GRID_WAVES))
         # A broadcast operand is read at its own size: the repeats hit L1/L2; a view, only its elements.
         parts = [p.op for p in pieces(op)] if op.op == "concatenated_elementwise" else [op]
-        hbm = sum(self._read_bytes(p, i) for p in parts for i in range(len(p.operands))) + op.result.nbytes
+        reads = (self._pieces_read_bytes(op) if op.op == "concatenated_elementwise"
+                 else sum(self._read_bytes(op, i) for i in range(len(op.operands))))
+        hbm = reads + op.result.nbytes
         heavy = max(sum(n in TRANSCENDENTAL for n in expr_ops(self._expr(p))) for p in parts)
         return Resources(threads=schedule.threads, blocks=blocks, registers=self._register_estimate(op, v, arch),
                          smem_bytes=0, hbm_bytes=hbm, flops=op.flops, unit=MathUnit.FP32,
                          efficiency=1.0 if heavy < 2 else 0.8)
+
+    def _pieces_read_bytes(self, op: KernelOp) -> int:
+        """What a concatenated_elementwise's pieces read: per tensor, the bytes of its views, summed over
+        the pieces and the operands holding it (`shared`: rotary embeddings read both halves of x in
+        each half), and at most the whole tensor: what one piece's lanes read, the other's find in L1/L2."""
+        shared = op.attr_map.get("shared") or tuple(range(len(op.operands)))
+        per_tensor: dict[int, int] = {}
+        for p in pieces(op):
+            for k, i in enumerate(p.operands):
+                per_tensor[shared[i]] = per_tensor.get(shared[i], 0) + self._read_bytes(p.op, k)
+        return sum(min(read, op.operands[i].nbytes) for i, read in per_tensor.items())
 
     def _read_bytes(self, op: KernelOp, i: int) -> int:
         t = op.operands[i]
