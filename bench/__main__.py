@@ -18,9 +18,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", metavar="TEXT", help="gpu, tune: only the rows (tune: and timing logs and "
                         "sweeps) whose name holds TEXT (e.g. 'attention bwd', 'gemm'); results go to "
                         "<suite>-only-TEXT-<device>-<date>")
-    parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block", "variants"], default="all",
+    parser.add_argument("--kernels", choices=["all", "rows", "backward", "cross-block", "views", "variants"],
+                        default="all",
                         help="sanitize: which kernels (the timed rows' on small shapes, the attention backward's, "
-                             "those whose blocks meet in a workspace, or a GEMM's persistent forms and walks)")
+                             "those whose blocks meet in a workspace, those reading views in place, or the "
+                             "variants: a GEMM's persistent forms and walks, attention's producer forms)")
     args = parser.parse_args(argv)
     if args.suite == "cpu":
         from bench import cpu

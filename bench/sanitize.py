@@ -14,6 +14,10 @@ and an arrival counter (a reduction to a scalar split over the grid, a convoluti
 split along K, a column reduce with few output tiles) and the norm backward's row kernels (dx
 alone, with its row statistics, and with the weight and bias gradients' partial sums, whose
 blocks each walk several rows with barriers in each row), likewise.
+Then the kernels that read (and write) strided views of their operands' storage, where an index
+off by a stride lands outside the buffer for memcheck to see: attention over a packed q|k|v
+projection writing its heads merged (ragged, causal, GQA), rotary embeddings computed where their
+concatenate is read, a gated unit reading both halves of its projection, and QK-norm's rows.
 Last, the variants: a GEMM's (gemm_variants.py), the persistent forms of the TMA defaults, whose
 blocks each walk several tiles with their stages and barrier phases running on across them, and
 walks in another order, on products with more tiles than the GPU has SMs; and the attention
@@ -22,7 +26,7 @@ consumers through mbarriers, with and without the consumers' turns at the tensor
 stages and three, over ragged causal GQA heads and a masked batch.
 racecheck and synccheck see shared memory and barriers; a broken handshake between blocks through
 global memory shows as a wrong result, which the checks against the references catch.
-`--kernels rows|backward|cross-block|variants` runs one part. The exit status is 1 when any schedule
+`--kernels rows|backward|cross-block|views|variants` runs one part. The exit status is 1 when any schedule
 is wrong.
 """
 
@@ -81,6 +85,33 @@ def cross_block_ops() -> list:
                         axes=(1,), eps=1e-5, has_weight=True, has_residual=True),
             *(norm_backward_packed(name, TensorType((1000, 1024), BF16), **extra)
               for name, extra in (("norm_backward_stats", {}), ("norm_backward_grads", {"parts": 96})))]
+
+
+def view_ops() -> list:
+    """Kernels reading views in place, on small ragged shapes (lower/attention_views.py,
+    view_reads.py, concat_reads.py)."""
+    from tessera_rw.algebra.node import TensorType
+    from tessera_rw.algebra.ops import OPS
+    from tessera_rw.codegen.kernel_op import KernelOp
+    from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention
+
+    def of(name: str, *operands, **attrs):
+        return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
+    x, table = TensorType((2, 4, 200, 64), BF16), TensorType((200, 64), BF16)
+    h = TensorType((2, 200, 3 * 4 * 64), BF16)
+    dense, rows = (51200, 12800, 64, 1), (0, 0, 64, 1)           # x's strides, the tables' (repeated per head)
+    rope = of("concatenated_elementwise", x, table, table, x, axis=3, sizes=(32, 32), shape=x.shape,
+              exprs="sub(mul($0,$1),mul($3,$2));add(mul($0,$1),mul($3,$2))", strides=(dense + rows * 2 + dense) * 2,
+              offsets=(0, 0, 0, 32, 32, 32, 32, 0), shared=(0, 1, 2, 0))
+    gated = TensorType((300, 2 * 520), BF16)
+    return [packed_qkv_attention(2, 4, 330, 64, BF16, causal=True),
+            packed_qkv_attention(1, 4, 200, 128, BF16, kv_heads=2),
+            rope,
+            of("strided_elementwise", gated, gated, expr="mul(silu($0),$1)", shape=(300, 520),
+               strides=(1040, 1, 1040, 1), offsets=(0, 520)),
+            of("strided_normalization", h, TensorType((64,), BF16), expr="$0", norm="rmsnorm", axes=(3,), eps=1e-6,
+               has_weight=True, has_bias=False, post="$0", shape=(2, 4, 200, 64), strides=(153600, 64, 768, 1),
+               offsets=(256,))]
 
 
 def norm_backward_packed(name: str, x, **extra):
@@ -158,7 +189,8 @@ def check_op(op, arch, schedules=None) -> int:
 
 
 def run(kernels: str = "all") -> int:
-    """Check `kernels` ("all", "rows", "backward", "cross-block" or "variants"); 1 when any is wrong."""
+    """Check `kernels` ("all", "rows", "backward", "cross-block", "views" or "variants"); 1 when any is
+    wrong."""
     reason = preflight()
     if reason:
         print(reason, file=sys.stderr)
@@ -182,7 +214,8 @@ def run(kernels: str = "all") -> int:
             print(f"{row.name.split(' vs ')[0]} [{schedule.describe()}]: error {error:.1e} {'ok' if ok else 'WRONG'}",
                   flush=True)
     ops = ((backward_ops() if kernels in ("all", "backward") else [])
-           + (cross_block_ops() if kernels in ("all", "cross-block") else []))
+           + (cross_block_ops() if kernels in ("all", "cross-block") else [])
+           + (view_ops() if kernels in ("all", "views") else []))
     for op in ops:
         wrong += check_op(op, arch)
     for op, schedules in variant_ops(arch) if kernels in ("all", "variants") else []:

@@ -85,3 +85,15 @@ def test_check_op_runs_the_schedules_it_is_given(monkeypatch):
     persistent = TmaSchedule(64, 64, 64, 1, 1, 3, persistent=True)
     assert sanitize.check_op(op, arch, (persistent, replace(persistent, group=2))) == 0
     assert ran == [persistent, replace(persistent, group=2)]
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_the_view_kernels_it_runs_are_right_in_the_emulator(monkeypatch):
+    arch = arch_named("h100")
+    ops = sanitize.view_ops()
+    assert {o.op for o in ops} == {"strided_attention", "concatenated_elementwise", "strided_elementwise",
+                                   "strided_normalization"}
+    monkeypatch.setattr(sanitize, "run_poisoned",
+                        lambda op, arrays, schedule: emulator.run_emulated(op, arrays, schedule=schedule, arch=arch))
+    for op in ops:
+        assert sanitize.check_op(op, arch) == 0, op.op
