@@ -145,6 +145,21 @@ def test_grouped_query_heads_sum_their_gradients_back():
     np.testing.assert_allclose(dv, wv.reshape(1, 2, 2, 64, 64).sum(2), rtol=1e-4, atol=1e-5)
 
 
+def test_one_query_head_broadcasts_over_the_kv_heads_forward_and_back():
+    rng = np.random.default_rng(4)
+    q, w = rng.standard_normal((1, 1, 16, 8)), rng.standard_normal((1, 3, 16, 8))
+    k, v = (rng.standard_normal((1, 3, 16, 8)) for _ in range(2))
+    wide = np.broadcast_to(q, k.shape)
+    got = op.kernel(lambda q, k, v: op.flash_attention(q, k, v, causal=True))(q, k, v)
+    np.testing.assert_allclose(got, attention_reference(wide, k, v, scale=8 ** -0.5, causal=True, has_mask=False),
+                               rtol=1e-10, atol=1e-12)
+    dq, dk, dv = op.grad(fused_attention_loss, argnums=(0, 1, 2))(q, k, v, w)
+    wq, wk, wv = numpy_grads(wide, k, v, w, causal=True)
+    np.testing.assert_allclose(dq, wq.sum(1, keepdims=True), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dk, wk, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dv, wv, rtol=1e-6, atol=1e-8)
+
+
 def test_the_backward_ops_name_what_does_not_fit():
     t = op.tensor((2, 8, 64), "bf16")
     with pytest.raises(ShapeError, match="do .* differs from the attention output"):

@@ -46,10 +46,11 @@ def read_attention_views(graph: Graph) -> Graph:
     written: dict[Node, tuple[Node, tuple[int, ...]]] = {}     # copy of an attention -> (it, out strides)
     reads: dict[Node, list[StridedView]] = {}
     for node in graph.nodes:
-        if node.op != "flash_attention":
+        if node.op != "flash_attention" or not node.type.numel:
             continue
-        reads[node] = [_read_in_place(arg, node, users[arg], arg in outputs, views) or _dense(arg)
-                       for arg in node.args[:3]]
+        # a copy an earlier attention now writes (attention of attention) is read as that writes it
+        reads[node] = [(arg not in written and _read_in_place(arg, node, users[arg], arg in outputs, views))
+                       or _dense(arg) for arg in node.args[:3]]
         copy = users[node][0] if len(users[node]) == 1 and node not in outputs else None
         out_strides = copy and _written_in_place(copy, node, views)
         if out_strides:

@@ -162,3 +162,36 @@ def test_an_attention_of_dense_operands_is_left_alone():
     o = make("flash_attention", q, q, q, scale=0.5, causal=False, has_mask=False)
     graph = Graph("g", (q,), (o,))
     assert read_attention_views(graph) is graph
+
+
+def test_a_query_without_heads_against_kv_heads_broadcasts_when_its_views_are_padded():
+    q, k = make_input("q", (6, 8), F32), make_input("k", (3, 6, 8), F32)
+    o = make("flash_attention", q, k, k, scale=0.5, causal=False, has_mask=False)
+    graph = Graph("g", (q, k), (make("transpose", o, axes=(1, 0, 2)),))
+    read = read_attention_views(graph)
+    assert [n.op for n in read.nodes if n.op != "input"] == ["strided_attention"]   # q read as [1, 6, 8]
+    rng = np.random.default_rng(5)
+    feeds = {"q": rng.standard_normal((6, 8)).astype(np.float32), "k": rng.standard_normal((3, 6, 8)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(read, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_attention_of_an_attention_s_merged_heads_reads_them_as_written():
+    x, y = make_input("x", (2, 10, 48), F32), make_input("y", (2, 2, 3 * 10 * 8), F32)
+    _, merged = attention_over(x)                  # [2, 10, 2, 8]: the first attention writes it in place
+    again = make("flash_attention", merged, heads(y, 1, "qkv", 10, 8), heads(y, 2, "qkv", 10, 8), scale=0.5,
+                 causal=False, has_mask=False)     # ... and the second reads it as a dense q
+    graph = Graph("g", (x, y), (again,))
+    read = read_attention_views(fold_layout_chains(graph))
+    assert [n.op for n in read.nodes if n.op != "input"] == ["strided_attention", "strided_attention"]
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((2, 10, 48)).astype(np.float32),
+             "y": rng.standard_normal((2, 2, 240)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(read, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_an_empty_attention_is_left_alone():
+    x = make_input("x", (2, 0, 2, 8), F32)
+    q = make("transpose", x, axes=(0, 2, 1, 3))
+    o = make("flash_attention", q, q, q, scale=0.5, causal=False, has_mask=False)
+    graph = Graph("g", (x,), (make("transpose", o, axes=(0, 2, 1, 3)),))
+    assert read_attention_views(graph) is graph

@@ -21,11 +21,21 @@ from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
 from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
 
+def shares_heads(q_heads: int, kv_heads: int) -> bool:
+    """Whether each of `kv_heads` K/V heads serves a group of the `q_heads` Q heads (GQA), rather than
+    one side broadcasting over the other (a head axis of 1, on either side).
+
+    >>> shares_heads(8, 2), shares_heads(8, 8), shares_heads(1, 4), shares_heads(8, 1)
+    (True, False, False, False)
+    """
+    return kv_heads not in (1, q_heads) and q_heads % kv_heads == 0
+
+
 def _kv_batch(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], name: str) -> tuple[int, ...]:
     """kv's batch dims as seen by q: the head axis may divide q's (GQA) instead of broadcasting."""
     if len(q_batch) >= 1 and len(kv_batch) >= 1:
         hq, hk = q_batch[-1], kv_batch[-1]
-        if hk not in (1, hq) and hq % hk == 0:
+        if shares_heads(hq, hk):
             kv_batch = kv_batch[:-1] + (hq,)
     try:
         return broadcast_shapes(q_batch, kv_batch)
@@ -65,8 +75,8 @@ def infer_attention(q: TensorType, k: TensorType, v: TensorType, *mask: TensorTy
 
 
 def expand_kv_heads(x: np.ndarray, heads: int) -> np.ndarray:
-    """Repeat each K/V head for the Q heads that share it (GQA)."""
-    if x.ndim >= 3 and x.shape[-3] not in (1, heads):
+    """Repeat each K/V head for the Q heads that share it (GQA); a Q head axis of 1 broadcasts instead."""
+    if x.ndim >= 3 and shares_heads(heads, x.shape[-3]):
         return np.repeat(x, heads // x.shape[-3], axis=-3)
     return x
 
@@ -120,7 +130,7 @@ def attention_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType
 # several Q heads (GQA) are repeated going forward and their cotangents summed back.
 
 def _repeat_heads(t, heads: int):
-    if t.ndim < 3 or t.shape[-3] in (1, heads):
+    if t.ndim < 3 or not shares_heads(heads, t.shape[-3]):
         return t
     kv = t.shape[-3]
     lead, tail = t.shape[:-3], t.shape[-2:]
@@ -130,7 +140,7 @@ def _repeat_heads(t, heads: int):
 
 def _sum_repeats(ct, like):
     """The cotangent of a K/V that `_repeat_heads` spread over the Q heads, summed back to it."""
-    if like.ndim >= 3 and ct.ndim >= 3 and like.shape[-3] not in (1, ct.shape[-3]):
+    if like.ndim >= 3 and ct.ndim >= 3 and shares_heads(ct.shape[-3], like.shape[-3]):
         kv, heads = like.shape[-3], ct.shape[-3]
         ct = api.sum(api.reshape(ct, ct.shape[:-3] + (kv, heads // kv) + ct.shape[-2:]), axis=-3)
     return unbroadcast(ct, like)

@@ -61,6 +61,8 @@ def permutes(shape: tuple[int, ...], out: tuple[int, ...], out_strides: tuple[in
     """
     if math.prod(shape) != math.prod(out) or len(out) != len(out_strides):
         return False
+    if not math.prod(shape):             # nothing to write
+        return True
     step = 1
     for stride, n in sorted((s, n) for n, s in zip(out, out_strides) if n != 1):
         if stride != step:
