@@ -36,9 +36,10 @@ from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
-from tessera_rw.algebra.ops.strided_attention import view_types
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
+from tessera_rw.codegen.attention_rows import (attention_output, attention_views_of, query_rows_mask,
+                                               restrict_strided_attention, strided_row_axis)
 from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -91,7 +92,7 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         if op.op == "strided_attention":
-            ops = view_types(ops, attrs["shapes"], attrs["strides"], attrs["offsets"])
+            ops = attention_views_of(op)
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
     if kind is OpKind.NORMALIZATION:   # over the rows (a norm backward's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
@@ -131,11 +132,10 @@ def _norm_axes(op: KernelOp) -> tuple[int, ...]:
 # ops whose reference runs whole: the packed attention gradients, the forward with its row
 # logsumexps and a norm's input gradient with its row statistics or gradient partials have no row
 # axis, the row statistics read queries from three operands, and those read off the logsumexps take
-# O and them packed in one flat operand; attention over strided views reads q from a projection
-# whose rows are not its own
+# O and them packed in one flat operand
 WHOLE_REFERENCE = frozenset({"flash_attention_bwd", "attention_row_stats", "flash_attention_lse",
                              "attention_row_stats_from_lse", "norm_backward_stats",
-                             "norm_backward_grads", "strided_attention"})
+                             "norm_backward_grads"})
 
 
 def _product_a(op: KernelOp) -> TensorType:
@@ -153,6 +153,10 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     # a row of the result comes from the same row of a (not so for matmul_bias_grad's extra last row)
     if kind is OpKind.MATMUL and (a := _product_a(op)).ndim >= 2 and out.ndim >= 2 and out.shape[-2] == a.shape[-2]:
         return out.ndim - 2, cost * out.numel * a.shape[-1]
+    if op.op == "strided_attention":
+        axis = strided_row_axis(op)
+        o, k = attention_output(op), attention_views_of(op)[1]
+        return None if axis is None else (axis, cost * o.numel // o.shape[-1] * k.shape[-2])
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]
     if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
@@ -193,15 +197,11 @@ def _restrict(op: KernelOp, inputs: Inputs, axis: int, rows: np.ndarray) -> tupl
         extra = [rows_of(i, -2) if ts[i].ndim >= 2 and ts[i].shape[-2] == n else inputs.wide(i)
                  for i in range(2, len(ts))]
         return [rows_of(0, -1 if attrs.get("trans_a") else -2), inputs.wide(1), *extra], attrs
+    if op.op == "strided_attention":
+        return restrict_strided_attention(op, inputs, rows)
     if kind is OpKind.ATTENTION:   # queries; causal rows as an explicit mask, as they no longer start at 0
-        mask = None
-        if attrs["has_mask"]:
-            mask = rows_of(3, -2) if ts[3].shape[-2] == n else inputs.wide(3)
-        if attrs["causal"]:
-            keep = np.arange(ts[1].shape[-2])[None, :] <= rows[:, None]
-            mask = keep if mask is None else (mask & keep if mask.dtype == bool
-                                              else mask + np.where(keep, 0.0, -np.inf))
-        attrs.update(causal=False, has_mask=mask is not None)
+        mask = query_rows_mask(attrs, rows_of(3, -2) if attrs["has_mask"] and ts[3].shape[-2] == n else
+                          inputs.wide(3) if attrs["has_mask"] else None, ts[1].shape[-2], rows)
         return [rows_of(0, -2), inputs.wide(1), inputs.wide(2), *([mask] if mask is not None else [])], attrs
     if kind is OpKind.CONV:        # batch items of x; the filter is shared
         return [rows_of(0, 0), inputs.wide(1)], attrs

@@ -83,7 +83,7 @@ def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
     positive domain), nonzero integers, random bool masks."""
     arrays, pools = [], []
     positive = _positive(op)
-    keep = KEEP if op.op in ("flash_attention", "flash_attention_lse") else 0.5
+    keep = KEEP if op.op in ("flash_attention", "flash_attention_lse", "strided_attention") else 0.5
     for t in op.operands:
         pool = _pool(t.dtype, rng, positive, keep)
         arrays.append(np.resize(pool, math.prod(t.shape)).reshape(t.shape))

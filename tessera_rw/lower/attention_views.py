@@ -36,6 +36,7 @@ from tessera_rw.lower.layout_chains import StridedView, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
 ROW_ALIGNMENT = 16        # bytes: where every row of a view read or written in place must start
+MAX_ROW_STRIDE = 2 ** 23  # elements from row to row of a view read: a tile's 256 rows indexed in 32 bits
 
 
 def read_attention_views(graph: Graph) -> Graph:
@@ -76,8 +77,19 @@ def _dense(node: Node) -> StridedView:
     return StridedView(node, node.shape, contiguous_strides(node.shape), 0, 0)
 
 
-def _aligned(strides, offset: int, itemsize: int) -> bool:
-    return all(s * itemsize % ROW_ALIGNMENT == 0 for s in (*strides, offset))
+def rows_fit(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, itemsize: int, read: bool = True) -> bool:
+    """Whether the attention kernels can read (or write) the rows of the view (shape, strides,
+    offset) where they lie: each row's values contiguous, every row starting on ROW_ALIGNMENT bytes
+    (axes of one element aside), and rows read at most MAX_ROW_STRIDE elements apart.
+
+    >>> rows_fit((2, 4, 128, 64), (98304, 64, 768, 1), 256, 2), rows_fit((2, 4, 128, 64), (98304, 64, 768, 1), 4, 2)
+    (True, False)
+    """
+    if strides[-1] != 1 and shape[-1] != 1:
+        return False
+    steps = [s for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+    return (all(s * itemsize % ROW_ALIGNMENT == 0 for s in (*steps, offset))
+            and (not read or len(shape) < 2 or shape[-2] == 1 or strides[-2] <= MAX_ROW_STRIDE))
 
 
 def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
@@ -87,9 +99,9 @@ def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output
     if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS:
         return None
     view = strided_view(arg, views)
-    if view.root is arg or not view.copies or view.strides[-1] != 1:
+    if view.root is arg or not view.copies:
         return None
-    return view if _aligned(view.strides[:-1], view.offset, arg.type.dtype.itemsize) else None
+    return view if rows_fit(view.shape, view.strides, view.offset, arg.type.dtype.itemsize) else None
 
 
 def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView]) -> tuple[int, ...] | None:
@@ -111,7 +123,7 @@ def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView
         out[axis] = dense
     if any(not out[j] for j, n in enumerate(attention.shape) if n != 1) or out[-1] != 1:
         return None
-    return tuple(out) if _aligned(out[:-1], 0, attention.type.dtype.itemsize) else None
+    return tuple(out) if rows_fit(attention.shape, tuple(out), 0, attention.type.dtype.itemsize, read=False) else None
 
 
 def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], shape: tuple[int, ...],

@@ -11,7 +11,8 @@ from tessera_rw.codegen.arch import MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention import AttentionSchedule, FlashAttentionTemplate
 from tessera_rw.codegen.templates.attention_cuda import batch_offsets
-from tessera_rw.codegen.templates.attention_problem import RowLayout, attention_operands, packed_qkv_attention
+from tessera_rw.codegen.templates.attention_problem import (RowLayout, WarpgroupAttentionSchedule, attention_operands,
+                                                            packed_qkv_attention)
 
 TEMPLATE = FlashAttentionTemplate()
 ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
@@ -144,3 +145,17 @@ def test_strided_attention_keeps_to_cp_async_kernels_and_says_what_it_fused():
     assert TEMPLATE.resources(strided, s, h100) == TEMPLATE.resources(dense, s, h100)   # the same rows move
     source = TEMPLATE.emit(strided, s, h100).source
     assert "Q_ROW = 768, K_ROW = 768, V_ROW = 768, O_ROW = 256" in source
+
+
+def test_strided_attention_prices_a_broadcast_view_at_its_own_size_and_keeps_off_the_producer_kernel():
+    h100, bf = arch_named("h100"), DType.bfloat16
+    q, kv = TensorType((16, 8, 1024, 64), bf), TensorType((1, 8, 1024, 64), bf)
+    views = dict(shapes=q.shape * 3, strides=(524288, 65536, 64, 1) + (0, 65536, 64, 1) * 2, offsets=(0, 0, 0))
+    attrs = dict(scale=0.125, causal=False, has_mask=False, **views, shape=q.shape, out_strides=(524288, 65536, 64, 1))
+    strided = KernelOp.of("strided_attention", (q, kv, kv), q, **attrs)
+    dense = attention(q.shape, kv.shape)
+    s = TEMPLATE.schedules(dense, h100)[0]
+    assert TEMPLATE.resources(strided, s, h100).hbm_bytes == TEMPLATE.resources(dense, s, h100).hbm_bytes
+    producer = WarpgroupAttentionSchedule(128, 64, 8, 3, producer=True)
+    with pytest.raises(ValueError, match="producer"):
+        TEMPLATE.emit(packed_qkv_attention(1, 2, 256, 64, bf), producer, h100)

@@ -225,3 +225,18 @@ def test_a_norm_backwards_partial_sums_are_compared_as_value_plus_rounding():
     wrong[n + 2 * 64 + 7] = wrong[n + 2 * 64 + 7] + 4     # part 1's Σ g x̂, column 7
     with pytest.raises(AssertionError, match=r"1 of 2176 checked elements.*worst at \(1607,\)"):
         kc.check(exp, wrong, "wrong")
+
+
+def test_a_strided_attention_is_checked_on_query_rows_of_its_result_layout():
+    from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention
+    op = packed_qkv_attention(2, 16, 2048, 64, DType.bfloat16, causal=True)      # result [2, 2048, 16, 64]
+    rng = np.random.default_rng(0)
+    inputs = ki.random_inputs(op, rng)
+    exp = kc.expected(op, inputs, rng)
+    assert exp.axis == 1 and 32 <= len(exp.rows) < 2048 and exp.value.shape == (2, len(exp.rows), 16, 64)
+    whole = OPS["strided_attention"].reference(*(inputs.wide(i) for i in range(3)), **op.attr_map)
+    kc.check(exp, whole.astype(op.result.dtype.numpy), "the whole reference")
+    wrong = whole.copy()
+    wrong[1, exp.rows[-1], 7, 5] += 1.0
+    with pytest.raises(kc.KernelMismatchError):
+        kc.check(exp, wrong.astype(op.result.dtype.numpy), "one element off")

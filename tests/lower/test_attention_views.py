@@ -171,7 +171,8 @@ def test_a_query_without_heads_against_kv_heads_broadcasts_when_its_views_are_pa
     read = read_attention_views(graph)
     assert [n.op for n in read.nodes if n.op != "input"] == ["strided_attention"]   # q read as [1, 6, 8]
     rng = np.random.default_rng(5)
-    feeds = {"q": rng.standard_normal((6, 8)).astype(np.float32), "k": rng.standard_normal((3, 6, 8)).astype(np.float32)}
+    feeds = {"q": rng.standard_normal((6, 8)).astype(np.float32),
+             "k": rng.standard_normal((3, 6, 8)).astype(np.float32)}
     np.testing.assert_allclose(evaluate(read, feeds)[0], evaluate(graph, feeds)[0], rtol=1e-6, atol=1e-6)
 
 
@@ -195,3 +196,13 @@ def test_an_empty_attention_is_left_alone():
     o = make("flash_attention", q, q, q, scale=0.5, causal=False, has_mask=False)
     graph = Graph("g", (x,), (make("transpose", o, axes=(0, 2, 1, 3)),))
     assert read_attention_views(graph) is graph
+
+
+def test_rows_further_apart_than_the_kernels_index_keep_their_copies():
+    x = make_input("x", (2, 4097, 3 * 16 * 128), BF16)          # sequence-first: rows 4097 · 6144 apart
+    parts = (make("slice", x, starts=(0, 0, i * 2048), stops=(2, 4097, (i + 1) * 2048), steps=(1, 1, 1))
+             for i in range(3))
+    q, k, v = (make("transpose", make("reshape", p, shape=(2, 4097, 16, 128)), axes=(1, 2, 0, 3)) for p in parts)
+    o = make("flash_attention", q, k, v, scale=0.125, causal=True, has_mask=False)
+    assert [n.op for n in read_attention_views(fold_layout_chains(Graph("g", (x,), (o,)))).nodes
+            if n.op != "input"].count("strided_attention") == 0

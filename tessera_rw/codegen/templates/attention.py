@@ -38,13 +38,14 @@ from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
 from tessera_rw.codegen.templates.attention_problem import (MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM, WG_HEAD_DIMS,
                                                             WG_ROWS, AttentionSchedule, AttentionShape,
                                                             WarpgroupAttentionSchedule, attention_operands,
-                                                            output_type, packed_qkv_attention, resident_heads,
-                                                            round_up, with_lse)
+                                                            operand_bytes, output_type, packed_qkv_attention,
+                                                            resident_heads, round_up, with_lse)
 from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel
 from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_smem_bytes
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.warp_specialization import consumer_room, registers_at_launch
+from tessera_rw.lower.attention_views import MAX_ROW_STRIDE, ROW_ALIGNMENT, rows_fit
 
 WIDE_HEAD_KEYS, WIDE_HEAD_STAGES = 32, (3, 4, 5)
 SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_90 (4 per partition)
@@ -61,9 +62,6 @@ CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key ti
 WG_KEYS, WG_GROUPS, WG_STAGES = (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
-# a strided_attention's rows: each starts on 16 bytes (cp.async's copies), and a tile's rows lie
-# within 2^31 elements of its first (the loaders index them in 32 bits)
-ROW_ALIGNMENT, MAX_ROW_STRIDE = 16, 2 ** 23
 
 
 class FlashAttentionTemplate(Template):
@@ -108,18 +106,17 @@ class FlashAttentionTemplate(Template):
 
     @staticmethod
     def _layout_refusal(op: KernelOp) -> str | None:
-        """Why the kernels cannot read or write a strided_attention's views: each row's values
-        contiguous and every row starting on 16 bytes (cp.async and the stores move 16 and 4 bytes)."""
-        a, elements = op.attr_map, ROW_ALIGNMENT // op.result.dtype.itemsize
-        for name, (shape, strides, offset) in zip("qkv", attention_views(a["shapes"], a["strides"], a["offsets"])):
-            if strides[-1] != 1 or any(s % elements for s in (*strides[:-1], offset)) or strides[-2] > MAX_ROW_STRIDE:
-                return (f"the fused attention kernel reads rows of {shape[-1]} contiguous values starting on "
-                        f"{ROW_ALIGNMENT} bytes, at most {MAX_ROW_STRIDE} apart; {name}'s view has strides "
-                        f"{strides} and offset {offset}")
-        out = a["out_strides"]
-        if out[-1] != 1 or any(s % elements for s in out[:-1]) or out[-2] > MAX_ROW_STRIDE:
+        """Why the kernels cannot read or write a strided_attention's views (lower/attention_views.py
+        makes only views they can: rows_fit)."""
+        a, itemsize = op.attr_map, op.result.dtype.itemsize
+        for name, view in zip("qkv", attention_views(a["shapes"], a["strides"], a["offsets"])):
+            if not rows_fit(*view, itemsize):
+                return (f"the fused attention kernel reads rows of contiguous values starting on {ROW_ALIGNMENT} "
+                        f"bytes, at most {MAX_ROW_STRIDE} elements apart; {name}'s view has strides {view[1]} and "
+                        f"offset {view[2]}")
+        if not rows_fit(output_type(op).shape, a["out_strides"], 0, itemsize, read=False):
             return (f"the fused attention kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
-                    f"bytes, at most {MAX_ROW_STRIDE} apart; the output's strides are {out}")
+                    f"bytes; the output's strides are {a['out_strides']}")
         return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
@@ -290,7 +287,7 @@ class FlashAttentionTemplate(Template):
         s = schedule
         assert isinstance(s, AttentionSchedule)
         shape = AttentionShape.of(op)
-        q, k, v = attention_operands(op)[:3]
+        q = attention_operands(op)[0]
         q_blocks = -(-shape.sq // s.bm)
         tiles = shape.visited_tiles(s)                   # per (batch, head)
         scores = shape.bh * tiles * s.bm * s.bn          # padded score elements computed
@@ -303,10 +300,11 @@ class FlashAttentionTemplate(Template):
         # comes from HBM again.
         kv_head = 2 * shape.sk * shape.d * q.dtype.itemsize
         heads_in_flight = resident_heads(arch, q_blocks, threads, regs, self._smem(shape, s))
-        kv_bytes = k.nbytes + v.nbytes
+        q_bytes, k_bytes, v_bytes = operand_bytes(op)
+        kv_bytes = k_bytes + v_bytes
         if heads_in_flight * kv_head > arch.l2_bytes // 2:
             kv_bytes = shape.bh * tiles * s.bn * shape.d * 2 * q.dtype.itemsize
-        hbm = q.nbytes + op.result.nbytes + kv_bytes
+        hbm = q_bytes + op.result.nbytes + kv_bytes
         if shape.mask is not None:
             # each (batch, head) reads its Sq×Sk slice once; a broadcast mask is shared through L2
             # only while all of it fits there
@@ -338,6 +336,8 @@ class FlashAttentionTemplate(Template):
             raise ValueError(f"flash_attention template cannot implement {op}")
         shape = AttentionShape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule):
+            if s.producer and op.op == "strided_attention":
+                raise ValueError(f"the producer (TMA) attention kernel maps q, k and v dense; {op} reads views")
             emit = emit_tma_kernel if s.producer else emit_wgmma_kernel
             return emit(op, shape, s, self._smem(shape, s))
         return emit_kernel(op, shape, s, self._smem(shape, s))

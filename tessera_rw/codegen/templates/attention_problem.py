@@ -138,6 +138,16 @@ def attention_operands(op: KernelOp) -> tuple[TensorType, ...]:
     return view_types(op.operands, a["shapes"], a["strides"], a["offsets"])
 
 
+def operand_bytes(op: KernelOp) -> tuple[int, int, int]:
+    """The bytes of q, k and v the attention reads: a view's distinct elements (a stride of 0
+    repeats one), a dense operand's all."""
+    if op.op != "strided_attention":
+        return tuple(t.nbytes for t in op.operands[:3])
+    a = op.attr_map
+    return tuple(t.dtype.itemsize * math.prod(n for n, st in zip(shape, strides) if st)
+                 for t, (shape, strides, _) in zip(op.operands, attention_views(a["shapes"], a["strides"], a["offsets"])))
+
+
 def output_type(op: KernelOp) -> TensorType:
     """The attention output O of a flash_attention, flash_attention_lse or strided_attention op (the
     second's result holds O flat, then the row statistics; the third's, O in another layout)."""
