@@ -10,8 +10,9 @@ whose q, k or v are copies of views (read by it alone), or whose only reader is 
 its axes that keeps the head dim innermost, becomes a strided_attention reading and writing those
 views, and the copies are gone.
 
-A view is read in place where each row's D values are contiguous and every row starts 16 bytes
-aligned (the kernels copy rows in 16-byte pieces); the same holds for the rows it writes.
+A view is read in place where each row's D values are contiguous, every row starts 16 bytes
+aligned (the kernels copy rows in 16-byte pieces) and rows lie at most 2^23 elements apart (a
+tile's rows are indexed in 32 bits); the rows it writes are contiguous and aligned likewise.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType

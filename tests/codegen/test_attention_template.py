@@ -144,7 +144,7 @@ def test_strided_attention_keeps_to_cp_async_kernels_and_says_what_it_fused():
     s = TEMPLATE.schedules(strided, h100)[0]
     assert TEMPLATE.resources(strided, s, h100) == TEMPLATE.resources(dense, s, h100)   # the same rows move
     source = TEMPLATE.emit(strided, s, h100).source
-    assert "Q_ROW = 768, K_ROW = 768, V_ROW = 768, O_ROW = 256" in source
+    assert "Q_ROW = 768, K_ROW = 768, V_ROW = 768;" in source and "O_ROW = 256;" in source
 
 
 def test_strided_attention_prices_a_broadcast_view_at_its_own_size_and_keeps_off_the_producer_kernel():

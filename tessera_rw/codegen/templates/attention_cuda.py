@@ -210,7 +210,8 @@ CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, ST
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = $CAUSAL, HAS_MASK = $HAS_MASK, MASK_BOOL = $MASK_BOOL;
     constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
-    constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW, O_ROW = $O_ROW;   // elements from row to row
+    constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW;   // elements from row to row
+    constexpr long long O_ROW = $O_ROW;
 """
 
 BLOCK_INDEX = r"""    // a head's query blocks run side by side (they share its K and V in L2); causal ones longest first,

@@ -39,7 +39,8 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = true, HAS_MASK = false, MASK_BOOL = false;
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
-    constexpr int Q_ROW = 128, K_ROW = 128, V_ROW = 128, O_ROW = 128;   // elements from row to row
+    constexpr int Q_ROW = 128, K_ROW = 128, V_ROW = 128;   // elements from row to row
+    constexpr long long O_ROW = 128;
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16_t* q_s = (bf16_t*)fa_smem;                         // [BM][D]

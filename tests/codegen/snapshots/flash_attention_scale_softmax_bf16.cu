@@ -32,7 +32,8 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = false, HAS_MASK = false, MASK_BOOL = false;
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
-    constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64, O_ROW = 64;   // elements from row to row
+    constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64;   // elements from row to row
+    constexpr long long O_ROW = 64;
     constexpr unsigned ATOM = 1024, ROW_BYTES = 128;
     static_assert(MT == 1 && WARPS % 4 == 0, "one 64-row slab per warpgroup");
     static_assert(STAGES >= 3, "tile t - 1's V is read while tile t + STAGES - 2 loads");
