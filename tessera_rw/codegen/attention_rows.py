@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops.attention import infer_attention
-from tessera_rw.algebra.ops.strided_attention import view_types, viewed
+from tessera_rw.algebra.ops.strided_attention import viewed
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.attention_problem import output_type
 
 
 def query_rows_mask(attrs: dict, mask: np.ndarray | None, keys: int, rows: np.ndarray) -> np.ndarray | None:
@@ -27,21 +26,9 @@ def query_rows_mask(attrs: dict, mask: np.ndarray | None, keys: int, rows: np.nd
     return mask
 
 
-def attention_views_of(op: KernelOp) -> tuple[TensorType, ...]:
-    """A strided_attention's q, k, v (and mask) as the attention reads them."""
-    a = op.attr_map
-    return view_types(op.operands, a["shapes"], a["strides"], a["offsets"])
-
-
-def attention_output(op: KernelOp) -> TensorType:
-    """A strided_attention's output as the attention computes it, before it is written in place."""
-    a = op.attr_map
-    return infer_attention(*attention_views_of(op), scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"])
-
-
 def strided_row_axis(op: KernelOp) -> int | None:
     """The axis of a strided_attention's result its query rows run along (None for one row)."""
-    sq, row_stride = attention_output(op).shape[-2], op.attr_map["out_strides"][-2]
+    sq, row_stride = output_type(op).shape[-2], op.attr_map["out_strides"][-2]
     dense = contiguous_strides(op.result.shape)
     return next((i for i, (n, st) in enumerate(zip(op.result.shape, dense)) if n == sq and st == row_stride and sq > 1),
                 None)
@@ -61,7 +48,7 @@ def restrict_strided_attention(op: KernelOp, inputs: Inputs, rows: np.ndarray) -
     axis = strided_row_axis(op)
     cut = out[:axis] + (len(rows),) + out[axis + 1:]
     placed = {st: d for d, st in zip(contiguous_strides(cut), contiguous_strides(out))}   # old stride -> new
-    o = attention_output(op).shape
+    o = output_type(op).shape
     attrs.update(shapes=q.shape + k.shape + v.shape, strides=contiguous_strides(q.shape) + contiguous_strides(k.shape)
                  + contiguous_strides(v.shape), offsets=(0, 0, 0), shape=cut,
                  out_strides=tuple(placed[st] if n != 1 else 0 for n, st in zip(o, attrs["out_strides"])))

@@ -38,11 +38,11 @@ from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
-from tessera_rw.codegen.attention_rows import (attention_output, attention_views_of, query_rows_mask,
-                                               restrict_strided_attention, strided_row_axis)
+from tessera_rw.codegen.attention_rows import query_rows_mask, restrict_strided_attention, strided_row_axis
 from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention_problem import attention_operands, output_type
 
 # ---- tolerance -------------------------------------------------------------------------------------
 #
@@ -92,7 +92,7 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].shape[-1]
     if kind is OpKind.ATTENTION:       # the backward's dK also sums over the queries
         if op.op == "strided_attention":
-            ops = attention_views_of(op)
+            ops = attention_operands(op)
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
     if kind is OpKind.NORMALIZATION:   # over the rows (a norm backward's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
@@ -155,7 +155,7 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
         return out.ndim - 2, cost * out.numel * a.shape[-1]
     if op.op == "strided_attention":
         axis = strided_row_axis(op)
-        o, k = attention_output(op), attention_views_of(op)[1]
+        o, k = output_type(op), attention_operands(op)[1]
         return None if axis is None else (axis, cost * o.numel // o.shape[-1] * k.shape[-2])
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]

@@ -33,7 +33,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.shapes import contiguous_strides
-from tessera_rw.lower.layout_chains import StridedView, strided_view
+from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
 ROW_ALIGNMENT = 16        # bytes: where every row of a view read or written in place must start
@@ -52,7 +52,7 @@ def read_attention_views(graph: Graph) -> Graph:
             continue
         # a copy an earlier attention now writes (attention of attention) is read as that writes it
         reads[node] = [(arg not in written and _read_in_place(arg, node, users[arg], arg in outputs, views))
-                       or _dense(arg) for arg in node.args[:3]]
+                       or dense_view(arg) for arg in node.args[:3]]
         copy = users[node][0] if len(users[node]) == 1 and node not in outputs else None
         out_strides = copy and _written_in_place(copy, node, views)
         if out_strides:
@@ -72,10 +72,6 @@ def read_attention_views(graph: Graph) -> Graph:
             rebuilt = _strided(node, reads[node], new, node.shape, contiguous_strides(node.shape))
         new[node] = rebuilt
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
-
-
-def _dense(node: Node) -> StridedView:
-    return StridedView(node, node.shape, contiguous_strides(node.shape), 0, 0)
 
 
 def rows_fit(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, itemsize: int, read: bool = True) -> bool:

@@ -42,7 +42,8 @@ class StridedView:
     copies: int
 
 
-def _dense(node: Node) -> StridedView:
+def dense_view(node: Node) -> StridedView:
+    """`node`'s value as the view of its own dense storage."""
     return StridedView(node, node.shape, contiguous_strides(node.shape), 0, 0)
 
 
@@ -88,7 +89,7 @@ def strided_view(node: Node, views: dict[Node, StridedView]) -> StridedView:
         return views[node]
     op, a = node.op, node.attr_map
     inner = strided_view(node.args[0], views) if op in COPIES | {"reshape"} else None
-    found = _dense(node)
+    found = dense_view(node)
     if op == "strided_copy":        # a chain folded already: a view of its operand, which it copies
         found = StridedView(node.args[0], node.shape, tuple(a["strides"]), a["offset"], 1)
     elif op == "transpose":

@@ -31,8 +31,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_norm import prologue_inputs
-from tessera_rw.algebra.shapes import contiguous_strides
-from tessera_rw.lower.layout_chains import COPIES, StridedView, strided_view
+from tessera_rw.lower.layout_chains import COPIES, StridedView, dense_view, strided_view
 
 LAYOUT_OPS = COPIES | {"reshape", "strided_copy"}      # what strided_view sees through
 
@@ -93,7 +92,7 @@ def _views_of(node: Node, reads: list[StridedView | None]) -> tuple[list[Node], 
     one, else the operand itself, dense and broadcast) and their strides and offsets."""
     args, strides, offsets = [], [], []
     for arg, view in zip(node.args, reads):
-        view = view or StridedView(arg, arg.shape, contiguous_strides(arg.shape), 0, 0)
+        view = view or dense_view(arg)
         args.append(view.root)
         strides += in_rank(view.shape, view.strides, node.shape)
         offsets.append(view.offset)

@@ -97,7 +97,7 @@ def test_source_names_the_op_schedule_and_launch():
 def test_batch_offsets_broadcast_and_group_heads():
     q = TensorType((2, 8, 64, 64), DType.bfloat16)
     kv = TensorType((2, 2, 64, 64), DType.bfloat16)
-    layouts = [RowLayout.dense(t, 2) for t in (q, kv, kv, q)]
+    layouts = [RowLayout.dense(t.shape, 2) for t in (q, kv, kv, q)]
     code, strides = batch_offsets((2, 8), layouts, (1, 1, 64, 1))    # a per-query mask, broadcast over keys
     assert "k_off += (long long)(i / 4) * 4096;" in code              # 4 query heads share a kv head
     assert "k_off += (long long)i * 8192;" in code                    # batch stride: 2 heads · 64 · 64

@@ -26,7 +26,6 @@ from string import Template as Text
 from typing import TYPE_CHECKING
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -68,8 +67,7 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
     else:
         mshape = (1,) * (len(shape.batch) + 2 - mask.ndim) + mask.shape
         rows, cols = mask_strides(mshape)
-        offset = offset_statements(shape.batch, [("m_off", RowLayout(mshape[:-2], contiguous_strides(mshape)[:-2],
-                                                                    mshape[-1]))])
+        offset = offset_statements(shape.batch, [("m_off", RowLayout.dense(mshape, len(shape.batch)))])
         mask_type = MASK_TYPES[mask.dtype]
         masking = dict(HAS_MASK="true", MASK_T=mask_type, MASK_ROW=rows, MASK_COL=cols,
                        MASK_TERM=MASK_TERM[mask.dtype], MASK_ARG=f"const {mask_type}* __restrict__ mask, ",

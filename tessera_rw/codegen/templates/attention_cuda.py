@@ -22,7 +22,6 @@ from __future__ import annotations
 from string import Template as Text
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -125,7 +124,7 @@ def batch_offsets(batch: tuple[int, ...], layouts: tuple[RowLayout, ...],
 
     >>> from tessera_rw.algebra.node import TensorType
     >>> q, kv = TensorType((2, 8, 4, 64), DType.bfloat16), TensorType((2, 2, 4, 64), DType.bfloat16)
-    >>> layouts = [RowLayout.dense(t, 2) for t in (q, kv, kv, q)]
+    >>> layouts = [RowLayout.dense(t.shape, 2) for t in (q, kv, kv, q)]
     >>> print(batch_offsets((2, 8), layouts, ())[0].splitlines()[2])
             i = rem % 8; rem /= 8; q_off += (long long)i * 256; k_off += (long long)(i / 4) * 256; \
 v_off += (long long)(i / 4) * 256; o_off += (long long)i * 256;
@@ -133,7 +132,7 @@ v_off += (long long)(i / 4) * 256; o_off += (long long)i * 256;
     operands = list(zip(("q_off", "k_off", "v_off", "o_off"), layouts))
     strides = (0, 0)
     if mask_shape:
-        operands.append(("m_off", RowLayout(mask_shape[:-2], contiguous_strides(mask_shape)[:-2], mask_shape[-1])))
+        operands.append(("m_off", RowLayout.dense(mask_shape, len(mask_shape) - 2)))
         strides = mask_strides(mask_shape)
     return offset_statements(batch, operands), strides
 

@@ -169,11 +169,11 @@ class RowLayout:
     offset: int = 0
 
     @classmethod
-    def dense(cls, t: TensorType, rank: int) -> RowLayout:
-        """A dense operand's, its batch dims padded to `rank` with ones."""
-        lead = rank - (t.ndim - 2)
-        strides = contiguous_strides(t.shape)
-        return cls((1,) * lead + t.shape[:-2], (0,) * lead + strides[:-2], t.shape[-1])
+    def dense(cls, shape: tuple[int, ...], rank: int) -> RowLayout:
+        """A dense operand's of `shape`, its batch dims padded to `rank` with ones."""
+        lead = rank - (len(shape) - 2)
+        strides = contiguous_strides(shape)
+        return cls((1,) * lead + shape[:-2], (0,) * lead + strides[:-2], shape[-1])
 
 
 def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
@@ -181,7 +181,7 @@ def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayou
     out = output_type(op)
     rank = out.ndim - 2
     if op.op != "strided_attention":
-        return (*(RowLayout.dense(t, rank) for t in op.operands[:3]), RowLayout.dense(out, rank))
+        return (*(RowLayout.dense(t.shape, rank) for t in op.operands[:3]), RowLayout.dense(out.shape, rank))
     a = op.attr_map
     views = [RowLayout(shape[:-2], strides[:-2], strides[-2], offset)
              for shape, strides, offset in attention_views(a["shapes"], a["strides"], a["offsets"])]
