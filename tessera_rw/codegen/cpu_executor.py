@@ -31,6 +31,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.strided_attention import viewed, written_through
+from tessera_rw.algebra.ops.strided_attention_backward import VIEW_ATTRS, viewed_arrays
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
 from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
@@ -49,6 +50,15 @@ def _strided_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
     o = flash_attention_blockwise(*viewed(args, a["shapes"], a["strides"], a["offsets"]), scale=a["scale"],
                                   causal=a["causal"], has_mask=a["has_mask"])
     return written_through(o, a["shape"], a["out_strides"])
+
+
+def _on_views(kernel: Callable[..., np.ndarray]) -> HostKernel:
+    """The host form of a strided attention backward op: `kernel`, its base op's, over its views."""
+    def run(node: Node, args: list[np.ndarray]) -> np.ndarray:
+        a = node.attr_map
+        views = viewed_arrays(node.op, tuple(args), a["shapes"], a["strides"], a["offsets"])
+        return kernel(*views, **{k: v for k, v in a.items() if k not in VIEW_ATTRS})
+    return run
 
 
 def _compensated(node: Node, args: list[np.ndarray]) -> np.ndarray:
@@ -79,6 +89,8 @@ HOST_KERNELS: dict[str, HostKernel] = {
     "flash_attention_lse": lambda node, args: flash_attention_lse_blockwise(*args, **node.attr_map),
     "attention_row_stats": lambda node, args: row_stats_blockwise(*args, **node.attr_map),
     "flash_attention_bwd": lambda node, args: bwd_blockwise(*args, **node.attr_map),
+    "strided_attention_lse": _on_views(flash_attention_lse_blockwise),
+    "strided_attention_bwd": _on_views(bwd_blockwise),
     **{name: _scipy_transform(name) for name in ("fft", "ifft", "rfft", "irfft")},
 }
 COMPENSATED_KERNELS: dict[str, HostKernel] = {"sum": _compensated, "mean": _compensated}

@@ -42,7 +42,7 @@ from tessera_rw.codegen.attention_rows import query_rows_mask, restrict_strided_
 from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention_problem import attention_operands, output_type
+from tessera_rw.codegen.templates.attention_problem import attention_operands, dense_op, output_type
 
 # ---- tolerance -------------------------------------------------------------------------------------
 #
@@ -85,6 +85,7 @@ def tolerance(dtype: DType, reduction: int = 1, unit: MathUnit | None = None, fa
 def reduction_length(op: KernelOp) -> int:
     """How many terms each output element sums (1 when none): K of a product, a row's length, a
     reduction's extent, a convolution's input-channel window, the keys of attention."""
+    op = dense_op(op)
     kind, attrs, ops = opdef(op.op).kind, op.attr_map, op.operands
     if kind is OpKind.MATMUL:
         return ops[0].shape[-1]
@@ -148,7 +149,7 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     op has no such axis the reference can be restricted to."""
     kind, out = opdef(op.op).kind, op.result
     cost = _COST.get(kind, 0)
-    if op.op in WHOLE_REFERENCE:
+    if dense_op(op).op in WHOLE_REFERENCE:
         return None
     # a row of the result comes from the same row of a (not so for matmul_bias_grad's extra last row)
     if kind is OpKind.MATMUL and (a := _product_a(op)).ndim >= 2 and out.ndim >= 2 and out.shape[-2] == a.shape[-2]:
@@ -247,7 +248,7 @@ def _compared(op: KernelOp, values: np.ndarray) -> np.ndarray:
 
 def _tolerance_of(op: KernelOp, unit: MathUnit | None) -> float:
     base = tolerance(op.result.dtype, reduction_length(op), unit, fast=op.numerics is Numerics.FAST)
-    return base * INTERMEDIATE_ROUNDING.get(op.op, 1.0)
+    return base * INTERMEDIATE_ROUNDING.get(dense_op(op).op, 1.0)
 
 
 def is_exact(op: KernelOp) -> bool:

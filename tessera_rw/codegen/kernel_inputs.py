@@ -20,9 +20,11 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
+from tessera_rw.algebra.ops.strided_attention_backward import viewed_arrays
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise
 from tessera_rw.codegen.cpu_attention_backward import row_stats_blockwise
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.attention_problem import FORWARD_OPS
 
 # Values come from a fresh pool of a prime count, repeated to fill the tensor: drawing 10^8 normals
 # takes numpy seconds, and a prime period never lines up with a power-of-two stride or tile, so a
@@ -83,14 +85,14 @@ def random_inputs(op: KernelOp, rng: np.random.Generator) -> Inputs:
     positive domain), nonzero integers, random bool masks."""
     arrays, pools = [], []
     positive = _positive(op)
-    keep = KEEP if op.op in ("flash_attention", "flash_attention_lse", "strided_attention") else 0.5
+    keep = KEEP if op.op in FORWARD_OPS else 0.5
     for t in op.operands:
         pool = _pool(t.dtype, rng, positive, keep)
         arrays.append(np.resize(pool, math.prod(t.shape)).reshape(t.shape))
         pools.append(_wide(pool))
     if opdef(op.op).kind is OpKind.ATTENTION and op.attr_map.get("causal") and op.attr_map.get("has_mask"):
         _keep_the_diagonal(op, arrays, pools)
-    if op.op == "flash_attention_bwd":
+    if op.op in ("flash_attention_bwd", "strided_attention_bwd"):
         _consistent_row_stats(op, arrays, pools)
     if op.op in NORM_BACKWARD_OPS:
         _cotangent_along_x(op, arrays, pools)
@@ -132,6 +134,8 @@ def _consistent_row_stats(op: KernelOp, arrays: list, pools: list) -> None:
     attention's output (so dP − D is centred as in training, and dS as small)."""
     q, k, v, do = (np.resize(pools[i], arrays[i].size).reshape(arrays[i].shape) for i in range(4))
     attrs = op.attr_map
+    if op.op == "strided_attention_bwd":                # q, k, v and dO are views of these
+        q, k, v, do = viewed_arrays(op.op, (q, k, v, do), attrs["shapes"], attrs["strides"], attrs["offsets"])
     mask = (np.resize(pools[5], arrays[5].size).reshape(arrays[5].shape),) if attrs["has_mask"] else ()
     flags = dict(scale=attrs["scale"], causal=attrs["causal"], has_mask=attrs["has_mask"])
     o = flash_attention_blockwise(q, k, v, *mask, **flags)

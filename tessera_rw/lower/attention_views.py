@@ -6,9 +6,15 @@ slices), the attention kernel, and a copy putting the heads back side by side fo
 projection (`transpose(o, (0, 2, 1, 3))`). The attention kernel loads and stores one row of D values
 at a time, so neither copy is needed: a row of q is D contiguous values of the projection wherever
 it lies, and a row of O can be stored where the transpose would have put it. A flash_attention node
-whose q, k or v are copies of views (read by it alone), or whose only reader is a copy permuting
-its axes that keeps the head dim innermost, becomes a strided_attention reading and writing those
-views, and the copies are gone.
+whose q, k or v are copies of views, or whose only reader is a copy permuting its axes that keeps
+the head dim innermost, becomes a strided_attention reading and writing those views, and the
+copies are gone.
+
+A training step reads the same copies twice more: q, k and v in the forward that writes the
+logsumexps and in the backward, and dO (arriving with the heads side by side) in the row
+statistics and the backward. Those kernels load rows too, so each becomes its strided form
+(algebra/ops/strided_attention_backward.py) reading the views. A copy goes only where every
+reader is such a kernel reading it as a view; one other reader keeps it for all.
 
 A view is read in place where each row's D values are contiguous, every row starts 16 bytes
 aligned (the kernels copy rows in 16-byte pieces) and rows lie at most 2^23 elements apart (a
@@ -32,32 +38,37 @@ from __future__ import annotations
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.strided_attention_backward import VIEWED_OPERANDS
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
+# the ops whose kernels read operands row by row -> those operands (q, k, v; dO)
+VIEWED = {"flash_attention": (0, 1, 2)} | {op: viewed for op, (_, viewed) in VIEWED_OPERANDS.items()}
 ROW_ALIGNMENT = 16        # bytes: where every row of a view read or written in place must start
 MAX_ROW_STRIDE = 2 ** 23  # elements from row to row of a view read: a tile's 256 rows indexed in 32 bits
 
 
 def read_attention_views(graph: Graph) -> Graph:
-    """`graph` with each flash_attention node that reads copies of views, or whose output is only
-    copied into another layout, a strided_attention reading and writing those views in place."""
+    """`graph` with each attention-family node that reads copies of views a strided form reading
+    those views in place, and each flash_attention whose output is only copied into another layout
+    a strided_attention writing it there."""
     users, outputs = graph.users, set(graph.outputs)
     views: dict[Node, StridedView] = {}
     written: dict[Node, tuple[Node, tuple[int, ...]]] = {}     # copy of an attention -> (it, out strides)
     reads: dict[Node, list[StridedView]] = {}
     for node in graph.nodes:
-        if node.op != "flash_attention" or not node.type.numel:
+        if node.op not in VIEWED or not node.type.numel:
             continue
         # a copy an earlier attention now writes (attention of attention) is read as that writes it
-        reads[node] = [(arg not in written and _read_in_place(arg, node, users[arg], arg in outputs, views))
-                       or dense_view(arg) for arg in node.args[:3]]
-        copy = users[node][0] if len(users[node]) == 1 and node not in outputs else None
+        reads[node] = [(node.args[i] not in written and _read_in_place(node.args[i], users, outputs, views))
+                       or dense_view(node.args[i]) for i in VIEWED[node.op]]
+        copy = users[node][0] if node.op == "flash_attention" and len(users[node]) == 1 and node not in outputs \
+            else None
         out_strides = copy and _written_in_place(copy, node, views)
         if out_strides:
             written[copy] = (node, out_strides)
-        elif all(r.root is arg for r, arg in zip(reads[node], node.args)):
+        elif all(r.copies == 0 for r in reads[node]):
             del reads[node]
     if not reads:
         return graph
@@ -89,16 +100,23 @@ def rows_fit(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, item
             and (not read or len(shape) < 2 or shape[-2] == 1 or strides[-2] <= MAX_ROW_STRIDE))
 
 
-def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
+def _read_in_place(arg: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node],
                    views: dict[Node, StridedView]) -> StridedView | None:
-    """The view the attention `reader` may read instead of `arg`: a chain of layout ops holding a
-    copy, which only `reader` reads, whose rows are contiguous and aligned."""
-    if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS:
+    """The view attention kernels may read instead of `arg`: a chain of layout ops holding a copy
+    whose rows are contiguous and aligned, read only where attention-family kernels read rows (so
+    every reader takes the view and the copy is gone)."""
+    if arg in outputs or arg.op not in LAYOUT_OPS or not all(_reads_rows(user, arg) for user in users[arg]):
         return None
     view = strided_view(arg, views)
     if view.root is arg or not view.copies:
         return None
     return view if rows_fit(view.shape, view.strides, view.offset, arg.type.dtype.itemsize) else None
+
+
+def _reads_rows(user: Node, arg: Node) -> bool:
+    """Whether every operand of `user` holding `arg` is one its strided form reads as a view."""
+    return (user.op in VIEWED and bool(user.type.numel)
+            and all(i in VIEWED[user.op] for i, a in enumerate(user.args) if a is arg))
 
 
 def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView]) -> tuple[int, ...] | None:
@@ -125,16 +143,20 @@ def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView
 
 def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], shape: tuple[int, ...],
              out_strides: tuple[int, ...]) -> Node:
-    """`attention` as a strided_attention reading `reads` (each padded to the output's rank) and
-    writing a dense value of `shape` through `out_strides`."""
-    rank = len(attention.shape)
+    """`attention` as its strided form reading `reads` (each padded to one rank) in place of the
+    operands it reads as views; a strided_attention writes a dense value of `shape` through
+    `out_strides`."""
+    rank = max(len(view.shape) for view in reads)
     shapes, strides = [], []
     for view in reads:
         lead = rank - len(view.shape)
         shapes += (1,) * lead + view.shape
         strides += (0,) * lead + view.strides
+    roots = dict(zip(VIEWED[attention.op], (r.root for r in reads)))
+    args = tuple(new[roots.get(i, arg)] for i, arg in enumerate(attention.args))
+    views = dict(shapes=tuple(shapes), strides=tuple(strides), offsets=tuple(r.offset for r in reads))
+    if attention.op != "flash_attention":
+        return make(VIEWED_OPERANDS[attention.op][0], *args, **attention.attr_map, **views)
     a = attention.attr_map
-    return make("strided_attention", *(new[r.root] for r in reads), *(new[m] for m in attention.args[3:]),
-                scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"], shapes=tuple(shapes),
-                strides=tuple(strides), offsets=tuple(r.offset for r in reads), shape=shape,
-                out_strides=tuple(out_strides))
+    return make("strided_attention", *args, scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"],
+                shape=shape, out_strides=tuple(out_strides), **views)

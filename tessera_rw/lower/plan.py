@@ -28,6 +28,8 @@ from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.strided import operand_views, slice_text
 from tessera_rw.algebra.ops.strided_attention import attention_views
+from tessera_rw.algebra.ops.strided_attention_backward import base_op, viewed_operands
+from tessera_rw.algebra.shapes import contiguous_strides
 
 
 # Bytes a view's offset is a multiple of. Generated kernels load and store up to 16 bytes at once
@@ -113,6 +115,10 @@ class Step:
                                                               a["post"], shape, a["strides"], a["offsets"])]
         if self.node.op == "strided_attention":
             return attention_views(a["shapes"], a["strides"], a["offsets"])
+        if base_op(self.node.op):
+            views = dict(zip(viewed_operands(self.node.op), attention_views(a["shapes"], a["strides"], a["offsets"])))
+            args = self.node.args      # the operands before a view read whole
+            return [views.get(i, (args[i].shape, contiguous_strides(args[i].shape), 0)) for i in range(max(views) + 1)]
         return []
 
 

@@ -69,7 +69,8 @@ FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.
                   "flash_attention": FusionDepth.FULL, "strided_attention": FusionDepth.FULL,
                   "flash_attention_lse": FusionDepth.FULL, "attention_row_stats": FusionDepth.FULL,
                   "attention_row_stats_from_lse": FusionDepth.FULL,
-                  "flash_attention_bwd": FusionDepth.FULL}
+                  "flash_attention_bwd": FusionDepth.FULL, "strided_attention_lse": FusionDepth.FULL,
+                  "strided_attention_row_stats_from_lse": FusionDepth.FULL, "strided_attention_bwd": FusionDepth.FULL}
 
 
 def fusion_depth(op: str) -> FusionDepth:

@@ -11,7 +11,8 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention import with_lse
-from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention
+from tessera_rw.codegen.templates.attention_backward_problem import packed_qkv_backward
+from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention, packed_qkv_lse
 from tessera_rw.codegen.templates.attention_backward import AttentionRowStatsTemplate, FlashAttentionBwdTemplate
 from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
 from tests.codegen.ragged_ops import of
@@ -72,6 +73,17 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention lse S=150 D=256 causal bf16": with_lse(attention(1, 2, 2, 150, 256, BF16, causal=True)),
         "attention row stats from lse D=64 bf16": AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16),
         "attention row stats from lse D=96 f16": AttentionStatsFromLseTemplate.sample((5, 33, 96), F16),
+    }
+    # a training step's: q, k, v read where one projection holds them, dO with the heads side by side
+    ops |= {
+        "attention lse packed qkv S=130 D=64 causal bf16": packed_qkv_lse(1, 2, 130, 64, BF16, causal=True),
+        "attention lse packed qkv S=96 D=128 f16": packed_qkv_lse(2, 2, 96, 128, F16),
+        "attention row stats from lse merged heads D=64 bf16":
+            AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16, merged=True),
+        "attention backward packed qkv S=128 D=64 causal bf16": packed_qkv_backward(1, 2, 128, 64, BF16, causal=True),
+        "attention backward packed qkv S=72 D=128 f16": packed_qkv_backward(2, 2, 72, 128, F16),
+        "attention backward fast packed qkv S=100 D=64 causal f16":
+            replace(packed_qkv_backward(1, 2, 100, 64, F16, causal=True), numerics=Numerics.FAST),
     }
     # under `fast` the backward's defaults add the form whose key blocks sum dQ (dq="atomic")
     ops |= {

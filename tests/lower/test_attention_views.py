@@ -44,8 +44,11 @@ def multi_head_reference(x, w_qkv, w_out):
 
 
 def multi_head_inputs(rng, dtype):
+    """x of unit scale, weights scaled by their fan-in: scores of a few units, a softmax far from
+    uniform (were every score near 0, wrong keys would go unnoticed)."""
     shapes = {"x": (2, 40, 32), "w_qkv": (32, 96), "w_out": (32, 32)}
-    return {n: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(dtype) for n, s in shapes.items()}
+    return {n: (rng.standard_normal(s) / (np.sqrt(s[0]) if n.startswith("w") else 1)).astype(dtype)
+            for n, s in shapes.items()}
 
 
 def test_multi_head_attention_reads_the_projection_and_writes_merged_heads_in_place():

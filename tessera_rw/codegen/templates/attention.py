@@ -28,24 +28,24 @@ from dataclasses import replace
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.strided import slice_text
-from tessera_rw.algebra.ops.strided_attention import attention_views
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, MathUnit
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
-from tessera_rw.codegen.templates.attention_problem import (MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM, WG_HEAD_DIMS,
-                                                            WG_ROWS, AttentionSchedule, AttentionShape,
+from tessera_rw.codegen.templates.attention_problem import (FORWARD_OPS, MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM,
+                                                            WG_HEAD_DIMS, WG_ROWS, AttentionSchedule, AttentionShape,
                                                             WarpgroupAttentionSchedule, attention_operands,
-                                                            operand_bytes, output_type, packed_qkv_attention,
-                                                            resident_heads, round_up, with_lse)
+                                                            operand_bytes, operand_views, output_type,
+                                                            packed_qkv_attention, packed_qkv_lse, reads_views, resident_heads,
+                                                            round_up, view_refusal, with_lse, writes_lse)
 from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel
 from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_smem_bytes
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.warp_specialization import consumer_room, registers_at_launch
-from tessera_rw.lower.attention_views import MAX_ROW_STRIDE, ROW_ALIGNMENT, rows_fit
+from tessera_rw.lower.attention_views import ROW_ALIGNMENT, rows_fit
 
 WIDE_HEAD_KEYS, WIDE_HEAD_STAGES = 32, (3, 4, 5)
 SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_90 (4 per partition)
@@ -71,11 +71,12 @@ class FlashAttentionTemplate(Template):
 
     >>> t = FlashAttentionTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True, True, True, True, True, True, True, True, True, True]
+    [True, True, True, True, True, True, True, True, True, True, True, True, True, True]
     """
     kind = "flash_attention"
-    # flash_attention_lse also writes each row's logsumexp; strided_attention reads and writes views
-    ops = frozenset({"flash_attention", "flash_attention_lse", "strided_attention"})
+    # the lse ops also write each row's logsumexp; the strided ones read views (strided_attention
+    # also writes one)
+    ops = FORWARD_OPS
 
     def accepts(self, op: KernelOp) -> bool:
         return op.op in self.ops and self.refusal(op) is None
@@ -102,34 +103,28 @@ class FlashAttentionTemplate(Template):
         mask = operands[3] if op.attr_map.get("has_mask") else None
         if mask is not None and mask.dtype not in MASK_TYPES:
             return f"the fused attention kernel reads masks of {', '.join(map(str, MASK_TYPES))}, not {mask.dtype}"
-        return self._layout_refusal(op) if op.op == "strided_attention" else None
+        return self._layout_refusal(op) if reads_views(op) else None
 
     @staticmethod
     def _layout_refusal(op: KernelOp) -> str | None:
-        """Why the kernels cannot read or write a strided_attention's views (lower/attention_views.py
-        makes only views they can: rows_fit)."""
-        a, itemsize = op.attr_map, op.result.dtype.itemsize
-        for name, view in zip("qkv", attention_views(a["shapes"], a["strides"], a["offsets"])):
-            if not rows_fit(*view, itemsize):
-                return (f"the fused attention kernel reads rows of contiguous values starting on {ROW_ALIGNMENT} "
-                        f"bytes, at most {MAX_ROW_STRIDE} elements apart; {name}'s view has strides {view[1]} and "
-                        f"offset {view[2]}")
-        if not rows_fit(output_type(op).shape, a["out_strides"], 0, itemsize, read=False):
+        """Why the kernels cannot read or write a strided op's views (lower/attention_views.py makes
+        only views they can: rows_fit)."""
+        refusal = view_refusal(op, "the fused attention kernel")
+        if refusal or op.op != "strided_attention":
+            return refusal
+        if not rows_fit(output_type(op).shape, op.attr_map["out_strides"], 0, op.result.dtype.itemsize, read=False):
             return (f"the fused attention kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
-                    f"bytes; the output's strides are {a['out_strides']}")
+                    f"bytes; the output's strides are {op.attr_map['out_strides']}")
         return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map
-        views = ()
+        views = ("strided_read",) * any(slice_text(op.operands[i].shape, *view) for i, view in operand_views(op).items())
         if op.op == "strided_attention":
             out, written = output_type(op).shape, a["out_strides"]
-            read = [slice_text(root.shape, *view) for root, view in
-                    zip(op.operands, attention_views(a["shapes"], a["strides"], a["offsets"]))]
-            views = ("strided_read",) * any(read) + ("strided_write",) * any(
-                n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
+            views += ("strided_write",) * any(n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
         return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
-            + ("softmax",) + (("logsumexp",) if op.op == "flash_attention_lse" else ()) + views
+            + ("softmax",) + (("logsumexp",) if writes_lse(op) else ()) + views
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # 8 warps × 16 rows share each K/V tile among more rows; 4 warps × 16 rows keep more blocks
@@ -232,7 +227,7 @@ class FlashAttentionTemplate(Template):
             # boxes within each tensor (a head shorter than a tile keeps cp.async; every wgmma head
             # dim is whole 64-value boxes), two stages or more
             if s.producer and not (s.consumers == 2 and shape.sq >= s.bm and shape.sk >= s.bn
-                                   and op.op != "strided_attention"):
+                                   and not reads_views(op)):
                 return False
             if s.pingpong and not s.producer:
                 return False
@@ -336,7 +331,7 @@ class FlashAttentionTemplate(Template):
             raise ValueError(f"flash_attention template cannot implement {op}")
         shape = AttentionShape.of(op)
         if isinstance(s, WarpgroupAttentionSchedule):
-            if s.producer and op.op == "strided_attention":
+            if s.producer and reads_views(op):
                 raise ValueError(f"the producer (TMA) attention kernel maps q, k and v dense; {op} reads views")
             emit = emit_tma_kernel if s.producer else emit_wgmma_kernel
             return emit(op, shape, s, self._smem(shape, s))
@@ -367,4 +362,6 @@ class FlashAttentionTemplate(Template):
                 with_lse(attn(1, 2, 2, 1000, 128, f16, causal=True, mask=DType.bool, mask_batch=(1, 1))),
                 # q, k, v read where a fused projection wrote them, O written with the heads side by side
                 packed_qkv_attention(2, 4, 1024, 64, bf, causal=True),
-                packed_qkv_attention(1, 8, 1000, 128, f16, kv_heads=2))
+                packed_qkv_attention(1, 8, 1000, 128, f16, kv_heads=2),
+                # and a training step's forward: q, k, v read in place, O and the logsumexps dense
+                packed_qkv_lse(2, 4, 1024, 64, bf, causal=True))

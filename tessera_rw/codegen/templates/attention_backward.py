@@ -45,9 +45,11 @@ from tessera_rw.codegen.prelude import ATOM_BYTES, WGMMA_WIDTHS
 from tessera_rw.codegen.templates.attention import HIDDEN_SOFTMAX, MMA_SYNC_EFFICIENCY, SFU_PER_SM, WGMMA_EFFICIENCY
 from tessera_rw.codegen.templates.attention_backward_atomic_cuda import workspace_bytes
 from tessera_rw.codegen.templates.attention_backward_cuda import emit_bwd
-from tessera_rw.codegen.templates.attention_problem import resident_heads, round_up
+from tessera_rw.codegen.templates.attention_problem import (attention_operands, operand_bytes, reads_views,
+                                                            resident_heads, round_up, view_refusal)
 from tessera_rw.codegen.templates.attention_backward_problem import (WG_ROWS, BackwardSchedule, BackwardShape,
-                                                                     GradientSchedule, WarpgroupGradientSchedule)
+                                                                     GradientSchedule, WarpgroupGradientSchedule,
+                                                                     packed_qkv_backward)
 from tessera_rw.codegen.templates.attention_backward_wgmma_cuda import emit_wgmma_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
@@ -75,7 +77,7 @@ def _refusal(op: KernelOp, operands: int) -> str | None:
     if has_mask and op.operands[-1].dtype not in MASK_TYPES:
         return (f"the attention backward kernel reads masks of {', '.join(map(str, MASK_TYPES))}, "
                 f"not {op.operands[-1].dtype}")
-    heads = op.operands[:HEAD_TENSORS]
+    heads = attention_operands(op)[:HEAD_TENSORS]
     q = heads[0]
     if q.dtype not in (DType.bfloat16, DType.float16):
         return (f"the attention backward kernel computes in bf16/fp16 on tensor cores, and q is {q.dtype}: "
@@ -87,7 +89,7 @@ def _refusal(op: KernelOp, operands: int) -> str | None:
                and t.shape[-1] == q.shape[-1] for t in heads):
         return ("the attention backward kernel takes q, k, v and dO of one dtype and batch shape, here "
                 + ", ".join(map(str, heads)))
-    return None
+    return view_refusal(op, "the attention backward kernel")
 
 
 # The atomic form's dQ adds (fp32, into L2, each address from every key block in turn) slow its
@@ -249,9 +251,10 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
 
     >>> t = FlashAttentionBwdTemplate()
     >>> [t.accepts(op) for op in t.samples()]
-    [True, True, True, True, True, True]
+    [True, True, True, True, True, True, True]
     """
-    ops = frozenset({"flash_attention_bwd"})
+    # the strided form reads q, k, v and dO through views (lower/attention_views.py)
+    ops = frozenset({"flash_attention_bwd", "strided_attention_bwd"})
     operands = 5
 
     def refusal(self, op: KernelOp) -> str | None:
@@ -261,7 +264,11 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         return None if stats.dtype is DType.float32 else f"the row statistics are float32, not {stats.dtype}"
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return self.with_flags(("backward",), op)
+        return self.with_flags(("backward",), op) + ("strided_read",) * reads_views(op)
+
+    def samples(self) -> tuple[KernelOp, ...]:
+        # and a training step's: q, k, v read from one projection, dO with the heads side by side
+        return super().samples() + (packed_qkv_backward(2, 4, 1024, 64, DType.bfloat16, causal=True),)
 
     def default_cols(self, d: int) -> int:
         return 64 if d <= 64 else 32          # D=128: dK and dV take 128 registers; 32-wide tiles keep S, dP small
@@ -342,19 +349,20 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         s = schedule
         assert isinstance(s, GradientSchedule)
         shape = BackwardShape.of(op)
-        q, k, v, do, stats = op.operands[:5]
+        stats = op.operands[4]
+        head_bytes = sum(operand_bytes(op, HEAD_TENSORS))
         kv_pairs = shape.pairs(s.rows, s.cols, by_keys=True)
         q_pairs = 0 if s.atomic else shape.pairs(s.rows, s.cols, by_keys=False)
         # dK/dV blocks: S, dP, dV, dK (4 products), and dQ's share in the atomic form (5); dQ blocks:
         # S, dP, dQ (3)
         flops = kv_pairs * ((10 if s.atomic else 8) * shape.d + 6) + q_pairs * (6 * shape.d + 5)
         blocks = shape.backward_blocks(s.rows, s.atomic)
-        per_head = (q.nbytes + do.nbytes + k.nbytes + v.nbytes) / shape.bh
-        streamed = q.nbytes + do.nbytes + k.nbytes + v.nbytes
+        per_head = head_bytes / shape.bh
+        streamed = head_bytes
         regs = self.registers(shape, s)
         heads = resident_heads(arch, blocks // shape.bh, WARP_SIZE * s.warps, regs, self.smem(shape, s))
         if heads * per_head > arch.l2_bytes // 2:      # each block's walk comes from HBM again
-            streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * q.dtype.itemsize
+            streamed = (kv_pairs + q_pairs) // s.rows * 2 * shape.d * shape.dtype.itemsize
         # the atomic form's workspace: zeroed, summed into in L2, read back once by the converting blocks
         work = 2 * workspace_bytes(shape, s) if s.atomic else 0
         return Resources(threads=WARP_SIZE * s.warps, blocks=blocks, registers=regs, smem_bytes=self.smem(shape, s),

@@ -131,10 +131,10 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
       float* __restrict__ work) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     const int bh = blockIdx.x / NKB, kb = blockIdx.x % NKB;   // under a causal mask the first key blocks walk longest
-    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+$OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
-    fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
+    fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
               kb * ROWS, fa_smem, out, work);
 }
 """

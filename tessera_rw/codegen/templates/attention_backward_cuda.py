@@ -34,7 +34,7 @@ from tessera_rw.codegen.templates.attention_backward_atomic_cuda import (BWD_KER
                                                                         DQ_SMEM, DQ_STEP, DS_STORE, workspace_bytes)
 from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_TYPES, TILE_HELPERS,
                                                          mask_strides, offset_statements)
-from tessera_rw.codegen.templates.attention_problem import RowLayout
+from tessera_rw.codegen.templates.attention_problem import RowLayout, operand_layout, reads_views
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
@@ -78,6 +78,20 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
                 CAUSAL="true" if shape.causal else "false", **masking)
 
 
+def operand_constants(op: KernelOp, shape: BackwardShape) -> dict[str, object]:
+    """The row strides of q, k, v and dO (D apart in dense operands, a view's row stride in a
+    strided op's) and the statements placing the flat (batch, head) index `bh`'s rows: q_off,
+    k_off, v_off and do_off into them; dq_off and dkv_off into the packed, dense gradients."""
+    dense = "    const long long dq_off = (long long)bh * SQ * D, dkv_off = (long long)bh * SK * D;"
+    if not reads_views(op):
+        offsets = f"{dense}\n    const long long q_off = dq_off, k_off = dkv_off, v_off = dkv_off, do_off = dq_off;"
+        return dict(OFFSETS=offsets, Q_ROW=shape.d, K_ROW=shape.d, V_ROW=shape.d, DO_ROW=shape.d)
+    layouts = [operand_layout(op, i, len(shape.batch)) for i in range(4)]
+    offsets = offset_statements(shape.batch, list(zip(("q_off", "k_off", "v_off", "do_off"), layouts)))
+    return dict(OFFSETS=f"{dense}\n{offsets}", **{f"{name}_ROW": layout.row
+                                                   for name, layout in zip(("Q", "K", "V", "DO"), layouts)})
+
+
 def kernel_name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}{'mask_' if shape.mask else ''}"
@@ -88,7 +102,7 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int)
     """The backward kernel for `op` under `s`: dQ by jobs of its own, or (`s.atomic`) added up by
     the key blocks in a workspace."""
     atomic = s.atomic
-    name = kernel_name("flash_attention_bwd", shape, s) + ("_atomic" if atomic else "")
+    name = kernel_name(op.op, shape, s) + ("_atomic" if atomic else "")
     blocks = shape.backward_blocks(s.rows, atomic)
     work = workspace_bytes(shape, s) if atomic else 0
     header = (f"// {op}\n// schedule: {s.describe()}\n"
@@ -98,8 +112,8 @@ def emit_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int)
               + (f"the key blocks; work: {work} zeroed bytes (fp32 dQ sum, arrival counters)\n" if atomic
                  else "the dK/dV jobs, then the dQ jobs\n"))
     body = Text(MASK_HELPER + BWD_COMMON + MMA_SYNC_HELPERS + (BWD_KERNEL_ATOMIC if atomic else BWD_KERNEL_JOBS))
-    source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(NAME=name, LOAD="fa_load_tile",
-                                                                       **backward_constants(shape, s))
+    source = Text(body.safe_substitute(dk_dv_steps(atomic))).substitute(
+        NAME=name, LOAD="fa_load_tile", **backward_constants(shape, s), **operand_constants(op, shape))
     return KernelSource(name, header + TILE_HELPERS + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, workspace_bytes=work)
 
@@ -115,15 +129,15 @@ def dk_dv_steps(atomic: bool) -> dict[str, str]:
 
 # A key job's start (both kernels; $LOAD copies a tile into their shared layout): its K and V rows
 # in, the first query tiles on their way, dK and dV zeroed
-KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
-    $LOAD<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
+KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS, K_ROW>(k_s, k + (long long)kr0 * K_ROW, SK - kr0, tid);
+    $LOAD<ROWS, D, THREADS, V_ROW>(v_s, v + (long long)kr0 * V_ROW, SK - kr0, tid);
     cp_async_commit();
     #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int t = t0 + i;
         if (t < NQT) {
-            $LOAD<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
-            $LOAD<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, Q_ROW>(q_s + i * COLS * D, q + (long long)t * COLS * Q_ROW, SQ - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, DO_ROW>(o_s + i * COLS * D, dout + (long long)t * COLS * DO_ROW, SQ - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -134,14 +148,14 @@ KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK 
 
 # ... and a query job's: its Q and dO rows in, the first key tiles on their way, its rows'
 # statistics read, dQ zeroed
-QUERY_JOB_START = r"""    $LOAD<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
-    $LOAD<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
+QUERY_JOB_START = r"""    $LOAD<ROWS, D, THREADS, Q_ROW>(q_s, q + (long long)qr0 * Q_ROW, SQ - qr0, tid);
+    $LOAD<ROWS, D, THREADS, DO_ROW>(o_s, dout + (long long)qr0 * DO_ROW, SQ - qr0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            $LOAD<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
-            $LOAD<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, K_ROW>(k_s + t * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, V_ROW>(v_s + t * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -206,6 +220,7 @@ constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
 constexpr float SCALE = $SCALE, SCALE_LOG2 = $SCALE_LOG2, LOG2E = 1.4426950408889634f;
 constexpr bool CAUSAL = $CAUSAL;
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
+constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW, DO_ROW = $DO_ROW;   // elements from row to row
 
 __device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
     for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -285,8 +300,8 @@ $DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = l
         const int i = t - t0, next = t + STAGES - 1;
         if (next < NQT) {
             const int st_next = (i + STAGES - 1) % STAGES;
-            fa_load_tile<COLS, D, THREADS>(q_s + st_next * COLS * D, q + (long long)next * COLS * D, SQ - next * COLS, tid);
-            fa_load_tile<COLS, D, THREADS>(o_s + st_next * COLS * D, dout + (long long)next * COLS * D, SQ - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
         }
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
@@ -322,8 +337,8 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
 """ + QUERY_JOB_START + r"""    for (int t = 0; t < n_tiles; ++t) {
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
-            fa_load_tile<COLS, D, THREADS>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * D, SK - next * COLS, tid);
-            fa_load_tile<COLS, D, THREADS>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * D, SK - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
         }
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
@@ -346,13 +361,13 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
       const $ELEM* __restrict__ dout, const float* __restrict__ stats, $MASK_ARG$ELEM* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
-    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+$OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
     if (job < NKB)
-        fab_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
+        fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
                   job * ROWS, fa_smem);
     else
-        fab_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, fa_smem);
+        fab_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, fa_smem);
 }
 """

@@ -20,6 +20,9 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.attention_backward import STATS
+from tessera_rw.codegen.templates.attention_problem import attention_operands, merged_heads, packed_qkv_views
 from tessera_rw.codegen.templates.base import Schedule
 
 # sm_90's wgmma kernel: 64 rows (keys or queries) per warpgroup
@@ -69,7 +72,7 @@ class BackwardShape:
 
     @classmethod
     def of(cls, op: KernelOp) -> BackwardShape:
-        q, k = op.operands[0], op.operands[1]
+        q, k, *_ = attention_operands(op)
         a = op.attr_map
         return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
                    float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None)
@@ -106,3 +109,17 @@ class BackwardShape:
                 tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
             total += max(tiles, 0) * rows * cols
         return self.bh * total
+
+
+def packed_qkv_backward(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False) -> KernelOp:
+    """The strided_attention_bwd of a training step: q, k and v read where one projection holds
+    them (packed_qkv_views), dO where the output projection's gradient holds it, heads side by side
+    (merged_heads); the row statistics and the packed gradients dense."""
+    qkv, views = packed_qkv_views(batch, heads, seq, d, dtype)
+    do = TensorType((batch, seq, heads * d), dtype)
+    shape, strides, offset = merged_heads(batch, heads, seq, d)
+    attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shapes=views["shapes"] + shape,
+                 strides=views["strides"] + strides, offsets=views["offsets"] + (offset,))
+    operands = (qkv, qkv, qkv, do, TensorType((batch, heads, seq, STATS), DType.float32))
+    return KernelOp.of("strided_attention_bwd", operands, OPS["strided_attention_bwd"].infer(*operands, **attrs),
+                       **attrs)

@@ -31,9 +31,8 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.prelude import ATOM_BYTES, HOPPER_TARGET, ROW_BYTES, wgmma_name, wgmma_rs_name
 from tessera_rw.codegen.templates.attention_backward_cuda import (BWD_COMMON, KEY_JOB_START, KEY_TILE_GRADIENTS,
-                                                                  MASK_HELPER, QUERY_JOB_START,
-                                                                  QUERY_TILE_GRADIENTS, backward_constants,
-                                                                  kernel_name)
+                                                                  MASK_HELPER, QUERY_JOB_START, QUERY_TILE_GRADIENTS,
+                                                                  backward_constants, kernel_name, operand_constants)
 from tessera_rw.codegen.templates.attention_wgmma_cuda import TILE_LOADER
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 def emit_wgmma_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem: int) -> KernelSource:
     """The wgmma backward kernel for `op` under `s` (`smem` bytes of dynamic shared memory, the
     alignment slack included)."""
-    name = kernel_name("flash_attention_bwd_wg", shape, s)
+    name = kernel_name(f"{op.op}_wg", shape, s)
     blocks = shape.backward_blocks(s.rows, atomic=False)
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// launch: {name}<<<{blocks}, {WARP_SIZE * s.warps}, {smem}>>>(q, k, v, do, stats, "
@@ -52,7 +51,8 @@ def emit_wgmma_bwd(op: KernelOp, shape: BackwardShape, s: GradientSchedule, smem
     kind = "bf16" if shape.dtype is DType.bfloat16 else "f16"
     body = Text(MASK_HELPER + BWD_COMMON + WG_HELPERS + WG_KEY_JOB + WG_QUERY_JOB + WG_ENTRY)
     source = body.substitute(NAME=name, LOAD="fa_load_wg_tile", WG_S=wgmma_name(s.cols, kind),
-                             WG_ACC=wgmma_rs_name(shape.d, kind), **backward_constants(shape, s))
+                             WG_ACC=wgmma_rs_name(shape.d, kind), **backward_constants(shape, s),
+                             **operand_constants(op, shape))
     return KernelSource(name, header + TILE_LOADER + source, threads=WARP_SIZE * s.warps, grid=(blocks, 1, 1),
                         dynamic_smem=smem, fast_math=op.numerics is Numerics.FAST, target=HOPPER_TARGET)
 
@@ -130,8 +130,8 @@ __device__ __forceinline__ void fab_wg_dk_dv(const $ELEM* q, const $ELEM* k, con
         __syncthreads();                                  // for every thread; and tile t - 1 is retired everywhere
         if (next < NQT) {                                 // into the stage tile t - 1 held
             const int st_next = (i + STAGES - 1) % STAGES;
-            fa_load_wg_tile<COLS, D, THREADS>(q_s + st_next * COLS * D, q + (long long)next * COLS * D, SQ - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(o_s + st_next * COLS * D, dout + (long long)next * COLS * D, SQ - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const $ELEM* qt = q_s + (i % STAGES) * COLS * D;
@@ -181,8 +181,8 @@ __device__ __forceinline__ void fab_wg_dq(const $ELEM* q, const $ELEM* k, const 
         fence_proxy_async();
         __syncthreads();                                  // and tile t - 1 is retired everywhere
         if (next < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * D, SK - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * D, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
         }
         cp_async_commit();
         const $ELEM* kt = k_s + (t % STAGES) * COLS * D;
@@ -214,13 +214,13 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
     extern __shared__ __align__(16) unsigned char fa_smem[];
     unsigned char* smem = fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1));
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
-    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+$OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
     if (job < NKB)
-        fab_wg_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
+        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
                      job * ROWS, smem);
     else
-        fab_wg_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, smem);
+        fab_wg_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, smem);
 }
 """

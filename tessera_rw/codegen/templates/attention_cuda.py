@@ -25,7 +25,8 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.attention_problem import AttentionSchedule, AttentionShape, RowLayout, row_layouts
+from tessera_rw.codegen.templates.attention_problem import (AttentionSchedule, AttentionShape, RowLayout, row_layouts,
+                                                            writes_lse)
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
 from tessera_rw.codegen.tensor_map import TensorMapSpec
 
@@ -75,7 +76,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
               "in q, k, v, out; "
               "blocks are (batch·head, query block), query block fastest\n"
               + ("// out = [O | each row's logsumexp, high parts | their remainders]\n"
-                 if op.op == "flash_attention_lse" else ""))
+                 if writes_lse(op) else ""))
     source = Text(text).substitute(
         NAME=name, ELEM=elem, STORE_LSE=store_lse(op, shape), PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
         BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
@@ -99,7 +100,7 @@ def store_lse(op: KernelOp, shape: AttentionShape) -> str:
     and the remainder after all rows' high parts, in the element type (fp16: a finite high part
     saturates at ±65504, as split_lse's); a fully masked row's is −∞ with no remainder, as the
     reference's. Nothing for flash_attention."""
-    if op.op != "flash_attention_lse":
+    if not writes_lse(op):
         return ""
     to_elem = "f32_to_bf16" if shape.kind == "bf16" else "f32_to_f16"
     rounded = "bf16_to_f32(f32_to_bf16(lse))"

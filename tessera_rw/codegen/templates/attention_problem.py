@@ -21,11 +21,13 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.strided_attention import attention_views, view_types
+from tessera_rw.algebra.ops.strided_attention import View, attention_views
+from tessera_rw.algebra.ops.strided_attention_backward import VIEW_ATTRS, base_op, viewed_operands
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.lower.attention_views import MAX_ROW_STRIDE, ROW_ALIGNMENT, rows_fit
 
 # Head dims: the mma.sync kernel takes any multiple of 16 up to 128 (one k-step of Q Kᵀ is 16 wide);
 # at 256 its O accumulator (128 registers a thread) and Q fragments (64) spill. The wgmma kernel
@@ -35,6 +37,7 @@ MMA_SYNC_MAX_HEAD_DIM = 128
 WG_HEAD_DIMS = (64, 128, 256)
 MMA_M, MMA_K = 16, 16         # mma.sync m16n8k16: rows per warp tile, keys per k-step
 WG_ROWS = 64                  # query rows per warpgroup of the wgmma kernel (a wgmma's M)
+FORWARD_OPS = frozenset({"flash_attention", "flash_attention_lse", "strided_attention", "strided_attention_lse"})
 PRODUCER_THREADS = 128        # the warpgroup whose one thread issues a producer schedule's TMA copies
 
 
@@ -130,27 +133,68 @@ class AttentionShape:
         return sum(self.key_tiles(q0, s) for q0 in range(0, self.sq, s.bm))
 
 
+def operand_views(op: KernelOp) -> dict[int, View]:
+    """The (shape, strides, offset) views a strided attention op reads operands through, by operand
+    index; none for the dense ops."""
+    if op.op == "strided_attention":
+        indices: tuple[int, ...] = (0, 1, 2)
+    elif base_op(op.op):
+        indices = viewed_operands(op.op)
+    else:
+        return {}
+    a = op.attr_map
+    return dict(zip(indices, attention_views(a["shapes"], a["strides"], a["offsets"])))
+
+
+def reads_views(op: KernelOp) -> bool:
+    """Whether `op` reads some operands through strided views (lower/attention_views.py)."""
+    return op.op == "strided_attention" or base_op(op.op) is not None
+
+
+def writes_lse(op: KernelOp) -> bool:
+    """Whether a forward op also writes each row's logsumexp after O."""
+    return op.op in ("flash_attention_lse", "strided_attention_lse")
+
+
+def view_refusal(op: KernelOp, kernel: str) -> str | None:
+    """Why `kernel` cannot read the views of the strided op `op` in place (lower/attention_views.py
+    makes only views it can: rows_fit); None when it can."""
+    names = OPS[base_op(op.op) or "flash_attention"].operands
+    for i, view in operand_views(op).items():
+        if not rows_fit(*view, op.operands[i].dtype.itemsize):
+            return (f"{kernel} reads rows of contiguous values starting on {ROW_ALIGNMENT} bytes, at most "
+                    f"{MAX_ROW_STRIDE} elements apart; {names[i]}'s view has strides {view[1]} and offset {view[2]}")
+    return None
+
+
 def attention_operands(op: KernelOp) -> tuple[TensorType, ...]:
-    """q, k, v (and the mask) as the attention reads them: a strided_attention's views."""
-    if op.op != "strided_attention":
-        return op.operands
-    a = op.attr_map
-    return view_types(op.operands, a["shapes"], a["strides"], a["offsets"])
+    """The operands as the attention reads them: a strided op's views where it reads views."""
+    views = operand_views(op)
+    return tuple(TensorType(views[i][0], t.dtype) if i in views else t for i, t in enumerate(op.operands))
 
 
-def operand_bytes(op: KernelOp) -> tuple[int, int, int]:
-    """The bytes of q, k and v the attention reads: a view's distinct elements (a stride of 0
-    repeats one), a dense operand's all."""
-    if op.op != "strided_attention":
-        return tuple(t.nbytes for t in op.operands[:3])
-    a = op.attr_map
-    return tuple(t.dtype.itemsize * math.prod(n for n, st in zip(shape, strides) if st)
-                 for t, (shape, strides, _) in zip(op.operands, attention_views(a["shapes"], a["strides"], a["offsets"])))
+def dense_op(op: KernelOp) -> KernelOp:
+    """A strided attention backward op as the dense op it computes over its views' types (itself
+    for any other op): what sizes, flops and references are of."""
+    base = base_op(op.op)
+    if base is None:
+        return op
+    attrs = {k: v for k, v in op.attr_map.items() if k not in VIEW_ATTRS}
+    return KernelOp.of(base, attention_operands(op), op.result, numerics=op.numerics, **attrs)
+
+
+def operand_bytes(op: KernelOp, count: int = 3) -> tuple[int, ...]:
+    """The bytes of the first `count` operands (q, k, v, ...) the attention reads: a view's distinct
+    elements (a stride of 0 repeats one), a dense operand's all."""
+    views = operand_views(op)
+    return tuple(t.dtype.itemsize * math.prod(n for n, st in zip(views[i][0], views[i][1]) if st) if i in views
+                 else t.nbytes for i, t in enumerate(op.operands[:count]))
 
 
 def output_type(op: KernelOp) -> TensorType:
-    """The attention output O of a flash_attention, flash_attention_lse or strided_attention op (the
-    second's result holds O flat, then the row statistics; the third's, O in another layout)."""
+    """The attention output O of a flash_attention, flash_attention_lse or strided_attention op, or
+    of their strided forms (the lse ops' results hold O flat, then the row statistics;
+    strided_attention's, O in another layout)."""
     if op.op == "flash_attention":
         return op.result
     a = op.attr_map
@@ -176,17 +220,24 @@ class RowLayout:
         return cls((1,) * lead + shape[:-2], (0,) * lead + strides[:-2], shape[-1])
 
 
+def operand_layout(op: KernelOp, i: int, rank: int) -> RowLayout:
+    """Where operand i's rows lie (its view's, for an operand a strided op reads through one), its
+    batch dims padded to `rank`."""
+    views = operand_views(op)
+    if i not in views:
+        return RowLayout.dense(op.operands[i].shape, rank)
+    shape, strides, offset = views[i]
+    lead = rank - (len(shape) - 2)
+    return RowLayout((1,) * lead + shape[:-2], (0,) * lead + strides[:-2], strides[-2], offset)
+
+
 def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
-    """q's, k's, v's and O's row layouts (O as the attention output, before any logsumexps)."""
+    """A forward op's q, k, v and O row layouts (O as the attention output, before any logsumexps;
+    a strided_attention's through its out_strides), batch dims padded to the output's."""
     out = output_type(op)
     rank = out.ndim - 2
-    if op.op != "strided_attention":
-        return (*(RowLayout.dense(t.shape, rank) for t in op.operands[:3]), RowLayout.dense(out.shape, rank))
-    a = op.attr_map
-    views = [RowLayout(shape[:-2], strides[:-2], strides[-2], offset)
-             for shape, strides, offset in attention_views(a["shapes"], a["strides"], a["offsets"])]
-    o = a["out_strides"]
-    return (*views, RowLayout(out.shape[:-2], tuple(o[:-2]), o[-2]))
+    o = op.attr_map["out_strides"] if op.op == "strided_attention" else contiguous_strides(out.shape)
+    return (*(operand_layout(op, i, rank) for i in range(3)), RowLayout(out.shape[:-2], tuple(o[:-2]), o[-2]))
 
 
 def with_lse(op: KernelOp) -> KernelOp:
@@ -203,19 +254,40 @@ def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers
     return -(-arch.sm_count * per_sm // max(blocks_per_head, 1))
 
 
+def packed_qkv_views(batch: int, heads: int, seq: int, d: int, dtype: DType,
+                     kv_heads: int | None = None) -> tuple[TensorType, dict[str, tuple[int, ...]]]:
+    """A [batch, seq, (heads + 2·kv_heads)·d] projection (each token's q heads, then its k heads,
+    then its v heads) and the views of q, k and v in it, as a strided op's attributes."""
+    kv_heads = kv_heads or heads
+    row = (heads + 2 * kv_heads) * d
+    views = dict(shapes=(batch, heads, seq, d) + (batch, kv_heads, seq, d) * 2, strides=(seq * row, d, row, 1) * 3,
+                 offsets=(0, heads * d, (heads + kv_heads) * d))
+    return TensorType((batch, seq, row), dtype), views
+
+
+def merged_heads(batch: int, heads: int, seq: int, d: int) -> View:
+    """The [batch, heads, seq, d] view of a [batch, seq, heads·d] value: heads side by side."""
+    return (batch, heads, seq, d), (seq * heads * d, d, heads * d, 1), 0
+
+
 def packed_qkv_attention(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False,
                          kv_heads: int | None = None) -> KernelOp:
     """The strided_attention of multi-head attention cut from one projection: q, k and v read where
-    a [batch, seq, (heads + 2·kv_heads)·d] projection holds them (each token's q heads, then its k
-    heads, then its v heads), the output written as [batch, seq, heads, d], heads side by side."""
-    kv_heads = kv_heads or heads
-    row = (heads + 2 * kv_heads) * d
-    qkv = TensorType((batch, seq, row), dtype)
-    shapes = (batch, heads, seq, d) + (batch, kv_heads, seq, d) * 2
-    attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shapes=shapes, strides=(seq * row, d, row, 1) * 3,
-                 offsets=(0, heads * d, (heads + kv_heads) * d), shape=(batch, seq, heads, d),
-                 out_strides=(seq * heads * d, d, heads * d, 1))
+    the projection holds them (packed_qkv_views), the output written as [batch, seq, heads, d],
+    heads side by side."""
+    qkv, views = packed_qkv_views(batch, heads, seq, d, dtype, kv_heads)
+    attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shape=(batch, seq, heads, d),
+                 out_strides=merged_heads(batch, heads, seq, d)[1], **views)
     return KernelOp.of("strided_attention", (qkv,) * 3, OPS["strided_attention"].infer(qkv, qkv, qkv, **attrs), **attrs)
+
+
+def packed_qkv_lse(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False) -> KernelOp:
+    """The strided_attention_lse of a training step's forward: q, k and v read where the
+    projection holds them (packed_qkv_views), O and the logsumexps written packed and dense."""
+    qkv, views = packed_qkv_views(batch, heads, seq, d, dtype)
+    attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, **views)
+    return KernelOp.of("strided_attention_lse", (qkv,) * 3, OPS["strided_attention_lse"].infer(qkv, qkv, qkv, **attrs),
+                       **attrs)
 
 
 def round_up(x: int, to: int) -> int:

@@ -8,7 +8,7 @@ forward writes the logsumexp, this takes the place of attention_row_stats's seco
 >>> from tessera_rw.codegen.arch import arch_named
 >>> t = AttentionStatsFromLseTemplate()
 >>> [t.accepts(op) for op in t.samples()]
-[True, True]
+[True, True, True]
 >>> t.schedules(t.samples()[0], arch_named("h100"))[0].describe()
 'warps=8'
 """
@@ -25,6 +25,9 @@ from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.attention_cuda import offset_statements
+from tessera_rw.codegen.templates.attention_problem import (attention_operands, merged_heads, operand_bytes,
+                                                            operand_layout, reads_views, view_refusal)
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 
 WARP_COUNTS = (8, 4, 16, 2)         # the first is the default
@@ -38,19 +41,22 @@ class RowsSchedule(Schedule):
 
 class AttentionStatsFromLseTemplate(Template):
     kind = "flash_attention"
-    ops = frozenset({"attention_row_stats_from_lse"})
+    # the strided form reads dO through a view (lower/attention_views.py)
+    ops = frozenset({"attention_row_stats_from_lse", "strided_attention_row_stats_from_lse"})
 
     def accepts(self, op: KernelOp) -> bool:
         """bf16/fp16 forward and dO of one dtype (what flash_attention_lse's kernel writes), an even
-        head width (the lanes read two values at a time)."""
+        head width (the lanes read two values at a time); a view of dO whose rows are contiguous
+        and aligned."""
         if op.op not in self.ops or len(op.operands) != 2:
             return False
-        fwd, do = op.operands
+        fwd, do = attention_operands(op)
         return (do.dtype in (DType.bfloat16, DType.float16) and fwd.dtype is do.dtype and do.ndim >= 2
-                and do.shape[-1] % 2 == 0 and fwd.shape == (lse_length(do.shape),))
+                and do.shape[-1] % 2 == 0 and fwd.shape == (lse_length(do.shape),)
+                and view_refusal(op, "") is None)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ("row_stats",)
+        return ("row_stats",) + ("strided_read",) * reads_views(op)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[RowsSchedule, ...]:
         return (RowsSchedule(WARP_COUNTS[0]),)
@@ -64,38 +70,56 @@ class AttentionStatsFromLseTemplate(Template):
 
     def resources(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> Resources:
         assert isinstance(schedule, RowsSchedule)
-        fwd, do = op.operands
+        fwd, do = attention_operands(op)
         rows = do.numel // do.shape[-1]
         # ptxas on sm_80 and sm_90: 14 registers at D=64, 18 at D=128, whatever the warps
         return Resources(threads=WARP_SIZE * schedule.warps, blocks=max(1, -(-rows // schedule.warps)),
                          registers=10 + do.shape[-1] // 16,
-                         smem_bytes=0, hbm_bytes=fwd.nbytes + do.nbytes + op.result.nbytes, flops=2 * do.numel + rows,
+                         smem_bytes=0, hbm_bytes=sum(operand_bytes(op, 2)) + op.result.nbytes, flops=2 * do.numel + rows,
                          unit=MathUnit.FP32)
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
         assert isinstance(schedule, RowsSchedule)
         if not self.accepts(op):
             raise ValueError(f"attention_row_stats_from_lse template cannot implement {op}")
-        do = op.operands[1]
+        do = attention_operands(op)[1]
         rows, d = do.numel // do.shape[-1], do.shape[-1]
         tag = "bf16" if do.dtype is DType.bfloat16 else "f16"
-        name = f"attention_row_stats_from_lse_{tag}_d{d}_w{schedule.warps}"
+        name = f"{op.op}_{tag}_d{d}_w{schedule.warps}"
         blocks = max(1, -(-rows // schedule.warps))
         header = (f"// {op}\n// schedule: {schedule.describe()}\n"
                   f"// launch: {name}<<<{blocks}, {WARP_SIZE * schedule.warps}>>>(fwd, do, stats); stats [rows][{STATS}] fp32\n")
         source = Text(KERNEL).substitute(NAME=name, ELEM=f"{tag}_t", TO_F32=f"{tag}_to_f32", D=d, ROWS=rows,
-                                         WARPS=schedule.warps)
+                                         WARPS=schedule.warps, DO_ROWS=_do_rows(op, f"{tag}_t"))
         return KernelSource(name, header + source, threads=WARP_SIZE * schedule.warps, grid=(blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
 
     def samples(self) -> tuple[KernelOp, ...]:
-        return (self.sample((4, 16, 4096, 64), DType.bfloat16), self.sample((3, 8, 1000, 128), DType.float16))
+        return (self.sample((4, 16, 4096, 64), DType.bfloat16), self.sample((3, 8, 1000, 128), DType.float16),
+                self.sample((2, 12, 1000, 64), DType.bfloat16, merged=True))
 
     @staticmethod
-    def sample(shape: tuple[int, ...], dtype: DType) -> KernelOp:
-        do = TensorType(shape, dtype)
-        return KernelOp.of("attention_row_stats_from_lse", (TensorType((lse_length(shape),), dtype), do),
-                           TensorType(shape[:-1] + (STATS,), DType.float32))
+    def sample(shape: tuple[int, ...], dtype: DType, merged: bool = False) -> KernelOp:
+        """The op for dO of `shape` [b, h, s, d]; `merged`: read where [b, s, h·d] holds it."""
+        fwd, result = TensorType((lse_length(shape),), dtype), TensorType(shape[:-1] + (STATS,), DType.float32)
+        if not merged:
+            return KernelOp.of("attention_row_stats_from_lse", (fwd, TensorType(shape, dtype)), result)
+        b, h, s, d = shape
+        view, strides, offset = merged_heads(b, h, s, d)
+        return KernelOp.of("strided_attention_row_stats_from_lse", (fwd, TensorType((b, s, h * d), dtype)), result,
+                           shapes=view, strides=strides, offsets=(offset,))
+
+
+def _do_rows(op: KernelOp, elem: str) -> str:
+    """CUDA pointing `g` at the row's dO: row·D of a dense dO, else where the view puts the row
+    (its head's offset, then the row within the head times the view's row stride)."""
+    if not reads_views(op):
+        return f"    const {elem}* g = dout + row * D;"
+    do = attention_operands(op)[1]
+    layout = operand_layout(op, 1, do.ndim - 2)
+    batch, seq = do.shape[:-2], do.shape[-2]
+    return (f"    const int bh = (int)(row / {seq});\n{offset_statements(batch, [('g_off', layout)])}\n"
+            f"    const {elem}* g = dout + g_off + (row % {seq}) * {layout.row}LL;")
 
 
 KERNEL = r"""
@@ -108,7 +132,7 @@ $NAME(const $ELEM* __restrict__ fwd, const $ELEM* __restrict__ dout, float* __re
     if (row >= ROWS)
         return;                                           // the whole warp: its row is past the end
     const $ELEM* o = fwd + row * D;
-    const $ELEM* g = dout + row * D;
+$DO_ROWS
     float acc = 0.f;
     #pragma unroll
     for (int c = 2 * lane; c < D; c += 64) {

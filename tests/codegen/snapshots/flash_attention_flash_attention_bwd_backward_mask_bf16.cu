@@ -37,6 +37,7 @@ constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
 constexpr float SCALE = 0.125f, SCALE_LOG2 = 0.18033688011112042f, LOG2E = 1.4426950408889634f;
 constexpr bool CAUSAL = false;
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
+constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64, DO_ROW = 64;   // elements from row to row
 
 __device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
     for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -120,15 +121,15 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, key0 = kr0 + warp * 16;
     const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
-    fa_load_wg_tile<ROWS, D, THREADS>(k_s, k + (long long)kr0 * D, SK - kr0, tid);
-    fa_load_wg_tile<ROWS, D, THREADS>(v_s, v + (long long)kr0 * D, SK - kr0, tid);
+    fa_load_wg_tile<ROWS, D, THREADS, K_ROW>(k_s, k + (long long)kr0 * K_ROW, SK - kr0, tid);
+    fa_load_wg_tile<ROWS, D, THREADS, V_ROW>(v_s, v + (long long)kr0 * V_ROW, SK - kr0, tid);
     cp_async_commit();
     #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int t = t0 + i;
         if (t < NQT) {
-            fa_load_wg_tile<COLS, D, THREADS>(q_s + i * COLS * D, q + (long long)t * COLS * D, SQ - t * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(o_s + i * COLS * D, dout + (long long)t * COLS * D, SQ - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + i * COLS * D, q + (long long)t * COLS * Q_ROW, SQ - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + i * COLS * D, dout + (long long)t * COLS * DO_ROW, SQ - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -142,8 +143,8 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
         __syncthreads();                                  // for every thread; and tile t - 1 is retired everywhere
         if (next < NQT) {                                 // into the stage tile t - 1 held
             const int st_next = (i + STAGES - 1) % STAGES;
-            fa_load_wg_tile<COLS, D, THREADS>(q_s + st_next * COLS * D, q + (long long)next * COLS * D, SQ - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(o_s + st_next * COLS * D, dout + (long long)next * COLS * D, SQ - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const bf16_t* qt = q_s + (i % STAGES) * COLS * D;
@@ -203,14 +204,14 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, row0 = qr0 + warp * 16;
     const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
-    fa_load_wg_tile<ROWS, D, THREADS>(q_s, q + (long long)qr0 * D, SQ - qr0, tid);
-    fa_load_wg_tile<ROWS, D, THREADS>(o_s, dout + (long long)qr0 * D, SQ - qr0, tid);
+    fa_load_wg_tile<ROWS, D, THREADS, Q_ROW>(q_s, q + (long long)qr0 * Q_ROW, SQ - qr0, tid);
+    fa_load_wg_tile<ROWS, D, THREADS, DO_ROW>(o_s, dout + (long long)qr0 * DO_ROW, SQ - qr0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS>(k_s + t * COLS * D, k + (long long)t * COLS * D, SK - t * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(v_s + t * COLS * D, v + (long long)t * COLS * D, SK - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + t * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + t * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -229,8 +230,8 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
         fence_proxy_async();
         __syncthreads();                                  // and tile t - 1 is retired everywhere
         if (next < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * D, SK - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * D, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
         }
         cp_async_commit();
         const bf16_t* kt = k_s + (t % STAGES) * COLS * D;
@@ -275,7 +276,8 @@ flash_attention_bwd_wg_bf16_d64_mask_r128_c64_w8_s2(const bf16_t* __restrict__ q
     extern __shared__ __align__(16) unsigned char fa_smem[];
     unsigned char* smem = fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1));
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
-    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+    const long long dq_off = (long long)bh * SQ * D, dkv_off = (long long)bh * SK * D;
+    const long long q_off = dq_off, k_off = dkv_off, v_off = dkv_off, do_off = dq_off;
     const float* st = stats + (long long)bh * SQ * 2;
     long long m_off = 0;
     {  int rem = bh, i;
@@ -284,8 +286,8 @@ flash_attention_bwd_wg_bf16_d64_mask_r128_c64_w8_s2(const bf16_t* __restrict__ q
     }
     const unsigned char* mp = mask + m_off;
     if (job < NKB)
-        fab_wg_dk_dv(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + NQ + k_off, out + NQ + NK + k_off,
+        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
                      job * ROWS, smem);
     else
-        fab_wg_dq(q + q_off, k + k_off, v + k_off, dout + q_off, st, mp, out + q_off, (job - NKB) * ROWS, smem);
+        fab_wg_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, smem);
 }

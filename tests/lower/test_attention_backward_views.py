@@ -1,0 +1,159 @@
+"""The attention backward reading q, k, v and dO where they were written (lower/attention_views.py):
+a training step's copies of q, k and v, read by the forward with logsumexps and by the backward,
+and its copy of dO, read by the row statistics and the backward, go where attention kernels alone
+read them; the program computes what it did (numpy reference here, the generated kernels in the
+emulator, float64 gradients end to end)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera_rw import op
+from tessera_rw.algebra.builder import make, make_input
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.emulator_plan import run_plan_emulated
+from tessera_rw.lower.attention_views import read_attention_views
+from tessera_rw.lower.layout_chains import fold_layout_chains
+from tests.lower.test_attention_views import heads
+
+F32 = DType.float32
+STRIDED = ("strided_attention_lse", "strided_attention_row_stats_from_lse", "strided_attention_bwd")
+
+
+def merged(y, h: int, d: int):
+    """y [b, s, h·d] as [b, h, s, d]: a cotangent arriving with the heads side by side."""
+    b, s, _ = y.shape
+    return make("transpose", make("reshape", y, shape=(b, s, h, d)), axes=(0, 2, 1, 3))
+
+
+def backward(q, k, v, do, scale: float, causal: bool):
+    """The forward with logsumexps, the row statistics read off it, and the gradients packed."""
+    flags = dict(scale=scale, causal=causal, has_mask=False)
+    fwd = make("flash_attention_lse", q, k, v, **flags)
+    stats = make("attention_row_stats_from_lse", fwd, do)
+    return fwd, make("flash_attention_bwd", q, k, v, do, stats, **flags)
+
+
+@st.composite
+def backward_programs(draw):
+    """A training step's attention: q, k, v cut from a packed projection (either packing) or dense
+    inputs, dO with the heads merged or dense, the forward kept as an output or not, and now and
+    then another reader of q's or dO's copy, which keeps it."""
+    b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 3))
+    d = draw(st.sampled_from((4, 8)))
+    x, y = make_input("x", (b, s, 3 * h * d), F32), make_input("y", (b, s, h * d), F32)
+    dense = make_input("dense", (b, h, s, d), F32)
+    layout = draw(st.sampled_from(("qkv", "hqkv")))
+    q, k, v = (heads(x, i, layout, h, d) if draw(st.booleans()) else dense for i in range(3))
+    do = merged(y, h, d) if draw(st.booleans()) else dense
+    fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()))
+    outputs = (grads, fwd) if draw(st.booleans()) else (grads,)
+    if draw(st.booleans()):
+        outputs += (make("exp", draw(st.sampled_from((q, do)))),)
+    return Graph("g", (x, y, dense), outputs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(backward_programs(), st.integers(0, 2**31 - 1))
+def test_reading_backward_views_in_place_computes_what_the_program_did(graph, seed):
+    rng = np.random.default_rng(seed)
+    feeds = {n.attr("name"): rng.standard_normal(n.shape).astype(np.float32) for n in graph.inputs}
+    read = read_attention_views(fold_layout_chains(graph))
+    kept = {n for n in graph.nodes if n.op == "exp"}
+    copies = [n for n in read.nodes if n.op in ("strided_copy", "transpose")]
+    assert len(copies) <= len(kept)            # a copy stays only where something else reads it
+    for got, want in zip(evaluate(read, feeds), evaluate(graph, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_training_step_s_copies_of_q_k_v_and_do_are_gone():
+    x, y = make_input("x", (2, 10, 48), F32), make_input("y", (2, 10, 16), F32)
+    q, k, v = (heads(x, i, "qkv", 2, 8) for i in range(3))
+    fwd, grads = backward(q, k, v, merged(y, 2, 8), 0.5, True)
+    read = read_attention_views(fold_layout_chains(Graph("g", (x, y), (grads, fwd))))
+    assert [n.op for n in read.nodes if n.op != "input"] == list(STRIDED)
+    lse, stats, bwd = (n for n in read.nodes if n.op != "input")
+    assert lse.args == (x, x, x) and stats.args == (lse, y) and bwd.args == (x, x, x, y, stats)
+    assert bwd.attr_map["offsets"] == (0, 16, 32, 0)
+    assert bwd.attr_map["strides"][12:] == (160, 8, 16, 1)                 # dO's rows, heads side by side
+
+
+def test_a_copy_read_by_another_kernel_stays_for_all_its_readers():
+    x, y = make_input("x", (2, 10, 48), F32), make_input("y", (2, 10, 16), F32)
+    q, k, v = (heads(x, i, "qkv", 2, 8) for i in range(3))
+    fwd, grads = backward(q, k, v, merged(y, 2, 8), 0.5, False)
+    read = read_attention_views(fold_layout_chains(Graph("g", (x, y), (grads, make("exp", q)))))
+    (copy,) = [n for n in read.nodes if n.op == "strided_copy"]
+    assert all(n.args[0] is copy for n in read.nodes if n.op in ("strided_attention_lse", "strided_attention_bwd"))
+
+
+LOSS_HEADS, LOSS_D = 2, 64
+
+
+def attention_loss(x, w_qkv, w_out, target):
+    """Σ target ∘ (causal self-attention of 2 heads of 64 from one q|k|v projection) · w_out."""
+    b, s, width = x.shape
+    qkv = op.transpose(op.reshape(x @ w_qkv, (b, s, 3, LOSS_HEADS, LOSS_D)), (2, 0, 3, 1, 4))
+    o = op.flash_attention(qkv[0], qkv[1], qkv[2], causal=True)
+    return op.sum(op.reshape(op.transpose(o, (0, 2, 1, 3)), (b, s, width)) @ w_out * target)
+
+
+def attention_loss_grads(x, w_qkv, w_out, target):
+    """d loss / d w_qkv and d w_out in float64 numpy, materialized."""
+    x, w_qkv, w_out, target = (np.asarray(a, np.float64) for a in (x, w_qkv, w_out, target))
+    b, s, width = x.shape
+    q, k, v = (x @ w_qkv).reshape(b, s, 3, LOSS_HEADS, LOSS_D).transpose(2, 0, 3, 1, 4)
+    scores = q @ np.swapaxes(k, -1, -2) * LOSS_D ** -0.5 + np.triu(np.full((s, s), -np.inf), 1)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = (p @ v).transpose(0, 2, 1, 3).reshape(b, s, width)
+    do = (target @ w_out.T).reshape(b, s, LOSS_HEADS, LOSS_D).transpose(0, 2, 1, 3)
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) * LOSS_D ** -0.5
+    dqkv = np.stack([ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do])
+    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(b, s, 3 * width)
+    return np.einsum("bsi,bsj->ij", x, dqkv), np.einsum("bsi,bsj->ij", o, target)
+
+
+def loss_inputs(seed: int) -> dict[str, np.ndarray]:
+    """x and target of unit scale, weights scaled by their fan-in: q, k and v of unit scale, so the
+    scores spread over several units and the softmax is far from uniform (with every score near 0,
+    wrong keys would go unnoticed)."""
+    rng = np.random.default_rng(seed)
+    width = LOSS_HEADS * LOSS_D
+    shapes = {"x": (1, 96, width), "w_qkv": (width, 3 * width), "w_out": (width, width), "target": (1, 96, width)}
+    return {n: (rng.standard_normal(s) / (np.sqrt(s[0]) if n.startswith("w") else 1)).astype(ml_dtypes.bfloat16)
+            for n, s in shapes.items()}
+
+
+GRADS = op.grad(attention_loss, argnums=(1, 2))
+
+
+def check_grads(got, inputs) -> None:
+    for g, want in zip(got, attention_loss_grads(**inputs)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), want, atol=1.5e-2 * np.abs(want).max(), rtol=0)
+
+
+def test_a_training_step_s_attention_backward_reads_the_projection_in_place():
+    inputs = loss_inputs(0)
+    program = GRADS.program(**inputs)
+    ops = [s.op for s in program.plan.steps]
+    assert set(STRIDED) <= set(ops) and "strided_copy" not in ops, ops
+    bwd = next(k for k in program.candidate.kernels if k.op.op == "strided_attention_bwd")
+    assert "strided_read" in bwd.fused
+    check_grads(GRADS(**inputs), inputs)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_the_training_step_s_attention_plan_matches_numpy_in_the_emulator():
+    inputs = loss_inputs(1)
+    program = GRADS.program(**inputs)
+    assert "strided_attention_bwd" in [s.op for s in program.plan.steps]
+    check_grads(run_plan_emulated(program.plan, inputs), inputs)
