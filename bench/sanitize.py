@@ -89,11 +89,13 @@ def cross_block_ops() -> list:
 
 def view_ops() -> list:
     """Kernels reading views in place, on small ragged shapes (lower/attention_views.py,
-    view_reads.py, concat_reads.py)."""
+    attention_writes.py, view_reads.py, concat_reads.py): a training step's attention among them."""
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.algebra.ops import OPS
     from tessera_rw.codegen.kernel_op import KernelOp
-    from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention
+    from tessera_rw.codegen.templates.attention_backward_problem import packed_qkv_backward
+    from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention, packed_qkv_lse
+    from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
 
     def of(name: str, *operands, **attrs):
         return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
@@ -106,6 +108,9 @@ def view_ops() -> list:
     gated = TensorType((300, 2 * 520), BF16)
     return [packed_qkv_attention(2, 4, 330, 64, BF16, causal=True),
             packed_qkv_attention(1, 4, 200, 128, BF16, kv_heads=2),
+            packed_qkv_lse(2, 4, 330, 64, BF16, causal=True),
+            AttentionStatsFromLseTemplate.sample((2, 4, 330, 64), BF16, merged=True),
+            packed_qkv_backward(2, 4, 330, 64, BF16, causal=True),
             rope,
             of("strided_elementwise", gated, gated, expr="mul(silu($0),$1)", shape=(300, 520),
                strides=(1040, 1, 1040, 1), offsets=(0, 520)),

@@ -92,7 +92,8 @@ def test_check_op_runs_the_schedules_it_is_given(monkeypatch):
 def test_the_view_kernels_it_runs_are_right_in_the_emulator(monkeypatch):
     arch = arch_named("h100")
     ops = sanitize.view_ops()
-    assert {o.op for o in ops} == {"strided_attention", "concatenated_elementwise", "strided_elementwise",
+    assert {o.op for o in ops} == {"strided_attention", "strided_attention_lse", "strided_attention_row_stats_from_lse",
+                                   "strided_attention_bwd", "concatenated_elementwise", "strided_elementwise",
                                    "strided_normalization"}
     monkeypatch.setattr(sanitize, "run_poisoned",
                         lambda op, arrays, schedule: emulator.run_emulated(op, arrays, schedule=schedule, arch=arch))

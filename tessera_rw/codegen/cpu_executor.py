@@ -31,7 +31,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.strided_attention import viewed, written_through
-from tessera_rw.algebra.ops.strided_attention_backward import VIEW_ATTRS, viewed_arrays
+from tessera_rw.algebra.ops.strided_attention_backward import on_views
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
 from tessera_rw.codegen.cpu_attention_backward import bwd_blockwise, row_stats_blockwise
 from tessera_rw.codegen.numerics import Numerics, compensated_sum
@@ -54,11 +54,7 @@ def _strided_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
 
 def _on_views(kernel: Callable[..., np.ndarray]) -> HostKernel:
     """The host form of a strided attention backward op: `kernel`, its base op's, over its views."""
-    def run(node: Node, args: list[np.ndarray]) -> np.ndarray:
-        a = node.attr_map
-        views = viewed_arrays(node.op, tuple(args), a["shapes"], a["strides"], a["offsets"])
-        return kernel(*views, **{k: v for k, v in a.items() if k not in VIEW_ATTRS})
-    return run
+    return lambda node, args: on_views(node.op, kernel, tuple(args), node.attr_map)
 
 
 def _compensated(node: Node, args: list[np.ndarray]) -> np.ndarray:

@@ -14,7 +14,10 @@ A training step reads the same copies twice more: q, k and v in the forward that
 logsumexps and in the backward, and dO (arriving with the heads side by side) in the row
 statistics and the backward. Those kernels load rows too, so each becomes its strided form
 (algebra/ops/strided_attention_backward.py) reading the views. A copy goes only where every
-reader is such a kernel reading it as a view; one other reader keeps it for all.
+reader is such a kernel reading it as a view; one other reader keeps it for all. The forward's O,
+copied with the heads side by side for the output projection, is written so (the row statistics
+read it there), and the backward's dQ, dK and dV, joined by one copy into the projection's
+gradient, are written there instead (lower/attention_writes.py).
 
 A view is read in place where each row's D values are contiguous, every row starts 16 bytes
 aligned (the kernels copy rows in 16-byte pieces) and rows lie at most 2^23 elements apart (a
@@ -40,22 +43,25 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.strided_attention_backward import VIEWED_OPERANDS
 from tessera_rw.algebra.shapes import contiguous_strides
+from tessera_rw.lower.attention_writes import (gradients_written_in_place, o_written_in_place, rows_fit,
+                                               written_in_place)
 from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
 # the ops whose kernels read operands row by row -> those operands (q, k, v; dO)
 VIEWED = {"flash_attention": (0, 1, 2)} | {op: viewed for op, (_, viewed) in VIEWED_OPERANDS.items()}
-ROW_ALIGNMENT = 16        # bytes: where every row of a view read or written in place must start
-MAX_ROW_STRIDE = 2 ** 23  # elements from row to row of a view read: a tile's 256 rows indexed in 32 bits
 
 
 def read_attention_views(graph: Graph) -> Graph:
     """`graph` with each attention-family node that reads copies of views a strided form reading
-    those views in place, and each flash_attention whose output is only copied into another layout
-    a strided_attention writing it there."""
+    those views in place; each flash_attention whose output is only copied into another layout a
+    strided_attention writing it there, and likewise the O of a flash_attention_lse (o_strides,
+    its row statistics reading it there); and each flash_attention_bwd whose gradients are only
+    joined into one projection's gradient a strided_attention_bwd writing them there."""
     users, outputs = graph.users, set(graph.outputs)
     views: dict[Node, StridedView] = {}
-    written: dict[Node, tuple[Node, tuple[int, ...]]] = {}     # copy of an attention -> (it, out strides)
+    written: dict[Node, tuple[Node, dict]] = {}     # copy of an attention's result -> (it, its write attributes)
+    o_written: dict[Node, tuple[Node, tuple[int, ...]]] = {}   # flash_attention_lse -> (O's copy, O's strides)
     reads: dict[Node, list[StridedView]] = {}
     for node in graph.nodes:
         if node.op not in VIEWED or not node.type.numel:
@@ -63,41 +69,48 @@ def read_attention_views(graph: Graph) -> Graph:
         # a copy an earlier attention now writes (attention of attention) is read as that writes it
         reads[node] = [(node.args[i] not in written and _read_in_place(node.args[i], users, outputs, views))
                        or dense_view(node.args[i]) for i in VIEWED[node.op]]
-        copy = users[node][0] if node.op == "flash_attention" and len(users[node]) == 1 and node not in outputs \
-            else None
-        out_strides = copy and _written_in_place(copy, node, views)
-        if out_strides:
-            written[copy] = (node, out_strides)
-        elif all(r.copies == 0 for r in reads[node]):
+        copy, write = _write_in_place(node, reads[node], users, outputs, views)
+        if write:
+            written[copy] = (node, write)
+        elif node.op == "flash_attention_lse" and (found := o_written_in_place(node, users, outputs, views)) \
+                and not any(u.op in VIEWED for u in users[found[0]]):   # O's copy read as itself, not a view
+            o_written[node] = found
+        elif all(r.copies == 0 for r in reads[node]) and not (node.args and node.args[0] in o_written):
             del reads[node]
     if not reads:
         return graph
     writes = {attention for attention, _ in written.values()}     # computed where their copy was
+    o_copies = {copy: lse for lse, (copy, _) in o_written.items()}
     new: dict[Node, Node] = {}
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node in written:
-            attention, out_strides = written[node]
-            rebuilt = _strided(attention, reads[attention], new, node.shape, out_strides)
+            attention, write = written[node]
+            rebuilt = _strided(attention, reads[attention], new, write)
+        elif node in o_copies:                    # O as the forward wrote it: a view of its result
+            rebuilt = make("reshape", make("slice", new[o_copies[node]], starts=(0,), stops=(node.type.numel,),
+                                           steps=(1,)), shape=node.shape)
         elif node in reads and node not in writes:
-            rebuilt = _strided(node, reads[node], new, node.shape, contiguous_strides(node.shape))
+            lse = node if node in o_written else node.args[0] if node.args[0] in o_written else None
+            rebuilt = _strided(node, reads[node], new, lse and dict(o_strides=o_written[lse][1]))
         new[node] = rebuilt
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
 
 
-def rows_fit(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, itemsize: int, read: bool = True) -> bool:
-    """Whether the attention kernels can read (or write) the rows of the view (shape, strides,
-    offset) where they lie: each row's values contiguous, every row starting on ROW_ALIGNMENT bytes
-    (axes of one element aside), and rows read at most MAX_ROW_STRIDE elements apart.
-
-    >>> rows_fit((2, 4, 128, 64), (98304, 64, 768, 1), 256, 2), rows_fit((2, 4, 128, 64), (98304, 64, 768, 1), 4, 2)
-    (True, False)
-    """
-    if strides[-1] != 1 and shape[-1] != 1:
-        return False
-    steps = [s for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
-    return (all(s * itemsize % ROW_ALIGNMENT == 0 for s in (*steps, offset))
-            and (not read or len(shape) < 2 or shape[-2] == 1 or strides[-2] <= MAX_ROW_STRIDE))
+def _write_in_place(node: Node, reads: list[StridedView], users: dict[Node, tuple[Node, ...]], outputs: set[Node],
+                    views: dict[Node, StridedView]) -> tuple[Node | None, dict | None]:
+    """The copy `node`'s strided form writes in place of, and how (its write attributes); or None's.
+    Only a forward's or a backward's result read by one copy alone: a backward's when its views
+    keep their rank (the gradients' shapes are then the kernel's)."""
+    readers = set(users[node])
+    if node in outputs or len(readers) != 1:
+        return None, None
+    (copy,) = readers
+    if node.op == "flash_attention":
+        return copy, written_in_place(copy, node, views)
+    if node.op == "flash_attention_bwd" and all(len(r.shape) == a.type.ndim for r, a in zip(reads, node.args)):
+        return copy, gradients_written_in_place(copy, node)
+    return None, None
 
 
 def _read_in_place(arg: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node],
@@ -119,33 +132,10 @@ def _reads_rows(user: Node, arg: Node) -> bool:
             and all(i in VIEWED[user.op] for i, a in enumerate(user.args) if a is arg))
 
 
-def _written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView]) -> tuple[int, ...] | None:
-    """Where each axis of `attention`'s output steps in `copy`'s dense value, when `copy` is a copy
-    of it permuting its axes with the head dim kept innermost and every row aligned; else None."""
-    if copy.op not in LAYOUT_OPS:
-        return None
-    view = strided_view(copy, views)
-    if view.root is not attention or not view.copies or view.offset:
-        return None
-    own = contiguous_strides(attention.shape)
-    out = [0] * len(own)
-    for n, stride, dense in zip(view.shape, view.strides, contiguous_strides(copy.shape)):
-        if n == 1:
-            continue
-        axis = next((j for j, s in enumerate(own) if s == stride and attention.shape[j] == n and not out[j]), None)
-        if axis is None:
-            return None
-        out[axis] = dense
-    if any(not out[j] for j, n in enumerate(attention.shape) if n != 1) or out[-1] != 1:
-        return None
-    return tuple(out) if rows_fit(attention.shape, tuple(out), 0, attention.type.dtype.itemsize, read=False) else None
-
-
-def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], shape: tuple[int, ...],
-             out_strides: tuple[int, ...]) -> Node:
+def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], write: dict | None = None) -> Node:
     """`attention` as its strided form reading `reads` (each padded to one rank) in place of the
-    operands it reads as views; a strided_attention writes a dense value of `shape` through
-    `out_strides`."""
+    operands it reads as views, writing its result as `write` says (a strided_attention's shape
+    and out_strides: dense unless given; a strided_attention_bwd's, packed unless given)."""
     rank = max(len(view.shape) for view in reads)
     shapes, strides = [], []
     for view in reads:
@@ -156,7 +146,8 @@ def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], s
     args = tuple(new[roots.get(i, arg)] for i, arg in enumerate(attention.args))
     views = dict(shapes=tuple(shapes), strides=tuple(strides), offsets=tuple(r.offset for r in reads))
     if attention.op != "flash_attention":
-        return make(VIEWED_OPERANDS[attention.op][0], *args, **attention.attr_map, **views)
+        return make(VIEWED_OPERANDS[attention.op][0], *args, **attention.attr_map, **views, **(write or {}))
     a = attention.attr_map
+    write = write or dict(shape=attention.shape, out_strides=contiguous_strides(attention.shape))
     return make("strided_attention", *args, scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"],
-                shape=shape, out_strides=tuple(out_strides), **views)
+                **write, **views)

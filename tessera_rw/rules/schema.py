@@ -79,7 +79,8 @@ OPT_DTYPE = AttrCodec("String", lambda v: egg_string("" if v is None else DType.
 ATTRS: dict[str, AttrCodec] = {
     "name": STR, "shape": DIMS, "dtype": DTYPE, "accum_dtype": OPT_DTYPE,
     "axes": DIMS, "starts": DIMS, "stops": DIMS, "steps": DIMS, "stride": DIMS, "dilation": DIMS, "strides": DIMS,
-    "sizes": DIMS, "offsets": DIMS, "shapes": DIMS, "out_strides": DIMS, "shared": DIMS,
+    "sizes": DIMS, "offsets": DIMS, "shapes": DIMS, "out_strides": DIMS, "out_offsets": DIMS, "o_strides": DIMS,
+    "shared": DIMS,
     "pads": PAIRS, "padding": PAIRS,
     "axis": I64, "k": I64, "groups": I64, "n": I64, "offset": I64, "parts": I64,
     "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,

@@ -74,14 +74,16 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention row stats from lse D=64 bf16": AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16),
         "attention row stats from lse D=96 f16": AttentionStatsFromLseTemplate.sample((5, 33, 96), F16),
     }
-    # a training step's: q, k, v read where one projection holds them, dO with the heads side by side
+    # a training step's: q, k, v read where one projection holds them, dO with the heads side by side,
+    # dQ, dK and dV written as that projection's gradient
     ops |= {
         "attention lse packed qkv S=130 D=64 causal bf16": packed_qkv_lse(1, 2, 130, 64, BF16, causal=True),
-        "attention lse packed qkv S=96 D=128 f16": packed_qkv_lse(2, 2, 96, 128, F16),
+        "attention lse packed qkv S=96 D=128 f16 O dense": packed_qkv_lse(2, 2, 96, 128, F16, merged=False),
         "attention row stats from lse merged heads D=64 bf16":
             AttentionStatsFromLseTemplate.sample((2, 3, 77, 64), BF16, merged=True),
         "attention backward packed qkv S=128 D=64 causal bf16": packed_qkv_backward(1, 2, 128, 64, BF16, causal=True),
-        "attention backward packed qkv S=72 D=128 f16": packed_qkv_backward(2, 2, 72, 128, F16),
+        "attention backward packed qkv S=72 D=128 f16 gradients packed": packed_qkv_backward(2, 2, 72, 128, F16,
+                                                                                           written=False),
         "attention backward fast packed qkv S=100 D=64 causal f16":
             replace(packed_qkv_backward(1, 2, 100, 64, F16, causal=True), numerics=Numerics.FAST),
     }

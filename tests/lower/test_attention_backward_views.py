@@ -21,6 +21,7 @@ from tessera_rw.codegen import emulator
 from tessera_rw.codegen.emulator_plan import run_plan_emulated
 from tessera_rw.lower.attention_views import read_attention_views
 from tessera_rw.lower.layout_chains import fold_layout_chains
+from tessera_rw.lower.lowering import view_offset
 from tests.lower.test_attention_views import heads
 
 F32 = DType.float32
@@ -41,10 +42,40 @@ def backward(q, k, v, do, scale: float, causal: bool):
     return fwd, make("flash_attention_bwd", q, k, v, do, stats, **flags)
 
 
+def joined(grads, layout: str, b: int, h: int, s: int, d: int):
+    """flash_attention_bwd's packed dQ | dK | dV as the gradient of a projection packing q, k and v
+    as `layout` says ('qkv': (3, h, d) per token, 'hqkv': (h, 3, d)): each transposed back from
+    heads, the three concatenated."""
+    n, axis = b * h * s * d, 2 if layout == "qkv" else 3
+    parts = []
+    for i in range(3):
+        part = make("reshape", make("slice", grads, starts=(i * n,), stops=((i + 1) * n,), steps=(1,)),
+                    shape=(b, h, s, d))
+        part = make("transpose", part, axes=(0, 2, 1, 3))
+        parts.append(make("reshape", part, shape=(b, s, 1, h, d) if axis == 2 else (b, s, h, 1, d)))
+    return make("concatenate", *parts, axis=axis)
+
+
+def merged_o(fwd, b: int, h: int, s: int, d: int):
+    """The attention output O [b, s, h, d] out of flash_attention_lse's result: heads side by side."""
+    o = make("reshape", make("slice", fwd, starts=(0,), stops=(b * h * s * d,), steps=(1,)), shape=(b, h, s, d))
+    return make("transpose", o, axes=(0, 2, 1, 3))
+
+
+def reads_o(node) -> bool:
+    """Whether `node` reads merged_o's copy: the forward under its chain of first operands."""
+    while node.args:
+        node = node.args[0]
+        if node.op == "flash_attention_lse":
+            return True
+    return False
+
+
 @st.composite
 def backward_programs(draw):
     """A training step's attention: q, k, v cut from a packed projection (either packing) or dense
-    inputs, dO with the heads merged or dense, the forward kept as an output or not, and now and
+    inputs, dO with the heads merged or dense, the gradients packed or joined as the projection's,
+    the forward kept as an output or not, O copied with the heads side by side or not, and now and
     then another reader of q's or dO's copy, which keeps it."""
     b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 3))
     d = draw(st.sampled_from((4, 8)))
@@ -54,7 +85,11 @@ def backward_programs(draw):
     q, k, v = (heads(x, i, layout, h, d) if draw(st.booleans()) else dense for i in range(3))
     do = merged(y, h, d) if draw(st.booleans()) else dense
     fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()))
+    if draw(st.booleans()):                    # joined as the projection's gradient, as its packing
+        grads = joined(grads, layout, b, h, s, d)
     outputs = (grads, fwd) if draw(st.booleans()) else (grads,)
+    if draw(st.booleans()):                    # O, heads side by side, read by the output projection
+        outputs += (make("exp", merged_o(fwd, b, h, s, d)),)
     if draw(st.booleans()):
         outputs += (make("exp", draw(st.sampled_from((q, do)))),)
     return Graph("g", (x, y, dense), outputs)
@@ -66,8 +101,11 @@ def test_reading_backward_views_in_place_computes_what_the_program_did(graph, se
     rng = np.random.default_rng(seed)
     feeds = {n.attr("name"): rng.standard_normal(n.shape).astype(np.float32) for n in graph.inputs}
     read = read_attention_views(fold_layout_chains(graph))
-    kept = {n for n in graph.nodes if n.op == "exp"}
-    copies = [n for n in read.nodes if n.op in ("strided_copy", "transpose")]
+    # an exp of q's or dO's copy keeps it, and O's copy stays where the forward is an output itself
+    fwd_out = any(n.op == "flash_attention_lse" for n in graph.outputs)
+    kept = {n for n in graph.nodes if n.op == "exp" and (not reads_o(n) or fwd_out)}
+    copies = [n for n in read.nodes if n.op in ("strided_copy", "transpose", "concatenate", "strided_concatenate")
+              and view_offset(n.op, n.args[0].type, n.attr_map) is None]      # a transpose of one head is a view
     assert len(copies) <= len(kept)            # a copy stays only where something else reads it
     for got, want in zip(evaluate(read, feeds), evaluate(graph, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -100,8 +138,9 @@ LOSS_HEADS, LOSS_D = 2, 64
 def attention_loss(x, w_qkv, w_out, target):
     """Σ target ∘ (causal self-attention of 2 heads of 64 from one q|k|v projection) · w_out."""
     b, s, width = x.shape
-    qkv = op.transpose(op.reshape(x @ w_qkv, (b, s, 3, LOSS_HEADS, LOSS_D)), (2, 0, 3, 1, 4))
-    o = op.flash_attention(qkv[0], qkv[1], qkv[2], causal=True)
+    qkv = op.reshape(x @ w_qkv, (b, s, 3, LOSS_HEADS, LOSS_D))
+    q, k, v = (op.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))
+    o = op.flash_attention(q, k, v, causal=True)
     return op.sum(op.reshape(op.transpose(o, (0, 2, 1, 3)), (b, s, width)) @ w_out * target)
 
 

@@ -103,7 +103,7 @@ def test_q_k_v_cut_from_one_projection_fold_to_one_copy_each_which_attention_rea
     np.testing.assert_allclose(op.kernel(attention)(xs, ws), attention(xs, ws), rtol=1e-10)
 
 
-def test_the_gradient_of_q_k_v_cut_from_one_projection_is_one_copy_of_the_three():
+def test_the_gradient_of_q_k_v_cut_from_one_projection_launches_no_copy():
     def loss(x, w, g):
         b, s, d = x.shape
         qkv = op.reshape(x @ w, (b, s, 3, 4, d // 4))
@@ -111,8 +111,10 @@ def test_the_gradient_of_q_k_v_cut_from_one_projection_is_one_copy_of_the_three(
         return op.sum(op.flash_attention(q, k, v, causal=True) * g)
     grad = op.grad(loss, argnums=1)
     x, w, g = op.tensor((2, 128, 256), "bf16"), op.tensor((256, 768), "bf16"), op.tensor((2, 4, 128, 64), "bf16")
+    # the three pieces fold into one strided_concatenate, which the attention backward then writes
+    # itself (lower/attention_writes.py)
     steps = [s.op for s in grad.program(x, w, g).plan.steps]
-    assert steps.count("strided_concatenate") == 1 and "concatenate" not in steps and "transpose" not in steps
+    assert "strided_attention_bwd" in steps and not {"strided_concatenate", "concatenate", "transpose"} & set(steps)
     rng = np.random.default_rng(2)
     xs, ws, gs = rng.standard_normal((2, 16, 64)), rng.standard_normal((64, 192)) / 8, rng.standard_normal((2, 4, 16, 16))
     want = op.grad(loss, argnums=1).trace(xs, ws, gs)

@@ -45,7 +45,7 @@ from tessera_rw.codegen.templates.attention_tma_cuda import smem_bytes as tma_sm
 from tessera_rw.codegen.templates.attention_wgmma_cuda import emit_wgmma_kernel
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.warp_specialization import consumer_room, registers_at_launch
-from tessera_rw.lower.attention_views import ROW_ALIGNMENT, rows_fit
+from tessera_rw.lower.attention_writes import ROW_ALIGNMENT, rows_fit
 
 WIDE_HEAD_KEYS, WIDE_HEAD_STAGES = 32, (3, 4, 5)
 SFU_PER_SM = 16               # ex2 throughput per SM per clock on sm_80 and sm_90 (4 per partition)
@@ -62,6 +62,12 @@ CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key ti
 WG_KEYS, WG_GROUPS, WG_STAGES = (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
+
+
+def _o_strides(op: KernelOp) -> tuple[int, ...]:
+    """How a strided op writes O: strided_attention's out_strides, strided_attention_lse's
+    o_strides; () where dense."""
+    return tuple(op.attr_map.get("out_strides" if op.op == "strided_attention" else "o_strides") or ())
 
 
 class FlashAttentionTemplate(Template):
@@ -110,18 +116,19 @@ class FlashAttentionTemplate(Template):
         """Why the kernels cannot read or write a strided op's views (lower/attention_views.py makes
         only views they can: rows_fit)."""
         refusal = view_refusal(op, "the fused attention kernel")
-        if refusal or op.op != "strided_attention":
+        o_strides = _o_strides(op)
+        if refusal or not o_strides:
             return refusal
-        if not rows_fit(output_type(op).shape, op.attr_map["out_strides"], 0, op.result.dtype.itemsize, read=False):
+        if not rows_fit(output_type(op).shape, o_strides, 0, op.result.dtype.itemsize, read=False):
             return (f"the fused attention kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
-                    f"bytes; the output's strides are {op.attr_map['out_strides']}")
+                    f"bytes; the output's strides are {o_strides}")
         return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map
         views = ("strided_read",) * any(slice_text(op.operands[i].shape, *view) for i, view in operand_views(op).items())
-        if op.op == "strided_attention":
-            out, written = output_type(op).shape, a["out_strides"]
+        if written := _o_strides(op):
+            out = output_type(op).shape
             views += ("strided_write",) * any(n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
         return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
             + ("softmax",) + (("logsumexp",) if writes_lse(op) else ()) + views

@@ -49,7 +49,7 @@ from tessera_rw.codegen.templates.attention_problem import (attention_operands, 
                                                             resident_heads, round_up, view_refusal)
 from tessera_rw.codegen.templates.attention_backward_problem import (WG_ROWS, BackwardSchedule, BackwardShape,
                                                                      GradientSchedule, WarpgroupGradientSchedule,
-                                                                     packed_qkv_backward)
+                                                                     gradient_write_refusal, packed_qkv_backward)
 from tessera_rw.codegen.templates.attention_backward_wgmma_cuda import emit_wgmma_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
@@ -261,10 +261,12 @@ class FlashAttentionBwdTemplate(_BackwardTemplate):
         if (why := super().refusal(op)) is not None:
             return why
         stats = op.operands[4]
-        return None if stats.dtype is DType.float32 else f"the row statistics are float32, not {stats.dtype}"
+        return gradient_write_refusal(op) if stats.dtype is DType.float32 else \
+            f"the row statistics are float32, not {stats.dtype}"
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return self.with_flags(("backward",), op) + ("strided_read",) * reads_views(op)
+        return self.with_flags(("backward",), op) + ("strided_read",) * reads_views(op) \
+            + ("strided_write",) * bool(op.attr_map.get("shape"))
 
     def samples(self) -> tuple[KernelOp, ...]:
         # and a training step's: q, k, v read from one projection, dO with the heads side by side

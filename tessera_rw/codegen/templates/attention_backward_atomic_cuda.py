@@ -37,7 +37,7 @@ DS_STORE = r"""        #pragma unroll
 
 # ... then, once every warp's rows are in, the tile's dQ share added into the workspace's sum and
 # the block's arrival counted (this head's parts of `out` and `work` are found here, from the
-# kernel's parameters, rather than held in registers through the walk) ...
+# kernel's parameters, rather than held in registers through the walk; dq_out is the head's) ...
 DQ_STEP = r"""        __syncthreads();                                  // every warp's rows of dSᵀ are in ds_s
         fab_dq_share(work + (long long)(blockIdx.x / NKB) * SQ * D, ds_s, k_s, c0, warp, lane);
         fab_dq_arrive((unsigned*)(work + NQ) + (long long)(blockIdx.x / NKB) * NQT, last_tiles, t, tid);
@@ -45,8 +45,7 @@ DQ_STEP = r"""        __syncthreads();                                  // every
 
 # ... and after the walk, with dK and dV stored and their registers free, the tiles this block
 # completed converted
-DQ_FINISH = r"""    fab_dq_finish(work + (long long)(blockIdx.x / NKB) * SQ * D, out + (long long)(blockIdx.x / NKB) * SQ * D,
-                  last_tiles, tid);
+DQ_FINISH = r"""    fab_dq_finish(work + (long long)(blockIdx.x / NKB) * SQ * D, dq_out, last_tiles, tid);
 """
 
 DQ_HELPERS = r"""// query tile t is visited by the key blocks whose first key comes before its last query (all of
@@ -115,7 +114,7 @@ __device__ __forceinline__ void fab_dq_finish(const float* dq_sum, $ELEM* dq_out
                 const int row = c0 + i / (D / 4), col = (i % (D / 4)) * 4;
                 if (row < SQ) {
                     const float4 x = __ldcg((const float4*)(dq_sum + (long long)row * D + col));
-                    *(uint2*)(dq_out + (long long)row * D + col) =
+                    *(uint2*)(dq_out + (long long)row * DQ_ROW + col) =
                         make_uint2($PACK(x.x * SCALE, x.y * SCALE), $PACK(x.z * SCALE, x.w * SCALE));
                 }
             }
@@ -134,7 +133,7 @@ $NAME(const $ELEM* __restrict__ q, const $ELEM* __restrict__ k, const $ELEM* __r
 $OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
-    fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
-              kb * ROWS, fa_smem, out, work);
+    fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dk_off, out + dv_off,
+              kb * ROWS, fa_smem, out + dq_off, work);
 }
 """

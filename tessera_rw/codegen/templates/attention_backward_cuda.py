@@ -35,6 +35,7 @@ from tessera_rw.codegen.templates.attention_backward_atomic_cuda import (BWD_KER
 from tessera_rw.codegen.templates.attention_cuda import (LOG2E, MASK_LOAD, MASK_TYPES, TILE_HELPERS,
                                                          mask_strides, offset_statements)
 from tessera_rw.codegen.templates.attention_problem import RowLayout, operand_layout, reads_views
+from tessera_rw.codegen.templates.attention_backward_problem import gradient_layouts
 from tessera_rw.codegen.templates.cuda_scalar import float_literal
 
 if TYPE_CHECKING:
@@ -79,17 +80,20 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
 
 
 def operand_constants(op: KernelOp, shape: BackwardShape) -> dict[str, object]:
-    """The row strides of q, k, v and dO (D apart in dense operands, a view's row stride in a
-    strided op's) and the statements placing the flat (batch, head) index `bh`'s rows: q_off,
-    k_off, v_off and do_off into them; dq_off and dkv_off into the packed, dense gradients."""
-    dense = "    const long long dq_off = (long long)bh * SQ * D, dkv_off = (long long)bh * SK * D;"
+    """The row strides of q, k, v and dO read and of dQ, dK and dV written (D apart where dense, a
+    view's row stride in a strided op's), and the statements placing the flat (batch, head) index
+    `bh`'s rows: q_off, k_off, v_off and do_off into the operands, dq_off, dk_off and dv_off into
+    the result (packed dQ | dK | dV, or where a strided_attention_bwd writes them)."""
+    d = shape.d
     if not reads_views(op):
-        offsets = f"{dense}\n    const long long q_off = dq_off, k_off = dkv_off, v_off = dkv_off, do_off = dq_off;"
-        return dict(OFFSETS=offsets, Q_ROW=shape.d, K_ROW=shape.d, V_ROW=shape.d, DO_ROW=shape.d)
-    layouts = [operand_layout(op, i, len(shape.batch)) for i in range(4)]
-    offsets = offset_statements(shape.batch, list(zip(("q_off", "k_off", "v_off", "do_off"), layouts)))
-    return dict(OFFSETS=f"{dense}\n{offsets}", **{f"{name}_ROW": layout.row
-                                                   for name, layout in zip(("Q", "K", "V", "DO"), layouts)})
+        offsets = ("    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;\n"
+                   "    const long long v_off = k_off, do_off = q_off, dq_off = q_off, dk_off = NQ + k_off, "
+                   "dv_off = NQ + NK + k_off;")
+        return dict(OFFSETS=offsets, Q_ROW=d, K_ROW=d, V_ROW=d, DO_ROW=d, DQ_ROW=d, DK_ROW=d, DV_ROW=d)
+    names = ("q_off", "k_off", "v_off", "do_off", "dq_off", "dk_off", "dv_off")
+    layouts = [operand_layout(op, i, len(shape.batch)) for i in range(4)] + gradient_layouts(op, len(shape.batch))
+    return dict(OFFSETS=offset_statements(shape.batch, list(zip(names, layouts))),
+                **{f"{name[:-4].upper()}_ROW": layout.row for name, layout in zip(names, layouts)})
 
 
 def kernel_name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
@@ -123,7 +127,7 @@ def dk_dv_steps(atomic: bool) -> dict[str, str]:
     if not atomic:
         return dict(DQ_HELPERS="", DQ_PARAMS="", DQ_SMEM="", DS_STORE="", DQ_STEP="", DQ_FINISH="")
     return dict(DQ_HELPERS=DQ_HELPERS,
-                DQ_PARAMS=", $ELEM* out, float* work",
+                DQ_PARAMS=", $ELEM* dq_out, float* work",
                 DQ_SMEM=DQ_SMEM, DS_STORE=DS_STORE, DQ_STEP=DQ_STEP, DQ_FINISH=DQ_FINISH)
 
 
@@ -221,12 +225,15 @@ constexpr float SCALE = $SCALE, SCALE_LOG2 = $SCALE_LOG2, LOG2E = 1.442695040888
 constexpr bool CAUSAL = $CAUSAL;
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
 constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW, DO_ROW = $DO_ROW;   // elements from row to row
+constexpr int DQ_ROW = $DQ_ROW, DK_ROW = $DK_ROW, DV_ROW = $DV_ROW;
 
 __device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
     for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 }
 
-// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as $ELEM into dst [rows][D]
+// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as $ELEM into dst's rows,
+// DST_ROW elements apart
+template <int DST_ROW>
 __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $ELEM* dst, int row0, int rows, int lane) {
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -234,7 +241,7 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, $
         if (row < rows) {
             #pragma unroll
             for (int n = 0; n < D / 8; ++n)
-                *(unsigned*)(dst + (long long)row * D + n * 8 + 2 * (lane & 3)) =
+                *(unsigned*)(dst + (long long)row * DST_ROW + n * 8 + 2 * (lane & 3)) =
                     $PACK(acc[n][2 * h] * factor, acc[n][2 * h + 1] * factor);
         }
     }
@@ -317,8 +324,8 @@ $DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = l
         fab_accumulate(dk, dp, qt, lane);
 $DQ_STEP        __syncthreads();                                  // the stage is refilled next iteration
     }
-    fab_store(dk, SCALE, dk_out, key0, SK, lane);
-    fab_store(dv, 1.f, dv_out, key0, SK, lane);
+    fab_store<DK_ROW>(dk, SCALE, dk_out, key0, SK, lane);
+    fab_store<DV_ROW>(dv, 1.f, dv_out, key0, SK, lane);
 $DQ_FINISH}
 
 """
@@ -353,7 +360,7 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
 """ + QUERY_TILE_GRADIENTS + r"""        fab_accumulate(dq, dp, kt, lane);
         __syncthreads();
     }
-    fab_store(dq, SCALE, dq_out, row0, SQ, lane);
+    fab_store<DQ_ROW>(dq, SCALE, dq_out, row0, SQ, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -365,7 +372,7 @@ $OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
     if (job < NKB)
-        fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
+        fab_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dk_off, out + dv_off,
                   job * ROWS, fa_smem);
     else
         fab_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, fa_smem);

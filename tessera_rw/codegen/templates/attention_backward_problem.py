@@ -18,12 +18,16 @@ from typing import ClassVar
 
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.attention_backward import STATS, dq_dk_dv_shapes
+from tessera_rw.algebra.ops.strided_attention_backward import gradient_writes
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
-from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.attention_backward import STATS
-from tessera_rw.codegen.templates.attention_problem import attention_operands, merged_heads, packed_qkv_views
+from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads,
+                                                            packed_qkv_views)
 from tessera_rw.codegen.templates.base import Schedule
+from tessera_rw.lower.attention_writes import ROW_ALIGNMENT, rows_fit
 
 # sm_90's wgmma kernel: 64 rows (keys or queries) per warpgroup
 WG_ROWS = 64
@@ -111,15 +115,52 @@ class BackwardShape:
         return self.bh * total
 
 
-def packed_qkv_backward(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False) -> KernelOp:
+def packed_qkv_backward(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False,
+                        written: bool = True) -> KernelOp:
     """The strided_attention_bwd of a training step: q, k and v read where one projection holds
     them (packed_qkv_views), dO where the output projection's gradient holds it, heads side by side
-    (merged_heads); the row statistics and the packed gradients dense."""
+    (merged_heads); dQ, dK and dV written as that projection's gradient [batch, seq, 3, heads, d]
+    (`written`) or packed; the row statistics dense."""
     qkv, views = packed_qkv_views(batch, heads, seq, d, dtype)
     do = TensorType((batch, seq, heads * d), dtype)
     shape, strides, offset = merged_heads(batch, heads, seq, d)
     attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shapes=views["shapes"] + shape,
                  strides=views["strides"] + strides, offsets=views["offsets"] + (offset,))
+    if written:
+        row = 3 * heads * d
+        attrs |= dict(shape=(batch, seq, 3, heads, d), out_strides=(seq * row, d, row, 1) * 3,
+                      out_offsets=(0, heads * d, 2 * heads * d))
     operands = (qkv, qkv, qkv, do, TensorType((batch, heads, seq, STATS), DType.float32))
     return KernelOp.of("strided_attention_bwd", operands, OPS["strided_attention_bwd"].infer(*operands, **attrs),
                        **attrs)
+
+
+def gradient_layouts(op: KernelOp, rank: int) -> list[RowLayout]:
+    """Where a backward op writes the rows of dQ, dK and dV, batch dims padded to `rank`: packed one
+    after another, dense, or where a strided_attention_bwd's write attributes put them."""
+    q, k, v, do = attention_operands(op)[:4]
+    grads = dq_dk_dv_shapes(q.shape, k.shape, v.shape, do.shape[:-2])
+    a = op.attr_map
+    writes = gradient_writes(a.get("shape", ()), a.get("out_strides", ()), a.get("out_offsets", ()))
+    if writes is None:
+        starts = (0, math.prod(grads[0]), math.prod(grads[0]) + math.prod(grads[1]))
+        writes = [(contiguous_strides(g), start) for g, start in zip(grads, starts)]
+    layouts = []
+    for grad, (strides, offset) in zip(grads, writes):
+        lead = rank - (len(grad) - 2)
+        layouts.append(RowLayout((1,) * lead + grad[:-2], (0,) * lead + strides[:-2], strides[-2], offset))
+    return layouts
+
+
+def gradient_write_refusal(op: KernelOp) -> str | None:
+    """Why the backward kernels cannot write dQ, dK and dV where a strided_attention_bwd puts them
+    (lower/attention_writes.py makes only layouts they can: rows_fit); None when they can."""
+    a = op.attr_map
+    writes = gradient_writes(a.get("shape", ()), a.get("out_strides", ()), a.get("out_offsets", ()))
+    q, k, v, do = attention_operands(op)[:4]
+    for name, grad, (strides, offset) in zip(("dQ", "dK", "dV"), dq_dk_dv_shapes(q.shape, k.shape, v.shape,
+                                                                                 do.shape[:-2]), writes or ()):
+        if not rows_fit(grad, strides, offset, op.result.dtype.itemsize, read=False):
+            return (f"the attention backward kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
+                    f"bytes; {name} is written through strides {strides} from offset {offset}")
+    return None

@@ -158,8 +158,8 @@ __device__ __forceinline__ void fab_wg_dk_dv(const $ELEM* q, const $ELEM* k, con
         wgmma_hold<COLS / 4>(&pa[0][0]);
         wgmma_hold<COLS / 4>(&da[0][0]);
     }
-    fab_store(dk, SCALE, dk_out, key0, SK, lane);
-    fab_store(dv, 1.f, dv_out, key0, SK, lane);
+    fab_store<DK_ROW>(dk, SCALE, dk_out, key0, SK, lane);
+    fab_store<DV_ROW>(dv, 1.f, dv_out, key0, SK, lane);
 }
 
 """
@@ -202,7 +202,7 @@ __device__ __forceinline__ void fab_wg_dq(const $ELEM* q, const $ELEM* k, const 
         wgmma_hold<D / 2>(&dq[0][0]);
         wgmma_hold<COLS / 4>(&da[0][0]);
     }
-    fab_store(dq, SCALE, dq_out, row0, SQ, lane);
+    fab_store<DQ_ROW>(dq, SCALE, dq_out, row0, SQ, lane);
 }
 
 """
@@ -218,7 +218,7 @@ $OFFSETS
     const float* st = stats + (long long)bh * SQ * 2;
 $MASK_OFFSET
     if (job < NKB)
-        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
+        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dk_off, out + dv_off,
                      job * ROWS, smem);
     else
         fab_wg_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, smem);

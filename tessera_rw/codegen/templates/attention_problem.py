@@ -22,12 +22,12 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.strided_attention import View, attention_views
-from tessera_rw.algebra.ops.strided_attention_backward import VIEW_ATTRS, base_op, viewed_operands
+from tessera_rw.algebra.ops.strided_attention_backward import base_op, form_attrs, viewed_operands
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
-from tessera_rw.lower.attention_views import MAX_ROW_STRIDE, ROW_ALIGNMENT, rows_fit
+from tessera_rw.lower.attention_writes import MAX_ROW_STRIDE, ROW_ALIGNMENT, rows_fit
 
 # Head dims: the mma.sync kernel takes any multiple of 16 up to 128 (one k-step of Q Kᵀ is 16 wide);
 # at 256 its O accumulator (128 registers a thread) and Q fragments (64) spill. The wgmma kernel
@@ -174,13 +174,15 @@ def attention_operands(op: KernelOp) -> tuple[TensorType, ...]:
 
 
 def dense_op(op: KernelOp) -> KernelOp:
-    """A strided attention backward op as the dense op it computes over its views' types (itself
-    for any other op): what sizes, flops and references are of."""
+    """A strided attention backward op as the dense op it computes over its views' types, its
+    result as that op's (a strided_attention_bwd's gradients packed again, O dense again); itself
+    for any other op: what sizes, flops and references are of."""
     base = base_op(op.op)
     if base is None:
         return op
-    attrs = {k: v for k, v in op.attr_map.items() if k not in VIEW_ATTRS}
-    return KernelOp.of(base, attention_operands(op), op.result, numerics=op.numerics, **attrs)
+    attrs = {k: v for k, v in op.attr_map.items() if k not in form_attrs(op.op)}
+    operands = attention_operands(op)
+    return KernelOp.of(base, operands, OPS[base].infer(*operands, **attrs), numerics=op.numerics, **attrs)
 
 
 def operand_bytes(op: KernelOp, count: int = 3) -> tuple[int, ...]:
@@ -233,10 +235,12 @@ def operand_layout(op: KernelOp, i: int, rank: int) -> RowLayout:
 
 def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
     """A forward op's q, k, v and O row layouts (O as the attention output, before any logsumexps;
-    a strided_attention's through its out_strides), batch dims padded to the output's."""
+    a strided_attention's through its out_strides, a strided_attention_lse's through o_strides),
+    batch dims padded to the output's."""
     out = output_type(op)
     rank = out.ndim - 2
-    o = op.attr_map["out_strides"] if op.op == "strided_attention" else contiguous_strides(out.shape)
+    a = op.attr_map
+    o = a["out_strides"] if op.op == "strided_attention" else a.get("o_strides") or contiguous_strides(out.shape)
     return (*(operand_layout(op, i, rank) for i in range(3)), RowLayout(out.shape[:-2], tuple(o[:-2]), o[-2]))
 
 
@@ -281,11 +285,15 @@ def packed_qkv_attention(batch: int, heads: int, seq: int, d: int, dtype: DType,
     return KernelOp.of("strided_attention", (qkv,) * 3, OPS["strided_attention"].infer(qkv, qkv, qkv, **attrs), **attrs)
 
 
-def packed_qkv_lse(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False) -> KernelOp:
+def packed_qkv_lse(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False,
+                   merged: bool = True) -> KernelOp:
     """The strided_attention_lse of a training step's forward: q, k and v read where the
-    projection holds them (packed_qkv_views), O and the logsumexps written packed and dense."""
+    projection holds them (packed_qkv_views), O written with the heads side by side where the
+    output projection reads it (`merged`: o_strides) or dense, the logsumexps after it."""
     qkv, views = packed_qkv_views(batch, heads, seq, d, dtype)
     attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, **views)
+    if merged:
+        attrs["o_strides"] = merged_heads(batch, heads, seq, d)[1]
     return KernelOp.of("strided_attention_lse", (qkv,) * 3, OPS["strided_attention_lse"].infer(qkv, qkv, qkv, **attrs),
                        **attrs)
 

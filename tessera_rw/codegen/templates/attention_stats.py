@@ -21,14 +21,16 @@ from string import Template as Text
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.attention_backward import STATS, lse_length
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_cuda import offset_statements
-from tessera_rw.codegen.templates.attention_problem import (attention_operands, merged_heads, operand_bytes,
-                                                            operand_layout, reads_views, view_refusal)
+from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads,
+                                                            operand_bytes, operand_layout, reads_views, view_refusal)
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
+from tessera_rw.lower.attention_writes import rows_fit
 
 WARP_COUNTS = (8, 4, 16, 2)         # the first is the default
 
@@ -51,9 +53,11 @@ class AttentionStatsFromLseTemplate(Template):
         if op.op not in self.ops or len(op.operands) != 2:
             return False
         fwd, do = attention_operands(op)
+        o_strides = op.attr_map.get("o_strides")
         return (do.dtype in (DType.bfloat16, DType.float16) and fwd.dtype is do.dtype and do.ndim >= 2
                 and do.shape[-1] % 2 == 0 and fwd.shape == (lse_length(do.shape),)
-                and view_refusal(op, "") is None)
+                and view_refusal(op, "") is None
+                and (not o_strides or rows_fit(do.shape, o_strides, 0, do.dtype.itemsize)))
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return ("row_stats",) + ("strided_read",) * reads_views(op)
@@ -90,7 +94,7 @@ class AttentionStatsFromLseTemplate(Template):
         header = (f"// {op}\n// schedule: {schedule.describe()}\n"
                   f"// launch: {name}<<<{blocks}, {WARP_SIZE * schedule.warps}>>>(fwd, do, stats); stats [rows][{STATS}] fp32\n")
         source = Text(KERNEL).substitute(NAME=name, ELEM=f"{tag}_t", TO_F32=f"{tag}_to_f32", D=d, ROWS=rows,
-                                         WARPS=schedule.warps, DO_ROWS=_do_rows(op, f"{tag}_t"))
+                                         WARPS=schedule.warps, ROWS_AT=_rows(op, f"{tag}_t"))
         return KernelSource(name, header + source, threads=WARP_SIZE * schedule.warps, grid=(blocks, 1, 1),
                             fast_math=op.numerics is Numerics.FAST)
 
@@ -100,26 +104,36 @@ class AttentionStatsFromLseTemplate(Template):
 
     @staticmethod
     def sample(shape: tuple[int, ...], dtype: DType, merged: bool = False) -> KernelOp:
-        """The op for dO of `shape` [b, h, s, d]; `merged`: read where [b, s, h·d] holds it."""
+        """The op for dO of `shape` [b, h, s, d]; `merged`: dO read where [b, s, h·d] holds it, O where
+        the forward wrote it likewise, heads side by side."""
         fwd, result = TensorType((lse_length(shape),), dtype), TensorType(shape[:-1] + (STATS,), DType.float32)
         if not merged:
             return KernelOp.of("attention_row_stats_from_lse", (fwd, TensorType(shape, dtype)), result)
         b, h, s, d = shape
         view, strides, offset = merged_heads(b, h, s, d)
         return KernelOp.of("strided_attention_row_stats_from_lse", (fwd, TensorType((b, s, h * d), dtype)), result,
-                           shapes=view, strides=strides, offsets=(offset,))
+                           shapes=view, strides=strides, offsets=(offset,), o_strides=strides)
 
 
-def _do_rows(op: KernelOp, elem: str) -> str:
-    """CUDA pointing `g` at the row's dO: row·D of a dense dO, else where the view puts the row
-    (its head's offset, then the row within the head times the view's row stride)."""
+def _rows(op: KernelOp, elem: str) -> str:
+    """CUDA pointing `o` and `g` at the row's O and dO: row·D of dense ones, else where the forward
+    wrote O (o_strides) and where dO's view puts its row (the head's offset, then the row within
+    the head times the row stride)."""
     if not reads_views(op):
-        return f"    const {elem}* g = dout + row * D;"
+        return f"    const {elem}* o = fwd + row * D;\n    const {elem}* g = dout + row * D;"
     do = attention_operands(op)[1]
-    layout = operand_layout(op, 1, do.ndim - 2)
     batch, seq = do.shape[:-2], do.shape[-2]
-    return (f"    const int bh = (int)(row / {seq});\n{offset_statements(batch, [('g_off', layout)])}\n"
-            f"    const {elem}* g = dout + g_off + (row % {seq}) * {layout.row}LL;")
+    layouts = [("o_off", o_layout(op)), ("g_off", operand_layout(op, 1, do.ndim - 2))]
+    return (f"    const int bh = (int)(row / {seq});\n{offset_statements(batch, layouts)}\n"
+            f"    const {elem}* o = fwd + o_off + (row % {seq}) * {layouts[0][1].row}LL;\n"
+            f"    const {elem}* g = dout + g_off + (row % {seq}) * {layouts[1][1].row}LL;")
+
+
+def o_layout(op: KernelOp) -> RowLayout:
+    """Where O's rows lie in the forward's result the row statistics read (o_strides, or dense)."""
+    do = attention_operands(op)[1]
+    strides = op.attr_map.get("o_strides") or contiguous_strides(do.shape)
+    return RowLayout(do.shape[:-2], tuple(strides[:-2]), strides[-2])
 
 
 KERNEL = r"""
@@ -131,8 +145,7 @@ $NAME(const $ELEM* __restrict__ fwd, const $ELEM* __restrict__ dout, float* __re
     const long long row = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (row >= ROWS)
         return;                                           // the whole warp: its row is past the end
-    const $ELEM* o = fwd + row * D;
-$DO_ROWS
+$ROWS_AT
     float acc = 0.f;
     #pragma unroll
     for (int c = 2 * lane; c < D; c += 64) {

@@ -38,12 +38,15 @@ constexpr float SCALE = 0.125f, SCALE_LOG2 = 0.18033688011112042f, LOG2E = 1.442
 constexpr bool CAUSAL = false;
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
 constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64, DO_ROW = 64;   // elements from row to row
+constexpr int DQ_ROW = 64, DK_ROW = 64, DV_ROW = 64;
 
 __device__ __forceinline__ void fab_zero(float (*acc)[4], int n) {
     for (int i = 0; i < n; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 }
 
-// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as bf16_t into dst [rows][D]
+// this warp's 16 rows of acc · factor, rows from `row0`, below `rows`, as bf16_t into dst's rows,
+// DST_ROW elements apart
+template <int DST_ROW>
 __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, bf16_t* dst, int row0, int rows, int lane) {
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -51,7 +54,7 @@ __device__ __forceinline__ void fab_store(const float (*acc)[4], float factor, b
         if (row < rows) {
             #pragma unroll
             for (int n = 0; n < D / 8; ++n)
-                *(unsigned*)(dst + (long long)row * D + n * 8 + 2 * (lane & 3)) =
+                *(unsigned*)(dst + (long long)row * DST_ROW + n * 8 + 2 * (lane & 3)) =
                     pack_bf16x2(acc[n][2 * h] * factor, acc[n][2 * h + 1] * factor);
         }
     }
@@ -189,8 +192,8 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
         wgmma_hold<COLS / 4>(&pa[0][0]);
         wgmma_hold<COLS / 4>(&da[0][0]);
     }
-    fab_store(dk, SCALE, dk_out, key0, SK, lane);
-    fab_store(dv, 1.f, dv_out, key0, SK, lane);
+    fab_store<DK_ROW>(dk, SCALE, dk_out, key0, SK, lane);
+    fab_store<DV_ROW>(dv, 1.f, dv_out, key0, SK, lane);
 }
 
 // ROWS queries from qr0: dQ = scale Σ dS K over the key tiles (this head's pointers)
@@ -266,7 +269,7 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
         wgmma_hold<D / 2>(&dq[0][0]);
         wgmma_hold<COLS / 4>(&da[0][0]);
     }
-    fab_store(dq, SCALE, dq_out, row0, SQ, lane);
+    fab_store<DQ_ROW>(dq, SCALE, dq_out, row0, SQ, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -276,8 +279,8 @@ flash_attention_bwd_wg_bf16_d64_mask_r128_c64_w8_s2(const bf16_t* __restrict__ q
     extern __shared__ __align__(16) unsigned char fa_smem[];
     unsigned char* smem = fa_smem + ((ATOM - (smem_addr(fa_smem) & (ATOM - 1))) & (ATOM - 1));
     const int bh = blockIdx.x / (NKB + NQB), job = blockIdx.x % (NKB + NQB);
-    const long long dq_off = (long long)bh * SQ * D, dkv_off = (long long)bh * SK * D;
-    const long long q_off = dq_off, k_off = dkv_off, v_off = dkv_off, do_off = dq_off;
+    const long long q_off = (long long)bh * SQ * D, k_off = (long long)bh * SK * D;
+    const long long v_off = k_off, do_off = q_off, dq_off = q_off, dk_off = NQ + k_off, dv_off = NQ + NK + k_off;
     const float* st = stats + (long long)bh * SQ * 2;
     long long m_off = 0;
     {  int rem = bh, i;
@@ -286,7 +289,7 @@ flash_attention_bwd_wg_bf16_d64_mask_r128_c64_w8_s2(const bf16_t* __restrict__ q
     }
     const unsigned char* mp = mask + m_off;
     if (job < NKB)
-        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + NQ + dkv_off, out + NQ + NK + dkv_off,
+        fab_wg_dk_dv(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dk_off, out + dv_off,
                      job * ROWS, smem);
     else
         fab_wg_dq(q + q_off, k + k_off, v + v_off, dout + do_off, st, mp, out + dq_off, (job - NKB) * ROWS, smem);
