@@ -6,10 +6,15 @@ A training step's q, k and v are cut from one projection and read by the forward
 and by the backward; dO arrives with the heads side by side and is read by the row statistics
 and the backward. Each strided form is its base op over views (shape, strides, offset) of the
 storage of the operands its kernels read row by row (VIEWED_OPERANDS), `shapes` and `strides` flat
-per view, every view of one rank; the other operands and the result are as the base op's, but
-for strided_attention_bwd's given `shape`: it then writes dQ, dK and dV through `out_strides` and
-`out_offsets` into a dense value of that shape, side by side along one axis (the gradient of the
-projection they were cut from), where flash_attention_bwd packs them one after another.
+per view, every view of one rank; the other operands and the result are as the base op's but
+where a Layout's attributes say otherwise (each () by default):
+
+- strided_attention_lse's `o_strides`: O written with the heads side by side, where the output
+  projection reads it, its logsumexps after it as before; strided_attention_row_stats_from_lse's
+  `o_strides`: O read there;
+- strided_attention_bwd's `shape`: dQ, dK and dV written through `out_strides` and `out_offsets`
+  into a dense value of that shape, side by side along one axis (the gradient of the projection
+  they were cut from), where flash_attention_bwd packs them one after another.
 
 >>> x = np.arange(8.0).reshape(2, 4)                # dO's rows, every other pair of x's values
 >>> fwd = np.concatenate([np.ones(4), np.zeros(2), np.zeros(2)])
@@ -62,8 +67,8 @@ def viewed_operands(name: str) -> tuple[int, ...]:
 
 def with_views(name: str, xs: tuple, views: list) -> tuple:
     """`xs` with the viewed operands of the strided form `name` replaced by `views`."""
-    out, replaced = list(xs), dict(zip(viewed_operands(name), views))
-    return tuple(replaced.get(i, x) for i, x in enumerate(out))
+    replaced = dict(zip(viewed_operands(name), views))
+    return tuple(replaced.get(i, x) for i, x in enumerate(xs))
 
 
 def viewed_types(name: str, xs: tuple[TensorType, ...], shapes, strides, offsets) -> tuple[TensorType, ...]:
