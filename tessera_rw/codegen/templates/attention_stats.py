@@ -48,8 +48,8 @@ class AttentionStatsFromLseTemplate(Template):
 
     def accepts(self, op: KernelOp) -> bool:
         """bf16/fp16 forward and dO of one dtype (what flash_attention_lse's kernel writes), an even
-        head width (the lanes read two values at a time); a view of dO whose rows are contiguous
-        and aligned."""
+        head width (the lanes read two values at a time); views of dO, and O where the forward wrote
+        it (o_strides), whose rows are contiguous and aligned."""
         if op.op not in self.ops or len(op.operands) != 2:
             return False
         fwd, do = attention_operands(op)
