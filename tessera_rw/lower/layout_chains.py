@@ -128,31 +128,66 @@ def _folded_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[Str
     return parts
 
 
+def _copied_concatenate(node: Node, view: StridedView, views: dict[Node, StridedView], users: dict,
+                        outputs: set[Node]) -> tuple[tuple[StridedView, ...], int] | None:
+    """A copy whose chain permutes the axes of a concatenate read by nothing else (the cotangent of
+    q, k and v cut by `qkv[i]` from heads, `transpose(concatenate(dq, dk, dv), …)`) as the
+    concatenate of its pieces in the copy's layout: the pieces' views and the copy's axis they are
+    joined along; None where it is not that."""
+    concat = view.root
+    if concat.op != "concatenate" or concat in outputs or not concat.shape or view.offset:
+        return None
+    link = node                                  # nothing on the way down reads the chain's values
+    while link is not concat:
+        link = link.args[0]
+        if len(set(users[link])) != 1:
+            return None
+    dense, a = contiguous_strides(concat.shape), concat.attr_map["axis"]
+    axes = [next((j for j, s in enumerate(dense) if s == st and concat.shape[j] == n), None) if n != 1 else -1
+            for n, st in zip(node.shape, view.strides)]
+    if None in axes or a not in axes or sorted(j for j in axes if j >= 0) != [j for j, n in enumerate(concat.shape)
+                                                                             if n != 1]:
+        return None
+    parts = []
+    for piece in (strided_view(arg, views) for arg in concat.args):
+        strides = tuple(piece.strides[j] if j >= 0 else 0 for j in axes)
+        shape = tuple(piece.shape[j] if j >= 0 else 1 for j in axes)
+        parts.append(StridedView(piece.root, shape, strides, piece.offset, piece.copies + 1))
+    if any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
+        return None
+    return tuple(parts), axes.index(a)
+
+
 def _folded(node: Node, args: dict[Node, Node], fold) -> Node:
-    if node.op == "concatenate" and len(fold) == 1:           # one piece: a copy of its view
-        fold = fold[0]
-    elif node.op == "concatenate":
-        return make("strided_concatenate", *(args[p.root] for p in fold), axis=node.attr_map["axis"],
-                    shape=node.shape, sizes=tuple(p.shape[node.attr_map["axis"]] for p in fold),
-                    strides=tuple(s for p in fold for s in p.strides), offsets=tuple(p.offset for p in fold))
-    return make("strided_copy", args[fold.root], shape=fold.shape, strides=fold.strides, offset=fold.offset)
+    if isinstance(fold, StridedView):
+        return make("strided_copy", args[fold.root], shape=fold.shape, strides=fold.strides, offset=fold.offset)
+    parts, axis = fold
+    if len(parts) == 1:                          # one piece: a copy of its view
+        (part,) = parts
+        return make("strided_copy", args[part.root], shape=part.shape, strides=part.strides, offset=part.offset)
+    return make("strided_concatenate", *(args[p.root] for p in parts), axis=axis, shape=node.shape,
+                sizes=tuple(p.shape[axis] for p in parts), strides=tuple(s for p in parts for s in p.strides),
+                offsets=tuple(p.offset for p in parts))
 
 
 def fold_layout_chains(graph: Graph) -> Graph:
-    """`graph` with each foldable chain of layout ops one strided_copy of the value under it, and a
-    concatenate of such chains one strided_concatenate (the copies they replace go where nothing
-    else reads them)."""
+    """`graph` with each foldable chain of layout ops one strided_copy of the value under it, a
+    concatenate of such chains one strided_concatenate, and so is a copy permuting the axes of a
+    concatenate nothing else reads (the copies they replace go where nothing else reads them)."""
     views: dict[Node, StridedView] = {}
+    users, outputs = graph.users, set(graph.outputs)
     folds = {}
     for node in graph.nodes:
         if node.op in COPIES:
             view = strided_view(node, views)
             if _foldable(node, view):
                 folds[node] = view
+            elif view.root not in folds and (joined := _copied_concatenate(node, view, views, users, outputs)):
+                folds[node] = joined
         elif node.op == "concatenate" and node.shape:
             parts = _folded_concatenate(node, views)
             if parts is not None:
-                folds[node] = parts
+                folds[node] = (parts, node.attr_map["axis"])
     if not folds:
         return graph
     new: dict[Node, Node] = {}

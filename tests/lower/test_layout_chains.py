@@ -58,6 +58,8 @@ def chains(draw):
                 if len(node.shape) == len(shape) else node
         else:
             node = make("concatenate", node, node, axis=len(node.shape) - 1)
+        if draw(st.booleans()):   # ... copied into another layout: the pieces written there
+            node = make("transpose", node, axes=tuple(draw(st.permutations(range(len(node.shape))))))
     return Graph("chain", (x,), (make("tanh", node),)), shape
 
 
@@ -119,6 +121,29 @@ def test_the_gradient_of_q_k_v_cut_from_one_projection_launches_no_copy():
     xs, ws, gs = rng.standard_normal((2, 16, 64)), rng.standard_normal((64, 192)) / 8, rng.standard_normal((2, 4, 16, 16))
     want = op.grad(loss, argnums=1).trace(xs, ws, gs)
     np.testing.assert_allclose(grad(xs, ws, gs), evaluate(want, {"x": xs, "w": ws, "g": gs})[0], rtol=1e-10)
+
+
+def heads_first_gradient(x, keep_concatenate: bool = False) -> Graph:
+    """The cotangent of `qkv[i]` cut from heads [3, B, H, S, D], moved back to [B, S, 3, H, D]: a
+    transpose of the concatenate of three pieces of x [3·B·H·S·D], read by a tanh (and the
+    concatenate by an exp, where `keep_concatenate`)."""
+    pieces = [make("reshape", make("slice", x, starts=(i * 96,), stops=((i + 1) * 96,), steps=(1,)),
+                   shape=(1, 2, 2, 3, 8)) for i in range(3)]
+    joined = make("concatenate", *pieces, axis=0)
+    moved = make("transpose", joined, axes=(1, 3, 0, 2, 4))
+    return Graph("g", (x,), (make("tanh", moved),) + ((make("exp", joined),) if keep_concatenate else ()))
+
+
+def test_a_copy_of_a_concatenate_is_one_strided_concatenate_in_the_copy_s_layout():
+    x = make_input("x", (3 * 96,), DType.float32)
+    graph = heads_first_gradient(x)
+    folded = fold_layout_chains(graph)
+    (joined,) = [n for n in folded.nodes if n.op not in ("input", "tanh")]
+    assert joined.op == "strided_concatenate" and joined.attr_map["axis"] == 2 and joined.shape == (2, 3, 3, 2, 8)
+    value = np.arange(3 * 96, dtype=np.float32) / 7
+    np.testing.assert_array_equal(evaluate(folded, {"x": value})[0], evaluate(graph, {"x": value})[0])
+    kept = heads_first_gradient(x, keep_concatenate=True)           # the concatenate is read as it is too
+    assert "concatenate" in [n.op for n in fold_layout_chains(kept).nodes]
 
 
 def test_a_concatenate_of_one_folded_piece_is_a_strided_copy():
