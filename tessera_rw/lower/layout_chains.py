@@ -7,7 +7,11 @@ strided view of x's storage (offset + Σ iₖ·strideₖ), and one `strided_copy
 folded where that saves a copy (it holds two copy kernels or more) and the view keeps x's innermost
 elements contiguous, so the copy's reads stay vector loads (a transpose that moves the innermost
 axis keeps its shared-memory tile instead). A concatenate of such chains (the cotangents of q, k
-and v, each transposed back from heads) reads each piece in place: one strided_concatenate.
+and v, each transposed back from heads) reads each piece in place: one strided_concatenate. So
+does a concatenate of such chains each reshaped to merge its heads (`reshape(transpose(dq),
+(B, S, H·D))`, split off along the merged axis): joined unmerged along the heads, then reshaped,
+a view. And a copy permuting a concatenate's axes (the cotangent of `qkv[i]` indexed off heads
+moved first) writes the pieces in its own layout.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -158,21 +162,45 @@ def _copied_concatenate(node: Node, view: StridedView, views: dict[Node, Strided
     return tuple(parts), axes.index(a)
 
 
+def _merged_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[tuple[StridedView, ...], int,
+                                                                             tuple[int, ...]] | None:
+    """A concatenate whose pieces are each a copy reshaped by merging axes into the joined one (the
+    cotangents of q, k and v split off one projection, `reshape(transpose(dq), (B, S, H·D))`) as
+    the concatenate of the unmerged pieces along the first merged axis, then reshaped (a view): the
+    pieces' views, the axis, the unmerged shape; None where it is not that."""
+    a, shape = node.attr_map["axis"], node.shape
+    if any(arg.op != "reshape" for arg in node.args):
+        return None
+    unmerged = [arg.args[0].shape for arg in node.args]
+    rank, tail = len(unmerged[0]), shape[a + 1:]
+    merged = [t[a:rank - len(tail)] for t in unmerged]       # the axes each piece merges into axis a
+    if len({m[1:] for m in merged}) != 1 or any(len(t) != rank or t[:a] != shape[:a] or t[rank - len(tail):] != tail
+                                                or len(m) < 2 for t, m in zip(unmerged, merged)):
+        return None
+    parts = tuple(strided_view(arg.args[0], views) for arg in node.args)
+    if not any(p.copies for p in parts) or any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
+        return None
+    return parts, a, shape[:a] + (sum(m[0] for m in merged),) + merged[0][1:] + tail
+
+
 def _folded(node: Node, args: dict[Node, Node], fold) -> Node:
     if isinstance(fold, StridedView):
         return make("strided_copy", args[fold.root], shape=fold.shape, strides=fold.strides, offset=fold.offset)
-    parts, axis = fold
+    parts, axis, shape = fold
     if len(parts) == 1:                          # one piece: a copy of its view
         (part,) = parts
-        return make("strided_copy", args[part.root], shape=part.shape, strides=part.strides, offset=part.offset)
-    return make("strided_concatenate", *(args[p.root] for p in parts), axis=axis, shape=node.shape,
-                sizes=tuple(p.shape[axis] for p in parts), strides=tuple(s for p in parts for s in p.strides),
-                offsets=tuple(p.offset for p in parts))
+        joined = make("strided_copy", args[part.root], shape=part.shape, strides=part.strides, offset=part.offset)
+    else:
+        joined = make("strided_concatenate", *(args[p.root] for p in parts), axis=axis, shape=shape,
+                      sizes=tuple(p.shape[axis] for p in parts), strides=tuple(s for p in parts for s in p.strides),
+                      offsets=tuple(p.offset for p in parts))
+    return joined if shape == node.shape else make("reshape", joined, shape=node.shape)
 
 
 def fold_layout_chains(graph: Graph) -> Graph:
     """`graph` with each foldable chain of layout ops one strided_copy of the value under it, a
-    concatenate of such chains one strided_concatenate, and so is a copy permuting the axes of a
+    concatenate of such chains one strided_concatenate (of their unmerged values, reshaped, where
+    each piece merges axes into the joined one), and so is a copy permuting the axes of a
     concatenate nothing else reads (the copies they replace go where nothing else reads them)."""
     views: dict[Node, StridedView] = {}
     users, outputs = graph.users, set(graph.outputs)
@@ -183,11 +211,13 @@ def fold_layout_chains(graph: Graph) -> Graph:
             if _foldable(node, view):
                 folds[node] = view
             elif view.root not in folds and (joined := _copied_concatenate(node, view, views, users, outputs)):
-                folds[node] = joined
+                folds[node] = (*joined, node.shape)
         elif node.op == "concatenate" and node.shape:
             parts = _folded_concatenate(node, views)
-            if parts is not None:
-                folds[node] = (parts, node.attr_map["axis"])
+            if merged := _merged_concatenate(node, views):        # every piece read in place
+                folds[node] = merged
+            elif parts is not None:
+                folds[node] = (parts, node.attr_map["axis"], node.shape)
     if not folds:
         return graph
     new: dict[Node, Node] = {}

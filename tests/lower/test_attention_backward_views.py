@@ -175,7 +175,19 @@ def heads_first_loss(x, w_qkv, w_out, target):
     return op.sum(op.reshape(op.transpose(o, (0, 2, 1, 3)), (b, s, width)) @ w_out * target)
 
 
-GRADS = {"slices": op.grad(attention_loss, argnums=(1, 2)), "heads first": op.grad(heads_first_loss, argnums=(1, 2))}
+def split_loss(x, w_qkv, w_out, target):
+    """attention_loss with q, k and v split off the projection's last axis, then given heads (as
+    nanoGPT writes it)."""
+    b, s, width = x.shape
+    qkv = x @ w_qkv
+    q, k, v = (op.transpose(op.reshape(qkv[:, :, i * width:(i + 1) * width], (b, s, LOSS_HEADS, LOSS_D)),
+                            (0, 2, 1, 3)) for i in range(3))
+    o = op.flash_attention(q, k, v, causal=True)
+    return op.sum(op.reshape(op.transpose(o, (0, 2, 1, 3)), (b, s, width)) @ w_out * target)
+
+
+GRADS = {name: op.grad(loss, argnums=(1, 2)) for name, loss in
+         (("slices", attention_loss), ("heads first", heads_first_loss), ("split", split_loss))}
 
 
 def check_grads(got, inputs) -> None:

@@ -146,6 +146,28 @@ def test_a_copy_of_a_concatenate_is_one_strided_concatenate_in_the_copy_s_layout
     assert "concatenate" in [n.op for n in fold_layout_chains(kept).nodes]
 
 
+def split_gradient(x, heads=(2, 2, 2)) -> Graph:
+    """The cotangent of q, k and v split off one projection [B, S, 3·C]: each piece of x a head-major
+    [B, H, S, D] moved back to [B, S, H, D] and merged to [B, S, H·D], the three concatenated."""
+    pieces, at = [], 0
+    for h in heads:
+        piece = make("reshape", make("slice", x, starts=(at,), stops=(at + 2 * h * 3 * 8,), steps=(1,)),
+                     shape=(2, h, 3, 8))
+        pieces.append(make("reshape", make("transpose", piece, axes=(0, 2, 1, 3)), shape=(2, 3, h * 8)))
+        at += 2 * h * 3 * 8
+    return Graph("g", (x,), (make("tanh", make("concatenate", *pieces, axis=2)),))
+
+
+@pytest.mark.parametrize("heads", [(2, 2, 2), (1, 3, 2)])
+def test_a_concatenate_of_merged_pieces_joins_them_unmerged_then_reshapes(heads):
+    x = make_input("x", (2 * 3 * 8 * sum(heads),), DType.float32)
+    graph = split_gradient(x, heads)
+    folded = fold_layout_chains(graph)
+    assert [n.op for n in folded.nodes if n.op not in ("input", "tanh")] == ["strided_concatenate", "reshape"]
+    value = np.arange(x.type.numel, dtype=np.float32) / 7
+    np.testing.assert_array_equal(evaluate(folded, {"x": value})[0], evaluate(graph, {"x": value})[0])
+
+
 def test_a_concatenate_of_one_folded_piece_is_a_strided_copy():
     x = make_input("x", (2, 8, 12), DType.float32)
     graph = Graph("one", (x,), (make("concatenate", make("transpose", x, axes=(1, 0, 2)), axis=0),))
