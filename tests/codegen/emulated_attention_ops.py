@@ -32,6 +32,13 @@ def with_mask(op: KernelOp, shape: tuple[int, ...]) -> KernelOp:
     return of("strided_attention", *op.operands, TensorType(shape, BOOL), **(dict(op.attr_map) | {"has_mask": True}))
 
 
+def masked_backward(op: KernelOp) -> KernelOp:
+    """A strided_attention_bwd `op` with a bool mask per batch item as its sixth operand."""
+    batch, seq = op.operands[0].shape[0], op.operands[0].shape[1]
+    mask = TensorType((batch, 1, seq, seq), BOOL)
+    return of(op.op, *op.operands, mask, **(dict(op.attr_map) | {"has_mask": True}))
+
+
 def _attention_ops() -> dict[str, KernelOp]:
     rows, bwd = AttentionRowStatsTemplate(), FlashAttentionBwdTemplate()
     ops = {
@@ -84,6 +91,8 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention backward packed qkv S=128 D=64 causal bf16": packed_qkv_backward(1, 2, 128, 64, BF16, causal=True),
         "attention backward packed qkv S=72 D=128 f16 gradients packed": packed_qkv_backward(2, 2, 72, 128, F16,
                                                                                            written=False),
+        "attention backward packed qkv bool mask per batch bf16":
+            masked_backward(packed_qkv_backward(2, 2, 80, 64, BF16)),
         "attention backward fast packed qkv S=100 D=64 causal f16":
             replace(packed_qkv_backward(1, 2, 100, 64, F16, causal=True), numerics=Numerics.FAST),
     }

@@ -33,12 +33,13 @@ def merged(y, h: int, d: int):
     return make("transpose", make("reshape", y, shape=(b, s, h, d)), axes=(0, 2, 1, 3))
 
 
-def backward(q, k, v, do, scale: float, causal: bool):
+def backward(q, k, v, do, scale: float, causal: bool, mask=None):
     """The forward with logsumexps, the row statistics read off it, and the gradients packed."""
-    flags = dict(scale=scale, causal=causal, has_mask=False)
-    fwd = make("flash_attention_lse", q, k, v, **flags)
+    flags = dict(scale=scale, causal=causal, has_mask=mask is not None)
+    masks = (mask,) if mask is not None else ()
+    fwd = make("flash_attention_lse", q, k, v, *masks, **flags)
     stats = make("attention_row_stats_from_lse", fwd, do)
-    return fwd, make("flash_attention_bwd", q, k, v, do, stats, **flags)
+    return fwd, make("flash_attention_bwd", q, k, v, do, stats, *masks, **flags)
 
 
 def joined(grads, layout: str, b: int, h: int, s: int, d: int):
@@ -73,9 +74,9 @@ def reads_o(node) -> bool:
 @st.composite
 def backward_programs(draw):
     """A training step's attention: q, k, v cut from a packed projection (either packing) or dense
-    inputs, dO with the heads merged or dense, the gradients packed or joined as the projection's,
-    the forward kept as an output or not, O copied with the heads side by side or not, and now and
-    then another reader of q's or dO's copy, which keeps it."""
+    inputs, dO with the heads merged or dense, a mask or none, the gradients packed or joined as the
+    projection's, the forward kept as an output or not, O copied with the heads side by side or
+    not, and now and then another reader of q's or dO's copy, which keeps it."""
     b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 3))
     d = draw(st.sampled_from((4, 8)))
     x, y = make_input("x", (b, s, 3 * h * d), F32), make_input("y", (b, s, h * d), F32)
@@ -83,7 +84,8 @@ def backward_programs(draw):
     layout = draw(st.sampled_from(("qkv", "hqkv")))
     q, k, v = (heads(x, i, layout, h, d) if draw(st.booleans()) else dense for i in range(3))
     do = merged(y, h, d) if draw(st.booleans()) else dense
-    fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()))
+    mask = make_input("mask", (s, s), F32) if draw(st.booleans()) else None      # an additive one
+    fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()), mask)
     if draw(st.booleans()):                    # joined as the projection's gradient, as its packing
         grads = joined(grads, layout, b, h, s, d)
     outputs = (grads, fwd) if draw(st.booleans()) else (grads,)
@@ -91,7 +93,7 @@ def backward_programs(draw):
         outputs += (make("exp", merged_o(fwd, b, h, s, d)),)
     if draw(st.booleans()):
         outputs += (make("exp", draw(st.sampled_from((q, do)))),)
-    return Graph("g", (x, y, dense), outputs)
+    return Graph("g", (x, y, dense) + ((mask,) if mask is not None else ()), outputs)
 
 
 @settings(max_examples=80, deadline=None)
