@@ -14,7 +14,9 @@ A training step reads the same copies twice more: q, k and v in the forward that
 logsumexps and in the backward, and dO (arriving with the heads side by side) in the row
 statistics and the backward. Those kernels load rows too, so each becomes its strided form
 (algebra/ops/strided_attention_backward.py) reading the views. A copy goes only where every
-reader is such a kernel reading it as a view; one other reader keeps it for all. The forward's O,
+reader is such a kernel reading it as a view; one other reader keeps it for all. K and V repeated
+for the query heads sharing them (GQA, `reshape(broadcast_to(...))`: no view) are read as their
+own heads, which the kernels find for each query head's group. The forward's O,
 copied with the heads side by side for the output projection, is written so (the row statistics
 read it there), and the backward's dQ, dK and dV, joined by one copy into the projection's
 gradient, are written there instead (lower/attention_writes.py).
@@ -121,9 +123,28 @@ def _read_in_place(arg: Node, users: dict[Node, tuple[Node, ...]], outputs: set[
     if arg in outputs or arg.op not in LAYOUT_OPS or not all(_reads_rows(user, arg) for user in users[arg]):
         return None
     view = strided_view(arg, views)
-    if view.root is arg or not view.copies:
+    if view.root is arg:
+        view = _repeated_heads(arg, views)
+    if view is None or not view.copies:
         return None
     return view if rows_fit(view.shape, view.strides, view.offset, arg.type.dtype.itemsize) else None
+
+
+def _repeated_heads(arg: Node, views: dict[Node, StridedView]) -> StridedView | None:
+    """K or V repeated for the query heads sharing each (GQA: `reshape(broadcast_to(k[:, :, None]),
+    (B, H, S, D))`, each head `rep` times in a row) as the view of its own heads, which the attention
+    kernels read for each query head's group: the reshape merging the heads with their repeats is
+    no view, the heads alone are; None where `arg` is not that."""
+    if arg.op != "reshape" or len(arg.shape) < 3:
+        return None
+    inner = strided_view(arg.args[0], views)
+    a = len(arg.shape) - 3                                # the head axis, then the rows, then D
+    if inner.shape != arg.shape[:a] + inner.shape[a:a + 2] + arg.shape[a + 1:] or inner.strides[a + 1] \
+            or inner.shape[a] * inner.shape[a + 1] != arg.shape[a]:
+        return None
+    drop = a + 1                                          # the repeats, stride 0
+    return StridedView(inner.root, inner.shape[:drop] + inner.shape[drop + 1:],
+                       inner.strides[:drop] + inner.strides[drop + 1:], inner.offset, inner.copies)
 
 
 def _reads_rows(user: Node, arg: Node) -> bool:

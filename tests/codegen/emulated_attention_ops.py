@@ -91,6 +91,8 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention backward packed qkv S=128 D=64 causal bf16": packed_qkv_backward(1, 2, 128, 64, BF16, causal=True),
         "attention backward packed qkv S=72 D=128 f16 gradients packed": packed_qkv_backward(2, 2, 72, 128, F16,
                                                                                            written=False),
+        "attention backward packed qkv GQA 4/2 heads S=90 D=64 causal bf16":
+            packed_qkv_backward(1, 4, 90, 64, BF16, causal=True, written=False, kv_heads=2),
         "attention backward packed qkv bool mask per batch bf16":
             masked_backward(packed_qkv_backward(2, 2, 80, 64, BF16)),
         "attention backward fast packed qkv S=100 D=64 causal f16":

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tessera_rw import op
 from tessera_rw.algebra.builder import make, make_input
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.emulator_plan import run_plan_emulated
@@ -56,6 +57,13 @@ def joined(grads, layout: str, b: int, h: int, s: int, d: int):
     return make("concatenate", *parts, axis=axis)
 
 
+def repeated(t, times: int):
+    """t [b, kv, s, d] with each head repeated `times` times in a row: [b, kv·times, s, d] (GQA)."""
+    b, kv, s, d = t.shape
+    spread = make("broadcast_to", make("reshape", t, shape=(b, kv, 1, s, d)), shape=(b, kv, times, s, d))
+    return make("reshape", spread, shape=(b, kv * times, s, d))
+
+
 def merged_o(fwd, b: int, h: int, s: int, d: int):
     """The attention output O [b, s, h, d] out of flash_attention_lse's result: heads side by side."""
     o = make("reshape", make("slice", fwd, starts=(0,), stops=(b * h * s * d,), steps=(1,)), shape=(b, h, s, d))
@@ -74,15 +82,20 @@ def reads_o(node) -> bool:
 @st.composite
 def backward_programs(draw):
     """A training step's attention: q, k, v cut from a packed projection (either packing) or dense
-    inputs, dO with the heads merged or dense, a mask or none, the gradients packed or joined as the
+    inputs, K and V of fewer heads repeated for the query heads or not, dO with the heads merged or
+    dense, a mask or none, the gradients packed or joined as the
     projection's, the forward kept as an output or not, O copied with the heads side by side or
     not, and now and then another reader of q's or dO's copy, which keeps it."""
-    b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 3))
+    b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 4))
     d = draw(st.sampled_from((4, 8)))
     x, y = make_input("x", (b, s, 3 * h * d), F32), make_input("y", (b, s, h * d), F32)
     dense = make_input("dense", (b, h, s, d), F32)
     layout = draw(st.sampled_from(("qkv", "hqkv")))
     q, k, v = (heads(x, i, layout, h, d) if draw(st.booleans()) else dense for i in range(3))
+    if h > 1 and draw(st.booleans()):          # K and V of fewer heads, repeated for the query heads (GQA)
+        kv = draw(st.sampled_from([n for n in (1, 2) if h % n == 0 and n < h]))
+        k, v = (repeated(make("slice", t, starts=(0, 0, 0, 0), stops=(b, kv, s, d), steps=(1,) * 4), h // kv)
+                for t in (k, v))
     do = merged(y, h, d) if draw(st.booleans()) else dense
     mask = make_input("mask", (s, s), F32) if draw(st.booleans()) else None      # an additive one
     fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()), mask)
@@ -215,3 +228,55 @@ def test_the_training_step_s_attention_plan_matches_numpy_in_the_emulator(style)
     program = GRADS[style].program(**inputs)
     assert "strided_attention_bwd" in [s.op for s in program.plan.steps]
     check_grads(run_plan_emulated(program.plan, inputs), inputs)
+
+
+GQA_HEADS, KV_HEADS = 4, 2
+
+
+def gqa_loss(x, w_q, w_kv, w_out, target):
+    """Σ target ∘ attention · w_out with each K/V head shared by two query heads, repeated for them
+    by reshape and broadcast (as Llama's repeat_kv writes it)."""
+    b, s, width = x.shape
+    q = op.transpose(op.reshape(x @ w_q, (b, s, GQA_HEADS, LOSS_D)), (0, 2, 1, 3))
+    kv = op.reshape(x @ w_kv, (b, s, 2, KV_HEADS, LOSS_D))
+    k, v = (op.transpose(kv[:, :, i], (0, 2, 1, 3)) for i in range(2))
+    k, v = (op.reshape(op.broadcast_to(op.reshape(t, (b, KV_HEADS, 1, s, LOSS_D)),
+                                       (b, KV_HEADS, GQA_HEADS // KV_HEADS, s, LOSS_D)), (b, GQA_HEADS, s, LOSS_D))
+            for t in (k, v))
+    o = op.flash_attention(q, k, v, causal=True)
+    return op.sum(op.reshape(op.transpose(o, (0, 2, 1, 3)), (b, s, width)) @ w_out * target)
+
+
+GQA_GRADS = op.grad(gqa_loss, argnums=(1, 2, 3))
+
+
+def gqa_inputs(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    width = GQA_HEADS * LOSS_D
+    shapes = {"x": (1, 80, width), "w_q": (width, width), "w_kv": (width, 2 * KV_HEADS * LOSS_D),
+              "w_out": (width, width), "target": (1, 80, width)}
+    return {n: (rng.standard_normal(s) / (np.sqrt(s[0]) if n.startswith("w") else 1)).astype(ml_dtypes.bfloat16)
+            for n, s in shapes.items()}
+
+
+def check_gqa_grads(got, inputs) -> None:
+    """Against the written-out gradient (every score materialized, K and V repeated) in float64."""
+    wide = {n: np.asarray(a, np.float64) for n, a in inputs.items()}
+    for g, want in zip(got, evaluate(GQA_GRADS.trace(**wide), wide)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), want, atol=1.5e-2 * np.abs(want).max(), rtol=0)
+
+
+def test_gqa_attention_s_backward_reads_the_shared_heads_without_repeating_them():
+    inputs = gqa_inputs(2)
+    program = GQA_GRADS.program(**inputs)
+    ops = [s.op for s in program.plan.steps]
+    assert set(STRIDED) <= set(ops) and "strided_copy" not in ops, ops          # K, V repeated by no copy
+    bwd = next(s.node for s in program.plan.steps if s.op == "strided_attention_bwd")
+    assert bwd.attr_map["shapes"][4:8] == (1, KV_HEADS, 80, LOSS_D)              # K: its own heads
+    check_gqa_grads(GQA_GRADS(**inputs), inputs)
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_the_gqa_plan_matches_the_written_out_gradient_in_the_emulator():
+    inputs = gqa_inputs(3)
+    check_gqa_grads(run_plan_emulated(GQA_GRADS.program(**inputs).plan, inputs), inputs)

@@ -49,7 +49,8 @@ from tessera_rw.codegen.templates.attention_problem import (attention_operands, 
                                                             resident_heads, round_up, view_refusal)
 from tessera_rw.codegen.templates.attention_backward_problem import (WG_ROWS, BackwardSchedule, BackwardShape,
                                                                      GradientSchedule, WarpgroupGradientSchedule,
-                                                                     gradient_write_refusal, packed_qkv_backward)
+                                                                     batches_fit, gradient_write_refusal,
+                                                                     packed_qkv_backward)
 from tessera_rw.codegen.templates.attention_backward_wgmma_cuda import emit_wgmma_bwd
 from tessera_rw.codegen.templates.attention_row_stats_cuda import emit_row_stats
 from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES
@@ -85,10 +86,10 @@ def _refusal(op: KernelOp, operands: int) -> str | None:
                 "fp16 to fuse it)")
     if q.ndim < 2 or q.shape[-1] not in HEAD_DIMS:
         return f"the attention backward kernel takes head dims {' or '.join(map(str, HEAD_DIMS))}, here {q.shape[-1:]}"
-    if not all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[:-2] == q.shape[:-2]
-               and t.shape[-1] == q.shape[-1] for t in heads):
-        return ("the attention backward kernel takes q, k, v and dO of one dtype and batch shape, here "
-                + ", ".join(map(str, heads)))
+    if not all(t.dtype is q.dtype and t.ndim == q.ndim and t.shape[-1] == q.shape[-1] for t in heads) \
+            or not batches_fit(op, heads):
+        return ("the attention backward kernel takes q, k, v and dO of one dtype and batch shape (k and v "
+                "read in place may have fewer heads, a group of q's each), here " + ", ".join(map(str, heads)))
     return view_refusal(op, "the attention backward kernel")
 
 

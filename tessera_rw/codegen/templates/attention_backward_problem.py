@@ -25,7 +25,7 @@ from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads,
-                                                            packed_qkv_views)
+                                                            packed_qkv_views, reads_views)
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.lower.attention_writes import ROW_ALIGNMENT, rows_fit
 
@@ -116,12 +116,13 @@ class BackwardShape:
 
 
 def packed_qkv_backward(batch: int, heads: int, seq: int, d: int, dtype: DType, causal: bool = False,
-                        written: bool = True) -> KernelOp:
+                        written: bool = True, kv_heads: int | None = None) -> KernelOp:
     """The strided_attention_bwd of a training step: q, k and v read where one projection holds
-    them (packed_qkv_views), dO where the output projection's gradient holds it, heads side by side
-    (merged_heads); dQ, dK and dV written as that projection's gradient [batch, seq, 3, heads, d]
-    (`written`) or packed; the row statistics dense."""
-    qkv, views = packed_qkv_views(batch, heads, seq, d, dtype)
+    them (packed_qkv_views; `kv_heads` K/V heads, each serving a group of q's), dO where the output
+    projection's gradient holds it, heads side by side (merged_heads); dQ, dK and dV written as that
+    projection's gradient [batch, seq, 3, heads, d] (`written`) or packed (dK and dV per q head, as
+    flash_attention_bwd's); the row statistics dense."""
+    qkv, views = packed_qkv_views(batch, heads, seq, d, dtype, kv_heads)
     do = TensorType((batch, seq, heads * d), dtype)
     shape, strides, offset = merged_heads(batch, heads, seq, d)
     attrs = dict(scale=d ** -0.5, causal=causal, has_mask=False, shapes=views["shapes"] + shape,
@@ -133,6 +134,20 @@ def packed_qkv_backward(batch: int, heads: int, seq: int, d: int, dtype: DType, 
     operands = (qkv, qkv, qkv, do, TensorType((batch, heads, seq, STATS), DType.float32))
     return KernelOp.of("strided_attention_bwd", operands, OPS["strided_attention_bwd"].infer(*operands, **attrs),
                        **attrs)
+
+
+def batches_fit(op: KernelOp, heads: tuple[TensorType, ...]) -> bool:
+    """Whether the backward kernels take q, k, v (and dO / O) of these batch shapes: all q's, but for
+    k and v read through views (whose row layouts find each head's rows), which may have fewer heads,
+    each serving a group of q's (GQA), or one."""
+    q = heads[0]
+    for i, t in enumerate(heads):
+        if t.shape[:-2] == q.shape[:-2]:
+            continue
+        if not (reads_views(op) and i in (1, 2) and q.ndim >= 3 and t.shape[:-3] == q.shape[:-3]
+                and q.shape[-3] % t.shape[-3] == 0):
+            return False
+    return True
 
 
 def gradient_layouts(op: KernelOp, rank: int) -> list[RowLayout]:
