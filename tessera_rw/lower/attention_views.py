@@ -45,8 +45,8 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.strided_attention_backward import VIEWED_OPERANDS
 from tessera_rw.algebra.shapes import contiguous_strides
-from tessera_rw.lower.attention_writes import (gradients_written_in_place, o_written_in_place, rows_fit,
-                                               written_in_place)
+from tessera_rw.lower.attention_writes import (gradient_runs_written_in_place, gradients_written_in_place,
+                                               o_written_in_place, rows_fit, written_in_place)
 from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
@@ -59,11 +59,13 @@ def read_attention_views(graph: Graph) -> Graph:
     those views in place; each flash_attention whose output is only copied into another layout a
     strided_attention writing it there, and likewise the O of a flash_attention_lse (o_strides,
     its row statistics reading it there); and each flash_attention_bwd whose gradients are only
-    joined into one projection's gradient a strided_attention_bwd writing them there."""
+    joined into one projection's gradient a strided_attention_bwd writing them there, or whose
+    gradients, some each copied into another layout alone, one writing those so in their runs."""
     users, outputs = graph.users, set(graph.outputs)
     views: dict[Node, StridedView] = {}
     written: dict[Node, tuple[Node, dict]] = {}     # copy of an attention's result -> (it, its write attributes)
-    o_written: dict[Node, tuple[Node, tuple[int, ...]]] = {}   # flash_attention_lse -> (O's copy, O's strides)
+    layouts: dict[Node, dict] = {}                  # attention -> its layout attributes (o_strides, a run's writes)
+    view_copies: dict[Node, tuple[Node, int]] = {}  # copy -> (the attention writing its value, where it starts)
     reads: dict[Node, list[StridedView]] = {}
     for node in graph.nodes:
         if node.op not in VIEWED or not node.type.numel:
@@ -74,29 +76,46 @@ def read_attention_views(graph: Graph) -> Graph:
         copy, write = _write_in_place(node, reads[node], users, outputs, views)
         if write:
             written[copy] = (node, write)
-        elif node.op == "flash_attention_lse" and (found := o_written_in_place(node, users, outputs, views)) \
-                and not any(u.op in VIEWED for u in users[found[0]]):   # O's copy read as itself, not a view
-            o_written[node] = found
-        elif all(r.copies == 0 for r in reads[node]) and not (node.args and node.args[0] in o_written):
-            del reads[node]
+        else:
+            _write_runs_in_place(node, reads[node], users, outputs, views, layouts, view_copies)
+            if all(r.copies == 0 for r in reads[node]) and node not in layouts:
+                del reads[node]
     if not reads:
         return graph
     writes = {attention for attention, _ in written.values()}     # computed where their copy was
-    o_copies = {copy: lse for lse, (copy, _) in o_written.items()}
     new: dict[Node, Node] = {}
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node in written:
             attention, write = written[node]
             rebuilt = _strided(attention, reads[attention], new, write)
-        elif node in o_copies:                    # O as the forward wrote it: a view of its result
-            rebuilt = make("reshape", make("slice", new[o_copies[node]], starts=(0,), stops=(node.type.numel,),
+        elif node in view_copies:                 # as its attention wrote it: a view of its result
+            attention, start = view_copies[node]
+            rebuilt = make("reshape", make("slice", new[attention], starts=(start,), stops=(start + node.type.numel,),
                                            steps=(1,)), shape=node.shape)
         elif node in reads and node not in writes:
-            lse = node if node in o_written else node.args[0] if node.args[0] in o_written else None
-            rebuilt = _strided(node, reads[node], new, lse and dict(o_strides=o_written[lse][1]))
+            rebuilt = _strided(node, reads[node], new, layouts.get(node))
         new[node] = rebuilt
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _write_runs_in_place(node: Node, reads: list[StridedView], users: dict[Node, tuple[Node, ...]],
+                         outputs: set[Node], views: dict[Node, StridedView], layouts: dict[Node, dict],
+                         view_copies: dict[Node, tuple[Node, int]]) -> None:
+    """Where `node` (a flash_attention_lse or flash_attention_bwd) writes a part of its result that
+    one copy alone reads in that copy's layout: its layout attributes (and its row statistics',
+    for the forward's O) into `layouts`, the copies it stands in for into `view_copies`."""
+    if node.op == "flash_attention_lse" and (found := o_written_in_place(node, users, outputs, views)) \
+            and not any(u.op in VIEWED for u in users[found[0]]):   # O's copy read as itself, not a view
+        copy, o_strides = found
+        layouts[node] = dict(o_strides=o_strides)
+        layouts.update((u, dict(o_strides=o_strides)) for u in users[node] if u.op == "attention_row_stats_from_lse")
+        view_copies[copy] = (node, 0)
+    elif node.op == "flash_attention_bwd" and all(len(r.shape) == a.type.ndim for r, a in zip(reads, node.args)) \
+            and (found := gradient_runs_written_in_place(node, users, outputs, views)) \
+            and not any(u.op in VIEWED for copy in found[1] for u in users[copy]):
+        layouts[node], runs = found
+        view_copies.update((copy, (node, start)) for copy, start in runs.items())
 
 
 def _write_in_place(node: Node, reads: list[StridedView], users: dict[Node, tuple[Node, ...]], outputs: set[Node],

@@ -6,7 +6,9 @@ innermost (`transpose(o, (0, 2, 1, 3))`: the heads side by side again), writes e
 copy would have put it (`written_in_place`); so does a flash_attention_lse whose O is copied so
 and otherwise read only by the row statistics, which then read it there (`o_written_in_place`).
 A flash_attention_bwd whose packed dQ | dK | dV is only joined by a strided_concatenate into the
-gradient of one q|k|v projection writes each gradient's rows there (`gradients_written_in_place`).
+gradient of one q|k|v projection writes each gradient's rows there (`gradients_written_in_place`);
+one whose gradients are each moved back from heads for projections of their own writes those so,
+each in its own run of the packed result (`gradient_runs_written_in_place`).
 Each is a view read by a copy, inverted: where each axis of the value steps in the copy's dense
 result.
 
@@ -131,3 +133,50 @@ def gradients_written_in_place(concat: Node, bwd: Node) -> dict | None:
     if len(set(offsets)) != 3 or offsets[2] != 2 * offsets[1]:
         return None
     return dict(shape=concat.shape, out_strides=tuple(strides), out_offsets=tuple(offsets))
+
+
+def gradient_runs_written_in_place(bwd: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node],
+                                   views: dict[Node, StridedView]) -> tuple[dict, dict[Node, int]] | None:
+    """(strided_attention_bwd's write attributes, {copy: where its run starts}) when some of a
+    flash_attention_bwd's packed dQ, dK and dV are each copied once into another layout (a
+    permutation keeping the head dim innermost: `transpose(dq, (0, 2, 1, 3))` for its projection's
+    gradient) and read by nothing else: each such gradient is written so within its own run of the
+    packed result, and its copy becomes a view of that run. None where no gradient is."""
+    if bwd in outputs:
+        return None
+    q, k, v, do = (a.shape for a in bwd.args[:4])
+    grads = dq_dk_dv_shapes(q, k, v, do[:-2])
+    sizes = [math.prod(g) for g in grads]
+    starts = (0, sizes[0], sizes[0] + sizes[1])
+    readers: list[list[Node]] = [[], [], []]       # per run, the chains that read it
+    copies: dict[int, tuple[Node, StridedView]] = {}
+    for user in dict.fromkeys(users[bwd]):
+        end = user                                 # through views that launch nothing, to a kernel
+        while end.op in LAYOUT_OPS and view_offset(end.op, end.args[0].type, end.attr_map) is not None \
+                and end not in outputs and len(set(users[end])) == 1:
+            end = users[end][0]
+        view = strided_view(user, views)
+        if view.root is not bwd:
+            return None
+        last = view.offset + sum((n - 1) * st for n, st in zip(view.shape, view.strides))
+        runs = [i for i in range(3) if view.offset < starts[i] + sizes[i] and last >= starts[i]]
+        for i in runs:
+            readers[i].append(end)
+        if len(runs) == 1 and end.op in LAYOUT_OPS and end not in outputs:
+            copies[runs[0]] = (end, strided_view(end, views))
+    strides, offsets, found = [], [], {}
+    for i, grad in enumerate(grads):
+        out = None
+        if i in copies and len(readers[i]) == 1:
+            copy, view = copies[i]
+            if view.root is bwd and view.copies and view.offset == starts[i] and math.prod(view.shape) == sizes[i]:
+                out = inverse_strides(view.shape, view.strides, grad, contiguous_strides(copy.shape))
+        if out is not None and rows_fit(grad, out, starts[i], bwd.type.dtype.itemsize, read=False):
+            found[copy] = starts[i]
+        else:
+            out = contiguous_strides(grad)
+        strides += out
+        offsets.append(starts[i])
+    if not found:
+        return None
+    return dict(shape=(sum(sizes),), out_strides=tuple(strides), out_offsets=tuple(offsets)), found

@@ -32,6 +32,16 @@ def with_mask(op: KernelOp, shape: tuple[int, ...]) -> KernelOp:
     return of("strided_attention", *op.operands, TensorType(shape, BOOL), **(dict(op.attr_map) | {"has_mask": True}))
 
 
+def dq_moved(op: KernelOp) -> KernelOp:
+    """A packed strided_attention_bwd `op` (q, k, v of [b, h, s, d]) writing dQ with the heads side
+    by side within its run, dK and dV as they are."""
+    b, h, s, d = op.attr_map["shapes"][:4]
+    n = b * h * s * d
+    writes = dict(shape=(3 * n,), out_strides=(s * h * d, d, h * d, 1, h * s * d, s * d, d, 1, h * s * d, s * d, d, 1),
+                  out_offsets=(0, n, 2 * n))
+    return of(op.op, *op.operands, **(dict(op.attr_map) | writes))
+
+
 def masked_backward(op: KernelOp) -> KernelOp:
     """A strided_attention_bwd `op` with a bool mask per batch item as its sixth operand."""
     batch, seq = op.operands[0].shape[0], op.operands[0].shape[1]
@@ -93,6 +103,8 @@ def _attention_ops() -> dict[str, KernelOp]:
                                                                                            written=False),
         "attention backward packed qkv GQA 4/2 heads S=90 D=64 causal bf16":
             packed_qkv_backward(1, 4, 90, 64, BF16, causal=True, written=False, kv_heads=2),
+        "attention backward packed qkv dQ heads side by side f16":
+            dq_moved(packed_qkv_backward(2, 2, 70, 64, F16, causal=True, written=False)),
         "attention backward packed qkv bool mask per batch bf16":
             masked_backward(packed_qkv_backward(2, 2, 80, 64, BF16)),
         "attention backward fast packed qkv S=100 D=64 causal f16":

@@ -70,6 +70,14 @@ def merged_o(fwd, b: int, h: int, s: int, d: int):
     return make("transpose", o, axes=(0, 2, 1, 3))
 
 
+def reads_moved(node) -> bool:
+    """Whether `node` reads a gradient moved back from heads (whose copy goes, the backward writing
+    it so), rather than one read as it is (which keeps the moved one's copy)."""
+    chain = node.args[0]
+    return chain.op == "transpose" and chain.args[0].op == "reshape" and chain.args[0].args[0].op == "slice" \
+        and chain.args[0].args[0].args[0].op == "flash_attention_bwd"
+
+
 def reads_o(node) -> bool:
     """Whether `node` reads merged_o's copy: the forward under its chain of first operands."""
     while node.args:
@@ -83,9 +91,10 @@ def reads_o(node) -> bool:
 def backward_programs(draw):
     """A training step's attention: q, k, v cut from a packed projection (either packing) or dense
     inputs, K and V of fewer heads repeated for the query heads or not, dO with the heads merged or
-    dense, a mask or none, the gradients packed or joined as the
-    projection's, the forward kept as an output or not, O copied with the heads side by side or
-    not, and now and then another reader of q's or dO's copy, which keeps it."""
+    dense, a mask or none; the gradients packed, joined as the projection's, or each moved back
+    from heads (for projections of their own: one of them now and then read as it is too); the
+    forward kept as an output or not, O copied with the heads side by side or not, and now and then
+    another reader of q's or dO's copy, which keeps it."""
     b, s, h = draw(st.integers(1, 2)), draw(st.integers(3, 12)), draw(st.integers(1, 4))
     d = draw(st.sampled_from((4, 8)))
     x, y = make_input("x", (b, s, 3 * h * d), F32), make_input("y", (b, s, h * d), F32)
@@ -99,9 +108,15 @@ def backward_programs(draw):
     do = merged(y, h, d) if draw(st.booleans()) else dense
     mask = make_input("mask", (s, s), F32) if draw(st.booleans()) else None      # an additive one
     fwd, grads = backward(q, k, v, do, d ** -0.5, draw(st.booleans()), mask)
-    if draw(st.booleans()):                    # joined as the projection's gradient, as its packing
-        grads = joined(grads, layout, b, h, s, d)
-    outputs = (grads, fwd) if draw(st.booleans()) else (grads,)
+    packed = draw(st.sampled_from(("packed", "joined", "moved")))
+    outputs = (joined(grads, layout, b, h, s, d),) if packed == "joined" else (grads,)
+    if packed == "moved":
+        runs = [make("reshape", make("slice", grads, starts=(i * b * h * s * d,), stops=((i + 1) * b * h * s * d,),
+                                     steps=(1,)), shape=(b, h, s, d)) for i in range(3)]
+        outputs = tuple(make("exp", make("transpose", r, axes=(0, 2, 1, 3))) for r in runs)
+        if draw(st.booleans()):
+            outputs += (make("exp", runs[draw(st.integers(0, 2))]),)
+    outputs += (fwd,) if draw(st.booleans()) else ()
     if draw(st.booleans()):                    # O, heads side by side, read by the output projection
         outputs += (make("exp", merged_o(fwd, b, h, s, d)),)
     if draw(st.booleans()):
@@ -115,7 +130,7 @@ def test_reading_backward_views_in_place_computes_what_the_program_did(graph, se
     read = lowered_computes_the_same(graph, seed, tol=1e-5)
     # an exp of q's or dO's copy keeps it, and O's copy stays where the forward is an output itself
     fwd_out = any(n.op == "flash_attention_lse" for n in graph.outputs)
-    kept = {n for n in graph.nodes if n.op == "exp" and (not reads_o(n) or fwd_out)}
+    kept = {n for n in graph.nodes if n.op == "exp" and (not reads_o(n) or fwd_out) and not reads_moved(n)}
     copies = [n for n in read.nodes if n.op in ("strided_copy", "transpose", "concatenate", "strided_concatenate")
               and view_offset(n.op, n.args[0].type, n.attr_map) is None]      # a transpose of one head is a view
     assert len(copies) <= len(kept)            # a copy stays only where something else reads it
@@ -271,6 +286,7 @@ def test_gqa_attention_s_backward_reads_the_shared_heads_without_repeating_them(
     program = GQA_GRADS.program(**inputs)
     ops = [s.op for s in program.plan.steps]
     assert set(STRIDED) <= set(ops) and "strided_copy" not in ops, ops          # K, V repeated by no copy
+    assert "transpose" not in ops                # dQ written with the heads side by side for w_q's gradient
     bwd = next(s.node for s in program.plan.steps if s.op == "strided_attention_bwd")
     assert bwd.attr_map["shapes"][4:8] == (1, KV_HEADS, 80, LOSS_D)              # K: its own heads
     check_gqa_grads(GQA_GRADS(**inputs), inputs)

@@ -94,16 +94,23 @@ def gradient_writes(shape, out_strides, out_offsets) -> list[tuple[tuple[int, ..
 
 
 def _check_gradient_writes(grads: tuple[tuple[int, ...], ...], shape, out_strides, out_offsets) -> None:
-    """Raise unless dQ, dK and dV of shapes `grads`, written through their strides from offsets 0,
-    step and 2·step, fill a dense `shape` once each: one layout, the three side by side along an
-    axis of stride `step` (a training step's q|k|v projection gradient)."""
+    """Raise unless dQ, dK and dV of shapes `grads`, written through their strides from their
+    offsets, fill a dense `shape` once each: side by side along an axis of stride `step` from
+    offsets 0, step and 2·step, one layout (a training step's q|k|v projection gradient), or each
+    in its own run of a flat `shape`, where flash_attention_bwd packs it, laid out by its strides
+    (dQ with the heads side by side, for the q projection's gradient)."""
     writes = gradient_writes(shape, out_strides, out_offsets) if len(out_offsets) == 3 else None
-    if writes is None or len(out_strides) % 3:
+    if writes is None or len(out_strides) % 3 or any(len(w) != len(g) for g, (w, _) in zip(grads, writes)):
         raise ShapeError(f"strided_attention_bwd writes dQ, dK and dV (strides and an offset each) into {shape}: "
                          f"{len(out_strides)} strides and {len(out_offsets)} offsets")
     step, strides = out_offsets[1], writes[0][0]
-    if len(set(grads)) != 1 or len({w for w, _ in writes}) != 1 or tuple(out_offsets) != (0, step, 2 * step) \
-            or len(strides) != len(grads[0]) or not permutes(tuple(shape), (3,) + grads[0], (step,) + strides):
+    side_by_side = (len(set(grads)) == 1 and len({w for w, _ in writes}) == 1
+                    and tuple(out_offsets) == (0, step, 2 * step)
+                    and permutes(tuple(shape), (3,) + grads[0], (step,) + strides))
+    sizes = [math.prod(g) for g in grads]
+    own_runs = (tuple(shape) == (sum(sizes),) and tuple(out_offsets) == (0, sizes[0], sizes[0] + sizes[1])
+                and all(permutes((n,), g, w) for n, g, (w, _) in zip(sizes, grads, writes)))
+    if not (side_by_side or own_runs):
         raise ShapeError(f"dQ, dK and dV of {', '.join(map(fmt_shape, grads))} written through strides "
                          f"{out_strides} from offsets {out_offsets} do not fill {fmt_shape(shape)} once each")
 
