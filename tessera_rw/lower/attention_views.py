@@ -50,6 +50,7 @@ from tessera_rw.lower.attention_writes import (gradient_runs_written_in_place, g
 from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS
 
+KV_READERS = frozenset({"flash_attention", "flash_attention_lse", "flash_attention_bwd"})   # k, v at 1, 2
 # the ops whose kernels read operands row by row -> those operands (q, k, v; dO)
 VIEWED = {"flash_attention": (0, 1, 2)} | {op: viewed for op, (_, viewed) in VIEWED_OPERANDS.items()}
 
@@ -142,8 +143,9 @@ def _read_in_place(arg: Node, users: dict[Node, tuple[Node, ...]], outputs: set[
     if arg in outputs or arg.op not in LAYOUT_OPS or not all(_reads_rows(user, arg) for user in users[arg]):
         return None
     view = strided_view(arg, views)
-    if view.root is arg:
-        view = _repeated_heads(arg, views)
+    if view.root is arg:       # K or V repeated for the query heads: read as their own heads, as K and V only
+        kv_only = all(u.op in KV_READERS and i in (1, 2) for u in users[arg] for i, a in enumerate(u.args) if a is arg)
+        view = _repeated_heads(arg, views) if kv_only else None
     if view is None or not view.copies:
         return None
     return view if rows_fit(view.shape, view.strides, view.offset, arg.type.dtype.itemsize) else None

@@ -148,6 +148,15 @@ def test_the_training_step_s_copies_of_q_k_v_and_do_are_gone():
     assert bwd.attr_map["strides"][12:] == (160, 8, 16, 1)                 # dO's rows, heads side by side
 
 
+def test_a_cotangent_repeated_over_heads_is_no_gqa_operand():
+    x, y = make_input("x", (2, 10, 96), F32), make_input("y", (2, 2, 10, 8), F32)
+    q, k, v = (heads(x, i, "qkv", 4, 8) for i in range(3))
+    fwd, grads = backward(q, k, v, repeated(y, 2), 0.5, False)       # dO the same for pairs of heads
+    read = lowered_computes_the_same(Graph("g", (x, y), (grads,)), seed=4)
+    stats = next(n for n in read.nodes if "row_stats" in n.op)
+    assert stats.shape == (2, 4, 10, 2)
+
+
 def test_a_copy_read_by_another_kernel_stays_for_all_its_readers():
     x, y = make_input("x", (2, 10, 48), F32), make_input("y", (2, 10, 16), F32)
     q, k, v = (heads(x, i, "qkv", 2, 8) for i in range(3))
