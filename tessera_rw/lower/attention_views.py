@@ -112,7 +112,7 @@ def _write_runs_in_place(node: Node, reads: list[StridedView], users: dict[Node,
         layouts[node] = dict(o_strides=o_strides)
         layouts.update((u, dict(o_strides=o_strides)) for u in users[node] if u.op == "attention_row_stats_from_lse")
         view_copies[copy] = (node, 0)
-    elif node.op == "flash_attention_bwd" and all(len(r.shape) == a.type.ndim for r, a in zip(reads, node.args)) \
+    elif node.op == "flash_attention_bwd" and _keeps_rank(node, reads) \
             and (found := gradient_runs_written_in_place(node, users, outputs, views)) \
             and not any(u.op in VIEWED for copy in found[1] for u in users[copy]):
         layouts[node], runs = found
@@ -130,9 +130,15 @@ def _write_in_place(node: Node, reads: list[StridedView], users: dict[Node, tupl
     (copy,) = readers
     if node.op == "flash_attention":
         return copy, written_in_place(copy, node, views)
-    if node.op == "flash_attention_bwd" and all(len(r.shape) == a.type.ndim for r, a in zip(reads, node.args)):
+    if node.op == "flash_attention_bwd" and _keeps_rank(node, reads):
         return copy, gradients_written_in_place(copy, node)
     return None, None
+
+
+def _keeps_rank(node: Node, reads: list[StridedView]) -> bool:
+    """Whether each view `node` reads has its operand's rank: a backward's gradients are then of the
+    shapes its kernel writes."""
+    return all(len(r.shape) == a.type.ndim for r, a in zip(reads, node.args))
 
 
 def _read_in_place(arg: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node],

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.attention_backward import dq_dk_dv_shapes
 from tessera_rw.algebra.ops.strided import concatenated_views
+from tessera_rw.algebra.ops.strided_attention_backward import gradient_shapes
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.lower.layout_chains import StridedView, strided_view
 from tessera_rw.lower.lowering import view_offset
@@ -81,6 +81,15 @@ def written_in_place(copy: Node, attention: Node, views: dict[Node, StridedView]
     return dict(shape=copy.shape, out_strides=out)
 
 
+def through_views(node: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node]) -> Node:
+    """The first node from `node` up its chain of sole readers that launches a kernel (or is read by
+    several, or is an output): past the slices and reshapes that are views of what they read."""
+    while node.op in LAYOUT_OPS and view_offset(node.op, node.args[0].type, node.attr_map) is not None \
+            and node not in outputs and len(set(users[node])) == 1:
+        node = users[node][0]
+    return node
+
+
 def o_written_in_place(lse: Node, users: dict[Node, tuple[Node, ...]], outputs: set[Node],
                        views: dict[Node, StridedView]) -> tuple[Node, tuple[int, ...]] | None:
     """(the copy, O's strides) when a flash_attention_lse's O is copied once into another layout,
@@ -93,10 +102,7 @@ def o_written_in_place(lse: Node, users: dict[Node, tuple[Node, ...]], outputs: 
     stats = [u for u in users[lse] if u.op == "attention_row_stats_from_lse"]
     if len(others) != 1 or any(u.args[0] is not lse or u.args[1] is lse for u in stats):
         return None
-    copy = others[0]               # through the views (O's slice, its heads' reshape) to the copy
-    while copy.op in LAYOUT_OPS and view_offset(copy.op, copy.args[0].type, copy.attr_map) is not None \
-            and copy not in outputs and len(set(users[copy])) == 1:
-        copy = users[copy][0]
+    copy = through_views(others[0], users, outputs)      # past O's slice and its heads' reshape
     if copy in outputs or copy.op not in LAYOUT_OPS:
         return None
     view = strided_view(copy, views)
@@ -116,8 +122,7 @@ def gradients_written_in_place(concat: Node, bwd: Node) -> dict | None:
     of its gradient with the head dim innermost, every row aligned; else None."""
     if concat.op != "strided_concatenate" or any(a is not bwd for a in concat.args) or len(concat.args) != 3:
         return None
-    q, k, v, do = (a.shape for a in bwd.args[:4])
-    grads = dq_dk_dv_shapes(q, k, v, do[:-2])
+    grads = gradient_shapes(bwd.args)
     if len(set(grads)) != 1:
         return None
     a, dense = concat.attr_map, contiguous_strides(concat.shape)
@@ -144,17 +149,13 @@ def gradient_runs_written_in_place(bwd: Node, users: dict[Node, tuple[Node, ...]
     packed result, and its copy becomes a view of that run. None where no gradient is."""
     if bwd in outputs:
         return None
-    q, k, v, do = (a.shape for a in bwd.args[:4])
-    grads = dq_dk_dv_shapes(q, k, v, do[:-2])
+    grads = gradient_shapes(bwd.args)
     sizes = [math.prod(g) for g in grads]
     starts = (0, sizes[0], sizes[0] + sizes[1])
     readers: list[list[Node]] = [[], [], []]       # per run, the chains that read it
     copies: dict[int, tuple[Node, StridedView]] = {}
     for user in dict.fromkeys(users[bwd]):
-        end = user                                 # through views that launch nothing, to a kernel
-        while end.op in LAYOUT_OPS and view_offset(end.op, end.args[0].type, end.attr_map) is not None \
-                and end not in outputs and len(set(users[end])) == 1:
-            end = users[end][0]
+        end = through_views(user, users, outputs)
         view = strided_view(user, views)
         if view.root is not bwd:
             return None

@@ -124,12 +124,16 @@ def _foldable(node: Node, view: StridedView) -> bool:
             and view.strides[-1] == 1 and node.shape[-1] > 1)
 
 
+def _read_in_place(parts: tuple[StridedView, ...]) -> bool:
+    """Whether a concatenate may read these pieces where they lie: one of them saves a copy kernel,
+    and every one is read along contiguous innermost elements (vector loads)."""
+    return any(p.copies for p in parts) and all(p.strides[-1] == 1 and p.shape[-1] >= 2 for p in parts)
+
+
 def _folded_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[StridedView, ...] | None:
     """The views a concatenate's operands are, where reading them in place saves a copy kernel."""
     parts = tuple(strided_view(arg, views) for arg in node.args)
-    if not any(p.copies for p in parts) or any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
-        return None
-    return parts
+    return parts if _read_in_place(parts) else None
 
 
 def _copied_concatenate(node: Node, view: StridedView, views: dict[Node, StridedView], users: dict,
@@ -157,9 +161,7 @@ def _copied_concatenate(node: Node, view: StridedView, views: dict[Node, Strided
         strides = tuple(piece.strides[j] if j >= 0 else 0 for j in axes)
         shape = tuple(piece.shape[j] if j >= 0 else 1 for j in axes)
         parts.append(StridedView(piece.root, shape, strides, piece.offset, piece.copies + 1))
-    if any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
-        return None
-    return tuple(parts), axes.index(a)
+    return (tuple(parts), axes.index(a)) if _read_in_place(tuple(parts)) else None
 
 
 def _merged_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[tuple[StridedView, ...], int,
@@ -178,7 +180,7 @@ def _merged_concatenate(node: Node, views: dict[Node, StridedView]) -> tuple[tup
                                                 or len(m) < 2 for t, m in zip(unmerged, merged)):
         return None
     parts = tuple(strided_view(arg.args[0], views) for arg in node.args)
-    if not any(p.copies for p in parts) or any(p.strides[-1] != 1 or p.shape[-1] < 2 for p in parts):
+    if not _read_in_place(parts):
         return None
     return parts, a, shape[:a] + (sum(m[0] for m in merged),) + merged[0][1:] + tail
 

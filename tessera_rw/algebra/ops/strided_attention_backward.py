@@ -128,8 +128,9 @@ def write_gradients(packed: np.ndarray, grads: tuple[tuple[int, ...], ...], shap
     return flat.reshape(shape)
 
 
-def _grad_shapes(types: tuple) -> tuple[tuple[int, ...], ...]:
-    q, k, v, do = types[:4]
+def gradient_shapes(xs: tuple) -> tuple[tuple[int, ...], ...]:
+    """The shapes of dQ, dK and dV of a backward over q, k, v and dO (`xs`, types or arrays)."""
+    q, k, v, do = xs[:4]
     return dq_dk_dv_shapes(q.shape, k.shape, v.shape, do.shape[:-2])
 
 
@@ -197,12 +198,12 @@ def _stats_operands(arrays, attrs, o_strides=()) -> tuple:
 def _bwd_check(types, out, attrs, shape=(), out_strides=(), out_offsets=()) -> TensorType:
     if not shape:
         return out
-    _check_gradient_writes(_grad_shapes(types), shape, out_strides, out_offsets)
+    _check_gradient_writes(gradient_shapes(types), shape, out_strides, out_offsets)
     return TensorType(tuple(shape), out.dtype)
 
 
 def _bwd_result(arrays, out, attrs, shape=(), out_strides=(), out_offsets=()) -> np.ndarray:
-    return write_gradients(out, _grad_shapes(arrays), shape, out_strides, out_offsets) if shape else out
+    return write_gradients(out, gradient_shapes(arrays), shape, out_strides, out_offsets) if shape else out
 
 
 LAYOUTS = {

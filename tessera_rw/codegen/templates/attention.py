@@ -37,7 +37,7 @@ from tessera_rw.codegen.templates.attention_cuda import MASK_TYPES, emit_kernel
 from tessera_rw.codegen.templates.attention_problem import (FORWARD_OPS, MMA_K, MMA_M, MMA_SYNC_MAX_HEAD_DIM,
                                                             WG_HEAD_DIMS, WG_ROWS, AttentionSchedule, AttentionShape,
                                                             WarpgroupAttentionSchedule, attention_operands,
-                                                            operand_bytes, operand_views, output_type,
+                                                            o_strides, operand_bytes, operand_views, output_type,
                                                             packed_qkv_attention, packed_qkv_lse, reads_views, resident_heads,
                                                             round_up, view_refusal, with_lse, writes_lse)
 from tessera_rw.codegen.templates.attention_tma_cuda import emit_tma_kernel
@@ -62,12 +62,6 @@ CALIBRATED_REGISTERS = 216    # the largest default's estimate (D=128, 64-key ti
 WG_KEYS, WG_GROUPS, WG_STAGES = (128, 64), (1, 2, 3), (3, 4)
 WG_ADDRESSING = 32            # its tile pointers, descriptors, smem addresses, loop counters
 WG_CALIBRATED_REGISTERS = 216
-
-
-def _o_strides(op: KernelOp) -> tuple[int, ...]:
-    """How a strided op writes O: strided_attention's out_strides, strided_attention_lse's
-    o_strides; () where dense."""
-    return tuple(op.attr_map.get("out_strides" if op.op == "strided_attention" else "o_strides") or ())
 
 
 class FlashAttentionTemplate(Template):
@@ -116,18 +110,18 @@ class FlashAttentionTemplate(Template):
         """Why the kernels cannot read or write a strided op's views (lower/attention_views.py makes
         only views they can: rows_fit)."""
         refusal = view_refusal(op, "the fused attention kernel")
-        o_strides = _o_strides(op)
-        if refusal or not o_strides:
+        written = o_strides(op)
+        if refusal or not written:
             return refusal
-        if not rows_fit(output_type(op).shape, o_strides, 0, op.result.dtype.itemsize, read=False):
+        if not rows_fit(output_type(op).shape, written, 0, op.result.dtype.itemsize, read=False):
             return (f"the fused attention kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
-                    f"bytes; the output's strides are {o_strides}")
+                    f"bytes; the output's strides are {written}")
         return None
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         a = op.attr_map
         views = ("strided_read",) * any(slice_text(op.operands[i].shape, *view) for i, view in operand_views(op).items())
-        if written := _o_strides(op):
+        if written := o_strides(op):
             out = output_type(op).shape
             views += ("strided_write",) * any(n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
         return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \

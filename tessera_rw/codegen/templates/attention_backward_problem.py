@@ -19,8 +19,8 @@ from typing import ClassVar
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.attention_backward import STATS, dq_dk_dv_shapes
-from tessera_rw.algebra.ops.strided_attention_backward import gradient_writes
+from tessera_rw.algebra.ops.attention_backward import STATS
+from tessera_rw.algebra.ops.strided_attention_backward import gradient_shapes, gradient_writes
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -150,31 +150,29 @@ def batches_fit(op: KernelOp, heads: tuple[TensorType, ...]) -> bool:
     return True
 
 
+def written_gradients(op: KernelOp) -> tuple[tuple[tuple[int, ...], ...], list | None]:
+    """A backward op's dQ, dK and dV shapes, and (strides, offset) each where a
+    strided_attention_bwd's write attributes put them (None: packed one after another, dense)."""
+    a = op.attr_map
+    return (gradient_shapes(attention_operands(op)),
+            gradient_writes(a.get("shape", ()), a.get("out_strides", ()), a.get("out_offsets", ())))
+
+
 def gradient_layouts(op: KernelOp, rank: int) -> list[RowLayout]:
     """Where a backward op writes the rows of dQ, dK and dV, batch dims padded to `rank`: packed one
     after another, dense, or where a strided_attention_bwd's write attributes put them."""
-    q, k, v, do = attention_operands(op)[:4]
-    grads = dq_dk_dv_shapes(q.shape, k.shape, v.shape, do.shape[:-2])
-    a = op.attr_map
-    writes = gradient_writes(a.get("shape", ()), a.get("out_strides", ()), a.get("out_offsets", ()))
+    grads, writes = written_gradients(op)
     if writes is None:
         starts = (0, math.prod(grads[0]), math.prod(grads[0]) + math.prod(grads[1]))
         writes = [(contiguous_strides(g), start) for g, start in zip(grads, starts)]
-    layouts = []
-    for grad, (strides, offset) in zip(grads, writes):
-        lead = rank - (len(grad) - 2)
-        layouts.append(RowLayout((1,) * lead + grad[:-2], (0,) * lead + strides[:-2], strides[-2], offset))
-    return layouts
+    return [RowLayout.of_view(grad, strides, offset, rank) for grad, (strides, offset) in zip(grads, writes)]
 
 
 def gradient_write_refusal(op: KernelOp) -> str | None:
     """Why the backward kernels cannot write dQ, dK and dV where a strided_attention_bwd puts them
     (lower/attention_writes.py makes only layouts they can: rows_fit); None when they can."""
-    a = op.attr_map
-    writes = gradient_writes(a.get("shape", ()), a.get("out_strides", ()), a.get("out_offsets", ()))
-    q, k, v, do = attention_operands(op)[:4]
-    for name, grad, (strides, offset) in zip(("dQ", "dK", "dV"), dq_dk_dv_shapes(q.shape, k.shape, v.shape,
-                                                                                 do.shape[:-2]), writes or ()):
+    grads, writes = written_gradients(op)
+    for name, grad, (strides, offset) in zip(("dQ", "dK", "dV"), grads, writes or ()):
         if not rows_fit(grad, strides, offset, op.result.dtype.itemsize, read=False):
             return (f"the attention backward kernel writes rows of contiguous values starting on {ROW_ALIGNMENT} "
                     f"bytes; {name} is written through strides {strides} from offset {offset}")

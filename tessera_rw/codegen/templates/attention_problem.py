@@ -215,22 +215,28 @@ class RowLayout:
     offset: int = 0
 
     @classmethod
+    def of_view(cls, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, rank: int) -> RowLayout:
+        """The rows of the view (shape, strides, offset), its batch dims padded to `rank` with ones."""
+        lead = rank - (len(shape) - 2)
+        return cls((1,) * lead + tuple(shape[:-2]), (0,) * lead + tuple(strides[:-2]), strides[-2], offset)
+
+    @classmethod
     def dense(cls, shape: tuple[int, ...], rank: int) -> RowLayout:
         """A dense operand's of `shape`, its batch dims padded to `rank` with ones."""
-        lead = rank - (len(shape) - 2)
-        strides = contiguous_strides(shape)
-        return cls((1,) * lead + shape[:-2], (0,) * lead + strides[:-2], shape[-1])
+        return cls.of_view(shape, contiguous_strides(shape), 0, rank)
 
 
 def operand_layout(op: KernelOp, i: int, rank: int) -> RowLayout:
     """Where operand i's rows lie (its view's, for an operand a strided op reads through one), its
     batch dims padded to `rank`."""
     views = operand_views(op)
-    if i not in views:
-        return RowLayout.dense(op.operands[i].shape, rank)
-    shape, strides, offset = views[i]
-    lead = rank - (len(shape) - 2)
-    return RowLayout((1,) * lead + shape[:-2], (0,) * lead + strides[:-2], strides[-2], offset)
+    return RowLayout.of_view(*views[i], rank) if i in views else RowLayout.dense(op.operands[i].shape, rank)
+
+
+def o_strides(op: KernelOp) -> tuple[int, ...]:
+    """How a strided op writes the attention output O: strided_attention's out_strides,
+    strided_attention_lse's (and the row statistics reading it) o_strides; () where dense."""
+    return tuple(op.attr_map.get("out_strides" if op.op == "strided_attention" else "o_strides") or ())
 
 
 def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
@@ -239,9 +245,8 @@ def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayou
     batch dims padded to the output's."""
     out = output_type(op)
     rank = out.ndim - 2
-    a = op.attr_map
-    o = a["out_strides"] if op.op == "strided_attention" else a.get("o_strides") or contiguous_strides(out.shape)
-    return (*(operand_layout(op, i, rank) for i in range(3)), RowLayout(out.shape[:-2], tuple(o[:-2]), o[-2]))
+    o = RowLayout.of_view(out.shape, o_strides(op) or contiguous_strides(out.shape), 0, rank)
+    return (*(operand_layout(op, i, rank) for i in range(3)), o)
 
 
 def with_lse(op: KernelOp) -> KernelOp:

@@ -27,7 +27,7 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_cuda import offset_statements
-from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads,
+from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads, o_strides,
                                                             operand_bytes, operand_layout, reads_views, view_refusal)
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.lower.attention_writes import rows_fit
@@ -53,11 +53,10 @@ class AttentionStatsFromLseTemplate(Template):
         if op.op not in self.ops or len(op.operands) != 2:
             return False
         fwd, do = attention_operands(op)
-        o_strides = op.attr_map.get("o_strides")
+        o = o_strides(op)
         return (do.dtype in (DType.bfloat16, DType.float16) and fwd.dtype is do.dtype and do.ndim >= 2
                 and do.shape[-1] % 2 == 0 and fwd.shape == (lse_length(do.shape),)
-                and view_refusal(op, "") is None
-                and (not o_strides or rows_fit(do.shape, o_strides, 0, do.dtype.itemsize)))
+                and view_refusal(op, "") is None and (not o or rows_fit(do.shape, o, 0, do.dtype.itemsize)))
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return ("row_stats",) + ("strided_read",) * reads_views(op)
@@ -132,8 +131,7 @@ def _rows(op: KernelOp, elem: str) -> str:
 def o_layout(op: KernelOp) -> RowLayout:
     """Where O's rows lie in the forward's result the row statistics read (o_strides, or dense)."""
     do = attention_operands(op)[1]
-    strides = op.attr_map.get("o_strides") or contiguous_strides(do.shape)
-    return RowLayout(do.shape[:-2], tuple(strides[:-2]), strides[-2])
+    return RowLayout.of_view(do.shape, o_strides(op) or contiguous_strides(do.shape), 0, do.ndim - 2)
 
 
 KERNEL = r"""
