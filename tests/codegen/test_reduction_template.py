@@ -37,7 +37,8 @@ def test_strategy_follows_the_innermost_axis():
     assert strategies == ["row", "row", "column", "column", "row", "column",
                           "row", "row", "column", "row", "row", "row",      # the kahan_sum samples
                           "row", "column", "row",                           # the fused ones
-                          "row", "row", "column", "column"]                 # the grid splits
+                          "row", "row", "column", "column",                 # the grid splits
+                          "row", "row"]                                     # the short rows
     lay = layout(TensorType((16, 1024, 256), DType.float32), (0, 2))
     assert (lay.kept, lay.red, lay.red_strides) == ((1024,), (16, 256), (262144, 1))
     splits = {s.split for op in SAMPLES[:2] for s in T.schedules(op, ARCHS[1])}
