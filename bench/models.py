@@ -138,3 +138,20 @@ def mlp_backward(tokens: int = 8192, width: int = 1024, hidden: int = 4096, dtyp
     shapes = {"x": (tokens, width), "g": (width,), "w1": (width, hidden), "b1": (hidden,), "w2": (hidden, width),
               "b2": (width,)}
     return op.grad(loss, argnums=(2, 3, 4, 5)), {n: op.tensor(s, dtype) for n, s in shapes.items()}
+
+
+GPT2_SMALL_BLOCK = TransformerShape(layers=1, hidden=768, heads=12, ffn=3072, batch=4, seq=1024)
+
+
+def gpt_training_step(cfg: TransformerShape = GPT2_SMALL_BLOCK):
+    """A training step's loss and its gradient for every weight (`op.value_and_grad` over the dict
+    of weights) of the GPT decoder stack, the loss Σ y ∘ target as in examples/training_step.py;
+    returns (kernel, placeholders)."""
+    def loss(w, x, target):
+        for i in range(cfg.layers):
+            x = decoder_layer(x, w, i, cfg)
+        return op.sum(x * target)
+    activation = (cfg.batch, cfg.seq, cfg.hidden)
+    weights = {n: op.tensor(s, cfg.dtype) for n, s in weight_shapes(cfg).items()}
+    return op.value_and_grad(loss, argnums=0), {"w": weights, "x": op.tensor(activation, cfg.dtype),
+                                                "target": op.tensor(activation, cfg.dtype)}

@@ -4,7 +4,8 @@ trace → saturate (every built-in ruleset) → extract (all fusion depths) → 
 NVRTC compile of the chosen plan's distinct kernels. Compiling runs against an empty binary cache
 (the bench points TESSERA_CACHE_DIR at a fresh folder), so it is what a first call costs; a kernel
 two models share is compiled once in the process, as it would be for a user. The compiled kernels'
-ptxas register counts are set beside the templates' estimates.
+ptxas register counts are set beside the templates' estimates, and their spills counted: those for
+want of registers apart from ptxas's own trades of a spilled word for occupancy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tessera_rw.codegen.arch import ArchSpec
+from tessera_rw.codegen.calibration import spilled_for_occupancy
+from tessera_rw.codegen.compile import CompiledKernel
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
 from tessera_rw.lower.lowering import lower
@@ -45,7 +48,8 @@ class StageTimes:
     emit_s: float
     compile_s: float
     register_errors: tuple[float, ...]    # (estimate - ptxas) / ptxas per distinct kernel
-    spills: int                           # distinct kernels ptxas spilled
+    spills: int                           # distinct kernels ptxas spilled for want of registers
+    occupancy_spills: tuple[str, ...] = ()    # kernels ptxas spilled below their ceiling: "name: 72 regs, 8 B"
 
     @property
     def total_s(self) -> float:
@@ -76,11 +80,19 @@ def run_model(name: str, make: Callable[[], tuple], arch: ArchSpec, reps: int = 
     start = time.perf_counter()
     compiled = [(b, b.compile(arch, arch.sm)[1]) for b in generated.values()]
     compile_s = time.perf_counter() - start
+    traded = [(b, c) for b, c in compiled if _traded(b, c, arch)]
     return StageTimes(
         name, len(graph.nodes), result.report.enodes, len(result.view.classes), len(result.report.iterations),
         result.report.stop_reason.value, len(plan.steps), sum(b.is_library for b in bound), len(generated),
         trace.median_s, saturate.median_s, extract.median_s, lowering.median_s, emit_s, compile_s,
-        tuple(_register_error(b, c.registers, arch) for b, c in compiled), sum(c.spill_bytes > 0 for b, c in compiled))
+        tuple(_register_error(b, c.registers, arch) for b, c in compiled),
+        sum(c.spill_bytes > 0 for b, c in compiled) - len(traded),
+        tuple(f"{c.name}: {c.registers} regs, {c.spill_bytes} B" for b, c in traded))
+
+
+def _traded(bound: BoundStep, compiled: CompiledKernel, arch: ArchSpec) -> bool:
+    threads = bound.template.resources(bound.op, bound.schedule, arch).threads
+    return spilled_for_occupancy(compiled.registers, compiled.spill_bytes, threads, arch)
 
 
 def _register_error(bound: BoundStep, ptxas: int, arch: ArchSpec) -> float:

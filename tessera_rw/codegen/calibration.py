@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from tessera_rw.codegen.arch import KNOWN_ARCHS, ArchSpec
+from tessera_rw.codegen.arch import KNOWN_ARCHS, REGISTER_UNIT, WARP_SIZE, ArchSpec
 from tessera_rw.codegen.compile import compile_cuda
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Template
@@ -44,6 +44,25 @@ class RegisterRow:
     @property
     def spill_agrees(self) -> bool:
         return (self.predicted_spill_bytes > 0) == (self.spill_bytes > 0)
+
+
+def spilled_for_occupancy(registers: int, spill_bytes: int, threads: int, arch: ArchSpec) -> bool:
+    """Whether ptxas spilled with registers to spare below the block's ceiling: its own trade of a
+    few spilled bytes for another resident block, not a spill for want of registers. A 64x64 bf16
+    GEMM tile of 128 threads can compile to 72 registers and one spilled word on sm_90, where 80
+    spill nothing: 72 is the most that lets seven blocks share an SM, and no cap passed to ptxas
+    changes it. No register count predicts such a trade; a timing weighs it.
+
+    >>> from tessera_rw.codegen.arch import arch_named
+    >>> h100 = arch_named("H100-SXM")
+    >>> spilled_for_occupancy(72, 8, 128, h100), spilled_for_occupancy(255, 8, 128, h100)
+    (True, False)
+    >>> spilled_for_occupancy(168, 16, 384, h100)      # 384 threads: a ceiling of 168
+    False
+    """
+    per_thread = REGISTER_UNIT // WARP_SIZE       # registers are allocated to threads in steps of this many
+    ceiling = arch.register_limit(threads) // per_thread * per_thread
+    return spill_bytes > 0 and registers < ceiling
 
 
 def arch_for_sm(sm: str) -> ArchSpec:
