@@ -124,3 +124,19 @@ def test_a_squared_error_gradient_folds_its_seed_and_exponent():
     dw, db = op.grad(loss, argnums=(1, 2))(x, w, b)
     np.testing.assert_allclose(dw, x.T @ (x @ w + b), rtol=1e-10)
     np.testing.assert_allclose(db, (x @ w + b).sum(axis=0), rtol=1e-10)
+
+
+def test_a_squared_error_written_as_a_product_folds_its_two_halves():
+    # d/dy ½Σ y·y is reverse mode's y·½ + ½·y, one value read twice under two scales: they add up
+    # to y·1, which is y, so no elementwise kernel runs before the packed dW, db GEMM
+    def loss(x, w, b):
+        y = x @ w + b
+        return op.sum(y * y) * 0.5
+    grad = op.grad(loss, argnums=(1, 2))
+    types = op.tensor((256, 64), "bf16"), op.tensor((64, 128), "bf16"), op.tensor((128,), "bf16")
+    assert [s.op for s in grad.program(*types).plan.steps] == ["gemm", "matmul_bias_grad"]
+    rng = np.random.default_rng(1)
+    x, w, b = (rng.standard_normal(t.shape) for t in types)
+    dw, db = grad(x, w, b)
+    np.testing.assert_allclose(dw, x.T @ (x @ w + b), rtol=1e-10)
+    np.testing.assert_allclose(db, (x @ w + b).sum(axis=0), rtol=1e-10)
