@@ -191,6 +191,25 @@ def test_cli_emits_cuda_that_compiles(tmp_path, capsys):
     assert 64 <= registers <= 255 and spills == 0
 
 
+@pytest.mark.parametrize("registers, marked", [(72, True), (255, False)])
+def test_a_spill_below_the_register_ceiling_is_marked_as_ptxas_trading_for_occupancy(tmp_path, monkeypatch, capsys,
+                                                                                    registers, marked):
+    from dataclasses import replace
+
+    from tessera_rw.cli import explain as explain_cli
+
+    def spilling(program, directory):       # as ptxas compiles a 128-thread tile at 72 registers on sm_90
+        return [(k, path, replace(facts, registers=registers, spill_stores=4, spill_loads=4))
+                for k, path, facts in emit_cuda(program, directory)]
+    emit_cuda = explain_cli.emit_cuda
+    monkeypatch.setattr(explain_cli, "emit_cuda", spilling)
+    assert main(["--explain", str(ROOT / "examples/matmul_autotune.py"), "--emit-cuda", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.strip().startswith("00_"))
+    assert row.split()[2] == ("8*" if marked else "8")
+    assert ("ptxas's own trade" in out) is marked
+
+
 def test_cli_emits_the_generated_kernels_of_a_plan_with_library_steps(tmp_path, monkeypatch, capsys):
     from tessera_rw.codegen import library_kernels
     monkeypatch.setattr(library_kernels, "library_available", lambda name: False)   # as without nvmath-python

@@ -22,6 +22,7 @@ from tessera_rw.algebra.errors import ArgumentError, TesseraError
 from tessera_rw.algebra.pytree import flatten
 from tessera_rw.bound_call import is_static
 from tessera_rw.codegen.arch import ArchSpec, arch_named, target_arch
+from tessera_rw.codegen.calibration import spilled_for_occupancy
 from tessera_rw.codegen.plan_binding import NoTemplateError
 from tessera_rw.explain_report import ExplainReport, explain_report
 from tessera_rw.kernel import Kernel
@@ -77,9 +78,15 @@ def emitted_table(program: CompiledProgram, directory: Path) -> Table:
     table = report_table(f"CUDA written to {directory} (compiled for {program.arch.sm})")
     for column in ("file", "regs", "spill B", "smem KB"):
         table.add_column(column, justify="left" if column == "file" else "right", overflow="fold")
+    traded = False
     for kernel, path, facts in emit_cuda(program, directory):
-        table.add_row(path.name, str(facts.registers), str(facts.spill_bytes),
+        trade = spilled_for_occupancy(facts.registers, facts.spill_bytes, kernel.source.threads, program.arch)
+        traded |= trade
+        table.add_row(path.name, str(facts.registers), f"{facts.spill_bytes}{'*' if trade else ''}",
                       f"{(facts.smem_bytes + kernel.source.dynamic_smem) / 1024:.0f}")
+    if traded:
+        table.caption = ("* spilled below the register ceiling: ptxas's own trade of a few spilled bytes for "
+                         "another resident block, not a spill for want of registers")
     return table
 
 
