@@ -140,3 +140,21 @@ def test_a_squared_error_written_as_a_product_folds_its_two_halves():
     dw, db = grad(x, w, b)
     np.testing.assert_allclose(dw, x.T @ (x @ w + b), rtol=1e-10)
     np.testing.assert_allclose(db, (x @ w + b).sum(axis=0), rtol=1e-10)
+
+
+def test_a_relu_gradient_reads_its_input_and_cotangent_in_one_pass():
+    # reverse mode's relu′: where(pre > 0, g, 0); one fused kernel, not a comparison writing a mask
+    # and a selection reading it back
+    def loss(x, w, b, t):
+        return op.sum(op.relu(x @ w + b) * t)
+    grad = op.grad(loss, argnums=(1, 2))
+    types = (op.tensor((256, 64), "float32"), op.tensor((64, 128), "float32"), op.tensor((128,), "float32"),
+             op.tensor((256, 128), "float32"))
+    steps = [s.op for s in grad.program(*types).plan.steps]
+    assert steps == ["gemm", "fused_elementwise", "matmul_bias_grad"], steps
+    rng = np.random.default_rng(2)
+    x, w, b, t = (rng.standard_normal(s.shape) for s in types)
+    dw, db = grad(x, w, b, t)
+    g = np.where(x @ w + b > 0, t, 0.0)
+    np.testing.assert_allclose(dw, x.T @ g, rtol=1e-10)
+    np.testing.assert_allclose(db, g.sum(axis=0), rtol=1e-10)

@@ -21,7 +21,11 @@ from tessera_rw.algebra.opdef import OpDef, OpKind
 FUSIBLE = {1: ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sin", "cos", "erf",
                "sigmoid", "relu", "silu"),
            2: ("add", "sub", "mul", "div", "pow", "maximum", "minimum")}
-_ARITY = {name: n for n, names in FUSIBLE.items() for name in names}
+# ops an expression may hold that no rule lifts alone (rules/library/fusion.py lifts a selection on a
+# comparison whole: a relu's gradient, where(x > 0, g, 0)); lifting each would fuse every mask's ops
+COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+EXPRESSION_ONLY = {2: COMPARISONS, 3: ("where",)}
+_ARITY = {name: n for table in (FUSIBLE, EXPRESSION_ONLY) for n, names in table.items() for name in names}
 FUSIBLE_OPS = frozenset(_ARITY)
 MAX_FUSED_INPUTS = 4
 MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches

@@ -333,6 +333,8 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             ew("logical_and", TensorType((4096, 4096), b), TensorType((4096, 4096), b)),
             ew("tril", big, k=0),
             ew("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
+            # a relu's gradient: the comparison's mask stays in registers
+            ew("fused_elementwise", big, TensorType((), bf), big, TensorType((), bf), expr="where(gt($0,$1),$2,$3)"),
             # a gated unit reading both halves of [4096, 8192] in place, and a strided column of x32
             ew("strided_elementwise", TensorType((4096, 8192), bf), TensorType((4096, 8192), bf),
                expr="mul(silu($0),$1)", shape=(4096, 4096), strides=(8192, 1, 8192, 1), offsets=(0, 4096)),

@@ -16,7 +16,7 @@ import inspect
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused_expr import FUSIBLE, MAX_FUSED_INPUTS, MAX_FUSED_OPS
+from tessera_rw.algebra.ops.fused_expr import COMPARISONS, FUSIBLE, MAX_FUSED_INPUTS, MAX_FUSED_OPS
 from tessera_rw.algebra.ops.fused_norm import NO_EPILOGUE
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
@@ -27,7 +27,9 @@ t = TermBuilder()
 s, d, e_in, e_out = t.vars("s d e_in e_out")
 T = (s, d)
 
-API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power}
+API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power,
+       "eq": op.equal, "ne": op.not_equal, "lt": op.less, "le": op.less_equal, "gt": op.greater,
+       "ge": op.greater_equal}
 
 
 def _op_fn(name: str):
@@ -52,6 +54,23 @@ def _lift_rules():
                        lhs=t.term(name, *xs, of=T),
                        rhs=t.fused_elementwise(*xs, expr=expr, of=T),
                        example=_lift_example(name, arity))
+
+
+def _selection_rules():
+    """where(x ≶ c, y, z) = one fused_elementwise over x, c, y, z: reverse mode's gradient of a relu
+    (or a clamp), where(x > 0, g, 0), reads x and g once instead of a comparison kernel writing a
+    mask and a selection kernel reading it back."""
+    x, c, y, z, b = t.vars("x c y z b")
+    for name in COMPARISONS:
+        fn = _op_fn(name)
+
+        def example(rng: np.random.Generator, fn=fn):
+            shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
+            return (lambda x, g: op.where(fn(x, 0.0), g, 0.0) * 1.5), {"x": rand(rng, *shape), "g": rand(rng, *shape)}
+        yield Rule(f"fuse-where-{name}", f"where({name}(x, c), y, z) = fused_elementwise(x, c, y, z)",
+                   lhs=t.where(t.term(name, x, c, of=(Expr("sb"), b)), y, z, of=T),
+                   rhs=t.fused_elementwise(x, c, y, z, expr=f"where({name}($0,$1),$2,$3)", of=T),
+                   example=example)
 
 
 def _renumber(text: str, mapping: dict[int, str]) -> str:
@@ -119,13 +138,13 @@ def _merge_rules():
 
 
 def _names() -> tuple[str, ...]:
-    names = [f"fuse-{name}" for names in FUSIBLE.values() for name in names]
+    names = [f"fuse-{name}" for names in FUSIBLE.values() for name in names] + [f"fuse-where-{c}" for c in COMPARISONS]
     return tuple(names + [f"fuse-into-input-{k}-of-{n}-from-{m}" for n in range(1, MAX_FUSED_INPUTS + 1)
                           for m in range(1, MAX_FUSED_INPUTS + 2 - n) for k in range(n)])
 
 
 ALL_FUSION_RULE_NAMES = _names()
-FUSION_RULES = tuple(_lift_rules()) + tuple(_merge_rules())
+FUSION_RULES = tuple(_lift_rules()) + tuple(_selection_rules()) + tuple(_merge_rules())
 
 
 # ---- row-wise normalizations absorb their elementwise prologue ----------------------------
