@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 
 from tessera_rw.algebra.dtypes import DType, real_of
 from tessera_rw.algebra.errors import TesseraError
@@ -136,21 +135,6 @@ def dilate(x: Tensor, axis: int, step: int) -> Tensor:
     pads[axis + 1] = (0, step - 1)
     spread = api.reshape(pad_zeros(split, pads), x.shape[:axis] + (length * step,) + x.shape[axis + 1:])
     return crop(spread, axis, 0, (length - 1) * step + 1)
-
-
-def flip(x: Tensor, axis: int) -> Tensor:
-    """x reversed along `axis`, as a product with the exchange matrix (exact: one 1 per row)."""
-    size = x.shape[axis]
-    exchange = np.eye(size, dtype=x.dtype.numpy)[::-1].copy()
-    last = x.ndim - 1
-    if axis == last:
-        flipped = x @ exchange
-    elif axis == last - 1:
-        flipped = exchange @ x
-    else:
-        moved = api.swapaxes(x, axis, last)
-        return api.swapaxes(flip(moved, last), axis, last)
-    return flipped if flipped.dtype is x.dtype else api.cast(flipped, x.dtype)
 
 
 def no_cotangents(g: Tensor, out: Tensor, *operands: Tensor, **attrs: Any) -> Cotangents:

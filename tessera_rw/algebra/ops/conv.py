@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from tessera_rw.algebra.autodiff.cotangents import crop, dilate, flip, unbroadcast
+from tessera_rw.algebra.autodiff.cotangents import crop, dilate, unbroadcast
 from tessera_rw.algebra.dtypes import promote
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
@@ -128,8 +128,8 @@ def _input_cotangent(g, x, w, stride, padding, dilation, groups):
     wt = api.transpose(wt, (0, 2, 1) + tuple(range(3, 3 + spatial)))
     wt = api.reshape(wt, (groups * cg, o // groups) + kernel)
     pads, cuts = [], []
+    wt = api.flip(wt, axis=tuple(range(2, 2 + spatial)))        # one copy, whatever the kernel's rank
     for i in range(spatial):
-        wt = flip(wt, 2 + i)
         g = dilate(g, 2 + i, stride[i])
         reach = dilation[i] * (kernel[i] - 1)
         covered = x.shape[2 + i] + sum(padding[i])
