@@ -158,3 +158,24 @@ def test_a_relu_gradient_reads_its_input_and_cotangent_in_one_pass():
     g = np.where(x @ w + b > 0, t, 0.0)
     np.testing.assert_allclose(dw, x.T @ g, rtol=1e-10)
     np.testing.assert_allclose(db, g.sum(axis=0), rtol=1e-10)
+
+
+def test_a_convolutions_input_gradient_flips_its_kernel_in_one_copy():
+    from scipy.signal import correlate
+    # the transposed convolution reads the kernel reversed along both spatial axes: one flip, not a
+    # product with an exchange matrix per axis
+    conv_grad = op.grad(lambda x, w: op.sum(op.conv2d(x, w, padding=1) ** 2))
+    x, w = op.tensor((2, 8, 10, 10), "float32"), op.tensor((8, 8, 3, 3), "float32")
+    graph = conv_grad.trace(x, w)
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("flip") == 1 and "matmul" not in ops, ops
+    rng = np.random.default_rng(5)
+    xv, wv = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
+    y = np.stack([sum(correlate(np.pad(xv[n, c], 1), wv[o, c], mode="valid") for c in range(8)) for n in range(2)
+                  for o in range(8)]).reshape(2, 8, 10, 10)
+    dx = np.zeros_like(xv)
+    for n in range(2):
+        for c in range(8):
+            full = sum(correlate(2 * y[n, o], wv[o, c][::-1, ::-1], mode="full") for o in range(8))
+            dx[n, c] = full[1:-1, 1:-1]
+    np.testing.assert_allclose(conv_grad(xv, wv), dx, rtol=1e-8, atol=1e-8)

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-
 from tessera_rw.algebra.dtypes import DType, real_of
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.tensor import SymbolicTensor, api   # api resolves when a rule runs

@@ -127,8 +127,8 @@ def _input_cotangent(g, x, w, stride, padding, dilation, groups):
     wt = api.reshape(w, (groups, o // groups, cg) + kernel)
     wt = api.transpose(wt, (0, 2, 1) + tuple(range(3, 3 + spatial)))
     wt = api.reshape(wt, (groups * cg, o // groups) + kernel)
-    pads, cuts = [], []
     wt = api.flip(wt, axis=tuple(range(2, 2 + spatial)))        # one copy, whatever the kernel's rank
+    pads, cuts = [], []
     for i in range(spatial):
         g = dilate(g, 2 + i, stride[i])
         reach = dilation[i] * (kernel[i] - 1)
