@@ -17,7 +17,6 @@ from typing import Callable
 
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.calibration import spilled_for_occupancy
-from tessera_rw.codegen.compile import CompiledKernel
 from tessera_rw.codegen.numerics import current_numerics
 from tessera_rw.codegen.plan_binding import BoundStep, bind_plan
 from tessera_rw.lower.lowering import lower
@@ -78,21 +77,17 @@ def run_model(name: str, make: Callable[[], tuple], arch: ArchSpec, reps: int = 
     emit_s = time.perf_counter() - start
 
     start = time.perf_counter()
-    compiled = [(b, b.compile(arch, arch.sm)[1]) for b in generated.values()]
+    built = [(b, *b.compile(arch, arch.sm)) for b in generated.values()]
     compile_s = time.perf_counter() - start
-    traded = [(b, c) for b, c in compiled if _traded(b, c, arch)]
+    compiled = [(b, c) for b, _, c in built]
+    traded = [c for _, source, c in built if spilled_for_occupancy(c.registers, c.spill_bytes, source.threads, arch)]
     return StageTimes(
         name, len(graph.nodes), result.report.enodes, len(result.view.classes), len(result.report.iterations),
         result.report.stop_reason.value, len(plan.steps), sum(b.is_library for b in bound), len(generated),
         trace.median_s, saturate.median_s, extract.median_s, lowering.median_s, emit_s, compile_s,
         tuple(_register_error(b, c.registers, arch) for b, c in compiled),
         sum(c.spill_bytes > 0 for b, c in compiled) - len(traded),
-        tuple(f"{c.name}: {c.registers} regs, {c.spill_bytes} B" for b, c in traded))
-
-
-def _traded(bound: BoundStep, compiled: CompiledKernel, arch: ArchSpec) -> bool:
-    threads = bound.template.resources(bound.op, bound.schedule, arch).threads
-    return spilled_for_occupancy(compiled.registers, compiled.spill_bytes, threads, arch)
+        tuple(f"{c.name}: {c.registers} regs, {c.spill_bytes} B" for c in traded))
 
 
 def _register_error(bound: BoundStep, ptxas: int, arch: ArchSpec) -> float:

@@ -215,10 +215,9 @@ def fold_layout_chains(graph: Graph) -> Graph:
             elif view.root not in folds and (joined := _copied_concatenate(node, view, views, users, outputs)):
                 folds[node] = (*joined, node.shape)
         elif node.op == "concatenate" and node.shape:
-            parts = _folded_concatenate(node, views)
             if merged := _merged_concatenate(node, views):        # every piece read in place
                 folds[node] = merged
-            elif parts is not None:
+            elif (parts := _folded_concatenate(node, views)) is not None:
                 folds[node] = (parts, node.attr_map["axis"], node.shape)
     if not folds:
         return graph

@@ -239,14 +239,18 @@ def o_strides(op: KernelOp) -> tuple[int, ...]:
     return tuple(op.attr_map.get("out_strides" if op.op == "strided_attention" else "o_strides") or ())
 
 
+def o_row_layout(op: KernelOp, shape: tuple[int, ...]) -> RowLayout:
+    """Where the rows of O (of `shape`) lie as `op` writes or reads it: through o_strides (or a
+    strided_attention's out_strides), else dense."""
+    return RowLayout.of_view(shape, o_strides(op) or contiguous_strides(shape), 0, len(shape) - 2)
+
+
 def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayout]:
     """A forward op's q, k, v and O row layouts (O as the attention output, before any logsumexps;
     a strided_attention's through its out_strides, a strided_attention_lse's through o_strides),
     batch dims padded to the output's."""
     out = output_type(op)
-    rank = out.ndim - 2
-    o = RowLayout.of_view(out.shape, o_strides(op) or contiguous_strides(out.shape), 0, rank)
-    return (*(operand_layout(op, i, rank) for i in range(3)), o)
+    return (*(operand_layout(op, i, out.ndim - 2) for i in range(3)), o_row_layout(op, out.shape))
 
 
 def with_lse(op: KernelOp) -> KernelOp:

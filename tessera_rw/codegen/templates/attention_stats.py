@@ -21,13 +21,12 @@ from string import Template as Text
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.attention_backward import STATS, lse_length
-from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_cuda import offset_statements
-from tessera_rw.codegen.templates.attention_problem import (RowLayout, attention_operands, merged_heads, o_strides,
+from tessera_rw.codegen.templates.attention_problem import (attention_operands, merged_heads, o_row_layout, o_strides,
                                                             operand_bytes, operand_layout, reads_views, view_refusal)
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template
 from tessera_rw.lower.attention_writes import rows_fit
@@ -122,16 +121,10 @@ def _rows(op: KernelOp, elem: str) -> str:
         return f"    const {elem}* o = fwd + row * D;\n    const {elem}* g = dout + row * D;"
     do = attention_operands(op)[1]
     batch, seq = do.shape[:-2], do.shape[-2]
-    layouts = [("o_off", o_layout(op)), ("g_off", operand_layout(op, 1, do.ndim - 2))]
+    layouts = [("o_off", o_row_layout(op, do.shape)), ("g_off", operand_layout(op, 1, do.ndim - 2))]
     return (f"    const int bh = (int)(row / {seq});\n{offset_statements(batch, layouts)}\n"
             f"    const {elem}* o = fwd + o_off + (row % {seq}) * {layouts[0][1].row}LL;\n"
             f"    const {elem}* g = dout + g_off + (row % {seq}) * {layouts[1][1].row}LL;")
-
-
-def o_layout(op: KernelOp) -> RowLayout:
-    """Where O's rows lie in the forward's result the row statistics read (o_strides, or dense)."""
-    do = attention_operands(op)[1]
-    return RowLayout.of_view(do.shape, o_strides(op) or contiguous_strides(do.shape), 0, do.ndim - 2)
 
 
 KERNEL = r"""
