@@ -91,6 +91,12 @@ def spectral_convolution(program: CompiledProgram) -> None:
     assert "slice" not in ops and ops.count("strided_elementwise") == 2
 
 
+def convolutions_with_their_epilogues(program: CompiledProgram) -> None:
+    assert [(s.op, s.node.attr_map["post"]) for s in program.plan.steps] == [
+        ("fused_conv", "relu(add($0,$1))"), ("fused_conv", "relu(add(add($0,$1),$2))")]
+    assert [k.fused for k in program.candidate.kernels] == [("relu", "add")] * 2
+
+
 def backward_gemms_with_epilogues(program: CompiledProgram) -> None:
     assert len(program.plan.outputs) == 5                       # dx, dW1, db1, dW2, db2
     gemms = [k for k in program.candidate.kernels if k.kind == "gemm"]
@@ -153,6 +159,7 @@ EXPECTED = {
     ("attention_backward", "attention_grads"): fused_attention_backward,
     ("transformer_block", "transformer_block"): transformer_block_fused,
     ("hyena_conv", "hyena_block"): spectral_convolution,
+    ("resnet_block", "resnet_block"): convolutions_with_their_epilogues,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
     ("training_step", "block_loss_and_grads"): training_step_fused,
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,

@@ -204,8 +204,9 @@ def _restrict(op: KernelOp, inputs: Inputs, axis: int, rows: np.ndarray) -> tupl
         mask = query_rows_mask(attrs, rows_of(3, -2) if attrs["has_mask"] and ts[3].shape[-2] == n else
                           inputs.wide(3) if attrs["has_mask"] else None, ts[1].shape[-2], rows)
         return [rows_of(0, -2), inputs.wide(1), inputs.wide(2), *([mask] if mask is not None else [])], attrs
-    if kind is OpKind.CONV:        # batch items of x; the filter is shared
-        return [rows_of(0, 0), inputs.wide(1)], attrs
+    if kind is OpKind.CONV:        # batch items of x and of epilogue inputs that have them; the filter is shared
+        return [rows_of(0, 0), inputs.wide(1), *(rows_of(i, 0) if t.ndim == out.ndim and t.shape[0] == n
+                                                 else inputs.wide(i) for i, t in enumerate(ts[2:], 2))], attrs
     # rows of a normalization: axis 0 of every operand of the output's rank (weights and row-broadcast
     # operands have a lower rank or a leading 1)
     return [rows_of(i, 0) if t.ndim == out.ndim and t.shape[0] == n else inputs.wide(i)

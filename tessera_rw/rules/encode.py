@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import ArrayLiteral, Node
 from tessera_rw.algebra.ops import opdef
+from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_INPUTS
 from tessera_rw.rules.schema import attr_names, codec, constructor_name, egg_dims, egg_string
 
 
@@ -64,4 +65,6 @@ def all_arities(op_name: str) -> tuple[int, ...]:
         return (len(op.operands),)
     if op.name in ("concatenate", "fused_elementwise", "fused_normalization", "fused_reduction"):  # operand lists
         return tuple(range(1, 9))
+    if op.name == "fused_conv":                 # x, w and up to MAX_FUSED_INPUTS - 1 epilogue inputs
+        return tuple(range(2, 2 + MAX_FUSED_INPUTS))
     return tuple(range(1, len(op.operands) + 1))

@@ -63,6 +63,7 @@ class FusionDepth(enum.IntEnum):
 
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
+                  "fused_conv": FusionDepth.EPILOGUE,
                   "concatenated_elementwise": FusionDepth.EPILOGUE, "strided_normalization": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "norm_backward": FusionDepth.EPILOGUE,
                   "norm_backward_stats": FusionDepth.EPILOGUE, "norm_backward_grads": FusionDepth.EPILOGUE,
@@ -222,7 +223,7 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})
-DIRECT_CONV_OPS = frozenset({"conv1d", "conv2d"})
+DIRECT_CONV_OPS = frozenset({"conv1d", "conv2d", "fused_conv"})
 
 
 def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, forbid: frozenset[str],

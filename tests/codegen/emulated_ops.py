@@ -21,9 +21,9 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
-from tessera_rw.codegen.templates.conv_problem import conv_op
 from tessera_rw.codegen.templates.spectral import spectral_op
 from tests.codegen.emulated_attention_ops import ATTENTION_OPS
+from tests.codegen.emulated_conv_ops import CONV_OPS
 from tests.codegen.emulated_view_ops import VIEW_OPS
 from tests.codegen.ragged_ops import RAGGED, matmul, of
 
@@ -355,30 +355,6 @@ def _copy_ops() -> dict[str, KernelOp]:
     }
 
 
-def _conv_ops() -> dict[str, KernelOp]:
-    return {
-        "conv1d 3-tap bf16": conv_op((2, 64, 256), (64, 64, 3), BF16, padding=((1, 1),)),
-        "conv1d grouped f32": conv_op((2, 64, 128), (128, 16, 5), F32, padding=((2, 2),), groups=4),
-        "conv2d 3x3 bf16": conv_op((1, 32, 16, 16), (64, 32, 3, 3), BF16, padding=((1, 1), (1, 1))),
-        "conv2d 3x3 stride 2 f32": conv_op((2, 16, 14, 14), (32, 16, 3, 3), F32, padding=((1, 1), (1, 1)),
-                                           stride=(2, 2)),
-        "conv1d depthwise 3-tap bf16": conv_op((2, 64, 512), (64, 1, 3), BF16, padding=((1, 1),), groups=64),
-        "conv1d depthwise causal 64-tap bf16": conv_op((2, 32, 300), (32, 1, 64), BF16, padding=((63, 0),),
-                                                       groups=32),
-        "conv1d depthwise stride dilation f32": conv_op((2, 32, 200), (64, 1, 5), F32, padding=((4, 4),),
-                                                        stride=(2,), dilation=(2,), groups=32),
-        "conv2d depthwise 3x3 bf16": conv_op((2, 32, 20, 20), (32, 1, 3, 3), BF16, padding=((1, 1), (1, 1)),
-                                             groups=32),
-        "conv2d depthwise 7x7 f32": conv_op((2, 16, 14, 14), (16, 1, 7, 7), F32, padding=((3, 3), (3, 3)),
-                                            groups=16),
-        # a weight gradient's shape (few output tiles, a long K): blocks split K
-        "conv2d weight-gradient shape bf16, split K": conv_op((8, 8, 18, 18), (8, 8, 16, 16), BF16,
-                                                              padding=((0, 0), (0, 0))),
-        "conv2d weight-gradient shape f32, split K, grouped": conv_op((4, 8, 12, 12), (8, 4, 10, 10), F32,
-                                                                      padding=((0, 0), (0, 0)), groups=2),
-    }
-
-
 def _spectral_ops() -> dict[str, KernelOp]:
     return {
         "spectral contract 1-d": spectral_op((4, 16, 129), (16, 16, 129)),
@@ -396,5 +372,5 @@ def _plugin_ops() -> dict[str, KernelOp]:
 
 
 EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops() | ATTENTION_OPS | _rowwise_ops() | _reduction_ops()
-                                  | _elementwise_ops() | VIEW_OPS | _copy_ops() | _conv_ops() | _spectral_ops()
+                                  | _elementwise_ops() | VIEW_OPS | _copy_ops() | CONV_OPS | _spectral_ops()
                                   | _plugin_ops())

@@ -14,6 +14,7 @@ from tessera_rw.codegen.arch import KNOWN_ARCHS, MathUnit, arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.conv import ConvSchedule, DirectConvTemplate
 from tessera_rw.codegen.templates.conv_depthwise import DepthwiseSchedule
+from tessera_rw.codegen.templates.conv_epilogue import with_epilogue
 from tessera_rw.codegen.templates.conv_problem import conv_op
 
 T = DirectConvTemplate()
@@ -23,7 +24,7 @@ ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
 
 def _gemm(op: KernelOp) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of the implicit GEMM per group."""
-    x, w = op.operands
+    x, w = op.operands[:2]
     groups = op.attr_map["groups"]
     out_spatial = op.result.numel // (op.result.shape[0] * op.result.shape[1])
     taps = w.numel // (w.shape[0] * w.shape[1])
@@ -142,3 +143,25 @@ def test_a_split_k_gives_the_same_bits_whichever_block_arrives_last():
     runs = {order: emulator.run_emulated(op, [x, w], schedule=s, arch=arch, block_order=order).tobytes()
             for order in ("ascending", "reverse", "shuffle:5")}
     assert len(set(runs.values())) == 1
+
+
+def test_an_epilogue_reads_its_inputs_once_and_names_what_it_fused():
+    h100 = arch_named("h100")
+    plain = SAMPLES[2]                                       # a ResNet layer's 3x3 conv, bf16
+    fused = with_epilogue(plain, "relu(add(add($0,$1),$2))", ((64, 1, 1), DType.bfloat16),
+                          (plain.result.shape, DType.bfloat16))
+    s = T.schedules(fused, h100)[0]
+    assert s == T.schedules(plain, h100)[0]
+    extra = T.resources(fused, s, h100).hbm_bytes - T.resources(plain, s, h100).hbm_bytes
+    assert extra == 64 * 2 + plain.result.nbytes
+    assert T.fused(fused) == ("relu", "add") and T.fused(plain) == ()
+    source = T.emit(fused, s, h100).source
+    assert "(x, w, e0, e1, y)" in source and "const bf16_t* __restrict__ e1" in source
+
+
+def test_an_epilogue_the_kernels_cannot_write_is_refused_with_its_reason():
+    conv = conv_op((1, 4, 10), (8, 4, 3), DType.bfloat16, padding=((1, 1),))
+    widened = with_epilogue(conv, "add($0,$1)", ((8, 1), DType.float32))        # bf16 + f32 is f32
+    assert not T.accepts(widened)
+    assert "write their inputs' dtype bfloat16, not float32" in T.refusal(widened)
+    assert T.accepts(with_epilogue(conv, "add($0,$1)", ((8, 1), DType.bfloat16)))

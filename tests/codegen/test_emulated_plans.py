@@ -187,3 +187,29 @@ def test_a_normalization_of_a_plain_tensor_with_an_epilogue_is_one_row_kernel(dt
     want = e / e.sum(-1, keepdims=True) * w64 + centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5) * w64
     inputs = {"x": x, "w": w}
     assert_matches(run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs), [want])
+
+
+def _correlate_layer(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """conv2d with padding 1 in float64, by scipy: y[n, o] = Σ_c x[n, c] ⋆ w[o, c]."""
+    from scipy.signal import correlate
+    return np.stack([np.stack([sum(correlate(np.pad(x[n, c], 1), w[o, c], mode="valid") for c in range(x.shape[1]))
+                               for o in range(w.shape[0])]) for n in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
+def test_a_resnet_block_is_two_convolutions_with_their_epilogues(dtype):
+    @op.kernel
+    def block(x, w1, b1, w2, b2):
+        h = op.relu(op.conv2d(x, w1, padding=1) + b1)
+        return op.relu(op.conv2d(h, w2, padding=1) + b2 + x)
+
+    rng = np.random.default_rng(4)
+    shapes = {"x": (2, 24, 9, 11), "w1": (24, 24, 3, 3), "b1": (24, 1, 1), "w2": (24, 24, 3, 3), "b2": (24, 1, 1)}
+    inputs = {k: (rng.standard_normal(s) / (1 if k[0] != "w" else 12)).astype(dtype) for k, s in shapes.items()}
+    plan = block.program(*inputs.values()).plan
+    assert [(s.op, s.node.attr_map["post"]) for s in plan.steps] == [
+        ("fused_conv", "relu(add($0,$1))"), ("fused_conv", "relu(add(add($0,$1),$2))")]
+    x, w1, b1, w2, b2 = (v.astype(np.float64) for v in inputs.values())
+    h = np.maximum(_correlate_layer(x, w1) + b1, 0)
+    want = np.maximum(_correlate_layer(h, w2) + b2 + x, 0)
+    assert_matches(run_plan_emulated(plan, inputs), run_plan_on_cpu(plan, inputs), [want])

@@ -124,8 +124,16 @@ def test_the_fft_and_the_direct_convolution_are_both_weighed_whichever_wins(kern
 
 def test_a_relu_on_its_own_is_one_candidate_however_it_is_spelt():
     """A fused_elementwise of one op launches the kernel the op does: not a second candidate."""
+    x = op.tensor((8, 64, 56, 56), "bf16")
+    assert len(candidates_of(lambda x: op.relu(op.flip(x, axis=(3,))), x=x)) == 1
+
+
+def test_a_convolution_takes_the_relu_after_it_as_its_epilogue():
     x, w = op.tensor((8, 64, 56, 56), "bf16"), op.tensor((64, 64, 3, 3), "bf16")
-    assert len(candidates_of(lambda x, w: op.relu(op.conv2d(x, w, padding=1)), x=x, w=w)) == 1
+    fused, unfused = candidates_of(lambda x, w: op.relu(op.conv2d(x, w, padding=1)), x=x, w=w)
+    assert [(k.kind, k.fused) for k in fused.kernels] == [("conv", ("relu",))]
+    assert [k.kind for k in unfused.kernels] == ["conv", "elementwise"]
+    assert fused.est_us < unfused.est_us and fused.hbm_bytes < unfused.hbm_bytes
 
 
 def test_a_large_2d_kernel_goes_through_the_fft_and_a_3x3_does_not():

@@ -30,6 +30,8 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.conv_cuda import implicit_gemm_source
+from tessera_rw.codegen.templates.conv_epilogue import (ConvEpilogue, epilogue_flops, launch_operands,
+                                                          with_epilogue)
 from tessera_rw.codegen.templates.conv_depthwise import (DepthwiseSchedule, depthwise_emit, depthwise_fits,
                                                          depthwise_resources, depthwise_schedules)
 from tessera_rw.codegen.templates.conv_problem import (MAX_GRID_YZ, STATIC_SMEM_LIMIT, TENSOR_CORE_DTYPES,
@@ -78,12 +80,12 @@ _SIMT_CANDIDATES = ((64, 64, 16, 2, 2), (128, 64, 16, 4, 2), (64, 32, 16, 2, 2),
 
 class DirectConvTemplate(Template):
     kind = "conv"
-    ops = frozenset({"conv1d", "conv2d"})
+    ops = frozenset({"conv1d", "conv2d", "fused_conv"})
 
     def accepts(self, op: KernelOp) -> bool:
-        if op.op not in self.ops:
+        if op.op not in self.ops or ConvEpilogue.refusal(op):
             return False
-        x, w = op.operands
+        x, w = op.operands[:2]
         if not (x.dtype == w.dtype == op.result.dtype and x.dtype in (*TENSOR_CORE_DTYPES, DType.float32)):
             return False  # mixed-precision or float64 convolutions have no kernel here
         cv = ConvProblem.of(op)
@@ -91,8 +93,12 @@ class DirectConvTemplate(Template):
         return (max(cv.gemm[0], x.numel // per_image, op.result.numel // per_image, w.numel) <= _MAX_INDEX
                 and cv.groups <= MAX_GRID_YZ)
 
+    def refusal(self, op: KernelOp) -> str | None:
+        return ConvEpilogue.refusal(op)
+
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        return ()
+        epilogue = ConvEpilogue.of(op)
+        return epilogue.ops if epilogue else ()
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         cv = ConvProblem.of(op)
@@ -186,7 +192,8 @@ class DirectConvTemplate(Template):
         cv, s = ConvProblem.of(op), schedule
         m, n, k = cv.gemm
         tiles_m, tiles_n, tiles_k = cdiv(m, s.bm), cdiv(n, s.bn), cdiv(k, s.bk)
-        x_bytes, w_bytes = (t.nbytes for t in op.operands)
+        x_bytes, w_bytes = (t.nbytes for t in op.operands[:2])
+        epilogue = ConvEpilogue.of(op)
         # x is streamed once per output-channel tile (blockIdx.x walks the rows first); halo re-reads
         # of neighbouring rows and those per-tile passes hit L2 while x fits in half of it.
         x_traffic = x_bytes * (tiles_n if x_bytes > arch.l2_bytes // 2 else 1)
@@ -200,8 +207,9 @@ class DirectConvTemplate(Template):
         parts = 2 * self._workspace(cv, s)               # written by every block, read by the last
         return Resources(
             threads=s.threads, blocks=tiles_m * tiles_n * cv.groups * s.split_k, registers=registers,
-            smem_bytes=self._smem(cv, s), hbm_bytes=x_traffic + w_traffic + op.result.nbytes + parts,
-            flops=2 * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk * cv.groups,
+            smem_bytes=self._smem(cv, s),
+            hbm_bytes=x_traffic + w_traffic + op.result.nbytes + parts + (epilogue.bytes_read if epilogue else 0),
+            flops=2 * tiles_m * s.bm * tiles_n * s.bn * tiles_k * s.bk * cv.groups + epilogue_flops(op),
             unit=unit, efficiency=efficiency, spill_bytes=4 * max(0, registers - limit))
 
     def emit(self, op: KernelOp, schedule: Schedule, arch: ArchSpec) -> KernelSource:
@@ -218,18 +226,21 @@ class DirectConvTemplate(Template):
         header = (f"// {op}\n// schedule: {s.describe()}\n"
                   f"// implicit GEMM per group: M={m} N={n} K={k}, groups={cv.groups}"
                   + (f", K split among {s.split_k} blocks" if s.split_k > 1 else "") + "\n"
-                  f"// launch: {name}(x, w, y{', work' if work else ''}); grid={grid}, block=({s.threads})\n")
+                  f"// launch: {name}({launch_operands(op)}{', work' if work else ''}); grid={grid}, "
+                  f"block=({s.threads})\n")
         tile = dict(BM=s.bm, BN=s.bn, BK=s.bk, WARPS_M=s.warps_m, WARPS_N=s.warps_n,
                     PAD=_MMA_SMEM_PAD if cv.tensor_cores else _SIMT_SMEM_PAD)
         if s.split_k > 1:
             tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=self._parts_bytes(cv, s))
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
-        return KernelSource(name, header + implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix),
+        source = implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix, ConvEpilogue.of(op))
+        return KernelSource(name, header + source,
                             threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,
                             workspace_bytes=work)
 
     def samples(self) -> tuple[KernelOp, ...]:
         bf16, f32 = DType.bfloat16, DType.float32
+        resnet = conv_op((8, 64, 56, 56), (64, 64, 3, 3), bf16, padding=((1, 1), (1, 1)))
         return (
             conv_op((16, 64, 2048), (64, 64, 3), bf16, padding=((1, 1),)),
             conv_op((8, 64, 512), (128, 16, 5), f32, padding=((2, 2),), groups=4),
@@ -246,6 +257,14 @@ class DirectConvTemplate(Template):
             conv_op((8, 256, 1000), (512, 1, 5), f32, padding=((4, 4),), stride=(2,), dilation=(2,), groups=256),
             conv_op((8, 128, 56, 56), (128, 1, 3, 3), bf16, padding=((1, 1), (1, 1)), groups=128),
             conv_op((8, 96, 28, 28), (96, 1, 7, 7), f32, padding=((3, 3), (3, 3)), groups=96),
+            # epilogues: a ResNet block's two (bias and relu; bias, residual and relu), an fp32 bias and
+            # tanh, a MobileNet depthwise layer's bias and relu
+            with_epilogue(resnet, "relu(add($0,$1))", ((64, 1, 1), bf16)),
+            with_epilogue(resnet, "relu(add(add($0,$1),$2))", ((64, 1, 1), bf16), (resnet.result.shape, bf16)),
+            with_epilogue(conv_op((4, 32, 28, 28), (64, 32, 3, 3), f32, padding=((1, 1), (1, 1)), stride=(2, 2)),
+                          "tanh(add($0,$1))", ((64, 1, 1), f32)),
+            with_epilogue(conv_op((8, 128, 56, 56), (128, 1, 3, 3), bf16, padding=((1, 1), (1, 1)), groups=128),
+                          "relu(add($0,$1))", ((128, 1, 1), bf16)),
         )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tessera_rw.codegen.arch import WARP_SIZE
+from tessera_rw.codegen.templates.conv_epilogue import ConvEpilogue, placed
 
 # Sizes the implicit GEMM's text names; the caller supplies each.
 GEMM_CONSTANTS = ("CV_C", "CV_H", "CV_W", "CV_O", "CV_CG", "CV_OG", "CV_KH", "CV_KW", "CV_OH", "CV_OW",
@@ -59,7 +60,7 @@ class DepthwiseLayout:
 _CTYPES = {"bf16": "bf16_t", "f16": "f16_t", None: "float"}
 
 _GEMM_BODY = r"""
-extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__ x, const T* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__ x, const T* __restrict__ wEXTRA_PARAMS,
                                                            T* __restrict__ ySPLIT_PARAM) {
     constexpr int C = CV_C, H = CV_H, W = CV_W, O = CV_O, CG = CV_CG, OG = CV_OG, KH = CV_KH, KW = CV_KW;
     constexpr int OH = CV_OH, OW = CV_OW, SH = CV_SH, SW = CV_SW, PH = CV_PH, PW = CV_PW, DH = CV_DH, DW = CV_DW;
@@ -190,7 +191,7 @@ _MMA = dict(
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int o = n0 + wn * WN + j * 8 + 2 * tig + e;
-                    if (o < OG) yrow[(long long)o * P] = TO_T(acc[i][j][half * 2 + e]);
+                    if (o < OG) WRITE_Y(acc[i][j][half * 2 + e]);
                 }
         }""")
 
@@ -222,13 +223,13 @@ _SIMT = dict(
         #pragma unroll
         for (int j = 0; j < TN; ++j) {
             const int o = n0 + wn * WN + j * 4 + ln;
-            if (o < OG) yrow[(long long)o * P] = acc[i][j];
+            if (o < OG) WRITE_Y(acc[i][j]);
         }
     }""")
 
 
 _DEPTHWISE_BODY = r"""
-extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__ x, const T* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__ x, const T* __restrict__ wEXTRA_PARAMS,
                                                            T* __restrict__ y) {
     constexpr int TAPS = KH * KW, TILES_W = (OW + TW - 1) / TW, GROUPS_W = TW / V;
     constexpr int WIN = (V - 1) * SW + (TJ - 1) * DW + 1;            // inputs one tap chunk of V outputs reads
@@ -286,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) NAME(const T* __restrict__
     const int oh = tr0 + r, left = OW - (tc0 + c0);
     if (oh >= OH || left <= 0) return;
     T* yr = y + (((long long)img * O + o) * OH + oh) * OW + tc0 + c0;
+    EPILOGUE_IN_PLACE
     #pragma unroll
     for (int q = 0; q < V; q += SV) {
         if (OW % SV == 0 && q + SV <= left) {
@@ -315,7 +317,8 @@ def _wrap(name: str, ctype: str, config: str, text: str, threads: int) -> str:
             + text.replace("THREADS)", f"{threads})", 1).replace("NAME(", f"{name}(", 1))
 
 
-def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str, int], suffix: str | None) -> str:
+def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str, int], suffix: str | None,
+                         epilogue: ConvEpilogue | None = None) -> str:
     """The implicit-GEMM kernel: mma.sync when `suffix` names a 16-bit dtype ('bf16', 'f16'), else FFMA.
 
     `tile` holds BM, BN, BK, WARPS_M, WARPS_N, PAD (smem row padding in elements) and, where blocks
@@ -326,7 +329,8 @@ def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str,
             "SPLIT_PARAM": ", unsigned char* __restrict__ work" if split > 1 else ""}
     text = _substitute(_substitute(_GEMM_BODY, meet), _MMA if suffix else _SIMT)   # COMPUTE_DECL before COMPUTE
     if suffix:
-        text = text.replace("MMA(", f"mma_{suffix}_16816(").replace("TO_T(", f"f32_to_{suffix}(")
+        text = text.replace("MMA(", f"mma_{suffix}_16816(")
+    text = placed(text, epilogue, f"f32_to_{suffix}" if suffix else "")
     threads = WARP_SIZE * tile["WARPS_M"] * tile["WARPS_N"]
     config = "constexpr int " + ", ".join(f"{k} = {v}" for k, v in {"SPLITK": 1, **tile, "THREADS": threads}.items()) \
         + ";\n"
@@ -338,7 +342,8 @@ def implicit_gemm_source(name: str, sizes: Mapping[str, int], tile: Mapping[str,
 _STAGE_FULL_UNROLL, _STAGE_PARTIAL_UNROLL = 16, 4
 
 
-def depthwise_source(name: str, sizes: Mapping[str, int], suffix: str | None, layout: DepthwiseLayout) -> str:
+def depthwise_source(name: str, sizes: Mapping[str, int], suffix: str | None, layout: DepthwiseLayout,
+                     epilogue: ConvEpilogue | None = None) -> str:
     """The sliding-window kernel; `sizes` holds every name in DEPTHWISE_CONSTANTS.
 
     Taps in registers need every tap index constant, so that path unrolls the tap rows in full.
@@ -362,7 +367,7 @@ def depthwise_source(name: str, sizes: Mapping[str, int], suffix: str | None, la
     else:
         convert = dict(TO_F="", FROM_F="", EPW="1")
         pack = "return __float_as_uint(a[k]);"
-    text = _substitute(text, convert)
+    text = placed(_substitute(text, convert), epilogue, "")
     names = DEPTHWISE_CONSTANTS + ("TJ", "KWP", "ROWS_IN", "SROW")
     config = ("constexpr int " + ", ".join(f"{k} = {sizes[k]}" for k in names) + ";\n"
               f"constexpr bool VEC_READ = {'true' if layout.vector_reads else 'false'};\n"

@@ -16,6 +16,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule
 from tessera_rw.codegen.templates.conv_cuda import DepthwiseLayout, depthwise_source
+from tessera_rw.codegen.templates.conv_epilogue import ConvEpilogue, epilogue_flops, launch_operands
 from tessera_rw.codegen.templates.conv_problem import (MAX_GRID_YZ, STATIC_SMEM_LIMIT, TENSOR_CORE_DTYPES,
                                                        ConvProblem, cdiv, pow2)
 
@@ -86,11 +87,11 @@ def depthwise_resources(op: KernelOp, s: DepthwiseSchedule, arch: ArchSpec) -> R
     blocks = tiles * channels * images
     registers = depthwise_registers(cv, s)
     # Every block's outputs are computed, edge ones included, over the zero-padded kernel rows.
-    flops = 2 * blocks * s.threads * s.outputs_per_thread * cv.kh * win.kwp
+    flops = 2 * blocks * s.threads * s.outputs_per_thread * cv.kh * win.kwp + epilogue_flops(op)
     # x, w and y cross HBM once: a tile's halo overlaps its neighbours' by (kernel - 1) * dilation
     # columns (and rows), re-read by blocks of the same plane that run together, hits in L2; a
     # channel multiplier's extra readers of one input plane are adjacent in blockIdx.y, hits too.
-    hbm = op.operand_bytes + op.result.nbytes
+    hbm = op.operand_bytes + op.result.nbytes              # the epilogue's inputs among the operands
     return Resources(threads=s.threads, blocks=blocks, registers=registers, smem_bytes=depthwise_smem(cv, s),
                      hbm_bytes=hbm, flops=flops, unit=MathUnit.FP32, efficiency=DEPTHWISE_EFFICIENCY,
                      spill_bytes=4 * max(0, registers - arch.register_limit(s.threads)))
@@ -107,8 +108,9 @@ def depthwise_emit(op: KernelOp, cv: ConvProblem, s: DepthwiseSchedule) -> Kerne
     header = (f"// {op}\n// schedule: {s.describe()}\n"
               f"// depthwise sliding window: {cv.og} output channel(s) per input channel, "
               f"taps in {'registers' if win.taps_in_registers else 'shared memory'}\n"
-              f"// launch: {name}(x, w, y); grid={depthwise_grid(cv, s)}, block=({s.threads})\n")
-    return KernelSource(name, header + depthwise_source(name, sizes, suffix, win), threads=s.threads,
+              f"// launch: {name}({launch_operands(op)}); grid={depthwise_grid(cv, s)}, block=({s.threads})\n")
+    source = depthwise_source(name, sizes, suffix, win, ConvEpilogue.of(op))
+    return KernelSource(name, header + source, threads=s.threads,
                         grid=depthwise_grid(cv, s), fast_math=op.numerics is Numerics.FAST)
 
 

@@ -43,7 +43,7 @@ class ConvProblem:
 
     @classmethod
     def of(cls, op: KernelOp) -> ConvProblem:
-        x, w = op.operands
+        x, w = op.operands[:2]                # a fused_conv's epilogue inputs follow
         a = op.attr_map
         flat = len(x.shape) == 3             # conv1d: prepend a height axis of size one
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library.algebra import const, rand
+from tessera_rw.rules.library.conv_epilogue import CONV_EPILOGUE_RULES
 from tessera_rw.rules.library.fused_reductions import REDUCTION_FUSION_RULES
 from tessera_rw.rules.library.fusion import FUSION_RULES
 from tessera_rw.rules.library.transposed_operands import (
@@ -159,8 +160,8 @@ RULES = (
     *k_major_fp8_rules(),
 )
 
-EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES,
+EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES + CONV_EPILOGUE_RULES,
                    doc="matmul + scale / bias / activation / residual / cast → one gemm; elementwise chains → one "
-                       "node, which a reduction of it absorbs")
+                       "node, which a reduction of it absorbs and a convolution takes as its epilogue")
 
 

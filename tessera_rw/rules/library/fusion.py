@@ -80,6 +80,12 @@ def _renumber(text: str, mapping: dict[int, str]) -> str:
     return text
 
 
+def renumbered(text: str, mapping: dict[int, str]) -> Expr:
+    """egglog text of expression `text` with each `$i` renamed mapping[i], a "#j" marker (the
+    markers become "$j" after every replacement, so no renaming sees another's result)."""
+    return Expr(f'(replace {_renumber(text, {i: egg_string(m) for i, m in mapping.items()})} "#" "$")')
+
+
 def _substituted(n: int, m: int, k: int) -> str:
     """The merged expression: the inner inputs take the place of input k, so inputs stay in the
     left-to-right order of the leaves they feed."""
@@ -250,8 +256,7 @@ def _epilogue_rules():
     ax, eps, hw, hb, norm = t.vars("ax eps hw hb norm")
     for n in range(1, MAX_FUSED_INPUTS + 1):
         for k in range(n):
-            post = _renumber("e_out", {i: egg_string("#0" if i == k else f"#{i + 1 if i < k else i}")
-                                       for i in range(n)})
+            post = renumbered("e_out", {i: "#0" if i == k else f"#{i + 1 if i < k else i}" for i in range(n)})
             for p in range(1, MAX_FUSED_INPUTS + 1):
                 xs = t.vars(" ".join(f"x{i}" for i in range(n)))
                 ys = t.vars(" ".join(f"y{j}" for j in range(p)))
@@ -264,7 +269,7 @@ def _epilogue_rules():
                            lhs=t.fused_elementwise(*outer, expr=e_out, of=T),
                            rhs=t.fused_normalization(*ys, *(xs[i] for i in range(n) if i != k), expr=e_in, norm=norm,
                                                      axes=ax, eps=eps, has_weight=hw, has_bias=hb,
-                                                     post=Expr(f'(replace {post} "#" "$")'), of=T),
+                                                     post=post, of=T),
                            example=_epilogue_example(n, k, p),
                            needs=ALL_FUSION_RULE_NAMES + tuple(f"softmax-of-fused-{q}" for q in range(1, 5)))
 
