@@ -1,7 +1,7 @@
 """Activation derivatives in GEMM epilogues, end to end: op.grad of a two-layer MLP with relu, silu,
 gelu or tanh-gelu gives a plan whose gemm writing dz = (dY W2ᵀ) ∘ act'(pre) applies act' in its
-epilogue (`fused: d<act>`, reading pre), with no elementwise pass over dh; its gradients on the numpy
-executor match the float64 gradients of the unfused graph, which finite differences confirm (away
+epilogue (`fused: d<act>`, reading pre, or relu's h), with no elementwise pass over dh; its gradients
+on the numpy executor match the float64 gradients of the unfused graph, which finite differences confirm (away
 from relu's kink: the inputs are few enough that no pre-activation lies within the step of it)."""
 
 from __future__ import annotations
@@ -48,9 +48,15 @@ def test_the_chosen_plan_applies_the_derivative_in_the_gemm_epilogue(activation,
     assert dy.shape == (2048, 768) and w2.shape == (3072, 768) and pre.shape == (2048, 3072)
     assert dz.op.attr_map["trans_b"] and not dz.op.attr_map["trans_a"]
     assert "copy" not in [k.kind for k in kernels]                  # no transpose is copied
-    # the only elementwise pass left is the forward activation of h (one operand, pre), which dW2 = hᵀ dy reads
-    (h,) = [k for k in kernels if k.kind == "elementwise"]
-    assert h.op.operands == (pre,)
+    elementwise = [k for k in kernels if k.kind == "elementwise"]
+    if activation == "relu":
+        # relu′ reads h = relu(pre) (h > 0 where pre > 0), which the forward gemm writes in its
+        # epilogue: pre is never written and no pass computes h
+        assert not elementwise and ("bias", "relu") in [k.fused for k in kernels]
+    else:
+        # the only elementwise pass left is the forward activation of h (one operand, pre), which dW2 = hᵀ dy reads
+        (h,) = elementwise
+        assert h.op.operands == (pre,)
     assert "reduction" not in [k.kind for k in kernels]            # db1 rides in the dW1 gemm
 
 

@@ -186,3 +186,25 @@ def test_a_convolutions_input_gradient_flips_its_kernel_in_one_copy():
             full = sum(correlate(2 * y[n, o], wv[o, c][::-1, ::-1], mode="full") for o in range(8))
             dx[n, c] = full[1:-1, 1:-1]
     np.testing.assert_allclose(conv_grad(xv, wv), dx, rtol=1e-8, atol=1e-8)
+
+
+def test_a_resnet_blocks_relu_masks_read_the_relu_outputs_its_convolutions_write():
+    # relu′ is where(z > 0, g, 0); z > 0 is relu(z) > 0, and the forward computes relu(z) anyway:
+    # each convolution writes h = relu(conv + b) in its epilogue, z is never written, and no kernel
+    # computes a relu of its own (extraction frees z's kernel by moving both its readers off it)
+    def loss(x, w1, b1, w2, b2, t):
+        h = op.relu(op.conv2d(x, w1, padding=1) + b1)
+        return op.sum((op.relu(op.conv2d(h, w2, padding=1) + b2 + x) - t) ** 2)
+    grad = op.grad(loss, argnums=(0, 1, 2, 3, 4))
+    shapes = [(2, 8, 10, 10), (8, 8, 3, 3), (8, 1, 1), (8, 8, 3, 3), (8, 1, 1), (2, 8, 10, 10)]
+    plan = grad.program(*(op.tensor(s, "float32") for s in shapes)).plan
+    assert "relu(add($0,$1))" in [s.node.attr_map.get("post") for s in plan.steps if s.op == "fused_conv"]
+    assert not [s for s in plan.steps if s.op == "fused_elementwise" and s.node.attr_map["expr"] == "relu($0)"]
+    rng = np.random.default_rng(6)
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = grad(*(v.astype(np.float64) for v in values))            # float64: no kernel fuses, the VJPs run as written
+    feeds = dict(zip(("x", "w1", "b1", "w2", "b2", "t"), values))
+    runs = [run_plan_on_cpu(plan, feeds)] + ([run_plan_emulated(plan, feeds)] if emulator.available() else [])
+    for got in runs:
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3 * np.abs(w).max())

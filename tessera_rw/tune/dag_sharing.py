@@ -1,7 +1,8 @@
 """DAG-aware improvement of a tree-optimal extraction: a class switches to an e-node that reads
 what the program computes anyway whenever the whole program gets cheaper, so a shared
 subexpression is paid once (dW and db from one packed GEMM, a norm's statistics shared by its
-gradient kernels). Each change is scored by the cost of the whole program (`ChosenProgram.delta`).
+gradient kernels), and a kernel whose readers can all read something else is freed (a relu′ mask
+reading relu(z), which the forward writes, instead of z). Each change is scored by the cost of the whole program (`ChosenProgram.delta`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
     program computes anyway whenever the whole program gets cheaper; then try pairs of classes that
     only pay off switched together (dW and db both read from one packed GEMM), and where none
     does, groups that pay off once the classes they leave reading a packed node move off it too
-    (_repaired); last, switch again with the classes outside the program priced beside it
+    (_repaired), or else every reader of one kernel moved off it at once (_freeing_switch); last, switch again with the classes outside the program priced beside it
     (_switch_beside)."""
     choice = _single_switches(view, choice, roots, cost)
     for _ in range(DAG_SWEEPS):
-        paired = _paired_switch(view, choice, roots, cost)
+        paired = _paired_switch(view, choice, roots, cost) or _freeing_switch(view, choice, roots, cost)
         if paired is None:
             break
         choice = _single_switches(view, paired, roots, cost)
@@ -159,6 +160,54 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     before = math.fsum(cost(choice[c]) for c in program.post)
     return next(filter(None, (_repaired(view, choice, roots, cost, switches, left, before)
                               for _, _, switches, left in sorted(stranding, key=lambda t: t[:2])[:REPAIRS])), None)
+
+
+def _freeing_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
+                    cost: Callable[[ENode], float]) -> dict[str, ENode] | None:
+    """`choice` with every reader of one kernel switched, each to its cheapest e-node that does not
+    read it, where freeing the kernel makes the program cheaper (each switch alone costs more or
+    saves nothing while another reader keeps the kernel: relu(x) from the forward's epilogue read by
+    the backward's relu′ mask instead of x, x's kernel then gone); None when no kernel frees so."""
+    program = ChosenProgram(choice, roots)
+    readers: dict[str, list[str]] = {}
+    memo: dict[str, frozenset[str]] = {}
+    for cid in program.post:
+        for kernel in _left_behind(choice, program, cid, cost, memo):
+            readers.setdefault(kernel, []).append(cid)
+    for kernel, users in sorted(readers.items()):
+        if kernel in roots or len(users) < 2:     # a sole reader's switch is a single switch
+            continue
+        switches = {}
+        for cid in users:
+            away = [(program.delta({cid: e}, cost), e.id, e) for e in view.classes[cid]
+                    if e is not choice[cid] and math.isfinite(cost(e)) and all(c in choice for c in e.operands)
+                    and kernel not in _read_through_views(choice, e, cost)]
+            best = min(away, default=(math.inf,))
+            if not math.isfinite(best[0]):
+                break
+            switches[cid] = best[2]
+        else:
+            if program.delta(switches, cost) >= -1e-9:
+                continue
+            trial = {**choice, **switches}
+            try:
+                ChosenProgram(trial, roots)          # a cycle through two switches shows here
+            except CycleError:
+                continue
+            return trial
+    return None
+
+
+def _read_through_views(choice: dict[str, ENode], enode: ENode, cost: Callable[[ENode], float]) -> set[str]:
+    """The classes `enode` reads, directly or through views and constants (as `choice` computes them)."""
+    found, stack = set(), list(enode.operands)
+    while stack:
+        c = stack.pop()
+        if c not in found:
+            found.add(c)
+            if cost(choice[c]) <= VIEW_COST:
+                stack.extend(choice[c].operands)
+    return found
 
 
 def _left_behind(choice: dict[str, ENode], program: ChosenProgram, cid: str, cost: Callable[[ENode], float],

@@ -170,6 +170,14 @@ RULES = (
          rhs=t.mul(x, const(value=Expr("(* c1 c2)")), of=T),
          when=("(= (shp x) s)", "(= (dt x) d)", "(= cd d)"),
          example=lambda rng: (lambda x: x * 0.25 * 3.0 + 1.0, {"x": rand(rng, 0, 0)})),
+    # reverse mode's relu′ reads the pre-activation, where(x > 0, g, 0); reading relu(x), which the
+    # forward computes anyway, leaves x unwritten where nothing else reads it (a conv or gemm
+    # epilogue then writes relu(x) alone)
+    Rule("positive-through-relu", "x > c = relu(x) > c for c ≥ 0, where relu(x) is computed anyway",
+         lhs=t.gt(x, const(), of=T), rhs=t.gt(Expr("r"), const(), of=T),
+         when=(f"(= r {t.relu(x)})", "(>= c 0.0)"),
+         example=lambda rng: (lambda x, g: op.where(x > 0.0, g, 0.0) + op.relu(x),
+                              dict(zip("xg", rand(rng, 2, 0, 0))))),
     Rule("scale-out-of-matmul-lhs", "(sA)B = s(AB)",
          lhs=t.matmul(t.mul(a, const(), of=(sa, da)), b, accum_dtype=acc, of=T),
          rhs=t.mul(t.matmul(a, b, accum_dtype=acc, of=T), const(), of=T),
