@@ -129,6 +129,18 @@ def resnet_stack(blocks: int = 4, batch: int = 32, channels: int = 64, size: int
     return resnet, {n: op.tensor(s, dtype) for n, s in shapes.items()}
 
 
+def resnet_training_step(batch: int = 32, channels: int = 64, size: int = 56, dtype: str = "bf16"):
+    """The gradients of a ResNet basic block's squared error with respect to its input and every
+    weight (`op.grad`); returns (kernel, placeholders)."""
+    def loss(x, w1, b1, w2, b2, target):
+        h = op.relu(op.conv2d(x, w1, padding=1) + b1)
+        return op.sum((op.relu(op.conv2d(h, w2, padding=1) + b2 + x) - target) ** 2)
+    c, bias = channels, (channels, 1, 1)
+    shapes = {"x": (batch, c, size, size), "w1": (c, c, 3, 3), "b1": bias, "w2": (c, c, 3, 3), "b2": bias,
+              "target": (batch, c, size, size)}
+    return op.grad(loss, argnums=(0, 1, 2, 3, 4)), {n: op.tensor(s, dtype) for n, s in shapes.items()}
+
+
 def mlp_backward(tokens: int = 8192, width: int = 1024, hidden: int = 4096, dtype: str = "bf16"):
     """The gradients (weights and biases) of a pre-norm GELU MLP's squared-error loss, by `op.grad`;
     returns (kernel, placeholders)."""

@@ -43,6 +43,7 @@ from tessera_rw.codegen.kernel_inputs import Inputs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.attention_problem import attention_operands, dense_op, output_type
+from tessera_rw.codegen.templates.conv_problem import conv_operands
 
 # ---- tolerance -------------------------------------------------------------------------------------
 #
@@ -106,7 +107,7 @@ def reduction_length(op: KernelOp) -> int:
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape
         return math.prod(shape[a] for a in (range(len(shape)) if axes is None else axes))
     if kind is OpKind.CONV:
-        return math.prod(ops[1].shape[1:])           # in-channels per group x kernel window
+        return math.prod(conv_operands(op)[1].shape[1:])     # in-channels per group x kernel window
     if op.op == "spectral_contract":
         return ops[0].shape[1] // attrs["groups"]
     return 1
@@ -162,7 +163,7 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]
     if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
         return 0, cost * out.numel
-    if kind is OpKind.CONV:
+    if kind is OpKind.CONV and op.op != "strided_conv":     # a view's rows are not its storage's
         return 0, cost * out.numel * reduction_length(op)
     return None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.conv_epilogue import with_epilogue
-from tessera_rw.codegen.templates.conv_problem import conv_op
+from tessera_rw.codegen.templates.conv_problem import conv_op, strided_conv_op, swapped_leading
 
 BF16, F32 = DType.bfloat16, DType.float32
 
@@ -61,5 +61,20 @@ def _fused(plain: dict[str, KernelOp]) -> dict[str, KernelOp]:
     }
 
 
+def _strided() -> dict[str, KernelOp]:
+    """A 3x3 layer's weight gradient as lowering reads it (xᵀ and dYᵀ where they lie), bf16 and fp32,
+    and a conv1d over a slice of channels and steps at an odd offset, with a bias epilogue."""
+    def weight_gradient(dtype):
+        return strided_conv_op((4, 8, 10, 10), swapped_leading((4, 8, 10, 10)), (4, 16, 8, 8),
+                               swapped_leading((4, 16, 8, 8)), dtype)
+    return {
+        "conv2d weight gradient bf16, x and dY transposed in place": weight_gradient(BF16),
+        "conv2d weight gradient f32, x and dY transposed in place": weight_gradient(F32),
+        "conv1d over a channel and step slice bf16 + bias": strided_conv_op(
+            (2, 96, 130), ((2, 64, 128), (96 * 130, 130, 1), 16 * 130 + 1), (32, 64, 3), ((32, 64, 3), (192, 3, 1), 0),
+            BF16, post="add($0,$1)", extras=((32, 1),), padding=((1, 1),)),
+    }
+
+
 CONV_OPS: dict[str, KernelOp] = _plain()
-CONV_OPS |= _fused(CONV_OPS)
+CONV_OPS |= _fused(CONV_OPS) | _strided()

@@ -15,7 +15,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.conv import ConvSchedule, DirectConvTemplate
 from tessera_rw.codegen.templates.conv_depthwise import DepthwiseSchedule
 from tessera_rw.codegen.templates.conv_epilogue import with_epilogue
-from tessera_rw.codegen.templates.conv_problem import conv_op
+from tessera_rw.codegen.templates.conv_problem import conv_op, conv_operands
 
 T = DirectConvTemplate()
 SAMPLES = T.samples()
@@ -24,7 +24,7 @@ ARCHS = (arch_named("A100-SXM"), arch_named("H100-SXM"))
 
 def _gemm(op: KernelOp) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of the implicit GEMM per group."""
-    x, w = op.operands[:2]
+    x, w = conv_operands(op)
     groups = op.attr_map["groups"]
     out_spatial = op.result.numel // (op.result.shape[0] * op.result.shape[1])
     taps = w.numel // (w.shape[0] * w.shape[1])

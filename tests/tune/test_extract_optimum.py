@@ -29,7 +29,7 @@ def _small_models():
     bert, gpt = replace(models.BERT_BASE, layers=2), replace(models.GPT_48, layers=2)
     yield "BERT-base 2 layers", models.bert_encoder(bert), models.placeholders(bert, with_mask=True)
     yield "GPT 2 layers", models.gpt_stack(gpt), models.placeholders(gpt, with_mask=False)
-    for make in (models.mlp_backward, models.hyena_block, models.resnet_stack):
+    for make in (models.mlp_backward, models.hyena_block, models.resnet_stack, models.resnet_training_step):
         yield (make.__name__, *make())
 
 

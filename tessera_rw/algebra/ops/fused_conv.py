@@ -6,6 +6,12 @@ epilogue inputs, broadcast to it: a bias of shape (C, 1, 1), a residual of the o
 conv1d or conv2d by x's rank. A ResNet block's conv → + bias → relu and conv → + bias → + x →
 relu are each one kernel, the accumulators taking the epilogue in registers as they are written.
 
+strided_conv is a fused_conv whose x and w are strided views of its first two operands' storage
+(lower/conv_views.py makes it, never users or rules): `shapes`, `strides` (flat, x's then w's, each
+of the convolution's rank) and `offsets` (x's, w's). A layer's weight gradient convolves x and dY
+with the batch playing the channels, xᵀ and dYᵀ that the kernel reads where they lie instead of
+two transposing copies.
+
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x, w, b = TensorType((2, 4, 8, 8), DType.float32), TensorType((6, 4, 3, 3), DType.float32), \\
 ...     TensorType((6, 1, 1), DType.float32)
@@ -58,9 +64,48 @@ def _fused_conv_flops(out: TensorType, x: TensorType, w: TensorType, *extras: Te
     return conv.flops(out, x, w, **attrs) + fused_flops(out, out, *extras, expr=post)
 
 
+def conv_views(shapes: tuple[int, ...], strides: tuple[int, ...], offsets: tuple[int, ...]) -> list[tuple]:
+    """x's and w's views (shape, strides, offset) of a strided_conv, from its flat attributes."""
+    rank = len(shapes) // 2
+    return [(tuple(shapes[i * rank:(i + 1) * rank]), tuple(strides[i * rank:(i + 1) * rank]), offsets[i])
+            for i in range(2)]
+
+
+def _viewed(xs: tuple, types: bool, shapes, strides, offsets) -> tuple:
+    from tessera_rw.algebra.ops.strided import check_view, view_of
+    if len(shapes) != len(strides) or len(shapes) % 2 or len(offsets) != 2:
+        raise ShapeError(f"a strided_conv takes two views: {len(shapes)} sizes, {len(strides)} strides and "
+                         f"{len(offsets)} offsets do not make them")
+    viewed = []
+    for x, (shape, st, off) in zip(xs, conv_views(tuple(shapes), tuple(strides), tuple(offsets))):
+        if types:
+            check_view(x, shape, st, off)
+            viewed.append(TensorType(shape, x.dtype))
+        else:
+            viewed.append(view_of(x, shape, st, off))
+    return (*viewed, *xs[2:])
+
+
+def _infer_strided_conv(*xs: TensorType, shapes, strides, offsets, **attrs) -> TensorType:
+    return _infer_fused_conv(*_viewed(xs, True, shapes, strides, offsets), **attrs)
+
+
+def _strided_conv(*xs: np.ndarray, shapes, strides, offsets, **attrs) -> np.ndarray:
+    return _fused_conv(*_viewed(xs, False, shapes, strides, offsets), **attrs)
+
+
+def _strided_conv_flops(out: TensorType, *xs: TensorType, shapes, strides, offsets, **attrs) -> int:
+    x, w = (TensorType(shape, t.dtype) for t, (shape, _, _) in zip(xs, conv_views(shapes, strides, offsets)))
+    return _fused_conv_flops(out, x, w, *xs[2:], **attrs)
+
+
 DEFS = (
     OpDef("fused_conv", ("x", "w", "extras"), OpKind.CONV, _infer_fused_conv, _fused_conv, _fused_conv_flops,
           variadic=True, vjp=before_fusion("fused_conv"),
           doc="conv1d / conv2d with an elementwise epilogue over its output ($0) and further inputs, "
               "e.g. post='relu(add($0,$1))' for a bias and a relu"),
+    OpDef("strided_conv", ("x", "w", "extras"), OpKind.CONV, _infer_strided_conv, _strided_conv, _strided_conv_flops,
+          variadic=True, vjp=before_fusion("strided_conv"),
+          doc="fused_conv reading x and w as strided views of its first two operands' storage (shapes, strides "
+              "flat, x's then w's; offsets), as lowering reads transposed operands in place"),
 )

@@ -34,8 +34,10 @@ from tessera_rw.codegen.templates.conv_epilogue import (ConvEpilogue, epilogue_f
                                                           with_epilogue)
 from tessera_rw.codegen.templates.conv_depthwise import (DepthwiseSchedule, depthwise_emit, depthwise_fits,
                                                          depthwise_resources, depthwise_schedules)
+from tessera_rw.codegen.templates.conv_operand_views import restrided
 from tessera_rw.codegen.templates.conv_problem import (MAX_GRID_YZ, STATIC_SMEM_LIMIT, TENSOR_CORE_DTYPES,
-                                                       ConvProblem, cdiv, conv_op, pow2)
+                                                       ConvProblem, cdiv, conv_op, conv_operands, pow2,
+                                                       strided_conv_op, swapped_leading)
 from tessera_rw.codegen.templates.conv_space import depthwise_grid, implicit_gemm_grid
 
 _MMA_M, _MMA_N, _MMA_K = 16, 8, 16       # mma.sync m16n8k16
@@ -80,25 +82,28 @@ _SIMT_CANDIDATES = ((64, 64, 16, 2, 2), (128, 64, 16, 4, 2), (64, 32, 16, 2, 2),
 
 class DirectConvTemplate(Template):
     kind = "conv"
-    ops = frozenset({"conv1d", "conv2d", "fused_conv"})
+    ops = frozenset({"conv1d", "conv2d", "fused_conv", "strided_conv"})
 
     def accepts(self, op: KernelOp) -> bool:
         if op.op not in self.ops or ConvEpilogue.refusal(op):
             return False
-        x, w = op.operands[:2]
+        x, w = conv_operands(op)
         if not (x.dtype == w.dtype == op.result.dtype and x.dtype in (*TENSOR_CORE_DTYPES, DType.float32)):
             return False  # mixed-precision or float64 convolutions have no kernel here
         cv = ConvProblem.of(op)
         per_image = max(cv.n, 1)                  # an empty batch has nothing to index
         return (max(cv.gemm[0], x.numel // per_image, op.result.numel // per_image, w.numel) <= _MAX_INDEX
-                and cv.groups <= MAX_GRID_YZ)
+                and cv.groups <= MAX_GRID_YZ
+                # views are read by the implicit GEMM alone, at 32-bit offsets
+                and (op.op != "strided_conv" or not cv.depthwise
+                     and max(t.numel for t in op.operands[:2]) <= _MAX_INDEX))
 
     def refusal(self, op: KernelOp) -> str | None:
         return ConvEpilogue.refusal(op)
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         epilogue = ConvEpilogue.of(op)
-        return epilogue.ops if epilogue else ()
+        return (epilogue.ops if epilogue else ()) + (("strided_read",) if op.op == "strided_conv" else ())
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         cv = ConvProblem.of(op)
@@ -192,7 +197,7 @@ class DirectConvTemplate(Template):
         cv, s = ConvProblem.of(op), schedule
         m, n, k = cv.gemm
         tiles_m, tiles_n, tiles_k = cdiv(m, s.bm), cdiv(n, s.bn), cdiv(k, s.bk)
-        x_bytes, w_bytes = (t.nbytes for t in op.operands[:2])
+        x_bytes, w_bytes = (t.nbytes for t in conv_operands(op))
         epilogue = ConvEpilogue.of(op)
         # x is streamed once per output-channel tile (blockIdx.x walks the rows first); halo re-reads
         # of neighbouring rows and those per-tile passes hit L2 while x fits in half of it.
@@ -233,7 +238,8 @@ class DirectConvTemplate(Template):
         if s.split_k > 1:
             tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=self._parts_bytes(cv, s))
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
-        source = implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix, ConvEpilogue.of(op))
+        source = restrided(implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix, ConvEpilogue.of(op)),
+                           cv.x_view, cv.w_view, cv.kw)
         return KernelSource(name, header + source,
                             threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,
                             workspace_bytes=work)
@@ -265,6 +271,9 @@ class DirectConvTemplate(Template):
                           "tanh(add($0,$1))", ((64, 1, 1), f32)),
             with_epilogue(conv_op((8, 128, 56, 56), (128, 1, 3, 3), bf16, padding=((1, 1), (1, 1)), groups=128),
                           "relu(add($0,$1))", ((128, 1, 1), bf16)),
+            # the ResNet layer's weight gradient reading xᵀ and dYᵀ where they lie
+            strided_conv_op((8, 64, 58, 58), swapped_leading((8, 64, 58, 58)), (8, 64, 56, 56),
+                            swapped_leading((8, 64, 56, 56)), bf16),
         )
 
 

@@ -29,10 +29,12 @@ from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.fused_conv import convolution_of
 from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.templates.conv_problem import conv_operands
 from tessera_rw.codegen.templates.cuda_scalar import (READABLE, STORAGE, broadcast_strides, ctype, emit_tree,
                                                       expr_ops, load)
 
 _INT_MAX = 2**31 - 1
+EPILOGUE_OPS = frozenset({"fused_conv", "strided_conv"})     # the convolutions that carry a `post`
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class ConvEpilogue:
 
     @classmethod
     def of(cls, op: KernelOp) -> ConvEpilogue | None:
-        if op.op != "fused_conv":
+        if op.op not in EPILOGUE_OPS or op.attr_map["post"] == "$0":
             return None
         out = op.result.shape
         flat = len(out) == 3                      # conv1d: a height of one
@@ -61,7 +63,7 @@ class ConvEpilogue:
     @staticmethod
     def refusal(op: KernelOp) -> str | None:
         """Why the convolution kernels cannot write `op`'s epilogue, or None."""
-        if op.op != "fused_conv":
+        if op.op not in EPILOGUE_OPS:
             return None
         if op.result.dtype != op.operands[0].dtype:
             return f"the convolution kernels write their inputs' dtype {op.operands[0].dtype}, not {op.result.dtype}"
@@ -136,8 +138,10 @@ def placed(text: str, epilogue: ConvEpilogue | None, to_stored: str) -> str:
 
 def epilogue_flops(op: KernelOp) -> int:
     """The FLOPs of a fused_conv's epilogue (0 for a plain convolution)."""
-    return op.flops - opdef(convolution_of(op.operands[0])).flops(op.result, *op.operands[:2], **_conv_attrs(op)) \
-        if op.op == "fused_conv" else 0
+    if op.op not in EPILOGUE_OPS:
+        return 0
+    x, w = conv_operands(op)
+    return op.flops - opdef(convolution_of(x)).flops(op.result, x, w, **_conv_attrs(op))
 
 
 def launch_operands(op: KernelOp) -> str:
@@ -146,7 +150,7 @@ def launch_operands(op: KernelOp) -> str:
 
 
 def _conv_attrs(op: KernelOp) -> dict:
-    return {k: v for k, v in op.attr_map.items() if k != "post"}
+    return {k: v for k, v in op.attr_map.items() if k not in ("post", "shapes", "strides", "offsets")}
 
 
 def with_epilogue(conv: KernelOp, post: str, *extras: tuple[tuple[int, ...], DType]) -> KernelOp:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused_conv import conv_views
+from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.kernel_op import KernelOp
 
 # 16-bit inputs run on tensor cores: (CUDA type, name suffix of the kernel's helpers)
@@ -40,10 +42,13 @@ class ConvProblem:
     pad: tuple[int, int]                 # low padding (top, left); high padding only sets oh, ow
     dilation: tuple[int, int]
     dtype: DType
+    # a strided_conv's views of x and w: (strides of the 4 axes above, offset); None where dense
+    x_view: tuple[tuple[int, int, int, int], int] | None = None
+    w_view: tuple[tuple[int, int, int, int], int] | None = None
 
     @classmethod
     def of(cls, op: KernelOp) -> ConvProblem:
-        x, w = op.operands[:2]                # a fused_conv's epilogue inputs follow
+        x, w = conv_operands(op)
         a = op.attr_map
         flat = len(x.shape) == 3             # conv1d: prepend a height axis of size one
 
@@ -55,9 +60,14 @@ class ConvProblem:
 
         (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(op.result)
         pads = two(a["padding"], (0, 0))
+        views = [None, None]
+        if op.op == "strided_conv":          # a height axis of one is never stepped along: any stride
+            (_, xs, x_off), (_, ws, w_off) = conv_views(a["shapes"], a["strides"], a["offsets"])
+            views = [(xs[:2] + (0,) + xs[2:], x_off), (ws[:2] + (ws[2] * kw,) + ws[2:], w_off)] if flat \
+                else [(xs, x_off), (ws, w_off)]
         return cls(n=n, c=c, h=h, w=wd, o=o, groups=a["groups"], kh=kh, kw=kw, oh=oh, ow=ow,
                    stride=two(a["stride"], 1), pad=(pads[0][0], pads[1][0]), dilation=two(a["dilation"], 1),
-                   dtype=x.dtype)
+                   dtype=x.dtype, x_view=views[0], w_view=views[1])
 
     @property
     def cg(self) -> int:
@@ -80,6 +90,17 @@ class ConvProblem:
     def depthwise(self) -> bool:
         """One input channel per group: the implicit GEMM would be one output channel wide."""
         return self.cg == 1
+
+
+def conv_operands(op: KernelOp) -> tuple[TensorType, TensorType]:
+    """x and w as the convolution reads them: a strided_conv's views, the first two operands else
+    (a fused_conv's epilogue inputs follow)."""
+    if op.op != "strided_conv":
+        return op.operands[0], op.operands[1]
+    a = op.attr_map
+    x, w = (TensorType(shape, t.dtype) for t, (shape, _, _) in
+            zip(op.operands, conv_views(a["shapes"], a["strides"], a["offsets"])))
+    return x, w
 
 
 def cdiv(a: int, b: int) -> int:
@@ -106,3 +127,28 @@ def conv_op(x: tuple[int, ...], w: tuple[int, ...], dtype: DType, *, padding, st
     return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
 
 
+
+
+def strided_conv_op(x: tuple[int, ...], x_view: tuple, w: tuple[int, ...], w_view: tuple, dtype: DType, *,
+                    post: str = "$0", extras: tuple[tuple[int, ...], ...] = (), **attrs) -> KernelOp:
+    """A strided_conv reading storages of shapes `x` and `w` through views (shape, strides, offset),
+    with `post` over `extras` (shapes, of `dtype`); unset attributes as a dense unit-stride conv's.
+
+    >>> op = strided_conv_op((4, 8, 10), swapped_leading((4, 8, 10)), (16, 4, 3), ((16, 4, 3), (12, 3, 1), 0),
+    ...                      DType.float32)
+    >>> op.result.shape
+    (8, 16, 8)
+    """
+    spatial = len(x_view[0]) - 2
+    attrs = dict(stride=(1,) * spatial, padding=((0, 0),) * spatial, dilation=(1,) * spatial, groups=1) | attrs
+    operands = (TensorType(x, dtype), TensorType(w, dtype), *(TensorType(e, dtype) for e in extras))
+    views = dict(shapes=(*x_view[0], *w_view[0]), strides=(*x_view[1], *w_view[1]), offsets=(x_view[2], w_view[2]))
+    return KernelOp.of("strided_conv", operands, OPS["strided_conv"].infer(*operands, post=post, **attrs, **views),
+                       post=post, **attrs, **views)
+
+
+def swapped_leading(shape: tuple[int, ...]) -> tuple:
+    """The view (shape, strides, 0) of a dense `shape` with its two leading axes swapped: xᵀ or dYᵀ
+    as a weight gradient reads them, the batch playing the channels."""
+    strides = contiguous_strides(shape)
+    return (shape[1], shape[0], *shape[2:]), (strides[1], strides[0], *strides[2:]), 0

@@ -1,0 +1,54 @@
+"""The implicit GEMM's reads of a strided_conv's x and w views: its dense index math, restrided.
+
+The dense kernel finds x[img, c, ih, iw] at ((img·C + c)·H + ih)·W + iw and w's k column (k = c·TAPS
++ tap) at o·K + k. A view (a transposed or sliced operand read where it lies, lower/conv_views.py)
+has its own strides and offset: x's element is offset + img·sn + c·sc + ih·sh + iw·sw, and w's k
+column is decoded into (c, tap) once per k tile (TAPS is a constant: a multiply and a shift).
+Offsets inside a view are 32-bit (the lowering keeps views of fewer than 2^31 elements).
+
+>>> text = "const T* xrow = x + ((long long)img * C + g * CG) * (H * W); v = xrow[c * (H * W) + ih * W + iw];"
+>>> restrided(text, ((36, 288, 6, 1), 0), None, 3)       # xᵀ of an x of 8 channels of 6 x 6
+'const T* xrow = x + (long long)img * 36 + (long long)(g * CG) * 288; v = xrow[c * 288 + ih * 6 + iw];'
+"""
+
+from __future__ import annotations
+
+View = tuple[tuple[int, int, int, int], int]          # strides of (N or O, C, H or KH, W or KW), offset
+
+_X_BASE = "x + ((long long)img * C + g * CG) * (H * W)"
+_X_READ = "xrow[c * (H * W) + ih * W + iw]"
+_W_BASE = "w + (long long)(g * OG + n0 + ob) * K + kb"
+_W_COLUMN = "const bool k_ok = k0 + kb < K;"
+_W_READ = "wrow[j * OSTEP * K + k0]"
+
+
+def restrided(text: str, x_view: View | None, w_view: View | None, kernel_width: int) -> str:
+    """The dense kernel `text` reading x and w through their views (None: dense, as written);
+    `kernel_width` taps make a kernel row."""
+    if x_view is not None:
+        (sn, sc, sh, sw), offset = x_view
+        text = _replaced(text, _X_BASE, f"x{_plus(offset)} + (long long)img * {sn} + (long long)(g * CG) * {sc}")
+        text = _replaced(text, _X_READ, f"xrow[{_terms(('c', sc), ('ih', sh), ('iw', sw))}]")
+    if w_view is not None:
+        (so, sc, skh, skw), offset = w_view
+        tap = _terms(("wt", skw)) if skh == skw * kernel_width else _terms(("(wt / KW)", skh), ("(wt % KW)", skw))
+        text = _replaced(text, _W_BASE, f"w{_plus(offset)} + (long long)(g * OG + n0 + ob) * {so}")
+        column = (f"{_W_COLUMN}\n        const int wc = (k0 + kb) / TAPS, wt = (k0 + kb) - wc * TAPS;"
+                  f"\n        const T* wk = wrow + {_terms(('wc', sc))} + {tap};")
+        text = _replaced(text, _W_COLUMN, column)
+        text = _replaced(text, _W_READ, f"wk[j * OSTEP * {so}]")
+    return text
+
+
+def _replaced(text: str, old: str, new: str) -> str:
+    assert old in text, f"the convolution kernel no longer spells {old!r}"
+    return text.replace(old, new)
+
+
+def _plus(offset: int) -> str:
+    return f" + {offset}" if offset else ""
+
+
+def _terms(*pairs: tuple[str, int]) -> str:
+    """'a * 3 + b' for (('a', 3), ('b', 1)), dropping zero strides; '0' where all are."""
+    return " + ".join(var if st == 1 else f"{var} * {st}" for var, st in pairs if st) or "0"

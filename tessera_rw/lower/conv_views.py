@@ -1,0 +1,79 @@
+"""A direct convolution reads transposed (or sliced) operands where they lie.
+
+Reverse mode writes a layer's weight gradient as a convolution of x with dY in which the batch
+plays the channels: xᵀ (C, N, H, W) and dYᵀ (O, N, H', W'), two copy kernels moving whole
+activations, then a transpose of the small result. But the implicit-GEMM kernel gathers its x tile
+element by element and reads w one k column at a time, so it can walk any strides: a conv1d,
+conv2d or fused_conv whose x or w is a copy of a view, which it alone reads, becomes a
+strided_conv reading the view, and the copy is gone.
+
+A view is read in place where its innermost axis is contiguous (the threads gathering one k column
+read neighbouring positions: coalesced), the convolution is not depthwise (the sliding-window
+kernel stages dense planes) and the storage holds fewer than 2^31 elements (the kernel's in-view
+offsets are 32-bit).
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> x, g = make_input("x", (4, 8, 6, 6), DType.bfloat16), make_input("g", (4, 16, 4, 4), DType.bfloat16)
+>>> xt, gt = (make("transpose", v, axes=(1, 0, 2, 3)) for v in (x, g))
+>>> dw = make("conv2d", xt, gt, stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1)
+>>> (node,) = [n for n in read_conv_views_in_place(Graph("g", (x, g), (dw,))).nodes if n.op not in ("input",)]
+>>> node.op, node.attr_map["strides"], node.attr_map["offsets"]
+('strided_conv', (36, 288, 6, 1, 16, 256, 4, 1), (0, 0))
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.lower.layout_chains import StridedView, dense_view, strided_view
+from tessera_rw.lower.view_reads import LAYOUT_OPS
+
+CONVOLUTIONS = frozenset({"conv1d", "conv2d", "fused_conv"})
+_MAX_ELEMENTS = 2**31
+
+
+def read_conv_views_in_place(graph: Graph) -> Graph:
+    """`graph` with each convolution whose x or w is a copy of a view (read by it alone) a
+    strided_conv reading the view."""
+    users, outputs = graph.users, set(graph.outputs)
+    views: dict[Node, StridedView] = {}
+    new: dict[Node, Node] = {}
+    for node in graph.nodes:
+        rebuilt = node.replace(args=tuple(new[a] for a in node.args))
+        if node.op in CONVOLUTIONS and not _depthwise(node):
+            reads = [_read_in_place(arg, node, users[arg], arg in outputs, views) for arg in node.args[:2]]
+            if any(reads):
+                rebuilt = _strided(rebuilt, [r and StridedView(new[r.root], r.shape, r.strides, r.offset, r.copies)
+                                             for r in reads])
+        new[node] = rebuilt
+    if all(new[n] is n for n in graph.nodes):
+        return graph
+    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _depthwise(node: Node) -> bool:
+    """One input channel per group: the sliding-window kernel's, which stages dense planes."""
+    return node.args[1].shape[1] == 1
+
+
+def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
+                   views: dict[Node, StridedView]) -> StridedView | None:
+    if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS:
+        return None
+    view = strided_view(arg, views)
+    if view.root is arg or not view.copies or view.root.type.numel >= _MAX_ELEMENTS:
+        return None
+    return view if view.shape[-1] == 1 or view.strides[-1] == 1 else None
+
+
+def _strided(node: Node, reads: list[StridedView | None]) -> Node:
+    """`node` (a convolution) as the strided_conv reading `reads` (None: the operand, dense)."""
+    views = [r or dense_view(arg) for arg, r in zip(node.args, reads)]
+    attrs = dict(node.attr_map)
+    attrs.setdefault("post", "$0")
+    strided = make("strided_conv", *(v.root for v in views), *node.args[2:], **attrs,
+                   shapes=tuple(n for v in views for n in v.shape), strides=tuple(s for v in views for s in v.strides),
+                   offsets=tuple(v.offset for v in views))
+    return strided if strided.type == node.type else node
