@@ -52,6 +52,7 @@ def backward_ops() -> list:
     from tessera_rw.codegen.templates.attention import with_lse
     from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
     from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
+    from tessera_rw.codegen.templates.conv_problem import strided_conv_op, swapped_leading
     ops = []
     for d, causal in ((64, False), (128, True)):
         sample = FlashAttentionBwdTemplate().sample(1, 2, 384, d, BF16, causal)
@@ -89,13 +90,15 @@ def cross_block_ops() -> list:
 
 def view_ops() -> list:
     """Kernels reading views in place, on small ragged shapes (lower/attention_views.py,
-    attention_writes.py, view_reads.py, concat_reads.py): a training step's attention among them."""
+    attention_writes.py, view_reads.py, concat_reads.py, conv_views.py): a training step's attention
+    among them."""
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.algebra.ops import OPS
     from tessera_rw.codegen.kernel_op import KernelOp
     from tessera_rw.codegen.templates.attention_backward_problem import packed_qkv_backward
     from tessera_rw.codegen.templates.attention_problem import packed_qkv_attention, packed_qkv_lse
     from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
+    from tessera_rw.codegen.templates.conv_problem import strided_conv_op, swapped_leading
 
     def of(name: str, *operands, **attrs):
         return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
@@ -116,7 +119,10 @@ def view_ops() -> list:
                strides=(1040, 1, 1040, 1), offsets=(0, 520)),
             of("strided_normalization", h, TensorType((64,), BF16), expr="$0", norm="rmsnorm", axes=(3,), eps=1e-6,
                has_weight=True, has_bias=False, post="$0", shape=(2, 4, 200, 64), strides=(153600, 64, 768, 1),
-               offsets=(256,))]
+               offsets=(256,)),
+            # a 3x3 weight gradient reading xᵀ and dYᵀ in place, ragged planes, a split K
+            strided_conv_op((3, 24, 15, 13), swapped_leading((3, 24, 15, 13)), (3, 40, 13, 11),
+                            swapped_leading((3, 40, 13, 11)), BF16)]
 
 
 def norm_backward_packed(name: str, x, **extra):

@@ -94,7 +94,7 @@ def test_the_view_kernels_it_runs_are_right_in_the_emulator(monkeypatch):
     ops = sanitize.view_ops()
     assert {o.op for o in ops} == {"strided_attention", "strided_attention_lse", "strided_attention_row_stats_from_lse",
                                    "strided_attention_bwd", "concatenated_elementwise", "strided_elementwise",
-                                   "strided_normalization"}
+                                   "strided_normalization", "strided_conv"}
     monkeypatch.setattr(sanitize, "run_poisoned",
                         lambda op, arrays, schedule: emulator.run_emulated(op, arrays, schedule=schedule, arch=arch))
     for op in ops:       # the first schedule each (tests/codegen/test_emulated_kernels.py covers the rest)
