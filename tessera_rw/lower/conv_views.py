@@ -7,8 +7,10 @@ element by element and reads w one k column at a time, so it can walk any stride
 conv2d or fused_conv whose x or w is a copy of a view, which it alone reads, becomes a
 strided_conv reading the view, and the copy is gone.
 
-A view is read in place where its innermost axis is contiguous (the threads gathering one k column
-read neighbouring positions: coalesced), the convolution is not depthwise (the sliding-window
+A flip is a view too, of negative strides: dx's transposed convolution reads the kernel reversed
+and its channel axes swapped where the weights lie. A view is read in place where its innermost axis
+is contiguous, forwards or backwards (the threads gathering one k column read neighbouring positions:
+coalesced), the convolution is not depthwise (the sliding-window
 kernel stages dense planes) and the storage holds fewer than 2^31 elements (the kernel's in-view
 offsets are 32-bit).
 
@@ -60,12 +62,22 @@ def _depthwise(node: Node) -> bool:
 
 def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
                    views: dict[Node, StridedView]) -> StridedView | None:
-    if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS:
+    if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS | {"flip"}:
         return None
-    view = strided_view(arg, views)
+    view = _flipped(arg, views) if arg.op == "flip" else strided_view(arg, views)
     if view.root is arg or not view.copies or view.root.type.numel >= _MAX_ELEMENTS:
         return None
-    return view if view.shape[-1] == 1 or view.strides[-1] == 1 else None
+    return view if view.shape[-1] == 1 or abs(view.strides[-1]) == 1 else None
+
+
+def _flipped(node: Node, views: dict[Node, StridedView]) -> StridedView:
+    """A flip's value as a view with negative strides along its axes, starting at their last
+    element: the transposed convolution of dx reads the kernel reversed so."""
+    inner = strided_view(node.args[0], views)
+    axes = set(node.attr_map["axes"])
+    offset = inner.offset + sum((n - 1) * st for a, (n, st) in enumerate(zip(inner.shape, inner.strides)) if a in axes)
+    strides = tuple(-st if a in axes else st for a, st in enumerate(inner.strides))
+    return StridedView(inner.root, inner.shape, strides, offset, inner.copies + 1)
 
 
 def _strided(node: Node, reads: list[StridedView | None]) -> Node:
