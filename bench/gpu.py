@@ -10,7 +10,8 @@ Per row, following the method of counting the floor first and checking before ti
 
 Rows: bf16 GEMM vs torch.matmul; an fp8 (e4m3) GEMM vs torch._scaled_mm; flash attention forward vs scaled_dot_product_attention; softmax and
 layernorm vs torch and the copy bandwidth; GEMM + bias + GELU vs eager torch and torch.compile; the
-long FFT convolution (bench/gpu_fftconv.py); a linear layer's dW + db and attention's gradients
+long FFT convolution (bench/gpu_fftconv.py); a ResNet basic block, forward and training step, vs
+cuDNN through torch (bench/gpu_conv.py); a linear layer's dW + db and attention's gradients
 (bench/gpu_backward.py); rotary embeddings and SwiGLU, whose slices and joins the plan reads in
 place (bench/gpu_slices.py). `--quick` takes fewer reps, the first schedule only,
 and no 8192^3 GEMM. Last, a warm `@op.kernel` call against its plan run directly. The table is
@@ -338,6 +339,7 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
         print(reason, file=sys.stderr)
         return 2
     from bench.gpu_backward import backward_rows
+    from bench.gpu_conv import conv_rows
     from bench.gpu_fftconv import LONG_CONV_NAME, long_conv
     from bench.gpu_slices import slice_row_runs
     from tessera_rw.codegen.arch import current_arch
@@ -365,7 +367,8 @@ def run(quick: bool = False, console: Console | None = None, only: str | None = 
             results.append(Result(row.name, status=f"ERROR {error_line(e)}"))
         console.print(progress_line(results[-1]), markup=False)
     for name, timed in [(LONG_CONV_NAME, partial(long_conv, protocol, ceilings)),
-                        *backward_rows(protocol, ceilings, quick), *slice_row_runs(protocol, ceilings)]:
+                        *conv_rows(protocol, ceilings), *backward_rows(protocol, ceilings, quick),
+                        *slice_row_runs(protocol, ceilings)]:
         if wanted(name, only):
             results.append(timed())
             console.print(progress_line(results[-1]), markup=False)

@@ -88,7 +88,7 @@ def mlp_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         def library():
             out = F.gelu(leaves[0] @ leaves[1] + leaves[2]) @ leaves[3]
             return torch.autograd.grad(out, leaves, dy)
-        if not _grads_checked(result, ours, library(), lambda x, w1, b1, w2: F.gelu(x @ w1 + b1) @ w2,
+        if not grads_checked(result, ours, library(), lambda x, w1, b1, w2: F.gelu(x @ w1 + b1) @ w2,
                               (x, w1, b1, w2), dy):
             return result
         kernels = grad.program(x, w1, b1, w2, dy).candidate.kernels
@@ -134,7 +134,7 @@ def layernorm_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
         leaves = [a.detach().clone().requires_grad_(True) for a in (x, w, b)]
         out = F.layer_norm(leaves[0], (d,), leaves[1], leaves[2])
         library = lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)      # noqa: E731
-        if not _grads_checked(result, ours, library(), lambda x, w, b: F.layer_norm(x, (d,), w, b), (x, w, b), dy):
+        if not grads_checked(result, ours, library(), lambda x, w, b: F.layer_norm(x, (d,), w, b), (x, w, b), dy):
             return result
         steps = [s.op for s in grad.program(x, w, b, dy).plan.steps]
         result.notes.append("ours: the plan " + " -> ".join(steps) + "; torch: its backward alone (forward kept)")
@@ -159,7 +159,7 @@ def per_step(call) -> str:
     return ", ".join(f"{r.name} {r.duration_ns / 1e3:,.0f} µs" for r in p.records)
 
 
-def _grads_checked(result: Result, ours, theirs, forward, inputs, dy) -> bool:
+def grads_checked(result: Result, ours, theirs, forward, inputs, dy) -> bool:
     """Our and torch's gradients of Σ forward(*inputs) ∘ dy against float64 autograd, into `result`;
     False, with the status set, when ours are wrong."""
     import torch

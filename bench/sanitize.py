@@ -52,7 +52,6 @@ def backward_ops() -> list:
     from tessera_rw.codegen.templates.attention import with_lse
     from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
     from tessera_rw.codegen.templates.attention_stats import AttentionStatsFromLseTemplate
-    from tessera_rw.codegen.templates.conv_problem import strided_conv_op, swapped_leading
     ops = []
     for d, causal in ((64, False), (128, True)):
         sample = FlashAttentionBwdTemplate().sample(1, 2, 384, d, BF16, causal)

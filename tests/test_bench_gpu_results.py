@@ -64,7 +64,7 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from bench import gpu, gpu_backward, gpu_fftconv, gpu_slices
+    from bench import gpu, gpu_backward, gpu_conv, gpu_fftconv, gpu_slices
     from tessera_rw.codegen import arch as arch_module
     monkeypatch.setattr(results_files, "RESULTS", tmp_path)
     monkeypatch.setattr(gpu, "preflight", lambda: None)
@@ -79,6 +79,8 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu, "versus_compiled", lambda row, ours, protocol: Result(row.name + " vs torch.compile"))
     monkeypatch.setattr(gpu, "call_overheads", lambda: {"warm_call_us": 30.0, "plan_run_us": 28.0, "line": "calls"})
     monkeypatch.setattr(gpu_fftconv, "long_conv", lambda protocol, ceilings: Result("long conv", status="owed: x"))
+    monkeypatch.setattr(gpu_conv, "conv_rows", lambda protocol, ceilings: [
+        ("resnet", lambda: Result("resnet", ours=Timing(1.0, 0.0), torch=Timing(1.5, 0.0)))])
     monkeypatch.setattr(gpu_backward, "backward_rows", lambda protocol, ceilings, quick: [
         ("attention bwd", lambda: Result("attention bwd", ours=Timing(2.0, 0.0), torch=Timing(1.0, 0.0)))])
     monkeypatch.setattr(gpu_slices, "slice_row_runs", lambda protocol, ceilings: [
@@ -89,7 +91,7 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     [json_path] = tmp_path.glob("gpu-quick-NVIDIA-H200-*.json")
     saved = json.loads(json_path.read_text())
     names = [r["row"] for r in saved["rows"]]
-    assert names[0].startswith("gemm bf16 4096^3") and names[-3:] == ["long conv", "attention bwd", "rotary"]
+    assert names[0].startswith("gemm bf16 4096^3") and names[-4:] == ["long conv", "resnet", "attention bwd", "rotary"]
     assert any(n.endswith("vs torch.compile") for n in names) and saved["calls"]["warm_call_us"] == 30.0
     assert saved["protocol"] == {"warmup": 3, "reps": 10, "flush_bytes": 2 * arch_module.arch_named("H200").l2_bytes}
     assert "tessera_rw vs torch on H200" in out.getvalue()
@@ -100,6 +102,19 @@ def test_a_whole_run_on_stand_ins_writes_every_row(tmp_path, monkeypatch):
     assert gpu.run(quick=True, console=Console(file=io.StringIO(), width=240), only="bwd") == 0
     [only_path] = tmp_path.glob("gpu-quick-only-bwd-NVIDIA-H200-*.json")
     assert [r["row"] for r in json.loads(only_path.read_text())["rows"]] == ["attention bwd"]
+
+
+def test_the_resnet_rows_run_the_plans_they_name():
+    """The block is two fused_conv kernels, and its training step copies no activation (at small
+    sizes: the plans, not the timings, are what the rows assert before timing)."""
+    from bench.gpu_conv import _loss, resnet_block
+    from tessera_rw import op
+    act, weight, bias = (2, 8, 6, 6), (8, 8, 3, 3), (8, 1, 1)
+    params = [op.tensor(s, "bf16") for s in (act, weight, bias, weight, bias)]
+    assert [k.op.op for k in resnet_block.program(*params).candidate.kernels] == ["fused_conv"] * 2
+    steps = op.grad(_loss, argnums=(0, 1, 2, 3, 4)).program(*params, op.tensor(act, "bf16")).plan.steps
+    assert [s.op for s in steps].count("strided_conv") == 4
+    assert all(s.output.type.shape != act for s in steps if s.op == "transpose")
 
 
 @pytest.fixture
