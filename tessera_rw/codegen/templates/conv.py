@@ -10,6 +10,9 @@ runs a SIMT FFMA tile. conv1d is conv2d with a height of one, which the constant
 A depthwise convolution (one input channel per group, any channel multiplier) would leave that GEMM
 one output channel wide, so it runs the sliding-window kernel of conv_depthwise.py instead.
 
+Both kernels write a fused_conv's epilogue as they store (conv_epilogue.py), and the implicit GEMM
+reads a strided_conv's x and w through their views (conv_operand_views.py).
+
 >>> from tessera_rw.algebra.node import TensorType
 >>> from tessera_rw.codegen.arch import arch_named
 >>> x, w = TensorType((16, 64, 2048), DType.bfloat16), TensorType((64, 64, 3), DType.bfloat16)
