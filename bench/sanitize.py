@@ -119,9 +119,10 @@ def view_ops() -> list:
             of("strided_normalization", h, TensorType((64,), BF16), expr="$0", norm="rmsnorm", axes=(3,), eps=1e-6,
                has_weight=True, has_bias=False, post="$0", shape=(2, 4, 200, 64), strides=(153600, 64, 768, 1),
                offsets=(256,)),
-            # a 3x3 weight gradient reading xᵀ and dYᵀ in place, ragged planes, a split K
+            # a 3x3 weight gradient reading xᵀ and dYᵀ in place and writing dW transposed, ragged
+            # planes, a split K
             strided_conv_op((3, 24, 15, 13), swapped_leading((3, 24, 15, 13)), (3, 40, 13, 11),
-                            swapped_leading((3, 40, 13, 11)), BF16)]
+                            swapped_leading((3, 40, 13, 11)), BF16, out_swapped=True)]
 
 
 def norm_backward_packed(name: str, x, **extra):

@@ -1,11 +1,13 @@
-"""A direct convolution reads transposed (or sliced) operands where they lie.
+"""A direct convolution reads transposed, sliced or flipped operands where they lie.
 
 Reverse mode writes a layer's weight gradient as a convolution of x with dY in which the batch
 plays the channels: xᵀ (C, N, H, W) and dYᵀ (O, N, H', W'), two copy kernels moving whole
 activations, then a transpose of the small result. But the implicit-GEMM kernel gathers its x tile
 element by element and reads w one k column at a time, so it can walk any strides: a conv1d,
 conv2d or fused_conv whose x or w is a copy of a view, which it alone reads, becomes a
-strided_conv reading the view, and the copy is gone.
+strided_conv reading the view, and the copy is gone. It stores its output one element at a time
+too, so where a transpose swapping the result's two leading axes is its only reader (dW from the
+weight gradient's (C, O, KH, KW)), it writes the result so and the transpose is gone as well.
 
 A flip is a view too, of negative strides: dx's transposed convolution reads the kernel reversed
 and its channel axes swapped where the weights lie. A view is read in place where its innermost axis
@@ -49,10 +51,25 @@ def read_conv_views_in_place(graph: Graph) -> Graph:
             if any(reads):
                 rebuilt = _strided(rebuilt, [r and StridedView(new[r.root], r.shape, r.strides, r.offset, r.copies)
                                              for r in reads])
+        elif _swaps_a_convolution(node, users, outputs):
+            conv = new[node.args[0]]
+            rebuilt = _strided(conv, [None, None], out_swapped=True) if conv.op != "strided_conv" else \
+                make("strided_conv", *conv.args, **(dict(conv.attr_map) | {"out_swapped": True}))
         new[node] = rebuilt
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _swaps_a_convolution(node: Node, users: dict, outputs: set) -> bool:
+    """A transpose swapping the two leading axes of a convolution's output, its sole reader: the
+    kernel writes the output so (no epilogue inputs, not depthwise)."""
+    if node.op != "transpose" or tuple(node.attr_map["axes"][:2]) != (1, 0) \
+            or tuple(node.attr_map["axes"][2:]) != tuple(range(2, len(node.shape))):
+        return False
+    conv = node.args[0]
+    return (conv.op in CONVOLUTIONS | {"strided_conv"} and users[conv] == (node,) and conv not in outputs
+            and len(conv.args) == 2 and not conv.attr_map.get("out_swapped") and not _depthwise(conv))
 
 
 def _depthwise(node: Node) -> bool:
@@ -80,12 +97,13 @@ def _flipped(node: Node, views: dict[Node, StridedView]) -> StridedView:
     return StridedView(inner.root, inner.shape, strides, offset, inner.copies + 1)
 
 
-def _strided(node: Node, reads: list[StridedView | None]) -> Node:
-    """`node` (a convolution) as the strided_conv reading `reads` (None: the operand, dense)."""
+def _strided(node: Node, reads: list[StridedView | None], out_swapped: bool = False) -> Node:
+    """`node` (a convolution) as the strided_conv reading `reads` (None: the operand, dense), its
+    output's leading axes swapped where `out_swapped`."""
     views = [r or dense_view(arg) for arg, r in zip(node.args, reads)]
-    attrs = dict(node.attr_map)
+    attrs = dict(node.attr_map, out_swapped=out_swapped)
     attrs.setdefault("post", "$0")
     strided = make("strided_conv", *(v.root for v in views), *node.args[2:], **attrs,
                    shapes=tuple(n for v in views for n in v.shape), strides=tuple(s for v in views for s in v.strides),
                    offsets=tuple(v.offset for v in views))
-    return strided if strided.type == node.type else node
+    return strided if out_swapped or strided.type == node.type else node

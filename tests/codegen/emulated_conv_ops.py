@@ -62,15 +62,18 @@ def _fused(plain: dict[str, KernelOp]) -> dict[str, KernelOp]:
 
 
 def _strided() -> dict[str, KernelOp]:
-    """A 3x3 layer's weight gradient as lowering reads it (xᵀ and dYᵀ where they lie), bf16 and fp32,
+    """A 3x3 layer's weight gradient as lowering reads it (xᵀ and dYᵀ where they lie) and writes it
+    (transposed back to dW's layout), bf16 and fp32,
     its input gradient's (the kernel flipped and transposed where it lies), and a conv1d over a slice
     of channels and steps at an odd offset, with a bias epilogue."""
-    def weight_gradient(dtype):
+    def weight_gradient(dtype, out_swapped=False):
         return strided_conv_op((4, 8, 10, 10), swapped_leading((4, 8, 10, 10)), (4, 16, 8, 8),
-                               swapped_leading((4, 16, 8, 8)), dtype)
+                               swapped_leading((4, 16, 8, 8)), dtype, out_swapped=out_swapped)
     return {
         "conv2d weight gradient bf16, x and dY transposed in place": weight_gradient(BF16),
         "conv2d weight gradient f32, x and dY transposed in place": weight_gradient(F32),
+        "conv2d weight gradient bf16, written transposed": weight_gradient(BF16, out_swapped=True),
+        "conv2d weight gradient f32, written transposed": weight_gradient(F32, out_swapped=True),
         # dx's transposed convolution: w (24, 16, 3, 3) read as (16, 24, 3, 3) reversed along its taps
         "conv2d input gradient bf16, the kernel flipped and transposed in place": strided_conv_op(
             (2, 24, 9, 9), ((2, 24, 9, 9), (1944, 81, 9, 1), 0), (24, 16, 3, 3), ((16, 24, 3, 3), (9, 144, -3, -1), 8),

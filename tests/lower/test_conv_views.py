@@ -38,6 +38,16 @@ def test_a_weight_gradient_reads_x_and_dy_transposed_where_they_lie():
     assert node.args[2] is bias and node.attr_map["post"] == "add($0,$1)"
 
 
+def test_a_weight_gradient_is_written_transposed_where_only_the_transpose_reads_it():
+    (x, g), (xt, gt) = _transposed((4, 8, 6, 6), (4, 16, 4, 4))
+    dw = make("conv2d", xt, gt, **VALID)
+    dw_t = make("transpose", dw, axes=(1, 0, 2, 3))
+    (node,) = [n for n in read_conv_views_in_place(Graph("g", (x, g), (dw_t,))).nodes if n.op != "input"]
+    assert node.op == "strided_conv" and node.attr_map["out_swapped"] and node.shape == dw_t.shape
+    # the result read twice stays as it is, and its transpose a copy
+    assert _ops(Graph("g", (x, g), (dw_t, make("relu", dw)))) == ["strided_conv", "transpose", "relu"]
+
+
 def test_a_copy_another_kernel_reads_stays_and_so_does_a_view_across_the_innermost_axis():
     (x, g), (xt, gt) = _transposed((4, 8, 6, 6), (4, 16, 4, 4))
     dw = make("conv2d", xt, gt, **VALID)

@@ -8,9 +8,11 @@ relu are each one kernel, the accumulators taking the epilogue in registers as t
 
 strided_conv is a fused_conv whose x and w are strided views of its first two operands' storage
 (lower/conv_views.py makes it, never users or rules): `shapes`, `strides` (flat, x's then w's, each
-of the convolution's rank; a flipped axis's negative) and `offsets` (x's, w's). A layer's weight
+of the convolution's rank; a flipped axis's negative) and `offsets` (x's, w's); `out_swapped`
+writes the output with its two leading axes swapped (no epilogue inputs then). A layer's weight
 gradient convolves x and dY with the batch playing the channels, xᵀ and dYᵀ that the kernel reads
-where they lie instead of two transposing copies; its input gradient reads the kernel flipped.
+where they lie instead of two transposing copies, and writes dW = (its result)ᵀ so; its input
+gradient reads the kernel flipped.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x, w, b = TensorType((2, 4, 8, 8), DType.float32), TensorType((6, 4, 3, 3), DType.float32), \\
@@ -98,15 +100,22 @@ def _viewed(xs: tuple, types: bool, shapes, strides, offsets) -> tuple:
     return (*viewed, *xs[2:])
 
 
-def _infer_strided_conv(*xs: TensorType, shapes, strides, offsets, **attrs) -> TensorType:
-    return _infer_fused_conv(*_viewed(xs, True, shapes, strides, offsets), **attrs)
+def _infer_strided_conv(*xs: TensorType, shapes, strides, offsets, out_swapped: bool, **attrs) -> TensorType:
+    out = _infer_fused_conv(*_viewed(xs, True, shapes, strides, offsets), **attrs)
+    if not out_swapped:
+        return out
+    if len(xs) > 2:
+        raise ShapeError("a strided_conv writing its output's leading axes swapped takes no epilogue inputs")
+    return TensorType((out.shape[1], out.shape[0], *out.shape[2:]), out.dtype)
 
 
-def _strided_conv(*xs: np.ndarray, shapes, strides, offsets, **attrs) -> np.ndarray:
-    return _fused_conv(*_viewed(xs, False, shapes, strides, offsets), **attrs)
+def _strided_conv(*xs: np.ndarray, shapes, strides, offsets, out_swapped: bool, **attrs) -> np.ndarray:
+    out = _fused_conv(*_viewed(xs, False, shapes, strides, offsets), **attrs)
+    return np.swapaxes(out, 0, 1) if out_swapped else out
 
 
-def _strided_conv_flops(out: TensorType, *xs: TensorType, shapes, strides, offsets, **attrs) -> int:
+def _strided_conv_flops(out: TensorType, *xs: TensorType, shapes, strides, offsets, out_swapped: bool,
+                        **attrs) -> int:
     x, w = (TensorType(shape, t.dtype) for t, (shape, _, _) in zip(xs, conv_views(shapes, strides, offsets)))
     return _fused_conv_flops(out, x, w, *xs[2:], **attrs)
 
@@ -119,5 +128,6 @@ DEFS = (
     OpDef("strided_conv", ("x", "w", "extras"), OpKind.CONV, _infer_strided_conv, _strided_conv, _strided_conv_flops,
           variadic=True, vjp=before_fusion("strided_conv"),
           doc="fused_conv reading x and w as strided views of its first two operands' storage (shapes, strides "
-              "flat, x's then w's; offsets), as lowering reads transposed operands in place"),
+              "flat, x's then w's; offsets), as lowering reads transposed operands in place; out_swapped: "
+              "the output written with its two leading axes swapped"),
 )

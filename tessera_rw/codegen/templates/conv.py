@@ -242,7 +242,7 @@ class DirectConvTemplate(Template):
             tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=self._parts_bytes(cv, s))
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         source = restrided(implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix, ConvEpilogue.of(op)),
-                           cv.x_view, cv.w_view, cv.kw)
+                           cv.x_view, cv.w_view, cv.kw, cv.n if cv.out_swapped else 0)
         return KernelSource(name, header + source,
                             threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,
                             workspace_bytes=work)
@@ -274,9 +274,9 @@ class DirectConvTemplate(Template):
                           "tanh(add($0,$1))", ((64, 1, 1), f32)),
             with_epilogue(conv_op((8, 128, 56, 56), (128, 1, 3, 3), bf16, padding=((1, 1), (1, 1)), groups=128),
                           "relu(add($0,$1))", ((128, 1, 1), bf16)),
-            # the ResNet layer's weight gradient reading xᵀ and dYᵀ where they lie
+            # the ResNet layer's weight gradient reading xᵀ and dYᵀ where they lie, writing dW transposed back
             strided_conv_op((8, 64, 58, 58), swapped_leading((8, 64, 58, 58)), (8, 64, 56, 56),
-                            swapped_leading((8, 64, 56, 56)), bf16),
+                            swapped_leading((8, 64, 56, 56)), bf16, out_swapped=True),
         )
 
 

@@ -150,7 +150,7 @@ def launch_operands(op: KernelOp) -> str:
 
 
 def _conv_attrs(op: KernelOp) -> dict:
-    return {k: v for k, v in op.attr_map.items() if k not in ("post", "shapes", "strides", "offsets")}
+    return {k: v for k, v in op.attr_map.items() if k not in ("post", "shapes", "strides", "offsets", "out_swapped")}
 
 
 def with_epilogue(conv: KernelOp, post: str, *extras: tuple[tuple[int, ...], DType]) -> KernelOp:

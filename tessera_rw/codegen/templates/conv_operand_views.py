@@ -3,7 +3,9 @@
 The dense kernel finds x[img, c, ih, iw] at ((img·C + c)·H + ih)·W + iw and w's k column (k = c·TAPS
 + tap) at o·K + k. A view (a transposed or sliced operand read where it lies, lower/conv_views.py)
 has its own strides and offset: x's element is offset + img·sn + c·sc + ih·sh + iw·sw, and w's k
-column is decoded into (c, tap) once per k tile (TAPS is a constant: a multiply and a shift).
+column is decoded into (c, tap) once per k tile (TAPS is a constant: a multiply and a shift). An
+output written with its leading axes swapped (dW = resultᵀ of a weight gradient) puts output
+(image, channel, position) at (channel·N + image)·P + position.
 Offsets inside a view are 32-bit (the lowering keeps views of fewer than 2^31 elements).
 
 >>> text = "const T* xrow = x + ((long long)img * C + g * CG) * (H * W); v = xrow[c * (H * W) + ih * W + iw];"
@@ -20,11 +22,14 @@ _X_READ = "xrow[c * (H * W) + ih * W + iw]"
 _W_BASE = "w + (long long)(g * OG + n0 + ob) * K + kb"
 _W_COLUMN = "const bool k_ok = k0 + kb < K;"
 _W_READ = "wrow[j * OSTEP * K + k0]"
+_Y_BASE = "y + ((long long)im * O + g * OG) * P + p"
+_Y_WRITE = "yrow[(long long)o * P]"
 
 
-def restrided(text: str, x_view: View | None, w_view: View | None, kernel_width: int) -> str:
+def restrided(text: str, x_view: View | None, w_view: View | None, kernel_width: int, swapped_images: int = 0) -> str:
     """The dense kernel `text` reading x and w through their views (None: dense, as written);
-    `kernel_width` taps make a kernel row."""
+    `kernel_width` taps make a kernel row. With `swapped_images` (N), it writes its (N, O, OH, OW)
+    output as (O, N, OH, OW)."""
     if x_view is not None:
         (sn, sc, sh, sw), offset = x_view
         text = _replaced(text, _X_BASE, f"x{_plus(offset)} + (long long)img * {sn} + (long long)(g * CG) * {sc}")
@@ -37,6 +42,9 @@ def restrided(text: str, x_view: View | None, w_view: View | None, kernel_width:
                   f"\n        const T* wk = wrow + {_terms(('wc', sc))} + {tap};")
         text = _replaced(text, _W_COLUMN, column)
         text = _replaced(text, _W_READ, f"wk[j * OSTEP * {so}]")
+    if swapped_images:
+        text = _replaced(text, _Y_BASE, f"y + (long long)(g * OG) * {swapped_images} * P + (long long)im * P + p")
+        text = _replaced(text, _Y_WRITE, f"yrow[(long long)o * {swapped_images} * P]")
     return text
 
 

@@ -45,6 +45,7 @@ class ConvProblem:
     # a strided_conv's views of x and w: (strides of the 4 axes above, offset); None where dense
     x_view: tuple[tuple[int, int, int, int], int] | None = None
     w_view: tuple[tuple[int, int, int, int], int] | None = None
+    out_swapped: bool = False            # the output written (O, N, OH, OW)
 
     @classmethod
     def of(cls, op: KernelOp) -> ConvProblem:
@@ -58,7 +59,7 @@ class ConvProblem:
         def shape(t: TensorType) -> tuple[int, ...]:
             return t.shape[:2] + (1,) + t.shape[2:] if flat else t.shape
 
-        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(op.result)
+        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(op.result)   # oh, ow: either way
         pads = two(a["padding"], (0, 0))
         views = [None, None]
         if op.op == "strided_conv":          # a height axis of one is never stepped along: any stride
@@ -67,7 +68,7 @@ class ConvProblem:
                 else [(xs, x_off), (ws, w_off)]
         return cls(n=n, c=c, h=h, w=wd, o=o, groups=a["groups"], kh=kh, kw=kw, oh=oh, ow=ow,
                    stride=two(a["stride"], 1), pad=(pads[0][0], pads[1][0]), dilation=two(a["dilation"], 1),
-                   dtype=x.dtype, x_view=views[0], w_view=views[1])
+                   dtype=x.dtype, x_view=views[0], w_view=views[1], out_swapped=bool(a.get("out_swapped")))
 
     @property
     def cg(self) -> int:
@@ -130,7 +131,8 @@ def conv_op(x: tuple[int, ...], w: tuple[int, ...], dtype: DType, *, padding, st
 
 
 def strided_conv_op(x: tuple[int, ...], x_view: tuple, w: tuple[int, ...], w_view: tuple, dtype: DType, *,
-                    post: str = "$0", extras: tuple[tuple[int, ...], ...] = (), **attrs) -> KernelOp:
+                    post: str = "$0", extras: tuple[tuple[int, ...], ...] = (), out_swapped: bool = False,
+                    **attrs) -> KernelOp:
     """A strided_conv reading storages of shapes `x` and `w` through views (shape, strides, offset),
     with `post` over `extras` (shapes, of `dtype`); unset attributes as a dense unit-stride conv's.
 
@@ -142,7 +144,8 @@ def strided_conv_op(x: tuple[int, ...], x_view: tuple, w: tuple[int, ...], w_vie
     spatial = len(x_view[0]) - 2
     attrs = dict(stride=(1,) * spatial, padding=((0, 0),) * spatial, dilation=(1,) * spatial, groups=1) | attrs
     operands = (TensorType(x, dtype), TensorType(w, dtype), *(TensorType(e, dtype) for e in extras))
-    views = dict(shapes=(*x_view[0], *w_view[0]), strides=(*x_view[1], *w_view[1]), offsets=(x_view[2], w_view[2]))
+    views = dict(shapes=(*x_view[0], *w_view[0]), strides=(*x_view[1], *w_view[1]), offsets=(x_view[2], w_view[2]),
+                 out_swapped=out_swapped)
     return KernelOp.of("strided_conv", operands, OPS["strided_conv"].infer(*operands, post=post, **attrs, **views),
                        post=post, **attrs, **views)
 
