@@ -124,12 +124,14 @@ class DirectConvTemplate(Template):
 
     @staticmethod
     def _split(cv: ConvProblem, s: ConvSchedule, arch: ArchSpec) -> int:
-        """How many blocks share each tile's K where the tiles are fewer than the SMs: enough for
-        SPLIT_WAVES blocks per SM in all, each walking at least MIN_SPLIT_KTILES k tiles."""
+        """How many blocks share each tile's K where the tiles are fewer than the SMs: up to
+        SPLIT_WAVES blocks per SM in all, never one more (5 tiles split 53 ways are 265 blocks, a
+        second wave of one block where 264 fit; 52 ways fit in one), each walking at least
+        MIN_SPLIT_KTILES k tiles."""
         tiles = DirectConvTemplate._tiles(cv, s)
         if not tiles or tiles >= arch.sm_count:        # an empty batch has nothing to split
             return 1
-        split = min(cdiv(SPLIT_WAVES * arch.sm_count, tiles), cdiv(cv.gemm[2], s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
+        split = min(SPLIT_WAVES * arch.sm_count // tiles, cdiv(cv.gemm[2], s.bk) // MIN_SPLIT_KTILES, MAX_SPLIT_K)
         return max(1, split) if cv.groups * split <= MAX_GRID_YZ else 1
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
