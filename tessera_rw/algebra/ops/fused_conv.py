@@ -24,8 +24,6 @@ TensorType(shape=(2, 6, 8, 8), dtype=<DType.float32: 'float32'>)
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from tessera_rw.algebra.autodiff.cotangents import before_fusion
@@ -75,25 +73,15 @@ def conv_views(shapes: tuple[int, ...], strides: tuple[int, ...], offsets: tuple
             for i in range(2)]
 
 
-def _check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
-    """Raise ShapeError unless the view (strides of either sign: a flip's are negative) stays inside
-    x's storage."""
-    reach = [(n - 1) * st for n, st in zip(shape, strides)]
-    low, high = offset + sum(r for r in reach if r < 0), offset + sum(r for r in reach if r > 0)
-    if len(shape) != len(strides) or min(shape, default=0) < 0 or math.prod(shape) and (low < 0 or high >= x.numel):
-        raise ShapeError(f"a view of {shape} with strides {strides} at offset {offset} reaches elements {low} to "
-                         f"{high} of a tensor of {x.numel}")
-
-
 def _viewed(xs: tuple, types: bool, shapes, strides, offsets) -> tuple:
-    from tessera_rw.algebra.ops.strided import view_of
+    from tessera_rw.algebra.ops.strided import check_view, view_of
     if len(shapes) != len(strides) or len(shapes) % 2 or len(offsets) != 2:
         raise ShapeError(f"a strided_conv takes two views: {len(shapes)} sizes, {len(strides)} strides and "
                          f"{len(offsets)} offsets do not make them")
     viewed = []
     for x, (shape, st, off) in zip(xs, conv_views(tuple(shapes), tuple(strides), tuple(offsets))):
         if types:
-            _check_view(x, shape, st, off)
+            check_view(x, shape, st, off, signed=True)
             viewed.append(TensorType(shape, x.dtype))
         else:
             viewed.append(view_of(x, shape, st, off))

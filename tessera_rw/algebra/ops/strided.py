@@ -40,12 +40,18 @@ from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
 from tessera_rw.algebra.shapes import contiguous_strides, fmt_shape
 
 
-def check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
-    """Raise ShapeError unless (shape, strides, offset) is a view inside x's storage."""
-    if len(shape) != len(strides) or any(n < 0 for n in shape) or any(s < 0 for s in strides) or offset < 0:
+def check_view(x: TensorType, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
+               signed: bool = False) -> None:
+    """Raise ShapeError unless (shape, strides, offset) is a view inside x's storage; `signed` views
+    may step backwards (a flip's negative strides, from the offset of the last element)."""
+    if len(shape) != len(strides) or any(n < 0 for n in shape) or (not signed and min(strides, default=0) < 0) \
+            or offset < 0:
         raise ShapeError(f"a strided view of {fmt_shape(shape)} with strides {strides} at offset {offset} is not "
-                         "one: one stride per dim, none negative")
-    last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
+                         f"one: one stride per dim{'' if signed else ', none negative'}")
+    reach = [(n - 1) * s for n, s in zip(shape, strides)]
+    first, last = offset + sum(r for r in reach if r < 0), offset + sum(r for r in reach if r > 0)
+    if math.prod(shape) and first < 0:
+        raise ShapeError(f"a strided view reaching element {first} of a tensor, before its first")
     if math.prod(shape) and last >= x.numel:
         raise ShapeError(f"a strided view reaching element {last} of a tensor of {x.numel}")
 

@@ -141,16 +141,13 @@ def epilogue_flops(op: KernelOp) -> int:
     if op.op not in EPILOGUE_OPS:
         return 0
     x, w = conv_operands(op)
-    return op.flops - opdef(convolution_of(x)).flops(op.result, x, w, **_conv_attrs(op))
+    conv = opdef(convolution_of(x))
+    return op.flops - conv.flops(op.result, x, w, **{k: op.attr_map[k] for k in conv.attr_names})
 
 
 def launch_operands(op: KernelOp) -> str:
     """The kernel's arguments as its header comment names them: x, w, the epilogue's inputs, y."""
     return ", ".join(["x", "w", *(f"e{i}" for i in range(len(op.operands) - 2)), "y"])
-
-
-def _conv_attrs(op: KernelOp) -> dict:
-    return {k: v for k, v in op.attr_map.items() if k not in ("post", "shapes", "strides", "offsets", "out_swapped")}
 
 
 def with_epilogue(conv: KernelOp, post: str, *extras: tuple[tuple[int, ...], DType]) -> KernelOp:
