@@ -27,6 +27,7 @@ from tessera_rw.lower.attention_views import read_attention_views
 from tessera_rw.lower.conv_views import read_conv_views_in_place
 from tessera_rw.lower.concat_reads import read_concatenates_in_place
 from tessera_rw.lower.elementwise_merge import merge_elementwise
+from tessera_rw.lower.epilogue_merge import merge_epilogues
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.lower.view_reads import read_views_in_place
 from tessera_rw.codegen.arch import ArchSpec
@@ -217,7 +218,7 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
-    lowered = merge_elementwise(fold_layout_chains(program))
+    lowered = merge_epilogues(merge_elementwise(fold_layout_chains(program)))
     lowered = read_concatenates_in_place(read_conv_views_in_place(read_attention_views(read_views_in_place(lowered))))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
