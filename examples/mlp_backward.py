@@ -19,7 +19,9 @@ which takes its bias in its epilogue; the transposed operands are copies that fe
 elementwise kernel for gelu'(pre) · dh: the gemm writing dh applies it in its epilogue (`fused:
 dgelu`, reading pre, as cuBLASLt's DGELU does), and no reduction kernel: each bias gradient comes
 out of its weight-gradient gemm (`fused: bias_grad`), as an extra row Σ_rows dy of the same
-product, so dW and db are read from one output. gelu(pre) itself, for dW2, is one elementwise pass.
+product, so dW and db are read from one output. The recomputed pre and gelu(pre), which dW2 reads,
+come out of one gemm (`fused: bias, pre, gelu`, a `gemm_pre_act`, as cuBLASLt's GELU_AUX writes
+both): no elementwise kernel at all.
 
     tessera-rewrite --explain examples/mlp_backward.py:mlp_backward --run
     python examples/mlp_backward.py         # small inputs, checked against the numpy version below

@@ -54,9 +54,10 @@ def test_the_chosen_plan_applies_the_derivative_in_the_gemm_epilogue(activation,
         # epilogue: pre is never written and no pass computes h
         assert not elementwise and ("bias", "relu") in [k.fused for k in kernels]
     else:
-        # the only elementwise pass left is the forward activation of h (one operand, pre), which dW2 = hᵀ dy reads
-        (h,) = elementwise
-        assert h.op.operands == (pre,)
+        # dW2 = hᵀ dy reads h = act(pre), which the forward gemm writes beside pre (a gemm_pre_act)
+        assert not elementwise
+        (both,) = [k for k in kernels if k.op.op == "gemm_pre_act"]
+        assert both.fused == ("bias", "pre", activation) and both.op.result.shape == (2, *pre.shape)
     assert "reduction" not in [k.kind for k in kernels]            # db1 rides in the dW1 gemm
 
 

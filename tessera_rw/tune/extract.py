@@ -28,6 +28,7 @@ from tessera_rw.lower.conv_views import read_conv_views_in_place
 from tessera_rw.lower.concat_reads import read_concatenates_in_place
 from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.epilogue_merge import merge_epilogues
+from tessera_rw.lower.kept_preactivations import keep_preactivations
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.lower.view_reads import read_views_in_place
 from tessera_rw.codegen.arch import ArchSpec
@@ -63,7 +64,8 @@ class FusionDepth(enum.IntEnum):
         return {0: "unfused", 1: "epilogue-fused", 2: "fully fused"}[self.value]
 
 
-FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
+FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "gemm_pre_act": FusionDepth.EPILOGUE,
+                  "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
                   "fused_conv": FusionDepth.EPILOGUE,
                   "concatenated_elementwise": FusionDepth.EPILOGUE, "strided_normalization": FusionDepth.EPILOGUE,
@@ -218,7 +220,7 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
-    lowered = merge_epilogues(merge_elementwise(fold_layout_chains(program)))
+    lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program))))
     lowered = read_concatenates_in_place(read_conv_views_in_place(read_attention_views(read_views_in_place(lowered))))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))

@@ -8,6 +8,11 @@ the forward pass. `trans_a` / `trans_b` say an operand is stored transposed: the
 a [..., K, M] array as its [..., M, K] A (cuBLAS's op(A) = Aᵀ), so a transpose feeding a GEMM costs
 no copy.
 
+gemm_pre_act(a, b, [bias]) = stack(pre, act(pre)), pre = scale · (a @ b) + bias, of shape
+[2, …, M, N]: a layer whose pre-activation a backward pass reads (a GELU MLP's dgelu) writes it
+and the activation from one epilogue (cuBLASLt's GELU_AUX) instead of the GEMM writing pre and an
+elementwise pass reading it back to write act(pre).
+
 matmul_bias_grad(a, b) = [a; 1ᵀ] @ b, of shape [M+1, N]: rows 0..M-1 are a @ b and row M is
 Σ_k b[k, :]. In a linear layer's backward pass (a = Xᵀ, b = dY) that last row is the bias
 gradient, which the weight-gradient GEMM produces for one more row of A (a virtual row of ones,
@@ -99,6 +104,26 @@ def _gemm_flops(out: TensorType, a: TensorType, b: TensorType, *extra: TensorTyp
     return product + ((scale != 1.0) + len(extra) + act) * out.numel
 
 
+def _infer_gemm_pre_act(a: TensorType, b: TensorType, *bias: TensorType, scale: float, activation: str,
+                        has_bias: bool, accum_dtype: DType | None, dtype: DType, trans_a: bool = False,
+                        trans_b: bool = False) -> TensorType:
+    if activation not in ACTIVATIONS or activation == "none":
+        raise AttributeValueError(f"activation must be one of {sorted(set(ACTIVATIONS) - {'none'})}, got {activation!r}",
+                                  hint="a product without an activation has no pre-activation to keep: use gemm")
+    out = _infer_gemm(a, b, *bias, scale=scale, activation="none", has_bias=has_bias, has_residual=False,
+                      accum_dtype=accum_dtype, dtype=dtype, trans_a=trans_a, trans_b=trans_b)
+    return TensorType((2, *out.shape), out.dtype)
+
+
+def _gemm_pre_act(a: np.ndarray, b: np.ndarray, *bias: np.ndarray, activation: str, dtype, **attrs) -> np.ndarray:
+    pre = _gemm(a, b, *bias, activation="none", has_residual=False, dtype=dtype, **attrs)
+    return np.stack([pre, ACTIVATIONS[activation](pre)])
+
+
+def _gemm_pre_act_flops(out: TensorType, *operands: TensorType, **attrs) -> int:
+    return _gemm_flops(TensorType(out.shape[1:], out.dtype), *operands, **attrs)
+
+
 def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | None,
                             trans_a: bool = False, trans_b: bool = False) -> TensorType:
     if a.ndim != 2 or b.ndim != 2:
@@ -128,6 +153,10 @@ DEFS = (
     OpDef("gemm", ("a", "b", "bias", "aux", "residual"), OpKind.MATMUL, _infer_gemm, _gemm, _gemm_flops,
           variadic=True, doc="act(scale · a @ b + bias) + residual in one kernel; act may be a derivative "
                              "d<act>: (…) · act'(aux)", vjp=before_fusion("gemm")),
+    OpDef("gemm_pre_act", ("a", "b", "bias"), OpKind.MATMUL, _infer_gemm_pre_act, _gemm_pre_act,
+          _gemm_pre_act_flops, variadic=True, vjp=before_fusion("gemm_pre_act"),
+          doc="stack(pre, act(pre)), pre = scale · a @ b + bias: a product writing its pre-activation and "
+              "its activation from one epilogue"),
     OpDef("matmul_bias_grad", ("a", "b"), OpKind.MATMUL, _infer_matmul_bias_grad, _matmul_bias_grad,
           _matmul_bias_grad_flops, doc="[a; 1ᵀ] @ b: a @ b with the column sums of b as one more row",
           vjp=before_fusion("matmul_bias_grad")),

@@ -20,6 +20,8 @@ tile rows walked column by column where that keeps more of the operands in L2, g
 and a broadcast operand gets batch stride 0. matmul_bias_grad is a product
 with one more row of A, all ones, that no load reads: its tiles fill that row in shared memory
 (predicated like the ragged edges), so the bias gradient comes out as row M of the result.
+gemm_pre_act's epilogue stores each element twice: the pre-activation in the result's first half,
+the activation of it in the second.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> t = TensorType((256, 256), DType.bfloat16)
@@ -98,7 +100,7 @@ class GemmTemplate(Template):
     (predicated, slower loads, same math).
     """
     kind: ClassVar[str] = "gemm"
-    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "matmul_bias_grad"})
+    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "gemm_pre_act", "matmul_bias_grad"})
 
     def accepts(self, op: KernelOp) -> bool:
         return op.op in self.ops and self.refusal(op) is None
@@ -150,7 +152,8 @@ class GemmTemplate(Template):
         added = p.bias is not None and p.activation == "none" and p.residual is None \
             and p.bias.numel == op.result.numel
         steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None and not added),
-                 (p.activation, p.activation != "none"), ("residual", p.residual is not None or added),
+                 ("pre", p.keep_pre), (p.activation, p.activation != "none"),
+                 ("residual", p.residual is not None or added),
                  ("cast", p.out_dtype is not product))
         return tuple(name for name, on in steps if on)
 

@@ -60,7 +60,8 @@ def kernel_name(p: GemmProblem, s: Schedule) -> str:
     changed = [(name, getattr(s, name)) for name, default in quiet.items() if getattr(s, name) != default]
     named = "".join(f"_{name}" if value is True else f"_{name}{value}" for name, value in changed)
     tile = s.tag + "x".join(str(getattr(s, f.name)) for f in fields(s) if f.name not in quiet) + named
-    epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "")
+    epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "") + \
+        ("pre" if p.keep_pre else "")
     layout = "" if p.layout == "nn" else "_" + p.layout
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"
     operands = "tf32" if p.tf32 else p.in_dtype.short
@@ -116,6 +117,8 @@ def common(p: GemmProblem) -> tuple[str, str, str]:
     if p.aux is not None:
         steps.append(f"const float a = {_LOAD[p.aux.dtype].format('aux[gemm_idx_aux(z, r, c)]')}; "
                      f"{_DERIVATIVE[p.activation]}")
+    elif p.keep_pre:        # the stores write v, then gemm_activate(v) one product further on
+        fns += f"__device__ __forceinline__ float gemm_activate(float v) {{ return {_ACT[p.activation]}; }}\n"
     else:
         steps.append(f"v = {_ACT[p.activation]};")
     if p.residual is not None:

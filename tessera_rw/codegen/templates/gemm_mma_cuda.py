@@ -222,16 +222,23 @@ def helpers(p: GemmProblem) -> str:
 
 
 def store_pair(p: GemmProblem, args: str) -> str:
-    """The epilogue of one accumulator pair (columns c and c + 1 of row r) and its store."""
+    """The epilogue of one accumulator pair (columns c and c + 1 of row r) and its store; a product
+    keeping its pre-activation stores it at o and the activation one product further on."""
     epi = [f"gemm_epilogue(acc[i][j][2 * h + {e}], z, r, c + {e}{args})" for e in (0, 1)]
+    stores = [("o", "v", epi)]
+    if p.keep_pre:
+        stores = [("o", "p", epi), (f"{p.nbatch * p.m * p.n}LL + o", "v", ["gemm_activate(p0)", "gemm_activate(p1)"])]
     if p.n % 2 == 0:   # c is even, so c + 1 < N and the pair is 2-element aligned
-        pair = {DType.bfloat16: "*(unsigned*)(C + o) = pack_bf16x2(v0, v1);",
-                DType.float16: "*(unsigned*)(C + o) = pack_f16x2(v0, v1);",
-                DType.float32: "*(float2*)(C + o) = make_float2(v0, v1);"}[p.out_dtype]
-        store = f"const float v0 = {epi[0]}, v1 = {epi[1]};\n{pair}"
+        pair = {DType.bfloat16: "*(unsigned*)(C + {o}) = pack_bf16x2({v}0, {v}1);",
+                DType.float16: "*(unsigned*)(C + {o}) = pack_f16x2({v}0, {v}1);",
+                DType.float32: "*(float2*)(C + {o}) = make_float2({v}0, {v}1);"}[p.out_dtype]
+        store = "\n".join(f"const float {v}0 = {e0}, {v}1 = {e1};\n" + pair.format(o=o, v=v)
+                          for o, v, (e0, e1) in stores)
     else:
         cvt = {DType.bfloat16: "f32_to_bf16", DType.float16: "f32_to_f16", DType.float32: ""}[p.out_dtype]
-        store = f"C[o] = {cvt}({epi[0]});\nif (c + 1 < N) C[o + 1] = {cvt}({epi[1]});"
+        halves = [" ".join(f"const float {v}{e} = {exprs[e]}; C[{o} + {e}] = {cvt}({v}{e});" for o, v, exprs in stores)
+                  for e in (0, 1)]
+        store = f"{{ {halves[0]} }}\nif (c + 1 < N) {{ {halves[1]} }}"
     return "\n".join(" " * 20 + line for line in store.splitlines())
 
 

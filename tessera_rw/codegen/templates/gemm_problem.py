@@ -50,6 +50,7 @@ class GemmProblem:
     bias_grad: bool = False     # a virtual row of ones under A: m counts it, a_rows does not
     trans_a: bool = False       # A stored [K, M]: rows of the stored array run along M
     trans_b: bool = False       # B stored [N, K]
+    keep_pre: bool = False      # C holds the pre-activation, then the activation one product further on
 
     @staticmethod
     def of(op: KernelOp) -> GemmProblem:
@@ -64,7 +65,7 @@ class GemmProblem:
         return GemmProblem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
                            float(at.get("scale", 1.0)), activation, extra.get("bias"), extra.get("residual"),
                            extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST,
-                           bias_grad=bias_grad, trans_a=trans_a, trans_b=trans_b)
+                           bias_grad=bias_grad, trans_a=trans_a, trans_b=trans_b, keep_pre=op.op == "gemm_pre_act")
 
     @property
     def a_rows(self) -> int:

@@ -1,5 +1,5 @@
 """The GEMM template's samples: the kinds of product its kernels are checked and calibrated on
-(plain and batched matmuls, epilogues, activation derivatives, bias gradients, transposed operands,
+(plain and batched matmuls, epilogues, activation derivatives, kept pre-activations, bias gradients, transposed operands,
 ragged rows, tf32 and fp8), each at sizes a GPU check covers."""
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ def gemm_samples() -> tuple[KernelOp, ...]:
                     dtype=out, trans_a=trans_a, trans_b=trans_b)
         return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
 
+    def pre_act(a, b, dtype, activation, bias=None, **attrs):
+        # the product's pre-activation and its activation, stacked
+        batch, m, n, _ = matmul_dims(a, b)
+        base = dict(scale=1.0, activation=activation, has_bias=bias is not None, accum_dtype=None, dtype=dtype)
+        ops = (TensorType(a, dtype), TensorType(b, dtype), *(() if bias is None else (TensorType(bias, dtype),)))
+        return KernelOp.of("gemm_pre_act", ops, TensorType((2, *batch, m, n), dtype), **(base | attrs))
+
     def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
         return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
                            TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
@@ -55,6 +62,10 @@ def gemm_samples() -> tuple[KernelOp, ...]:
         gemm((1000, 1000), (1000, 1000), f32, f32, (TensorType((1000, 1000), f32),), activation="drelu"),
         gemm((1024, 512), (512, 1024), f32, f32, (TensorType((1024, 1024), f32),), activation="dgelu_tanh",
              numerics=Numerics.FAST),
+        # a layer's pre-activation kept for its backward pass: an MLP's, on SIMT with an odd N, batched
+        pre_act((2048, 1024), (1024, 4096), bf, "gelu", bias=(4096,)),
+        pre_act((500, 777), (777, 301), f32, "relu", bias=(301,)),
+        pre_act((4, 256, 512), (512, 384), f16, "silu", scale=0.5),
         # bias gradients: the ones row alone in the last tile row (768 = 6 x 128), in the middle
         # of a ragged tile with element-wise loads, on SIMT, and in tf32; small enough that the
         # GPU check's reference covers every row (kernel_check subsets big products by rows of A)

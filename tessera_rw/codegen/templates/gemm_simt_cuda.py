@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 SIMT_PAD = 4                    # floats of padding per transposed A row: conflict-free stores, float4 reads
 
-_STORE1 = {DType.float32: "C[cz + (long long)r * N + c] = v;",
-           DType.bfloat16: "C[cz + (long long)r * N + c] = f32_to_bf16(v);",
-           DType.float16: "C[cz + (long long)r * N + c] = f32_to_f16(v);"}
+_STORE1 = {DType.float32: "C[{o}cz + (long long)r * N + c] = {v};",
+           DType.bfloat16: "C[{o}cz + (long long)r * N + c] = f32_to_bf16({v});",
+           DType.float16: "C[{o}cz + (long long)r * N + c] = f32_to_f16({v});"}
 
 
 def _a_coordinates(p: GemmProblem) -> tuple[str, str]:
@@ -42,7 +42,9 @@ def _b_coordinates(p: GemmProblem) -> tuple[str, str]:
 def emit_simt(p: GemmProblem, s: GemmSimtSchedule, name: str, group: int) -> str:
     """The FFMA kernel for fp32 operands, after its launch comment and device helpers."""
     fns, signature, args = common(p)
-    store = _STORE1[p.out_dtype]
+    store = _STORE1[p.out_dtype].format(o="", v="v")
+    if p.keep_pre:     # v is the pre-activation; the activation goes one product further on
+        store += " " + _STORE1[p.out_dtype].format(o=f"{p.nbatch * p.m * p.n}LL + ", v="gemm_activate(v)")
     return launch_comment(p, s, name, signature) + fns + f"""
 extern "C" __global__ void __launch_bounds__({s.threads}) {name}({signature}) {{
     constexpr int M = {p.m}, N = {p.n}, K = {p.k};{ones_row_decl(p)}
