@@ -4,8 +4,9 @@
 
 Ours is the `@op.kernel` call on torch CUDA tensors, as a user makes it: the forward is two
 fused_conv kernels (bias, residual and relu in the epilogues); the training step (`op.grad` of
-Σ y ∘ dy for x and every weight) is 9 kernels, its weight gradients reading xᵀ and dYᵀ in place
-and writing dW in its own layout, and dx reading the kernels flipped in place. torch runs the same block as written, NCHW, on cuDNN
+Σ y ∘ dy for x and every weight) is 6 kernels, its weight gradients reading xᵀ and dYᵀ in place,
+writing dW in its own layout and db beside it, and dx reading the kernels flipped in place, the relu
+masks in its epilogues. torch runs the same block as written, NCHW, on cuDNN
 (F.conv2d, the bias and residual adds and relus as separate kernels; autograd for the gradients).
 """
 

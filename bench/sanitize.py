@@ -122,7 +122,11 @@ def view_ops() -> list:
             # a 3x3 weight gradient reading xᵀ and dYᵀ in place and writing dW transposed, ragged
             # planes, a split K
             strided_conv_op((3, 24, 15, 13), swapped_leading((3, 24, 15, 13)), (3, 40, 13, 11),
-                            swapped_leading((3, 40, 13, 11)), BF16, out_swapped=True)]
+                            swapped_leading((3, 40, 13, 11)), BF16, out_swapped=True),
+            # ... padded, with the bias gradient from an image of ones beside it
+            strided_conv_op((3, 24, 15, 13), swapped_leading((3, 24, 15, 13)), (3, 40, 15, 13),
+                            swapped_leading((3, 40, 15, 13)), BF16, out_swapped=True, padding=((1, 1), (1, 1)),
+                            bias_grad=True)]
 
 
 def norm_backward_packed(name: str, x, **extra):
@@ -137,9 +141,9 @@ def norm_backward_packed(name: str, x, **extra):
 
 def variant_ops(arch) -> list:
     """(op, schedules): GEMMs with more 128 x 256 tiles than `arch` has SMs (a ragged one, a bias
-    gradient, one keeping its pre-activation), each at its first kind of default schedules in another walk and, for TMA ones, in
-    the persistent form under two walks; then attention forwards at their producer forms (none
-    where the arch has no TMA)."""
+    gradient, one keeping its pre-activation), each at its first kind of default schedules in another
+    walk and, for TMA ones, in the persistent form under two walks; then attention forwards at their
+    producer forms (none where the arch has no TMA)."""
     from dataclasses import replace
     from tessera_rw.algebra.node import TensorType
     from tessera_rw.codegen.kernel_op import KernelOp

@@ -30,7 +30,8 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr, spell_expr
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr,
+                                                spell_expr)
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
 
 HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose `post` takes an epilogue

@@ -84,7 +84,7 @@ ATTRS: dict[str, AttrCodec] = {
     "pads": PAIRS, "padding": PAIRS,
     "axis": I64, "k": I64, "groups": I64, "n": I64, "offset": I64, "parts": I64,
     "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,
-    "trans_a": BOOL, "trans_b": BOOL, "out_swapped": BOOL,
+    "trans_a": BOOL, "trans_b": BOOL, "out_swapped": BOOL, "bias_grad": BOOL,
     "eps": F64, "scale": F64, "value": F64, "start": F64, "stop": F64, "step": F64,
     "norm": STR, "approximate": STR, "activation": STR, "expr": STR, "exprs": STR, "post": STR, "reduce": STR,
 }

@@ -24,6 +24,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 from tessera_rw.lower.attention_views import read_attention_views
+from tessera_rw.lower.conv_bias_grads import sum_bias_grads_in_weight_grads
 from tessera_rw.lower.conv_views import read_conv_views_in_place
 from tessera_rw.lower.concat_reads import read_concatenates_in_place
 from tessera_rw.lower.elementwise_merge import merge_elementwise
@@ -221,7 +222,8 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
     lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program))))
-    lowered = read_concatenates_in_place(read_conv_views_in_place(read_attention_views(read_views_in_place(lowered))))
+    lowered = read_conv_views_in_place(read_attention_views(read_views_in_place(lowered)))
+    lowered = read_concatenates_in_place(sum_bias_grads_in_weight_grads(lowered))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
 

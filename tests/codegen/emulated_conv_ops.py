@@ -9,7 +9,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.conv_epilogue import with_epilogue
 from tessera_rw.codegen.templates.conv_problem import conv_op, strided_conv_op, swapped_leading
 
-BF16, F32 = DType.bfloat16, DType.float32
+BF16, F16, F32 = DType.bfloat16, DType.float16, DType.float32
 
 
 def _plain() -> dict[str, KernelOp]:
@@ -63,13 +63,20 @@ def _fused(plain: dict[str, KernelOp]) -> dict[str, KernelOp]:
 
 def _strided() -> dict[str, KernelOp]:
     """A 3x3 layer's weight gradient as lowering reads it (xᵀ and dYᵀ where they lie) and writes it
-    (transposed back to dW's layout), bf16 and fp32,
+    (transposed back to dW's layout), bf16 and fp32, with its bias gradient beside it,
     its input gradient's (the kernel flipped and transposed where it lies), and a conv1d over a slice
     of channels and steps at an odd offset, with a bias epilogue."""
     def weight_gradient(dtype, out_swapped=False):
         return strided_conv_op((4, 8, 10, 10), swapped_leading((4, 8, 10, 10)), (4, 16, 8, 8),
                                swapped_leading((4, 16, 8, 8)), dtype, out_swapped=out_swapped)
+
+    def with_bias_gradient(x, dy, dtype):       # a same-padded layer's dW, then its db = Σ dY
+        return strided_conv_op(x, swapped_leading(x), dy, swapped_leading(dy), dtype, out_swapped=True,
+                               padding=((1, 1),) * (len(x) - 2), bias_grad=True)
     return {
+        "conv2d weight and bias gradients bf16": with_bias_gradient((4, 8, 10, 10), (4, 16, 10, 10), BF16),
+        "conv2d weight and bias gradients f32": with_bias_gradient((3, 8, 9, 9), (3, 12, 9, 9), F32),
+        "conv1d weight and bias gradients f16": with_bias_gradient((5, 6, 40), (5, 24, 40), F16),
         "conv2d weight gradient bf16, x and dY transposed in place": weight_gradient(BF16),
         "conv2d weight gradient f32, x and dY transposed in place": weight_gradient(F32),
         "conv2d weight gradient bf16, written transposed": weight_gradient(BF16, out_swapped=True),

@@ -26,9 +26,10 @@ def _gemm(op: KernelOp) -> tuple[int, int, int, int]:
     """(M, N, K, groups) of the implicit GEMM per group."""
     x, w = conv_operands(op)
     groups = op.attr_map["groups"]
-    out_spatial = op.result.numel // (op.result.shape[0] * op.result.shape[1])
+    ones = bool(op.attr_map.get("bias_grad"))      # dW flattened, then w.shape[0] sums: an image of ones more
+    out_spatial = (op.result.numel - ones * w.shape[0]) // (x.shape[0] * w.shape[0])
     taps = w.numel // (w.shape[0] * w.shape[1])
-    return x.shape[0] * out_spatial, w.shape[0] // groups, w.shape[1] * taps, groups
+    return (x.shape[0] + ones) * out_spatial, w.shape[0] // groups, w.shape[1] * taps, groups
 
 
 

@@ -12,7 +12,9 @@ of the convolution's rank; a flipped axis's negative) and `offsets` (x's, w's); 
 writes the output with its two leading axes swapped (no epilogue inputs then). A layer's weight
 gradient convolves x and dY with the batch playing the channels, xᵀ and dYᵀ that the kernel reads
 where they lie instead of two transposing copies, and writes dW = (its result)ᵀ so; its input
-gradient reads the kernel flipped.
+gradient reads the kernel flipped. With `bias_grad` the result is dW flattened and then, per output
+channel, the sum of w's view over its other axes: Σ dY over the batch and the positions, the layer's
+bias gradient, which the kernel computes as one more image of x, all ones (cuBLASLt's BGRADB).
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x, w, b = TensorType((2, 4, 8, 8), DType.float32), TensorType((6, 4, 3, 3), DType.float32), \\
@@ -88,24 +90,36 @@ def _viewed(xs: tuple, types: bool, shapes, strides, offsets) -> tuple:
     return (*viewed, *xs[2:])
 
 
-def _infer_strided_conv(*xs: TensorType, shapes, strides, offsets, out_swapped: bool, **attrs) -> TensorType:
+def _infer_strided_conv(*xs: TensorType, shapes, strides, offsets, out_swapped: bool, bias_grad: bool = False,
+                        **attrs) -> TensorType:
     out = _infer_fused_conv(*_viewed(xs, True, shapes, strides, offsets), **attrs)
     if not out_swapped:
+        if bias_grad:
+            raise ShapeError("a strided_conv sums a bias gradient only beside a weight gradient (out_swapped)")
         return out
     if len(xs) > 2:
         raise ShapeError("a strided_conv writing its output's leading axes swapped takes no epilogue inputs")
-    return TensorType((out.shape[1], out.shape[0], *out.shape[2:]), out.dtype)
+    if bias_grad and attrs["groups"] != 1:
+        raise ShapeError(f"a strided_conv sums a bias gradient over one group, not {attrs['groups']}")
+    swapped = (out.shape[1], out.shape[0], *out.shape[2:])
+    return TensorType((out.numel + out.shape[1],), out.dtype) if bias_grad else TensorType(swapped, out.dtype)
 
 
-def _strided_conv(*xs: np.ndarray, shapes, strides, offsets, out_swapped: bool, **attrs) -> np.ndarray:
-    out = _fused_conv(*_viewed(xs, False, shapes, strides, offsets), **attrs)
-    return np.swapaxes(out, 0, 1) if out_swapped else out
+def _strided_conv(*xs: np.ndarray, shapes, strides, offsets, out_swapped: bool, bias_grad: bool = False,
+                  **attrs) -> np.ndarray:
+    viewed = _viewed(xs, False, shapes, strides, offsets)
+    out = _fused_conv(*viewed, **attrs)
+    if not bias_grad:
+        return np.swapaxes(out, 0, 1) if out_swapped else out
+    sums = viewed[1].sum(axis=tuple(range(1, viewed[1].ndim)), dtype=np.float64).astype(out.dtype)
+    return np.concatenate([np.swapaxes(out, 0, 1).reshape(-1), sums])
 
 
 def _strided_conv_flops(out: TensorType, *xs: TensorType, shapes, strides, offsets, out_swapped: bool,
-                        **attrs) -> int:
+                        bias_grad: bool = False, **attrs) -> int:
     x, w = (TensorType(shape, t.dtype) for t, (shape, _, _) in zip(xs, conv_views(shapes, strides, offsets)))
-    return _fused_conv_flops(out, x, w, *xs[2:], **attrs)
+    conv = _infer_fused_conv(x, w, **attrs) if bias_grad else out
+    return _fused_conv_flops(conv, x, w, *xs[2:], **attrs) + bias_grad * w.numel
 
 
 DEFS = (
@@ -117,5 +131,6 @@ DEFS = (
           variadic=True, vjp=before_fusion("strided_conv"),
           doc="fused_conv reading x and w as strided views of its first two operands' storage (shapes, strides "
               "flat, x's then w's; offsets), as lowering reads transposed operands in place; out_swapped: "
-              "the output written with its two leading axes swapped"),
+              "the output written with its two leading axes swapped; bias_grad: beside it (flattened), "
+              "w's sum over all but its leading axis, a layer's bias gradient from its weight gradient's dY"),
 )

@@ -106,7 +106,8 @@ class DirectConvTemplate(Template):
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         epilogue = ConvEpilogue.of(op)
-        return (epilogue.ops if epilogue else ()) + (("strided_read",) if op.op == "strided_conv" else ())
+        return (epilogue.ops if epilogue else ()) + (("strided_read",) if op.op == "strided_conv" else ()) + \
+            (("bias_grad",) if op.attr_map.get("bias_grad") else ())
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[Schedule, ...]:
         cv = ConvProblem.of(op)
@@ -244,7 +245,8 @@ class DirectConvTemplate(Template):
             tile |= dict(SPLITK=s.split_k, WORK_COUNTERS=self._parts_bytes(cv, s))
         suffix = TENSOR_CORE_DTYPES[cv.dtype][1] if cv.tensor_cores else None
         source = restrided(implicit_gemm_source(name, _gemm_sizes(cv), tile, suffix, ConvEpilogue.of(op)),
-                           cv.x_view, cv.w_view, cv.kw, cv.n if cv.out_swapped else 0)
+                           cv.x_view, cv.w_view, cv.kw, cv.n if cv.out_swapped else 0,
+                           suffix if cv.bias_grad else False)
         return KernelSource(name, header + source,
                             threads=s.threads, grid=grid, fast_math=op.numerics is Numerics.FAST,
                             workspace_bytes=work)
@@ -279,6 +281,10 @@ class DirectConvTemplate(Template):
             # the ResNet layer's weight gradient reading xᵀ and dYᵀ where they lie, writing dW transposed back
             strided_conv_op((8, 64, 58, 58), swapped_leading((8, 64, 58, 58)), (8, 64, 56, 56),
                             swapped_leading((8, 64, 56, 56)), bf16, out_swapped=True),
+            # ... and beside it its bias gradient, Σ dY, from one more image of x, all ones
+            strided_conv_op((8, 64, 56, 56), swapped_leading((8, 64, 56, 56)), (8, 64, 56, 56),
+                            swapped_leading((8, 64, 56, 56)), bf16, out_swapped=True, padding=((1, 1), (1, 1)),
+                            bias_grad=True),
         )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused_conv import conv_views
+from tessera_rw.algebra.ops.fused_conv import conv_views, convolution_of
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.kernel_op import KernelOp
 
@@ -46,6 +46,7 @@ class ConvProblem:
     x_view: tuple[tuple[int, int, int, int], int] | None = None
     w_view: tuple[tuple[int, int, int, int], int] | None = None
     out_swapped: bool = False            # the output written (O, N, OH, OW)
+    bias_grad: bool = False              # one more image of x, all ones: row N's first position sums w
 
     @classmethod
     def of(cls, op: KernelOp) -> ConvProblem:
@@ -59,7 +60,9 @@ class ConvProblem:
         def shape(t: TensorType) -> tuple[int, ...]:
             return t.shape[:2] + (1,) + t.shape[2:] if flat else t.shape
 
-        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(op.result)   # oh, ow: either way
+        out = op.result if not a.get("bias_grad") else \
+            OPS[convolution_of(x)].infer(x, w, **{k: a[k] for k in ("stride", "padding", "dilation", "groups")})
+        (n, c, h, wd), (o, _, kh, kw), (_, _, oh, ow) = shape(x), shape(w), shape(out)   # oh, ow: either way
         pads = two(a["padding"], (0, 0))
         views = [None, None]
         if op.op == "strided_conv":          # a height axis of one is never stepped along: any stride
@@ -68,7 +71,8 @@ class ConvProblem:
                 else [(xs, x_off), (ws, w_off)]
         return cls(n=n, c=c, h=h, w=wd, o=o, groups=a["groups"], kh=kh, kw=kw, oh=oh, ow=ow,
                    stride=two(a["stride"], 1), pad=(pads[0][0], pads[1][0]), dilation=two(a["dilation"], 1),
-                   dtype=x.dtype, x_view=views[0], w_view=views[1], out_swapped=bool(a.get("out_swapped")))
+                   dtype=x.dtype, x_view=views[0], w_view=views[1], out_swapped=bool(a.get("out_swapped")),
+                   bias_grad=bool(a.get("bias_grad")))
 
     @property
     def cg(self) -> int:
@@ -80,8 +84,8 @@ class ConvProblem:
 
     @property
     def gemm(self) -> tuple[int, int, int]:
-        """(M, N, K) of one group's implicit GEMM."""
-        return self.n * self.oh * self.ow, self.og, self.cg * self.kh * self.kw
+        """(M, N, K) of one group's implicit GEMM (a bias gradient's image of ones included)."""
+        return (self.n + self.bias_grad) * self.oh * self.ow, self.og, self.cg * self.kh * self.kw
 
     @property
     def tensor_cores(self) -> bool:
