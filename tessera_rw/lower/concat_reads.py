@@ -32,7 +32,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import (FUSIBLE_OPS, MAX_FUSED_OPS, Scalar, count_ops, fold, parse_expr,
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, fold, parse_expr,
                                                 spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views, slice_of
 from tessera_rw.algebra.shapes import contiguous_strides
@@ -88,7 +88,9 @@ def _reads(node: Node) -> list[Read]:
 
 
 def _expression(node: Node):
-    return parse_expr(node.attr_map["expr"]) if node.op in EXPRESSION_OPS else (node.op, *range(len(node.args)))
+    if node.op in EXPRESSION_OPS:
+        return parse_expr(node.attr_map["expr"])
+    return (expression_name(node.op, node.attr_map), *range(len(node.args)))
 
 
 @dataclass
@@ -189,7 +191,7 @@ def _reranked(read: Read, shape: tuple[int, ...], to: tuple[int, ...]) -> Read:
 
 
 def _elementwise(node: Node) -> bool:
-    return node.op in EXPRESSION_OPS or node.op in FUSIBLE_OPS and not node.attr_map
+    return node.op in EXPRESSION_OPS or expression_name(node.op, node.attr_map) is not None
 
 
 def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[Node], used: dict[int, Read]):

@@ -26,7 +26,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import (FUSIBLE_OPS, MAX_FUSED_OPS, Scalar, count_ops, parse_expr,
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, parse_expr,
                                                 spell_expr)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
@@ -49,7 +49,7 @@ def merge_elementwise(graph: Graph) -> Graph:
 
 
 def _elementwise(node: Node) -> bool:
-    return node.op == "fused_elementwise" or (node.op in FUSIBLE_OPS and not node.attr_map)
+    return node.op == "fused_elementwise" or expression_name(node.op, node.attr_map) is not None
 
 
 def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
@@ -88,7 +88,7 @@ def _leaf(arg: Node, absorbable: set[Node], root: Node, leaves: list[Node]):
     if arg in absorbable and arg.shape == root.shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
             return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), root, leaves)
-        return (arg.op, *(_leaf(a, absorbable, root, leaves) for a in arg.args))
+        return (expression_name(arg.op, arg.attr_map), *(_leaf(a, absorbable, root, leaves) for a in arg.args))
     if arg not in leaves:                      # nodes are interned: equal is the same node
         leaves.append(arg)
     return leaves.index(arg)

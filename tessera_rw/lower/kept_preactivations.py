@@ -26,7 +26,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 
 _GEMM_ATTRS = ("scale", "has_bias", "accum_dtype", "dtype", "trans_a", "trans_b")
-_FUSED_ACTIVATIONS = {"relu($0)": "relu", "silu($0)": "silu"}
+_FUSED_ACTIVATIONS = {f"{name}($0)": name for name in ("relu", "silu", "gelu", "gelu_tanh")}
 
 
 def keep_preactivations(graph: Graph) -> Graph:

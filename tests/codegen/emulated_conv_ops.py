@@ -50,6 +50,8 @@ def _fused(plain: dict[str, KernelOp]) -> dict[str, KernelOp]:
             plain["conv2d 3x3 stride 2 f32"], "tanh(add(mul($0,$1),$2))", ((7,), F32), ((32, 1, 1), BF16)),
         "conv1d grouped f32, y - mean per image, silu": with_epilogue(
             plain["conv1d grouped f32"], "silu(sub($0,$1))", ((2, 1, 1), F32)),
+        "conv1d grouped f32 + bias, gelu": with_epilogue(
+            plain["conv1d grouped f32"], "gelu(add($0,$1))", ((plain["conv1d grouped f32"].result.shape[1], 1), F32)),
         "conv2d weight-gradient shape bf16, split K, scaled": with_epilogue(
             plain["conv2d weight-gradient shape bf16, split K"], "mul($0,0.25:bfloat16)"),
         "conv2d depthwise 3x3 bf16 + bias, relu, + residual": with_epilogue(

@@ -314,6 +314,10 @@ def _elementwise_ops() -> dict[str, KernelOp]:
         "logical_and bool": of("logical_and", TensorType((256, 512), BOOL), TensorType((256, 512), BOOL)),
         "tril bf16": of("tril", big, k=0),
         "fused relu(add) * y": of("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
+        "fused gelu(add) * gelu_tanh(y) bf16": of("fused_elementwise", big, row, big,
+                                                  expr="mul(gelu(add($0,$1)),gelu_tanh($2))"),
+        "fused upcast, scale, downcast bf16": of(
+            "fused_elementwise", big, expr="cast_bfloat16(add(mul(cast_float32($0),2.0:float32),1.0:float32))"),
         "full bf16": KernelOp.of("full", (), TensorType((256, 512), BF16), shape=(256, 512), value=1.5, dtype=BF16),
         "arange f32": KernelOp.of("arange", (), TensorType((65536,), F32), start=0, stop=65536, step=1, dtype=F32),
     }

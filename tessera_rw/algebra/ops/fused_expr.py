@@ -17,9 +17,10 @@ from tessera_rw.algebra.errors import AttributeValueError, DTypeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 
-# Elementwise ops without attributes that a fused expression may use, by arity.
+# Elementwise ops that a fused expression may use, by arity: ops without attributes, and under a name
+# of their own gelu per approximation and a cast per float dtype (SPELLED_WITH_ATTRS)
 FUSIBLE = {1: ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sin", "cos", "erf",
-               "sigmoid", "relu", "silu"),
+               "sigmoid", "relu", "silu", "gelu", "gelu_tanh", "cast_float32", "cast_bfloat16", "cast_float16"),
            2: ("add", "sub", "mul", "div", "pow", "maximum", "minimum")}
 # ops an expression may hold that no rule lifts alone (rules/library/fusion.py lifts a selection on a
 # comparison whole: a relu's gradient, where(x > 0, g, 0)); lifting each would fuse every mask's ops
@@ -29,6 +30,22 @@ _ARITY = {name: n for table in (FUSIBLE, EXPRESSION_ONLY) for n, names in table.
 FUSIBLE_OPS = frozenset(_ARITY)
 MAX_FUSED_INPUTS = 4
 MAX_FUSED_OPS = 48        # ops in one fused expression; far beyond what any written chain reaches
+# expression names of ops with attributes: the op and its attributes
+SPELLED_WITH_ATTRS = {"gelu": ("gelu", {"approximate": "none"}), "gelu_tanh": ("gelu", {"approximate": "tanh"})} | {
+    f"cast_{d.value}": ("cast", {"dtype": d}) for d in (DType.float32, DType.bfloat16, DType.float16)}
+
+
+def expression_op(name: str) -> tuple[str, dict]:
+    """The op (and its attributes) an expression's `name` computes: 'gelu_tanh' is gelu, approximate='tanh'."""
+    return SPELLED_WITH_ATTRS.get(name, (name, {}))
+
+
+def expression_name(op: str, attrs) -> str | None:
+    """The name an expression spells a node of `op` with `attrs` (a mapping) by, None where it has none."""
+    for name, (spelled, fixed) in SPELLED_WITH_ATTRS.items():
+        if op == spelled and dict(attrs) == fixed:
+            return name
+    return op if op in FUSIBLE_OPS and not attrs else None
 
 
 @dataclass(frozen=True)
@@ -148,18 +165,30 @@ def infer_fused(*xs: TensorType, expr: str) -> TensorType:
         if not 0 <= i < len(xs):
             raise AttributeValueError(f"the expression reads input ${i} of {len(xs)}")
         return xs[i]
-    return fold(parse_expr(expr), leaf, lambda name, args: OPS[name].infer(*args), lambda c: c.type)
+    return fold(parse_expr(expr), leaf, lambda name, args: _op(name, OPS).infer(*args, **expression_op(name)[1]),
+                lambda c: c.type)
 
 
 def fused(*xs: np.ndarray, expr: str) -> np.ndarray:
     from tessera_rw.algebra.ops import OPS
-    return fold(parse_expr(expr), lambda i: xs[i], lambda name, args: OPS[name].reference(*args), lambda c: c.array)
+
+    def apply(name: str, args: list) -> np.ndarray:
+        op, attrs = expression_op(name)
+        if op == "cast":            # the op's reference leaves converting to the evaluator
+            return np.asarray(args[0]).astype(attrs["dtype"].numpy)
+        return OPS[op].reference(*args, **attrs)
+    return fold(parse_expr(expr), lambda i: xs[i], apply, lambda c: c.array)
+
+
+def _op(name: str, ops):
+    return ops[expression_op(name)[0]]
 
 
 def fused_flops(out: TensorType, *xs: TensorType, expr: str) -> int:
     from tessera_rw.algebra.ops import OPS
     return fold(parse_expr(expr), lambda i: 0,
-                lambda name, args: sum(args) + OPS[name].flops(out, out, out), lambda c: 0)
+                lambda name, args: sum(args) + _op(name, OPS).flops(out, *(out,) * len(args), **expression_op(name)[1]),
+                lambda c: 0)
 
 
 DEFS = (

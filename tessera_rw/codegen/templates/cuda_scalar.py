@@ -25,7 +25,7 @@ from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.fused_expr import Scalar
+from tessera_rw.algebra.ops.fused_expr import Scalar, expression_op
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.base import Schedule
 
@@ -244,9 +244,10 @@ def emit_tree(tree, leaves: list[tuple[str, DType]], lines: list[str], prefix: s
         return literal(tree.value, tree.dtype), tree.dtype
     name, *subtrees = tree
     args = [emit_tree(s, leaves, lines, prefix) for s in subtrees]
-    out = OPS[name].infer(*(TensorType((), d) for _, d in args)).dtype
+    op, attrs = expression_op(name)
+    out = OPS[op].infer(*(TensorType((), d) for _, d in args), **attrs).dtype
     var = f"{prefix}{len(lines)}"
-    lines.append(f"const {ctype(out)} {var} = {scalar_op(name, args, {}, out)};")
+    lines.append(f"const {ctype(out)} {var} = {scalar_op(op, args, attrs, out)};")
     return var, out
 
 

@@ -16,7 +16,7 @@ import inspect
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.algebra.ops.fused_expr import COMPARISONS, FUSIBLE, MAX_FUSED_INPUTS, MAX_FUSED_OPS
+from tessera_rw.algebra.ops.fused_expr import COMPARISONS, FUSIBLE, MAX_FUSED_INPUTS, MAX_FUSED_OPS, expression_op
 from tessera_rw.algebra.ops.fused_norm import NO_EPILOGUE
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
@@ -29,7 +29,8 @@ T = (s, d)
 
 API = {"neg": op.negative, "sub": op.subtract, "mul": op.multiply, "div": op.divide, "pow": op.power,
        "eq": op.equal, "ne": op.not_equal, "lt": op.less, "le": op.less_equal, "gt": op.greater,
-       "ge": op.greater_equal}
+       "ge": op.greater_equal, "gelu_tanh": lambda x: op.gelu(x, approximate="tanh")} | {
+    f"cast_{d}": (lambda x, d=d: op.cast(x, d)) for d in ("float32", "bfloat16", "float16")}
 
 
 def _op_fn(name: str):
@@ -50,8 +51,9 @@ def _lift_rules():
         xs = t.vars(" ".join(f"x{i}" for i in range(arity)))
         for name in names:
             expr = f"{name}({','.join(f'${i}' for i in range(arity))})"
+            computed, attrs = expression_op(name)        # gelu_tanh: gelu(approximate="tanh")
             yield Rule(f"fuse-{name}", f"{name}(…) = fused_elementwise(…, '{expr}')",
-                       lhs=t.term(name, *xs, of=T),
+                       lhs=t.term(computed, *xs, **attrs, of=T),
                        rhs=t.fused_elementwise(*xs, expr=expr, of=T),
                        example=_lift_example(name, arity))
 
