@@ -46,10 +46,18 @@ def _reduced(shape: str, axis: str) -> Expr:
     return Expr(with_dim(shape, axis, "1"))
 
 
-def _explicit_softmax(x: Expr, axis: Expr) -> Expr:
-    keep = dict(axes=Expr(f"(vec-of {axis})"), keepdims=True, of=(_reduced("s", axis.text), d))
-    shifted = t.exp(t.sub(x, t.max(x, **keep), of=T), of=T)
-    return t.div(shifted, t.sum(shifted, **keep), of=T)
+def _explicit_softmax(x: Expr, axis: Expr, stats: Expr | str = d) -> Expr:
+    """exp(x − max x) / Σ exp(x − max x), computed in `stats` (d, x's dtype, or "float32": a 16-bit
+    softmax's max and sum kept in fp32, as torch keeps them, and the quotient cast back to d)."""
+    if stats == d:
+        keep = dict(axes=Expr(f"(vec-of {axis})"), keepdims=True, of=(_reduced("s", axis.text), d))
+        shifted = t.exp(t.sub(x, t.max(x, **keep), of=T), of=T)
+        return t.div(shifted, t.sum(shifted, **keep), of=T)
+    wide = (s, Expr('"float32"'))
+    keep = dict(axes=Expr(f"(vec-of {axis})"), keepdims=True, of=(_reduced("s", axis.text), Expr('"float32"')))
+    x32 = t.cast(x, dtype="float32", of=wide)
+    shifted = t.exp(t.sub(x32, t.max(x32, **keep), of=wide), of=wide)
+    return t.cast(t.div(shifted, t.sum(shifted, **keep), of=wide), dtype=d, of=T)
 
 
 def _same_batch(*shapes: str) -> tuple[str, ...]:
@@ -147,6 +155,8 @@ def _power_rules():
                when=("(= (shp x) s)", "(= (dt x) d)"),
                example=lambda rng: ((lambda x: x ** 2.0 + 1.0), {"x": rand(rng, 0, 0)}))
 
+
+SIXTEEN_BIT_FLOATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}    # egglog's name -> numpy's
 
 RULES = (
     *_power_rules(),
@@ -274,7 +284,16 @@ RULES = (
     Rule("softmax-to-exp-max-sum", "softmax(x) = exp(x − max x) / Σ exp(x − max x)",
          lhs=t.softmax(x, axis=ax, of=T),
          rhs=_explicit_softmax(x, ax),
+         when=tuple(f'(!= d "{narrow}")' for narrow in SIXTEEN_BIT_FLOATS),
          example=lambda rng: (lambda x: op.softmax(x, axis=0), {"x": rand(rng, 0, 0)})),
+    *(Rule(f"softmax-to-exp-max-sum-{narrow}", f"softmax(x) = exp(x − max x) / Σ exp(x − max x), {narrow} x's "
+           "max and sum in fp32",
+           lhs=t.softmax(x, axis=ax, of=T),
+           rhs=_explicit_softmax(x, ax, stats="float32"),
+           when=(f'(= d "{narrow}")',),
+           example=lambda rng, narrow=narrow: (lambda x: op.softmax(x, axis=0),
+                                               {"x": rand(rng, 0, 0, dtype=SIXTEEN_BIT_FLOATS[narrow])}))
+      for narrow in SIXTEEN_BIT_FLOATS),
     Rule("softmax-in-wider-type", "cast(softmax(cast(x, f32)), d) = softmax(x) when x is d",
          lhs=t.cast(t.softmax(t.cast(x, dtype="float32"), axis=ax), dtype=dx, of=T),
          rhs=t.softmax(x, axis=ax, of=T),
