@@ -62,14 +62,24 @@ def default_console() -> Console:
     return Console(width=TEXT_WIDTH) if piped else Console()
 
 
+class Listing(Text):
+    """Program text (a graph, a plan): printed one line per line however long, as code reads."""
+
+
 class Printable(Group):
     """Rich renderables that print as text with Python's print too (rich's print shows them styled)."""
 
     def text(self, width: int = TEXT_WIDTH) -> str:
+        """Tables at `width` columns, listings (graphs, plans) one line per line however long, no
+        trailing spaces: text to read, grep and copy."""
         console = Console(file=StringIO(), width=width, color_system=None, force_terminal=False)
+        self.print_to(console)
+        return "".join(line.rstrip() + "\n" for line in console.file.getvalue().splitlines())
+
+    def print_to(self, console: Console) -> None:
+        """Print to `console`, each Listing's lines whole: a wrapped graph line splits its comment."""
         for item in self.renderables:
-            console.print(item)
-        return console.file.getvalue()
+            console.print(item, soft_wrap=isinstance(item, Listing))
 
     def __str__(self) -> str:
         return self.text()
@@ -366,19 +376,20 @@ def explain_renderables(report: ExplainReport) -> Iterator[RenderableType]:
     program = report.program
     if program is not None:
         yield graph_summary(program.graph)
-        yield Text(str(program.graph))
+        yield Listing(str(program.graph))
     else:
-        yield Text(f"{report.function}(" + ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in report.inputs) + ")")
+        yield Listing(f"{report.function}(" + ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in report.inputs)
+                      + ")")
     yield rewrite_summary(report, program)
     yield candidates_table(report, program)
     for rank, candidate in enumerate(report.candidates):
         costs = program.candidates[rank].kernels if program else None
         yield kernels_table(candidate, costs, f"candidate {rank}: {candidate_label(report, rank)}")
     if program is not None:
-        yield Text(str(program.candidate.graph))
+        yield Listing(str(program.candidate.graph))
     yield Text(choice_reason(report, program), style="bold")
     if program is not None:
-        yield Text(str(program.plan))
+        yield Listing(str(program.plan))
         if program.pinned:
             yield pinned_text(program)
         yield generated_kernels_table(program)

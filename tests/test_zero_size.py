@@ -33,3 +33,11 @@ def test_zero_size_programs_compute_numpys_result(name, fn, args, want, device, 
     got = op.kernel(fn)(*args)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_mean_over_nothing_is_nan_without_a_numpy_warning():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # numpy's "Mean of empty slice" would raise here
+        got = op.kernel(lambda x: op.mean(x))(np.zeros(0, np.float32))
+    assert np.isnan(got)

@@ -21,6 +21,8 @@ MISSING_OPS = {
     "cumsum": "there is no scan op; a short one is a sum of shifted slices (op.pad and x[..., :n]), else run it on "
               "the host after the kernel",
     "cumprod": "there is no scan op; run it on the host after the kernel",
+    **dict.fromkeys(("round", "floor", "ceil", "trunc"), "there is no rounding op; op.cast(x, 'int32') truncates "
+                    "toward zero, else round on the host after the kernel"),
     "prod": "there is no product reduction; for positive x, op.exp(op.sum(op.log(x), axis))",
     "einsum": "write it with op.matmul, op.transpose and op.reshape; " + _MATMUL,
     "dot": _MATMUL, "mm": _MATMUL, "bmm": _MATMUL, "tensordot": _MATMUL, "outer": "use x[:, None] * y[None, :]",

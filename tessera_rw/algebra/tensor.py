@@ -19,7 +19,7 @@ from tessera_rw.algebra.node import Node, TensorType
 TORCH_NAMES = {
     "permute": "use x.transpose(*axes) (numpy's name)", "view": "use x.reshape(...)",
     "contiguous": "tensors here have no layout: drop the call", "unsqueeze": "use x[:, None] (None adds an axis)",
-    "squeeze": "use x.reshape(...) or x[0]", "size": "use x.shape", "dim": "use x.ndim",
+    "squeeze": "use op.squeeze(x, axis)", "size": "use x.shape", "dim": "use x.ndim",
     "float": 'use x.astype("float32")', "half": 'use x.astype("float16")', "bfloat16": 'use x.astype("bf16")',
     "to": "use x.astype(dtype)", "type": "use x.astype(dtype)", "numpy": "a traced tensor has no data yet",
     "item": "a traced tensor has no data yet", "masked_fill": "use op.where(mask, value, x)",
@@ -112,6 +112,9 @@ class TensorMethods:
             raise AttributeError(name)
         hint = TORCH_NAMES.get(name) or MISSING_OPS.get(name) or (f"use op.{name}(x)" if hasattr(api, name) else None)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}" + (f"; {hint}" if hint else ""))
+
+    def __round__(self, ndigits=None):
+        raise AttributeError(f"round() of a {type(self).__name__}: " + MISSING_OPS["round"])
 
     def __len__(self) -> int:
         if not self.shape:

@@ -145,6 +145,9 @@ def _clear(cache: TuneCache, args: argparse.Namespace, console: Console) -> int:
     what = f"cache '{cache.name}'" + (f" for {args.arch}" if args.arch else "")
     if not args.yes:
         count = len(cache.records(args.arch))
+        if not count:                # nothing to ask about
+            _say(console, args, {"removed": 0, "name": cache.name, "arch": args.arch}, f"{what} holds no records")
+            return 0
         if not sys.stdin.isatty():   # nobody to ask: deleting must be asked for explicitly
             raise UsageError(f"cache clear would delete {count} records of {what}; add --yes to confirm")
         if console.input(f"delete {count} records of {what}? [y/N] ").strip().lower() not in ("y", "yes"):

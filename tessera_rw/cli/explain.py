@@ -28,7 +28,7 @@ from tessera_rw.explain_report import ExplainReport, explain_report
 from tessera_rw.kernel import Kernel
 from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
-from tessera_rw.report import explain_renderables, report_table
+from tessera_rw.report import Printable, explain_renderables, report_table
 from tessera_rw.tune.plan_tuner import TuneSettings
 
 from tessera_rw.cli.plan_check import run_once
@@ -138,8 +138,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if args.format == "json":
             documents.append(report.model_dump(mode="json", by_alias=True))
         else:
-            for item in explain_renderables(report):
-                console.print(item)
+            printable = Printable(*explain_renderables(report))
+            if console.is_terminal:
+                printable.print_to(console)
+            else:                    # piped: plain lines without rich's padding, to grep and diff
+                console.file.write(printable.text(console.width))
         if args.emit_cuda is not None:
             try:
                 side.print(emitted_table(report.program, args.emit_cuda / kernel.name))

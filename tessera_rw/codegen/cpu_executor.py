@@ -22,6 +22,7 @@ array([0.33333334, 0.33333334, 0.33333334], dtype=float32)
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Mapping
 
 import numpy as np
@@ -141,7 +142,8 @@ def run_plan_on_cpu(plan: KernelPlan, feeds: Mapping[str, np.ndarray],
     as on the GPU: an inf or NaN the inputs lead to is a value, not a numpy warning."""
     memory = HostMemory(plan, feeds)
     recorders = active_recorders()
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # numpy's "Mean of empty slice": NaN is the value
         if recorders:                       # profiled: every step timed by the wall clock
             run = PlanRun(plan, numerics)
             for i, step in enumerate(plan.steps):

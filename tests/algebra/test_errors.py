@@ -313,3 +313,15 @@ def test_the_attributes_checked_still_take_what_numpy_takes():
     assert op.tril(_X, k=np.int64(1)).shape == _X.shape
     assert op.pad(_X, np.array([[0, 0], [0, 0], [1, 2]])).shape == (1, 3, 13)
     assert op.concatenate(x for x in (_X, _X)).shape == (2, 3, 10)
+
+
+@pytest.mark.parametrize("exponent", [-1, np.int64(-3)])
+def test_an_integer_tensor_to_a_negative_constant_power_raises_as_numpy_does(exponent):
+    ints = np.array([1, 2, 3, -1], np.int32)
+    with pytest.raises(DTypeError) as info:
+        op.kernel(lambda x: x ** exponent)(ints)
+    msg = str(info.value)
+    assert msg.startswith("pow:") and "i32[4]" in msg and "op.cast" in msg and "test_errors.py" in msg
+    np.testing.assert_array_equal(op.kernel(lambda x: x ** 2)(ints), ints ** 2)
+    np.testing.assert_allclose(op.kernel(lambda x: op.cast(x, "float32") ** exponent)(ints),
+                               ints.astype(np.float32) ** float(exponent))

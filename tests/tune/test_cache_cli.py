@@ -68,6 +68,11 @@ def test_cli_clear_asks_on_a_terminal(cli, monkeypatch):
     assert cli("clear")[0] == 0 and TuneCache().records() == []
 
 
+def test_cli_clear_of_an_empty_cache_asks_nothing(cli):
+    assert cli("clear")[:2] == (0, "cache 'default' holds no records\n")
+    assert json.loads(cli("clear", "--format", "json")[1]) == {"removed": 0, "name": "default", "arch": None}
+
+
 @pytest.mark.parametrize("argv, says", [
     ([], "required"),
     (["frob"], "invalid choice"),

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from tessera_rw.algebra.api.dispatch import apply, op_context
+import numpy as np
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, type_of
+from tessera_rw.algebra.builder import user_site
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.errors import AttributeValueError
+from tessera_rw.algebra.errors import AttributeValueError, DTypeError
 
 
 def add(a, b): return apply("add", (a, b))
 def subtract(a, b): return apply("sub", (a, b))
 def multiply(a, b): return apply("mul", (a, b))
 def divide(a, b): return apply("div", (a, b))
-def power(a, b): return apply("pow", (a, b))
+def power(a, b):
+    """aᵇ. An integer tensor to a negative integer constant raises, as numpy and torch do: the result
+    is no integer (a tensor exponent follows torch: 1 / aⁿ truncated)."""
+    if isinstance(b, (int, np.integer)) and not isinstance(b, (bool, np.bool_)) and b < 0 \
+            and (t := type_of(a)) is not None and t.dtype.is_integer:
+        raise DTypeError(f"an integer tensor ({t}) to the negative power {b} is not an integer", op="pow",
+                         site=user_site(), hint="cast the base to a float dtype first (op.cast(x, 'float32'))")
+    return apply("pow", (a, b))
 def maximum(a, b): return apply("maximum", (a, b))
 def minimum(a, b): return apply("minimum", (a, b))
 def equal(a, b): return apply("eq", (a, b))

@@ -81,6 +81,12 @@ class RowwiseTemplate(Template):
         spec = row_spec(op)
         return spec.k > 0 and 0 < op.result.numel < MAX_INDEX and all(t.numel < MAX_INDEX for t in op.operands)
 
+    def refusal(self, op: KernelOp) -> str | None:
+        if self.accepts(op) or op.op not in self.ops or row_spec(op).k:
+            return super().refusal(op)
+        return (f"the {self.kind_of(op)} kernel normalizes rows along the trailing axes, not the axes of {op} "
+                "(the plan transposes the rows there and back)")
+
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         if op.op not in ("fused_normalization", "strided_normalization"):
             return ()
