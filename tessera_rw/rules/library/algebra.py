@@ -287,10 +287,10 @@ RULES = (
          when=tuple(f'(!= d "{narrow}")' for narrow in SIXTEEN_BIT_FLOATS),
          example=lambda rng: (lambda x: op.softmax(x, axis=0), {"x": rand(rng, 0, 0)})),
     *(Rule(f"softmax-to-exp-max-sum-{narrow}", f"softmax(x) = exp(x − max x) / Σ exp(x − max x), {narrow} x's "
-           "max and sum in fp32",
+           "max and sum in fp32 (over a middle axis: the row kernel takes a trailing one)",
            lhs=t.softmax(x, axis=ax, of=T),
            rhs=_explicit_softmax(x, ax, stats="float32"),
-           when=(f'(= d "{narrow}")',),
+           when=(f'(= d "{narrow}")', "(!= ax (- (vec-length s) 1))"),
            example=lambda rng, narrow=narrow: (lambda x: op.softmax(x, axis=0),
                                                {"x": rand(rng, 0, 0, dtype=SIXTEEN_BIT_FLOATS[narrow])}))
       for narrow in SIXTEEN_BIT_FLOATS),
