@@ -1,6 +1,7 @@
-"""Ops with an attribute that elementwise chains take in under a name of their own: gelu (exact and
-tanh) and casts between float dtypes. A chain through them is one kernel, computes what numpy does,
-and a 16-bit softmax over a middle axis keeps its max and sum in fp32."""
+"""Ops with an attribute that elementwise chains take in under a name of their own (gelu, exact and
+tanh, and casts between float dtypes) and a selection on a bool mask: a chain through them is one
+kernel and computes what numpy does. A 16-bit softmax over a middle axis keeps its max and sum in
+fp32."""
 
 from __future__ import annotations
 
@@ -81,3 +82,11 @@ def test_a_16_bit_softmax_over_a_middle_axis_keeps_its_statistics_in_fp32(dtype)
     want = (e / e.sum(1, keepdims=True)).astype(dtype).astype(np.float64)
     # within one rounding of the exact softmax: a 16-bit denominator would be off by up to 2^-8
     np.testing.assert_allclose(np.asarray(softmax(x), np.float64), want, rtol=float(ml_dtypes.finfo(dtype).eps), atol=1e-6)
+
+
+def test_a_selection_on_a_mask_the_caller_passes_is_one_kernel():
+    masked = op.kernel(lambda m, x: op.where(m, x * 3.0, 0.0))
+    rng = np.random.default_rng(4)
+    m, x = rng.random((64, 96)) < 0.5, rng.standard_normal((64, 96)).astype(np.float32)
+    assert kernels(masked, m, x) == ["fused_elementwise"]
+    np.testing.assert_array_equal(masked(m, x), np.where(m, x * 3, 0))

@@ -75,6 +75,15 @@ def _selection_rules():
                    example=example)
 
 
+    def given_mask(rng: np.random.Generator):
+        shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
+        return ((lambda m, g: op.where(m, g * 3.0, 0.0) * 1.5),
+                {"m": rng.random(shape) < 0.5, "g": rand(rng, *shape)})
+    yield Rule("fuse-where", "where(m, y, z) = fused_elementwise(m, y, z), m a mask the caller passes",
+               lhs=t.where(x, y, z, of=T), rhs=t.fused_elementwise(x, y, z, expr="where($0,$1,$2)", of=T),
+               when=('(= (dt x) "bool")',), example=given_mask)
+
+
 def _renumber(text: str, mapping: dict[int, str]) -> str:
     """egglog text replacing each `$i` of `text` by mapping[i] (markers `#j` avoid collisions)."""
     for i, replacement in mapping.items():
@@ -146,7 +155,8 @@ def _merge_rules():
 
 
 def _names() -> tuple[str, ...]:
-    names = [f"fuse-{name}" for names in FUSIBLE.values() for name in names] + [f"fuse-where-{c}" for c in COMPARISONS]
+    names = [f"fuse-{name}" for names in FUSIBLE.values() for name in names] + [f"fuse-where-{c}" for c in COMPARISONS] \
+        + ["fuse-where"]
     return tuple(names + [f"fuse-into-input-{k}-of-{n}-from-{m}" for n in range(1, MAX_FUSED_INPUTS + 1)
                           for m in range(1, MAX_FUSED_INPUTS + 2 - n) for k in range(n)])
 
