@@ -150,6 +150,27 @@ def test_a_convolution_whose_epilogue_reads_four_tensors_is_one_kernel_and_compu
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@op.kernel
+def residual_norm_gradient(x, w, r, t):
+    y = op.rmsnorm(x, w) + r
+    return op.where(y > 0, (op.relu(y) - t) * 2.0, 0.0)
+
+
+def test_a_normalization_whose_epilogue_reads_four_tensors_is_one_kernel_and_computes_right():
+    rng = np.random.default_rng(7)
+    x, r, t = (rng.standard_normal((64, 256)).astype(np.float32) for _ in range(3))
+    w = rng.standard_normal(256).astype(np.float32)
+    plan = residual_norm_gradient.program(x, w, r, t).plan
+    assert [s.op for s in plan.steps] == ["fused_normalization"]
+    wide = x.astype(np.float64)
+    y = wide / np.sqrt((wide ** 2).mean(1, keepdims=True) + 1e-6) * w + r
+    want = np.where(y > 0, (np.maximum(y, 0) - t) * 2, 0)
+    feeds = {"x": x, "w": w, "r": r, "t": t}
+    runs = [run_plan_on_cpu(plan, feeds)] + ([run_plan_emulated(plan, feeds)] if emulator.available() else [])
+    for (got,) in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def block_gradient():
     def loss(x, w1, b1, w2, b2, t):
