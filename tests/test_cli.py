@@ -176,6 +176,16 @@ def test_explain_says_how_a_cached_choice_was_made_and_the_peaks_of_the_units_us
     assert "989 bf16" in text and "fp8" not in text                            # the units its kernels run on
 
 
+def test_tune_takes_a_file_of_one_kernel_and_asks_which_of_several(tmp_path, monkeypatch, capsys):
+    from tessera_rw.cli import main
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "examples/resnet_block.py", "--method", "cost_model"]) == 0
+    assert "Best config: " in capsys.readouterr().out
+    assert main(["tune", "examples/rotary_swiglu.py", "--method", "cost_model"]) == 2
+    err = capsys.readouterr().err
+    assert "makes 2 kernels (rotary_embedding, swiglu_mlp)" in err and "examples/rotary_swiglu.py:FUNCTION" in err
+
+
 def test_tune_on_device_without_a_gpu_is_one_clear_line(tmp_path, monkeypatch, capsys):
     from tessera_rw.cli import main
     from tessera_rw.codegen.device import gpu_available

@@ -114,10 +114,11 @@ def _made_in(kernel: Kernel, module: Any) -> bool:
 
 
 def load_target(target: str) -> tuple[Kernel, Any]:
-    """'path.py:func' -> (the function as a Kernel, the module)."""
-    if ":" not in target:
-        raise UsageError(f"target {target!r} must be FILE.py:FUNCTION")
+    """'path.py:func' -> (the function as a Kernel, the module); 'path.py' -> its one @op.kernel."""
     kernels, module = load_targets(target)
+    if len(kernels) > 1:
+        names = ", ".join(k.name for k in kernels)
+        raise UsageError(f"{target} makes {len(kernels)} kernels ({names}): name one as {target}:FUNCTION")
     return kernels[0], module
 
 

@@ -1,4 +1,5 @@
-"""`tessera-rewrite tune FILE.py:FUNCTION`: tune a kernel's program and keep the result in the cache.
+"""`tessera-rewrite tune FILE.py[:FUNCTION]`: tune a kernel's program (the one named, or a file's only
+kernel) and keep the result in the cache.
 
     tessera-rewrite tune examples/attention.py:attention [--input q=4x16x2048x64:bf16 ...]
         [--method auto|on_device|cost_model] [--max-trials 50] [--time-budget 60] [--cache NAME]
@@ -22,7 +23,7 @@ from tessera_rw.tune.progress import describe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="FILE.py:FUNCTION")
+    p.add_argument("target", metavar="FILE.py[:FUNCTION]")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIMS[:DTYPE]",
                    help="a tensor argument, e.g. q=4x16x2048x64:bf16, or one inside a dict or list argument by its "
                         "path, p.w=1024x1024:bf16 (default: the module's example_inputs())")
