@@ -293,6 +293,16 @@ def test_explain_run_and_tune_take_a_function_whose_argument_is_a_dict(tmp_path,
     assert "Best config" in capsys.readouterr().out
 
 
+def test_a_report_names_the_kernel_as_the_module_does(tmp_path, capsys):
+    # `dloss = op.grad(loss)` is the kernel grad_loss: the report says both, so either finds it
+    module = tmp_path / "gradient_mod.py"
+    module.write_text("from tessera_rw import op\n\ndef loss(x, w):\n    return op.sum((x @ w) ** 2)\n\n"
+                      "dloss = op.grad(loss)\n")
+    assert main(["--explain", f"{module}:dloss", "--input", "x=4x3:float32", "--input", "w=3x5:float32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "dloss: the kernel grad_loss" and lines[1] == "grad_loss: input graph"
+
+
 def test_a_file_whose_kernels_are_a_partial_and_a_callable_object_lists_both(tmp_path, capsys):
     module = tmp_path / "wrapped.py"
     module.write_text("import functools\nfrom tessera_rw import op\n"

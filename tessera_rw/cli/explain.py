@@ -138,6 +138,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if args.format == "json":
             documents.append(report.model_dump(mode="json", by_alias=True))
         else:
+            if aliases := [name for name, v in vars(module).items() if v is kernel and name != kernel.name]:
+                console.print(f"{', '.join(aliases)}: the kernel {kernel.name}", markup=False, highlight=False)
             printable = Printable(*explain_renderables(report))
             if console.is_terminal:
                 printable.print_to(console)
