@@ -49,12 +49,21 @@ def _binary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
 # VJPs: g is the result's cotangent, y the result; each cotangent is summed back to its operand's
 # shape. Complex operands take g · conj(∂y/∂operand).
 
+def _scalar_value(t) -> float | None:
+    """The value of a traced scalar constant (an exponent written as a number), else None."""
+    node = getattr(t, "node", None)
+    if node is None or node.op != "constant" or not isinstance(node.attr_map["value"], (int, float)):
+        return None
+    return float(node.attr_map["value"])
+
+
 def _pow_vjp(g, y, a, b):
     if y.dtype.is_complex:
         raise DTypeError("the VJP of pow is declared for real operands only", hint="write x * x for squares")
     # y = aᵇ: ∂y/∂a = b·aᵇ⁻¹, ∂y/∂b = y·log a (only asked for when the exponent is differentiated);
     # a⁰ = 1 whatever a, and 0ᵇ = 0 for every b > 0: both derivatives are 0 there, not 0·∞ (as JAX has them)
-    da = api.where(b == 0, 0.0, g * b * api.power(a, b - 1))       # g · b first: a seed's constants fold
+    below = a if _scalar_value(b) == 2.0 else api.power(a, b - 1)      # a square's: a, not a ** 1.0
+    da = api.where(b == 0, 0.0, g * b * below)       # g · b first: a seed's constants fold
     db = api.where(a == 0, 0.0, g * y * api.log(a))
     return unbroadcast(da, a), unbroadcast(db, b)
 
