@@ -24,9 +24,10 @@ from __future__ import annotations
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.fused_expr import expression_name, parse_expr
+from tessera_rw.algebra.ops.fused_gemm import ACTIVATIONS
 
 _GEMM_ATTRS = ("scale", "has_bias", "accum_dtype", "dtype", "trans_a", "trans_b")
-_FUSED_ACTIVATIONS = {f"{name}($0)": name for name in ("relu", "silu", "gelu", "gelu_tanh")}
 
 
 def keep_preactivations(graph: Graph) -> Graph:
@@ -59,11 +60,12 @@ def _activation(reader: Node, gemm: Node) -> str | None:
     """The gemm activation `reader` applies to `gemm`'s result alone, or None."""
     if reader.args != (gemm,) or reader.type != gemm.type:
         return None
-    if reader.op == "gelu":
-        return "gelu" if reader.attr_map["approximate"] == "none" else "gelu_tanh"
-    if reader.op in ("relu", "silu"):
-        return reader.op
-    return _FUSED_ACTIVATIONS.get(reader.attr_map.get("expr")) if reader.op == "fused_elementwise" else None
+    if reader.op == "fused_elementwise":      # a one-op expression over the product: 'gelu_tanh($0)'
+        tree = parse_expr(reader.attr_map["expr"])
+        name = tree[0] if isinstance(tree, tuple) and tree[1:] == (0,) else None
+    else:                                     # the expression's name of the plain op (gelu_tanh for tanh gelu)
+        name = expression_name(reader.op, reader.attr_map)
+    return name if name in ACTIVATIONS and name != "none" else None
 
 
 def _halves(gemm: Node, activation: str) -> tuple[Node, Node]:
