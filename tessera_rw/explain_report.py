@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from tessera_rw.algebra.errors import TesseraError
 
 from tessera_rw.pipeline import CompiledProgram
-from tessera_rw.report import TEXT_WIDTH
+from tessera_rw.text_console import TEXT_WIDTH
 from tessera_rw.tune.cost import KernelCost
 from tessera_rw.tune.extract import Candidate
 

@@ -49,7 +49,7 @@ from tessera_rw.codegen.step_timing import EMULATOR, HOST, PlanRun, host_clock, 
 from tessera_rw.codegen.templates.base import Schedule
 from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.host_roofline import HostRoofline, host_roofline, saw_host_rate
-from tessera_rw.report import default_console
+from tessera_rw.text_console import default_console
 from tessera_rw.tune.cost import kernel_cost, schedule_cost
 from tessera_rw.tune.extract import fusion_depth
 

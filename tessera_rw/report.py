@@ -9,9 +9,7 @@ generates. A report read back from JSON has no program: it shows what the schema
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 from io import StringIO
 from typing import TYPE_CHECKING, Iterator
 
@@ -28,6 +26,7 @@ from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import refusal, templates
 from tessera_rw.tune.cost import KernelCost
+from tessera_rw.text_console import TEXT_WIDTH
 from tessera_rw.tune.extract import FUSED_OP_DEPTH, FusionDepth
 
 if TYPE_CHECKING:
@@ -50,16 +49,6 @@ def _mb(n: int) -> str:
 
 def _gflop(n: int) -> str:
     return f"{n / 1e9:,.3f}"
-
-
-TEXT_WIDTH = 100          # columns of the text forms
-
-
-def default_console() -> Console:
-    """Where tables print: the terminal at its width; piped (not a terminal, no COLUMNS) at
-    TEXT_WIDTH columns rather than rich's 80, so a kernel's name is not folded in two."""
-    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit()
-    return Console(width=TEXT_WIDTH) if piped else Console()
 
 
 class Listing(Text):

@@ -10,7 +10,7 @@ from typing import Sequence
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.cli import cache, explain, rules, tune
 from tessera_rw.cli.usage import USAGE, Parser, UsageError, one_line
-from tessera_rw.report import default_console
+from tessera_rw.text_console import default_console
 
 SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
 
@@ -42,3 +42,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TesseraError as e:      # what went wrong and what to do (no usage line: the invocation was fine)
         print(f"tessera-rewrite: {one_line(e)}" + (f"\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)
         return 2
+    finally:
+        console.file.flush()      # a line printed with end="" and nothing after it

@@ -29,6 +29,7 @@ from tessera_rw.kernel import Kernel
 from tessera_rw.kernel_sources import emit_cuda
 from tessera_rw.pipeline import CompiledProgram, compile_program
 from tessera_rw.report import Printable, explain_renderables, report_table
+from tessera_rw.text_console import default_console
 from tessera_rw.tune.plan_tuner import TuneSettings
 
 from tessera_rw.cli.plan_check import run_once
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                for kernels, module in [load_targets(target)] for kernel in kernels]
     if args.input and len(targets) > 1:
         raise UsageError("--input names one function's arguments: give a single FILE.py:FUNCTION with it")
-    side = console if args.format == "text" else Console(stderr=True)   # stdout holds only the JSON
+    side = console if args.format == "text" else default_console(stderr=True)   # stdout holds only the JSON
     documents, failed = [], []
     for kernel, module in targets:
         inputs = target_inputs(kernel, module, args.input)
@@ -140,11 +141,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         else:
             if aliases := [name for name, v in vars(module).items() if v is kernel and name != kernel.name]:
                 console.print(f"{', '.join(aliases)}: the kernel {kernel.name}", markup=False, highlight=False)
-            printable = Printable(*explain_renderables(report))
-            if console.is_terminal:
-                printable.print_to(console)
-            else:                    # piped: plain lines without rich's padding, to grep and diff
-                console.file.write(printable.text(console.width))
+            Printable(*explain_renderables(report)).print_to(console)
         if args.emit_cuda is not None:
             try:
                 side.print(emitted_table(report.program, args.emit_cuda / kernel.name))
