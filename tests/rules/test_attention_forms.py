@@ -103,6 +103,18 @@ def upcast_scaled_float32_mask(q, k, v, mask):
     return op.cast(op.softmax(op.cast(q @ k.mT * 0.25, "float32") + mask, axis=-1), "bf16") @ v
 
 
+def float32_mask_on_bf16_scores(q, k, v, mask):    # promoted by the add, cast back as transformers do
+    return op.cast(op.softmax(q @ k.mT * 0.25 + mask, axis=-1), "bf16") @ v
+
+
+def float32_mask_promotes_v(q, k, v, mask):        # probabilities kept float32: V promoted, a float32 result
+    return op.softmax(q @ k.mT * 0.25 + mask, axis=-1) @ v
+
+
+def float32_probabilities(q, k, v):
+    return op.softmax(op.cast(q @ k.mT, "float32") * 0.25, axis=-1) @ v
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -179,6 +191,11 @@ FORMS = {
                             | {"mask": rand(B, 1, 1, S)}),
     "upcast-scaled-float32-mask": (upcast_scaled_float32_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
                                                                 for n in "qkv"} | {"mask": rand(B, 1, 1, S)}),
+    "float32-mask-on-bf16-scores": (float32_mask_on_bf16_scores, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
+                                                                  for n in "qkv"} | {"mask": rand(B, 1, 1, S)}),
+    "float32-mask-promotes-v": (float32_mask_promotes_v, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
+                                                          for n in "qkv"} | {"mask": rand(B, 1, 1, S)}),
+    "float32-probabilities": (float32_probabilities, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
     "unscaled": (unscaled, QKV), "unscaled-additive-mask": (unscaled_additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),
@@ -188,6 +205,17 @@ FORMS = {
 }
 
 
+def _flash_at(view, root: str) -> dict:
+    """The choice of a flash_attention e-node for `root`, or of a float32 result's upcast of one
+    (V promoted by float32 probabilities); empty when the class holds neither."""
+    if flash := [n for n in view.classes[root] if n.op == "flash_attention"]:
+        return {root: flash[-1]}
+    for cast in (n for n in view.classes[root] if n.op == "cast"):
+        if flash := [n for n in view.classes[cast.operands[0]] if n.op == "flash_attention"]:
+            return {root: cast, cast.operands[0]: flash[-1]}
+    return {}
+
+
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_attention_form_reaches_flash_attention(form):
     fn, inputs = FORMS[form]
@@ -195,9 +223,9 @@ def test_attention_form_reaches_flash_attention(form):
     result = rewrite(graph, [ALGEBRA, ATTENTION])
     view = result.view
     root = result.output_classes()[0]
-    flash = [n for n in view.classes[root] if n.op == "flash_attention"]
-    assert flash, f"{form}: root class holds {view.ops_in(root)}; fired {result.report.fired()}"
-    choice = smallest_choice(view) | {root: flash[-1]}
+    fused_root = _flash_at(view, root)
+    assert fused_root, f"{form}: root class holds {view.ops_in(root)}; fired {result.report.fired()}"
+    choice = smallest_choice(view) | fused_root
     fused = Graph(graph.name, graph.inputs, (view.decode(choice, root),)).verify()
     assert fused.op_counts()["flash_attention"] == 1 and "softmax" not in fused.op_counts()
     if form in ("gqa", "mqa"):  # K and V reach the kernel unrepeated

@@ -4,7 +4,8 @@ One fusion rule (with and without a mask) plus the `algebra` ruleset catch the w
 written: the scale on either side of the product or as a division, or none (c = 1: the scale
 folded into Q's projection), the softmax spelled out, where-masks, causal masks from tril,
 pre-transposed or permuted K, 3-d and 4-d batches, fp32 upcasts (a float32 mask added to upcast
-scores included: the kernel adds its mask to float32 scores).
+scores included: the kernel adds its mask to float32 scores; to 16-bit scores too, the add
+promoting them), probabilities kept in float32 (V promoted: the kernel's result upcast).
 A where-mask, softmax(where(m, c · Q Kᵀ, −∞)) V, fuses to the bool mask m: both keep the scores
 where m holds and discard the others, whatever they are (a NaN from a padded key row included; an
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
@@ -22,6 +23,7 @@ scores lie within −fill − 104 of each other.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import ml_dtypes
@@ -97,9 +99,9 @@ def _where_scores(fill: Expr, scaled: bool) -> Expr:
 UPCAST_FORMS = ((None, False), ("where", False), ("add", False), ("add", True))
 
 
-def _upcast_example(masked: str | None, scaled: bool, scale_first: bool):
+def _upcast_example(masked: str | None, scaled: bool, scale_first: bool, cast_back: bool = True):
     """Scores upcast to float32 (before or after the scale), a mask applied (a bool one by where,
-    or a float32 one added), the probabilities cast back."""
+    or a float32 one added), the probabilities cast back (or kept float32, V promoted to them)."""
     def body(q, k, v, m=None):
         product = q @ k.mT * 0.3 if scale_first else q @ k.mT
         scores = op.cast(product, "float32")
@@ -108,7 +110,8 @@ def _upcast_example(masked: str | None, scaled: bool, scale_first: bool):
             scores = op.where(m, scores, -math.inf)
         elif masked == "add":
             scores = scores + m
-        return op.cast(op.softmax(scores, axis=-1), q.dtype) @ v
+        probabilities = op.softmax(scores, axis=-1)
+        return (op.cast(probabilities, q.dtype) if cast_back else probabilities) @ v
 
     def example(rng: np.random.Generator):
         inputs = {name: x.astype(ml_dtypes.bfloat16) for name, x in qkv(rng).items()}
@@ -139,23 +142,33 @@ def _upcast_rules(scaled: bool):
     """softmax(cast(Q Kᵀ, f32) · c [masked]) cast back, then V: the fused kernel's own arithmetic
     (its scores are float32 before the scale, and a float mask is added to them in float32), so it
     fuses as the unconverted form does. A where-mask after c · Q Kᵀ upcast reaches this form by
-    upcast-after-mask; an added float32 mask has a rule of its own."""
-    for masked, scale_first in UPCAST_FORMS:
+    upcast-after-mask, c · Q Kᵀ + M of a float32 M by promote-*-of-add. Probabilities kept float32
+    promote V, and the product is float32: the kernel's result upcast, as precise as the 16-bit
+    scores the program computes first."""
+    for (masked, scale_first), cast_back in itertools.product(UPCAST_FORMS, (True, False)):
         if scale_first and not scaled:
             continue                            # without a scale the two forms are one
         name = ("flash-attention-upcast-" + ("scaled-scores" if scale_first else "scores")
-                + {"where": "-where-masked", "add": "-additive-masked", None: ""}[masked])
+                + {"where": "-where-masked", "add": "-additive-masked", None: ""}[masked]
+                + ("" if cast_back else "-float32-result"))
         shown_mask = {"where": " masked by M", "add": " + M", None: ""}[masked]
         shown_scores = "cast(c · Q Kᵀ, f32)" if scale_first else "cast(Q Kᵀ, f32) · c"
-        probs = t.cast(t.softmax(_upcast_scores(scaled, scale_first, masked), axis=ax), dtype=d, of=(ss, d))
-        yield Rule(_named(name, scaled),
-                   _shown(f"cast(softmax({shown_scores}{shown_mask}), d) V = "
-                          "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")", scaled),
-                   lhs=t.matmul(probs, v, accum_dtype=acc, of=T),
-                   rhs=t.flash_attention(q, K, v, *{"where": (m,), "add": (mask,), None: ()}[masked],
-                                         scale=_scale(scaled), causal=False, has_mask=masked is not None, of=T),
-                   when=SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked == "where" else ()),
-                   example=_upcast_example(masked, scaled, scale_first))
+        probs = t.softmax(_upcast_scores(scaled, scale_first, masked), axis=ax)
+        fused = t.flash_attention(q, K, v, *{"where": (m,), "add": (mask,), None: ()}[masked],
+                                  scale=_scale(scaled), causal=False, has_mask=masked is not None, of=T)
+        when = SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked == "where" else ())
+        shown = "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")"
+        if cast_back:
+            shown = f"cast(softmax({shown_scores}{shown_mask}), d) V = {shown}"
+            lhs, rhs = t.matmul(t.cast(probs, dtype=d, of=(ss, d)), v, accum_dtype=acc, of=T), fused
+        else:
+            shown = f"softmax({shown_scores}{shown_mask}) cast(V, f32) = cast({shown}, f32)"
+            wide = (s, "float32")
+            lhs = t.matmul(probs, t.cast(v, dtype="float32", of=(Expr("sv"), "float32")), accum_dtype=acc, of=wide)
+            rhs = t.cast(fused, dtype="float32", of=wide)
+            when += ("(= sv (shp v))", "(= d (dt v))", '(!= d "float32")')
+        yield Rule(_named(name, scaled), _shown(shown, scaled), lhs=lhs, rhs=rhs, when=when,
+                   example=_upcast_example(masked, scaled, scale_first, cast_back))
 
 
 def _fusion_rules(scaled: bool):
