@@ -142,15 +142,6 @@ def test_a_run_too_large_to_check_says_so_and_how_to_check_it(capsys, monkeypatc
            "shapes to check the plan at them" in line
 
 
-def test_plan_error_reads_nan_and_inf_as_numpy_compares_them():
-    from tessera_rw.cli.plan_check import plan_error
-    assert plan_error(np.array([1.0, np.nan]), np.array([1.0, np.nan])) == 0.0
-    assert plan_error(np.array([np.inf, 2.0]), np.array([np.inf, 2.0])) == 0.0
-    assert plan_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == np.inf
-    assert plan_error(np.array([1.0, 2.2]), np.array([1.0, 2.0])) == pytest.approx(0.1)
-    assert plan_error(np.array([1 - 2j]), np.array([1 + 2j])) == pytest.approx(4 / abs(1 + 2j))   # conjugated
-
-
 def test_tune_prints_the_config_then_a_second_run_comes_from_the_cache(tmp_path, monkeypatch, capsys):
     from tessera_rw.cli import main
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))

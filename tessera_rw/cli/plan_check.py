@@ -1,5 +1,5 @@
 """`--run`: run the chosen plan, on the given arrays or random ones, and check it against the
-unfused graph's reference, at the bound of its dtype.
+unfused graph's reference, at the bound of the least precise type each output is computed through.
 
 >>> plan_error(np.array([1.0, 2.2]), np.array([1.0, 2.0]))
 0.10000000000000009
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import topological_order
+from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import TensorSpec
 from tessera_rw.codegen.kernel_check import tolerance
 from tessera_rw.codegen.numerics import Numerics, current_numerics
@@ -80,11 +81,15 @@ def plan_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.nan_to_num(diff, nan=math.inf).max(initial=0.0)) / scale
 
 
-def _allowed(dtype: DType, fast: bool) -> float:
-    """The plan's bound for an output of `dtype` (integers and bools agree exactly)."""
-    if not (dtype.is_float or dtype.is_complex):
+def _allowed(output: Node, fast: bool) -> float:
+    """The plan's bound for `output`: that of the least precise type it is computed through, as the
+    program's own rounding is (a float32 result of bfloat16 products is as precise as bfloat16);
+    integers and bools agree exactly."""
+    if not (output.dtype.is_float or output.dtype.is_complex):
         return 0.0
-    return PLAN_AGREEMENT * tolerance(dtype, REDUCTION_BOUND, fast=fast)
+    computed = [n.dtype for n in topological_order((output,))
+                if n.op not in ("input", "constant") and (n.dtype.is_float or n.dtype.is_complex)]
+    return PLAN_AGREEMENT * max(tolerance(dtype, REDUCTION_BOUND, fast=fast) for dtype in computed)
 
 
 DEVICE_LABELS = {"gpu": "GPU", "cpu": "CPU (numpy executor)", "emulator": "CPU emulator of its CUDA kernels"}
@@ -108,7 +113,7 @@ def run_once(program: CompiledProgram, inputs: dict[str, Any], console: Console)
         return True
     reference = evaluate(program.graph, arrays)
     fast = current_numerics() is Numerics.FAST
-    checks = [(plan_error(got, want), _allowed(node.dtype, fast))
+    checks = [(plan_error(got, want), _allowed(node, fast))
               for got, want, node in zip(outputs, reference, program.graph.outputs)]
     worst, bound = max(checks, key=lambda c: c[0] / c[1] if c[1] else math.inf * c[0] if c[0] else 0.0)
     ok = worst <= bound
