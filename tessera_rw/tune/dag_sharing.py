@@ -20,6 +20,10 @@ from tessera_rw.tune.chosen_program import ChosenProgram
 VIEW_COST = 1e-6
 DAG_SWEEPS = 3
 REPAIRS = 2           # groups that strand a packed node, repaired per sweep (_paired_switch)
+# Classes that want one new class, beyond which only the pairs among the PAIRED_USERS whose switch
+# alone costs least are tried (a causal mask every layer of a 48-layer model could read: 144
+# classes, 10,296 pairs)
+PAIRED_USERS = 12
 
 
 def share_more(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str],
@@ -128,7 +132,9 @@ def _paired_switch(view: EGraphView, choice: dict[str, ENode], roots: Sequence[s
     behind: dict[str, frozenset[str]] = {}
     tried: set[tuple[str, ...]] = set()
     for users in wanting.values():
-        for switches in _groups(users):
+        paired = users if len(users) <= PAIRED_USERS else \
+            sorted(users, key=lambda u: (program.delta(dict([u]), cost), u[1].id))[:PAIRED_USERS]
+        for switches in _groups(users, paired):
             key = tuple(sorted(e.id for e in switches.values()))
             if key in tried:
                 continue
@@ -251,17 +257,19 @@ def _repaired(view: EGraphView, choice: dict[str, ENode], roots: Sequence[str], 
     return repaired if after < before - 1e-9 else None
 
 
-def _groups(users: list[tuple[str, ENode]]) -> list[dict[str, ENode]]:
-    """The switches to try together among `users` (class, e-node) of one new class: each pair, and
-    where more classes want it, all of them at once (the first e-node per class) and all but each
-    one (a switch may leave another member's class unread: a variance read only by var + eps). A
-    packed result whose views must all move together (a norm's dx with the residual added and its
-    row statistics) pays off only as a group."""
-    found = [dict([a, b]) for a, b in combinations(users, 2) if a[0] != b[0]]
+def _groups(users: list[tuple[str, ENode]], paired: list[tuple[str, ENode]]) -> list[dict[str, ENode]]:
+    """The switches to try together among `users` (class, e-node) of one new class: each pair of
+    `paired` (all of them, or the few most promising of many), and where more classes want it, all
+    of them at once (the first e-node per class) and, of a few, all but each one (a switch may
+    leave another member's class unread: a variance read only by var + eps). A packed result whose
+    views must all move together (a norm's dx with the residual added and its row statistics) pays
+    off only as a group."""
+    found = [dict([a, b]) for a, b in combinations(paired, 2) if a[0] != b[0]]
     every = dict(reversed(users))
     if len(every) > 2:
         found.append(every)
-        found += [{c: e for c, e in every.items() if c != left} for left in every] if len(every) > 3 else []
+        if 3 < len(every) <= PAIRED_USERS:
+            found += [{c: e for c, e in every.items() if c != left} for left in every]
     return found
 
 
