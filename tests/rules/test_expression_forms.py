@@ -1,7 +1,7 @@
 """Ops with an attribute that elementwise chains take in under a name of their own (gelu, exact and
 tanh, and casts between float dtypes) and a selection on a bool mask: a chain through them is one
 kernel and computes what numpy does. A 16-bit softmax over a middle axis keeps its max and sum in
-fp32."""
+fp32. A cast to the dtype a tensor has already saturates.
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from scipy import special
 from tessera_rw import op
 from tessera_rw.algebra.ops.fused_expr import expression_name, expression_op, fused, infer_fused
 from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.node import TensorType
+from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.saturate import rewrite
 
 BF16 = ml_dtypes.bfloat16
 
@@ -90,3 +93,25 @@ def test_a_selection_on_a_mask_the_caller_passes_is_one_kernel():
     m, x = rng.random((64, 96)) < 0.5, rng.standard_normal((64, 96)).astype(np.float32)
     assert kernels(masked, m, x) == ["fused_elementwise"]
     np.testing.assert_array_equal(masked(m, x), np.where(m, x * 3, 0))
+
+
+REDUNDANT_CASTS = {      # .float() on what is float32 already, as model code writes it
+    "an elementwise chain": (lambda x: op.exp(op.cast(x * 2.0, "float32")), (np.float32,)),
+    "a softmax of scores a float32 mask promoted": (
+        lambda s, m: op.softmax(op.cast(s + m, "float32"), axis=-1), (BF16, np.float32)),
+    "a reduction": (lambda x: op.sum(op.cast(op.exp(op.cast(x, "float32")), "float32"), axis=-1), (np.float32,)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(REDUNDANT_CASTS))
+def test_a_cast_to_the_dtype_a_tensor_has_saturates_and_costs_no_kernel(form):
+    fn, dtypes = REDUNDANT_CASTS[form]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((4, 32, 32)).astype(dtype) for dtype in dtypes]
+    kernel = op.kernel(fn)
+    report = rewrite(kernel.trace(*args), BUILTIN_RULESETS).report
+    assert report.stop_reason.value == "saturated", f"{report.stop_reason.value} at {report.enodes} e-nodes"
+    assert len(kernels(kernel, *args)) == 1
+    graph = kernel.trace(*args)
+    want = evaluate(graph, dict(zip(graph.input_names, args)))[0]
+    np.testing.assert_allclose(np.asarray(kernel(*args), np.float64), np.asarray(want, np.float64), rtol=1e-5, atol=1e-6)

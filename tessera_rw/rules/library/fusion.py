@@ -52,9 +52,12 @@ def _lift_rules():
         for name in names:
             expr = f"{name}({','.join(f'${i}' for i in range(arity))})"
             computed, attrs = expression_op(name)        # gelu_tanh: gelu(approximate="tanh")
+            # a cast to x's own dtype is x (cast-to-own-dtype): its class would read itself, and
+            # lifting it would nest cast(cast(…)) in it without end
             yield Rule(f"fuse-{name}", f"{name}(…) = fused_elementwise(…, '{expr}')",
                        lhs=t.term(computed, *xs, **attrs, of=T),
                        rhs=t.fused_elementwise(*xs, expr=expr, of=T),
+                       when=("(!= (dt x0) d)",) if computed == "cast" else (),
                        example=_lift_example(name, arity))
 
 
