@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -40,7 +41,9 @@ def _op_fn(name: str):
 def _lift_example(name: str, arity: int):
     def example(rng: np.random.Generator):
         shape = tuple(int(v) for v in rng.integers(1, 6, size=2))
-        inputs = {n: np.abs(rand(rng, *shape)) + 0.5 for n in "ab"[:arity]}  # in every op's domain
+        # in every op's domain; bf16 for a cast to float32 (one to its own dtype is no cast)
+        dtype = ml_dtypes.bfloat16 if name == "cast_float32" else np.float32
+        inputs = {n: (np.abs(rand(rng, *shape)) + 0.5).astype(dtype) for n in "ab"[:arity]}
         fn = _op_fn(name)
         return ((lambda a, fn=fn: fn(a) * 1.5) if arity == 1 else (lambda a, b, fn=fn: fn(a, b) * 1.5)), inputs
     return example
