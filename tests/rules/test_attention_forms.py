@@ -115,6 +115,25 @@ def float32_probabilities(q, k, v):
     return op.softmax(op.cast(q @ k.mT, "float32") * 0.25, axis=-1) @ v
 
 
+def lifted_causal_where(q, k, v):               # HF's causal_mask[None, None]
+    keep = op.tril(op.ones((S, S), dtype="bool"))[None, None]
+    return op.softmax(op.where(keep, q @ k.mT * 0.25, -math.inf), axis=-1) @ v
+
+
+def lifted_additive_causal(q, k, v):
+    return op.softmax(q @ k.mT * 0.25 + op.triu(op.full((S, S), -math.inf), 1)[None, None, :, :], axis=-1) @ v
+
+
+def nanogpt_buffer(q, k, v):                    # tril(ones(N, N)).view(1, 1, N, N)[:, :, :T, :T] == 0
+    bias = op.reshape(op.tril(op.ones((4 * S, 4 * S))), (1, 1, 4 * S, 4 * S))
+    return op.softmax(op.where(bias[:, :, :S, :S] == 0, -math.inf, q @ k.mT * 0.25), axis=-1) @ v
+
+
+def cast_causal_mask(q, k, v):                  # Meta's LLaMA: triu(full(−∞), 1).type_as(h)
+    mask = op.cast(op.triu(op.full((S, S), -math.inf), 1), "bfloat16")
+    return op.cast(op.softmax(op.cast(q @ k.mT * 0.25 + mask, "float32"), axis=-1), "bfloat16") @ v
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -196,6 +215,9 @@ FORMS = {
     "float32-mask-promotes-v": (float32_mask_promotes_v, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
                                                           for n in "qkv"} | {"mask": rand(B, 1, 1, S)}),
     "float32-probabilities": (float32_probabilities, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
+    "lifted-causal-where": (lifted_causal_where, QKV), "lifted-additive-causal": (lifted_additive_causal, QKV),
+    "nanogpt-buffer": (nanogpt_buffer, QKV),
+    "cast-causal-mask": (cast_causal_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
     "unscaled": (unscaled, QKV), "unscaled-additive-mask": (unscaled_additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),
@@ -238,7 +260,8 @@ def test_attention_form_reaches_flash_attention(form):
 @pytest.mark.parametrize("form", ["causal", "unscaled-causal", *CAUSAL_FILLS, "masked-fill-triu",
                                   "masked-fill-triu-minus-1e9", "masked-fill-tril-eq-zero",
                                   "additive-causal-neg-inf", "additive-causal-minus-1e9",
-                                  "additive-causal-triu-finfo-min"])
+                                  "additive-causal-triu-finfo-min", "lifted-causal-where", "lifted-additive-causal",
+                                  "nanogpt-buffer", "cast-causal-mask"])
 def test_causal_form_becomes_a_causal_flag(form):
     fn, inputs = FORMS[form]
     result = rewrite(op.kernel(fn).trace(**inputs), [ALGEBRA, ATTENTION])

@@ -1,7 +1,7 @@
 """Ops with an attribute that elementwise chains take in under a name of their own (gelu, exact and
 tanh, and casts between float dtypes) and a selection on a bool mask: a chain through them is one
 kernel and computes what numpy does. A 16-bit softmax over a middle axis keeps its max and sum in
-fp32. A cast to the dtype a tensor has already saturates.
+fp32. A cast to the dtype a tensor has already saturates."""
 
 from __future__ import annotations
 

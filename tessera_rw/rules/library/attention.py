@@ -11,11 +11,11 @@ where m holds and discard the others, whatever they are (a NaN from a padded key
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
 the fused node). A where with another fill (finfo.min) stays unfused: as an additive mask it would
 differ exactly there, and as a bool mask a fully masked row would be NaN, not V's average. The
-remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, and a lower-
-triangular bool mask is `causal`. A causal mask filled with any value at or below
-CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write) is filled with −∞: a lower-
-triangular mask keeps every row's first key, and exp(fill − row max) is 0 in float32 whenever some
-score of the row exceeds fill + 104, so the softmax is the same. An additive causal mask,
+remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, a mask given
+leading dims of 1 is the 2-D one, and a lower-triangular bool mask is `causal`. A causal mask
+filled with any value at or below CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write)
+is filled with −∞: a lower-triangular mask keeps every row's first key, and exp(fill − row max)
+is 0 in float32 whenever some score of the row exceeds fill + 104, so the softmax is the same. An additive causal mask,
 where(tril(1), 0, fill) (or triu(full(fill), 1), as transformers build it), is `causal` on the same
 grounds, the masked scores being s + fill: exact for −∞, and for a finite fill whenever a row's
 scores lie within −fill − 104 of each other.
@@ -292,6 +292,33 @@ def _mask_rules():
                        rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
 
 
+def _lifted_mask_rules():
+    """A mask given leading dims of 1 (`mask[None, None]`, `.view(1, 1, T, T)`) is the mask itself:
+    each attention op broadcasts its mask over the batch and heads. The 2-D mask then meets the
+    refinement rules (a causal triangle becomes the `causal` flag)."""
+    rs = Expr("rs")
+    for name, operands in FAMILY.items():
+        term = getattr(t, name)
+        suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
+        for lead in (1, 2):
+            flags = dict(scale=c, causal=Expr("causal"), has_mask=True, of=T)
+            lifted = "(vec-of " + "1 " * lead + "(vec-get ms 0) (vec-get ms 1))"
+            yield Rule(f"mask-of-{lead + 2}-dims-is-2-d{suffix}",
+                       f"{name}(…, reshape(m, (1,)·{lead} + shape(m))) = {name}(…, m)",
+                       lhs=term(*operands, t.reshape(m, shape=rs), **flags),
+                       rhs=term(*operands, m, **flags),
+                       when=("(= ms (shp m))", "(= (vec-length ms) 2)", f"(= rs {lifted})"),
+                       example=lambda rng, lead=lead: _lifted_mask_example(rng, lead))
+
+
+def _lifted_mask_example(rng: np.random.Generator, lead: int):
+    """An attention family whose (sq, sk) mask is given `lead` leading dims of 1."""
+    body, inputs = _attention_family(rng, lambda mask: op.reshape(mask, (1,) * lead + mask.shape))
+    if lead == 1:            # one batch dim: q, k, v and g of rank 3
+        inputs = {n: x[0] if n != "mask" else x for n, x in inputs.items()}
+    return body, inputs | {"mask": inputs["mask"][0, 0]}
+
+
 def _additive_causal_example(rng: np.random.Generator):
     """An attention family masked by a lower-triangular additive mask filled with what models write
     above the diagonal (the random mask gives only its shape)."""
@@ -318,7 +345,7 @@ def _causal_fill_rule() -> Rule:
                 example=_causal_fill_example, assumes=WHERE_FILL_ASSUMED)
 
 
-RULES = RULES + tuple(_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
+RULES = RULES + tuple(_mask_rules()) + tuple(_lifted_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
