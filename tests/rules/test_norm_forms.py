@@ -1,7 +1,9 @@
 """A layer norm or RMS norm written out with means and a square root is the norm's row kernel, with
 a weight and bias after it as its epilogue (in the dtypes the row kernels take: float64 rows run on
-the host as written); over another axis than the last it stays as written."""
+the host as written); over another axis than the last it stays as written. A 16-bit x normalized
+in float32 and cast back before its weight (LLaMA's, T5's RMS norm) is the op of x."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -42,6 +44,39 @@ def test_a_norm_written_out_is_one_row_kernel(spelling):
     assert [s.op for s in k.program(x, w, b).plan.steps] == ["fused_normalization"]
     wide = [a.astype(np.float64) for a in (x, w, b)]
     np.testing.assert_allclose(k(x, w, b), reference(*wide, eps), rtol=1e-4, atol=1e-5)
+
+
+def _hf_llama(x, w):
+    h = op.cast(x, "float32")
+    return w * op.cast(h * op.rsqrt(op.mean(h ** 2, axis=-1, keepdims=True) + 1e-6), x.dtype)
+
+
+def _meta_llama(x, w):
+    h = op.cast(x, "float32")
+    return op.cast(h * op.rsqrt(op.mean(op.power(h, 2), axis=-1, keepdims=True) + 1e-6), x.dtype) * w
+
+
+def _t5(x, w):                         # x times a float32 reciprocal: the product promoted
+    variance = op.mean(op.power(op.cast(x, "float32"), 2), axis=-1, keepdims=True)
+    return w * op.cast(x * op.rsqrt(variance + 1e-6), w.dtype)
+
+
+def _fp32_layernorm(x, w):
+    h = op.cast(x, "float32")
+    c = h - op.mean(h, axis=-1, keepdims=True)
+    return op.cast(c * op.rsqrt(op.mean(c * c, axis=-1, keepdims=True) + 1e-6), x.dtype) * w
+
+
+@pytest.mark.parametrize("fn", [_hf_llama, _meta_llama, _t5, _fp32_layernorm], ids=lambda f: f.__name__[1:])
+def test_a_16_bit_norm_computed_in_float32_and_cast_back_is_one_row_kernel(fn):
+    x = RNG.standard_normal((4, 64)).astype(ml_dtypes.bfloat16)
+    w = RNG.standard_normal(64).astype(ml_dtypes.bfloat16)
+    k = op.kernel(fn)
+    assert [s.op for s in k.program(x, w).plan.steps] in (["rmsnorm"], ["layernorm"])
+    wide = x.astype(np.float64)
+    centered = wide - wide.mean(-1, keepdims=True) if fn is _fp32_layernorm else wide
+    want = centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-6) * w.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(k(x, w), np.float64), want, rtol=2e-2, atol=2e-2)
 
 
 def test_a_norm_written_out_over_another_axis_or_without_a_weight_is_not_taken_for_the_op():

@@ -17,6 +17,7 @@ the norm backward's packed kernels take; matched alone, it led extraction away f
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -76,4 +77,39 @@ def _rules():
                            needs=("pow-two",))
 
 
-RULES = tuple(_rules())
+def _upcast_example(norm: str, weight_first: bool, promoted: bool):
+    """The norm over the last axis of a bf16 x computed in float32 and cast back before the bf16
+    weight: HF's LlamaRMSNorm (w · cast(x̂)), Meta's (cast(x̂) · w), T5's (x itself, not its upcast,
+    times the float32 reciprocal: the product promoted)."""
+    def example(rng: np.random.Generator):
+        def body(x, w):
+            wide = op.cast(x, "float32")
+            scaled = wide - op.mean(wide, axis=-1, keepdims=True) if norm == "layernorm" else wide
+            factor = op.rsqrt(op.mean(scaled * scaled, axis=-1, keepdims=True) + EPS)
+            normed = op.cast((x if promoted else scaled) * factor, x.dtype)
+            return w * normed if weight_first else normed * w
+        shape = tuple(int(n) for n in rng.integers(1, 5, size=int(rng.integers(1, 3)))) + (int(rng.integers(2, 9)),)
+        return body, {"x": rand(rng, *shape, dtype=ml_dtypes.bfloat16), "w": rand(rng, shape[-1], dtype=ml_dtypes.bfloat16)}
+    return example
+
+
+def _upcast_rules():
+    """A 16-bit x normalized in float32, x̂ cast back, then weighted in x's dtype: the norm op of x,
+    whose row kernel keeps its statistics and x̂ in float32 anyway (one rounding, not two)."""
+    narrow, x0 = Expr("dn"), Expr("x0")
+    upcast = ("(= (shp x) s)", '(= (dt x) "float32")', f"(= ax (vec-of {LAST}))", "(>= eps 0.0)",
+              f"(= x {t.cast(x0, dtype='float32', of=(s, 'float32')).text})", "(= (dt x0) dn)", '(!= dn "float32")',
+              "(= (dt w) dn)", f"(= (shp w) (vec-of (vec-get s {LAST})))")
+    for norm in ("layernorm", "rmsnorm"):
+        for weight_first in (False, True):
+            back = t.cast(_written(norm, "rsqrt"), dtype=narrow, of=(s, narrow))
+            shown = f"cast({norm} of cast(x, f32) written out, d)"
+            yield Rule(f"{norm}-in-float32{'-weight-first' if weight_first else ''}",
+                       f"{'w · ' + shown if weight_first else shown + ' · w'} = {norm}(x, w, eps)",
+                       lhs=t.mul(w, back, of=(s, narrow)) if weight_first else t.mul(back, w, of=(s, narrow)),
+                       rhs=t.term(norm, x0, w, axes=ax, eps=eps, has_weight=True, has_bias=False, of=(s, narrow)),
+                       when=upcast, example=_upcast_example(norm, weight_first, promoted=False),
+                       needs=("pow-two",))
+
+
+RULES = tuple(_rules()) + tuple(_upcast_rules())
