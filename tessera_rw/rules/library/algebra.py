@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import kernel_forms, masks, norm_forms, promotions
+from tessera_rw.rules.library import activation_forms, kernel_forms, masks, norm_forms, promotions
 from tessera_rw.rules.library.example_inputs import rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -354,6 +354,7 @@ def _reduced_twice(outer: str, inner: str) -> Rule:
 
 RULES += tuple(_reduced_twice(outer, inner) for outer, inner in (("sum", "sum"), ("mean", "mean"), ("mean", "sum")))
 
-ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES + promotions.RULES,
+ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES + promotions.RULES
+                  + activation_forms.RULES,
                   doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the "
-                      "kernels take, weighted norms and type promotions written out")
+                      "kernels take, weighted norms, GELUs and type promotions written out")
