@@ -141,7 +141,7 @@ def norm_backward_packed(name: str, x, **extra):
 
 def variant_ops(arch) -> list:
     """(op, schedules): GEMMs with more 128 x 256 tiles than `arch` has SMs (a ragged one, a bias
-    gradient, one keeping its pre-activation), each at its first kind of default schedules in another
+    gradient, one keeping its pre-activation, one times a gate), each at its first kind of default schedules in another
     walk and, for TMA ones, in the persistent form under two walks; then attention forwards at their
     producer forms (none where the arch has no TMA)."""
     from dataclasses import replace
@@ -155,6 +155,9 @@ def variant_ops(arch) -> list:
                        TensorType((m + 1, n), BF16), accum_dtype=None, trans_a=False),
            KernelOp.of("gemm_pre_act", (TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)),
                        TensorType((2, m, n), BF16), scale=1.0, activation="gelu", has_bias=True, accum_dtype=None,
+                       dtype=BF16),
+           KernelOp.of("gated_gemm", (TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((m, n), BF16)),
+                       TensorType((m, n), BF16), scale=1.0, activation="none", has_bias=False, accum_dtype=None,
                        dtype=BF16)]
     found = []
     for op in ops:

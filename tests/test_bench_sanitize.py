@@ -45,7 +45,7 @@ def test_the_variants_it_runs_are_persistent_gemms_walking_several_tiles_a_block
     from tessera_rw.codegen.templates.gemm_variants import persistent_grid, tiles_of
     arch = arch_named("h100")
     found = [(op, schedules) for op, schedules in sanitize.variant_ops(arch) if op.op != "flash_attention"]
-    assert {op.op for op, _ in found} == {"matmul", "matmul_bias_grad", "gemm_pre_act"}
+    assert {op.op for op, _ in found} == {"matmul", "matmul_bias_grad", "gemm_pre_act", "gated_gemm"}
     for op, schedules in found:
         persistent = [s for s in schedules if getattr(s, "persistent", False)]
         assert len(persistent) >= 2 and any(s.group for s in schedules if not getattr(s, "persistent", False))

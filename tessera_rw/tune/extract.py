@@ -66,7 +66,7 @@ class FusionDepth(enum.IntEnum):
 
 
 FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "gemm_pre_act": FusionDepth.EPILOGUE,
-                  "matmul_bias_grad": FusionDepth.EPILOGUE,
+                  "gated_gemm": FusionDepth.EPILOGUE, "matmul_bias_grad": FusionDepth.EPILOGUE,
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
                   "fused_conv": FusionDepth.EPILOGUE,
                   "concatenated_elementwise": FusionDepth.EPILOGUE, "strided_normalization": FusionDepth.EPILOGUE,

@@ -142,3 +142,22 @@ def test_a_residual_is_absorbed_on_either_side_and_named_so(spelling):
     xs, ws, bs = (RNG.standard_normal(s) for s in ((2, 3, 16), (16, 8), (8,)))
     resid = RNG.standard_normal((2, 3, 8))
     np.testing.assert_allclose(op.kernel(fn)(resid, xs, ws, bs), fn(resid, xs, ws, bs), rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", ["silu(gate) * up", "up * silu(gate)"])
+def test_a_gated_units_product_takes_its_gate_in_the_epilogue(order):
+    """LLaMA's MLP: silu(x W_gᵀ) · (x W_uᵀ), then W_d: the gate's GEMM applies silu, the up
+    projection's multiplies by the gate, and no elementwise pass is left."""
+    x = RNG.standard_normal((32, 48)).astype(np.float32)
+    w_gate, w_up = (RNG.standard_normal((64, 48)).astype(np.float32) * 0.2 for _ in range(2))
+    w_down = RNG.standard_normal((48, 64)).astype(np.float32) * 0.2
+
+    def mlp(x, w_gate, w_up, w_down):
+        gate, up = op.silu(x @ w_gate.T), x @ w_up.T
+        return ((gate * up) if order.startswith("silu") else (up * gate)) @ w_down.T
+    k = op.kernel(mlp)
+    steps = k.program(x, w_gate, w_up, w_down).plan.steps
+    assert sorted(s.op for s in steps) == ["gated_gemm", "gemm", "gemm"]
+    gate = x.astype(np.float64) @ w_gate.T.astype(np.float64)
+    want = (gate / (1 + np.exp(-gate)) * (x.astype(np.float64) @ w_up.T)) @ w_down.T
+    np.testing.assert_allclose(k(x, w_gate, w_up, w_down), want, rtol=1e-4, atol=1e-4)

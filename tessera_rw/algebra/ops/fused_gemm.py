@@ -13,6 +13,10 @@ gemm_pre_act(a, b, [bias]) = stack(pre, act(pre)), pre = scale · (a @ b) + bias
 and the activation from one epilogue (cuBLASLt's GELU_AUX) instead of the GEMM writing pre and an
 elementwise pass reading it back to write act(pre).
 
+gated_gemm(a, b, [bias], gate) = act(scale · (a @ b) + bias) · gate: a gated unit's product times
+its gate (SwiGLU's up projection times silu of the gate projection, which the gate's own GEMM
+writes), the product never written on its own.
+
 matmul_bias_grad(a, b) = [a; 1ᵀ] @ b, of shape [M+1, N]: rows 0..M-1 are a @ b and row M is
 Σ_k b[k, :]. In a linear layer's backward pass (a = Xᵀ, b = dY) that last row is the bias
 gradient, which the weight-gradient GEMM produces for one more row of A (a virtual row of ones,
@@ -59,11 +63,16 @@ def epilogue_operands(has_bias: bool, activation: str, has_residual: bool) -> tu
 def _infer_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, activation: str,
                 has_bias: bool, has_residual: bool, accum_dtype: DType | None, dtype: DType,
                 trans_a: bool = False, trans_b: bool = False) -> TensorType:
-    a, b = read_as(a, trans_a, "a"), read_as(b, trans_b, "b")
     if activation not in ACTIVATIONS and activation not in DERIVATIVES:
         raise AttributeValueError(f"activation must be one of {sorted(ACTIVATIONS) + sorted(DERIVATIVES)}, "
                                   f"got {activation!r}")
-    names = epilogue_operands(has_bias, activation, has_residual)
+    return _epilogue_type(read_as(a, trans_a, "a"), read_as(b, trans_b, "b"), extra,
+                          epilogue_operands(has_bias, activation, has_residual), accum_dtype, dtype)
+
+
+def _epilogue_type(a: TensorType, b: TensorType, extra: tuple[TensorType, ...], names: tuple[str, ...],
+                   accum_dtype: DType | None, dtype: DType) -> TensorType:
+    """The product's type, each epilogue operand (`names`) checked to broadcast to it."""
     if len(extra) != len(names):
         raise ShapeError(f"expects {len(names)} epilogue operand(s) {list(names)}, got {len(extra)}")
     mm = infer_matmul(a, b, accum_dtype)
@@ -124,6 +133,20 @@ def _gemm_pre_act_flops(out: TensorType, *operands: TensorType, **attrs) -> int:
     return _gemm_flops(TensorType(out.shape[1:], out.dtype), *operands, **attrs)
 
 
+def _infer_gated_gemm(a: TensorType, b: TensorType, *extra: TensorType, scale: float, activation: str,
+                      has_bias: bool, accum_dtype: DType | None, dtype: DType, trans_a: bool = False,
+                      trans_b: bool = False) -> TensorType:
+    if activation not in ACTIVATIONS:
+        raise AttributeValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return _epilogue_type(read_as(a, trans_a, "a"), read_as(b, trans_b, "b"), extra,
+                          ("bias", "gate") if has_bias else ("gate",), accum_dtype, dtype)
+
+
+def _gated_gemm(a: np.ndarray, b: np.ndarray, *extra: np.ndarray, **attrs) -> np.ndarray:
+    *bias, gate = extra
+    return _gemm(a, b, *bias, has_residual=False, **attrs) * gate
+
+
 def _infer_matmul_bias_grad(a: TensorType, b: TensorType, accum_dtype: DType | None,
                             trans_a: bool = False, trans_b: bool = False) -> TensorType:
     if a.ndim != 2 or b.ndim != 2:
@@ -157,6 +180,9 @@ DEFS = (
           _gemm_pre_act_flops, variadic=True, vjp=before_fusion("gemm_pre_act"),
           doc="stack(pre, act(pre)), pre = scale · a @ b + bias: a product writing its pre-activation and "
               "its activation from one epilogue"),
+    OpDef("gated_gemm", ("a", "b", "bias", "gate"), OpKind.MATMUL, _infer_gated_gemm, _gated_gemm, _gemm_flops,
+          variadic=True, vjp=before_fusion("gated_gemm"),
+          doc="act(scale · a @ b + bias) · gate in one kernel: a gated unit's product times its gate"),
     OpDef("matmul_bias_grad", ("a", "b"), OpKind.MATMUL, _infer_matmul_bias_grad, _matmul_bias_grad,
           _matmul_bias_grad_flops, doc="[a; 1ᵀ] @ b: a @ b with the column sums of b as one more row",
           vjp=before_fusion("matmul_bias_grad")),

@@ -1,5 +1,5 @@
-"""GEMM: matmul, gemm (act(scale · a @ b + bias) + residual, cast) and matmul_bias_grad ([a; 1ᵀ] @ b)
-as one kernel per product.
+"""GEMM: matmul, gemm (act(scale · a @ b + bias) + residual, cast), gated_gemm (the same times a gate)
+and matmul_bias_grad ([a; 1ᵀ] @ b) as one kernel per product.
 
 Three code paths. On sm_90, bf16/fp16 operands (any layout) and fp8 ones stored with k contiguous
 run on warpgroup MMAs (gemm_hopper.py: wgmma reading both operands from 128-byte swizzled shared
@@ -100,7 +100,7 @@ class GemmTemplate(Template):
     (predicated, slower loads, same math).
     """
     kind: ClassVar[str] = "gemm"
-    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "gemm_pre_act", "matmul_bias_grad"})
+    ops: ClassVar[frozenset[str]] = frozenset({"matmul", "gemm", "gemm_pre_act", "gated_gemm", "matmul_bias_grad"})
 
     def accepts(self, op: KernelOp) -> bool:
         return op.op in self.ops and self.refusal(op) is None
@@ -123,7 +123,7 @@ class GemmTemplate(Template):
         if at.get("accum_dtype") is not None and DType.parse(at["accum_dtype"]) is not DType.float32:
             return f"the gemm kernel accumulates in f32, not {at['accum_dtype']}"
         if len(op.operands) != 2 + len(epilogue_operands(at.get("has_bias"), at.get("activation", "none"),
-                                                         at.get("has_residual"))):
+                                                         at.get("has_residual") or op.op == "gated_gemm")):
             return f"the gemm kernel's epilogue operands do not match its attributes: {op}"
         p = GemmProblem.of(op)
         if p.out_dtype not in _OUT_DTYPES or any(t.dtype not in _OUT_DTYPES for t in (p.bias, p.aux, p.residual)
@@ -153,7 +153,7 @@ class GemmTemplate(Template):
             and p.bias.numel == op.result.numel
         steps = (("bias_grad", p.bias_grad), ("scale", p.scale != 1.0), ("bias", p.bias is not None and not added),
                  ("pre", p.keep_pre), (p.activation, p.activation != "none"),
-                 ("residual", p.residual is not None or added),
+                 ("gate" if p.gate else "residual", p.residual is not None or added),
                  ("cast", p.out_dtype is not product))
         return tuple(name for name, on in steps if on)
 

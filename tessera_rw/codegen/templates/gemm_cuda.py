@@ -60,8 +60,8 @@ def kernel_name(p: GemmProblem, s: Schedule) -> str:
     changed = [(name, getattr(s, name)) for name, default in quiet.items() if getattr(s, name) != default]
     named = "".join(f"_{name}" if value is True else f"_{name}{value}" for name, value in changed)
     tile = s.tag + "x".join(str(getattr(s, f.name)) for f in fields(s) if f.name not in quiet) + named
-    epi = ("b" if p.bias else "") + ("r" if p.residual else "") + ("bgrad" if p.bias_grad else "") + \
-        ("pre" if p.keep_pre else "")
+    epi = ("b" if p.bias else "") + (("g" if p.gate else "r") if p.residual else "") + \
+        ("bgrad" if p.bias_grad else "") + ("pre" if p.keep_pre else "")
     layout = "" if p.layout == "nn" else "_" + p.layout
     shape = f"{p.nbatch}x{p.m}x{p.n}x{p.k}"
     operands = "tf32" if p.tf32 else p.in_dtype.short
@@ -121,8 +121,8 @@ def common(p: GemmProblem) -> tuple[str, str, str]:
         fns += f"__device__ __forceinline__ float gemm_activate(float v) {{ return {_ACT[p.activation]}; }}\n"
     else:
         steps.append(f"v = {_ACT[p.activation]};")
-    if p.residual is not None:
-        steps.append(f"v += {_LOAD[p.residual.dtype].format('res[gemm_idx_res(z, r, c)]')};")
+    if p.residual is not None:      # added, or a gate multiplied by
+        steps.append(f"v {'*' if p.gate else '+'}= {_LOAD[p.residual.dtype].format('res[gemm_idx_res(z, r, c)]')};")
     epi_params = "".join(f", const {CTYPE[t.dtype]}* __restrict__ {n}" for n, t in operands if t is not None)
     fns += (f"__device__ __forceinline__ float gemm_epilogue(float v, int z, int r, int c{epi_params}) {{\n"
             f"    {' '.join(steps)}\n    return v;\n}}\n")

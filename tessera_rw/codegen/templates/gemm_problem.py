@@ -51,6 +51,7 @@ class GemmProblem:
     trans_a: bool = False       # A stored [K, M]: rows of the stored array run along M
     trans_b: bool = False       # B stored [N, K]
     keep_pre: bool = False      # C holds the pre-activation, then the activation one product further on
+    gate: bool = False          # `residual` is a gate the epilogue multiplies by (gated_gemm), not adds
 
     @staticmethod
     def of(op: KernelOp) -> GemmProblem:
@@ -59,13 +60,15 @@ class GemmProblem:
         a, b = read_as(op.operands[0], trans_a), read_as(op.operands[1], trans_b)
         batch, m, n, k = matmul_dims(a.shape, b.shape)
         activation = at.get("activation", "none")
-        extra = dict(zip(epilogue_operands(at.get("has_bias"), activation, at.get("has_residual")),
+        gate = op.op == "gated_gemm"
+        extra = dict(zip(epilogue_operands(at.get("has_bias"), activation, at.get("has_residual") or gate),
                          op.operands[2:]))
         bias_grad = op.op == "matmul_bias_grad"
         return GemmProblem(batch, a.shape[:-2], b.shape[:-2], m + bias_grad, n, k, a.dtype, op.result.dtype,
                            float(at.get("scale", 1.0)), activation, extra.get("bias"), extra.get("residual"),
                            extra.get("aux"), tf32=a.dtype is DType.float32 and op.numerics is Numerics.FAST,
-                           bias_grad=bias_grad, trans_a=trans_a, trans_b=trans_b, keep_pre=op.op == "gemm_pre_act")
+                           bias_grad=bias_grad, trans_a=trans_a, trans_b=trans_b, keep_pre=op.op == "gemm_pre_act",
+                           gate=gate)
 
     @property
     def a_rows(self) -> int:

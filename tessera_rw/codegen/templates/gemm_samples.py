@@ -1,6 +1,6 @@
 """The GEMM template's samples: the kinds of product its kernels are checked and calibrated on
-(plain and batched matmuls, epilogues, activation derivatives, kept pre-activations, bias gradients, transposed operands,
-ragged rows, tf32 and fp8), each at sizes a GPU check covers."""
+(plain and batched matmuls, epilogues, activation derivatives, kept pre-activations, gated products,
+bias gradients, transposed operands, ragged rows, tf32 and fp8), each at sizes a GPU check covers."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def gemm_samples() -> tuple[KernelOp, ...]:
         ops = (TensorType(a, dtype), TensorType(b, dtype), *(() if bias is None else (TensorType(bias, dtype),)))
         return KernelOp.of("gemm_pre_act", ops, TensorType((2, *batch, m, n), dtype), **(base | attrs))
 
+    def gated(a, b, dtype, gate, **attrs):
+        # the product times a gate of the output's dtype (SwiGLU's up projection times silu of the gate's)
+        batch, m, n, _ = matmul_dims(a, b)
+        base = dict(scale=1.0, activation="none", has_bias=False, accum_dtype=None, dtype=dtype, trans_a=False,
+                    trans_b=False)
+        ops = (TensorType(a, dtype), TensorType(b, dtype), TensorType(gate, dtype))
+        return KernelOp.of("gated_gemm", ops, TensorType((*batch, m, n), dtype), **(base | attrs))
+
     def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
         return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
                            TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
@@ -66,6 +74,9 @@ def gemm_samples() -> tuple[KernelOp, ...]:
         pre_act((2048, 1024), (1024, 4096), bf, "gelu", bias=(4096,)),
         pre_act((500, 777), (777, 301), f32, "relu", bias=(301,)),
         pre_act((4, 256, 512), (512, 384), f16, "silu", scale=0.5),
+        # gated units' up projections, times the gate: an LLaMA MLP's, and on SIMT with an odd N
+        gated((2048, 1024), (1024, 4096), bf, (2048, 4096)),
+        gated((500, 777), (777, 301), f32, (500, 301)),
         # bias gradients: the ones row alone in the last tile row (768 = 6 x 128), in the middle
         # of a ragged tile with element-wise loads, on SIMT, and in tf32; small enough that the
         # GPU check's reference covers every row (kernel_check subsets big products by rows of A)

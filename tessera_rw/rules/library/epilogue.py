@@ -1,6 +1,7 @@
 """The `epilogue` ruleset: a matmul and the elementwise work after it become one gemm.
 
     act(scale · A B + bias) + residual, cast to d  =  gemm(A, B, bias, residual; scale, act, d)
+    act(scale · A B + bias) · gate                 =  gated_gemm(A, B, bias, gate; scale, act, d)
 
 A matmul is a gemm with an empty epilogue; each rule then absorbs the next op, in epilogue order
 (scale before bias, bias before the activation, the residual after it, the cast last). A transposed
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_rw.algebra import api as op
+from tessera_rw.algebra.ops.fused_gemm import DERIVATIVES
 from tessera_rw.rules.library.algebra import const, rand
 from tessera_rw.rules.library.conv_epilogue import CONV_EPILOGUE_RULES
 from tessera_rw.rules.library.fused_reductions import REDUCTION_FUSION_RULES
@@ -75,6 +77,38 @@ def _activation_rules():
 
 
 NEEDS_GEMM = ("matmul-is-gemm",)
+
+
+def _gate_rules():
+    """gemm(A, B[, b]) · g = gated_gemm(A, B[, b], g) (and g · gemm): a gated unit's product times its
+    gate in the product's epilogue. SwiGLU's silu(X W_g) · (X W_u) takes either GEMM as the gate."""
+    g = Expr("g")
+    not_derivative = tuple(f'(!= act "{name}")' for name in DERIVATIVES)
+    for with_bias in (False, True):
+        ops = (bias,) if with_bias else ()
+        for gate_first in (False, True):
+            product = gemm(*ops, has_bias=with_bias, dtype=d, of=T)
+            shown = f"gemm(A, B{', b' if with_bias else ''})"
+            yield Rule(f"gate{'-first' if gate_first else ''}-into-gemm{'-with-bias' if with_bias else ''}",
+                       f"{'g · ' + shown if gate_first else shown + ' · g'} = gated_gemm(A, B, g)",
+                       lhs=t.mul(g, product, of=T) if gate_first else t.mul(product, g, of=T),
+                       rhs=t.gated_gemm(a, b, *ops, g, scale=c0, activation=act, has_bias=with_bias, accum_dtype=acc,
+                                        dtype=d, trans_a=ta, trans_b=tb, of=T),
+                       when=("(= (shp g) s)", "(= (dt g) d)") + not_derivative,
+                       example=_gate_example(with_bias, gate_first),
+                       needs=NEEDS_GEMM + (("bias-into-gemm",) if with_bias else ()))
+
+
+def _gate_example(with_bias: bool, gate_first: bool):
+    def body(x, w, g, bias=None):
+        product = x @ w + bias if with_bias else x @ w
+        return g * product if gate_first else product * g
+
+    def example(rng: np.random.Generator):
+        x, w = _mm(rng)
+        inputs = {"x": x, "w": w, "g": rand(rng, *x.shape[:-1], w.shape[-1])}
+        return body, inputs | ({"bias": rand(rng, w.shape[-1])} if with_bias else {})
+    return example
 
 
 def _cast_rules():
@@ -155,13 +189,14 @@ RULES = (
          example=_example(lambda x, w, bias, res: x @ w + res + bias, with_bias=True, with_residual=True),
          needs=NEEDS_GEMM + ("bias-into-gemm",)),
     *_cast_rules(),
+    *_gate_rules(),
     *transposed_operand_rules(),
     *transposed_product_rules(),
     *k_major_fp8_rules(),
 )
 
 EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES + CONV_EPILOGUE_RULES,
-                   doc="matmul + scale / bias / activation / residual / cast → one gemm; elementwise chains → one "
-                       "node, which a reduction of it absorbs and a convolution takes as its epilogue")
+                   doc="matmul + scale / bias / activation / residual / cast / gate → one gemm; elementwise chains → "
+                       "one node, which a reduction of it absorbs and a convolution takes as its epilogue")
 
 
