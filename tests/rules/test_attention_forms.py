@@ -134,6 +134,13 @@ def cast_causal_mask(q, k, v):                  # Meta's LLaMA: triu(full(−∞
     return op.cast(op.softmax(op.cast(q @ k.mT * 0.25 + mask, "float32"), axis=-1), "bfloat16") @ v
 
 
+def sliding_window_finfo_min(q, k, v):          # HF's Mistral: a window filled with bf16's finfo.min
+    ones = op.ones((S, S), dtype="bool")
+    keep = op.tril(ones) & ~op.tril(ones, -3)
+    scores = op.where(keep, q @ k.mT * 0.25, float(ml_dtypes.finfo(ml_dtypes.bfloat16).min))
+    return op.cast(op.softmax(op.cast(scores, "float32"), axis=-1), "bfloat16") @ v
+
+
 def pretransposed_k(q, kt, v): return op.softmax(q @ kt * 0.25, axis=-1) @ v
 
 
@@ -218,6 +225,8 @@ FORMS = {
     "lifted-causal-where": (lifted_causal_where, QKV), "lifted-additive-causal": (lifted_additive_causal, QKV),
     "nanogpt-buffer": (nanogpt_buffer, QKV),
     "cast-causal-mask": (cast_causal_mask, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16) for n in "qkv"}),
+    "sliding-window-finfo-min": (sliding_window_finfo_min, {n: rand(B, H, S, D, dtype=ml_dtypes.bfloat16)
+                                                            for n in "qkv"}),
     "gqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 2, S, D), "v": rand(B, 2, S, D)}),
     "mqa": (gqa, {"q": rand(B, 4, S, D), "k": rand(B, 1, S, D), "v": rand(B, 1, S, D)}),
     "unscaled": (unscaled, QKV), "unscaled-additive-mask": (unscaled_additive_mask, QKV | {"mask": rand(B, 1, 1, S)}),

@@ -327,25 +327,51 @@ def _additive_causal_example(rng: np.random.Generator):
         rng, lambda mask: op.where(op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool")), 0.0, fill))
 
 
-def _causal_fill_example(rng: np.random.Generator):
-    n = int(rng.integers(1, 9))
-    fill = float(rng.choice([-1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))
-    body = (lambda x: op.softmax(op.where(op.tril(op.ones((x.shape[-2], x.shape[-1]), "bool")), x, fill), axis=-1))
-    return body, {"x": rand(rng, int(rng.integers(1, 4)), n, n)}
+def _fill_example(window: bool, upcast: bool):
+    """A softmax over scores masked by a causal (or sliding-window) triangle filled with what models
+    write, in x's own type or upcast to float32 after the mask (HF's softmax(…, dtype=float32))."""
+    def example(rng: np.random.Generator):
+        n = int(rng.integers(1, 9))
+        fill = float(rng.choice([-1e9, CAUSAL_FILL_LIMIT, float(np.finfo(np.float32).min)]))
+        width = int(rng.integers(1, n + 1))
+
+        def body(x):
+            ones = op.ones((x.shape[-2], x.shape[-1]), "bool")
+            keep = op.tril(ones) & ~op.tril(ones, -width) if window else op.tril(ones)
+            masked = op.where(keep, x, fill)
+            return op.softmax(op.cast(masked, "float32") if upcast else masked, axis=-1)
+        dtype = ml_dtypes.bfloat16 if upcast else np.float32
+        return body, {"x": rand(rng, int(rng.integers(1, 4)), n, n, dtype=dtype)}
+    return example
 
 
-def _causal_fill_rule() -> Rule:
-    tril = t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0)
-    return Rule("causal-fill-is-neg-inf", "softmax(where(tril, x, c)) = softmax(where(tril, x, −∞)) for c ≤ −1e4",
-                lhs=t.softmax(t.where(tril, Expr("x"), const(), of=(ss, sd)), axis=ax, of=T),
-                rhs=t.softmax(t.where(tril, Expr("x"), const(value=float("-inf"), dtype=sd), of=(ss, sd)),
-                              axis=ax, of=T),
-                when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
-                                             f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL),
-                example=_causal_fill_example, assumes=WHERE_FILL_ASSUMED)
+def _fill_rules():
+    """softmax(where(M, x, c)) = softmax(where(M, x, −∞)) for a finite c ≤ CAUSAL_FILL_LIMIT, where M
+    keeps a key in every row: a causal triangle (its first key), or a square sliding window,
+    tril(k1) ∧ ¬tril(k2) with k1 ≥ 0 > k2 (the diagonal); the scores upcast to float32 after the mask
+    or not."""
+    ones = t.full(shape=full_shape, value=True, dtype="bool")
+    window = t.logical_and(t.tril(ones, k=Expr("k1")), t.logical_not(t.tril(ones, k=Expr("k2"))))
+    masks = {"causal": (t.tril(ones, k=0), ()),
+             "window": (window, ("(>= k1 0)", "(< k2 0)", "(= (vec-get fs 0) (vec-get fs 1))"))}
+    for kind, (mask, facts) in masks.items():
+        for upcast in (False, True):
+            def softmax_of(fill: Expr) -> Expr:
+                masked = t.where(mask, Expr("x"), fill, of=(ss, sd))
+                return t.softmax(t.cast(masked, dtype="float32", of=(ss, "float32")) if upcast else masked,
+                                 axis=ax, of=T)
+            shown = "cast(where(M, x, c), f32)" if upcast else "where(M, x, c)"
+            yield Rule(f"{kind}-fill-is-neg-inf{'-upcast' if upcast else ''}",
+                       f"softmax({shown}) = softmax({shown.replace(', c)', ', −∞)')}) for c ≤ −1e4, M {kind}",
+                       lhs=softmax_of(const()), rhs=softmax_of(const(value=float("-inf"), dtype=sd)),
+                       when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
+                                                    f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL) + facts,
+                       example=_fill_example(kind == "window", upcast),
+                       assumes=WHERE_FILL_ASSUMED.replace("causal mask", f"{kind} mask"))
 
 
-RULES = RULES + tuple(_mask_rules()) + tuple(_lifted_mask_rules()) + (_causal_fill_rule(),) + tuple(_gqa_rules()) + attention_unfused.RULES
+RULES = (RULES + tuple(_mask_rules()) + tuple(_lifted_mask_rules()) + tuple(_fill_rules()) + tuple(_gqa_rules())
+         + attention_unfused.RULES)
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 
