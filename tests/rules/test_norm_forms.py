@@ -79,6 +79,17 @@ def test_a_16_bit_norm_computed_in_float32_and_cast_back_is_one_row_kernel(fn):
     np.testing.assert_allclose(np.asarray(k(x, w), np.float64), want, rtol=2e-2, atol=2e-2)
 
 
+def test_a_float32_norm_of_16_bit_tensors_reads_them_as_they_are():
+    """open_clip's LayerNormFp32: layer_norm(x.float(), w.float(), b.float()).type_as(x), one kernel."""
+    x = RNG.standard_normal((4, 64)).astype(ml_dtypes.bfloat16)
+    w, b = (RNG.standard_normal(64).astype(ml_dtypes.bfloat16) for _ in range(2))
+    k = op.kernel(lambda x, w, b: op.cast(op.layernorm(op.cast(x, "float32"), op.cast(w, "float32"),
+                                                       op.cast(b, "float32")), x.dtype))
+    assert [s.op for s in k.program(x, w, b).plan.steps] == ["layernorm"]
+    wide = [a.astype(np.float64) for a in (x, w, b)]
+    np.testing.assert_allclose(np.asarray(k(x, w, b), np.float64), _layernorm(*wide, 1e-5), rtol=2e-2, atol=2e-2)
+
+
 def test_a_norm_written_out_over_another_axis_or_without_a_weight_is_not_taken_for_the_op():
     x, w = RNG.standard_normal((6, 48)).astype(np.float32), RNG.standard_normal(48).astype(np.float32)
     columns = op.kernel(lambda x, w: x * op.rsqrt(op.mean(x * x, axis=0, keepdims=True) + 1e-6) * w)

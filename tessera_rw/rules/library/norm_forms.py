@@ -112,4 +112,39 @@ def _upcast_rules():
                        needs=("pow-two",))
 
 
-RULES = tuple(_rules()) + tuple(_upcast_rules())
+def _norm_op_example(norm: str, weighted: bool, biased: bool):
+    """The norm op of a bf16 x, weight and bias each upcast to float32, its result cast back
+    (open_clip's LayerNormFp32: layer_norm(x.float(), w.float(), b.float()).type_as(x))."""
+    def example(rng: np.random.Generator):
+        def body(x, w=None, b=None):
+            wide = [op.cast(v, "float32") if v is not None else None for v in (x, w, b)]
+            return op.cast(getattr(op, norm)(*wide, eps=EPS), x.dtype)
+        shape = (int(rng.integers(1, 5)), int(rng.integers(2, 9)))
+        inputs = {"x": rand(rng, *shape, dtype=ml_dtypes.bfloat16)}
+        inputs |= {"w": rand(rng, shape[-1], dtype=ml_dtypes.bfloat16)} if weighted else {}
+        inputs |= {"b": rand(rng, shape[-1], dtype=ml_dtypes.bfloat16)} if biased else {}
+        return body, inputs
+    return example
+
+
+def _norm_op_rules():
+    """cast(norm(cast(x, f32), cast(w, f32), cast(b, f32)), d) = norm(x, w, b) for 16-bit x, w, b of
+    dtype d: the row kernel computes in float32 whatever it reads, so the upcasts are no kernels of
+    their own (a float32 norm of 16-bit tensors)."""
+    narrow = Expr("dn")
+    for norm in ("layernorm", "rmsnorm"):
+        for weighted, biased in ((False, False), (True, False), (True, True)):
+            names = ("x", "w", "b")[:1 + weighted + biased]
+            narrow_ops = [Expr(f"{n}0") for n in names]
+            wide = [t.cast(v, dtype="float32", of=(Expr(f"s{n}"), "float32")) for n, v in zip(names, narrow_ops)]
+            flags = dict(axes=ax, eps=eps, has_weight=weighted, has_bias=biased)
+            yield Rule(f"{norm}-of-upcasts{'-weighted' if weighted else ''}{'-biased' if biased else ''}",
+                       f"cast({norm}(cast({', '.join(names)}, f32)), d) = {norm}({', '.join(names)})",
+                       lhs=t.cast(t.term(norm, *wide, **flags, of=(s, "float32")), dtype=narrow, of=(s, narrow)),
+                       rhs=t.term(norm, *narrow_ops, **flags, of=(s, narrow)),
+                       when=tuple(f"(= s{n} (shp {n}0))" for n in names) + tuple(f"(= (dt {n}0) dn)" for n in names)
+                       + ('(!= dn "float32")',),
+                       example=_norm_op_example(norm, weighted, biased))
+
+
+RULES = tuple(_rules()) + tuple(_upcast_rules()) + tuple(_norm_op_rules())
