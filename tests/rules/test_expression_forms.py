@@ -114,4 +114,5 @@ def test_a_cast_to_the_dtype_a_tensor_has_saturates_and_costs_no_kernel(form):
     assert len(kernels(kernel, *args)) == 1
     graph = kernel.trace(*args)
     want = evaluate(graph, dict(zip(graph.input_names, args)))[0]
-    np.testing.assert_allclose(np.asarray(kernel(*args), np.float64), np.asarray(want, np.float64), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(kernel(*args), np.float64), np.asarray(want, np.float64),
+                               rtol=1e-5, atol=1e-6)

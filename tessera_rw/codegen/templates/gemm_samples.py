@@ -12,43 +12,47 @@ from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.gemm_problem import FP8_DTYPES
 
 
+def _mm(a, b, dtype, numerics=Numerics.DEFAULT) -> KernelOp:
+    ta, tb = TensorType(a, dtype), TensorType(b, dtype)
+    batch, m, n, _ = matmul_dims(a, b)
+    return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None, numerics=numerics)
+
+
+def _gemm(a, b, dtype, out, extra=(), trans_a=False, trans_b=False, **attrs) -> KernelOp:
+    # an operand stored transposed is the product's operand with its last two axes swapped back
+    ta, tb = read_as(TensorType(a, dtype), trans_a), read_as(TensorType(b, dtype), trans_b)
+    batch, m, n, _ = matmul_dims(a, b)
+    base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
+                dtype=out, trans_a=trans_a, trans_b=trans_b)
+    return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
+
+
+def _pre_act(a, b, dtype, activation, bias=None, **attrs) -> KernelOp:
+    # the product's pre-activation and its activation, stacked
+    batch, m, n, _ = matmul_dims(a, b)
+    base = dict(scale=1.0, activation=activation, has_bias=bias is not None, accum_dtype=None, dtype=dtype)
+    ops = (TensorType(a, dtype), TensorType(b, dtype), *(() if bias is None else (TensorType(bias, dtype),)))
+    return KernelOp.of("gemm_pre_act", ops, TensorType((2, *batch, m, n), dtype), **(base | attrs))
+
+
+def _gated(a, b, dtype, gate, **attrs) -> KernelOp:
+    # the product times a gate of the output's dtype (SwiGLU's up projection times silu of the gate's)
+    batch, m, n, _ = matmul_dims(a, b)
+    base = dict(scale=1.0, activation="none", has_bias=False, accum_dtype=None, dtype=dtype, trans_a=False,
+                trans_b=False)
+    ops = (TensorType(a, dtype), TensorType(b, dtype), TensorType(gate, dtype))
+    return KernelOp.of("gated_gemm", ops, TensorType((*batch, m, n), dtype), **(base | attrs))
+
+
+def _bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False) -> KernelOp:
+    return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
+                       TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
+
+
 def gemm_samples() -> tuple[KernelOp, ...]:
     bf, f16, f32 = DType.bfloat16, DType.float16, DType.float32
     e4m3, e5m2 = FP8_DTYPES
-
-    def mm(a, b, dtype, numerics=Numerics.DEFAULT):
-        ta, tb = TensorType(a, dtype), TensorType(b, dtype)
-        batch, m, n, _ = matmul_dims(a, b)
-        return KernelOp.of("matmul", (ta, tb), TensorType(batch + (m, n), dtype), accum_dtype=None,
-                           numerics=numerics)
-
-    def gemm(a, b, dtype, out, extra=(), trans_a=False, trans_b=False, **attrs):
-        # an operand stored transposed is the product's operand with its last two axes swapped back
-        ta, tb = read_as(TensorType(a, dtype), trans_a), read_as(TensorType(b, dtype), trans_b)
-        batch, m, n, _ = matmul_dims(a, b)
-        base = dict(scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
-                    dtype=out, trans_a=trans_a, trans_b=trans_b)
-        return KernelOp.of("gemm", (ta, tb, *extra), TensorType(batch + (m, n), out), **(base | attrs))
-
-    def pre_act(a, b, dtype, activation, bias=None, **attrs):
-        # the product's pre-activation and its activation, stacked
-        batch, m, n, _ = matmul_dims(a, b)
-        base = dict(scale=1.0, activation=activation, has_bias=bias is not None, accum_dtype=None, dtype=dtype)
-        ops = (TensorType(a, dtype), TensorType(b, dtype), *(() if bias is None else (TensorType(bias, dtype),)))
-        return KernelOp.of("gemm_pre_act", ops, TensorType((2, *batch, m, n), dtype), **(base | attrs))
-
-    def gated(a, b, dtype, gate, **attrs):
-        # the product times a gate of the output's dtype (SwiGLU's up projection times silu of the gate's)
-        batch, m, n, _ = matmul_dims(a, b)
-        base = dict(scale=1.0, activation="none", has_bias=False, accum_dtype=None, dtype=dtype, trans_a=False,
-                    trans_b=False)
-        ops = (TensorType(a, dtype), TensorType(b, dtype), TensorType(gate, dtype))
-        return KernelOp.of("gated_gemm", ops, TensorType((*batch, m, n), dtype), **(base | attrs))
-
-    def bias_grad(m, k, n, dtype, numerics=Numerics.DEFAULT, trans_a=False):
-        return KernelOp.of("matmul_bias_grad", (read_as(TensorType((m, k), dtype), trans_a), TensorType((k, n), dtype)),
-                           TensorType((m + 1, n), dtype), accum_dtype=None, numerics=numerics, trans_a=trans_a)
-
+    mm, gemm, pre_act, gated, bias_grad = _mm, _gemm, _pre_act, _gated, _bias_grad
     return (
         mm((4096, 4096), (4096, 4096), bf),
         gemm((2048, 1024), (1024, 4096), bf, bf, (TensorType((4096,), bf),), has_bias=True,

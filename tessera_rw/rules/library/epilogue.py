@@ -196,7 +196,7 @@ RULES = (
 )
 
 EPILOGUE = Ruleset("epilogue", RULES + FUSION_RULES + REDUCTION_FUSION_RULES + CONV_EPILOGUE_RULES,
-                   doc="matmul + scale / bias / activation / residual / cast / gate → one gemm; elementwise chains → "
-                       "one node, which a reduction of it absorbs and a convolution takes as its epilogue")
+                   doc="matmul + scale / bias / activation / residual / cast / gate → one gemm; elementwise "
+                       "chains → one node, which a reduction of it absorbs and a convolution takes as its epilogue")
 
 

@@ -15,9 +15,9 @@ condition turns the one into the other, and the negation then folds into the con
 
 so where(triu(ones, 1), −∞, s), where(tril(ones) == 0, −∞, s), where(bias == 0, −∞, s),
 nanoGPT's where(tril(ones(N, N)).view(1, 1, N, N)[:, :, :T, :T] == 0, −∞, s) and
-where(~keep, −∞, s) reach the where(keep, s, −∞) the attention rules fuse. An upcast between the mask and the scores moves out:
-where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f), exact where x's type has a −∞ (every float
-type but float8_e4m3).
+where(~keep, −∞, s) reach the where(keep, s, −∞) the attention rules fuse. An upcast between the
+mask and the scores moves out: where(m, cast(x, f), −∞) = cast(where(m, x, −∞), f), exact where x's
+type has a −∞ (every float type but float8_e4m3).
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ RULES = (
          rhs=t.tril(t.full(shape=Expr("st"), value=Expr("c"), dtype=d, of=T), k=k, of=T),
          when=("(= (vec-length fs) 2)",),
          example=_corner_example(lifted=False)),
-    *(Rule(f"{name}-of-a-lifted-mask", f"reshape(x, (1, 1) + shape(x)) {sign} c = reshape(x {sign} c, (1, 1) + shape(x))",
+    *(Rule(f"{name}-of-a-lifted-mask",
+           f"reshape(x, (1, 1) + shape(x)) {sign} c = reshape(x {sign} c, (1, 1) + shape(x))",
            lhs=t.term(name, t.reshape(x, shape=Expr("rs")), Expr("cst"), of=BOOL),
            rhs=t.reshape(t.term(name, x, Expr("cst"), of=(Expr("sx"), "bool")), shape=Expr("rs"), of=BOOL),
            when=("(= sx (shp x))", "(= (vec-length sx) 2)", "(= (shp cst) (vec-empty))",
@@ -155,11 +156,12 @@ RULES = (
          when=("(= sx (shp x))", "(= (vec-length sx) 2)", "(= rs (vec-of 1 1 (vec-get sx 0) (vec-get sx 1)))",
                "(= (vec-get st 0) 1)", "(= (vec-get st 1) 1)"),
          example=_corner_example(lifted=True)),
-    Rule("cast-of-an-additive-mask", "cast(where(m, 0, −∞), f) = where(m, 0, −∞) in f (a causal mask's .type_as)",
+    Rule("cast-of-an-additive-mask",
+         "cast(where(m, 0, −∞), f) = where(m, 0, −∞) in f (a causal mask's .type_as)",
          lhs=t.cast(t.where(m, t.constant(value=0.0, dtype=dx), t.constant(value=float("-inf"), dtype=dx)), dtype=d,
                     of=T),
-         rhs=t.where(m, t.constant(value=0.0, dtype=d, of=((), d)), t.constant(value=float("-inf"), dtype=d, of=((), d)),
-                     of=T),
+         rhs=t.where(m, t.constant(value=0.0, dtype=d, of=((), d)),
+                     t.constant(value=float("-inf"), dtype=d, of=((), d)), of=T),
          when=tuple(f'(!= d "{t}")' for t in WITHOUT_INFINITY),
          example=lambda rng: _masked(rng, lambda keep, x: x + op.cast(op.where(keep, 0.0, -np.inf), "bfloat16"),
                                      ml_dtypes.bfloat16)),

@@ -89,7 +89,8 @@ def _upcast_example(norm: str, weight_first: bool, promoted: bool):
             normed = op.cast((x if promoted else scaled) * factor, x.dtype)
             return w * normed if weight_first else normed * w
         shape = tuple(int(n) for n in rng.integers(1, 5, size=int(rng.integers(1, 3)))) + (int(rng.integers(2, 9)),)
-        return body, {"x": rand(rng, *shape, dtype=ml_dtypes.bfloat16), "w": rand(rng, shape[-1], dtype=ml_dtypes.bfloat16)}
+        return body, {"x": rand(rng, *shape, dtype=ml_dtypes.bfloat16),
+                      "w": rand(rng, shape[-1], dtype=ml_dtypes.bfloat16)}
     return example
 
 
