@@ -151,6 +151,14 @@ def rotary_in_one_kernel(program: CompiledProgram) -> None:
     assert {"concatenate", "neg", "strided_read"} <= set(program.candidate.kernels[0].fused)
 
 
+def llama_block_as_hf_writes_it(program: CompiledProgram) -> None:
+    ops = step_ops(program)
+    assert ops.count("rmsnorm") == 2 and "gated_gemm" in ops                  # both norms, and the SwiGLU gate
+    (attention,) = [s for s in program.plan.steps if s.op in ATTENTION_STEPS]
+    assert attention.node.attr_map["causal"] is True and attention.node.attr_map.get("has_mask") is not True
+    assert not {"fused_elementwise", "transpose", "broadcast_to", "cast", "triu", "full"} & set(ops), ops
+
+
 def swiglu_reading_the_halves_in_place(program: CompiledProgram) -> None:
     assert step_ops(program) == ["gemm", "strided_elementwise", "gemm"]
 
@@ -169,6 +177,7 @@ EXPECTED = {
     ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_reading_a_transposed_weight,
     ("rotary_swiglu", "rotary_embedding"): rotary_in_one_kernel,
     ("rotary_swiglu", "swiglu_mlp"): swiglu_reading_the_halves_in_place,
+    ("llama_block", "llama_block"): llama_block_as_hf_writes_it,
 }
 
 
