@@ -9,13 +9,14 @@ promoting them), probabilities kept in float32 (V promoted: the kernel's result 
 A where-mask, softmax(where(m, c · Q Kᵀ, −∞)) V, fuses to the bool mask m: both keep the scores
 where m holds and discard the others, whatever they are (a NaN from a padded key row included; an
 additive −∞ mask would turn it into NaN, so where(m, x, −∞) is never rewritten to x + mask outside
-the fused node). A where with another fill (finfo.min) stays unfused: as an additive mask it would
-differ exactly there, and as a bool mask a fully masked row would be NaN, not V's average. The
-remaining rules refine a fused node's mask: an additive −∞ mask is a bool mask, a mask given
-leading dims of 1 is the 2-D one, and a lower-triangular bool mask is `causal`. A causal mask
-filled with any value at or below CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models write)
-is filled with −∞: a lower-triangular mask keeps every row's first key, and exp(fill − row max)
-is 0 in float32 whenever some score of the row exceeds fill + 104, so the softmax is the same. An additive causal mask,
+the fused node). A where with another fill (finfo.min) over any mask but those below stays unfused:
+as an additive mask it would differ exactly there, and as a bool mask a fully masked row would be
+NaN, not V's average. The remaining rules refine a fused node's mask: an additive −∞ mask is a bool
+mask, a mask given leading dims of 1 is the 2-D one, and a lower-triangular bool mask is `causal`. A
+causal mask filled with any value at or below CAUSAL_FILL_LIMIT (−1e9, −1e4, finfo.min: what models
+write) is filled with −∞: a lower-triangular mask keeps every row's first key (a square sliding
+window, tril(k1) ∧ ¬tril(k2), its diagonal), and exp(fill − row max) is 0 in float32 whenever some
+score of the row exceeds fill + 104, so the softmax is the same. An additive causal mask,
 where(tril(1), 0, fill) (or triu(full(fill), 1), as transformers build it), is `causal` on the same
 grounds, the masked scores being s + fill: exact for −∞, and for a finite fill whenever a row's
 scores lie within −fill − 104 of each other.
@@ -365,7 +366,8 @@ def _fill_rules():
                        f"softmax({shown}) = softmax({shown.replace(', c)', ', −∞)')}) for c ≤ −1e4, M {kind}",
                        lhs=softmax_of(const()), rhs=softmax_of(const(value=float("-inf"), dtype=sd)),
                        when=SOFTMAX_ON_LAST_AXIS + ("(= (vec-length fs) 2)", "(= (dt x) sd)",
-                                                    f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL) + facts,
+                                                    f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL,
+                                                    '(!= sd "float8_e4m3")') + facts,     # a type with −∞
                        example=_fill_example(kind == "window", upcast),
                        assumes=WHERE_FILL_ASSUMED.replace("causal mask", f"{kind} mask"))
 
