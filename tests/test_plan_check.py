@@ -27,3 +27,4 @@ def test_a_float32_result_of_bfloat16_products_is_held_to_bfloat16s_bound():
     bf16_result = _allowed(_output(lambda a, b: a @ b, a, a), fast=False)
     assert through_bf16 == bf16_result > 10 * upcast_first         # bf16 inputs widened exactly: float32's
     assert _allowed(_output(lambda a: a > 0, a), fast=False) == 0.0
+    assert _allowed(_output(lambda a: a, a), fast=False) == bf16_result     # an input returned as it is

@@ -87,8 +87,8 @@ def _allowed(output: Node, fast: bool) -> float:
     integers and bools agree exactly."""
     if not (output.dtype.is_float or output.dtype.is_complex):
         return 0.0
-    computed = [n.dtype for n in topological_order((output,))
-                if n.op not in ("input", "constant") and (n.dtype.is_float or n.dtype.is_complex)]
+    computed = {output.dtype} | {n.dtype for n in topological_order((output,))      # an input returned as is
+                                 if n.op not in ("input", "constant") and (n.dtype.is_float or n.dtype.is_complex)}
     return PLAN_AGREEMENT * max(tolerance(dtype, REDUCTION_BOUND, fast=fast) for dtype in computed)
 
 
