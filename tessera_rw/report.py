@@ -26,7 +26,7 @@ from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.registry import refusal, templates
 from tessera_rw.tune.cost import KernelCost
-from tessera_rw.text_console import TEXT_WIDTH
+from tessera_rw.text_console import TEXT_WIDTH, TrimmedLines
 from tessera_rw.tune.extract import FUSED_OP_DEPTH, FusionDepth
 
 if TYPE_CHECKING:
@@ -61,9 +61,11 @@ class Printable(Group):
     def text(self, width: int = TEXT_WIDTH) -> str:
         """Tables at `width` columns, listings (graphs, plans) one line per line however long, no
         trailing spaces: text to read, grep and copy."""
-        console = Console(file=StringIO(), width=width, color_system=None, force_terminal=False)
+        text = StringIO()
+        console = Console(file=TrimmedLines(text), width=width, color_system=None, force_terminal=False)
         self.print_to(console)
-        return "".join(line.rstrip() + "\n" for line in console.file.getvalue().splitlines())
+        console.file.flush()
+        return text.getvalue()
 
     def print_to(self, console: Console) -> None:
         """Print to `console`, each Listing's lines whole: a wrapped graph line splits its comment."""
