@@ -12,7 +12,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.rules.library import activation_forms, kernel_forms, masks, norm_forms, promotions
-from tessera_rw.rules.library.example_inputs import rand
+from tessera_rw.rules.library.example_inputs import SIXTEEN_BIT_FLOATS, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
 from tessera_rw.rules.tables import rank, swapped_last, with_dim
@@ -155,8 +155,6 @@ def _power_rules():
                when=("(= (shp x) s)", "(= (dt x) d)"),
                example=lambda rng: ((lambda x: x ** 2.0 + 1.0), {"x": rand(rng, 0, 0)}))
 
-
-SIXTEEN_BIT_FLOATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}    # egglog's name -> numpy's
 
 RULES = (
     *_power_rules(),

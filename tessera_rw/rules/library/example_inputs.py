@@ -3,7 +3,10 @@ rewriting."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+
+SIXTEEN_BIT_FLOATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}    # egglog's name -> numpy's
 
 
 def rand(rng: np.random.Generator, *shape: int, dtype=np.float32) -> np.ndarray:

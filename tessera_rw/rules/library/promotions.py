@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import operator
 
-import ml_dtypes
 import numpy as np
 
-from tessera_rw.rules.library.example_inputs import rand
+from tessera_rw.rules.library.example_inputs import SIXTEEN_BIT_FLOATS, rand
 from tessera_rw.rules.pattern import TermBuilder
 from tessera_rw.rules.rule import Rule
 
 t = TermBuilder()
 x, y, s, sx = t.vars("x y s sx")
 WIDE = (s, "float32")
-SIXTEEN_BIT = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
 ARITHMETIC = {"add": ("+", operator.add), "sub": ("−", operator.sub), "mul": ("·", operator.mul)}
@@ -54,8 +52,8 @@ def _promotion(name: str, narrow: str, narrow_first: bool) -> Rule:
                 f"{shown} (x {narrow}, y float32)",
                 lhs=t.term(name, *operands, of=WIDE), rhs=t.term(name, *rewritten, of=WIDE),
                 when=("(= sx (shp x))", f'(= (dt x) "{narrow}")', '(= (dt y) "float32")'),
-                example=_example(name, SIXTEEN_BIT[narrow], narrow_first))
+                example=_example(name, SIXTEEN_BIT_FLOATS[narrow], narrow_first))
 
 
-RULES = tuple(_promotion(name, narrow, first) for name in ARITHMETIC for narrow in SIXTEEN_BIT
+RULES = tuple(_promotion(name, narrow, first) for name in ARITHMETIC for narrow in SIXTEEN_BIT_FLOATS
               for first in (True, False))
