@@ -40,6 +40,7 @@ from bench.gpu_results import (Result, error_line, gpu_machine, machine_lines, p
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.attention import causal_pairs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.tune.device_measure import COMPILE_WORKERS
 
@@ -139,12 +140,21 @@ def fp8_gemm_row(n: int) -> Row:
                lambda x, w: x.double() @ w.double().t(), 2 * n ** 3, 2 * n * n + n * n * 2)
 
 
-def attention_reference(q, k, v, causal: bool):
+def kept_band(s_len: int, window: int, device):
+    """The bool mask a causal attention of a sliding window of `window` keys keeps, as torch code builds it."""
+    import torch
+    ones = torch.ones(s_len, s_len, dtype=torch.bool, device=device)
+    return ones.tril() & ~ones.tril(-window)
+
+
+def attention_reference(q, k, v, causal: bool, window: int = 0):
     """softmax(q kᵀ / sqrt(d)) v in float64, one batch item at a time (the scores of all would not fit)."""
     import torch
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     s_len = q.shape[-2]
     hidden = torch.ones(s_len, s_len, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    if window:
+        hidden = ~kept_band(s_len, window, q.device)
     for b in range(q.shape[0]):
         s = (q[b].double() @ k[b].double().transpose(-1, -2)) * q.shape[-1] ** -0.5
         if hidden is not None:
@@ -153,15 +163,22 @@ def attention_reference(q, k, v, causal: bool):
     return out
 
 
-def attention_row(b: int, h: int, s: int, d: int, causal: bool) -> Row:
+def attention_row(b: int, h: int, s: int, d: int, causal: bool, window: int = 0) -> Row:
+    """Ours against SDPA; under a sliding window SDPA takes the band as a bool mask, as a model
+    without a windowed kernel hands it over."""
     q = TensorType((b, h, s, d), BF16)
-    op = op_of("flash_attention", q, q, q, scale=d ** -0.5, causal=causal, has_mask=False)
-    return Row(f"flash_attention fwd bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''} vs SDPA", op,
-               lambda: tuple(_randn(b, h, s, d) for _ in range(3)),
-               lambda q, k, v: _functional().scaled_dot_product_attention(q, k, v, is_causal=causal),
-               lambda q, k, v: attention_reference(q, k, v, causal),
-               # the usual count: two products of 2·S·S·D per head, half of them under a causal mask
-               4 * b * h * s * s * d * (0.5 if causal else 1.0), 4 * b * h * s * d * 2)
+    op = op_of("flash_attention", q, q, q, scale=d ** -0.5, causal=causal, has_mask=False, window=window)
+
+    def sdpa(q, k, v):
+        if window:
+            return _functional().scaled_dot_product_attention(q, k, v, attn_mask=kept_band(s, window, q.device))
+        return _functional().scaled_dot_product_attention(q, k, v, is_causal=causal)
+    shown = (" causal" if causal else "") + (f" window={window}" if window else "")
+    return Row(f"flash_attention fwd bf16 B={b} H={h} S={s} D={d}{shown} vs SDPA", op,
+               lambda: tuple(_randn(b, h, s, d) for _ in range(3)), sdpa,
+               lambda q, k, v: attention_reference(q, k, v, causal, window),
+               # the usual count: two products of 2·S·S·D per head over the (query, key) pairs kept
+               4 * b * h * d * (causal_pairs(s, s, window) if causal else s * s), 4 * b * h * s * d * 2)
 
 
 def softmax_row(n: int) -> Row:
@@ -193,6 +210,7 @@ def epilogue_row(m: int, n: int, k: int) -> Row:
 def rows(quick: bool) -> list[Row]:
     found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)]) + [fp8_gemm_row(4096)]
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
+    found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), epilogue_row(4096, 4096, 4096)]
 
 

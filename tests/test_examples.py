@@ -159,6 +159,13 @@ def llama_block_as_hf_writes_it(program: CompiledProgram) -> None:
     assert not {"fused_elementwise", "transpose", "broadcast_to", "cast", "triu", "full"} & set(ops), ops
 
 
+def windowed_flash_attention(program: CompiledProgram) -> None:
+    """One kernel, the band read as a window of seq/4 keys: no mask built, none read."""
+    assert step_ops(program) == ["flash_attention"], step_ops(program)
+    attrs = program.plan.steps[0].node.attr_map
+    assert attrs["causal"] is True and attrs["window"] == 2048 // 4 and attrs["has_mask"] is False
+
+
 def swiglu_reading_the_halves_in_place(program: CompiledProgram) -> None:
     assert step_ops(program) == ["gemm", "strided_elementwise", "gemm"]
 
@@ -166,6 +173,7 @@ def swiglu_reading_the_halves_in_place(program: CompiledProgram) -> None:
 EXPECTED = {
     ("attention", "attention"): flash_attention_fused,
     ("attention", "causal_attention"): causal_flash_attention,
+    ("attention", "sliding_window_attention"): windowed_flash_attention,
     ("attention_backward", "attention_grads"): fused_attention_backward,
     ("transformer_block", "transformer_block"): transformer_block_fused,
     ("hyena_conv", "hyena_block"): spectral_convolution,
@@ -209,7 +217,7 @@ def test_main_fails_when_a_kernel_disagrees_with_numpy(monkeypatch, capsys):
     module = example("attention")
     reference = module.attention_reference
     monkeypatch.setattr(module, "attention_reference",
-                        lambda q, k, v, causal=False: reference(q, k, v, causal) * 1.01)
+                        lambda q, k, v, causal=False, window=None: reference(q, k, v, causal, window) * 1.01)
     assert module.main() == 1
     assert "FAILED" in capsys.readouterr().out
 

@@ -22,6 +22,7 @@ INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "matmul": 
          "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
          "logical_and": "&", "logical_or": "|"}
 _HIDDEN_ATTRS = {"has_weight", "has_bias", "has_mask"}
+_SHOWN_UNLESS = {"window": 0}         # attributes shown only where they differ from this value
 
 
 def _constant_text(node: Node) -> str:
@@ -51,7 +52,8 @@ def print_graph(graph: Graph) -> str:
             expr = f"~{args[0]}"
         else:
             shown = [f"{k}={v}" if isinstance(v, DType) else f"{k}={v!r}"
-                     for k, v in node.attrs if k not in _HIDDEN_ATTRS and v is not None]
+                     for k, v in node.attrs
+                     if k not in _HIDDEN_ATTRS and v is not None and (k not in _SHOWN_UNLESS or v != _SHOWN_UNLESS[k])]
             expr = f"{node.op}({', '.join(args + shown)})"
         stmt = f"    {names[node]} = {expr}"
         lines.append(f"{stmt:<48} # {node.type}")

@@ -18,11 +18,14 @@ from tessera_rw.codegen.templates.attention_problem import output_type
 
 def query_rows_mask(attrs: dict, mask: np.ndarray | None, keys: int, rows: np.ndarray) -> np.ndarray | None:
     """The mask of an attention's query `rows` (`mask`: the op's, at those rows where it has rows),
-    causality spelled out as one, as the rows no longer start at 0; `attrs` updated to match."""
+    causality (and its window) spelled out as one, as the rows no longer start at 0; `attrs` updated
+    to match."""
     if attrs["causal"]:
         keep = np.arange(keys)[None, :] <= rows[:, None]
+        if attrs.get("window"):
+            keep &= np.arange(keys)[None, :] > rows[:, None] - attrs["window"]
         mask = keep if mask is None else (mask & keep if mask.dtype == bool else mask + np.where(keep, 0.0, -np.inf))
-    attrs.update(causal=False, has_mask=mask is not None)
+    attrs.update(causal=False, has_mask=mask is not None, **({"window": 0} if "window" in attrs else {}))
     return mask
 
 

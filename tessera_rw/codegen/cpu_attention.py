@@ -27,11 +27,11 @@ BLOCK_K = 128
 
 
 def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
-                              causal: bool = False, has_mask: bool = False,
+                              causal: bool = False, has_mask: bool = False, window: int = 0,
                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
-    """softmax(scale·q kᵀ [+ mask], causal) v over (..., S, D) arrays, in float64 arithmetic for
-    float64 inputs and float32 for every narrower float (the accumulation a GPU kernel does)."""
-    return _blockwise(q, k, v, mask, scale, causal, block_q, block_k)[0]
+    """softmax(scale·q kᵀ [+ mask], causal [window]) v over (..., S, D) arrays, in float64 arithmetic
+    for float64 inputs and float32 for every narrower float (the accumulation a GPU kernel does)."""
+    return _blockwise(q, k, v, mask, scale, causal, block_q, block_k, window)[0]
 
 
 def flash_attention_lse_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
@@ -46,7 +46,7 @@ def flash_attention_lse_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *
 
 
 def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: tuple[np.ndarray, ...], scale: float,
-               causal: bool, block_q: int, block_k: int) -> tuple[np.ndarray, np.ndarray]:
+               causal: bool, block_q: int, block_k: int, window: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(output, logsumexp of each row's scores), query block by query block."""
     ct = np.float64 if np.result_type(q, k, v) == np.float64 else np.float32
     q, k, v = (np.asarray(a, ct) for a in (q, k, v))
@@ -65,7 +65,7 @@ def _blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: tuple[np.ndarr
         for q0 in range(0, sq, block_q):
             q1 = min(q0 + block_q, sq)
             out[..., q0:q1, :], lse[..., q0:q1] = _query_block(q[..., q0:q1, :], k, v, m_full, q0, scale, causal,
-                                                               block_k)
+                                                               block_k, window)
     return out, lse
 
 
@@ -74,13 +74,20 @@ def key_end(q0: int, rows: int, sk: int, causal: bool) -> int:
     return min(sk, q0 + rows) if causal else sk
 
 
+def key_start(q0: int, block_k: int, window: int) -> int:
+    """The first key block a query block starting at row q0 meets: under a window of W, the one
+    holding key q0 − W + 1 (the keys before it are behind every row's window)."""
+    return max(0, q0 - window + 1) // block_k * block_k if window else 0
+
+
 def tile_scores(qb: np.ndarray, k: np.ndarray, mask: np.ndarray | None, q0: int, k0: int, k1: int,
-                scale: np.floating, causal: bool) -> np.ndarray:
+                scale: np.floating, causal: bool, window: int = 0) -> np.ndarray:
     """scale · Q_b K[k0:k1]ᵀ for the query block starting at row q0, with the mask and causal
-    bounds applied (−∞ where not kept)."""
+    (and window) bounds applied (−∞ where not kept)."""
     rows = qb.shape[-2]
     s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
-    keep = np.arange(q0, q0 + rows)[:, None] >= np.arange(k0, k1)[None, :] if causal else None
+    row, col = np.arange(q0, q0 + rows)[:, None], np.arange(k0, k1)[None, :]
+    keep = ((row >= col) & (col > row - window) if window else row >= col) if causal else None
     if mask is not None:
         tile = mask[..., q0:q0 + rows, k0:k1]
         if tile.dtype == np.bool_:
@@ -91,7 +98,7 @@ def tile_scores(qb: np.ndarray, k: np.ndarray, mask: np.ndarray | None, q0: int,
 
 
 def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, q0: int,
-                 scale: np.floating, causal: bool, block_k: int) -> np.ndarray:
+                 scale: np.floating, causal: bool, block_k: int, window: int = 0) -> np.ndarray:
     rows, ct = qb.shape[-2], qb.dtype.type
     m = np.full(qb.shape[:-1], -np.inf, ct)
     l = np.zeros(qb.shape[:-1], ct)
@@ -99,9 +106,9 @@ def _query_block(qb: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     sk = k.shape[-2]
     if sk == 0:
         return acc, m                    # no keys: P is empty and P V zeros (a masked row is NaN)
-    for k0 in range(0, key_end(q0, rows, sk, causal), block_k):
+    for k0 in range(key_start(q0, block_k, window), key_end(q0, rows, sk, causal), block_k):
         k1 = min(k0 + block_k, sk)
-        s = tile_scores(qb, k, mask, q0, k0, k1, scale, causal)
+        s = tile_scores(qb, k, mask, q0, k0, k1, scale, causal, window)
         m_new = np.maximum(m, s.max(axis=-1))
         m_safe = np.where(np.isneginf(m_new), ct(0), m_new)   # a row masked so far adds nothing
         p = np.exp(s - m_safe[..., None])

@@ -49,7 +49,7 @@ def _flash_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
 def _strided_attention(node: Node, args: list[np.ndarray]) -> np.ndarray:
     a = node.attr_map
     o = flash_attention_blockwise(*viewed(args, a["shapes"], a["strides"], a["offsets"]), scale=a["scale"],
-                                  causal=a["causal"], has_mask=a["has_mask"])
+                                  causal=a["causal"], has_mask=a["has_mask"], window=a.get("window", 0))
     return written_through(o, a["shape"], a["out_strides"])
 
 

@@ -198,4 +198,4 @@ def _strided(attention: Node, reads: list[StridedView], new: dict[Node, Node], w
     a = attention.attr_map
     write = write or dict(shape=attention.shape, out_strides=contiguous_strides(attention.shape))
     return make("strided_attention", *args, scale=a["scale"], causal=a["causal"], has_mask=a["has_mask"],
-                **write, **views)
+                window=a.get("window", 0), **write, **views)

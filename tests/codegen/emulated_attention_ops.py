@@ -20,10 +20,16 @@ from tests.codegen.ragged_ops import of
 BF16, F16, BOOL = DType.bfloat16, DType.float16, DType.bool
 
 
-def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=()) -> KernelOp:
+def attention(b, hq, hkv, s, d, dtype, causal=False, mask=None, mask_batch=(), window=0) -> KernelOp:
     q, kv = TensorType((b, hq, s, d), dtype), TensorType((b, hkv, s, d), dtype)
     extra = (TensorType(mask_batch + (s, s), mask),) if mask else ()
-    return of("flash_attention", q, kv, kv, *extra, scale=d ** -0.5, causal=causal, has_mask=mask is not None)
+    return of("flash_attention", q, kv, kv, *extra, scale=d ** -0.5, causal=causal, has_mask=mask is not None,
+              window=window)
+
+
+def windowed(op: KernelOp, window: int) -> KernelOp:
+    """A causal attention `op` (dense or strided) narrowed to a sliding window of `window` keys."""
+    return of(op.op, *op.operands, **(dict(op.attr_map) | {"window": window}))
 
 
 
@@ -64,6 +70,14 @@ def _attention_ops() -> dict[str, KernelOp]:
         "attention GQA 4/2 heads S=100 D=32 bf16": attention(1, 4, 2, 100, 32, BF16),
         "attention S=150 D=256 causal bf16": attention(1, 2, 2, 150, 256, BF16, causal=True),
         "attention S=40 D=256 bool mask f16": attention(1, 2, 2, 40, 256, F16, mask=BOOL),
+        # sliding windows: the walk starts at the first key block a query block's band meets
+        "attention S=300 D=64 window 100 bf16": attention(1, 2, 2, 300, 64, BF16, causal=True, window=100),
+        "attention S=200 D=128 window 1 f16": attention(1, 1, 1, 200, 128, F16, causal=True, window=1),
+        "attention S=170 D=64 window 70 bool mask f16": attention(1, 2, 2, 170, 64, F16, causal=True, mask=BOOL,
+                                                                  window=70),
+        "attention S=260 D=256 window 90 bf16": attention(1, 2, 2, 260, 256, BF16, causal=True, window=90),
+        "attention packed qkv S=200 D=128 window 64 bf16": windowed(
+            packed_qkv_attention(1, 2, 200, 128, BF16, causal=True), 64),
     }
     # q, k and v read where a fused projection wrote them, O written with the heads side by side
     ops |= {

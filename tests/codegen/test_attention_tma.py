@@ -55,6 +55,7 @@ def test_the_emulated_ops_cover_what_the_producer_kernel_takes():
     assert {op.operands[0].shape[-1] for op in EMULATED.values()} == {64, 128, 256}
     ops = EMULATED.values()
     assert any(o.attr_map.get("causal") for o in ops) and any(o.attr_map.get("has_mask") for o in ops)
+    assert any(o.attr_map.get("window") for o in ops), "a sliding window: the walk starts past key 0"
     assert any(o.op == "flash_attention_lse" for o in ops)
     assert any(o.operands[0].shape[1] != o.operands[1].shape[1] for o in ops), "GQA"
 

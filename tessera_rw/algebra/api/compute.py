@@ -141,14 +141,15 @@ def irfft(x, n=None, axis=-1, norm=None):
 fft.fft, fft.ifft, fft.rfft, fft.irfft = fft, ifft, rfft, irfft
 
 
-def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
+def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False, window: int | None = None):
     """softmax(scale · q kᵀ [+ mask]) v without the score matrix in memory.
 
     scale defaults to 1/sqrt(head_dim); a bool mask keeps where True, a float mask is added;
     causal keeps the lower triangle aligned top-left, query i seeing keys 0..i (SDPA's is_causal):
     with fewer queries than keys (decoding against a KV cache), give the bottom-right alignment as
-    a mask instead, op.tril(op.ones((sq, sk), "bool"), k=sk - sq). K/V may have fewer heads than Q
-    on axis -3 (GQA).
+    a mask instead, op.tril(op.ones((sq, sk), "bool"), k=sk - sq). window=W (with causal) is
+    sliding-window attention: query i sees keys i − W + 1 … i, and key blocks outside the band are
+    never loaded. K/V may have fewer heads than Q on axis -3 (GQA).
     """
     operands = (q, k, v) if mask is None else (q, k, v, mask)
     with op_context("flash_attention", operands, ("q", "k", "v", "mask")):
@@ -157,4 +158,7 @@ def flash_attention(q, k, v, scale=None, mask=None, causal: bool = False):
         if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
             raise AttributeValueError(f"scale must be a finite number, got {scale!r}")
         causal = flag("causal", causal)
-    return apply("flash_attention", operands, scale=float(scale), causal=causal, has_mask=mask is not None)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
+            raise AttributeValueError(f"window must be an int >= 1 (the keys each query sees), got {window!r}")
+    return apply("flash_attention", operands, scale=float(scale), causal=causal, has_mask=mask is not None,
+                 window=int(window or 0))

@@ -3,7 +3,8 @@
 q (..., Sq, D), k (..., Sk, D), v (..., Sk, Dv). Batch dims broadcast; on the head axis (-3) K/V
 may have fewer heads than Q when they divide it (grouped-query / multi-query attention). A bool
 mask keeps where True (torch semantics); a float mask is added to the scores. `causal` keeps the
-lower triangle aligned top-left, as torch's SDPA does.
+lower triangle aligned top-left, as torch's SDPA does; a `window` of W > 0 narrows it to a band,
+query i seeing keys i − W + 1 … i (sliding-window attention, FlashAttention's window_size=(W − 1, 0)).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from tessera_rw.algebra.autodiff.cotangents import unbroadcast
 from tessera_rw.algebra.dtypes import DType, promote
-from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.shapes import broadcast_shapes, fmt_shape
@@ -45,7 +46,12 @@ def _kv_batch(q_batch: tuple[int, ...], kv_batch: tuple[int, ...], name: str) ->
 
 
 def infer_attention(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
-           scale: float, causal: bool, has_mask: bool) -> TensorType:
+           scale: float, causal: bool, has_mask: bool, window: int = 0) -> TensorType:
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+        raise AttributeValueError(f"window must be an int >= 1 (or 0 for none), got {window!r}")
+    if window and not causal:
+        raise AttributeValueError(f"a window of {window} counts keys back from each query's own; it needs causal=True",
+                                  hint="pass causal=True with the window, or give a two-sided band as a bool mask")
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise ShapeError("q, k and v need rank >= 2 (..., seq, head_dim)")
     for t in (q, k, v):
@@ -81,13 +87,36 @@ def expand_kv_heads(x: np.ndarray, heads: int) -> np.ndarray:
     return x
 
 
+def causal_keep(sq: int, sk: int, window: int = 0) -> np.ndarray:
+    """The (query, key) pairs causality keeps, aligned top-left: key j <= i, and j > i − W under a
+    window of W.
+
+    >>> causal_keep(4, 4, window=2).astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 1, 1]])
+    """
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    return (j <= i) & (j > i - window) if window else j <= i
+
+
+def causal_pairs(sq: int, sk: int, window: int = 0) -> float:
+    """How many (query, key) pairs a causal attention scores: half of them (the triangle), or
+    under a window of W each row's last min(W, i + 1) keys, counted exactly."""
+    if not window:
+        return 0.5 * sq * sk
+    rows = np.arange(sq)
+    return float(np.maximum(0, np.minimum(rows + 1, sk) - np.maximum(0, rows - window + 1)).sum())
+
+
 def masked_scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], scale: float,
-                  causal: bool) -> np.ndarray:
+                  causal: bool, window: int = 0) -> np.ndarray:
     """scale · Q Kᵀ with the mask applied (−∞ where not kept), heads of K expanded: every score."""
     if q.ndim >= 3:
         k = expand_kv_heads(k, q.shape[-3])
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, q.dtype)
-    keep = np.tril(np.ones(s.shape[-2:], bool)) if causal else None
+    keep = causal_keep(*s.shape[-2:], window) if causal else None
     if mask and mask[0].dtype == np.bool_:
         keep = mask[0] if keep is None else keep & mask[0]
     elif mask:
@@ -96,9 +125,9 @@ def masked_scores(q: np.ndarray, k: np.ndarray, mask: tuple[np.ndarray, ...], sc
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
-                        scale: float, causal: bool, has_mask: bool) -> np.ndarray:
+                        scale: float, causal: bool, has_mask: bool, window: int = 0) -> np.ndarray:
     """The materialized form: every score in memory at once."""
-    return attention_of_scores(masked_scores(q, k, mask, scale, causal), v, q)
+    return attention_of_scores(masked_scores(q, k, mask, scale, causal, window), v, q)
 
 
 def attention_of_scores(s: np.ndarray, v: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -113,10 +142,10 @@ def attention_of_scores(s: np.ndarray, v: np.ndarray, q: np.ndarray) -> np.ndarr
 
 
 def attention_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
-           scale: float, causal: bool, has_mask: bool) -> int:
+           scale: float, causal: bool, has_mask: bool, window: int = 0) -> int:
     batch = math.prod(out.shape[:-2])
     sq, sk = q.shape[-2], k.shape[-2]
-    pairs = batch * sq * sk * (0.5 if causal else 1.0)
+    pairs = batch * (causal_pairs(sq, sk, window) if causal else sq * sk)
     return int(pairs * (2 * q.shape[-1] + 2 * v.shape[-1] + 5))
 
 
@@ -146,12 +175,16 @@ def _sum_repeats(ct, like):
     return unbroadcast(ct, like)
 
 
-def explicit_attention_grads(q, k, v, g, scale: float, mask=None, causal: bool = False):
-    """dQ, dK, dV and dS of softmax(scale · q kᵀ [+ mask] [causal]) v for the output cotangent g,
-    as graph ops (a bool mask keeps where True): the form the `gradient` ruleset recognizes."""
+def explicit_attention_grads(q, k, v, g, scale: float, mask=None, causal: bool = False, window: int = 0):
+    """dQ, dK, dV and dS of softmax(scale · q kᵀ [+ mask] [causal [window]]) v for the output
+    cotangent g, as graph ops (a bool mask keeps where True): the form the `gradient` ruleset
+    recognizes, a window spelled out as the band tril(1) ∧ ¬tril(1, −W)."""
     kt = k.mT
     s = (q @ kt) * scale
-    keep = api.tril(api.full(s.shape[-2:], True, "bool")) if causal else None
+    ones = api.full(s.shape[-2:], True, "bool")
+    keep = api.tril(ones) if causal else None
+    if causal and window:
+        keep = keep & ~api.tril(ones, k=-window)
     if mask is not None and mask.dtype is DType.bool:
         keep = mask if keep is None else keep & mask
     elif mask is not None:
@@ -165,10 +198,10 @@ def explicit_attention_grads(q, k, v, g, scale: float, mask=None, causal: bool =
     return scaled @ kt.mT, (q.mT @ scaled).mT, p.mT @ g, ds
 
 
-def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask):
+def _attention_vjp(g, out, q, k, v, *mask, scale, causal, has_mask, window=0):
     heads = q.shape[-3] if q.ndim >= 3 else 1
     dq, dk, dv, ds = explicit_attention_grads(q, _repeat_heads(k, heads), _repeat_heads(v, heads), g, scale,
-                                              mask[0] if mask else None, causal)
+                                              mask[0] if mask else None, causal, window)
     dmask = () if not mask else (None,) if mask[0].dtype is DType.bool else (unbroadcast(ds, mask[0]),)
     return (unbroadcast(dq, q), _sum_repeats(dk, k), _sum_repeats(dv, v), *dmask)
 

@@ -73,14 +73,15 @@ def permutes(shape: tuple[int, ...], out: tuple[int, ...], out_strides: tuple[in
 
 def _infer_strided_attention(*xs: TensorType, scale: float, causal: bool, has_mask: bool, shapes: tuple[int, ...],
                              strides: tuple[int, ...], offsets: tuple[int, ...], shape: tuple[int, ...],
-                             out_strides: tuple[int, ...]) -> TensorType:
+                             out_strides: tuple[int, ...], window: int = 0) -> TensorType:
     if len(xs) != 3 + has_mask or len(offsets) != 3 or len(shapes) != len(strides) or len(shapes) % 3:
         raise ShapeError(f"strided attention reads 3 views (a shape, strides and an offset each) of q, k and v"
                          f"{' and a mask' if has_mask else ''}: {len(xs)} operands, {len(shapes)} view dims, "
                          f"{len(strides)} strides and {len(offsets)} offsets")
     for x, view in zip(xs, attention_views(shapes, strides, offsets)):
         check_view(x, *view)
-    out = infer_attention(*view_types(xs, shapes, strides, offsets), scale=scale, causal=causal, has_mask=has_mask)
+    out = infer_attention(*view_types(xs, shapes, strides, offsets), scale=scale, causal=causal, has_mask=has_mask,
+                          window=window)
     if not permutes(tuple(shape), out.shape, tuple(out_strides)):
         raise ShapeError(f"an attention output of {fmt_shape(out.shape)} written through strides {out_strides} "
                          f"does not fill {fmt_shape(shape)} once")
@@ -100,16 +101,17 @@ def written_through(o: np.ndarray, shape: tuple[int, ...], out_strides: tuple[in
 
 
 def _strided_attention(*xs: np.ndarray, scale, causal, has_mask, shapes, strides, offsets, shape,
-                       out_strides) -> np.ndarray:
-    o = attention_reference(*viewed(xs, shapes, strides, offsets), scale=scale, causal=causal, has_mask=has_mask)
+                       out_strides, window=0) -> np.ndarray:
+    o = attention_reference(*viewed(xs, shapes, strides, offsets), scale=scale, causal=causal, has_mask=has_mask,
+                            window=window)
     return written_through(o, shape, out_strides)
 
 
 def _strided_attention_flops(out: TensorType, *xs: TensorType, scale, causal, has_mask, shapes, strides, offsets,
-                             shape, out_strides) -> int:
+                             shape, out_strides, window=0) -> int:
     q, k, v, *mask = view_types(xs, shapes, strides, offsets)
-    o = infer_attention(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
-    return attention_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+    o = infer_attention(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask, window=window)
+    return attention_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask, window=window)
 
 
 DEFS = (

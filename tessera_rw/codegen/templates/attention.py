@@ -124,8 +124,9 @@ class FlashAttentionTemplate(Template):
         if written := o_strides(op):
             out = output_type(op).shape
             views += ("strided_write",) * any(n != 1 and s != c for n, s, c in zip(out, written, contiguous_strides(out)))
-        return ("scale",) + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
-            + ("softmax",) + (("logsumexp",) if writes_lse(op) else ()) + views
+        flags = (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
+            + (("window",) if a.get("window") else ())
+        return ("scale",) + flags + ("softmax",) + (("logsumexp",) if writes_lse(op) else ()) + views
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[AttentionSchedule, ...]:
         # 8 warps × 16 rows share each K/V tile among more rows; 4 warps × 16 rows keep more blocks
@@ -342,12 +343,12 @@ class FlashAttentionTemplate(Template):
         bf, f16 = DType.bfloat16, DType.float16
 
         def attn(b: int, hq: int, hkv: int, s: int, d: int, dtype: DType, causal: bool = False,
-                 mask: DType | None = None, mask_batch: tuple[int, ...] = ()) -> KernelOp:
+                 mask: DType | None = None, mask_batch: tuple[int, ...] = (), window: int = 0) -> KernelOp:
             q = TensorType((b, hq, s, d), dtype)
             kv = TensorType((b, hkv, s, d), dtype)
             operands = (q, kv, kv) + ((TensorType(mask_batch + (s, s), mask),) if mask else ())
             return KernelOp.of("flash_attention", operands, q, scale=d ** -0.5, causal=causal,
-                               has_mask=mask is not None)
+                               has_mask=mask is not None, window=window)
         return (attn(4, 16, 16, 4096, 64, bf),
                 attn(2, 16, 16, 2048, 128, bf, causal=True),
                 attn(2, 8, 8, 1024, 64, f16, mask=f16, mask_batch=(2, 1)),
@@ -365,4 +366,6 @@ class FlashAttentionTemplate(Template):
                 packed_qkv_attention(2, 4, 1024, 64, bf, causal=True),
                 packed_qkv_attention(1, 8, 1000, 128, f16, kv_heads=2),
                 # and a training step's forward: q, k, v read in place, O and the logsumexps dense
-                packed_qkv_lse(2, 4, 1024, 64, bf, causal=True))
+                packed_qkv_lse(2, 4, 1024, 64, bf, causal=True),
+                # Mistral's sliding window: 32 query heads over 8 K/V heads, each query seeing 4096 keys
+                attn(1, 32, 8, 8192, 128, bf, causal=True, window=4096))

@@ -61,6 +61,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
     elem = f"{tag}_t"
     variant = f"{s.tag}_" if s.tag else ""
     name = (f"{op.op}_{variant}{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+            f"{f'win{shape.window}_' if shape.window else ''}"
             f"{'mask_' if shape.mask is not None else ''}bm{s.bm}_bn{s.bn}_w{s.warps}_s{s.stages}{suffix}")
     mask = shape.mask
     mask_type = MASK_TYPES[mask.dtype] if mask is not None else "float"
@@ -80,7 +81,7 @@ def fill_kernel(text: str, op: KernelOp, shape: AttentionShape, s: AttentionSche
     source = Text(text).substitute(
         NAME=name, ELEM=elem, STORE_LSE=store_lse(op, shape), PACK="pack_bf16x2" if tag == "bf16" else "pack_f16x2",
         BM=s.bm, BN=s.bn, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
-        SCALE_LOG2=float_literal(shape.scale * LOG2E), CAUSAL="true" if shape.causal else "false",
+        SCALE_LOG2=float_literal(shape.scale * LOG2E), CAUSAL="true" if shape.causal else "false", WINDOW=shape.window,
         HAS_MASK="true" if mask is not None else "false", MASK_T=mask_type,
         MASK_ARG=f"const {mask_type}* __restrict__ mask, " if mask is not None else "",
         MASK_VALUE=MASK_LOAD[mask.dtype] if mask is not None else "0.f",
@@ -209,6 +210,7 @@ CONSTANTS = r"""    constexpr int BM = $BM, BN = $BN, D = $D, WARPS = $WARPS, ST
     constexpr float LOG2E = 1.4426950408889634f;
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = $CAUSAL, HAS_MASK = $HAS_MASK, MASK_BOOL = $MASK_BOOL;
+    constexpr int WINDOW = $WINDOW;                       // row i keeps keys i - WINDOW + 1 .. i (0: all to i)
     constexpr long long MASK_ROW = $MASK_ROW_STRIDE, MASK_COL = $MASK_COL_STRIDE;
     constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW;   // elements from row to row
     constexpr long long O_ROW = $O_ROW;
@@ -221,11 +223,14 @@ BLOCK_INDEX = r"""    // a head's query blocks run side by side (they share its 
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
 $OFFSETS
     const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
-    const $ELEM* kp = k + k_off;
-    const $ELEM* vp = v + v_off;
+    // causal: key tiles past the block's last row are all masked, so they are never loaded; under a
+    // window neither are those before its first row's band: the walk starts at key key0
+    const int end_tile = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    const int key0 = WINDOW ? min(max(0, q0 - WINDOW + 1) / BN, end_tile - 1) * BN : 0;
+    const int n_tiles = end_tile - key0 / BN;
+    const $ELEM* kp = k + k_off + (long long)key0 * K_ROW;
+    const $ELEM* vp = v + v_off + (long long)key0 * V_ROW;
     const $MASK_T* mp = $MASK_PTR;
-    // causal: key tiles past the block's last row are all masked, so they are never loaded
-    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
 """
 
 RUNNING_STATE = r"""    float o[MT][D / 8][4];
@@ -240,8 +245,10 @@ RUNNING_STATE = r"""    float o[MT][D / 8][4];
 
 """
 
-ONLINE_SOFTMAX = r"""        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
-        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+ONLINE_SOFTMAX = r"""        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal (or
+        // its window's lower edge) need bounds
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0)
+                          || (WINDOW && k0 <= row0 + 16 * MT - 1 - WINDOW);
         #pragma unroll
         for (int m = 0; m < MT; ++m)
             #pragma unroll
@@ -259,7 +266,8 @@ ONLINE_SOFTMAX = r"""        // online softmax; only the ragged last tile and ti
                             if (MASK_BOOL) x = mv ? x : NEG_INF;
                             else x += $MASK_VALUE * LOG2E;
                         }
-                        if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                        if (edge && (col >= SK || (CAUSAL && col > row) || (WINDOW && col <= row - WINDOW)))
+                            x = NEG_INF;
                         s[m][j][2 * h + e] = x;
                         mx = fmaxf(mx, x);
                     }
@@ -316,8 +324,10 @@ KERNEL = TILE_HELPERS + SIGNATURE + CONSTANTS + r"""
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - key0 - t * BN,
+                                                tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - key0 - t * BN,
+                                                tid);
         }
         cp_async_commit();
     }
@@ -335,17 +345,17 @@ KERNEL = TILE_HELPERS + SIGNATURE + CONSTANTS + r"""
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW, SK - next * BN,
-                                                tid);
-            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW, SK - next * BN,
-                                                tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
+                                                SK - key0 - next * BN, tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
+                                                SK - key0 - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const $ELEM* kt = k_s + (t % STAGES) * BN * D;
         const $ELEM* vt = v_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+        const int k0 = key0 + t * BN;
 
         // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
         float s[MT][BN / 8][4];

@@ -96,6 +96,7 @@ class AttentionShape:
     causal: bool
     scale: float
     mask: TensorType | None
+    window: int = 0               # causal's band: row i keeps keys i - window + 1 .. i (0: every earlier key)
 
     @classmethod
     def of(cls, op: KernelOp) -> AttentionShape:
@@ -105,7 +106,7 @@ class AttentionShape:
         scale = a.get("scale")
         return cls(batch, math.prod(batch), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype,
                    bool(a.get("causal")), q.shape[-1] ** -0.5 if scale is None else float(scale),
-                   rest[1] if a.get("has_mask") else None)
+                   rest[1] if a.get("has_mask") else None, int(a.get("window") or 0))
 
     @property
     def kind(self) -> str:
@@ -124,9 +125,12 @@ class AttentionShape:
                 and (not self.mma_sync or min(self.sq, self.sk) >= WG_ROWS))
 
     def key_tiles(self, q0: int, s: AttentionSchedule) -> int:
-        """K/V tiles the block starting at query row q0 visits (causal stops at its last row)."""
+        """K/V tiles the block starting at query row q0 visits (causal stops at its last row, a
+        window starts at its first row's band), as the kernel walks them."""
         tiles = -(-self.sk // s.bn)
-        return min(tiles, -(-(q0 + s.bm) // s.bn)) if self.causal else tiles
+        end = min(tiles, -(-(q0 + s.bm) // s.bn)) if self.causal else tiles
+        first = min(max(0, q0 - self.window + 1) // s.bn, end - 1) if self.window else 0
+        return end - first
 
     def visited_tiles(self, s: AttentionSchedule) -> int:
         """K/V tiles summed over one head's query blocks."""
@@ -254,9 +258,12 @@ def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayou
 
 
 def with_lse(op: KernelOp) -> KernelOp:
-    """The flash_attention_lse op of a flash_attention op: the same operands and flags."""
-    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **op.attr_map),
-                       numerics=op.numerics, **op.attr_map)
+    """The flash_attention_lse op of a flash_attention op: the same operands and flags (it has no
+    window: a windowed forward's statistics are its band's, spelled out as a mask)."""
+    attrs = {name: value for name, value in op.attr_map.items() if name != "window"}
+    assert not op.attr_map.get("window"), "flash_attention_lse takes no window"
+    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **attrs),
+                       numerics=op.numerics, **attrs)
 
 
 def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:

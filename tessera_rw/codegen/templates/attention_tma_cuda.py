@@ -124,7 +124,7 @@ $PRODUCER_REGISTERS
                 if (t >= STAGES) mbar_wait(&empty[st], (t / STAGES - 1) & 1);
                 mbar_arrive_expect_tx(&full[st], TILE_BYTES);
                 for (int c = 0; c < D / BOX; ++c)
-                    tma_load_3d(tiles + st * BN * D + c * BN * BOX, map, c * BOX, t * BN, mat, &full[st]);
+                    tma_load_3d(tiles + st * BN * D + c * BN * BOX, map, c * BOX, key0 + t * BN, mat, &full[st]);
             };
             mbar_arrive_expect_tx(q_full, Q_BYTES);
             for (int c = 0; c < D / BOX; ++c) tma_load_3d(q_s + c * BM * BOX, &tma_q, c * BOX, q0, q_mat, q_full);

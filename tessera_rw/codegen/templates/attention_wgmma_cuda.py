@@ -90,7 +90,7 @@ PV_PRODUCT = r"""    unsigned p[BN / 16][4];                               // th
 """
 
 S_CLEARED = r"""        const $ELEM* kt = k_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+        const int k0 = key0 + t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
         float s[MT][BN / 8][4];
@@ -166,10 +166,10 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    static_ass
     #pragma unroll
     for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
-            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN,
-                                                   tid);
-            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN,
-                                                   tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW,
+                                                   SK - key0 - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW,
+                                                   SK - key0 - t * BN, tid);
         }
         cp_async_commit();
     }
@@ -184,9 +184,9 @@ KERNEL = TILE_LOADER + SIGNATURE + CONSTANTS + WG_CONSTANTS + r"""    static_ass
         if (next < n_tiles) {
             const int st = next % STAGES;
             fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
-                                                   SK - next * BN, tid);
+                                                   SK - key0 - next * BN, tid);
             fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
-                                                   SK - next * BN, tid);
+                                                   SK - key0 - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
 """ + TILE_PRODUCTS + ONLINE_SOFTMAX + PV_RETIRED + RESCALE_AND_PACK + LAST_PV + STORE_OUTPUT

@@ -32,7 +32,7 @@ import numpy as np
 
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.api.dispatch import apply
-from tessera_rw.rules.library import attention_unfused
+from tessera_rw.rules.library import attention_unfused, attention_window
 from tessera_rw.rules.library.algebra import const, mT, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -156,7 +156,7 @@ def _upcast_rules(scaled: bool):
         shown_scores = "cast(c · Q Kᵀ, f32)" if scale_first else "cast(Q Kᵀ, f32) · c"
         probs = t.softmax(_upcast_scores(scaled, scale_first, masked), axis=ax)
         fused = t.flash_attention(q, K, v, *{"where": (m,), "add": (mask,), None: ()}[masked],
-                                  scale=_scale(scaled), causal=False, has_mask=masked is not None, of=T)
+                                  scale=_scale(scaled), causal=False, has_mask=masked is not None, window=0, of=T)
         when = SOFTMAX_ON_LAST_AXIS + K_FACTS + (('(= (dt m) "bool")',) if masked == "where" else ())
         shown = "flash_attention(Q, K, V, c" + (", M" if masked else "") + ")"
         if cast_back:
@@ -181,21 +181,21 @@ def _fusion_rules(scaled: bool):
                _shown("softmax(where(M, c · Q Kᵀ, −∞)) V = flash_attention(Q, K, V, c, M)", scaled),
                lhs=t.matmul(t.softmax(_where_scores(const(value=float("-inf"), dtype=Expr("cf")), scaled), axis=ax),
                             v, accum_dtype=acc, of=T),
-               rhs=t.flash_attention(q, K, v, m, scale=_scale(scaled), causal=False, has_mask=True, of=T),
+               rhs=t.flash_attention(q, K, v, m, scale=_scale(scaled), causal=False, has_mask=True, window=0, of=T),
                when=SOFTMAX_ON_LAST_AXIS + K_FACTS + ('(= (dt m) "bool")',),
                example=lambda rng: (lambda q, k, v, m: op.softmax(op.where(m, scores(q, k), -math.inf), axis=-1) @ v,
                                     with_keep(rng)))
     yield Rule(_named("flash-attention", scaled),
                _shown("softmax(c · Q Kᵀ + M) V = flash_attention(Q, K, V, c, M)", scaled),
                lhs=t.matmul(t.softmax(t.add(_scores(scaled), mask, of=(ss, sd)), axis=ax), v, accum_dtype=acc, of=T),
-               rhs=t.flash_attention(q, K, v, mask, scale=_scale(scaled), causal=False, has_mask=True, of=T),
+               rhs=t.flash_attention(q, K, v, mask, scale=_scale(scaled), causal=False, has_mask=True, window=0, of=T),
                when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
                example=lambda rng: (lambda q, k, v, mask: op.softmax(scores(q, k) + mask, axis=-1) @ v,
                                     with_mask(rng)))
     yield Rule(_named("flash-attention-unmasked", scaled),
                _shown("softmax(c · Q Kᵀ) V = flash_attention(Q, K, V, c)", scaled),
                lhs=t.matmul(t.softmax(_scores(scaled), axis=ax), v, accum_dtype=acc, of=T),
-               rhs=t.flash_attention(q, K, v, scale=_scale(scaled), causal=False, has_mask=False, of=T),
+               rhs=t.flash_attention(q, K, v, scale=_scale(scaled), causal=False, has_mask=False, window=0, of=T),
                when=SOFTMAX_ON_LAST_AXIS + K_FACTS,
                example=lambda rng: (lambda q, k, v: op.softmax(scores(q, k), axis=-1) @ v, qkv(rng)))
 
@@ -228,7 +228,7 @@ def _gqa_rules():
              "(= s3 (vec-of (vec-get sk 0) (* (vec-get sk 1) g) (vec-get sk 2) (vec-get sk 3)))")
     for masked in (False, True):
         extra = (mask,) if masked else ()
-        flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, of=T)
+        flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, window=Expr("win"), of=T)
         for which in ("k", "v"):
             before = (q, expanded, v) if which == "k" else (q, kv, expanded)
             after = (q, k0, v) if which == "k" else (q, kv, k0)
@@ -267,6 +267,12 @@ FAMILY = {"flash_attention": (q, kt, v), "attention_row_stats": (q, kt, v, Expr(
           "flash_attention_bwd": (q, kt, v, Expr("g"), Expr("st"))}
 
 
+def _window(name: str, value: Expr | int) -> dict:
+    """The `window` attribute for `name`'s term: the forward has one, the backward ops none (a
+    windowed forward differentiates to its band spelled out as a mask)."""
+    return {"window": value} if name == "flash_attention" else {}
+
+
 def _mask_rules():
     neg_inf_mask = t.where(m, const(value=0.0), const(value=float("-inf"), dtype=Expr("cd2")))
     tril = t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0)
@@ -274,20 +280,20 @@ def _mask_rules():
         term = getattr(t, name)
         suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
         yield Rule(f"bool-mask-from-neg-inf{suffix}", f"{name}(…, where(m, 0, −∞)) = {name}(…, m)",
-                   lhs=term(*operands, neg_inf_mask, scale=c, causal=False, has_mask=True, of=T),
-                   rhs=term(*operands, m, scale=c, causal=False, has_mask=True, of=T),
+                   lhs=term(*operands, neg_inf_mask, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
+                   rhs=term(*operands, m, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
                    when=('(= (dt m) "bool")',),
                    example=lambda rng: _attention_family(rng, lambda mask: op.where(mask > 0, 0.0, -math.inf)))
         yield Rule(f"causal-from-additive-fill{suffix}", f"{name}(…, where(tril(1), 0, c)) = {name}(…, causal) "
                    f"for c ≤ {CAUSAL_FILL_LIMIT:g}",
                    lhs=term(*operands, t.where(tril, const(value=0.0, dtype=Expr("cd2")), const()),
-                            scale=Expr("sc"), causal=False, has_mask=True, of=T),
-                   rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, of=T),
+                            scale=Expr("sc"), causal=False, has_mask=True, **_window(name, 0), of=T),
+                   rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, **_window(name, 0), of=T),
                    when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL),
                    example=_additive_causal_example, assumes=ADDITIVE_FILL_ASSUMED)
         yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
-                   lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, of=T),
-                   rhs=term(*operands, scale=c, causal=True, has_mask=False, of=T),
+                   lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
+                   rhs=term(*operands, scale=c, causal=True, has_mask=False, **_window(name, 0), of=T),
                    when=("(= (vec-length fs) 2)",),
                    example=lambda rng: _attention_family(
                        rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
@@ -302,7 +308,7 @@ def _lifted_mask_rules():
         term = getattr(t, name)
         suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
         for lead in (1, 2):
-            flags = dict(scale=c, causal=Expr("causal"), has_mask=True, of=T)
+            flags = dict(scale=c, causal=Expr("causal"), has_mask=True, **_window(name, Expr("win")), of=T)
             lifted = "(vec-of " + "1 " * lead + "(vec-get ms 0) (vec-get ms 1))"
             yield Rule(f"mask-of-{lead + 2}-dims-is-2-d{suffix}",
                        f"{name}(…, reshape(m, (1,)·{lead} + shape(m))) = {name}(…, m)",
@@ -373,7 +379,7 @@ def _fill_rules():
 
 
 RULES = (RULES + tuple(_mask_rules()) + tuple(_lifted_mask_rules()) + tuple(_fill_rules()) + tuple(_gqa_rules())
-         + attention_unfused.RULES)
+         + attention_window.RULES + attention_unfused.RULES)
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 

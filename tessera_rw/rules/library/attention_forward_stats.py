@@ -49,7 +49,8 @@ FLAGS = dict(scale=c, causal=cz, has_mask=hm)       # the forward's, matched and
 
 
 def _forward(masked: bool) -> Expr:
-    return t.flash_attention(*_operands(masked), **FLAGS, of=(os, d))
+    """The forward the row statistics read; a windowed one is not the stats' (they have no window)."""
+    return t.flash_attention(*_operands(masked), **FLAGS, window=0, of=(os, d))
 
 
 def _stats(masked: bool) -> Expr:

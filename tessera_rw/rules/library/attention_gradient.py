@@ -77,7 +77,7 @@ def _packed(masked: str, m: Expr = mask) -> Expr:
     k = t.transpose(kt, axes=pk, of=(E(swapped_last("kt_s")), d))
     extra = () if masked == "none" else (m,)
     flags = dict(scale=c, causal=False, has_mask=bool(extra))
-    out = t.flash_attention(q, k, v, *extra, **flags, of=(E("g_s"), d))
+    out = t.flash_attention(q, k, v, *extra, **flags, window=0, of=(E("g_s"), d))
     stats = t.attention_row_stats(q, k, out, g, *extra, **flags, of=(E(f"(vec-set g_s ax {STATS})"), E("sd")))
     return t.flash_attention_bwd(q, k, v, g, stats, *extra, **flags, of=(E("(vec-of (+ nq (+ nk nv)))"), d))
 

@@ -1,11 +1,12 @@
 """flash_attention spelled out, for where no fused attention kernel takes it: part of the
 `attention` ruleset.
 
-    flash_attention(Q, K, V [, M], c, causal) = softmax(mask(c · Q Kᵀ)) V
+    flash_attention(Q, K, V [, M], c, causal [, window]) = softmax(mask(c · Q Kᵀ)) V
 
 where mask adds an additive M, keeps the scores where a bool M is true (−∞ elsewhere) and, under
-`causal`, where tril(1) is. The fused kernels take bf16 and fp16 with head dims of multiples of 16
-that fit the arch's shared memory (not 256 on sm_80); float32 they never take. So every
+`causal`, where tril(1) is, or under a window of W the band tril(1) ∧ ¬tril(1, −W). The fused
+kernels take bf16 and fp16 with head dims of multiples of 16 that fit the arch's shared memory (not
+256 on sm_80); float32 they never take. So every
 op.flash_attention but float64's gets the unfused form beside it here, and extraction has a plan
 whose every kernel exists on the GPU (matmul, softmax) to pick where the fused node has no kernel,
 with epilogue fusion applying to it as to attention written by hand; where the fused kernel exists
@@ -54,7 +55,7 @@ def _facts(rank: int, masked: str) -> tuple[str, ...]:
             f"(<= {numel('ss', rank)} {UNFUSED_SCORES_LIMIT})", *mask_dtype)
 
 
-def _unfused(rank: int, masked: str, causal: bool) -> Expr:
+def _unfused(rank: int, masked: str, causal: str) -> Expr:
     scores = (Expr("ss"), d)
     kt = t.transpose(k, axes=Expr("pk"), of=(Expr(swapped_last("k_s")), d))
     x = t.mul(t.matmul(q, kt, accum_dtype=None, of=scores), const(value=c, dtype=d), of=scores)
@@ -63,10 +64,14 @@ def _unfused(rank: int, masked: str, causal: bool) -> Expr:
         x = t.add(x, mask, of=scores)
     elif masked == "bool":
         x = t.where(mask, x, neg_inf, of=scores)
-    if causal:
+    if causal != "none":
         keys = Expr(f"(vec-of (vec-get q_s {rank - 2}) (vec-get k_s {rank - 2}))")
-        tril = t.tril(t.full(shape=keys, value=True, dtype="bool", of=(keys, "bool")), k=0, of=(keys, "bool"))
-        x = t.where(tril, x, neg_inf, of=scores)
+        ones = t.full(shape=keys, value=True, dtype="bool", of=(keys, "bool"))
+        keep = t.tril(ones, k=0, of=(keys, "bool"))
+        if causal == "window":
+            keep = t.logical_and(keep, t.logical_not(t.tril(ones, k=Expr("(- 0 win)"), of=(keys, "bool")),
+                                                     of=(keys, "bool")), of=(keys, "bool"))
+        x = t.where(keep, x, neg_inf, of=scores)
     return t.matmul(t.softmax(x, axis=rank - 1, of=scores), v, accum_dtype=None, of=T)
 
 
@@ -92,7 +97,7 @@ def _gqa_rules():
              f"(<= {scores} {UNFUSED_SCORES_LIMIT})")
     for masked in (False, True):
         extra = (mask,) if masked else ()
-        flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, of=T)
+        flags = dict(scale=c, causal=Expr("causal"), has_mask=masked, window=Expr("win"), of=T)
         yield Rule(f"flash-attention-repeat-kv-heads{'-masked' if masked else ''}",
                    "flash(Q, K, V) = flash(Q, repeat_heads(K), repeat_heads(V)) (GQA)",
                    lhs=t.flash_attention(q, k, v, *extra, **flags),
@@ -114,33 +119,40 @@ def _gqa_example(masked: bool):
     return example
 
 
-def _example(rank: int, masked: str, causal: bool):
+def _example(rank: int, masked: str, causal: str):
     def example(rng: np.random.Generator):
         dtype = EXAMPLE_DTYPE
         batch = tuple(int(n) for n in rng.integers(1, 4, size=rank - 2))
         sq, sk, dh, dv = (int(n) for n in rng.integers(1, 7, size=4))
+        sk = max(sk, sq) if causal == "window" else sk      # every query's window holds its own key
+        flags = dict(scale=0.3, causal=causal != "none", window=int(rng.integers(1, 4)) if causal == "window" else None)
         arrays = {n: rand(rng, *batch, rows, cols, dtype=dtype.numpy)
                   for n, rows, cols in (("q", sq, dh), ("k", sk, dh), ("v", sk, dv))}
         if masked == "none":
-            return (lambda q, k, v: op.flash_attention(q, k, v, scale=0.3, causal=causal)), arrays
-        # every row keeps its first key, so no row is fully masked (that row is NaN on both sides)
+            return (lambda q, k, v: op.flash_attention(q, k, v, **flags)), arrays
+        # every row keeps its first key and its own, so no row is fully masked (that row is NaN on
+        # both sides), under a window too
         values = rand(rng, sq, sk, dtype=dtype.numpy)
-        arrays["mask"] = values if masked == "additive" else (values > 0) | (np.arange(sk) == 0)
-        return (lambda q, k, v, mask: op.flash_attention(q, k, v, mask=mask, scale=0.3, causal=causal)), arrays
+        kept = (values > 0) | (np.arange(sk) == 0) | (np.arange(sk) == np.arange(sq)[:, None])
+        arrays["mask"] = values if masked == "additive" else kept
+        return (lambda q, k, v, mask: op.flash_attention(q, k, v, mask=mask, **flags)), arrays
     return example
 
 
 def _rules():
     for masked in MASKS:
-        for causal in (False, True):
+        for causal in ("none", "causal", "window"):
             for rank in RANKS:
                 extra = () if masked == "none" else (mask,)
-                name = "-".join(["flash-attention-unfused", *(("causal",) if causal else ()),
+                name = "-".join(["flash-attention-unfused", *(() if causal == "none" else (causal,)),
                                  *(() if masked == "none" else (f"{masked}-mask",)), f"{rank}d"])
+                window = Expr("win") if causal == "window" else 0
                 yield Rule(name, f"flash_attention(Q, K, V{', M' if extra else ''}) = softmax(c·Q Kᵀ"
-                                 f"{' masked' if extra or causal else ''}) V",
-                           lhs=t.flash_attention(q, k, v, *extra, scale=c, causal=causal, has_mask=bool(extra), of=T),
-                           rhs=_unfused(rank, masked, causal), when=_facts(rank, masked),
+                                 f"{' masked' if extra or causal != 'none' else ''}) V",
+                           lhs=t.flash_attention(q, k, v, *extra, scale=c, causal=causal != "none",
+                                                 has_mask=bool(extra), window=window, of=T),
+                           rhs=_unfused(rank, masked, causal),
+                           when=_facts(rank, masked) + (("(> win 0)",) if causal == "window" else ()),
                            example=_example(rank, masked, causal))
 
 

@@ -38,6 +38,7 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
     constexpr float LOG2E = 1.4426950408889634f;
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = true, HAS_MASK = false, MASK_BOOL = false;
+    constexpr int WINDOW = 0;                       // row i keeps keys i - WINDOW + 1 .. i (0: all to i)
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
     constexpr int Q_ROW = 128, K_ROW = 128, V_ROW = 128;   // elements from row to row
     constexpr long long O_ROW = 128;
@@ -58,19 +59,24 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
         i = rem % 2; rem /= 2; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304; o_off += (long long)i * 4194304;
     }
     const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
-    const bf16_t* kp = k + k_off;
-    const bf16_t* vp = v + v_off;
+    // causal: key tiles past the block's last row are all masked, so they are never loaded; under a
+    // window neither are those before its first row's band: the walk starts at key key0
+    const int end_tile = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    const int key0 = WINDOW ? min(max(0, q0 - WINDOW + 1) / BN, end_tile - 1) * BN : 0;
+    const int n_tiles = end_tile - key0 / BN;
+    const bf16_t* kp = k + k_off + (long long)key0 * K_ROW;
+    const bf16_t* vp = v + v_off + (long long)key0 * V_ROW;
     const float* mp = nullptr;
-    // causal: key tiles past the block's last row are all masked, so they are never loaded
-    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
 
     fa_load_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < n_tiles) {
-            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN, tid);
-            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN, tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - key0 - t * BN,
+                                                tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - key0 - t * BN,
+                                                tid);
         }
         cp_async_commit();
     }
@@ -98,17 +104,17 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
         const int next = t + STAGES - 1;
         if (next < n_tiles) {
             const int st = next % STAGES;
-            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW, SK - next * BN,
-                                                tid);
-            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW, SK - next * BN,
-                                                tid);
+            fa_load_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
+                                                SK - key0 - next * BN, tid);
+            fa_load_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
+                                                SK - key0 - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
         const bf16_t* vt = v_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+        const int k0 = key0 + t * BN;
 
         // S = Q Kᵀ; K's rows are Kᵀ's columns, so plain ldmatrix yields the B fragments
         float s[MT][BN / 8][4];
@@ -126,8 +132,10 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
                 for (int m = 0; m < MT; ++m) { mma_bf16_16816(s[m][2 * j], qf[m][kk], b); mma_bf16_16816(s[m][2 * j + 1], qf[m][kk], b + 2); }
             }
 
-        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
-        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal (or
+        // its window's lower edge) need bounds
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0)
+                          || (WINDOW && k0 <= row0 + 16 * MT - 1 - WINDOW);
         #pragma unroll
         for (int m = 0; m < MT; ++m)
             #pragma unroll
@@ -145,7 +153,8 @@ flash_attention_bf16_d128_causal_bm128_bn64_w8_s2(const bf16_t* __restrict__ q, 
                             if (MASK_BOOL) x = mv ? x : NEG_INF;
                             else x += 0.f * LOG2E;
                         }
-                        if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                        if (edge && (col >= SK || (CAUSAL && col > row) || (WINDOW && col <= row - WINDOW)))
+                            x = NEG_INF;
                         s[m][j][2 * h + e] = x;
                         mx = fmaxf(mx, x);
                     }

@@ -31,6 +31,7 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     constexpr float LOG2E = 1.4426950408889634f;
     const float NEG_INF = __int_as_float(0xff800000);
     constexpr bool CAUSAL = false, HAS_MASK = false, MASK_BOOL = false;
+    constexpr int WINDOW = 0;                       // row i keeps keys i - WINDOW + 1 .. i (0: all to i)
     constexpr long long MASK_ROW = 0, MASK_COL = 0;
     constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64;   // elements from row to row
     constexpr long long O_ROW = 64;
@@ -55,11 +56,14 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
         i = rem % 4; rem /= 4; q_off += (long long)i * 4194304; k_off += (long long)i * 4194304; v_off += (long long)i * 4194304; o_off += (long long)i * 4194304;
     }
     const int q0 = qb * BM, row0 = q0 + warp * 16 * MT;
-    const bf16_t* kp = k + k_off;
-    const bf16_t* vp = v + v_off;
+    // causal: key tiles past the block's last row are all masked, so they are never loaded; under a
+    // window neither are those before its first row's band: the walk starts at key key0
+    const int end_tile = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    const int key0 = WINDOW ? min(max(0, q0 - WINDOW + 1) / BN, end_tile - 1) * BN : 0;
+    const int n_tiles = end_tile - key0 / BN;
+    const bf16_t* kp = k + k_off + (long long)key0 * K_ROW;
+    const bf16_t* vp = v + v_off + (long long)key0 * V_ROW;
     const float* mp = nullptr;
-    // causal: key tiles past the block's last row are all masked, so they are never loaded
-    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
     const int warpgroup = tid >> 7;
 
     fa_load_wg_tile<BM, D, THREADS, Q_ROW>(q_s, q + q_off + (long long)q0 * Q_ROW, SQ - q0, tid);
@@ -67,10 +71,10 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
     #pragma unroll
     for (int t = 0; t < STAGES - 2; ++t) {
         if (t < n_tiles) {
-            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW, SK - t * BN,
-                                                   tid);
-            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW, SK - t * BN,
-                                                   tid);
+            fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + t * BN * D, kp + (long long)t * BN * K_ROW,
+                                                   SK - key0 - t * BN, tid);
+            fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + t * BN * D, vp + (long long)t * BN * V_ROW,
+                                                   SK - key0 - t * BN, tid);
         }
         cp_async_commit();
     }
@@ -106,13 +110,13 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
         if (next < n_tiles) {
             const int st = next % STAGES;
             fa_load_wg_tile<BN, D, THREADS, K_ROW>(k_s + st * BN * D, kp + (long long)next * BN * K_ROW,
-                                                   SK - next * BN, tid);
+                                                   SK - key0 - next * BN, tid);
             fa_load_wg_tile<BN, D, THREADS, V_ROW>(v_s + st * BN * D, vp + (long long)next * BN * V_ROW,
-                                                   SK - next * BN, tid);
+                                                   SK - key0 - next * BN, tid);
         }
         cp_async_commit();                                // an empty group keeps the wait count uniform
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+        const int k0 = key0 + t * BN;
 
         // S = Q Kᵀ: per 16 values of the head dim, this warpgroup's 64 Q rows by the tile's BN keys
         float s[MT][BN / 8][4];
@@ -134,8 +138,10 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
         wgmma_wait<1>();                                  // S is in; P V may still run
         wgmma_hold<BN / 2>(&s[0][0][0]);
 
-        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal need bounds
-        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+        // online softmax; only the ragged last tile and tiles crossing this warp's diagonal (or
+        // its window's lower edge) need bounds
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0)
+                          || (WINDOW && k0 <= row0 + 16 * MT - 1 - WINDOW);
         #pragma unroll
         for (int m = 0; m < MT; ++m)
             #pragma unroll
@@ -153,7 +159,8 @@ flash_attention_wg_bf16_d64_bm128_bn64_w8_s4(const bf16_t* __restrict__ q, const
                             if (MASK_BOOL) x = mv ? x : NEG_INF;
                             else x += 0.f * LOG2E;
                         }
-                        if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                        if (edge && (col >= SK || (CAUSAL && col > row) || (WINDOW && col <= row - WINDOW)))
+                            x = NEG_INF;
                         s[m][j][2 * h + e] = x;
                         mx = fmaxf(mx, x);
                     }
