@@ -35,11 +35,11 @@ def flash_attention_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask
 
 
 def flash_attention_lse_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray, scale: float,
-                                  causal: bool = False, has_mask: bool = False,
+                                  causal: bool = False, has_mask: bool = False, window: int = 0,
                                   block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
     """flash_attention_lse's packed result (the output flat, each row's logsumexp's high parts,
     then their remainders), from the same walk as flash_attention_blockwise."""
-    out, lse = _blockwise(q, k, v, mask, scale, causal, block_q, block_k)
+    out, lse = _blockwise(q, k, v, mask, scale, causal, block_q, block_k, window)
     dtype = np.result_type(q, k, v)
     hi, lo = split_lse(lse, dtype)
     return np.concatenate([out.astype(dtype).ravel(), hi.ravel(), lo.ravel()])

@@ -26,7 +26,7 @@ import numpy as np
 
 from tessera_rw.algebra.ops.attention import expand_kv_heads
 from tessera_rw.codegen.blas_threads import one_blas_thread
-from tessera_rw.codegen.cpu_attention import key_end, tile_scores
+from tessera_rw.codegen.cpu_attention import key_end, key_start, tile_scores
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -41,9 +41,9 @@ def _broadcast(batch: tuple[int, ...], *arrays: np.ndarray) -> list[np.ndarray]:
 
 
 def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndarray, *mask: np.ndarray,
-                        scale: float, causal: bool = False, has_mask: bool = False,
+                        scale: float, causal: bool = False, has_mask: bool = False, window: int = 0,
                         block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
-    """[..., Sq, 2]: logsumexp of each row of scale·QKᵀ (+mask, causal) and Σ_d dO·O."""
+    """[..., Sq, 2]: logsumexp of each row of scale·QKᵀ (+mask, causal [window]) and Σ_d dO·O."""
     ct = _compute_type(q, k, o, do)
     q, k, o, do = (np.asarray(a, ct) for a in (q, k, o, do))
     if q.ndim >= 3:
@@ -58,8 +58,8 @@ def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndar
             q1 = min(q0 + block_q, sq)
             m = np.full(batch + (q1 - q0,), -np.inf, ct)
             l = np.zeros(batch + (q1 - q0,), ct)
-            for k0 in range(0, key_end(q0, q1 - q0, sk, causal), block_k):
-                s = tile_scores(q[..., q0:q1, :], k, m_full, q0, k0, min(k0 + block_k, sk), ct(scale), causal)
+            for k0 in range(key_start(q0, block_k, window), key_end(q0, q1 - q0, sk, causal), block_k):
+                s = tile_scores(q[..., q0:q1, :], k, m_full, q0, k0, min(k0 + block_k, sk), ct(scale), causal, window)
                 m_new = np.maximum(m, s.max(axis=-1))
                 safe = np.where(np.isneginf(m_new), ct(0), m_new)
                 l = l * np.exp(m - safe) + np.exp(s - safe[..., None]).sum(axis=-1)
@@ -69,7 +69,7 @@ def row_stats_blockwise(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndar
 
 
 def bwd_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, stats: np.ndarray,
-                  *mask: np.ndarray, scale: float, causal: bool = False, has_mask: bool = False,
+                  *mask: np.ndarray, scale: float, causal: bool = False, has_mask: bool = False, window: int = 0,
                   block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> np.ndarray:
     """dQ, dK, dV packed flat, as flash_attention_bwd defines them."""
     ct = _compute_type(q, k, v, do)
@@ -87,9 +87,9 @@ def bwd_blockwise(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
             q1 = min(q0 + block_q, sq)
             qb, dob = q[..., q0:q1, :], do[..., q0:q1, :]
             lse, delta = stats[..., q0:q1, 0:1], stats[..., q0:q1, 1:2]
-            for k0 in range(0, key_end(q0, q1 - q0, sk, causal), block_k):
+            for k0 in range(key_start(q0, block_k, window), key_end(q0, q1 - q0, sk, causal), block_k):
                 k1 = min(k0 + block_k, sk)
-                p = np.exp(tile_scores(qb, k, m_full, q0, k0, k1, scale, causal) - lse)
+                p = np.exp(tile_scores(qb, k, m_full, q0, k0, k1, scale, causal, window) - lse)
                 ds = p * (np.matmul(dob, np.swapaxes(v[..., k0:k1, :], -1, -2)) - delta)
                 dv[..., k0:k1, :] += np.matmul(np.swapaxes(p, -1, -2), dob)
                 dk[..., k0:k1, :] += np.matmul(np.swapaxes(ds, -1, -2), qb) * scale

@@ -137,7 +137,8 @@ def _consistent_row_stats(op: KernelOp, arrays: list, pools: list) -> None:
     if op.op == "strided_attention_bwd":                # q, k, v and dO are views of these
         q, k, v, do = viewed_arrays(op.op, (q, k, v, do), attrs["shapes"], attrs["strides"], attrs["offsets"])
     mask = (np.resize(pools[5], arrays[5].size).reshape(arrays[5].shape),) if attrs["has_mask"] else ()
-    flags = dict(scale=attrs["scale"], causal=attrs["causal"], has_mask=attrs["has_mask"])
+    flags = dict(scale=attrs["scale"], causal=attrs["causal"], has_mask=attrs["has_mask"],
+                 window=attrs.get("window", 0))
     o = flash_attention_blockwise(q, k, v, *mask, **flags)
     arrays[4] = row_stats_blockwise(q, k, o, do, *mask, **flags).astype(op.operands[4].dtype.numpy)
     pools[4] = arrays[4].astype(np.float64).ravel()

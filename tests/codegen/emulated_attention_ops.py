@@ -97,6 +97,21 @@ def _attention_ops() -> dict[str, KernelOp]:
             f"attention {name} f16 mask causal ragged": template.sample(1, 1, 100, 128, F16, True,
                                                                        mask=TensorType((100, 100), F16)),
         }
+    # sliding windows in the backward: key blocks stop at the last query their band reaches, query
+    # blocks start at the first key block theirs meets
+    ops |= {
+        "attention row stats S=200 D=64 window 50 f16": windowed(rows.sample(1, 2, 200, 64, F16, True), 50),
+        "attention backward S=200 D=64 window 50 f16": windowed(bwd.sample(1, 2, 200, 64, F16, True), 50),
+        "attention backward S=192 D=128 window 17 bf16": windowed(bwd.sample(1, 1, 192, 128, BF16, True), 17),
+        "attention backward bool mask window 40": windowed(bwd.sample(2, 1, 160, 64, BF16, True,
+                                                                      mask=TensorType((2, 1, 160, 160), BOOL)), 40),
+        "attention backward fast S=230 D=64 window 70 f16": replace(
+            windowed(bwd.sample(1, 2, 230, 64, F16, True), 70), numerics=Numerics.FAST),
+        "attention lse S=210 D=128 window 60 bf16": with_lse(attention(1, 2, 2, 210, 128, BF16, causal=True,
+                                                                      window=60)),
+        "attention backward packed qkv S=150 D=64 window 33 bf16": windowed(
+            packed_qkv_backward(1, 2, 150, 64, BF16, causal=True), 33),
+    }
     # the forward that also writes each row's logsumexp (for the backward's row statistics)
     ops |= {
         "attention lse S=130 D=64 causal bf16": with_lse(attention(1, 2, 2, 130, 64, BF16, causal=True)),

@@ -35,8 +35,8 @@ from tessera_rw.algebra.dtypes import DType, promote
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
-from tessera_rw.algebra.ops.attention import (attention_flops, attention_of_scores, expand_kv_heads, infer_attention,
-                                              masked_scores)
+from tessera_rw.algebra.ops.attention import (attention_flops, attention_of_scores, causal_pairs, expand_kv_heads,
+                                              infer_attention, masked_scores)
 from tessera_rw.algebra.shapes import fmt_shape
 
 STATS = 2        # per query row: logsumexp of the scaled, masked scores; Σ dO·O
@@ -54,8 +54,8 @@ def stats_dtype(dtype: DType) -> DType:
 
 
 def _forward_type(q: TensorType, k: TensorType, v: TensorType, mask: tuple[TensorType, ...],
-                  scale: float, causal: bool, has_mask: bool) -> TensorType:
-    return infer_attention(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+                  scale: float, causal: bool, has_mask: bool, window: int = 0) -> TensorType:
+    return infer_attention(q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask, window=window)
 
 
 def _check_like(name: str, got: TensorType, want: TensorType) -> None:
@@ -67,19 +67,19 @@ def _check_like(name: str, got: TensorType, want: TensorType) -> None:
 
 
 def _infer_stats(q: TensorType, k: TensorType, o: TensorType, do: TensorType, *mask: TensorType,
-                 scale: float, causal: bool, has_mask: bool) -> TensorType:
+                 scale: float, causal: bool, has_mask: bool, window: int = 0) -> TensorType:
     # o is the output of attention over (q, k, v) for some v of o's head width: its type checks
     # the rest the way the forward's does
     v = TensorType(k.shape[:-1] + o.shape[-1:], o.dtype)
-    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask, window)
     _check_like("o", o, out)
     _check_like("do", do, out)
     return TensorType(out.shape[:-1] + (STATS,), stats_dtype(promote(out.dtype, do.dtype)))
 
 
 def _infer_bwd(q: TensorType, k: TensorType, v: TensorType, do: TensorType, stats: TensorType, *mask: TensorType,
-               scale: float, causal: bool, has_mask: bool) -> TensorType:
-    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+               scale: float, causal: bool, has_mask: bool, window: int = 0) -> TensorType:
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask, window)
     _check_like("do", do, out)
     if stats.shape != out.shape[:-1] + (STATS,) or not stats.dtype.is_float:
         raise ShapeError(f"stats {stats} should be float {fmt_shape(out.shape[:-1] + (STATS,))}",
@@ -89,8 +89,8 @@ def _infer_bwd(q: TensorType, k: TensorType, v: TensorType, do: TensorType, stat
 
 
 def _infer_lse(q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
-               scale: float, causal: bool, has_mask: bool) -> TensorType:
-    out = _forward_type(q, k, v, mask, scale, causal, has_mask)
+               scale: float, causal: bool, has_mask: bool, window: int = 0) -> TensorType:
+    out = _forward_type(q, k, v, mask, scale, causal, has_mask, window)
     return TensorType((lse_length(out.shape),), out.dtype)
 
 
@@ -116,8 +116,8 @@ def split_lse(lse: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]
 
 
 def attention_lse_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, *mask: np.ndarray,
-                            scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    scores = masked_scores(q, k, mask, scale, causal)
+                            scale: float, causal: bool, has_mask: bool, window: int = 0) -> np.ndarray:
+    scores = masked_scores(q, k, mask, scale, causal, window)
     out = attention_of_scores(scores, v, q)
     lse = np.broadcast_to(logsumexp_rows(scores), out.shape[:-1])
     hi, lo = split_lse(lse, out.dtype)
@@ -154,16 +154,16 @@ def logsumexp_rows(s: np.ndarray) -> np.ndarray:
 
 
 def row_stats_reference(q: np.ndarray, k: np.ndarray, o: np.ndarray, do: np.ndarray, *mask: np.ndarray,
-                        scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    lse = logsumexp_rows(masked_scores(q, k, mask, scale, causal))
+                        scale: float, causal: bool, has_mask: bool, window: int = 0) -> np.ndarray:
+    lse = logsumexp_rows(masked_scores(q, k, mask, scale, causal, window))
     d = np.sum(do * o, axis=-1)
     lse, d = np.broadcast_arrays(lse, d)
     return np.stack([lse, d], axis=-1).astype(np.result_type(lse, d))
 
 
 def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, stats: np.ndarray, *mask: np.ndarray,
-                  scale: float, causal: bool, has_mask: bool) -> np.ndarray:
-    s = masked_scores(q, k, mask, scale, causal)
+                  scale: float, causal: bool, has_mask: bool, window: int = 0) -> np.ndarray:
+    s = masked_scores(q, k, mask, scale, causal, window)
     if q.ndim >= 3:
         k, v = expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
     batch = do.shape[:-2]
@@ -180,25 +180,25 @@ def bwd_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, s
 
 
 def _lse_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, *mask: TensorType,
-               scale: float, causal: bool, has_mask: bool) -> int:
-    o = _forward_type(q, k, v, mask, scale, causal, has_mask)
-    return attention_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask)
+               scale: float, causal: bool, has_mask: bool, window: int = 0) -> int:
+    o = _forward_type(q, k, v, mask, scale, causal, has_mask, window)
+    return attention_flops(o, q, k, v, *mask, scale=scale, causal=causal, has_mask=has_mask, window=window)
 
 
-def _pairs(out_batch: tuple[int, ...], sq: int, sk: int, causal: bool) -> float:
-    return math.prod(out_batch) * sq * sk * (0.5 if causal else 1.0)
+def _pairs(out_batch: tuple[int, ...], sq: int, sk: int, causal: bool, window: int) -> float:
+    return math.prod(out_batch) * (causal_pairs(sq, sk, window) if causal else sq * sk)
 
 
 def _stats_flops(out: TensorType, q: TensorType, k: TensorType, o: TensorType, do: TensorType, *mask: TensorType,
-                 scale: float, causal: bool, has_mask: bool) -> int:
-    pairs = _pairs(out.shape[:-2], q.shape[-2], k.shape[-2], causal)
+                 scale: float, causal: bool, has_mask: bool, window: int = 0) -> int:
+    pairs = _pairs(out.shape[:-2], q.shape[-2], k.shape[-2], causal, window)
     return int(pairs * (2 * q.shape[-1] + 4) + 2 * o.numel)
 
 
 def _bwd_flops(out: TensorType, q: TensorType, k: TensorType, v: TensorType, do: TensorType, stats: TensorType,
-               *mask: TensorType, scale: float, causal: bool, has_mask: bool) -> int:
+               *mask: TensorType, scale: float, causal: bool, has_mask: bool, window: int = 0) -> int:
     # the five products (S, dP, dV, dQ, dK) and exp, subtract, multiply per score
-    pairs = _pairs(do.shape[:-2], q.shape[-2], k.shape[-2], causal)
+    pairs = _pairs(do.shape[:-2], q.shape[-2], k.shape[-2], causal, window)
     return int(pairs * (6 * q.shape[-1] + 4 * v.shape[-1] + 4))
 
 

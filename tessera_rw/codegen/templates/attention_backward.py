@@ -174,9 +174,10 @@ class _BackwardTemplate(Template):
             self.sample(1, 2, 1000, 128, f16, True, mask=TensorType((1000, 1000), f16)))
 
     def with_flags(self, fused: tuple[str, ...], op: KernelOp) -> tuple[str, ...]:
-        """The fused-step names with the mask's and the causal flag's."""
+        """The fused-step names with the mask's, the causal flag's and the window's."""
         a = op.attr_map
-        return fused + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ())
+        return fused + (("mask",) if a.get("has_mask") else ()) + (("causal",) if a.get("causal") else ()) \
+            + (("window",) if a.get("window") else ())
 
     @abstractmethod
     def sample(self, b: int, h: int, s: int, d: int, dtype: DType, causal: bool,
@@ -204,12 +205,13 @@ class AttentionRowStatsTemplate(_BackwardTemplate):
 
     def registers(self, shape: BackwardShape, s: BackwardSchedule) -> int:
         # Fitted (minimax) to ptxas on sm_80 and sm_90 over S = 1000 and 1024, D = 64 and 128, causal
-        # or not, no, bool or fp16 mask, every schedule of the space: within 19%. The S fragment and
-        # K's B fragments grow with the tile width, Q's fragments with D; causal bounds hold more of
-        # both live, a ragged last tile adds its predicates; reading a mask costs next to nothing.
-        edge = shape.sk % s.cols != 0
-        causal = 0.07 * (s.cols + shape.d) if shape.causal else 0.0
-        return math.ceil(0.87 * s.cols + 0.38 * shape.d + causal + (10 if edge else 0))
+        # or not, a window of 256 or not, no, bool or fp16 mask, every schedule of the space: within
+        # 19%. The S fragment and K's B fragments grow with the tile width, Q's fragments with D;
+        # causal bounds hold more of both live, a window's yet more; a ragged last tile or a band
+        # adds its predicates; reading a mask costs next to nothing.
+        edge = shape.sk % s.cols != 0 or shape.window
+        bounds = (0.07 if shape.causal else 0.0) + (0.12 if shape.window else 0.0)
+        return math.ceil(0.87 * s.cols + 0.38 * shape.d + bounds * (s.cols + shape.d) + (10 if edge else 0))
 
     def stage_counts(self, shape: BackwardShape) -> tuple[int, ...]:
         return self.stages if shape.d <= 64 else (2,)   # D=128 with 3 stages: ptxas spills a ragged masked tile

@@ -49,9 +49,12 @@ DQ_FINISH = r"""    fab_dq_finish(work + (long long)(blockIdx.x / NKB) * SQ * D,
 """
 
 DQ_HELPERS = r"""// query tile t is visited by the key blocks whose first key comes before its last query (all of
-// them without a causal mask): the arrivals that complete it
+// them without a causal mask) and, under a window, whose last key's band reaches its first query:
+// the arrivals that complete it
 __device__ __forceinline__ unsigned fab_visitors(int t) {
-    return CAUSAL ? (unsigned)min(NKB, ((t + 1) * COLS - 1) / ROWS + 1) : (unsigned)NKB;
+    const int last = CAUSAL ? min(NKB - 1, ((t + 1) * COLS - 1) / ROWS) : NKB - 1;
+    const int first = WINDOW ? max(0, (t * COLS - WINDOW + 1) / ROWS) : 0;
+    return (unsigned)(last - first + 1);
 }
 
 // dQ[c0 + q][d] += Σ_key dS[q][key] K[key][d] over this block's ROWS keys, in tasks of 16 queries ×

@@ -76,7 +76,7 @@ def backward_constants(shape: BackwardShape, s: BackwardSchedule) -> dict[str, o
     return dict(ELEM=f"{tag}_t", MMA=f"mma_{tag}_16816", PACK=f"pack_{tag}x2", TO_F32=f"{tag}_to_f32",
                 ROWS=s.rows, COLS=s.cols, D=shape.d, WARPS=s.warps, STAGES=s.stages, SQ=shape.sq, SK=shape.sk,
                 BH=shape.bh, SCALE=float_literal(shape.scale), SCALE_LOG2=float_literal(shape.scale * LOG2E),
-                CAUSAL="true" if shape.causal else "false", **masking)
+                CAUSAL="true" if shape.causal else "false", WINDOW=shape.window, **masking)
 
 
 def operand_constants(op: KernelOp, shape: BackwardShape) -> dict[str, object]:
@@ -98,7 +98,8 @@ def operand_constants(op: KernelOp, shape: BackwardShape) -> dict[str, object]:
 
 def kernel_name(kind: str, shape: BackwardShape, s: BackwardSchedule) -> str:
     tag = "bf16" if shape.dtype is DType.bfloat16 else "f16"
-    return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}{'mask_' if shape.mask else ''}"
+    return (f"{kind}_{tag}_d{shape.d}_{'causal_' if shape.causal else ''}"
+            f"{f'win{shape.window}_' if shape.window else ''}{'mask_' if shape.mask else ''}"
             f"r{s.rows}_c{s.cols}_w{s.warps}_s{s.stages}")
 
 
@@ -131,6 +132,18 @@ def dk_dv_steps(atomic: bool) -> dict[str, str]:
                 DQ_SMEM=DQ_SMEM, DS_STORE=DS_STORE, DQ_STEP=DQ_STEP, DQ_FINISH=DQ_FINISH)
 
 
+# The query tiles a key job walks: from the one holding query kr0 (causal: earlier queries see none
+# of its keys) to the last a key's window reaches
+KEY_JOB_BOUNDS = r"""    const int t0 = CAUSAL ? kr0 / COLS : 0;
+    const int t_end = WINDOW ? min(NQT, (kr0 + ROWS + WINDOW - 2) / COLS + 1) : NQT;
+"""
+
+# ... and the key tiles a query job walks: from the first its first row's window meets to its last
+# row's key (causal)
+QUERY_JOB_BOUNDS = r"""    const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
+    const int t1 = WINDOW ? min(max(0, qr0 - WINDOW + 1) / COLS, n_tiles - 1) : 0;
+"""
+
 # A key job's start (both kernels; $LOAD copies a tile into their shared layout): its K and V rows
 # in, the first query tiles on their way, dK and dV zeroed
 KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS, K_ROW>(k_s, k + (long long)kr0 * K_ROW, SK - kr0, tid);
@@ -139,7 +152,7 @@ KEY_JOB_START = r"""    $LOAD<ROWS, D, THREADS, K_ROW>(k_s, k + (long long)kr0 *
     #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int t = t0 + i;
-        if (t < NQT) {
+        if (t < t_end) {
             $LOAD<COLS, D, THREADS, Q_ROW>(q_s + i * COLS * D, q + (long long)t * COLS * Q_ROW, SQ - t * COLS, tid);
             $LOAD<COLS, D, THREADS, DO_ROW>(o_s + i * COLS * D, dout + (long long)t * COLS * DO_ROW, SQ - t * COLS, tid);
         }
@@ -156,10 +169,11 @@ QUERY_JOB_START = r"""    $LOAD<ROWS, D, THREADS, Q_ROW>(q_s, q + (long long)qr0
     $LOAD<ROWS, D, THREADS, DO_ROW>(o_s, dout + (long long)qr0 * DO_ROW, SQ - qr0, tid);
     cp_async_commit();
     #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const int t = t1 + i;
         if (t < n_tiles) {
-            $LOAD<COLS, D, THREADS, K_ROW>(k_s + t * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
-            $LOAD<COLS, D, THREADS, V_ROW>(v_s + t * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, K_ROW>(k_s + i * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
+            $LOAD<COLS, D, THREADS, V_ROW>(v_s + i * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -189,7 +203,7 @@ KEY_TILE_GRADIENTS = r"""        #pragma unroll
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
                     float p = exp2_approx(x - lse2);
-                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
+                    if (!in || key >= SK || (CAUSAL && key > col) || (WINDOW && key <= col - WINDOW)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
                 }
@@ -209,7 +223,7 @@ QUERY_TILE_GRADIENTS = r"""        #pragma unroll
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
                     float p = exp2_approx(x - lse2[h]);
-                    if (key >= SK || (CAUSAL && key > row)) p = 0.f;
+                    if (key >= SK || (CAUSAL && key > row) || (WINDOW && key <= row - WINDOW)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }
             }
@@ -223,6 +237,7 @@ constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
 constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
 constexpr float SCALE = $SCALE, SCALE_LOG2 = $SCALE_LOG2, LOG2E = 1.4426950408889634f;
 constexpr bool CAUSAL = $CAUSAL;
+constexpr int WINDOW = $WINDOW;                           // query i sees keys i - WINDOW + 1 .. i (0: all to i)
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
 constexpr int Q_ROW = $Q_ROW, K_ROW = $K_ROW, V_ROW = $V_ROW, DO_ROW = $DO_ROW;   // elements from row to row
 constexpr int DQ_ROW = $DQ_ROW, DK_ROW = $DK_ROW, DV_ROW = $DV_ROW;
@@ -302,10 +317,9 @@ __device__ __forceinline__ void fab_dk_dv(const $ELEM* q, const $ELEM* k, const 
     $ELEM* o_s = q_s + STAGES * COLS * D;                 // [STAGES][COLS][D], dO
 $DQ_SMEM    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int key0 = kr0 + warp * 16;
-    const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
-""" + KEY_JOB_START + r"""    for (int t = t0; t < NQT; ++t) {
+""" + KEY_JOB_BOUNDS + KEY_JOB_START + r"""    for (int t = t0; t < t_end; ++t) {
         const int i = t - t0, next = t + STAGES - 1;
-        if (next < NQT) {
+        if (next < t_end) {
             const int st_next = (i + STAGES - 1) % STAGES;
             fa_load_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
             fa_load_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
@@ -340,18 +354,19 @@ __device__ __forceinline__ void fab_dq(const $ELEM* q, const $ELEM* k, const $EL
     $ELEM* v_s = k_s + STAGES * COLS * D;                 // [STAGES][COLS][D]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int row0 = qr0 + warp * 16;
-    const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
-""" + QUERY_JOB_START + r"""    for (int t = 0; t < n_tiles; ++t) {
-        const int next = t + STAGES - 1;
+""" + QUERY_JOB_BOUNDS + QUERY_JOB_START + r"""    for (int t = t1; t < n_tiles; ++t) {
+        const int i = t - t1, next = t + STAGES - 1, st_next = (i + STAGES - 1) % STAGES;
         if (next < n_tiles) {
-            fa_load_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
-            fa_load_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, K_ROW>(k_s + st_next * COLS * D, k + (long long)next * COLS * K_ROW,
+                                                  SK - next * COLS, tid);
+            fa_load_tile<COLS, D, THREADS, V_ROW>(v_s + st_next * COLS * D, v + (long long)next * COLS * V_ROW,
+                                                  SK - next * COLS, tid);
         }
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncthreads();
-        const $ELEM* kt = k_s + (t % STAGES) * COLS * D;
-        const $ELEM* vt = v_s + (t % STAGES) * COLS * D;
+        const $ELEM* kt = k_s + (i % STAGES) * COLS * D;
+        const $ELEM* vt = v_s + (i % STAGES) * COLS * D;
         const int k0 = t * COLS;
         float s[COLS / 8][4], dp[COLS / 8][4];            // S and dP: rows are queries, columns keys
         fab_zero(s, COLS / 8);

@@ -73,13 +73,15 @@ class BackwardShape:
     scale: float
     batch: tuple[int, ...] = ()
     mask: TensorType | None = None
+    window: int = 0               # causal's band: query i sees keys i - window + 1 .. i (0: every earlier key)
 
     @classmethod
     def of(cls, op: KernelOp) -> BackwardShape:
         q, k, *_ = attention_operands(op)
         a = op.attr_map
         return cls(math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, bool(a.get("causal")),
-                   float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None)
+                   float(a["scale"]), q.shape[:-2], op.operands[-1] if a.get("has_mask") else None,
+                   int(a.get("window") or 0))
 
     def warpgroup_mma(self, arch: ArchSpec) -> bool:
         """Whether sm_90's wgmma kernel serves it: on sm_90, for sequences of a warpgroup's 64 rows
@@ -100,17 +102,21 @@ class BackwardShape:
         return key_blocks if atomic else key_blocks + self.bh * -(-self.sq // rows)
 
     def pairs(self, rows: int, cols: int, by_keys: bool) -> int:
-        """(query, key) pairs computed, padding and the tiles causal skips accounted: blocks of
-        `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries walking key tiles."""
+        """(query, key) pairs computed, padding and the tiles causal (and a window) skip accounted:
+        blocks of `rows` keys walking `cols`-query tiles (by_keys) or blocks of `rows` queries
+        walking key tiles, as the kernels bound their walks."""
         own, other = (self.sk, self.sq) if by_keys else (self.sq, self.sk)
+        every = -(-other // cols)
         total = 0
         for r0 in range(0, own, rows):
             if not self.causal:
-                tiles = -(-other // cols)
-            elif by_keys:
-                tiles = -(-other // cols) - r0 // cols
-            else:
-                tiles = min(-(-other // cols), -(-(r0 + rows) // cols))
+                tiles = every
+            elif by_keys:         # from the tile of query r0 to past the band of key r0 + rows - 1
+                end = min(every, (r0 + rows + self.window - 2) // cols + 1) if self.window else every
+                tiles = end - r0 // cols
+            else:                 # from the tile the band of query r0 meets to past key r0 + rows - 1
+                end = min(every, -(-(r0 + rows) // cols))
+                tiles = end - (min(max(0, r0 - self.window + 1) // cols, end - 1) if self.window else 0)
             total += max(tiles, 0) * rows * cols
         return self.bh * total
 

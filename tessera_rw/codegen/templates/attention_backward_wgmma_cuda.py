@@ -30,8 +30,9 @@ from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.prelude import ATOM_BYTES, HOPPER_TARGET, ROW_BYTES, wgmma_name, wgmma_rs_name
-from tessera_rw.codegen.templates.attention_backward_cuda import (BWD_COMMON, KEY_JOB_START, KEY_TILE_GRADIENTS,
-                                                                  MASK_HELPER, QUERY_JOB_START, QUERY_TILE_GRADIENTS,
+from tessera_rw.codegen.templates.attention_backward_cuda import (BWD_COMMON, KEY_JOB_BOUNDS, KEY_JOB_START,
+                                                                  KEY_TILE_GRADIENTS, MASK_HELPER, QUERY_JOB_BOUNDS,
+                                                                  QUERY_JOB_START, QUERY_TILE_GRADIENTS,
                                                                   backward_constants, kernel_name, operand_constants)
 from tessera_rw.codegen.templates.attention_wgmma_cuda import TILE_LOADER
 
@@ -122,13 +123,12 @@ __device__ __forceinline__ void fab_wg_dk_dv(const $ELEM* q, const $ELEM* k, con
     $ELEM* o_s = q_s + STAGES * COLS * D;                 // [STAGES][D/64][COLS][64], dO
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, key0 = kr0 + warp * 16;
-    const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
-""" + KEY_JOB_START + r"""    for (int t = t0; t < NQT; ++t) {
+""" + KEY_JOB_BOUNDS + KEY_JOB_START + r"""    for (int t = t0; t < t_end; ++t) {
         const int i = t - t0, next = t + STAGES - 1;
         cp_async_wait<STAGES - 2>();                      // K, V and tile t have landed
         fence_proxy_async();                              // where the tensor cores read them
         __syncthreads();                                  // for every thread; and tile t - 1 is retired everywhere
-        if (next < NQT) {                                 // into the stage tile t - 1 held
+        if (next < t_end) {                               // into the stage tile t - 1 held
             const int st_next = (i + STAGES - 1) % STAGES;
             fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
             fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
@@ -174,19 +174,20 @@ __device__ __forceinline__ void fab_wg_dq(const $ELEM* q, const $ELEM* k, const 
     $ELEM* v_s = k_s + STAGES * COLS * D;                 // [STAGES][D/64][COLS][64]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, row0 = qr0 + warp * 16;
-    const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
-""" + QUERY_JOB_START + r"""    for (int t = 0; t < n_tiles; ++t) {
-        const int next = t + STAGES - 1;
+""" + QUERY_JOB_BOUNDS + QUERY_JOB_START + r"""    for (int t = t1; t < n_tiles; ++t) {
+        const int i = t - t1, next = t + STAGES - 1, st_next = (i + STAGES - 1) % STAGES;
         cp_async_wait<STAGES - 2>();                      // Q, dO and tile t have landed
         fence_proxy_async();
         __syncthreads();                                  // and tile t - 1 is retired everywhere
         if (next < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + st_next * COLS * D, k + (long long)next * COLS * K_ROW,
+                                                     SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + st_next * COLS * D, v + (long long)next * COLS * V_ROW,
+                                                     SK - next * COLS, tid);
         }
         cp_async_commit();
-        const $ELEM* kt = k_s + (t % STAGES) * COLS * D;
-        const $ELEM* vt = v_s + (t % STAGES) * COLS * D;
+        const $ELEM* kt = k_s + (i % STAGES) * COLS * D;
+        const $ELEM* vt = v_s + (i % STAGES) * COLS * D;
         const int k0 = t * COLS;
         float s[COLS / 8][4], dp[COLS / 8][4];            // S and dP: rows are queries, columns keys
         fab_wg_score_tile(s, dp, q_s, o_s, kt, vt, warpgroup);

@@ -258,12 +258,9 @@ def row_layouts(op: KernelOp) -> tuple[RowLayout, RowLayout, RowLayout, RowLayou
 
 
 def with_lse(op: KernelOp) -> KernelOp:
-    """The flash_attention_lse op of a flash_attention op: the same operands and flags (it has no
-    window: a windowed forward's statistics are its band's, spelled out as a mask)."""
-    attrs = {name: value for name, value in op.attr_map.items() if name != "window"}
-    assert not op.attr_map.get("window"), "flash_attention_lse takes no window"
-    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **attrs),
-                       numerics=op.numerics, **attrs)
+    """The flash_attention_lse op of a flash_attention op: the same operands and flags."""
+    return KernelOp.of("flash_attention_lse", op.operands, OPS["flash_attention_lse"].infer(*op.operands, **op.attr_map),
+                       numerics=op.numerics, **op.attr_map)
 
 
 def resident_heads(arch: ArchSpec, blocks_per_head: int, threads: int, registers: int, smem: int) -> int:

@@ -248,13 +248,13 @@ def _gqa_rules():
 # o, dO, mask), flash_attention_bwd(q, k, v, dO, stats, mask). A where-mask reaches the backward
 # ops as the additive mask the gradient rules match; these rules make it a bool mask or `causal`.
 
-def _attention_family(rng: np.random.Generator, mask_of):
-    """A forward and backward attention built with `mask_of(mask)` as its mask: every op of the
-    family carries the same one."""
+def _attention_family(rng: np.random.Generator, mask_of, causal: bool = False):
+    """A forward and backward attention built with `mask_of(mask)` as its mask (and `causal`): every
+    op of the family carries the same one."""
     def body(q, k, v, g, mask):
         m = mask_of(mask)
-        flags = dict(scale=0.3, causal=False, has_mask=True)
-        out = op.flash_attention(q, k, v, mask=m, scale=0.3)
+        flags = dict(scale=0.3, causal=causal, has_mask=True)
+        out = op.flash_attention(q, k, v, mask=m, scale=0.3, causal=causal)
         stats = apply("attention_row_stats", (q, k, out, g, m), **flags)
         return out, apply("flash_attention_bwd", (q, k, v, g, stats, m), **flags)
     inputs = qkv(rng)
@@ -267,12 +267,6 @@ FAMILY = {"flash_attention": (q, kt, v), "attention_row_stats": (q, kt, v, Expr(
           "flash_attention_bwd": (q, kt, v, Expr("g"), Expr("st"))}
 
 
-def _window(name: str, value: Expr | int) -> dict:
-    """The `window` attribute for `name`'s term: the forward has one, the backward ops none (a
-    windowed forward differentiates to its band spelled out as a mask)."""
-    return {"window": value} if name == "flash_attention" else {}
-
-
 def _mask_rules():
     neg_inf_mask = t.where(m, const(value=0.0), const(value=float("-inf"), dtype=Expr("cd2")))
     tril = t.tril(t.full(shape=full_shape, value=True, dtype="bool"), k=0)
@@ -280,20 +274,20 @@ def _mask_rules():
         term = getattr(t, name)
         suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
         yield Rule(f"bool-mask-from-neg-inf{suffix}", f"{name}(…, where(m, 0, −∞)) = {name}(…, m)",
-                   lhs=term(*operands, neg_inf_mask, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
-                   rhs=term(*operands, m, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
+                   lhs=term(*operands, neg_inf_mask, scale=c, causal=False, has_mask=True, window=0, of=T),
+                   rhs=term(*operands, m, scale=c, causal=False, has_mask=True, window=0, of=T),
                    when=('(= (dt m) "bool")',),
                    example=lambda rng: _attention_family(rng, lambda mask: op.where(mask > 0, 0.0, -math.inf)))
         yield Rule(f"causal-from-additive-fill{suffix}", f"{name}(…, where(tril(1), 0, c)) = {name}(…, causal) "
                    f"for c ≤ {CAUSAL_FILL_LIMIT:g}",
                    lhs=term(*operands, t.where(tril, const(value=0.0, dtype=Expr("cd2")), const()),
-                            scale=Expr("sc"), causal=False, has_mask=True, **_window(name, 0), of=T),
-                   rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, **_window(name, 0), of=T),
+                            scale=Expr("sc"), causal=False, has_mask=True, window=0, of=T),
+                   rhs=term(*operands, scale=Expr("sc"), causal=True, has_mask=False, window=0, of=T),
                    when=("(= (vec-length fs) 2)", f"(<= c {CAUSAL_FILL_LIMIT:.1f})", FINITE_FILL),
                    example=_additive_causal_example, assumes=ADDITIVE_FILL_ASSUMED)
         yield Rule(f"causal-from-tril-mask{suffix}", f"{name}(…, tril(1)) = {name}(…, causal)",
-                   lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, **_window(name, 0), of=T),
-                   rhs=term(*operands, scale=c, causal=True, has_mask=False, **_window(name, 0), of=T),
+                   lhs=term(*operands, tril, scale=c, causal=False, has_mask=True, window=0, of=T),
+                   rhs=term(*operands, scale=c, causal=True, has_mask=False, window=0, of=T),
                    when=("(= (vec-length fs) 2)",),
                    example=lambda rng: _attention_family(
                        rng, lambda mask: op.tril(op.ones((mask.shape[-2], mask.shape[-1]), "bool"))))
@@ -308,7 +302,7 @@ def _lifted_mask_rules():
         term = getattr(t, name)
         suffix = "" if name == "flash_attention" else f"-{name.replace('_', '-')}"
         for lead in (1, 2):
-            flags = dict(scale=c, causal=Expr("causal"), has_mask=True, **_window(name, Expr("win")), of=T)
+            flags = dict(scale=c, causal=Expr("causal"), has_mask=True, window=Expr("win"), of=T)
             lifted = "(vec-of " + "1 " * lead + "(vec-get ms 0) (vec-get ms 1))"
             yield Rule(f"mask-of-{lead + 2}-dims-is-2-d{suffix}",
                        f"{name}(…, reshape(m, (1,)·{lead} + shape(m))) = {name}(…, m)",
@@ -379,7 +373,7 @@ def _fill_rules():
 
 
 RULES = (RULES + tuple(_mask_rules()) + tuple(_lifted_mask_rules()) + tuple(_fill_rules()) + tuple(_gqa_rules())
-         + attention_window.RULES + attention_unfused.RULES)
+         + tuple(attention_window.window_rules(FAMILY, _attention_family)) + attention_unfused.RULES)
 
 ATTENTION = Ruleset("attention", RULES, doc="softmax(c·QKᵀ + M)V → flash_attention, with mask refinement")
 

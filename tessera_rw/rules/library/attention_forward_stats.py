@@ -45,12 +45,11 @@ def _operands(masked: bool) -> tuple[Expr, ...]:
     return (q, k, v, m) if masked else (q, k, v)
 
 
-FLAGS = dict(scale=c, causal=cz, has_mask=hm)       # the forward's, matched and passed on
+FLAGS = dict(scale=c, causal=cz, has_mask=hm, window=E("win"))       # the forward's, matched and passed on
 
 
 def _forward(masked: bool) -> Expr:
-    """The forward the row statistics read; a windowed one is not the stats' (they have no window)."""
-    return t.flash_attention(*_operands(masked), **FLAGS, window=0, of=(os, d))
+    return t.flash_attention(*_operands(masked), **FLAGS, of=(os, d))
 
 
 def _stats(masked: bool) -> Expr:

@@ -37,8 +37,13 @@ t = TermBuilder()
 q, kt, v, g, mask, c, ax, pk, s, d = t.vars("q kt v g mask c ax pk s d")
 E = Expr
 T = (s, d)
-# the causal mask as attention written by hand spells it: every row keeps its first key
-CAUSAL = t.tril(t.full(shape=E("fs"), value=True, dtype="bool"), k=0)
+# the causal mask as attention written by hand spells it: every row keeps its first key; and a
+# sliding window's band, every row keeping its own key (with no more queries than keys)
+ONES = t.full(shape=E("fs"), value=True, dtype="bool")
+CAUSAL = t.tril(ONES, k=0)
+BAND = t.logical_and(CAUSAL, t.logical_not(t.tril(ONES, k=E("k2"))))
+WRITTEN_MASKS = {"causal": (CAUSAL, ("(= (vec-length fs) 2)",)),
+                 "window": (BAND, ("(= (vec-length fs) 2)", "(< k2 0)", "(<= (vec-get fs 0) (vec-get fs 1))"))}
 RANKS = (2, 3, 4)
 SCALE = 0.3
 MASKS = ("none", "additive", "where")
@@ -76,8 +81,8 @@ def _packed(masked: str, m: Expr = mask) -> Expr:
     """flash_attention_bwd(Q, K, V, dO, attention_row_stats(Q, K, O, dO)) of dtype d, flat."""
     k = t.transpose(kt, axes=pk, of=(E(swapped_last("kt_s")), d))
     extra = () if masked == "none" else (m,)
-    flags = dict(scale=c, causal=False, has_mask=bool(extra))
-    out = t.flash_attention(q, k, v, *extra, **flags, window=0, of=(E("g_s"), d))
+    flags = dict(scale=c, causal=False, has_mask=bool(extra), window=0)
+    out = t.flash_attention(q, k, v, *extra, **flags, of=(E("g_s"), d))
     stats = t.attention_row_stats(q, k, out, g, *extra, **flags, of=(E(f"(vec-set g_s ax {STATS})"), E("sd")))
     return t.flash_attention_bwd(q, k, v, g, stats, *extra, **flags, of=(E("(vec-of (+ nq (+ nk nv)))"), d))
 
@@ -111,11 +116,12 @@ def _example(rank: int, masked: str):
     return lambda rng: (grads, _inputs(rng, rank, masked))
 
 
-def _written_example(rank: int):
-    """dQ and dK of causal attention written by hand, as reverse mode gives them: where's own VJP
-    wraps dS in where(tril, dS, 0)."""
+def _written_example(rank: int, window: bool):
+    """dQ and dK of causal (or sliding-window) attention written by hand, as reverse mode gives
+    them: where's own VJP wraps dS in where(keep, dS, 0)."""
     def grads(q, k, v, g):
-        keep = op.tril(op.ones((q.shape[-2], k.shape[-2]), "bool"))
+        ones = op.ones((q.shape[-2], k.shape[-2]), "bool")
+        keep = op.tril(ones) & ~op.tril(ones, -2) if window else op.tril(ones)
         p = op.softmax(op.where(keep, q @ k.mT * SCALE, -math.inf), axis=-1)
         dp = g @ v.mT
         scaled = op.where(keep, p * (dp - op.sum(dp * p, axis=-1, keepdims=True)), 0.0) * SCALE
@@ -125,16 +131,19 @@ def _written_example(rank: int):
         # rows give the gradients their scale
         while (inputs := _inputs(rng, rank, "none"))["q"].shape[-2] < 3:
             pass
+        if window:              # as many queries as keys at most: each keeps its own key and the one before
+            rows = min(inputs["q"].shape[-2], inputs["k"].shape[-2])
+            inputs |= {n: inputs[n][..., :rows, :] for n in ("q", "g")}
         return grads, inputs
     return example
 
 
-def _written_scaled_ds() -> Expr:
-    """c dS under a causal mask written by hand: where's own VJP keeps dS where tril holds, as
-    where(tril, dS, 0). Every row keeps its first key, so P and dS are finite and already 0 off
-    the mask: the fused node's dS. (A mask that drops a whole row would make that row's dS NaN,
-    which the where zeroes and the fused node would not: such masks keep their unfused backward.)"""
-    return t.mul(t.where(CAUSAL, _ds("where", CAUSAL), const(value=0.0, dtype=E("cz"))), const())
+def _written_scaled_ds(keep: Expr) -> Expr:
+    """c dS under a causal mask (or band) written by hand: where's own VJP keeps dS where it holds,
+    as where(keep, dS, 0). Every row keeps a key, so P and dS are finite and already 0 off the
+    mask: the fused node's dS. (A mask that drops a whole row would make that row's dS NaN, which
+    the where zeroes and the fused node would not: such masks keep their unfused backward.)"""
+    return t.mul(t.where(keep, _ds("where", keep), const(value=0.0, dtype=E("cz"))), const())
 
 
 def _rules():
@@ -155,15 +164,17 @@ def _rules():
                            f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
                            lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
                            example=_example(rank, masked))
-    written = _written_scaled_ds()
-    lhs = {"dq": t.matmul(written, t.transpose(kt, axes=pk), of=T),
-           "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), written), axes=pk, of=T)}
-    for rank in RANKS:
-        for grad in ("dq", "dk"):             # dV reads P, not dS: the where-masked dV rule serves
-            yield Rule(f"attention-{grad}-fused-causal-written-{rank}d",
-                       f"{formula[grad]} under where(tril) = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
-                       lhs=lhs[grad], rhs=_block("where", *blocks[grad], CAUSAL),
-                       when=_facts(rank) + ("(= (vec-length fs) 2)",), example=_written_example(rank))
+    for kind, (keep, facts) in WRITTEN_MASKS.items():
+        written = _written_scaled_ds(keep)
+        lhs = {"dq": t.matmul(written, t.transpose(kt, axes=pk), of=T),
+               "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), written), axes=pk, of=T)}
+        shown = {"causal": "where(tril)", "window": "where(tril ∧ ¬tril(−W))"}[kind]
+        for rank in RANKS:
+            for grad in ("dq", "dk"):             # dV reads P, not dS: the where-masked dV rule serves
+                yield Rule(f"attention-{grad}-fused-{kind}-written-{rank}d",
+                           f"{formula[grad]} under {shown} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
+                           lhs=lhs[grad], rhs=_block("where", *blocks[grad], keep), when=_facts(rank) + facts,
+                           example=_written_example(rank, kind == "window"))
 
 
 RULES = tuple(_rules())

@@ -45,6 +45,7 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     constexpr float SCALE_LOG2 = 0.18033688011112042f;             // scores in base 2: scale · log2(e)
     constexpr float LN2 = 0.6931471805599453f;
     constexpr bool CAUSAL = false;
+    constexpr int WINDOW = 0;                       // row i keeps keys i - WINDOW + 1 .. i (0: all to i)
     const float NEG_INF = __int_as_float(0xff800000);
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -57,15 +58,19 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     const int g = lane >> 2, t4 = lane & 3;               // mma fragment: row in 8, column pair in 4
     const int q0 = qb * BM, row0 = q0 + warp * 16;
     const long long q_off = (long long)bh * SQ * D;
-    const bf16_t* kp = k + (long long)bh * SK * D;
     const float* mp = nullptr;
-    const int n_tiles = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    // causal stops at the block's last row; a window starts at key key0, where its first row's band does
+    const int end_tile = CAUSAL ? min(NKT, (q0 + BM + BN - 1) / BN) : NKT;
+    const int key0 = WINDOW ? min(max(0, q0 - WINDOW + 1) / BN, end_tile - 1) * BN : 0;
+    const int n_tiles = end_tile - key0 / BN;
+    const bf16_t* kp = k + (long long)bh * SK * D + (long long)key0 * D;
 
     fa_load_tile<BM, D, THREADS>(q_s, q + q_off + (long long)q0 * D, SQ - q0, tid);
     cp_async_commit();
     #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < n_tiles) fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - t * BN, tid);
+        if (t < n_tiles)
+            fa_load_tile<BN, D, THREADS>(k_s + t * BN * D, kp + (long long)t * BN * D, SK - key0 - t * BN, tid);
         cp_async_commit();
     }
     cp_async_wait<STAGES - 1>();
@@ -80,12 +85,13 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
     for (int t = 0; t < n_tiles; ++t) {
         const int next = t + STAGES - 1;
         if (next < n_tiles)
-            fa_load_tile<BN, D, THREADS>(k_s + (next % STAGES) * BN * D, kp + (long long)next * BN * D, SK - next * BN, tid);
+            fa_load_tile<BN, D, THREADS>(k_s + (next % STAGES) * BN * D, kp + (long long)next * BN * D,
+                                         SK - key0 - next * BN, tid);
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const bf16_t* kt = k_s + (t % STAGES) * BN * D;
-        const int k0 = t * BN;
+        const int k0 = key0 + t * BN;
         float s[BN / 8][4];
         #pragma unroll
         for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
@@ -98,7 +104,7 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
                 mma_bf16_16816(s[2 * j], qf[kk], b);
                 mma_bf16_16816(s[2 * j + 1], qf[kk], b + 2);
             }
-        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0);
+        const bool edge = (k0 + BN > SK) || (CAUSAL && k0 + BN - 1 > row0) || (WINDOW && k0 <= row0 + 15 - WINDOW);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + g + 8 * h;
@@ -110,7 +116,7 @@ attention_row_stats_bf16_d64_r64_c64_w4_s2(const bf16_t* __restrict__ q, const b
                     const int col = k0 + j * 8 + 2 * t4 + e;
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && row < SQ && col < SK) x += fab_mask(mp, row, col);
-                    if (edge && (col >= SK || (CAUSAL && col > row))) x = NEG_INF;
+                    if (edge && (col >= SK || (CAUSAL && col > row) || (WINDOW && col <= row - WINDOW))) x = NEG_INF;
                     s[j][2 * h + e] = x;
                     mx = fmaxf(mx, x);
                 }

@@ -36,6 +36,7 @@ constexpr int NKB = (SK + ROWS - 1) / ROWS, NQB = (SQ + ROWS - 1) / ROWS;
 constexpr int NQT = (SQ + COLS - 1) / COLS, NKT = (SK + COLS - 1) / COLS;
 constexpr float SCALE = 0.125f, SCALE_LOG2 = 0.18033688011112042f, LOG2E = 1.4426950408889634f;
 constexpr bool CAUSAL = false;
+constexpr int WINDOW = 0;                           // query i sees keys i - WINDOW + 1 .. i (0: all to i)
 constexpr long long NQ = (long long)BH * SQ * D, NK = (long long)BH * SK * D;
 constexpr int Q_ROW = 64, K_ROW = 64, V_ROW = 64, DO_ROW = 64;   // elements from row to row
 constexpr int DQ_ROW = 64, DK_ROW = 64, DV_ROW = 64;
@@ -123,14 +124,15 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
     bf16_t* o_s = q_s + STAGES * COLS * D;                 // [STAGES][D/64][COLS][64], dO
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, key0 = kr0 + warp * 16;
-    const int t0 = CAUSAL ? kr0 / COLS : 0;               // earlier query tiles see none of these keys
+    const int t0 = CAUSAL ? kr0 / COLS : 0;
+    const int t_end = WINDOW ? min(NQT, (kr0 + ROWS + WINDOW - 2) / COLS + 1) : NQT;
     fa_load_wg_tile<ROWS, D, THREADS, K_ROW>(k_s, k + (long long)kr0 * K_ROW, SK - kr0, tid);
     fa_load_wg_tile<ROWS, D, THREADS, V_ROW>(v_s, v + (long long)kr0 * V_ROW, SK - kr0, tid);
     cp_async_commit();
     #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int t = t0 + i;
-        if (t < NQT) {
+        if (t < t_end) {
             fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + i * COLS * D, q + (long long)t * COLS * Q_ROW, SQ - t * COLS, tid);
             fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + i * COLS * D, dout + (long long)t * COLS * DO_ROW, SQ - t * COLS, tid);
         }
@@ -139,12 +141,12 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
     float dk[D / 8][4], dv[D / 8][4];
     fab_zero(dk, D / 8);
     fab_zero(dv, D / 8);
-    for (int t = t0; t < NQT; ++t) {
+    for (int t = t0; t < t_end; ++t) {
         const int i = t - t0, next = t + STAGES - 1;
         cp_async_wait<STAGES - 2>();                      // K, V and tile t have landed
         fence_proxy_async();                              // where the tensor cores read them
         __syncthreads();                                  // for every thread; and tile t - 1 is retired everywhere
-        if (next < NQT) {                                 // into the stage tile t - 1 held
+        if (next < t_end) {                               // into the stage tile t - 1 held
             const int st_next = (i + STAGES - 1) % STAGES;
             fa_load_wg_tile<COLS, D, THREADS, Q_ROW>(q_s + st_next * COLS * D, q + (long long)next * COLS * Q_ROW, SQ - next * COLS, tid);
             fa_load_wg_tile<COLS, D, THREADS, DO_ROW>(o_s + st_next * COLS * D, dout + (long long)next * COLS * DO_ROW, SQ - next * COLS, tid);
@@ -168,7 +170,7 @@ __device__ __forceinline__ void fab_wg_dk_dv(const bf16_t* q, const bf16_t* k, c
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && in && key < SK) x += fab_mask(mp, col, key);
                     float p = exp2_approx(x - lse2);
-                    if (!in || key >= SK || (CAUSAL && key > col)) p = 0.f;
+                    if (!in || key >= SK || (CAUSAL && key > col) || (WINDOW && key <= col - WINDOW)) p = 0.f;
                     s[j][2 * h + e] = p;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta);
                 }
@@ -207,14 +209,16 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int warpgroup = tid >> 7, row0 = qr0 + warp * 16;
     const int n_tiles = CAUSAL ? min(NKT, (qr0 + ROWS + COLS - 1) / COLS) : NKT;
+    const int t1 = WINDOW ? min(max(0, qr0 - WINDOW + 1) / COLS, n_tiles - 1) : 0;
     fa_load_wg_tile<ROWS, D, THREADS, Q_ROW>(q_s, q + (long long)qr0 * Q_ROW, SQ - qr0, tid);
     fa_load_wg_tile<ROWS, D, THREADS, DO_ROW>(o_s, dout + (long long)qr0 * DO_ROW, SQ - qr0, tid);
     cp_async_commit();
     #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const int t = t1 + i;
         if (t < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + t * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + t * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + i * COLS * D, k + (long long)t * COLS * K_ROW, SK - t * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + i * COLS * D, v + (long long)t * COLS * V_ROW, SK - t * COLS, tid);
         }
         cp_async_commit();
     }
@@ -227,18 +231,20 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
     }
     float dq[D / 8][4];
     fab_zero(dq, D / 8);
-    for (int t = 0; t < n_tiles; ++t) {
-        const int next = t + STAGES - 1;
+    for (int t = t1; t < n_tiles; ++t) {
+        const int i = t - t1, next = t + STAGES - 1, st_next = (i + STAGES - 1) % STAGES;
         cp_async_wait<STAGES - 2>();                      // Q, dO and tile t have landed
         fence_proxy_async();
         __syncthreads();                                  // and tile t - 1 is retired everywhere
         if (next < n_tiles) {
-            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + (next % STAGES) * COLS * D, k + (long long)next * COLS * K_ROW, SK - next * COLS, tid);
-            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + (next % STAGES) * COLS * D, v + (long long)next * COLS * V_ROW, SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, K_ROW>(k_s + st_next * COLS * D, k + (long long)next * COLS * K_ROW,
+                                                     SK - next * COLS, tid);
+            fa_load_wg_tile<COLS, D, THREADS, V_ROW>(v_s + st_next * COLS * D, v + (long long)next * COLS * V_ROW,
+                                                     SK - next * COLS, tid);
         }
         cp_async_commit();
-        const bf16_t* kt = k_s + (t % STAGES) * COLS * D;
-        const bf16_t* vt = v_s + (t % STAGES) * COLS * D;
+        const bf16_t* kt = k_s + (i % STAGES) * COLS * D;
+        const bf16_t* vt = v_s + (i % STAGES) * COLS * D;
         const int k0 = t * COLS;
         float s[COLS / 8][4], dp[COLS / 8][4];            // S and dP: rows are queries, columns keys
         fab_wg_score_tile(s, dp, q_s, o_s, kt, vt, warpgroup);
@@ -253,7 +259,7 @@ __device__ __forceinline__ void fab_wg_dq(const bf16_t* q, const bf16_t* k, cons
                     float x = s[j][2 * h + e] * SCALE_LOG2;
                     if (HAS_MASK && row < SQ && key < SK) x += fab_mask(mp, row, key);
                     float p = exp2_approx(x - lse2[h]);
-                    if (key >= SK || (CAUSAL && key > row)) p = 0.f;
+                    if (key >= SK || (CAUSAL && key > row) || (WINDOW && key <= row - WINDOW)) p = 0.f;
                     dp[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]);
                 }
             }
