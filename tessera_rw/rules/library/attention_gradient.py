@@ -16,13 +16,16 @@ length is a product of dims, which egglog spells per rank: the rules come in ran
 and heads), with K, V and dO of Q's batch; broadcast or GQA K/V reach them repeated, as the VJP
 writes them. A mask is additive (s + M) or a bool mask the VJP applies as where(m, s, −∞) (a
 causal mask too, as tril(1)); the fused nodes take the bool mask itself, and the `attention`
-ruleset's mask rules turn a tril mask into the causal flag.
+ruleset's mask rules turn a tril mask into the causal flag, a sliding window's band into its
+window. A softmax taken in float32 and cast back (transformers' softmax(…, dtype=float32)) gives
+dS in float32 cast back, which reads as the 16-bit dS these rules match.
 """
 
 from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
@@ -177,4 +180,39 @@ def _rules():
                            example=_written_example(rank, kind == "window"))
 
 
-RULES = tuple(_rules())
+def _softmax_vjp(p: Expr, g: Expr, shape: Expr, dtype: Expr | str) -> Expr:
+    """P ∘ (g − Σ g ∘ P) along the last axis ax, as reverse mode writes softmax's VJP."""
+    of = (shape, dtype)
+    total = t.sum(t.mul(g, p, of=of), axes=E("(vec-of ax)"), keepdims=True, of=(E("(vec-set s ax 1)"), dtype))
+    return t.mul(p, t.sub(g, total, of=of), of=of)
+
+
+def _wider_vjp_example(rng: np.random.Generator):
+    rows, cols = (int(n) for n in rng.integers(1, 7, size=2))
+    x, g = (rand(rng, rows, cols, dtype=ml_dtypes.bfloat16) for _ in range(2))
+
+    def body(x, g):
+        p = op.softmax(op.cast(x, "float32"), axis=-1)
+        wide = op.cast(g, "float32")
+        return op.cast(p * (wide - op.sum(wide * p, axis=-1, keepdims=True)), "bfloat16")
+    return body, {"x": x, "g": g}
+
+
+def _wider_vjp_rule() -> Rule:
+    """A softmax taken in float32 and cast back (transformers' softmax(…, dtype=float32).to(dtype))
+    reads as the 16-bit softmax (softmax-in-wider-type); its gradient, dS computed in float32 and
+    cast back, reads as the 16-bit dS the fused backward rules match, whose kernel computes it in
+    float32 and rounds it so."""
+    x, gx = E("x"), E("g")
+    wide = t.softmax(t.cast(x, dtype="float32", of=(s, "float32")), axis=ax, of=(s, "float32"))
+    return Rule("softmax-gradient-in-wider-type",
+                "cast(P32 ∘ (cast(g, f32) − Σ cast(g, f32) ∘ P32), d) = P ∘ (g − Σ g ∘ P), "
+                "P32 = softmax(cast(x, f32))",
+                lhs=t.cast(_softmax_vjp(wide, t.cast(gx, dtype="float32"), s, "float32"), dtype=d, of=T),
+                rhs=_softmax_vjp(t.softmax(x, axis=ax, of=T), gx, s, d),
+                when=("(= (dt x) d)", "(= (dt g) d)", "(= (shp g) s)", '(!= d "float32")',
+                      "(= ax (- (vec-length s) 1))"),
+                example=_wider_vjp_example)
+
+
+RULES = tuple(_rules()) + (_wider_vjp_rule(),)

@@ -1,0 +1,70 @@
+"""The gradient of attention as transformers writes it in bf16: the scores upcast to float32 for the
+softmax and the probabilities cast back (softmax(…, dtype=float32).to(dtype)), the mask filled with
+finfo.min or added. Reverse mode computes dS in float32 and casts it back; that reads as the 16-bit
+dS (softmax-gradient-in-wider-type), so the backward is FlashAttention-2's three kernels, and its
+gradients are float64 numpy's."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.algebra.ops.attention import causal_keep
+
+S, SCALE = 256, 0.125
+FILL = float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
+
+
+def upcast_softmax_attention(s, v):
+    return op.cast(op.softmax(op.cast(s, "float32"), axis=-1), "bfloat16") @ v
+
+
+def unmasked(q, k, v, w):
+    return op.sum(upcast_softmax_attention(q @ k.mT * SCALE, v) * w)
+
+
+def causal_fill(q, k, v, w):                  # where(tril, s, finfo.min)
+    keep = op.tril(op.ones((S, S), dtype="bool"))
+    return op.sum(upcast_softmax_attention(op.where(keep, q @ k.mT * SCALE, FILL), v) * w)
+
+
+def additive_causal(q, k, v, w):              # s + triu(full(finfo.min), 1)
+    mask = op.triu(op.full((S, S), FILL, dtype="bfloat16"), 1)
+    return op.sum(upcast_softmax_attention(q @ k.mT * SCALE + mask, v) * w)
+
+
+def sliding_window(q, k, v, w):               # Mistral's band of the last 64 keys
+    ones = op.ones((S, S), dtype="bool")
+    keep = op.tril(ones) & ~op.tril(ones, -64)
+    return op.sum(upcast_softmax_attention(op.where(keep, q @ k.mT * SCALE, FILL), v) * w)
+
+
+KEEP = {unmasked: None, causal_fill: causal_keep(S, S), additive_causal: causal_keep(S, S),
+        sliding_window: causal_keep(S, S, 64)}
+
+
+def float64_grads(q, k, v, w, keep) -> tuple[np.ndarray, ...]:
+    q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))
+    s = q @ np.swapaxes(k, -1, -2) * SCALE
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = w @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(dp * p, -1, keepdims=True))
+    return ds @ k * SCALE, np.swapaxes(ds, -1, -2) @ q * SCALE, np.swapaxes(p, -1, -2) @ w
+
+
+@pytest.mark.parametrize("loss", list(KEEP), ids=lambda f: f.__name__)
+def test_the_backward_is_flash_attentions_and_matches_float64(loss):
+    shape = (1, 2, S, 64)
+    grad = op.grad(loss, argnums=(0, 1, 2))
+    steps = [s.op for s in grad.program(*(op.tensor(shape, "bf16") for _ in range(4))).plan.steps]
+    assert steps == ["flash_attention_lse", "attention_row_stats_from_lse", "flash_attention_bwd"], steps
+    rng = np.random.default_rng(5)
+    q, k, v, w = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for _ in range(4))
+    for got, want in zip(grad(q, k, v, w), float64_grads(q, k, v, w, KEEP[loss])):
+        assert got.dtype == ml_dtypes.bfloat16
+        assert np.max(np.abs(got.astype(np.float64) - want)) < 2e-2 * (np.sqrt(np.mean(want ** 2)) + np.abs(want).max())
