@@ -18,7 +18,9 @@ writes them. A mask is additive (s + M) or a bool mask the VJP applies as where(
 causal mask too, as tril(1)); the fused nodes take the bool mask itself, and the `attention`
 ruleset's mask rules turn a tril mask into the causal flag, a sliding window's band into its
 window. A softmax taken in float32 and cast back (transformers' softmax(…, dtype=float32)) gives
-dS in float32 cast back, which reads as the 16-bit dS these rules match.
+dS in float32 cast back, which reads as the 16-bit dS these rules match; where a float32 mask
+added to 16-bit scores promotes them (transformers' LLaMA), the `-upcast-masked` rules match that
+float32 softmax's gradient itself.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ WRITTEN_MASKS = {"causal": (CAUSAL, ("(= (vec-length fs) 2)",)),
                  "window": (BAND, ("(= (vec-length fs) 2)", "(< k2 0)", "(<= (vec-get fs 0) (vec-get fs 1))"))}
 RANKS = (2, 3, 4)
 SCALE = 0.3
-MASKS = ("none", "additive", "where")
+MASKS = ("none", "additive", "where", "upcast-additive")
 
 
 def _facts(rank: int) -> tuple[str, ...]:
@@ -67,6 +69,8 @@ def _scores(masked: str, m: Expr = mask) -> Expr:
     scaled = t.mul(t.matmul(q, kt), const())
     if masked == "where":
         return t.where(m, scaled, const(value=float("-inf"), dtype=Expr("cf")))
+    if masked == "upcast-additive":        # a float32 mask added to 16-bit scores promotes them
+        return t.add(t.cast(scaled, dtype="float32"), m)
     return t.add(scaled, m) if masked == "additive" else scaled
 
 
@@ -77,7 +81,15 @@ def _p(masked: str, m: Expr = mask) -> Expr:
 def _ds(masked: str, m: Expr = mask) -> Expr:
     p = _p(masked, m)
     dp = t.matmul(g, t.transpose(v, axes=pk))
+    if masked == "upcast-additive":        # the softmax's VJP in float32, its dS cast back
+        dp = t.cast(dp, dtype="float32")
+        return t.cast(t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True))), dtype=d)
     return t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True)))
+
+
+def _probabilities(masked: str) -> Expr:
+    """P as dV = Pᵀ dO reads it: of dtype d, a float32 softmax cast back."""
+    return t.cast(_p(masked), dtype=d) if masked == "upcast-additive" else _p(masked)
 
 
 def _packed(masked: str, m: Expr = mask) -> Expr:
@@ -114,9 +126,28 @@ def _inputs(rng: np.random.Generator, rank: int, masked: str) -> dict[str, np.nd
 
 
 def _example(rank: int, masked: str):
+    if masked == "upcast-additive":
+        return _upcast_example(rank)
+
     def grads(q, k, v, g, mask=None):
         return explicit_attention_grads(q, k, v, g, SCALE, mask)[:3]
     return lambda rng: (grads, _inputs(rng, rank, masked))
+
+
+def _upcast_example(rank: int):
+    """The gradients of bf16 attention whose scores a float32 mask promotes, its softmax cast back
+    (transformers' LLaMA: scores · scale + causal_mask, softmax(…, dtype=float32).to(dtype)), as
+    reverse mode writes them."""
+    def grads(q, k, v, g, mask):
+        p = op.softmax(op.cast(q @ k.mT * SCALE, "float32") + mask, axis=-1)
+        dp = op.cast(g @ v.mT, "float32")
+        scaled = op.cast(p * (dp - op.sum(dp * p, axis=-1, keepdims=True)), "bfloat16") * SCALE
+        return scaled @ k.mT.mT, (q.mT @ scaled).mT, op.cast(p, "bfloat16").mT @ g
+
+    def example(rng: np.random.Generator):
+        inputs = _inputs(rng, rank, "additive")
+        return grads, {n: x.astype(np.float32 if n == "mask" else ml_dtypes.bfloat16) for n, x in inputs.items()}
+    return example
 
 
 def _written_example(rank: int, window: bool):
@@ -156,13 +187,15 @@ def _rules():
         scaled_ds = t.mul(_ds(masked), const())
         lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
                "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
-               "dv": t.matmul(t.transpose(_p(masked), axes=pk), g, of=T)}
+               "dv": t.matmul(t.transpose(_probabilities(masked), axes=pk), g, of=T)}
         for rank in RANKS:
             for grad in ("dq", "dk", "dv"):
                 # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
                 join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
-                join += ('(= (dt mask) "bool")',) if masked == "where" else ()
-                suffix = {"none": "", "additive": "-masked", "where": "-where-masked"}[masked]
+                join += {"where": ('(= (dt mask) "bool")',),
+                         "upcast-additive": ('(= (dt mask) "float32")', '(!= d "float32")')}.get(masked, ())
+                suffix = {"none": "", "additive": "-masked", "where": "-where-masked",
+                          "upcast-additive": "-upcast-masked"}[masked]
                 yield Rule(f"attention-{grad}-fused{suffix}-{rank}d",
                            f"{formula[grad]} = its block of flash_attention_bwd(Q, K, V, dO, row stats)",
                            lhs=lhs[grad], rhs=_block(masked, *blocks[grad]), when=_facts(rank) + join,
