@@ -30,10 +30,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from bench.gpu import Ceilings
+from bench.gpu import Ceilings, kept_band
 from bench.gpu_results import Result, error_line
 from bench.gpu_timing import Protocol, Timing, rel_error, time_torch
 from tessera_rw import numerics, op, profiler
+from tessera_rw.algebra.ops.attention import causal_pairs
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.plan_runtime import run_plan_on_gpu
@@ -51,11 +52,20 @@ def linear_weight_and_bias_grads(x, dy):
     return x.T @ dy, op.sum(dy, axis=0)
 
 
-def _attention_loss(causal: bool):
+def _attention_loss(causal: bool, window: int = 0):
     def loss(q, k, v, w):
-        return op.sum(op.flash_attention(q, k, v, causal=causal) * w)
-    loss.__name__ = f"attention_loss{'_causal' if causal else ''}"
+        return op.sum(op.flash_attention(q, k, v, causal=causal, window=window or None) * w)
+    loss.__name__ = f"attention_loss{'_causal' if causal else ''}{f'_window{window}' if window else ''}"
     return loss
+
+
+def _sdpa(q, k, v, causal: bool, window: int = 0):
+    """torch's SDPA of q, k, v; a sliding window as the bool band a model without a windowed
+    kernel hands it."""
+    import torch.nn.functional as F
+    if window:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=kept_band(q.shape[-2], window, q.device))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 MLP_TOKENS, MLP_WIDTH, MLP_HIDDEN = 4096, 2048, 8192
@@ -201,24 +211,23 @@ def linear_backward(protocol: Protocol, ceilings: Ceilings) -> Result:
     return result
 
 
-def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol, ceilings: Ceilings) -> Result:
-    # the usual count: forward 2 products, backward 5, of 2·S·S·D per head; half under a causal mask
-    flops = 7 * 2 * b * h * s * s * d * (0.5 if causal else 1.0)
+def attention_backward(b: int, h: int, s: int, d: int, causal: bool, protocol: Protocol, ceilings: Ceilings,
+                       window: int = 0) -> Result:
+    # the usual count: forward 2 products, backward 5, of 2·S·D per (query, key) pair kept
+    flops = 7 * 2 * b * h * d * (causal_pairs(s, s, window) if causal else s * s)
     io_bytes = 2 * b * h * s * d * (4 + 3)             # q, k, v, w read; dq, dk, dv written
-    result = Result(attention_name("fwd+bwd", b, h, s, d, causal), floor_ms=ceilings.floor_ms(flops, io_bytes),
-                    work=flops)
+    result = Result(attention_name("fwd+bwd", b, h, s, d, causal, window=window),
+                    floor_ms=ceilings.floor_ms(flops, io_bytes), work=flops)
     try:
         import torch
-        import torch.nn.functional as F
-        grad = op.grad(_attention_loss(causal), argnums=(0, 1, 2))
+        grad = op.grad(_attention_loss(causal, window), argnums=(0, 1, 2))
         q, k, v, w = (torch.randn(b, h, s, d, dtype=torch.bfloat16, device="cuda") for _ in range(4))
         ours = grad(q, k, v, w)
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
 
         def library():
-            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-            return torch.autograd.grad(out, leaves, w)
-        if not _checked(result, ours, library(), q, k, v, w, causal):
+            return torch.autograd.grad(_sdpa(*leaves, causal, window), leaves, w)
+        if not _checked(result, ours, library(), q, k, v, w, causal, window):
             return result
         steps = [st.op for st in grad.program(q, k, v, w).plan.steps]
         result.notes.append("ours: the plan " + " -> ".join(steps))
@@ -279,10 +288,10 @@ def mma_sync_pin(program, policy: Numerics) -> tuple[tuple[int, object], ...]:
     return tuple(sorted((dict(program.schedules) | {step: best}).items()))
 
 
-def _checked(result: Result, ours, theirs, q, k, v, w, causal: bool) -> bool:
+def _checked(result: Result, ours, theirs, q, k, v, w, causal: bool, window: int = 0) -> bool:
     """Our and torch's attention gradients against float64 into `result`; False, with the status
     set, when ours are wrong."""
-    want = float64_attention_grads(q, k, v, w, causal)
+    want = float64_attention_grads(q, k, v, w, causal, window)
     result.error = max(rel_error(g, r) for g, r in zip(ours, want))
     result.torch_error = max(rel_error(g, r) for g, r in zip(theirs, want))
     if result.error > TOLERANCE:
@@ -310,24 +319,24 @@ def time_steps(call, steps: set[int], count: int, protocol: Protocol, batches: i
     return Timing.of(runs[0], runs[-1])
 
 
-def float64_attention_grads(q, k, v, w, causal: bool):
+def float64_attention_grads(q, k, v, w, causal: bool, window: int = 0):
     """dQ, dK, dV of Σ SDPA(q, k, v) ∘ w in float64 (torch's math kernel), one batch item at a
     time: the float64 scores of all of them would not fit beside the rest."""
     import torch
-    import torch.nn.functional as F
     grads = [torch.empty(t.shape, dtype=torch.float64, device=t.device) for t in (q, k, v)]
     for i in range(q.shape[0]):
         wide = [t[i:i + 1].double().requires_grad_(True) for t in (q, k, v)]
-        out = F.scaled_dot_product_attention(*wide, is_causal=causal)
+        out = _sdpa(*wide, causal, window)
         for g, got in zip(grads, torch.autograd.grad(out, wide, w[i:i + 1].double())):
             g[i:i + 1] = got
     return grads
 
 
 def attention_name(part: str, b: int, h: int, s: int, d: int, causal: bool, policy: str = "",
-                   mma_sync: bool = False) -> str:
+                   mma_sync: bool = False, window: int = 0) -> str:
     """An attention row's name: its fwd+bwd against SDPA's, or its bwd alone under `policy`."""
-    shape = f"attention {part} bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''}"
+    shape = (f"attention {part} bf16 B={b} H={h} S={s} D={d}{' causal' if causal else ''}"
+             f"{f' window={window}' if window else ''}")
     if part == "fwd+bwd":
         return f"{shape} vs SDPA fwd+bwd"
     return f"{shape} {policy}{' mma.sync (pinned)' if mma_sync else ''} vs SDPA backward"
@@ -342,6 +351,9 @@ def backward_rows(protocol: Protocol, ceilings: Ceilings, quick: bool) -> list[t
              (LAYERNORM_NAME, lambda: layernorm_backward(protocol, ceilings))]
     found += [(attention_name("fwd+bwd", *shape), partial(attention_backward, *shape, protocol, ceilings))
               for shape in shapes]
+    if not quick:       # Mistral's sliding window: SDPA takes the band as a mask
+        found += [(attention_name("fwd+bwd", 4, 16, 4096, 128, True, window=1024),
+                   partial(attention_backward, 4, 16, 4096, 128, True, protocol, ceilings, window=1024))]
     policies = [("fast", False)] + ([] if quick else [("deterministic", False), ("deterministic", True)])
     found += [(attention_name("bwd", *shape, policy, pinned),
                partial(attention_backward_only, *shape, protocol, ceilings, policy, mma_sync=pinned))
