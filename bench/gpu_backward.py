@@ -30,7 +30,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from bench.gpu import Ceilings, kept_band
+from bench.gpu import Ceilings
+from bench.gpu_rows import kept_band
 from bench.gpu_results import Result, error_line
 from bench.gpu_timing import Protocol, Timing, rel_error, time_torch
 from tessera_rw import numerics, op, profiler

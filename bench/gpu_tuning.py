@@ -30,7 +30,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.gpu import BF16, Row, attention_row, gemm_row, gemm_shape_row, preflight, protocol_for
+from bench.gpu import preflight, protocol_for
+from bench.gpu_rows import BF16, Row, attention_row, gemm_row, gemm_shape_row
 from bench.gpu_backward import float64_attention_grads
 from bench.gpu_results import error_line, gpu_machine, machine_lines, save
 from bench.results_files import markdown_table, suite_name, wanted
@@ -76,7 +77,7 @@ def attention_backward_row(b: int, h: int, s: int, d: int) -> Row:
 
 
 def log_ops(quick: bool) -> dict[str, KernelOp]:
-    from bench.gpu import layernorm_row, softmax_row
+    from bench.gpu_rows import layernorm_row, softmax_row
     found = {"gemm-bf16-2048": gemm_row(2048).op, "attention-bf16-s2048-d64": attention_row(4, 16, 2048, 64, False).op}
     if not quick:
         found |= {"gemm-bf16-4096": gemm_row(4096).op,

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import sys
 
-from bench.gpu import (BF16, TOLERANCE, attention_row, epilogue_row, fp8_gemm_row, gemm_row, kernels_to_compile,
-                       layernorm_row, precompile, preflight, row_schedules, softmax_row)
+from bench.gpu import TOLERANCE, kernels_to_compile, precompile, preflight, row_schedules
+from bench.gpu_rows import BF16, attention_row, epilogue_row, fp8_gemm_row, gemm_row, layernorm_row, softmax_row
 from bench.gpu_timing import rel_error, run_poisoned
 
 

@@ -189,7 +189,7 @@ def test_cli_json_is_one_document_per_function(capsys):
 def test_cli_explains_every_kernel_of_a_file(capsys):
     assert main(["--explain", str(ROOT / "examples/attention.py"), "--format", "json"]) == 0
     documents = json.loads(capsys.readouterr().out)
-    assert [d["function"] for d in documents] == ["attention", "causal_attention"]
+    assert [d["function"] for d in documents] == ["attention", "causal_attention", "sliding_window_attention"]
     for d in documents:
         assert_schema(d)
 

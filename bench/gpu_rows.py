@@ -1,0 +1,155 @@
+"""The rows `python -m bench gpu` times: per kernel, its op, random torch inputs, torch's version of
+it, a float64 reference, and its FLOPs and bytes (bench/gpu.py runs them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.attention import causal_pairs
+from tessera_rw.codegen.kernel_op import KernelOp
+
+BF16, E4M3 = DType.bfloat16, DType.float8_e4m3
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    op: KernelOp
+    make: Callable[[], tuple]                 # random torch inputs, in operand order
+    torch_fn: Callable[..., Any]              # the library's version, on the same inputs
+    reference: Callable[..., Any]             # float64, on the same inputs
+    flops: float
+    bytes: float
+    compiled: tuple[int, int, int] | None = None    # (M, N, K) of a torch.compile comparison
+
+
+def op_of(name: str, *operands: TensorType, **attrs) -> KernelOp:
+    """A KernelOp of `name` on `operands`, its result inferred: op_of("softmax", x, axis=1)."""
+    return KernelOp.of(name, operands, OPS[name].infer(*operands, **attrs), **attrs)
+
+
+def _torch():
+    import torch     # rows are built before anything runs; torch is needed only then
+    return torch
+
+
+def _functional():
+    import torch.nn.functional as F
+    return F
+
+
+def _randn(*shape: int):
+    torch = _torch()
+    return torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+
+
+def gemm_row(n: int) -> Row:
+    return gemm_shape_row(n, n, n)
+
+
+def gemm_shape_row(m: int, k: int, n: int) -> Row:
+    """[m, k] @ [k, n] in bf16 (a cube is labelled n^3)."""
+    a, b = TensorType((m, k), BF16), TensorType((k, n), BF16)
+    label = f"{n}^3" if m == k == n else f"{m}x{k}x{n}"
+    return Row(f"gemm bf16 {label} vs torch.matmul", op_of("matmul", a, b, accum_dtype=None),
+               lambda: (_randn(m, k), _randn(k, n)), lambda x, y: _torch().matmul(x, y),
+               lambda x, y: x.double() @ y.double(), 2 * m * k * n, (m * k + k * n + m * n) * 2)
+
+
+def fp8_gemm_row(n: int) -> Row:
+    """e4m3 operands with B stored [N, K] (the layout cuBLASLt's fp8 GEMM and torch._scaled_mm take),
+    fp32 accumulation, bf16 out. Its floor is taken at the measured bf16 matmul rate, so fp8 kernels
+    on fp8 tensor cores (ours on sm_90's warpgroup MMAs, cuBLASLt's) can pass 100% of it."""
+    a = TensorType((n, n), E4M3)
+    op = op_of("gemm", a, a, scale=1.0, activation="none", has_bias=False, has_residual=False, accum_dtype=None,
+               dtype=BF16, trans_b=True)
+
+    def make():
+        torch = _torch()
+        return tuple((torch.randn(n, n, device="cuda") / 2).to(torch.float8_e4m3fn) for _ in range(2))
+
+    def scaled_mm(x, w):
+        torch = _torch()
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+        return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    return Row(f"gemm fp8 e4m3 {n}^3 (B as [N,K]) vs torch._scaled_mm", op, make, scaled_mm,
+               lambda x, w: x.double() @ w.double().t(), 2 * n ** 3, 2 * n * n + n * n * 2)
+
+
+def kept_band(s_len: int, window: int, device):
+    """The bool mask a causal attention of a sliding window of `window` keys keeps, as torch code builds it."""
+    import torch
+    ones = torch.ones(s_len, s_len, dtype=torch.bool, device=device)
+    return ones.tril() & ~ones.tril(-window)
+
+
+def attention_reference(q, k, v, causal: bool, window: int = 0):
+    """softmax(q kᵀ / sqrt(d)) v in float64, one batch item at a time (the scores of all would not fit)."""
+    import torch
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    s_len = q.shape[-2]
+    hidden = torch.ones(s_len, s_len, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    if window:
+        hidden = ~kept_band(s_len, window, q.device)
+    for b in range(q.shape[0]):
+        s = (q[b].double() @ k[b].double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if hidden is not None:
+            s.masked_fill_(hidden, float("-inf"))
+        out[b] = torch.softmax(s, dim=-1) @ v[b].double()
+    return out
+
+
+def attention_row(b: int, h: int, s: int, d: int, causal: bool, window: int = 0) -> Row:
+    """Ours against SDPA; under a sliding window SDPA takes the band as a bool mask, as a model
+    without a windowed kernel hands it over."""
+    q = TensorType((b, h, s, d), BF16)
+    op = op_of("flash_attention", q, q, q, scale=d ** -0.5, causal=causal, has_mask=False, window=window)
+
+    def sdpa(q, k, v):
+        if window:
+            return _functional().scaled_dot_product_attention(q, k, v, attn_mask=kept_band(s, window, q.device))
+        return _functional().scaled_dot_product_attention(q, k, v, is_causal=causal)
+    shown = (" causal" if causal else "") + (f" window={window}" if window else "")
+    return Row(f"flash_attention fwd bf16 B={b} H={h} S={s} D={d}{shown} vs SDPA", op,
+               lambda: tuple(_randn(b, h, s, d) for _ in range(3)), sdpa,
+               lambda q, k, v: attention_reference(q, k, v, causal, window),
+               # the usual count: two products of 2·S·S·D per head over the (query, key) pairs kept
+               4 * b * h * d * (causal_pairs(s, s, window) if causal else s * s), 4 * b * h * s * d * 2)
+
+
+def softmax_row(n: int) -> Row:
+    x = TensorType((n, n), BF16)
+    return Row(f"softmax bf16 {n}x{n} vs torch.softmax", op_of("softmax", x, axis=1), lambda: (_randn(n, n),),
+               lambda x: x.softmax(dim=-1), lambda x: x.double().softmax(dim=-1), 0, 2 * n * n * 2)
+
+
+def layernorm_row(n: int) -> Row:
+    x, w = TensorType((n, n), BF16), TensorType((n,), BF16)
+    op = op_of("layernorm", x, w, w, axes=(1,), eps=1e-5, has_weight=True, has_bias=True)
+    return Row(f"layernorm bf16 {n}x{n} vs F.layer_norm", op, lambda: (_randn(n, n), _randn(n), _randn(n)),
+               lambda x, w, b: _functional().layer_norm(x, (n,), w, b, 1e-5),
+               lambda x, w, b: _functional().layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5),
+               0, 2 * n * n * 2 + 2 * n * 2)
+
+
+def epilogue_row(m: int, n: int, k: int) -> Row:
+    a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
+    op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
+             accum_dtype=None, dtype=BF16)
+    return Row(f"gemm+bias+gelu bf16 {m}x{n}x{k} vs torch matmul, +bias, gelu", op,
+               lambda: (_randn(m, k), _randn(k, n), _randn(n)),
+               lambda a, b, bias: _functional().gelu(_torch().matmul(a, b) + bias),
+               lambda a, b, bias: _functional().gelu(a.double() @ b.double() + bias.double()),
+               2 * m * n * k, (m * k + k * n + n + m * n) * 2, compiled=(m, n, k))
+
+
+def rows(quick: bool) -> list[Row]:
+    found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)]) + [fp8_gemm_row(4096)]
+    found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
+    found += [attention_row(4, 16, 4096, 128, True, window=1024)]
+    return found + [softmax_row(8192), layernorm_row(8192), epilogue_row(4096, 4096, 4096)]
