@@ -19,9 +19,13 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.attention_rows import query_rows_mask
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen import emulator
 from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
+from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.rules.library import ALGEBRA, ATTENTION
 from tessera_rw.rules.saturate import rewrite
+from tests.codegen.emulated_attention_ops import windowed as windowed_op
+from tests.codegen.schedule_check import check_schedules
 from tests.finite_differences import numeric_gradient
 
 RNG = np.random.default_rng(11)
@@ -182,3 +186,15 @@ def test_training_takes_three_windowed_kernels_and_matches_float64(loss):
     q, k, v, w = (RNG.standard_normal(shape).astype(ml_dtypes.bfloat16) for _ in range(4))
     for got, want in zip(grad(q, k, v, w), band_grads(q, k, v, w, 48, 0.125)):
         assert np.max(np.abs(got.astype(np.float64) - want)) < 2e-2 * (np.sqrt(np.mean(want ** 2)) + np.abs(want).max())
+
+
+@pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+def test_sm_80s_mma_sync_kernels_walk_the_band_too():
+    """The emulated ops run at sm_90's defaults (wgmma); the mma.sync forward and backward, at an
+    A100's first default each."""
+    a100 = arch_named("a100")
+    backward = FlashAttentionBwdTemplate()
+    for template, kernel in ((FlashAttentionTemplate(), windowed(200, 70)),
+                             (backward, windowed_op(backward.sample(1, 2, 200, 64, DType.float16, True), 50))):
+        check_schedules(template, kernel, template.schedules(kernel, a100)[:1], a100,
+                        lambda o, arrays, s, arch: emulator.run_emulated(o, arrays, schedule=s, arch=arch))
