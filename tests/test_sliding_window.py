@@ -24,6 +24,7 @@ from tessera_rw.codegen.templates.attention import FlashAttentionTemplate
 from tessera_rw.codegen.templates.attention_backward import FlashAttentionBwdTemplate
 from tessera_rw.rules.library import ALGEBRA, ATTENTION
 from tessera_rw.rules.saturate import rewrite
+from tests.attention_grads import float64_attention_grads
 from tests.codegen.emulated_attention_ops import windowed as windowed_op
 from tests.codegen.schedule_check import check_schedules
 from tests.finite_differences import numeric_gradient
@@ -163,18 +164,6 @@ def written_loss(q, k, v, w):         # the band by hand: reverse mode spells ou
     return op.sum(op.softmax(op.where(keep, q @ k.mT * 0.125, -math.inf), axis=-1) @ v * w)
 
 
-def band_grads(q, k, v, w, window: int, scale: float) -> tuple[np.ndarray, ...]:
-    """dQ, dK, dV of Σ band attention ∘ w in float64, every score in memory."""
-    q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))
-    keep = causal_keep(q.shape[-2], k.shape[-2], window)
-    s = np.where(keep, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = w @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - np.sum(dp * p, -1, keepdims=True))
-    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ w
-
-
 @pytest.mark.parametrize("loss", [op_loss, written_loss], ids=lambda f: f.__name__)
 def test_training_takes_three_windowed_kernels_and_matches_float64(loss):
     shape = (1, 2, 256, 64)
@@ -184,7 +173,8 @@ def test_training_takes_three_windowed_kernels_and_matches_float64(loss):
     assert [s.op for s in steps] == ["flash_attention_lse", "attention_row_stats_from_lse", "flash_attention_bwd"]
     assert all(s.node.attr_map["window"] == 48 and not s.node.attr_map["has_mask"] for s in (steps[0], steps[2]))
     q, k, v, w = (RNG.standard_normal(shape).astype(ml_dtypes.bfloat16) for _ in range(4))
-    for got, want in zip(grad(q, k, v, w), band_grads(q, k, v, w, 48, 0.125)):
+    wanted = float64_attention_grads(q, k, v, w, 0.125, causal_keep(shape[-2], shape[-2], 48))
+    for got, want in zip(grad(q, k, v, w), wanted):
         assert np.max(np.abs(got.astype(np.float64) - want)) < 2e-2 * (np.sqrt(np.mean(want ** 2)) + np.abs(want).max())
 
 

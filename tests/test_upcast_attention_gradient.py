@@ -12,6 +12,7 @@ import pytest
 
 from tessera_rw import op
 from tessera_rw.algebra.ops.attention import causal_keep
+from tests.attention_grads import float64_attention_grads
 
 S, SCALE = 256, 0.125
 FILL = float(ml_dtypes.finfo(ml_dtypes.bfloat16).min)
@@ -50,18 +51,6 @@ KEEP = {unmasked: None, causal_fill: causal_keep(S, S), additive_causal: causal_
         float32_mask: causal_keep(S, S), sliding_window: causal_keep(S, S, 64)}
 
 
-def float64_grads(q, k, v, w, keep) -> tuple[np.ndarray, ...]:
-    q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))
-    s = q @ np.swapaxes(k, -1, -2) * SCALE
-    if keep is not None:
-        s = np.where(keep, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = w @ np.swapaxes(v, -1, -2)
-    ds = p * (dp - np.sum(dp * p, -1, keepdims=True))
-    return ds @ k * SCALE, np.swapaxes(ds, -1, -2) @ q * SCALE, np.swapaxes(p, -1, -2) @ w
-
-
 @pytest.mark.parametrize("loss", list(KEEP), ids=lambda f: f.__name__)
 def test_the_backward_is_flash_attentions_and_matches_float64(loss):
     shape = (1, 2, S, 64)
@@ -70,7 +59,7 @@ def test_the_backward_is_flash_attentions_and_matches_float64(loss):
     assert steps == ["flash_attention_lse", "attention_row_stats_from_lse", "flash_attention_bwd"], steps
     rng = np.random.default_rng(5)
     q, k, v, w = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for _ in range(4))
-    for got, want in zip(grad(q, k, v, w), float64_grads(q, k, v, w, KEEP[loss])):
+    for got, want in zip(grad(q, k, v, w), float64_attention_grads(q, k, v, w, SCALE, KEEP[loss])):
         assert got.dtype == ml_dtypes.bfloat16
         assert np.max(np.abs(got.astype(np.float64) - want)) < 2e-2 * (np.sqrt(np.mean(want ** 2)) + np.abs(want).max())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera_rw.algebra.ops.attention import causal_keep_at
 from tessera_rw.algebra.ops.strided_attention import viewed
 from tessera_rw.algebra.shapes import contiguous_strides
 from tessera_rw.codegen.kernel_inputs import Inputs
@@ -21,11 +22,9 @@ def query_rows_mask(attrs: dict, mask: np.ndarray | None, keys: int, rows: np.nd
     causality (and its window) spelled out as one, as the rows no longer start at 0; `attrs` updated
     to match."""
     if attrs["causal"]:
-        keep = np.arange(keys)[None, :] <= rows[:, None]
-        if attrs.get("window"):
-            keep &= np.arange(keys)[None, :] > rows[:, None] - attrs["window"]
+        keep = causal_keep_at(rows, np.arange(keys), attrs["window"])
         mask = keep if mask is None else (mask & keep if mask.dtype == bool else mask + np.where(keep, 0.0, -np.inf))
-    attrs.update(causal=False, has_mask=mask is not None, **({"window": 0} if "window" in attrs else {}))
+    attrs.update(causal=False, has_mask=mask is not None, window=0)
     return mask
 
 

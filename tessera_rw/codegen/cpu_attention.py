@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera_rw.algebra.ops.attention import expand_kv_heads
+from tessera_rw.algebra.ops.attention import causal_keep_at, expand_kv_heads
 from tessera_rw.algebra.ops.attention_backward import split_lse
 from tessera_rw.codegen.blas_threads import one_blas_thread
 
@@ -86,8 +86,7 @@ def tile_scores(qb: np.ndarray, k: np.ndarray, mask: np.ndarray | None, q0: int,
     (and window) bounds applied (−∞ where not kept)."""
     rows = qb.shape[-2]
     s = np.matmul(qb, np.swapaxes(k[..., k0:k1, :], -1, -2)) * scale
-    row, col = np.arange(q0, q0 + rows)[:, None], np.arange(k0, k1)[None, :]
-    keep = ((row >= col) & (col > row - window) if window else row >= col) if causal else None
+    keep = causal_keep_at(np.arange(q0, q0 + rows), np.arange(k0, k1), window) if causal else None
     if mask is not None:
         tile = mask[..., q0:q0 + rows, k0:k1]
         if tile.dtype == np.bool_:

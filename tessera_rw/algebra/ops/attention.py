@@ -97,7 +97,13 @@ def causal_keep(sq: int, sk: int, window: int = 0) -> np.ndarray:
            [0, 1, 1, 0],
            [0, 0, 1, 1]])
     """
-    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    return causal_keep_at(np.arange(sq), np.arange(sk), window)
+
+
+def causal_keep_at(queries: np.ndarray, keys: np.ndarray, window: int = 0) -> np.ndarray:
+    """causal_keep's rows `queries` and columns `keys` (absolute indices): a block of it, or the
+    rows of a subset of queries."""
+    i, j = queries[:, None], keys[None, :]
     return (j <= i) & (j > i - window) if window else j <= i
 
 
