@@ -2,14 +2,18 @@
 what an exact integer linear program (scipy's HiGHS, bench/extraction_optimum.py) proves optimal,
 on the benchmark models at small depth and on every rule's example."""
 
+import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bench import models
 from bench.extraction_optimum import exact_optimum, optimum_gaps, rule_example_gaps
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.rules.library import BUILTIN_RULESETS
+from tessera_rw.rules.soundness import example_graph
+from tessera_rw.tune.extract import candidate_of
 from tests.hand_built_egraphs import enode, view_of
 
 H100 = arch_named("H100-SXM")
@@ -23,6 +27,21 @@ def test_the_exact_optimum_pays_a_shared_class_once_and_chooses_no_cycle():
     # y -> z -> y is free but cyclic: the only program computes y from x
     cyclic = view_of(enode("x", "input"), enode("y", "cheap", "z"), enode("z", "back", "y"), enode("y", "dear", "x"))
     assert exact_optimum(cyclic, ("y",), lambda e: costs[e.op]).cost == pytest.approx(7.0)
+
+
+def test_a_longer_cycle_is_refused_and_a_dominated_enode_never_wins():
+    costs = {"input": 0.0, "free": 0.0, "dear": 7.0, "plain": 2.0, "wide": 2.0, "dearer": 9.0}
+    # y -> z -> w -> y is free but cyclic, three classes round: only levels refuse it
+    ring = view_of(enode("x", "input"), enode("y", "free", "z"), enode("z", "free", "w"), enode("w", "free", "y"),
+                   enode("y", "dear", "x"))
+    assert exact_optimum(ring, ("y",), lambda e: costs[e.op]).cost == pytest.approx(7.0)
+    assert exact_optimum(ring, ("w",), lambda e: costs[e.op]).cost == pytest.approx(7.0)
+    # "wide" reads a superset of what "plain" reads at the same cost; the optimum is plain's, and a
+    # program needing b anyway still pays b once
+    wide = view_of(enode("x", "input"), enode("b", "dearer", "x"), enode("a", "plain", "x"),
+                   enode("a", "wide", "x", "b"))
+    assert exact_optimum(wide, ("a",), lambda e: costs[e.op]).cost == pytest.approx(2.0)
+    assert exact_optimum(wide, ("a", "b"), lambda e: costs[e.op]).cost == pytest.approx(11.0)
 
 
 def _small_models():
@@ -41,7 +60,7 @@ def test_extraction_is_optimal_on_the_benchmark_models(name, kernel, inputs):
         assert gap.matches, f"{name} {gap.depth}: extraction {gap.ours:.6f} µs, optimum {gap.optimum.cost:.6f} µs"
 
 
-RULES_PER_TEST = 40      # a ruleset's examples in slices of a few seconds each, which xdist spreads
+RULES_PER_TEST = 20      # a ruleset's examples in slices of a few seconds each, which xdist spreads
 
 
 def _rule_slices():
@@ -62,5 +81,10 @@ def test_the_slices_hold_every_rule_example_once():
 def test_extraction_is_optimal_on_every_rule_example(ruleset):
     gaps = rule_example_gaps(H100, rulesets=(ruleset,))
     dearer = [f"{g.model} {g.depth}: {g.ours:.6f} vs {g.optimum.cost:.6f} µs" for g in gaps if not g.matches]
-    examples = len(ruleset.rules)
-    assert examples and len(gaps) >= examples and not dearer, dearer
+    assert not dearer, dearer
+    # an example written with a fused op no template takes (float32 attention at head dim 3) has no
+    # program of finite cost at any depth: nothing to extract, nothing to compare; every other is compared
+    compared = {g.model for g in gaps}
+    uncompared = [rule.name for rule in ruleset.rules if rule.name not in compared and
+                  math.isfinite(candidate_of(example_graph(rule, np.random.default_rng(0))[0], H100).est_us)]
+    assert not uncompared, uncompared
