@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -179,10 +179,13 @@ def rule_example_gaps(arch: ArchSpec, seed: int = 0,
                       rulesets: Sequence[Ruleset] = BUILTIN_RULESETS) -> list[OptimumGap]:
     """`optimum_gaps` on the example program of every rule in `rulesets` (each saturated with every
     built-in ruleset)."""
-    gaps = []
+    gaps, of_program = [], {}    # one program (a rule family's examples) is compared once
     for ruleset in rulesets:
         for rule in ruleset.rules:
             if rule.example is not None:
                 graph, _ = example_graph(rule, np.random.default_rng(seed))
-                gaps += optimum_gaps(rule.name, graph, arch)
+                program = (graph.inputs, graph.outputs)         # nodes are interned: equal programs are equal
+                if program not in of_program:
+                    of_program[program] = optimum_gaps(rule.name, graph, arch)
+                gaps += [replace(gap, model=rule.name) for gap in of_program[program]]
     return gaps
