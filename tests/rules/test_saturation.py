@@ -228,6 +228,29 @@ def test_rulesets_checked_by_declaring_them_are_the_prepared_e_graph_of_their_re
     assert "no-such-function" in setup_error((bad,)) and (bad,) not in saturate._prepared.by_rulesets
 
 
+def test_small_rulesets_take_turns_in_one_layered_e_graph_each_with_its_own_rules_alone(monkeypatch):
+    """Rulesets of a few rules (a rule checked alone) are declared in a pushed layer over one e-graph
+    of the declarations: a turn pops the last layer, so no rule of it fires in the next rewrite."""
+    from tessera_rw.rules import saturate
+    monkeypatch.setattr(saturate, "_prepared", saturate._PreparedEGraphs())
+    made, real = [], saturate.bindings.EGraph
+    monkeypatch.setattr(saturate.bindings, "EGraph", lambda: made.append(1) or real())
+    commute, associate = Ruleset("commute", AC.rules[:1]), Ruleset("associate", AC.rules[1:])
+
+    def classes(rulesets):
+        return len(rewrite(chain(4), rulesets).view.classes)
+    alone = classes(())                   # commuting a sum makes no new class; associating one does
+    for _ in range(2):
+        assert classes((associate,)) > alone and classes((commute,)) == alone
+    assert len(made) == 1
+    bad = Ruleset("bad", (Rule("unknown-guard", "a = a", lhs=t.add(a, b, of=(s, d)), rhs=t.add(a, b, of=(s, d)),
+                               when=("(= (no-such-function a) s)",)),))
+    with pytest.raises(Exception, match="no-such-function"):
+        rewrite(chain(2), (bad,))
+    assert classes((commute,)) == alone and classes((associate,)) > alone    # on a new layered e-graph
+    assert len(made) == 2
+
+
 def test_iteration_matches_count_the_rules_the_report_lists_and_setup_is_apart():
     fn = lambda q, k, v: op.softmax(q @ k.mT / 8.0, axis=-1) @ v  # noqa: E731
     g = op.kernel(fn).trace(*(op.tensor((2, 4, 16, 8), "bf16") for _ in range(3)))
