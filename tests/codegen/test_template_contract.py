@@ -33,7 +33,7 @@ def _cases():
     for t in GENERATED:
         for sm in CALIBRATION_ARCHS:
             offered = {i: _default_schedules(t, sample, sm) for i, sample in enumerate(t.samples())}
-            for i, picked in covering(offered, keep=1, describe=lambda case: case[2] + case[1].describe()).items():
+            for i, picked in covering(offered, describe=lambda case: case[2] + case[1].describe()).items():
                 for op, s, label in picked:
                     yield pytest.param(t, op, s, sm, id=f"{type(t).__name__}-{sm}-{i}-{label}{s.describe().replace(' ', ',')}")
 
