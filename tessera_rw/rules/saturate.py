@@ -25,6 +25,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.rules.egraph import EGraphView
 from tessera_rw.rules.encode import Encoding, all_arities, encode
+from tessera_rw.rules.relevance import can_fire
 from tessera_rw.rules.rule import Ruleset
 from tessera_rw.rules.schema import PRELUDE, declaration, type_rule
 
@@ -213,30 +214,37 @@ def enode_count(egraph: bindings.EGraph) -> int:
 @with_collector_paused
 def rewrite(graph: Graph, rulesets: Sequence[Ruleset], limits: Limits = Limits()) -> RewriteResult:
     """Saturate `graph` with `rulesets` under `limits`; the result holds a view of the saturated
-    e-graph (taken before it is popped back to the prepared rulesets) and the report."""
+    e-graph (taken before it is popped back to the prepared rulesets) and the report.
+
+    Where only a few of the rules can fire on the graph (relevance.py), the e-graph holds those
+    alone, in a layer (_PreparedEGraphs); else it holds them all, prepared once for many rewrites."""
     start = time.perf_counter()
     encoding = encode(graph)
     rulesets = tuple(rulesets)
-    prepared = _prepared.take(rulesets)
+    firing = can_fire(rulesets, encoding.constructors)
+    if sum(len(rs.rules) for rs in firing) > LAYERED_RULES:
+        firing = rulesets
+    prepared = _prepared.take(firing)
     setup = time.perf_counter() - start        # the time limit is the saturation's, not this
     _run(prepared.egraph, "(push)")
     _declare_extra_constructors(prepared, encoding)
-    view, report = _saturate(prepared.egraph, encoding, rulesets, limits, start + setup)
+    view, report = _saturate(prepared.egraph, encoding, rulesets, firing, limits, start + setup)
     report.seconds += setup
     report.setup_seconds = setup
     _run(prepared.egraph, "(pop)")
-    _prepared.give_back(rulesets, prepared)
+    _prepared.give_back(firing, prepared)
     return RewriteResult(graph, encoding, view, report)
 
 
-def _saturate(egraph: bindings.EGraph, encoding: Encoding, rulesets: tuple[Ruleset, ...], limits: Limits,
-              start: float) -> tuple[EGraphView, RewriteReport]:
+def _saturate(egraph: bindings.EGraph, encoding: Encoding, rulesets: tuple[Ruleset, ...],
+              firing: tuple[Ruleset, ...], limits: Limits, start: float) -> tuple[EGraphView, RewriteReport]:
+    """Saturate with the rules of `firing`; the report counts every rule of `rulesets`."""
     insert(egraph, encoding)
     iterations: list[IterationStats] = []
     totals: dict[str, int] = {f"{rs.name}/{r.name}": 0 for rs in rulesets for r in rs.rules}
     rule_seconds: dict[str, float] = {name: 0.0 for name in totals}
-    units = [u for rs in rulesets for u in rs.units()]
-    names = {u.name: [f"{rs.name}/{r.name}" for r in u.rules] for rs in rulesets for u in rs.units()}
+    units = [u for rs in firing for u in rs.units()]
+    names = {u.name: [f"{rs.name}/{r.name}" for r in u.rules] for rs in firing for u in rs.units()}
     banned_until: dict[str, int] = {}
     ban_length: dict[str, int] = {u.name: 1 for u in units}
     stop = StopReason.iteration_limit
