@@ -40,14 +40,10 @@ def can_fire(rulesets: Iterable[Ruleset], ops: Iterable[tuple[str, int]]) -> tup
     present = {constructor_name(op, arity) for op, arity in ops}
     firing = {id(r) for rs in rulesets if rs.facts.strip() for r in rs.rules}
     pending = [r for rs in rulesets for r in rs.rules if id(r) not in firing]
-    grew = True
-    while grew:
-        grew = False
-        for rule in pending:
-            needs, builds = _ops_of(rule)
-            if id(rule) not in firing and needs <= present:
-                firing.add(id(rule))
-                present |= builds
-                grew = True
+    while ready := [r for r in pending if _ops_of(r)[0] <= present]:
+        for rule in ready:
+            firing.add(id(rule))
+            present |= _ops_of(rule)[1]
+        pending = [r for r in pending if id(r) not in firing]
     kept = (replace(rs, rules=tuple(r for r in rs.rules if id(r) in firing)) for rs in rulesets)
     return tuple(rs for rs in kept if rs.rules)

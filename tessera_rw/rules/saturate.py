@@ -125,11 +125,7 @@ class _PreparedEGraphs(threading.local):
         if prepared is None and sum(len(rs.rules) for rs in rulesets) <= LAYERED_RULES:
             layered, self.layered = self.layered, None
             prepared = _in_layer(layered, rulesets)
-        if prepared is None:
-            egraph, constructors = bindings.EGraph(), _base_constructors()
-            _run(egraph, _setup_program(rulesets, constructors))
-            prepared = _Prepared(egraph, constructors)
-        return prepared
+        return prepared or _declared(rulesets, _base_constructors())
 
     def give_back(self, rulesets: tuple[Ruleset, ...], prepared: _Prepared) -> None:
         if prepared.layer is not None:
@@ -147,14 +143,19 @@ class _Prepared:
     layer: tuple[Ruleset, ...] | None = None   # the rulesets declared in a pushed layer, if so
 
 
+def _declared(rulesets: Sequence[Ruleset], constructors: frozenset[tuple[str, int]]) -> _Prepared:
+    """A new e-graph with `constructors` and `rulesets` declared."""
+    egraph = bindings.EGraph()
+    _run(egraph, _setup_program(rulesets, constructors))
+    return _Prepared(egraph, constructors)
+
+
 def _in_layer(layered: _Prepared | None, rulesets: tuple[Ruleset, ...]) -> _Prepared:
     """`layered` with `rulesets` in its pushed layer; a new e-graph of the declarations where there
     is none, or the ops registered have changed since (a plugin's, whose rules name them)."""
     constructors = _base_constructors()
     if layered is None or layered.constructors != constructors:
-        egraph = bindings.EGraph()
-        _run(egraph, _setup_program((), constructors))
-        layered = _Prepared(egraph, constructors)
+        layered = _declared((), constructors)
     if layered.layer == rulesets:
         return layered
     if layered.layer is not None:
@@ -180,12 +181,11 @@ def setup_error(rulesets: Sequence[Ruleset]) -> str | None:
     """What egglog says against declaring `rulesets` (a rule naming an unknown function, a guard
     that does not parse), or None when they declare cleanly, as every rewrite will. A clean
     declaration is kept as these rulesets' prepared e-graph, so a rewrite with them starts there."""
-    egraph, constructors = bindings.EGraph(), _base_constructors()
     try:
-        _run(egraph, _setup_program(rulesets, constructors))
+        prepared = _declared(rulesets, _base_constructors())
     except Exception as e:       # egglog's EggSmolError, whatever the binding calls it
         return f"{type(e).__name__}: " + " ".join(str(e).split())
-    _prepared.give_back(tuple(rulesets), _Prepared(egraph, constructors))
+    _prepared.give_back(tuple(rulesets), prepared)
     return None
 
 

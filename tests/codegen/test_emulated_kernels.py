@@ -1,9 +1,10 @@
 """Every template's generated kernels, run by the CPU emulator (tessera_rw/codegen/emulator.py),
 against the op's float64 numpy reference: each op of emulated_ops.EMULATED (the kinds of problem the
 templates' samples pose, at emulator sizes, and the ragged shapes) at default schedules for sm_90
-(each op at its first, the ops of a template at every one between them: schedule_cover.py), and the GEMM, attention and convolution ops at schedules of the tuning space
-beyond the defaults. Inputs are random and never zero, the output starts as NaN bytes, and the
-tolerance is the output dtype's (kernel_check), as on the GPU (tests/gpu/test_kernel_numerics.py).
+(each op at its first, the ops of a template at every one between them: schedule_cover.py), and
+the GEMM, attention and convolution ops at schedules of the tuning space beyond the defaults.
+Inputs are random and never zero, the output starts as NaN bytes, and the tolerance is the output
+dtype's (kernel_check), as on the GPU (tests/gpu/test_kernel_numerics.py).
 """
 
 from __future__ import annotations
