@@ -63,7 +63,8 @@ def all_arities(op_name: str) -> tuple[int, ...]:
     op = opdef(op_name)
     if not op.variadic:
         return (len(op.operands),)
-    if op.name in ("concatenate", "fused_elementwise", "fused_normalization", "fused_reduction"):  # operand lists
+    if op.name in ("concatenate", "fused_elementwise", "fused_normalization", "reduced_normalization",
+                   "fused_reduction"):                                                      # operand lists
         return tuple(range(1, 9))
     if op.name == "fused_conv":                 # x, w and up to MAX_FUSED_INPUTS - 1 epilogue inputs
         return tuple(range(2, 2 + MAX_FUSED_INPUTS))

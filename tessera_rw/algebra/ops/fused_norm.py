@@ -60,7 +60,7 @@ def _norm_attrs(norm: str, axes: tuple[int, ...], eps: float, has_weight: bool, 
     return {"axes": axes, "eps": eps, "has_weight": has_weight, "has_bias": has_bias}
 
 
-def _infer_fused_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float,
+def infer_fused_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float,
                       has_weight: bool, has_bias: bool, post: str) -> TensorType:
     from tessera_rw.algebra.ops import OPS
     before, params, after = _split(xs, has_weight, has_bias, post)
@@ -69,7 +69,7 @@ def _infer_fused_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ..
     return infer_fused(normed, *after, expr=post)
 
 
-def _fused_norm(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, has_bias, post) -> np.ndarray:
+def fused_norm_reference(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, has_bias, post) -> np.ndarray:
     from tessera_rw.algebra.ops import OPS
     before, params, after = _split(xs, has_weight, has_bias, post)
     normed = OPS[norm].reference(fused(*before, expr=expr), *params,
@@ -77,7 +77,7 @@ def _fused_norm(*xs: np.ndarray, expr: str, norm: str, axes, eps, has_weight, ha
     return fused(normed, *after, expr=post)
 
 
-def _fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, post: str, **attrs) -> int:
+def fused_norm_flops(out: TensorType, *xs: TensorType, expr: str, norm: str, post: str, **attrs) -> int:
     before, _, after = _split(xs, attrs["has_weight"], attrs["has_bias"], post)
     return fused_flops(out, *before, expr=expr) + 7 * out.numel + fused_flops(out, out, *after, expr=post)
 
@@ -109,24 +109,24 @@ def _infer_strided_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, 
                         has_weight: bool, has_bias: bool, post: str, shape: tuple[int, ...],
                         strides: tuple[int, ...], offsets: tuple[int, ...]) -> TensorType:
     views = prologue_views(xs, has_weight, has_bias, post, shape, strides, offsets)
-    return _infer_fused_norm(*_viewed(xs, True, shape, views), expr=expr, norm=norm, axes=axes, eps=eps,
+    return infer_fused_norm(*_viewed(xs, True, shape, views), expr=expr, norm=norm, axes=axes, eps=eps,
                              has_weight=has_weight, has_bias=has_bias, post=post)
 
 
 def _strided_norm(*xs: np.ndarray, shape, strides, offsets, **attrs) -> np.ndarray:
     views = prologue_views(xs, attrs["has_weight"], attrs["has_bias"], attrs["post"], shape, strides, offsets)
-    return _fused_norm(*_viewed(xs, False, shape, views), **attrs)
+    return fused_norm_reference(*_viewed(xs, False, shape, views), **attrs)
 
 
 def _strided_norm_flops(out: TensorType, *xs: TensorType, shape, strides, offsets, **attrs) -> int:
     before, _, _ = _split(xs, attrs["has_weight"], attrs["has_bias"], attrs["post"])
     views = tuple(TensorType(tuple(shape), x.dtype) for x in before)
-    return _fused_norm_flops(out, *views, *xs[len(before):], **attrs)
+    return fused_norm_flops(out, *views, *xs[len(before):], **attrs)
 
 
 DEFS = (
-    OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, _infer_fused_norm, _fused_norm, _fused_norm_flops,
-          variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row",
+    OpDef("fused_normalization", ("xs",), OpKind.NORMALIZATION, infer_fused_norm, fused_norm_reference,
+          fused_norm_flops, variadic=True, doc="softmax / layernorm / rmsnorm between elementwise ops, one pass per row",
           vjp=before_fusion("fused_normalization")),
     OpDef("strided_normalization", ("xs",), OpKind.NORMALIZATION, _infer_strided_norm, _strided_norm,
           _strided_norm_flops, variadic=True, vjp=before_fusion("strided_normalization"),

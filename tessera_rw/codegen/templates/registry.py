@@ -34,6 +34,7 @@ BUILTIN = (
     ("attention_backward", "FlashAttentionBwdTemplate"),
     ("attention_stats", "AttentionStatsFromLseTemplate"),
     ("rowwise", "RowwiseTemplate"),
+    ("rowwise_reduced", "ReducedRowwiseTemplate"),
     ("norm_backward", "NormBackwardTemplate"),
     ("norm_backward_grads", "NormBackwardGradsTemplate"),
     ("reduction", "ReductionTemplate"),

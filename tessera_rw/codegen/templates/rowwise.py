@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.node import TensorType
+from tessera_rw.algebra.node import TensorType  # noqa: F401  (doctest)
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
@@ -41,6 +41,7 @@ from tessera_rw.codegen.templates.base import Resources, Schedule, Template, gri
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, coalesce,
                                                       emit_tree, expr_ops, index_type, kernel_name, load,
                                                       offset_expr, store, vector_widths)
+from tessera_rw.codegen.templates.rowwise_samples import rowwise_samples
 from tessera_rw.codegen.templates.rowwise_spec import row_spec, row_views
 from tessera_rw.codegen.templates.rowwise_stats import Sums, block_helpers, kahan_helpers, looped_statistics, \
     resident_statistics
@@ -63,6 +64,8 @@ class RowwiseSchedule(Schedule):
 # the row's statistics (max, Σ exp, mean, variance) are kept in float: float64 rows would lose
 # their precision there, so they run on the host
 ROW_DTYPES = SUPPORTED - {DType.float64}
+# the ops whose rows have an elementwise prologue and epilogue
+FUSED_ROWS = ("fused_normalization", "strided_normalization", "reduced_normalization")
 
 
 class RowwiseTemplate(Template):
@@ -88,7 +91,7 @@ class RowwiseTemplate(Template):
                 "(the plan transposes the rows there and back)")
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
-        if op.op not in ("fused_normalization", "strided_normalization"):
+        if op.op not in FUSED_ROWS:
             return ()
         spec = row_spec(op)
         reads = ("strided_read",) if op.op == "strided_normalization" else ()
@@ -241,7 +244,6 @@ class RowwiseTemplate(Template):
         b_i = n_pro + has_w if spec.bias is not None else None
         epi = list(range(n_pro + has_w + (spec.bias is not None), len(op.operands)))
         sums, red_max = self.reductions(op, s)
-        idx = index_type(op.result.numel)
 
         def gather(i: int, which: str) -> tuple[list[str], str]:
             return self.read(op, acc, i, which, v)
@@ -268,7 +270,7 @@ class RowwiseTemplate(Template):
                 lines += pre
                 body.append(f"y = y + {val};")
             normed = (OPS["fused_elementwise"].infer(*spec.prologue, expr=op.attr_map["expr"]).dtype
-                      if op.op in ("fused_normalization", "strided_normalization") else op.operands[0].dtype)
+                      if op.op in FUSED_ROWS else op.operands[0].dtype)
             leaves = [("y", normed)]
             for i in epi:
                 pre, val = gather(i, "e")
@@ -276,14 +278,29 @@ class RowwiseTemplate(Template):
                 body.append(f"const float z{i} = {val};")
                 leaves.append((f"z{i}", op.operands[i].dtype))
             var, _ = emit_tree(spec.post, leaves, body, "q")
-            ot = f"vec_t<{STORAGE[op.result.dtype]}, {v}>"
-            return lines + [f"{ot} o;", "#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{",
-                            *("    " + b for b in body), f"    o.v[j] = {store(op.result.dtype, var)};", "}",
-                            f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
+            return lines + self.write_values(op, s, body, var)
 
         stats = (resident_statistics if self.resident(op, s) else looped_statistics)(
             spec, length, v, tpr, sums, red_max, prologue, epilogue)
-        return self.kernel_source(op, s, arch, acc, stats)
+        return self.kernel_source(op, s, arch, acc, self.before_rows(op, s) + stats + self.after_rows(op, s))
+
+    def write_values(self, op: KernelOp, s: RowwiseSchedule, body: list[str], value: str) -> list[str]:
+        """The lines computing a vector's epilogue (`body`, lane j's result `value`) and storing it
+        at column c of `row`."""
+        _, length = self._row(op)
+        ot = f"vec_t<{STORAGE[op.result.dtype]}, {s.vec}>"
+        idx = index_type(op.result.numel)
+        return [f"{ot} o;", "#pragma unroll", f"for (int j = 0; j < {s.vec}; ++j) {{",
+                *("    " + b for b in body), f"    o.v[j] = {store(op.result.dtype, value)};", "}",
+                f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
+
+    def before_rows(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
+        """Lines before a row's statistics (none: a subclass that adds the row up declares its sum)."""
+        return []
+
+    def after_rows(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
+        """Lines after the row is written (none: a subclass that adds the row up stores its total)."""
+        return []
 
     def reductions(self, op: KernelOp, s: RowwiseSchedule) -> tuple[Sums, str]:
         """How a row's sums are spelled (compensated under kahan_sum) and the function taking its max."""
@@ -345,48 +362,7 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({', '.join(para
         return (self.looped_passes(op) - 1) * sum(t.nbytes for t in row_spec(op).prologue)
 
     def samples(self) -> tuple[KernelOp, ...]:
-        bf, f32, kahan = DType.bfloat16, DType.float32, Numerics.KAHAN_SUM
-        x = TensorType((8192, 8192), bf)
-        ln = TensorType((4096, 768), bf)
-        w = TensorType((768,), bf)
-        rms = TensorType((4096, 4096), bf)
-        short = TensorType((4096, 512), f32)
-        long_row = TensorType((64, 65536), f32)
-        mask = TensorType((1, 512), f32)
-        fused_attrs = dict(expr="add(mul($0,$1),$2)", norm="softmax", axes=(1,), eps=0.0, has_weight=False,
-                           has_bias=False, post="$0")
-        scale = TensorType((), f32)
-        fused_ln = dict(expr="add($0,$1)", norm="layernorm", axes=(1,), eps=1e-5, has_weight=True, has_bias=True,
-                        post="mul($0,sigmoid($1))")
-        hid = TensorType((4096, 768), bf)
-        return (
-            KernelOp.of("softmax", (x,), x, axis=1),                                   # long rows, block per row
-            KernelOp.of("log_softmax", (short,), short, axis=1),                       # short rows, warp per row
-            KernelOp.of("layernorm", (ln, w, w), ln, axes=(1,), eps=1e-5, has_weight=True, has_bias=True),
-            KernelOp.of("rmsnorm", (rms, TensorType((4096,), bf)), rms, axes=(1,), eps=1e-6, has_weight=True,
-                        has_bias=False),
-            KernelOp.of("softmax", (long_row,), long_row, axis=1),                     # looped: row > registers
-            KernelOp.of("fused_normalization", (short, scale, mask), short, **fused_attrs),   # scale + mask prologue
-            KernelOp.of("fused_normalization", (hid, hid, w, w, hid), hid, **fused_ln),      # residual -> LN -> gate
-            KernelOp.of("layernorm", (TensorType((2048, 65536), bf),), TensorType((2048, 65536), bf), axes=(1,),
-                        eps=1e-5, has_weight=False, has_bias=False),                  # looped three-pass
-            # QK-norm: k's heads RMS-normalized where a q|k|v projection wrote them (a strided view)
-            KernelOp.of("strided_normalization", (TensorType((4, 512, 2304), bf), TensorType((64,), bf)),
-                        TensorType((4, 12, 512, 64), bf), expr="$0", norm="rmsnorm", axes=(3,), eps=1e-6,
-                        has_weight=True, has_bias=False, post="$0", shape=(4, 12, 512, 64),
-                        strides=(512 * 2304, 64, 2304, 1), offsets=(768,)),
-            # kahan_sum: the same paths with compensated statistics
-            KernelOp.of("softmax", (x,), x, axis=1, numerics=kahan),
-            KernelOp.of("log_softmax", (short,), short, axis=1, numerics=kahan),
-            KernelOp.of("layernorm", (ln, w, w), ln, axes=(1,), eps=1e-5, has_weight=True, has_bias=True,
-                        numerics=kahan),
-            KernelOp.of("rmsnorm", (rms, TensorType((4096,), bf)), rms, axes=(1,), eps=1e-6, has_weight=True,
-                        has_bias=False, numerics=kahan),
-            KernelOp.of("softmax", (long_row,), long_row, axis=1, numerics=kahan),
-            KernelOp.of("layernorm", (long_row,), long_row, axes=(1,), eps=1e-5, has_weight=False,
-                        has_bias=False, numerics=kahan),
-        )
-
+        return rowwise_samples()
 
 
 # The register model (fit to ptxas 12.x on samples(), within 23% on sm_80 and sm_90).

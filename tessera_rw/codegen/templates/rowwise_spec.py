@@ -2,7 +2,7 @@
 
 softmax / log_softmax normalize one axis; layernorm / rmsnorm their trailing axes with a weight and
 bias; fused_normalization adds an elementwise prologue and epilogue (strided_normalization reads its
-prologue inputs as views); norm_backward reads x and its
+prologue inputs as views, reduced_normalization adds its rows up); norm_backward reads x and its
 cotangent g as the rows, the weight scaling g, a residual added as it writes (rowwise.py and
 norm_backward.py emit them).
 """
@@ -15,6 +15,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
 from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
+from tessera_rw.algebra.ops.reduced_norm import normalized_rows
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import broadcast_strides
 
@@ -53,10 +54,11 @@ def row_spec(op: KernelOp) -> RowSpec:
     w = next(params) if a["has_weight"] else None
     b = next(params) if a["has_bias"] else None
     axes = tuple(a["axes"])
-    trailing = axes == tuple(range(op.result.ndim - len(axes), op.result.ndim))
+    rows = normalized_rows(*xs, **a) if op.op == "reduced_normalization" else op.result
+    trailing = axes == tuple(range(rows.ndim - len(axes), rows.ndim))
     prologue = xs[:before]
     if op.op == "strided_normalization":        # the rows are views of the operands, of the result's shape
-        prologue = tuple(TensorType(op.result.shape, t.dtype) for t in prologue)
+        prologue = tuple(TensorType(rows.shape, t.dtype) for t in prologue)
     return RowSpec(a["norm"], prologue, parse_expr(a["expr"]), w, b, xs[before + n_params:], post,
                    float(a.get("eps", 0.0)), len(axes) if trailing else 0)
 

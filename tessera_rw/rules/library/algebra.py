@@ -279,6 +279,14 @@ RULES = (
          example=lambda rng: (lambda x: op.exp(x - x.max(-1, keepdims=True))
                               / op.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
                               {"x": rand(rng, 0, 0)})),
+    Rule("log-softmax-from-max-sum-exp", "(x − max x) − log Σ exp(x − max x) = log_softmax(x)",
+         lhs=t.sub(t.sub(x, t.max(x, axes=axes, keepdims=True)),
+                   t.log(t.sum(t.exp(t.sub(x, t.max(x, axes=axes, keepdims=True))), axes=axes, keepdims=True)), of=T),
+         rhs=t.log_softmax(x, axis=ax, of=T),
+         when=("(= (vec-length axes) 1)", "(= ax (vec-get axes 0))", "(= (dt x) d)"),
+         example=lambda rng: (lambda x: (x - x.max(-1, keepdims=True))
+                              - op.log(op.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)),
+                              {"x": rand(rng, 0, 0)})),
     Rule("softmax-to-exp-max-sum", "softmax(x) = exp(x − max x) / Σ exp(x − max x)",
          lhs=t.softmax(x, axis=ax, of=T),
          rhs=_explicit_softmax(x, ax),

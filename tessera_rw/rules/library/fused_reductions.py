@@ -4,6 +4,10 @@ the expression as it reads its inputs, so nothing the size of the expression is 
 back. A layer norm's backward reduces such expressions over each row (Σ dy·w, Σ dy·w·x̂) and over
 the rows (Σ dy·x̂ for the weight's gradient); a loss reduces its elementwise terms.
 
+A sum or mean of a `fused_normalization` over the axes it normalizes becomes a
+`reduced_normalization`: each row is added up as it is normalized, so a cross-entropy,
+sum(log_softmax(logits) * labels, -1), reads the logits once and writes one value per row.
+
 Where the expression has other users the e-graph keeps both forms, and extraction weighs writing
 it once against computing it again in the reduction.
 """
@@ -15,8 +19,9 @@ import numpy as np
 from tessera_rw.algebra import api as op
 from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_INPUTS
 from tessera_rw.algebra.ops.fused_reduction import REDUCES
+from tessera_rw.algebra.ops.reduced_norm import ROW_REDUCES
 from tessera_rw.rules.library.algebra import rand
-from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, expression_over, with_parameters
+from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, FUSION_RULES, expression_over, with_parameters
 from tessera_rw.rules.pattern import TermBuilder
 from tessera_rw.rules.rule import Rule
 
@@ -50,3 +55,49 @@ def _rules():
 
 
 REDUCTION_FUSION_RULES = tuple(_rules())
+
+
+def _row_sum_example(reduce: str, n: int):
+    """reduce(post(log_softmax(prologue(…)), …)) over the rows' axis, with n inputs in all: a
+    prologue over max(1, n - 3) of them and an epilogue over the rest (for three, a layer norm
+    with its weight and bias instead)."""
+    params = 2 if n == 3 else 0
+    before = max(1, n - 3 - params)
+
+    def example(rng: np.random.Generator):
+        rows, width = (int(v) for v in rng.integers(1, 6, size=2))
+        names = [f"x{i}" for i in range(n - params)] + ["w", "c"][:params]
+        inputs = {nm: rand(rng, rows, width) if i < n - params else rand(rng, width) for i, nm in enumerate(names)}
+
+        def body(*args):
+            row = expression_over(list(args[:before]))
+            normed = op.layernorm(row, *args[n - params:]) if params else op.log_softmax(row, axis=-1)
+            after = list(args[before:n - params])
+            return getattr(op, reduce)(expression_over([normed] + after) if after else normed, axis=-1,
+                                       keepdims=n % 2 == 0)
+        return with_parameters(body, names), inputs
+    return example
+
+
+# a fused_normalization's operands: up to MAX_FUSED_INPUTS prologue inputs, weight and bias among
+# them, and the epilogue's other MAX_FUSED_INPUTS - 1
+MAX_NORMALIZATION_OPERANDS = 2 * MAX_FUSED_INPUTS - 1
+
+
+def _row_sum_rules():
+    """reduce(fused_normalization(…), its own axes) = reduced_normalization(…; reduce)."""
+    ax, eps, hw, hb, norm, post = t.vars("ax eps hw hb norm post")
+    needs = tuple(rule.name for rule in FUSION_RULES)
+    for n in range(1, MAX_NORMALIZATION_OPERANDS + 1):
+        ys = t.vars(" ".join(f"y{j}" for j in range(n)))
+        for reduce in ROW_REDUCES:
+            normed = t.fused_normalization(*ys, expr=e_in, norm=norm, axes=ax, eps=eps, has_weight=hw, has_bias=hb,
+                                           post=post)
+            yield Rule(f"{reduce}-of-normalization-{n}", f"{reduce}(norm(…), its axes) = reduced_normalization(…)",
+                       lhs=t.term(reduce, normed, axes=ax, keepdims=kd, of=T),
+                       rhs=t.reduced_normalization(*ys, expr=e_in, norm=norm, axes=ax, eps=eps, has_weight=hw,
+                                                   has_bias=hb, post=post, reduce=reduce, keepdims=kd, of=T),
+                       example=_row_sum_example(reduce, n), needs=needs)
+
+
+REDUCTION_FUSION_RULES = REDUCTION_FUSION_RULES + tuple(_row_sum_rules())

@@ -1,0 +1,78 @@
+"""Cross-entropy, however it is written, reads the logits once: log_softmax, the row sum against
+the labels and the row's loss are one row kernel (a reduced_normalization) followed by the batch
+mean, checked in the CPU emulator against float64 numpy on random logits; and its gradient still
+runs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+
+from tessera_rw import op
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.cpu_executor import run_plan_on_cpu
+from tessera_rw.codegen.emulator_plan import run_plan_emulated
+
+pytestmark = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
+
+
+@op.kernel
+def with_log_softmax(logits, labels):
+    return -op.mean(op.sum(op.log_softmax(logits, axis=-1) * labels, axis=-1))
+
+
+@op.kernel
+def written_out(logits, labels):
+    shifted = logits - op.max(logits, axis=-1, keepdims=True)
+    log_probs = shifted - op.log(op.sum(op.exp(shifted), axis=-1, keepdims=True))
+    return -op.mean(op.sum(log_probs * labels, axis=-1))
+
+
+@op.kernel
+def with_class_indices(logits, classes):
+    hit = classes[:, None] == op.arange(logits.shape[-1], dtype="int32")
+    return -op.mean(op.sum(op.where(hit, op.log_softmax(logits, axis=-1), 0.0), axis=-1))
+
+
+def _problem(rows: int, vocab: int, dtype, rng: np.random.Generator):
+    logits = (rng.standard_normal((rows, vocab)) * 3).astype(dtype)
+    classes = rng.integers(0, vocab, size=rows).astype(np.int32)
+    want = -np.mean(log_softmax(logits.astype(np.float64), axis=-1)[np.arange(rows), classes])
+    return logits, classes, want
+
+
+@pytest.mark.parametrize("vocab", [1000, 8003])
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("loss", [with_log_softmax, written_out, with_class_indices], ids=lambda k: k.__name__)
+def test_the_loss_is_one_row_kernel_reading_the_logits_once(loss, dtype, vocab):
+    logits, classes, want = _problem(48, vocab, dtype, np.random.default_rng(vocab))
+    labels = classes if loss is with_class_indices else np.eye(vocab, dtype=dtype)[classes]
+    program = loss.program(logits, labels)
+    row_kernels = [s for s in program.plan.steps if s.op == "reduced_normalization"]
+    assert len(row_kernels) == 1 and len(program.plan.steps) <= 3, program.plan
+    reads = program.candidate.kernels[[s.op for s in program.plan.steps].index("reduced_normalization")]
+    assert reads.hbm_bytes < logits.nbytes + labels.nbytes + 4 * logits.shape[0] + 2 ** 20
+    inputs = {"logits": logits, ("classes" if loss is with_class_indices else "labels"): labels}
+    (got,), (host,) = run_plan_emulated(program.plan, inputs), run_plan_on_cpu(program.plan, inputs)
+    bound = 2e-2 if dtype is ml_dtypes.bfloat16 else 1e-5
+    assert abs(float(got) - want) <= bound * abs(want)
+    assert abs(float(host) - want) <= bound * abs(want)
+
+
+def test_a_sum_across_the_rows_of_a_softmax_stays_a_reduction():
+    x = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
+    columns = op.kernel(lambda x: op.sum(op.softmax(x, axis=-1) * x, axis=0))
+    program = columns.program(x)
+    assert "reduced_normalization" not in [s.op for s in program.plan.steps]
+    assert np.allclose(columns(x), np.sum(np.exp(log_softmax(x, axis=-1)) * x, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_the_gradient_of_the_loss_matches_numpy():
+    rng = np.random.default_rng(3)
+    logits, classes, _ = _problem(16, 300, np.float32, rng)
+    labels = np.eye(300, dtype=np.float32)[classes]
+    dlogits = op.grad(with_log_softmax)(logits, labels)
+    probs = np.exp(log_softmax(logits.astype(np.float64), axis=-1))
+    assert np.allclose(dlogits, (probs - labels) / 16, atol=1e-6)
