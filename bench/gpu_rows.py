@@ -137,6 +137,23 @@ def layernorm_row(n: int) -> Row:
                0, 2 * n * n * 2 + 2 * n * 2)
 
 
+def cross_entropy_row(n: int, classes: int) -> Row:
+    """Each row's cross-entropy against one-hot labels: log_softmax, the product and the row sum in one
+    kernel (a reduced_normalization), against torch's with class probabilities as the target."""
+    x = TensorType((n, classes), BF16)
+    op = op_of("reduced_normalization", x, x, expr="$0", norm="log_softmax", axes=(1,), eps=0.0, has_weight=False,
+               has_bias=False, post="neg(mul($0,$1))", reduce="sum", keepdims=False)
+
+    def make():
+        torch = _torch()
+        labels = _functional().one_hot(torch.randint(0, classes, (n,), device="cuda"), classes)
+        return _randn(n, classes), labels.to(torch.bfloat16)
+    return Row(f"cross-entropy bf16 {n}x{classes} vs F.cross_entropy", op, make,
+               lambda x, y: _functional().cross_entropy(x, y, reduction="none"),
+               lambda x, y: -(_torch().log_softmax(x.double(), dim=-1) * y.double()).sum(dim=-1),
+               0, 2 * n * classes * 2 + n * 2)
+
+
 def epilogue_row(m: int, n: int, k: int) -> Row:
     a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
     op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
@@ -152,4 +169,5 @@ def rows(quick: bool) -> list[Row]:
     found = [gemm_row(4096)] + ([] if quick else [gemm_row(8192)]) + [fp8_gemm_row(4096)]
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
-    return found + [softmax_row(8192), layernorm_row(8192), epilogue_row(4096, 4096, 4096)]
+    return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
+                    epilogue_row(4096, 4096, 4096)]

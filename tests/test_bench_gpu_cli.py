@@ -60,3 +60,18 @@ def test_torch_without_a_gpu(tmp_path):
 @needs_no_gpu
 def test_torch_sees_a_gpu_that_cuda_core_does_not(tmp_path):
     assert_one_clear_line(bench_gpu(stand_in_torch(tmp_path, True)), "cuda.core does not")
+
+
+def test_every_row_it_would_time_has_a_kernel_for_sm_90():
+    """Each row's op is taken by a template that emits it at every schedule the run would time, so a
+    GPU run fails on nothing this machine can find out first."""
+    from bench.gpu import kernels_to_compile
+    from bench.gpu_rows import rows
+    from tessera_rw.codegen.arch import arch_named
+
+    arch = arch_named("h100")
+    timed = rows(quick=False)
+    kernels = list(kernels_to_compile(timed, arch, quick=False))
+    assert {op for _, op, _ in kernels} == {row.op for row in timed}      # a row whose template fails is left out
+    for template, op, schedule in kernels:
+        assert str(op) in template.emit(op, schedule, arch).source
