@@ -60,10 +60,12 @@ class _Reader:
     once each: a 48-layer model's rows repeat a few hundred of them thousands of times."""
 
     def __init__(self, egraph: bindings.EGraph):
-        self.i64, self.f64 = egraph.value_to_i64, egraph.value_to_f64
-        self.bool, self.vec = egraph.value_to_bool, egraph.value_to_vec
+        i64, vec = egraph.value_to_i64, egraph.value_to_vec
+        self.i64, self.f64, self.bool, self.vec = i64, egraph.value_to_f64, egraph.value_to_bool, vec
         self.string = cache(egraph.value_to_string)
-        self.dims = cache(lambda value: tuple(map(self.i64, self.vec(value))))
+        # no reference back to the reader: a cycle would keep the e-graph alive for the collector to
+        # drop, on whichever thread it runs, and egglog's e-graphs must be dropped where they were made
+        self.dims = cache(lambda value: tuple(map(i64, vec(value))))
         self.eclass = cache(self._eclass_name)
 
     @staticmethod

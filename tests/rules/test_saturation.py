@@ -1,5 +1,8 @@
 """The saturation driver: limits, back-off, per-iteration statistics, round trips."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -259,3 +262,36 @@ def test_iteration_matches_count_the_rules_the_report_lists_and_setup_is_apart()
     assert per_iteration == sum(report.matches.values()) > 0           # the type analyses are not rules
     assert all("/" in name for it in report.iterations for name in it.matches)
     assert 0 <= report.setup_seconds <= report.seconds
+
+
+THREADED_CALLS = """
+import sys, threading
+import numpy as np
+from tessera_rw import op
+
+@op.kernel
+def scaled_softmax(x):
+    return op.softmax(x * 2.0, axis=-1)
+
+def calls(i):
+    for j in range(4):
+        x = np.ones((2, 3 + (i + j) % 4), np.float32)
+        assert np.allclose(scaled_softmax(x), 1.0 / x.shape[-1])
+
+threads = [threading.Thread(target=calls, args=(i,)) for i in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_kernels_traced_on_many_threads_drop_each_e_graph_on_its_own_thread():
+    """egglog's e-graphs may only be dropped on the thread that made them: nothing the rewrite keeps
+    may hold one in a reference cycle, for the collector to drop wherever it runs (it printed
+    'EGraph is unsendable, but is being dropped on another thread')."""
+    env = dict(os.environ, TESSERA_DISABLE_PLUGINS="1")
+    done = subprocess.run([sys.executable, "-c", THREADED_CALLS], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "unsendable" not in done.stderr and "Error" not in done.stderr, done.stderr
