@@ -22,6 +22,10 @@ prices the program after it, and the plan runs it.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
@@ -40,12 +44,40 @@ def merge_elementwise(graph: Graph) -> Graph:
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
-        new[node] = _merged(node, rebuilt, absorbable) if node.op == "fused_elementwise" else rebuilt
+        if node.op == "fused_elementwise":
+            new[node] = _merged(node, rebuilt, absorbable)
+        elif (spelled := _with_inexact_scalar(node)) is not None:
+            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), absorbable)
+        else:
+            new[node] = rebuilt
         if len(users[node]) == 1 and node not in outputs and _elementwise(new[node]):
             absorbable.add(new[node])
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _inexact(args: tuple[Node, ...]) -> bool:
+    """Whether a scalar constant among `args` is one its 16- or 8-bit dtype does not hold (70000 in
+    float16): an expression computes with the value itself, as the reference does, where a constant
+    buffer of that dtype would hold it rounded."""
+    for arg in args:
+        scalar = Scalar.of(arg)
+        if scalar is not None and scalar.dtype.is_low_precision:
+            with np.errstate(over="ignore", under="ignore"):
+                held = float(np.asarray(scalar.value, dtype=np.float64).astype(scalar.dtype.numpy))
+            if held != scalar.value and not (math.isnan(held) and math.isnan(scalar.value)):
+                return True
+    return False
+
+
+def _with_inexact_scalar(node: Node) -> Node | None:
+    """An elementwise op reading a constant its dtype does not hold as the one-op fused_elementwise
+    of it, for the constant to go into the expression; None for any other node."""
+    name = expression_name(node.op, node.attr_map)
+    if name is None or not _inexact(node.args):
+        return None
+    return make("fused_elementwise", *node.args, expr=f"{name}({','.join(f'${i}' for i in range(len(node.args)))})")
 
 
 def _elementwise(node: Node) -> bool:
@@ -63,7 +95,7 @@ def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
     expr = spell_expr(tree)
-    if (tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]) or ops < 2:
+    if (tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]) or (ops < 2 and not _inexact(rebuilt.args)):
         return rebuilt          # a one-op node is that op's kernel: its constant is not worth a new one
     try:
         merged = make("fused_elementwise", *leaves, expr=expr)

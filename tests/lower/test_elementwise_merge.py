@@ -4,7 +4,9 @@ the program computes what it did."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
@@ -103,3 +105,29 @@ def test_a_merged_program_computes_what_the_program_did(graph, seed):
     assert len(kernels(merged)) <= len(kernels(graph))
     for got, want in zip(evaluate(merged, feeds), evaluate(graph, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, fn, scalar", [
+    (np.float16, lambda x: op.divide(x, 70000.0), 70000.0),        # inf in float16
+    (np.float16, lambda x: op.multiply(x, 1e-8), 1e-8),            # 0 in float16
+    (ml_dtypes.bfloat16, lambda x: op.multiply(x, 1.006), 1.006),   # 1.0078125 in bfloat16
+])
+def test_a_constant_its_dtype_does_not_hold_is_computed_as_written_as_eager_calls_and_torch_do(dtype, fn, scalar):
+    """A Python scalar takes the tensors' dtype for promotion but computes with its own value (as the
+    reference and torch do): the plan takes it into a kernel's expression instead of a constant
+    buffer of that dtype, which would hold it rounded."""
+    x = (np.random.default_rng(0).standard_normal(64) * 100).astype(dtype)
+    kernel = op.kernel(fn)
+    assert not kernel.program(x).plan.constants
+    got = kernel(x).astype(np.float32)
+    assert np.array_equal(got, fn(x.astype(np.float32)).astype(dtype).astype(np.float32))
+    assert np.array_equal(got, fn(x).astype(np.float32))          # the op called eagerly
+    assert np.count_nonzero(got) > got.size // 2          # not divided by inf nor multiplied by 0
+    with np.errstate(over="ignore"):
+        assert float(np.asarray(scalar).astype(dtype)) != scalar
+
+
+def test_a_constant_its_dtype_holds_stays_with_its_one_op_kernel():
+    x = np.ones(8, np.float16)
+    plan = op.kernel(lambda x: x * 0.5).program(x).plan
+    assert [s.op for s in plan.steps] == ["mul"] and plan.constants
