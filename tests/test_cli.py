@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tessera_rw
 from tessera_rw.cli import main
 from tessera_rw.codegen import emulator
 
@@ -60,6 +61,9 @@ def test_help_names_the_other_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert all(f"tessera-rewrite {name}" in out for name in ("tune", "rules", "cache"))
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"tessera-rewrite {tessera_rw.__version__}\n"
 
 
 def test_console_script_is_installed():
@@ -350,6 +354,8 @@ def test_input_names_an_array_inside_a_container_argument_by_its_path(tmp_path, 
     bare.write_text(CONTAINER_MODULE.split("def example_inputs")[0])
     assert main(["--explain", f"{bare}:mlp", *given[:4], "--input", "p.layers[1].w=32x8:bf16", *given[6:]]) == 2
     assert "no --input for p.layers[0]" in capsys.readouterr().err
+    assert main(["--explain", f"{bare}:mlp", *given[:2], "--input", "p.layers[0].w=32x8:bf16", *given[6:]]) == 2
+    assert "raised KeyError: 'b'" in (err := capsys.readouterr().err) and "give it with --input, as --input p.b=" in err
     assert main(["--explain", f"{module}:mlp", "--input", "p..w=3"]) == 2
     assert "malformed --input" in capsys.readouterr().err
 
@@ -387,4 +393,6 @@ def test_a_kernel_without_example_inputs_is_told_the_command_that_gives_them(tmp
     (tmp_path / "two.py").write_text("from tessera_rw import op\n\n@op.kernel\ndef f(x, y):\n    return x + y\n\n"
                                      "@op.kernel\ndef g(x):\n    return x * 2\n")
     assert main(["--explain", str(tmp_path / "two.py")]) == 2
-    assert "--explain two.py:f --input x=4x16x64:bf16 --input y=4x16x64:bf16" in capsys.readouterr().err
+    assert "--explain two.py:f --input x=DIMS:DTYPE --input y=DIMS:DTYPE, each DIMS" in capsys.readouterr().err
+    assert main(["tune", f"{tmp_path / 'two.py'}:g"]) == 2
+    assert "tessera-rewrite tune two.py:g --input x=DIMS:DTYPE" in capsys.readouterr().err

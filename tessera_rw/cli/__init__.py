@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Sequence
 
-
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.cli import cache, explain, rules, tune
 from tessera_rw.cli.usage import USAGE, Parser, UsageError, one_line
+from tessera_rw.support.version import package_version
 from tessera_rw.text_console import default_console
 
 SUBCOMMANDS = {"rules": rules, "cache": cache, "tune": tune}
@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         epilog=None if name else OTHER_COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
         module = SUBCOMMANDS[name] if name else explain
         module.add_arguments(parser)
+        if name is None:
+            parser.add_argument("--version", action="version", version=f"tessera-rewrite {package_version()}")
         args = parser.parse_args(argv[1:] if name else argv)
         return module.run(args, console)
     except UsageError as e:

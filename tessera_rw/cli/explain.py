@@ -48,8 +48,11 @@ def explain(kernel: Kernel, inputs: dict[str, Any], arch: ArchSpec, tune: bool) 
     except TesseraError:
         raise
     except Exception as e:   # the user's function failed while tracing: one line, pointing at it
+        nested = isinstance(e, (KeyError, IndexError)) and any(isinstance(v, (dict, list, tuple)) for v in inputs.values())
+        hint = ("; an argument's container lacks what the function reads there: give it with --input, "
+                "as --input p.b=64:f32 or --input p.layers[1].w=64x64:bf16") if nested else ""
         raise UsageError(f"tracing {kernel.name} raised {type(e).__name__}: {e}"
-                         f"{user_line(e, source_file(kernel.fn))}") from None
+                         f"{user_line(e, source_file(kernel.fn))}{hint}") from None
     program = compile_program(traced.graph, arch, _tuning(kernel, tune), traced.pins)
     return explain_report(program)
 

@@ -122,10 +122,10 @@ def load_target(target: str) -> tuple[Kernel, Any]:
     return kernels[0], module
 
 
-def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str, Any]:
+def target_inputs(kernel: Kernel, module: Any, given: Sequence[str], command: str = "--explain") -> dict[str, Any]:
     """The kernel's tensor arguments by name, placeholders or arrays: the module's example_inputs()
     (the entries this kernel's parameters name), with each --input in place of what it names (a
-    whole argument, or one array of a container: p.layers[0].w)."""
+    whole argument, or one array of a container: p.layers[0].w). `command` is the one a hint names."""
     flags = _nested([parse_input(t) for t in given])
     unknown = [n for n in flags if n not in kernel.parameter_names]
     if unknown:
@@ -147,10 +147,10 @@ def target_inputs(kernel: Kernel, module: Any, given: Sequence[str]) -> dict[str
         raise UsageError(f"kernel {kernel.name} takes {', '.join(kernel.parameter_names)}; no --input for "
                          f"{', '.join(missing)}")
     if missing:
-        shapes = " ".join(f"--input {n}=4x16x64:bf16" for n in missing)
+        shapes = " ".join(f"--input {n}=DIMS:DTYPE" for n in missing)
         raise UsageError(f"{kernel.name} needs --input for each tensor argument (or define example_inputs() "
-                         f"in its module): tessera-rewrite --explain {Path(module.__file__).name}:{kernel.name} "
-                         f"{shapes}")
+                         f"in its module): tessera-rewrite {command} {Path(module.__file__).name}:{kernel.name} "
+                         f"{shapes}, each DIMS its shape (4x16x64) and DTYPE its dtype (bf16)")
     return inputs
 
 

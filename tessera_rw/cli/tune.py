@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     kernel, module = load_target(args.target)
-    inputs = target_inputs(kernel, module, args.input)
+    inputs = target_inputs(kernel, module, args.input, command="tune")
     values = [inputs[name] for name in kernel.parameter_names if name in inputs]   # containers included
     own = kernel.tuning.cache if kernel.tuning is not None else None
     cfg = kernel.schedule.autotune(*values, method=args.method, cache=args.cache or own or "default",
