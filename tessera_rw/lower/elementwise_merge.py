@@ -46,8 +46,8 @@ def merge_elementwise(graph: Graph) -> Graph:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op == "fused_elementwise":
             new[node] = _merged(node, rebuilt, absorbable)
-        elif (spelled := _with_inexact_scalar(node)) is not None:
-            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), absorbable)
+        elif (spelled := _with_inexact_scalar(node)) is not None:      # the op alone, rounding as it did
+            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set())
         else:
             new[node] = rebuilt
         if len(users[node]) == 1 and node not in outputs and _elementwise(new[node]):
