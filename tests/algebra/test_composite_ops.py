@@ -70,6 +70,14 @@ def test_logsumexp_of_infinite_rows_is_scipys():
         np.testing.assert_array_equal(op.kernel(lambda x: op.logsumexp(x, axis=1))(x), want)
 
 
+@pytest.mark.parametrize("x", [np.array([[True, False, True]]), np.array([[1, 2, 30]], np.int32)], ids=["bool", "int32"])
+def test_logsumexp_of_bools_and_integers_is_in_float32(x):
+    want = scipy.special.logsumexp(x.astype(np.float64), axis=1)
+    for got in (op.logsumexp(x, axis=1), op.kernel(lambda x: op.logsumexp(x, axis=1))(x)):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_errors_name_the_op_and_what_to_do():
     with pytest.raises(ShapeError, match=r"split(.|\n)*does not split into 4 equal parts(.|\n)*split points"):
         op.split(X, 4, axis=1)

@@ -219,6 +219,17 @@ def test_python_scalars_are_not_rounded_to_the_tensor_dtype_first():
     np.testing.assert_array_equal(op.multiply(e4m3, 1000.0), np.full(2, 250, ml_dtypes.float8_e4m3fn))
 
 
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sin", "cos"])
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32])
+def test_bool_and_integer_inputs_of_float_ops_compute_in_float32(name, dtype):
+    x = np.array([1, 2, 3], dtype) if dtype is np.int32 else np.array([True, True])
+    spelled = {"rsqrt": lambda v: 1 / np.sqrt(v), "reciprocal": lambda v: 1 / v}
+    want = (spelled[name] if name in spelled else getattr(np, name))(x.astype(np.float64))
+    for got in (getattr(op, name)(x), op.kernel(getattr(op, name))(x)):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=2e-7)
+
+
 def test_integer_inputs_of_float_ops():
     np.testing.assert_allclose(op.gelu(np.array([1, -2], np.int32)),
                                [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in (1, -2)], rtol=1e-6)

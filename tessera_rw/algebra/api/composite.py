@@ -18,7 +18,7 @@ import numbers
 from typing import Sequence
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import add, exp, log, maximum, minimum, multiply, sqrt, subtract
+from tessera_rw.algebra.api.elementwise import add, cast, exp, log, maximum, minimum, multiply, sqrt, subtract
 from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, int_tuple, squeeze, tensor_sequence
 from tessera_rw.algebra.api.reduction import max as reduce_max
 from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
@@ -105,6 +105,8 @@ def logsumexp(x, axis=None, keepdims=False):
     all -inf gives -inf, one holding +inf gives +inf."""
     x = tensor_operand(x)
     axes = _axes("logsumexp", x, axis)
+    if not (type_of(x).dtype.is_float or type_of(x).dtype.is_complex):
+        x = cast(x, "float32")          # bools and integers in float32, as exp gives them
     peak = reduce_max(x, axes, keepdims=True)
     dtype = type_of(x).dtype
 

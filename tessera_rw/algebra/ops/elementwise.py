@@ -196,6 +196,12 @@ def _unary(name: str, infer, fn, cost: int = 1, vjp=None) -> OpDef:
     return OpDef(name, ("x",), OpKind.ELEMENTWISE, infer, fn, _per_element(cost), vjp=vjp)
 
 
+def _in_float32(fn):
+    """`fn` of a bool or integer array computed in float32, the result's type (numpy would compute
+    exp of a bool array in float16, and of an int8 one too)."""
+    return lambda x: fn(x if x.dtype.kind in "fc" else x.astype(np.float32))
+
+
 # Unary VJPs from the operand x and the result y; written without scalar constants where the op
 # takes complex operands (the cotangent algebra keeps complex constants out of graphs).
 
@@ -258,16 +264,16 @@ def _gelu_vjp(g, y, x, approximate):
 UNARY = (
     _unary("neg", _infer_same, np.negative, vjp=lambda g, y, x: (-g,)),
     _unary("abs", _infer_abs, np.abs, vjp=_abs_vjp),
-    _unary("exp", _infer_floating, np.exp, vjp=lambda g, y, x: (g * conj(y),)),
-    _unary("log", _infer_floating, np.log, vjp=lambda g, y, x: (g / conj(x),)),
-    _unary("sqrt", _infer_floating, np.sqrt, vjp=lambda g, y, x: (g / conj(y + y),)),
+    _unary("exp", _infer_floating, _in_float32(np.exp), vjp=lambda g, y, x: (g * conj(y),)),
+    _unary("log", _infer_floating, _in_float32(np.log), vjp=lambda g, y, x: (g / conj(x),)),
+    _unary("sqrt", _infer_floating, _in_float32(np.sqrt), vjp=lambda g, y, x: (g / conj(y + y),)),
     # y = x^(-1/2): y' = -y / (2x)
-    _unary("rsqrt", _infer_floating, lambda x: 1.0 / np.sqrt(x), cost=2,
+    _unary("rsqrt", _infer_floating, _in_float32(lambda x: 1.0 / np.sqrt(x)), cost=2,
            vjp=lambda g, y, x: (-(g * conj(y / (x + x))),)),
-    _unary("reciprocal", _infer_floating, lambda x: 1.0 / x, vjp=lambda g, y, x: (-(g * conj(y * y)),)),
-    _unary("tanh", _infer_floating, np.tanh, vjp=lambda g, y, x: (g - g * conj(y * y),)),
-    _unary("sin", _infer_floating, np.sin, vjp=lambda g, y, x: (g * conj(api.cos(x)),)),
-    _unary("cos", _infer_floating, np.cos, vjp=lambda g, y, x: (-(g * conj(api.sin(x))),)),
+    _unary("reciprocal", _infer_floating, _in_float32(lambda x: 1.0 / x), vjp=lambda g, y, x: (-(g * conj(y * y)),)),
+    _unary("tanh", _infer_floating, _in_float32(np.tanh), vjp=lambda g, y, x: (g - g * conj(y * y),)),
+    _unary("sin", _infer_floating, _in_float32(np.sin), vjp=lambda g, y, x: (g * conj(api.cos(x)),)),
+    _unary("cos", _infer_floating, _in_float32(np.cos), vjp=lambda g, y, x: (-(g * conj(api.sin(x))),)),
     _unary("erf", _infer_real_floating, special.erf,
            vjp=lambda g, y, x: (g * float(2 / np.sqrt(np.pi)) * api.exp(-(x * x)),)),
     _unary("sigmoid", _infer_real_floating, sigmoid_reference, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
