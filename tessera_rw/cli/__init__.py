@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Sequence
+import warnings
+from pathlib import Path
+from typing import Iterator, Sequence
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.cli import cache, explain, rules, tune
@@ -19,6 +22,22 @@ OTHER_COMMANDS = """other commands (each takes --help):
   tessera-rewrite tune FILE.py:FUNCTION     autotune a kernel's schedules into the cache
   tessera-rewrite rules [--check] [PACK]    list the rulesets, built-in and plugins; check their soundness
   tessera-rewrite cache list|export|import|clear   look at and move the autotune cache"""
+
+
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """Warnings printed as one line each once the command is done, 'tessera-rewrite: warning: …',
+    with the user's file and line where one of theirs raised it, not Python's source location."""
+    package = str(Path(__file__).resolve().parents[1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        try:
+            yield
+        finally:
+            for w in caught:
+                theirs = w.filename.endswith(".py") and not str(Path(w.filename).resolve()).startswith(package)
+                print(f"tessera-rewrite: warning: {w.message}" + (f" ({w.filename}:{w.lineno})" if theirs else ""),
+                      file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name is None:
             parser.add_argument("--version", action="version", version=f"tessera-rewrite {package_version()}")
         args = parser.parse_args(argv[1:] if name else argv)
-        return module.run(args, console)
+        with warnings_as_lines():
+            return module.run(args, console)
     except UsageError as e:
         print(f"tessera-rewrite: {e}\n{USAGE[name]}", file=sys.stderr)
         return 2

@@ -208,9 +208,9 @@ def test_rules_check_catches_a_wrong_plugin_rule(monkeypatch, capsys):
 def test_rules_check_warns_once_of_a_broken_plugin(monkeypatch, capsys):
     monkeypatch.setattr(plugins, "installed_entry_points",
                         lambda group: fake("no_such_module_here:pack")() if group == plugins.ENTRY_POINT_GROUP else [])
-    with pytest.warns(PluginWarning, match="no_such_module_here") as caught:
-        assert main(["rules", "--check", "spectral", "--seeds", "1"]) == 0
-    assert sum(issubclass(w.category, PluginWarning) for w in caught) == 1
+    assert main(["rules", "--check", "spectral", "--seeds", "1"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tessera-rewrite: warning:")]
+    assert len(warned) == 1 and "no_such_module_here" in warned[0]
 
 
 def test_rules_check_passes_on_a_builtin_ruleset(capsys):
