@@ -189,11 +189,7 @@ def _operand_shapes(kernel: Kernel, fn: Callable | Kernel, shapes: Sequence) -> 
         if fn is api.matmul and len(shapes) == 3:
             m, nn, k = shapes
             return [(m, k), (k, nn)]
-        if fn is api.matmul:
-            raise ArgumentError(f"autotune matmul: shapes={shapes} is neither (M, N, K) nor one shape per operand",
-                                hint="shapes=(1024, 1024, 1024) tunes a 1024³ product; shapes=((8, 1024, 64), "
-                                     "(64, 512)) gives each operand's shape")
-        return [shapes] * n
+        return [shapes] * n       # one shape every operand shares (a matmul's square matrices)
     if len(shapes) != n:
         raise ArgumentError(f"autotune {name}: {len(shapes)} shapes for {n} operands "
                             f"({', '.join(kernel.parameter_names)})", hint="give one shape per operand")

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from tessera_rw import autotune, op
-from tessera_rw.algebra.errors import ArgumentError, TesseraError
+from tessera_rw.algebra.errors import ArgumentError, ShapeError, TesseraError
 from tessera_rw.codegen.device import gpu_available
 from tessera_rw.tune.cache import TuneCache, TuneCacheError, TuneCacheWarning
 from tessera_rw.tune.progress import TuningProgress
@@ -276,9 +276,12 @@ def test_a_programs_cached_choice_is_keyed_by_its_policy_and_its_candidates():
     assert key != program_key(graph, candidates, Numerics.DETERMINISTIC, SpaceRestriction.of(tile_sizes=[(128, 128)]))
 
 
-def test_matmul_shapes_must_be_m_n_k_or_one_per_operand():
-    with pytest.raises(ArgumentError, match=r"neither \(M, N, K\) nor one shape per operand"):
-        autotune(op.matmul, shapes=(7,), dtype="bf16", method="cost_model", cache=None)
+def test_matmul_shapes_are_m_n_k_one_per_operand_or_one_both_share():
+    shared = autotune(op.matmul, shapes=(512, 512), dtype="bf16", method="cost_model", cache=None)
+    cube = autotune(op.matmul, shapes=(512, 512, 512), dtype="bf16", method="cost_model", cache=None)
+    assert repr(shared) == repr(cube) and "matmul(bf16[512,512], bf16[512,512])" in repr(shared)
+    with pytest.raises(ShapeError, match=r"matmul(.|\n)*contracts 5 with 7"):
+        autotune(op.matmul, shapes=(7, 5), dtype="bf16", method="cost_model", cache=None)
 
 
 def test_tuning_and_loading_use_the_kernels_own_cache_else_enables():
