@@ -31,7 +31,7 @@ from tessera_rw.algebra.api.dispatch import array_node
 from tessera_rw.algebra.autodiff.reverse import grad_graph
 from tessera_rw.algebra.builder import user_site
 from tessera_rw.algebra.captures import function_name, note_nested
-from tessera_rw.algebra.errors import ArgumentError, ResultError
+from tessera_rw.algebra.errors import ArgumentError, ResultError, TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.tensor import SymbolicTensor
@@ -144,8 +144,11 @@ class GradKernel(Kernel):
             self._check_aux(forward)
         positions, grads = self._differentiated(call)
         # the forward's pins fix its products where the gradient program computes them again
-        graph = replace(grad_graph(forward.graph, positions, keep_outputs=self.value or self.has_aux,
-                                   has_aux=self.has_aux), name=self.name)
+        try:
+            graph = replace(grad_graph(forward.graph, positions, keep_outputs=self.value or self.has_aux,
+                                       has_aux=self.has_aux), name=self.name)
+        except TesseraError as e:      # a loss that is no scalar: the line taking the gradient says which
+            raise e.with_context(site=user_site()) from None
         if not (self.value or self.has_aux):
             return replace(forward, graph=graph, structure=grads)
         kept = len(forward.graph.outputs)
