@@ -31,6 +31,11 @@ def written_out(logits, labels):
 
 
 @op.kernel
+def summed_over_the_batch(logits, labels):
+    return -op.sum(op.log_softmax(logits, axis=-1) * labels) / logits.shape[0]
+
+
+@op.kernel
 def with_class_indices(logits, classes):
     hit = classes[:, None] == op.arange(logits.shape[-1], dtype="int32")
     return -op.mean(op.sum(op.where(hit, op.log_softmax(logits, axis=-1), 0.0), axis=-1))
@@ -45,7 +50,8 @@ def _problem(rows: int, vocab: int, dtype, rng: np.random.Generator):
 
 @pytest.mark.parametrize("vocab", [1000, 8003])
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("loss", [with_log_softmax, written_out, with_class_indices], ids=lambda k: k.__name__)
+@pytest.mark.parametrize("loss", [with_log_softmax, written_out, summed_over_the_batch, with_class_indices],
+                         ids=lambda k: k.__name__)
 def test_the_loss_is_one_row_kernel_reading_the_logits_once(loss, dtype, vocab):
     logits, classes, want = _problem(48, vocab, dtype, np.random.default_rng(vocab))
     labels = classes if loss is with_class_indices else np.eye(vocab, dtype=dtype)[classes]
@@ -59,6 +65,18 @@ def test_the_loss_is_one_row_kernel_reading_the_logits_once(loss, dtype, vocab):
     bound = 2e-2 if dtype is ml_dtypes.bfloat16 else 1e-5
     assert abs(float(got) - want) <= bound * abs(want)
     assert abs(float(host) - want) <= bound * abs(want)
+
+
+def test_a_mean_over_every_axis_of_a_sequence_batch_reads_the_logits_once():
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((3, 7, 500)).astype(ml_dtypes.bfloat16)
+    labels = np.eye(500, dtype=ml_dtypes.bfloat16)[rng.integers(0, 500, size=(3, 7))]
+    loss = op.kernel(lambda logits, labels: -op.mean(op.log_softmax(logits, axis=-1) * labels))
+    plan = loss.program(logits, labels).plan
+    assert [s.op for s in plan.steps][0] == "reduced_normalization" and len(plan.steps) == 2, plan
+    want = -np.mean(log_softmax(logits.astype(np.float64), axis=-1) * labels.astype(np.float64))
+    (got,) = run_plan_emulated(plan, {"logits": logits, "labels": labels})
+    assert abs(float(got) - want) <= 2e-2 * abs(want)
 
 
 def test_a_sum_across_the_rows_of_a_softmax_stays_a_reduction():

@@ -22,7 +22,7 @@ from tessera_rw.algebra.ops.fused_reduction import REDUCES
 from tessera_rw.algebra.ops.reduced_norm import ROW_REDUCES
 from tessera_rw.rules.library.algebra import rand
 from tessera_rw.rules.library.fusion import ALL_FUSION_RULE_NAMES, FUSION_RULES, expression_over, with_parameters
-from tessera_rw.rules.pattern import TermBuilder
+from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule
 
 t = TermBuilder()
@@ -57,24 +57,26 @@ def _rules():
 REDUCTION_FUSION_RULES = tuple(_rules())
 
 
-def _row_sum_example(reduce: str, n: int):
-    """reduce(post(log_softmax(prologue(…)), …)) over the rows' axis, with n inputs in all: a
-    prologue over max(1, n - 3) of them and an epilogue over the rest (for three, a layer norm
-    with its weight and bias instead)."""
+def _row_sum_example(reduce: str, n: int, rank: int = 2, every_axis: bool = False):
+    """reduce(post(log_softmax(prologue(…)), …)) over the rows' axis (or, `every_axis`, over all),
+    with n inputs in all: a prologue over max(1, n - 3) of them and an epilogue over the rest (for
+    three, a layer norm with its weight and bias instead)."""
     params = 2 if n == 3 else 0
     before = max(1, n - 3 - params)
 
     def example(rng: np.random.Generator):
-        rows, width = (int(v) for v in rng.integers(1, 6, size=2))
+        shape = tuple(int(v) for v in rng.integers(1, 6, size=rank))
         names = [f"x{i}" for i in range(n - params)] + ["w", "c"][:params]
-        inputs = {nm: rand(rng, rows, width) if i < n - params else rand(rng, width) for i, nm in enumerate(names)}
+        inputs = {nm: rand(rng, *shape) if i < n - params else rand(rng, shape[-1]) for i, nm in enumerate(names)}
 
         def body(*args):
             row = expression_over(list(args[:before]))
             normed = op.layernorm(row, *args[n - params:]) if params else op.log_softmax(row, axis=-1)
             after = list(args[before:n - params])
-            return getattr(op, reduce)(expression_over([normed] + after) if after else normed, axis=-1,
-                                       keepdims=n % 2 == 0)
+            rows = expression_over([normed] + after) if after else normed
+            if every_axis:
+                return getattr(op, reduce)(rows)
+            return getattr(op, reduce)(rows, axis=-1, keepdims=n % 2 == 0)
         return with_parameters(body, names), inputs
     return example
 
@@ -101,3 +103,30 @@ def _row_sum_rules():
 
 
 REDUCTION_FUSION_RULES = REDUCTION_FUSION_RULES + tuple(_row_sum_rules())
+
+
+def _whole_sum_rules():
+    """reduce(fused_normalization(…) over its last axis, every axis) = reduce(reduced_normalization(…;
+    reduce), the rest): a loss summed over the whole batch, −Σ log_softmax(z) · y / B, reads the
+    logits once as the row-wise mean of the rows' sums does (a sum over every axis is the sum of the
+    rows' sums, a mean the mean of the rows' means)."""
+    eps, hw, hb, norm, post, sn = t.vars("eps hw hb norm post sn")
+    needs = tuple(rule.name for rule in FUSION_RULES)
+    for rank in (2, 3):
+        every, rest = (f"(vec-of {' '.join(map(str, range(n)))})" for n in (rank, rank - 1))
+        for n in range(1, MAX_NORMALIZATION_OPERANDS + 1):
+            ys = t.vars(" ".join(f"y{j}" for j in range(n)))
+            attrs = dict(expr=e_in, norm=norm, axes=Expr(f"(vec-of {rank - 1})"), eps=eps, has_weight=hw,
+                         has_bias=hb, post=post)
+            for reduce in ROW_REDUCES:
+                rows = t.reduced_normalization(*ys, **attrs, reduce=reduce, keepdims=False, of=(Expr("(vec-pop sn)"), d))
+                yield Rule(f"{reduce}-of-every-axis-of-normalization-{rank}d-{n}",
+                           f"{reduce}(norm(…)) over every axis = {reduce} of reduced_normalization(…)",
+                           lhs=t.term(reduce, t.fused_normalization(*ys, **attrs, of=(sn, d)), axes=Expr(every),
+                                      keepdims=False, of=T),
+                           rhs=t.term(reduce, rows, axes=Expr(rest), keepdims=False, of=T),
+                           when=(f"(= (vec-length sn) {rank})",), example=_row_sum_example(reduce, n, rank, True),
+                           needs=needs)
+
+
+REDUCTION_FUSION_RULES = REDUCTION_FUSION_RULES + tuple(_whole_sum_rules())
