@@ -341,6 +341,18 @@ def pinned_text(program: CompiledProgram) -> Text:
     return Text("\n".join(lines))
 
 
+def _grid(grid: tuple[int, ...]) -> str:
+    """A launch grid as '1024' or '32x64' (trailing extents of 1 left out), so a kernel's name fits.
+
+    >>> _grid((1024, 1, 1)), _grid((32, 64, 1)), _grid((1, 1, 1)), _grid((4, 1, 2))
+    ('1024', '32x64', '1', '4x1x2')
+    """
+    shown = list(grid)
+    while len(shown) > 1 and shown[-1] == 1:
+        shown.pop()
+    return "x".join(map(str, shown))
+
+
 def generated_kernels_table(program: CompiledProgram) -> RenderableType:
     """The plan's kernels as the GPU runs them: CUDA function, schedule, launch, source size."""
     from tessera_rw.kernel_sources import generated_kernels
@@ -349,7 +361,7 @@ def generated_kernels_table(program: CompiledProgram) -> RenderableType:
     except TesseraError as e:
         return Text(f"generated kernels: none for the GPU: {e.detail}")
     rows = [(str(k.index), k.name, "-", "-", "-", "-") if k.source is None else
-            (str(k.index), k.source.name, "x".join(str(g) for g in k.source.grid), str(k.source.threads),
+            (str(k.index), k.source.name, _grid(k.source.grid), str(k.source.threads),
              f"{k.smem_bytes / 1024:.0f}", str(k.source.source.count("\n") + 1)) for k in kernels]
     table = report_table(f"generated kernels ({program.arch.sm}; --emit-cuda DIR writes them)")
     numeric = ("step", "threads", "smem KB", "lines")
