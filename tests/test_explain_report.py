@@ -286,14 +286,12 @@ def test_every_example_reads_at_100_columns(capsys):
     assert not any("…" in ln for ln in lines)
 
 
-
 def test_a_long_kernel_name_folds_and_leaves_its_launch_readable():
     """A TMA gemm's 60-character name once squeezed the grid column to "5…" at 100 columns."""
     report = op.kernel(lambda x, w: x @ w).explain(op.tensor((4096, 4096), "bf16"), op.tensor((4096, 4096), "bf16"))
     text = report.render(width=100)
     kernel = next(k for k in text.split("generated kernels")[1].splitlines() if "gemm_bf16" in k)
     assert kernel.split()[2:4] == ["512", "384"], kernel
-
 
 
 def test_zero_size_tensors_explain_and_run():
