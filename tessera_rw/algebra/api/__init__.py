@@ -8,6 +8,7 @@ from tessera_rw.algebra.api.elementwise import (
     abs, add, cast, complex_mul, cos, divide, equal, erf, exp, gelu, greater, greater_equal, less,
     less_equal, log, logical_and, logical_not, logical_or, maximum, minimum, multiply, negative,
     not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, subtract, tanh, where)
+from tessera_rw.algebra.api.gather import take_along_axis
 from tessera_rw.algebra.api.layout import (
     broadcast_to, concatenate, expand_dims, flip, getitem, reshape, squeeze, swapaxes, transpose)
 from tessera_rw.algebra.api.padding import pad
@@ -20,6 +21,6 @@ __all__ = [
     "log_softmax", "logical_and", "logical_not", "logical_or", "logsumexp", "matmul", "max", "maximum", "mean",
     "min", "minimum", "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu",
     "reshape", "rfft", "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square",
-    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "tanh", "tracing", "transpose", "tril", "triu",
-    "var", "where", "zeros",
+    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take_along_axis", "tanh", "tracing", "transpose",
+    "tril", "triu", "var", "where", "zeros",
 ]

@@ -1,0 +1,51 @@
+"""take_along_axis: values picked along an axis by integer indices, as numpy.take_along_axis.
+
+It is written with other ops, a selection summed over the axis: `where(indices == position, arr, 0)`
+added up along it. Each pick reads the whole axis (n values for one), which a loss over a softmax
+reads anyway: the negative log-likelihood of class indices,
+`-mean(take_along_axis(log_softmax(z, -1), labels[:, None], -1))`, is one row kernel over the logits
+(the normalization, the selection and the row sum; rules/library/fused_reductions.py). Its gradient
+is the selection's, the cotangent put back where each index points. An index out of [-n, n) picks
+nothing and gives 0, where numpy raises: torch's `ignore_index` entries cost nothing extra.
+
+>>> import numpy as np
+>>> x = np.array([[10.0, 11.0, 12.0], [20.0, 21.0, 22.0]], dtype=np.float32)
+>>> take_along_axis(x, np.array([[2], [0]]), axis=1)
+array([[12.],
+       [20.]], dtype=float32)
+>>> take_along_axis(x, np.array([[-1, 1], [5, 0]]), axis=1)
+array([[12., 11.],
+       [ 0., 20.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.api.creation import arange
+from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.elementwise import add, equal, less, where
+from tessera_rw.algebra.api.layout import expand_dims, reshape
+from tessera_rw.algebra.api.reduction import sum as reduce_sum
+from tessera_rw.algebra.errors import DTypeError, ShapeError
+from tessera_rw.algebra.shapes import normalize_axis
+
+
+def take_along_axis(arr, indices, axis: int):
+    """arr's values at `indices` along `axis` (numpy.take_along_axis): indices have arr's rank, k
+    indices along `axis` and the other axes broadcasting against arr's; the result has k there."""
+    arr, indices = tensor_operand(arr), tensor_operand(indices)
+    with op_context("take_along_axis", (arr, indices), ("arr", "indices")):
+        shape, picks = type_of(arr), type_of(indices)
+        if not picks.dtype.is_integer:
+            raise DTypeError(f"indices must be integers, got {picks.dtype.value}",
+                             hint="cast them first: op.cast(indices, 'int32')")
+        if picks.ndim != shape.ndim:
+            raise ShapeError(f"indices have {picks.ndim} axes and arr {shape.ndim}: they need as many",
+                             hint="give one index per row as indices[:, None] (numpy.take_along_axis's rule)")
+        ax = normalize_axis(axis, shape.ndim)
+        n, k = shape.shape[ax], picks.shape[ax]
+    positions = reshape(arange(n, dtype=picks.dtype.value), tuple(n if d == ax else 1 for d in range(shape.ndim)))
+    wrapped = where(less(indices, 0), add(indices, n), indices)     # -1 is the last, as in numpy
+    if k == 1:            # one pick per row: the selection has arr's shape, a row kernel's epilogue
+        return reduce_sum(where(equal(wrapped, positions), arr, 0), ax, keepdims=True)
+    hit = equal(expand_dims(wrapped, ax + 1), expand_dims(positions, ax))        # [..., k, n, ...]
+    return reduce_sum(where(hit, expand_dims(arr, ax), 0), ax + 1)
