@@ -9,7 +9,8 @@ write; layernorm: mean, variance, write; rmsnorm: mean square, write), each pass
 row; the re-reads hit L2 while the rows in flight fit in it.
 
 fused_normalization adds a prologue expression over its leading inputs (applied as the row is
-loaded) and an epilogue `post` ($0 the normalized value) applied as it is written. Operands
+loaded) and an epilogue `post` ($0 the normalized value) applied as it is written (or, for a
+reduced_normalization, added to the row's sum: rowwise_reduced.py, through `write_values`). Operands
 broadcast to the row; one constant per row is loaded once. strided_normalization reads its prologue
 inputs as strided views (a normalized slice read where it lies), its rows' vectors where the view's
 offset and row strides keep them aligned. Statistics are fp32; under the
