@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     imports.add_argument("file", metavar="FILE")
     clear = actions.add_parser("clear", help="delete the records")
     clear.add_argument("--arch", help="only this architecture's records")
-    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    clear.add_argument("--yes", action="store_true", help="delete the records (without it, clear says how many "
+                                                             "it would delete and deletes none)")
     for sub in (listing, export, imports, clear):
         sub.add_argument("--name", default="default", help="which named cache (default: default)")
         sub.add_argument("--format", choices=["text", "json"], default="text")

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "path, p.w=1024x1024:bf16 (default: the module's example_inputs())")
     p.add_argument("--method", choices=["auto", "on_device", "cost_model"], default="auto",
                    help="on_device times on the GPU; cost_model ranks by the roofline model; auto: on_device "
-                        "when a GPU is present")
+                        "when this machine's GPU is the arch tuned for, else cost_model")
     p.add_argument("--max-trials", type=positive_int, default=50,
                    help="schedules measured per kernel on the GPU (default 50); the cost model, costing "
                         "microseconds a schedule, ranks them all")

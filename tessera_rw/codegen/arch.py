@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from functools import cache
 from typing import Mapping
 
@@ -180,13 +181,19 @@ def known_names() -> list[str]:
 
 def arch_named(name: str) -> ArchSpec:
     """The known architecture called `name` or one of its aliases (case-insensitive); a compute
-    capability such as 'sm_90' names the first known GPU of it (sm_90: H100-SXM)."""
+    capability such as 'sm_90' names the first known GPU of it (sm_90: H100-SXM), and so does its
+    arch-specific target ('sm_90a', which the warpgroup kernels compile for).
+
+    >>> arch_named("sm_90a").name, arch_named("SM_80").name
+    ('H100-SXM', 'A100-SXM')
+    """
     wanted = _key(name)
     for arch in KNOWN_ARCHS:
         if wanted in {_key(arch.name), *map(_key, arch.aliases)}:
             return arch
+    capability = re.fullmatch(r"(sm-\d+)[af]?", wanted)
     for arch in KNOWN_ARCHS:
-        if wanted == _key(arch.sm):
+        if capability and capability[1] == _key(arch.sm):
             return arch
     raise ArchError(f"unknown architecture {name!r}; known: {', '.join(known_names())}", hint=_HOW_TO_ADD)
 
