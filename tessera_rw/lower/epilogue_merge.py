@@ -12,6 +12,11 @@ shape and dtype takes that node's expression as its epilogue: `post` becomes the
 the old `post`, the reader's other inputs the kernel's new epilogue inputs (each read once, up to
 MERGED_INPUTS). One kernel fewer, and the intermediate never goes through HBM.
 
+The other way round too: an epilogue input of such a kernel (or of a reduced_normalization) that a
+fused_elementwise of the rows' shape writes for it alone is computed in the epilogue from that
+node's own inputs. A loss's gradient over class indices, softmax(z) − where(c == position, 1, 0)
+scaled, then reads the indices and the positions, not a selection the size of the logits.
+
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x, w = make_input("x", (2, 4, 8, 8), DType.float32), make_input("w", (4, 4, 3, 3), DType.float32)
@@ -32,25 +37,35 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr,
                                                 spell_expr)
+from tessera_rw.algebra.ops.reduced_norm import normalized_rows
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
 
 HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose `post` takes an epilogue
+# ... and those whose epilogue inputs may be computed in it (a reduced_normalization's result is no row)
+READING_HOSTS = HOSTS | {"reduced_normalization"}
 
 
 def merge_epilogues(graph: Graph) -> Graph:
     """`graph` with each fused_conv and fused_normalization that one fused_elementwise of its type
-    alone reads holding that node's expression in its epilogue instead."""
+    alone reads holding that node's expression in its epilogue instead, and each epilogue input that
+    a fused_elementwise of the rows' shape writes for that kernel alone computed in the epilogue."""
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     hosts: set[Node] = set()        # new nodes whose one reader may take them in
+    inputs: set[Node] = set()       # new fused_elementwise nodes whose one reader may compute them
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node.op == "fused_elementwise":
             rebuilt = next((m for k, arg in enumerate(rebuilt.args) if arg in hosts and arg.type == rebuilt.type
                             if (m := _with_reader(arg, rebuilt, k)) is not None), rebuilt)
+        elif node.op in READING_HOSTS:
+            rebuilt = _computing_inputs(rebuilt, inputs)
         new[node] = rebuilt
-        if node.op in HOSTS and len(users[node]) == 1 and node not in outputs:
+        alone = len(users[node]) == 1 and node not in outputs
+        if node.op in HOSTS and alone:
             hosts.add(rebuilt)
+        if rebuilt.op == "fused_elementwise" and alone:
+            inputs.add(rebuilt)
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
@@ -85,3 +100,46 @@ def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
     except TesseraError:        # the reader's other inputs do not broadcast to the host's result
         return None
     return merged if merged.type == reader.type else None
+
+
+def _rows_shape(host: Node) -> tuple[int, ...]:
+    """The shape a host's epilogue computes over: its result's, a reduced_normalization's rows'."""
+    if host.op == "reduced_normalization":
+        return normalized_rows(*(a.type for a in host.args), **host.attr_map).shape
+    return host.shape
+
+
+def _computing_inputs(host: Node, producers: set[Node]) -> Node:
+    """`host` with each epilogue input that is one of `producers`, of the rows' shape, computed in its
+    epilogue from that node's own inputs; `host` itself where none is, or where the result would read
+    too many tensors or nest too many ops."""
+    start, rows = _epilogue_start(host), _rows_shape(host)
+    extras: list[Node] = []
+    taken = False
+
+    def own(arg: Node) -> object:
+        if (scalar := Scalar.of(arg)) is not None:
+            return scalar
+        if arg not in extras:
+            extras.append(arg)
+        return 1 + extras.index(arg)
+
+    def leaf(i: int):
+        nonlocal taken
+        if i == 0:
+            return 0
+        arg = host.args[start + i - 1]
+        if arg in producers and arg.shape == rows:
+            taken = True
+            return fold(parse_expr(arg.attr_map["expr"]), lambda j: own(arg.args[j]), lambda name, args: (name, *args),
+                        lambda c: c)
+        return own(arg)
+
+    tree = fold(parse_expr(host.attr_map["post"]), leaf, lambda name, args: (name, *args), lambda c: c)
+    if not taken or len(extras) >= MERGED_INPUTS or count_ops(tree) > MAX_FUSED_OPS:
+        return host
+    try:
+        merged = make(host.op, *host.args[:start], *extras, **(host.attr_map | {"post": spell_expr(tree)}))
+    except TesseraError:
+        return host
+    return merged if merged.type == host.type else host

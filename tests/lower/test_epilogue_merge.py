@@ -200,3 +200,32 @@ def test_a_resnet_blocks_gradient_runs_right(block_gradient):
     for got in runs:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3 * np.abs(w).max())
+
+
+NORM = dict(expr="$0", norm="log_softmax", axes=(1,), eps=0.0, has_weight=False, has_bias=False)
+
+
+@pytest.mark.parametrize("host", ["fused_normalization", "reduced_normalization"])
+def test_an_epilogue_input_written_for_the_row_kernel_alone_is_computed_in_its_epilogue(host):
+    """A loss's gradient selects its cotangent by class: where(c == position, -1/n, 0) is written at
+    the logits' size for the row kernel alone to read; computed in its epilogue from c and the
+    positions, it is never written."""
+    z, c, pos = make_input("z", (8, 50), F32), make_input("c", (8, 1), F32), make_input("pos", (1, 50), F32)
+    picked = make("fused_elementwise", c, pos, expr="where(eq($0,$1),-0.125:float32,0.0:float32)")
+    extra = dict(reduce="sum", keepdims=False) if host == "reduced_normalization" else {}
+    rows = make(host, z, picked, **NORM, post="sub($1,exp($0))", **extra)
+    graph = Graph("g", (z, c, pos), (rows,))
+    merged = merge_epilogues(graph)
+    [kernel] = kernels(merged)
+    assert kernel.args == (z, c, pos) and kernel.attr_map["post"] == (
+        "sub(where(eq($1,$2),-0.125:float32,0.0:float32),exp($0))")
+    same_values(merged, graph)
+
+
+def test_an_epilogue_input_another_kernel_reads_too_or_of_fewer_elements_stays_written():
+    z, c, pos = make_input("z", (8, 50), F32), make_input("c", (8, 1), F32), make_input("pos", (1, 50), F32)
+    picked = make("fused_elementwise", c, pos, expr="mul($0,$1)")
+    row = make("fused_elementwise", c, expr="exp($0)")                      # [8, 1]: no larger than it is
+    rows = make("fused_normalization", z, picked, row, **NORM, post="add(sub($1,$0),$2)")
+    twice = Graph("g", (z, c, pos), (rows, picked))
+    assert merge_epilogues(twice) is twice
