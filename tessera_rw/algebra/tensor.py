@@ -13,6 +13,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.missing_ops import MISSING_OPS
 from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.torch_keywords import numpy_keywords
 
 
 # torch's tensor methods, and what does their work here
@@ -98,11 +99,17 @@ class TensorMethods:
     def transpose(self, *axes): return api.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     def swapaxes(self, a: int, b: int): return api.swapaxes(self, a, b)
     def astype(self, dtype): return api.cast(self, dtype)
+    @numpy_keywords
     def sum(self, axis=None, keepdims=False): return api.sum(self, axis, keepdims)
+    @numpy_keywords
     def mean(self, axis=None, keepdims=False): return api.mean(self, axis, keepdims)
+    @numpy_keywords
     def max(self, axis=None, keepdims=False): return api.max(self, axis, keepdims)
+    @numpy_keywords
     def min(self, axis=None, keepdims=False): return api.min(self, axis, keepdims)
+    @numpy_keywords
     def var(self, axis=None, keepdims=False, ddof=0): return api.var(self, axis, keepdims, ddof)
+    @numpy_keywords
     def std(self, axis=None, keepdims=False, ddof=0): return api.std(self, axis, keepdims, ddof)
     def clip(self, a_min=None, a_max=None): return api.clip(self, a_min, a_max)
 

@@ -325,3 +325,24 @@ def test_an_integer_tensor_to_a_negative_constant_power_raises_as_numpy_does(exp
     np.testing.assert_array_equal(op.kernel(lambda x: x ** 2)(ints), ints ** 2)
     np.testing.assert_allclose(op.kernel(lambda x: op.cast(x, "float32") ** exponent)(ints),
                                ints.astype(np.float32) ** float(exponent))
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda x: op.softmax(x, dim=-1), "softmax"), (lambda x: op.sum(x, dim=1, keepdim=True), "sum"),
+    (lambda x: x.mean(dim=0), "mean"), (lambda x: op.logsumexp(x, dim=-1), "logsumexp"),
+    (lambda x: op.concatenate([x, x], dim=0), "concatenate"),
+])
+def test_torchs_dim_and_keepdim_are_named_with_numpys_names(call, named):
+    x = np.ones((2, 3), np.float32)
+    for run in ((op.kernel(call),) if named == "mean" else (call, op.kernel(call))):    # x.mean: numpy's eagerly
+        with pytest.raises(ArgumentError) as info:
+            run(x)
+        assert info.value.op == named and "axis= for torch's dim=" in info.value.detail
+        assert "test_errors.py" in info.value.site and "axis=" in info.value.hint
+    with pytest.raises(ArgumentError, match="keepdims= for torch's keepdim="):
+        op.mean(x, axis=1, keepdim=True)
+
+
+def test_torchs_two_axis_transpose_is_pointed_to_swapaxes():
+    with pytest.raises(TesseraError, match=r"not a permutation of 3 axes(.|\n)*x.swapaxes\(-2, -1\)"):
+        op.kernel(lambda x: x.transpose(-2, -1))(np.ones((2, 3, 4), np.float32))

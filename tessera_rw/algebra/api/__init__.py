@@ -24,3 +24,17 @@ __all__ = [
     "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take_along_axis", "tanh", "tracing", "transpose",
     "tril", "triu", "var", "where", "zeros",
 ]
+
+
+def _refusing_torch_keywords() -> None:
+    """Every op function taking `axis` or `keepdims` refuses torch's `dim` / `keepdim` by name."""
+    import inspect
+    from tessera_rw.algebra.torch_keywords import numpy_keywords
+    for name in __all__:
+        fn = globals()[name]
+        if callable(fn) and not isinstance(fn, type) and {"axis", "axes", "keepdims"} & set(
+                inspect.signature(fn).parameters):
+            globals()[name] = numpy_keywords(fn)
+
+
+_refusing_torch_keywords()

@@ -29,7 +29,10 @@ def transpose(x, axes=None):
         ndim = type_of(x).ndim
         perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in int_tuple(axes, "axes"))
         if sorted(perm) != list(range(ndim)):
-            raise AttributeValueError(f"axes {axes} are not a permutation of {ndim} axes")
+            swap = len(perm) == 2 and ndim > 2
+            raise AttributeValueError(f"axes {axes} are not a permutation of {ndim} axes",
+                                      hint=f"torch's transpose{tuple(axes)} swaps two axes: x.swapaxes{tuple(axes)} "
+                                           "does (x.mT the last two)" if swap else None)
     if perm == tuple(range(ndim)):
         return x
     return apply("transpose", (x,), axes=perm)
