@@ -230,6 +230,13 @@ def test_bool_and_integer_inputs_of_float_ops_compute_in_float32(name, dtype):
         np.testing.assert_allclose(got, want, rtol=2e-7)
 
 
+def test_relu_of_integers_keeps_their_type_as_maximum_does():
+    x = np.array([[3, -2], [0, -7]], np.int32)
+    for got in (op.relu(x), op.kernel(op.relu)(x), op.kernel(lambda x: op.relu(x) * 2)(x) // 2):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
 def test_integer_inputs_of_float_ops():
     np.testing.assert_allclose(op.gelu(np.array([1, -2], np.int32)),
                                [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in (1, -2)], rtol=1e-6)

@@ -303,6 +303,7 @@ def _elementwise_ops() -> dict[str, KernelOp]:
         "add bias broadcast bf16": of("add", big, row),
         "mul by scalar f32": of("mul", x32, TensorType((), F32)),
         "exp f32": of("exp", x32),
+        "relu int32 keeps its type": of("relu", TensorType((96, 40), DType.int32)),
         "gelu tanh bf16": of("gelu", big, approximate="tanh"),
         "gelu f32": of("gelu", x32, approximate="none"),
         "sub inner broadcast bf16": of("sub", big, col),

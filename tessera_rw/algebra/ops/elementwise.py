@@ -174,6 +174,14 @@ def _infer_real_floating(x: TensorType) -> TensorType:
     return _infer_floating(x)
 
 
+def _infer_relu(x: TensorType) -> TensorType:
+    """An integer tensor's relu keeps its type, as maximum(x, 0) and torch's relu do; a bool one, as
+    other float ops, is float32."""
+    if x.dtype.is_integer:
+        return x
+    return _infer_real_floating(x)
+
+
 def _infer_abs(x: TensorType) -> TensorType:
     if x.dtype.is_complex:
         return TensorType(x.shape, DType.float64 if x.dtype is DType.complex128 else DType.float32)
@@ -277,7 +285,7 @@ UNARY = (
     _unary("erf", _infer_real_floating, special.erf,
            vjp=lambda g, y, x: (g * float(2 / np.sqrt(np.pi)) * api.exp(-(x * x)),)),
     _unary("sigmoid", _infer_real_floating, sigmoid_reference, cost=4, vjp=lambda g, y, x: (g * y * (1.0 - y),)),
-    _unary("relu", _infer_real_floating, lambda x: np.maximum(x, 0).astype(x.dtype),
+    _unary("relu", _infer_relu, lambda x: np.maximum(x, 0).astype(x.dtype),
            vjp=lambda g, y, x: (relu_cotangent(g, x),)),
     _unary("silu", _infer_real_floating, lambda x: x * sigmoid_reference(x), cost=5,
            vjp=lambda g, y, x: (silu_cotangent(g, x),)),
