@@ -164,6 +164,9 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     if kind is OpKind.ATTENTION:
         return out.ndim - 2, cost * out.numel // out.shape[-1] * op.operands[1].shape[-2]
     if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
+        if op.op == "reduced_normalization":      # rows summed: restricted where they keep their axes
+            attrs = op.attr_map
+            return (0, cost * normalized_rows(*op.operands, **attrs).numel) if attrs["keepdims"] else None
         return 0, cost * out.numel
     if kind is OpKind.CONV and op.op != "strided_conv":     # a view's rows are not its storage's
         return 0, cost * out.numel * reduction_length(op)

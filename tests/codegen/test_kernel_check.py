@@ -70,8 +70,10 @@ def test_domains_masks_and_integers():
     of("gemm", TensorType((3, 40, 96), F32), TensorType((24, 40), F32), TensorType((3, 96, 24), F32),
        scale=1.0, activation="none", has_bias=False, has_residual=True, accum_dtype=None, dtype=F32,
        trans_a=True, trans_b=True),
+    of("reduced_normalization", TensorType((96, 50), F32), TensorType((96, 50), F32), expr="$0", norm="log_softmax",
+       axes=(1,), eps=0.0, has_weight=False, has_bias=False, post="neg(mul($0,$1))", reduce="sum", keepdims=True),
 ], ids=["gemm-bias-residual", "attention-causal", "attention-causal-float-mask", "layernorm", "conv1d",
-        "gemm-transposed-operands"])
+        "gemm-transposed-operands", "row-sums-kept"])
 def test_reference_on_row_subsets_is_the_whole_reference_restricted(op, monkeypatch):
     monkeypatch.setattr(kc, "REFERENCE_WORK", 1)
     monkeypatch.setattr(kc, "MIN_ROWS", 4)
@@ -188,6 +190,13 @@ def test_a_causal_attentions_one_row_bool_mask_keeps_the_first_key():
                      has_mask=True)
     inputs = ki.random_inputs(op, np.random.default_rng(1))
     assert inputs.arrays[3][0] and np.isfinite(kc.expected(op, inputs, np.random.default_rng(1)).value).all()
+
+
+def test_row_sums_without_their_axis_are_checked_whole():
+    x = TensorType((4096, 3000), F32)
+    op = of("reduced_normalization", x, x, expr="$0", norm="log_softmax", axes=(1,), eps=0.0, has_weight=False,
+            has_bias=False, post="mul($0,$1)", reduce="mean", keepdims=False)
+    assert kc.row_plan(op) is None and kc.reduction_length(op) == 3000
 
 
 def test_a_normalizations_rows_are_its_results_and_a_norm_backwards_are_xs():
