@@ -118,3 +118,21 @@ def test_the_gradient_of_a_loss_over_class_indices_reads_the_logits_once(dtype):
     bound = 2e-2 if dtype is ml_dtypes.bfloat16 else 1e-5
     for value in (got, host):
         assert np.abs(value.astype(np.float64) - want).max() <= bound * np.abs(want).max()
+
+
+@pytest.mark.parametrize("smoothing, ignore", [(0.1, None), (0.0, -100), (0.2, -100)])
+def test_op_cross_entropy_smoothed_or_ignoring_is_right_in_the_emulator(smoothing, ignore):
+    rng = np.random.default_rng(12)
+    logits, classes, _ = _problem(48, 1000, ml_dtypes.bfloat16, rng)
+    if ignore is not None:
+        classes[::5] = ignore
+    loss = op.kernel(lambda logits, classes: op.cross_entropy(logits, classes, label_smoothing=smoothing,
+                                                              ignore_index=ignore))
+    plan = loss.program(logits, classes).plan
+    assert [s.op for s in plan.steps].count("reduced_normalization") == 1, plan
+    valid = classes != (ignore if ignore is not None else -1)
+    q = np.eye(1000)[np.where(valid, classes, 0)] * (1 - smoothing) + smoothing / 1000
+    rows = -(q * log_softmax(logits.astype(np.float64), axis=-1)).sum(-1) * valid
+    want = rows.sum() / valid.sum()
+    (got,) = run_plan_emulated(plan, {"logits": logits, "classes": classes})
+    assert abs(float(got) - want) <= 2e-2 * abs(want)

@@ -109,6 +109,18 @@ def _rows_shape(host: Node) -> tuple[int, ...]:
     return host.shape
 
 
+ROW_ATTRS = ("expr", "norm", "axes", "eps", "has_weight", "has_bias")
+
+
+def _same_rows(arg: Node, host: Node, start: int) -> bool:
+    """Whether `arg` is a fused_normalization of the rows `host` normalizes (its prologue inputs,
+    weight, bias and attributes), whose values the host's epilogue can compute from its own $0."""
+    if arg.op != "fused_normalization" or not host.op.endswith("normalization") or arg.shape != _rows_shape(host):
+        return False
+    return (arg.args[:_epilogue_start(arg)] == host.args[:start]
+            and all(arg.attr_map[k] == host.attr_map[k] for k in ROW_ATTRS))
+
+
 def _computing_inputs(host: Node, producers: set[Node]) -> Node:
     """`host` with each epilogue input that is one of `producers`, of the rows' shape, computed in its
     epilogue from that node's own inputs; `host` itself where none is, or where the result would read
@@ -133,6 +145,11 @@ def _computing_inputs(host: Node, producers: set[Node]) -> Node:
             taken = True
             return fold(parse_expr(arg.attr_map["expr"]), lambda j: own(arg.args[j]), lambda name, args: (name, *args),
                         lambda c: c)
+        if _same_rows(arg, host, start):        # its own epilogue over the very rows the host normalizes
+            taken = True
+            offset = _epilogue_start(arg)
+            return fold(parse_expr(arg.attr_map["post"]), lambda j: 0 if j == 0 else own(arg.args[offset + j - 1]),
+                        lambda name, args: (name, *args), lambda c: c)
         return own(arg)
 
     tree = fold(parse_expr(host.attr_map["post"]), leaf, lambda name, args: (name, *args), lambda c: c)

@@ -229,3 +229,20 @@ def test_an_epilogue_input_another_kernel_reads_too_or_of_fewer_elements_stays_w
     rows = make("fused_normalization", z, picked, row, **NORM, post="add(sub($1,$0),$2)")
     twice = Graph("g", (z, c, pos), (rows, picked))
     assert merge_epilogues(twice) is twice
+
+
+def test_an_epilogue_input_normalizing_the_same_rows_is_computed_from_the_hosts_own():
+    """log p · r (smoothed classes) is the host's own log p scaled: its epilogue computes it."""
+    z, c, pos = make_input("z", (8, 50), F32), make_input("c", (8, 1), F32), make_input("pos", (1, 50), F32)
+    scaled = make("fused_normalization", z, **NORM, post="mul($0,0.25:float32)")
+    rows = make("reduced_normalization", z, c, pos, scaled, **NORM, post="where(eq($1,$2),$0,$3)", reduce="sum",
+                keepdims=False)
+    graph = Graph("g", (z, c, pos), (rows,))
+    merged = merge_epilogues(graph)
+    [kernel] = kernels(merged)
+    assert kernel.args == (z, c, pos) and kernel.attr_map["post"] == "where(eq($1,$2),$0,mul($0,0.25:float32))"
+    same_values(merged, graph)
+    other = make("fused_normalization", z, **(NORM | {"norm": "softmax"}), post="mul($0,0.25:float32)")
+    kept = make("reduced_normalization", z, c, pos, other, **NORM, post="where(eq($1,$2),$0,$3)", reduce="sum",
+                keepdims=False)
+    assert len(kernels(merge_epilogues(Graph("g", (z, c, pos), (kept,))))) == 2     # softmax's rows are others
