@@ -31,6 +31,8 @@ scaled, then reads the indices and the positions, not a selection the size of th
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
@@ -45,10 +47,11 @@ HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose
 READING_HOSTS = HOSTS | {"reduced_normalization"}
 
 
-def merge_epilogues(graph: Graph) -> Graph:
+def merge_epilogues(graph: Graph, keeps: Callable[[Node, Node], bool] = lambda before, after: True) -> Graph:
     """`graph` with each fused_conv and fused_normalization that one fused_elementwise of its type
     alone reads holding that node's expression in its epilogue instead, and each epilogue input that
-    a fused_elementwise of the rows' shape writes for that kernel alone computed in the epilogue."""
+    a fused_elementwise of the rows' shape writes for that kernel alone computed in the epilogue.
+    `keeps(host, merged)` may refuse a merged kernel (one no GPU template takes, say: codegen knows)."""
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     hosts: set[Node] = set()        # new nodes whose one reader may take them in
@@ -57,9 +60,10 @@ def merge_epilogues(graph: Graph) -> Graph:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node.op == "fused_elementwise":
             rebuilt = next((m for k, arg in enumerate(rebuilt.args) if arg in hosts and arg.type == rebuilt.type
-                            if (m := _with_reader(arg, rebuilt, k)) is not None), rebuilt)
+                            if (m := _with_reader(arg, rebuilt, k)) is not None and keeps(arg, m)), rebuilt)
         elif node.op in READING_HOSTS:
-            rebuilt = _computing_inputs(rebuilt, inputs)
+            computing = _computing_inputs(rebuilt, inputs)
+            rebuilt = computing if computing is rebuilt or keeps(rebuilt, computing) else rebuilt
         new[node] = rebuilt
         alone = len(users[node]) == 1 and node not in outputs
         if node.op in HOSTS and alone:

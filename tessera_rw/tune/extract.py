@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import BUILTIN_OPS
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 from tessera_rw.lower.attention_views import read_attention_views
@@ -35,6 +36,7 @@ from tessera_rw.lower.view_reads import read_views_in_place
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import current_numerics
+from tessera_rw.codegen.templates.registry import templates_for
 from tessera_rw.rules.choice import cheapest_choice
 from tessera_rw.rules.egraph import EGraphView, ENode
 from tessera_rw.rules.saturate import RewriteResult
@@ -222,11 +224,17 @@ def _per_depth(result: RewriteResult, arch: ArchSpec, objective: Objective,
 def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     if program is None:
         return None
-    lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program))))
+    lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program)), _still_a_kernel))
     lowered = read_conv_views_in_place(read_attention_views(read_views_in_place(lowered)))
     lowered = read_concatenates_in_place(sum_bias_grads_in_weight_grads(lowered))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
+
+
+def _still_a_kernel(host: Node, merged: Node) -> bool:
+    """Whether a kernel that takes an epilogue merge in is one a GPU template takes where `host` was
+    (a float64 input computed in a row kernel's epilogue is one its template cannot read)."""
+    return not templates_for(KernelOp.from_node(host)) or bool(templates_for(KernelOp.from_node(merged)))
 
 
 SPECTRAL_OPS = frozenset({"rfft", "irfft", "fft", "ifft"})

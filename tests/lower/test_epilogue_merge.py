@@ -246,3 +246,16 @@ def test_an_epilogue_input_normalizing_the_same_rows_is_computed_from_the_hosts_
     kept = make("reduced_normalization", z, c, pos, other, **NORM, post="where(eq($1,$2),$0,$3)", reduce="sum",
                 keepdims=False)
     assert len(kernels(merge_epilogues(Graph("g", (z, c, pos), (kept,))))) == 2     # softmax's rows are others
+
+
+def test_a_merge_the_caller_refuses_is_left_as_it_was():
+    """A float64 selection computed in a float32 row kernel's epilogue would leave that kernel one no
+    GPU template reads: extraction's `keeps` refuses it (tune/extract.py)."""
+    z = make_input("z", (8, 50), F32)
+    a, b = make_input("a", (8, 50), DType.float64), make_input("b", (1, 50), DType.float64)
+    picked = make("fused_elementwise", a, b, expr="lt($0,$1)")
+    rows = make("reduced_normalization", z, picked, **NORM, post="where($1,$0,0.0:float32)", reduce="sum",
+                keepdims=False)
+    graph = Graph("g", (z, a, b), (rows,))
+    assert len(kernels(merge_epilogues(graph))) == 1
+    assert merge_epilogues(graph, keeps=lambda before, after: False) is graph

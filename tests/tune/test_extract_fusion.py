@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from tessera_rw import op
+from tessera_rw.algebra.builder import make, make_input
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.rules.registry import rulesets
 from tessera_rw.rules.saturate import rewrite
-from tessera_rw.tune.extract import FusionDepth, extract_candidates
+from tessera_rw.tune.extract import FusionDepth, _still_a_kernel, extract_candidates
 
 H100 = arch_named("H100-SXM")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -223,3 +225,14 @@ def test_a_deeper_program_launching_the_same_kernels_is_not_a_second_candidate()
     fused = op.kernel(lambda x, w: op.relu(x @ w)).trace(op.tensor((512, 256), "float32"),
                                                         op.tensor((256, 128), "float32"))
     assert len(extract_candidates(rewrite(fused, rulesets()), H100)) == 2      # gemm+relu against gemm, elementwise
+
+
+def test_an_epilogue_merge_that_would_leave_no_gpu_kernel_is_refused():
+    norm = dict(expr="$0", norm="log_softmax", axes=(1,), eps=0.0, has_weight=False, has_bias=False)
+    z, picked = make_input("z", (8, 50), DType.float32), make_input("m", (8, 50), DType.bool)
+    a, b = make_input("a", (8, 50), DType.float64), make_input("b", (1, 50), DType.float64)
+    host = make("reduced_normalization", z, picked, **norm, post="where($1,$0,0.0:float32)", reduce="sum",
+                keepdims=False)
+    merged = make("reduced_normalization", z, a, b, **norm, post="where(lt($1,$2),$0,0.0:float32)", reduce="sum",
+                  keepdims=False)
+    assert _still_a_kernel(host, host) and not _still_a_kernel(host, merged)
