@@ -85,3 +85,13 @@ def test_bad_arguments_say_what_to_do():
     with pytest.raises(TesseraError, match="logits must be floating point"):
         op.cross_entropy(z.astype(np.int32), np.zeros(4, np.int32))
     assert ml_dtypes.bfloat16      # the bf16 case above runs on placeholders
+
+
+def test_the_rows_kept_are_counted_in_float32_beyond_float16s_range():
+    z = RNG.standard_normal((70000, 4)).astype(np.float16)
+    target = RNG.integers(0, 4, size=70000)
+    target[::7] = -100
+    want = torch_statement(z, target, ignore=-100)
+    for got in (op.cross_entropy(z, target, ignore_index=-100),
+                op.kernel(lambda z, t: op.cross_entropy(z, t, ignore_index=-100))(z, target)):
+        assert got.dtype == np.float16 and abs(float(got) - want) < 2e-3 * want

@@ -47,3 +47,15 @@ def test_bad_indices_say_what_to_do():
         op.take_along_axis(x, np.zeros((4, 1), np.float32), axis=1)
     with pytest.raises(ShapeError, match=r"take_along_axis(.|\n)*indices have 1 axes and arr 2(.|\n)*\[:, None\]"):
         op.take_along_axis(x, np.zeros(4, np.int32), axis=1)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.float16])
+@pytest.mark.parametrize("picks", [1, 3])
+def test_the_values_picked_keep_arrs_type(dtype, picks):
+    x = (RNG.standard_normal((4, 6)) * 10).astype(dtype)
+    indices = RNG.integers(0, 6, size=(4, picks))
+    want = np.take_along_axis(x, indices, axis=1)
+    for got in (op.take_along_axis(x, indices, axis=1),
+                op.kernel(lambda x, i: op.take_along_axis(x, i, axis=1))(x, indices)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from tessera_rw.algebra.api.creation import arange
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import add, equal, less, where
+from tessera_rw.algebra.api.elementwise import add, cast, equal, less, where
 from tessera_rw.algebra.api.layout import expand_dims, reshape
 from tessera_rw.algebra.api.reduction import sum as reduce_sum
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.shapes import normalize_axis
 
@@ -45,7 +46,11 @@ def take_along_axis(arr, indices, axis: int):
         n, k = shape.shape[ax], picks.shape[ax]
     positions = reshape(arange(n, dtype=picks.dtype.value), tuple(n if d == ax else 1 for d in range(shape.ndim)))
     wrapped = where(less(indices, 0), add(indices, n), indices)     # -1 is the last, as in numpy
+    nothing = False if shape.dtype is DType.bool else 0
     if k == 1:            # one pick per row: the selection has arr's shape, a row kernel's epilogue
-        return reduce_sum(where(equal(wrapped, positions), arr, 0), ax, keepdims=True)
-    hit = equal(expand_dims(wrapped, ax + 1), expand_dims(positions, ax))        # [..., k, n, ...]
-    return reduce_sum(where(hit, expand_dims(arr, ax), 0), ax + 1)
+        picked = reduce_sum(where(equal(wrapped, positions), arr, nothing), ax, keepdims=True)
+    else:
+        hit = equal(expand_dims(wrapped, ax + 1), expand_dims(positions, ax))        # [..., k, n, ...]
+        picked = reduce_sum(where(hit, expand_dims(arr, ax), nothing), ax + 1)
+    # a sum of bools or int32 is int64, as numpy's: the one value picked goes back to arr's type
+    return picked if type_of(picked).dtype is shape.dtype else cast(picked, shape.dtype.value)

@@ -74,4 +74,7 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
         return reduce_sum(rows)
     if kept is None:
         return mean(rows)
-    return divide(reduce_sum(rows), reduce_sum(cast(kept, xt.dtype.value)))
+    # the rows kept are counted, and their losses added, in float32: 65,505 rows overflow float16,
+    # and bfloat16 rounds a count of 4095 to 4096
+    total, count = reduce_sum(cast(rows, "float32")), reduce_sum(cast(kept, "float32"))
+    return cast(divide(total, count), xt.dtype.value)       # class indices: the rows are in the logits' dtype
