@@ -29,8 +29,7 @@ def warnings_as_lines() -> Iterator[None]:
     """Warnings printed as one line each once the command is done, 'tessera-rewrite: warning: …',
     with the user's file and line where one of theirs raised it, not Python's source location."""
     package = str(Path(__file__).resolve().parents[1])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
+    with warnings.catch_warnings(record=True) as caught:      # the filters stay the user's (-W error, -W ignore)
         try:
             yield
         finally:

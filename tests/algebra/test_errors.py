@@ -346,3 +346,9 @@ def test_torchs_dim_and_keepdim_are_named_with_numpys_names(call, named):
 def test_torchs_two_axis_transpose_is_pointed_to_swapaxes():
     with pytest.raises(TesseraError, match=r"not a permutation of 3 axes(.|\n)*x.swapaxes\(-2, -1\)"):
         op.kernel(lambda x: x.transpose(-2, -1))(np.ones((2, 3, 4), np.float32))
+
+
+def test_op_functions_still_pickle_as_themselves():
+    import pickle
+    for fn in (op.sum, op.softmax, op.concatenate, op.take_along_axis, op.matmul):
+        assert pickle.loads(pickle.dumps(fn)) is fn

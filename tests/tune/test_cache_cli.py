@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import pytest
 
@@ -104,6 +105,17 @@ def test_cli_reports_a_bad_file_as_one_warning_line(cli, tmp_path):
     assert status == 0 and json.loads(out) == []
     assert err.count("\n") == 1 and err.startswith("tessera-rewrite: warning: autotune cache file") and "moved aside" in err
 
+
+
+def test_cli_warnings_follow_the_users_filters(cli, tmp_path):
+    """`python -W ignore` silences the line; the cache's own warning is one line otherwise (above)."""
+    path = TuneCache().path("H100-SXM")
+    path.parent.mkdir(parents=True)
+    path.write_text("{")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status, _, err = cli("list")
+    assert status == 0 and "warning" not in err
 
 
 def test_cli_says_which_records_hold_for_other_versions_than_this_machines(cli, tmp_path):

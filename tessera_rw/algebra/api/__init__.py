@@ -35,7 +35,9 @@ def _refusing_torch_keywords() -> None:
         fn = globals()[name]
         if callable(fn) and not isinstance(fn, type) and {"axis", "axes", "keepdims"} & set(
                 inspect.signature(fn).parameters):
-            globals()[name] = numpy_keywords(fn)
+            wrapped = numpy_keywords(fn)
+            wrapped.__module__ = __name__        # pickled by reference to this module's name for it
+            globals()[name] = wrapped
 
 
 _refusing_torch_keywords()
