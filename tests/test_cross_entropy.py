@@ -136,3 +136,17 @@ def test_op_cross_entropy_smoothed_or_ignoring_is_right_in_the_emulator(smoothin
     want = rows.sum() / valid.sum()
     (got,) = run_plan_emulated(plan, {"logits": logits, "classes": classes})
     assert abs(float(got) - want) <= 2e-2 * abs(want)
+
+
+def test_integer_epilogue_operands_compare_exactly_beyond_float32s_integers():
+    """Indices from 2**24 up are not all floats: the row kernel reads them as ints."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    ids = (2 ** 24 + 1 + 2 * np.arange(4)).astype(np.int32)[:, None]
+    positions = (2 ** 24 + np.arange(8)).astype(np.int32)[None, :]
+    picked = op.kernel(lambda x, ids, pos: op.sum(op.where(ids == pos, op.log_softmax(x, axis=-1), 0.0), axis=-1))
+    plan = picked.program(x, ids, positions).plan
+    assert "reduced_normalization" in [s.op for s in plan.steps], plan
+    want = np.where(ids == positions, log_softmax(x.astype(np.float64), axis=-1), 0.0).sum(-1)
+    (got,) = run_plan_emulated(plan, {"x": x, "ids": ids, "pos": positions})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ op and the call to write instead, not Python's bare "unexpected keyword argument
 ...     softmax(1.0, dim=-1)
 ... except ArgumentError as e:
 ...     print(e.op, "|", e.detail, "|", e.hint)
-softmax | takes numpy's keyword names: axis= for torch's dim= | softmax(x, axis=-1)
+softmax | takes numpy's keyword names: axis= for torch's dim= | softmax(..., axis=-1)
 """
 
 from __future__ import annotations
@@ -34,6 +34,6 @@ def numpy_keywords(fn: F) -> F:
             given = ", ".join(f"{NUMPY_NAMES[k]}={kwargs[k]!r}" for k in torch)
             raise ArgumentError("takes numpy's keyword names: " + ", ".join(f"{NUMPY_NAMES[k]}= for torch's {k}="
                                                                            for k in torch),
-                                op=name, hint=f"{name}(x, {given})", site=user_site())
+                                op=name, hint=f"{name}(..., {given})", site=user_site())
         return fn(*args, **kwargs)
     return call  # type: ignore[return-value]

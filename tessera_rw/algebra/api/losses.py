@@ -28,7 +28,9 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
     """torch's cross_entropy of `logits` with the classes along `axis` (1, as torch; the only axis of
     1-d logits): `target` holds class indices (logits' shape without the class axis) or class
     probabilities (logits' shape). `label_smoothing` ε mixes each row's target with the uniform
-    ε / C; rows whose index is `ignore_index` count for nothing, and the mean is over the others."""
+    ε / C; rows whose index is `ignore_index` count for nothing, and the mean is over the others. An
+    index outside [0, C) that is not `ignore_index` matches no class, so its row's loss leaves out the
+    target's term (torch raises; a kernel cannot)."""
     x, t = tensor_operand(logits), tensor_operand(target)
     with op_context("cross_entropy", (x, t), ("logits", "target")):
         xt, tt = type_of(x), type_of(t)

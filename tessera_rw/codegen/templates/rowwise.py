@@ -40,7 +40,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, coalesce,
-                                                      emit_tree, expr_ops, index_type, kernel_name, load,
+                                                      ctype, emit_tree, expr_ops, index_type, kernel_name, load,
                                                       offset_expr, store, vector_widths)
 from tessera_rw.codegen.templates.rowwise_samples import rowwise_samples
 from tessera_rw.codegen.templates.rowwise_spec import row_spec, row_views
@@ -255,7 +255,7 @@ class RowwiseTemplate(Template):
                 pre, val = gather(i, "p")
                 lines += pre
                 lanes.append((val, spec.prologue[i].dtype))
-            body = [f"const float x{i} = {val};" for i, (val, _) in enumerate(lanes)]
+            body = [f"const {ctype(d)} x{i} = {val};" for i, (val, d) in enumerate(lanes)]   # int32 indices exact
             var, _ = emit_tree(spec.expr, [(f"x{i}", d) for i, (_, d) in enumerate(lanes)], body, "u")
             return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{",
                             *("    " + b for b in body), f"    {target} = {var};", "}"]
@@ -276,7 +276,7 @@ class RowwiseTemplate(Template):
             for i in epi:
                 pre, val = gather(i, "e")
                 lines += pre
-                body.append(f"const float z{i} = {val};")
+                body.append(f"const {ctype(op.operands[i].dtype)} z{i} = {val};")
                 leaves.append((f"z{i}", op.operands[i].dtype))
             var, _ = emit_tree(spec.post, leaves, body, "q")
             return lines + self.write_values(op, s, body, var)
@@ -320,7 +320,7 @@ class RowwiseTemplate(Template):
         params = [f"const {STORAGE[t.dtype]}* __restrict__ in{i}" for i, t in enumerate(op.operands)]
         params.append(f"{STORAGE[op.result.dtype]}* __restrict__ out")
         block = s.rows_per_block == 1
-        hoisted = [f"const float r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
+        hoisted = [f"const {ctype(t.dtype)} r{i} = {load(t.dtype, f'in{i}[{acc[i][1]}]')};"
                    for i, t in enumerate(op.operands) if acc[i][0] == "row"]
         helpers = ((block_helpers(s.threads // WARP_SIZE) if block else "")
                    + (kahan_helpers(block, s.threads // WARP_SIZE) if op.numerics is Numerics.KAHAN_SUM else ""))
