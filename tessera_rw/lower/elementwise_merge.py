@@ -77,7 +77,12 @@ def _with_inexact_scalar(node: Node) -> Node | None:
     name = expression_name(node.op, node.attr_map)
     if name is None or not _inexact(node.args):
         return None
-    return make("fused_elementwise", *node.args, expr=f"{name}({','.join(f'${i}' for i in range(len(node.args)))})")
+    try:
+        operands = ",".join(f"${i}" for i in range(len(node.args)))
+        spelled = make("fused_elementwise", *node.args, expr=f"{name}({operands})")
+    except TesseraError:        # an op an expression cannot spell over these types: it keeps its kernel
+        return None
+    return spelled if spelled.type == node.type else None
 
 
 def _elementwise(node: Node) -> bool:

@@ -50,8 +50,9 @@ READING_HOSTS = HOSTS | {"reduced_normalization"}
 def merge_epilogues(graph: Graph, keeps: Callable[[Node, Node], bool] = lambda before, after: True) -> Graph:
     """`graph` with each fused_conv and fused_normalization that one fused_elementwise of its type
     alone reads holding that node's expression in its epilogue instead, and each epilogue input that
-    a fused_elementwise of the rows' shape writes for that kernel alone computed in the epilogue.
-    `keeps(host, merged)` may refuse a merged kernel (one no GPU template takes, say: codegen knows)."""
+    a fused_elementwise of the rows' shape writes for that kernel alone, or that normalizes the very
+    rows a row kernel does, computed in the epilogue. `keeps(host, merged)` may refuse a merged
+    kernel (one no GPU template takes, say: codegen knows)."""
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     hosts: set[Node] = set()        # new nodes whose one reader may take them in

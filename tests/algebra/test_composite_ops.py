@@ -70,7 +70,8 @@ def test_logsumexp_of_infinite_rows_is_scipys():
         np.testing.assert_array_equal(op.kernel(lambda x: op.logsumexp(x, axis=1))(x), want)
 
 
-@pytest.mark.parametrize("x", [np.array([[True, False, True]]), np.array([[1, 2, 30]], np.int32)], ids=["bool", "int32"])
+@pytest.mark.parametrize("x", [np.array([[True, False, True]]), np.array([[1, 2, 30]], np.int32)],
+                         ids=["bool", "int32"])
 def test_logsumexp_of_bools_and_integers_is_in_float32(x):
     want = scipy.special.logsumexp(x.astype(np.float64), axis=1)
     for got in (op.logsumexp(x, axis=1), op.kernel(lambda x: op.logsumexp(x, axis=1))(x)):

@@ -119,7 +119,8 @@ def _whole_sum_rules():
             attrs = dict(expr=e_in, norm=norm, axes=Expr(f"(vec-of {rank - 1})"), eps=eps, has_weight=hw,
                          has_bias=hb, post=post)
             for reduce in ROW_REDUCES:
-                rows = t.reduced_normalization(*ys, **attrs, reduce=reduce, keepdims=False, of=(Expr("(vec-pop sn)"), d))
+                rows = t.reduced_normalization(*ys, **attrs, reduce=reduce, keepdims=False,
+                                               of=(Expr("(vec-pop sn)"), d))
                 yield Rule(f"{reduce}-of-every-axis-of-normalization-{rank}d-{n}",
                            f"{reduce}(norm(…)) over every axis = {reduce} of reduced_normalization(…)",
                            lhs=t.term(reduce, t.fused_normalization(*ys, **attrs, of=(sn, d)), axes=Expr(every),
