@@ -30,6 +30,11 @@ from tessera_rw.algebra.errors import DTypeError, ShapeError
 from tessera_rw.algebra.shapes import normalize_axis
 
 
+def positions_along(n: int, axis: int, ndim: int, dtype: str):
+    """0 … n-1 along `axis` of a rank-`ndim` tensor (size 1 elsewhere): what an index is compared with."""
+    return reshape(arange(n, dtype=dtype), tuple(n if d == axis else 1 for d in range(ndim)))
+
+
 def take_along_axis(arr, indices, axis: int):
     """arr's values at `indices` along `axis` (numpy.take_along_axis): indices have arr's rank, k
     indices along `axis` and the other axes broadcasting against arr's; the result has k there."""
@@ -44,7 +49,7 @@ def take_along_axis(arr, indices, axis: int):
                              hint="give one index per row as indices[:, None] (numpy.take_along_axis's rule)")
         ax = normalize_axis(axis, shape.ndim)
         n, k = shape.shape[ax], picks.shape[ax]
-    positions = reshape(arange(n, dtype=picks.dtype.value), tuple(n if d == ax else 1 for d in range(shape.ndim)))
+    positions = positions_along(n, ax, shape.ndim, picks.dtype.value)
     wrapped = where(less(indices, 0), add(indices, n), indices)     # -1 is the last, as in numpy
     nothing = False if shape.dtype is DType.bool else 0
     if k == 1:            # one pick per row: the selection has arr's shape, a row kernel's epilogue

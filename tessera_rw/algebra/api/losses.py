@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numbers
 
-from tessera_rw.algebra.api.creation import arange
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, divide, equal, multiply, negative, not_equal, where
-from tessera_rw.algebra.api.layout import expand_dims, reshape
+from tessera_rw.algebra.api.gather import positions_along
+from tessera_rw.algebra.api.layout import expand_dims
 from tessera_rw.algebra.api.reduction import log_softmax, mean, sum as reduce_sum
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.shapes import normalize_axis
@@ -56,9 +56,7 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
     target_weight = 1.0 - float(label_smoothing) + smooth      # the target class's share, smoothed
     log_probs = log_softmax(x, axis=ax)
     if by_index:
-        positions = reshape(arange(classes, dtype=tt.dtype.value), tuple(classes if d == ax else 1
-                                                                           for d in range(xt.ndim)))
-        hit = equal(expand_dims(t, ax), positions)
+        hit = equal(expand_dims(t, ax), positions_along(classes, ax, xt.ndim, tt.dtype.value))
         # smoothed: Σ_j w_j log p_j with w = target_weight at the target, smooth elsewhere, spelled as
         # target_weight · Σ where(hit, log p, log p · smooth / target_weight): four inputs, one kernel
         terms = where(hit, log_probs, multiply(log_probs, smooth / target_weight) if smooth else 0.0)
