@@ -150,3 +150,18 @@ def test_integer_epilogue_operands_compare_exactly_beyond_float32s_integers():
     want = np.where(ids == positions, log_softmax(x.astype(np.float64), axis=-1), 0.0).sum(-1)
     (got,) = run_plan_emulated(plan, {"x": x, "ids": ids, "pos": positions})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_gradient_of_op_cross_entropy_reads_the_logits_once_smoothed_or_not(smoothing):
+    """The smoothed cotangent, where(hit, g, 0) + where(hit, 0, g) · r as reverse mode writes it, is
+    one selection of two constants (rules/library/selections.py), computed where it is read."""
+    rng = np.random.default_rng(9)
+    logits, classes, _ = _problem(40, 1000, ml_dtypes.bfloat16, rng)
+    grad = op.grad(lambda logits, classes: op.cross_entropy(logits, classes, label_smoothing=smoothing))
+    plan = grad.program(logits, classes).plan
+    assert plan.temp_bytes < logits.nbytes // 8, plan
+    (got,) = run_plan_emulated(plan, {"logits": logits, "classes": classes})
+    target = np.eye(1000)[classes] * (1 - smoothing) + smoothing / 1000
+    want = (np.exp(log_softmax(logits.astype(np.float64), axis=-1)) - target) / 40
+    assert np.abs(got.astype(np.float64) - want).max() <= 2e-2 * np.abs(want).max()

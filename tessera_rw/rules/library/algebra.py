@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import activation_forms, kernel_forms, masks, norm_forms, promotions
+from tessera_rw.rules.library import activation_forms, kernel_forms, masks, norm_forms, promotions, selections
 from tessera_rw.rules.library.example_inputs import SIXTEEN_BIT_FLOATS, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -141,32 +141,6 @@ def _broadcast_rules():
                    when=("(= (shp x) s1)",), example=_broadcast_example(name, left=True))
 
 
-def _where_broadcast_example(position: int):
-    """where(x > 0, …) with its value at `position` (1 or 2) a scalar or a row spread to x's shape."""
-    def example(rng: np.random.Generator):
-        x = rand(rng, 0, 0)
-        y = rand(rng, *x.shape[int(rng.integers(1, 3)):])
-        spread = (lambda x, y: op.broadcast_to(y, x.shape))
-
-        def body(x, y, z):
-            chosen = (spread(x, y), z) if position == 1 else (z, spread(x, y))
-            return op.where(x > 0, *chosen)
-        return body, {"x": x, "y": y, "z": rand(rng, *x.shape)}
-    return example
-
-
-def _where_broadcast_rules():
-    """A selection broadcasts its values itself: one spread to the condition's shape beforehand (the
-    VJP of a sum spreads its cotangent, and a selection of it is a loss's gradient) need not be."""
-    m, y, z = Expr("m"), Expr("y"), Expr("z")
-    yield Rule("broadcast-into-where-value", "where(m, broadcast_to(y, shape(m)), z) = where(m, y, z)",
-               lhs=t.where(m, t.broadcast_to(y, shape=s1), z, of=T), rhs=t.where(m, y, z, of=T),
-               when=("(= (shp m) s1)",), example=_where_broadcast_example(1))
-    yield Rule("broadcast-into-where-otherwise", "where(m, y, broadcast_to(z, shape(m))) = where(m, y, z)",
-               lhs=t.where(m, y, t.broadcast_to(z, shape=s1), of=T), rhs=t.where(m, y, z, of=T),
-               when=("(= (shp m) s1)",), example=_where_broadcast_example(2))
-
-
 def _power_rules():
     """Small constant powers need no pow kernel. (Arithmetic on constants, and reshapes and
     broadcasts of them, are folded while tracing, in numpy's arithmetic of the dtype: egglog's f64
@@ -229,7 +203,6 @@ RULES = (
          example=lambda rng: (lambda x: x.mT.mT + 1.0, {"x": rand(rng, 0, 0, 0)})),
     *_compose_rules(),
     *_broadcast_rules(),
-    *_where_broadcast_rules(),
     Rule("identity-permutation", "transpose(x, id) = x",
          lhs=t.transpose(x, axes=m, of=T), rhs=x,
          when=("(= m (identity-perm (vec-length s)))",),
@@ -388,6 +361,6 @@ def _reduced_twice(outer: str, inner: str) -> Rule:
 RULES += tuple(_reduced_twice(outer, inner) for outer, inner in (("sum", "sum"), ("mean", "mean"), ("mean", "sum")))
 
 ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES + promotions.RULES
-                  + activation_forms.RULES,
+                  + activation_forms.RULES + selections.RULES,
                   doc="scalars, divisions, transposes, flips, softmax forms, casts, masks in one form, forms the "
                       "kernels take, weighted norms, GELUs and type promotions written out")
