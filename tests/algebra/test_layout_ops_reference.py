@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -197,6 +198,14 @@ def test_concatenate_values(shape, dtype, seed, data):
 def test_layout_ops_on_numpy_scalar(call, ref):
     v = np.float32(2.5)
     assert_bitexact(np.asarray(call(v)), np.asarray(ref(v)))
+
+
+def test_concatenate_joins_tensors_of_several_dtypes_in_the_one_they_promote_to():
+    a, b = np.ones((2, 3), ml_dtypes.bfloat16), np.full((1, 3), 0.1, np.float32)
+    want = np.concatenate([a.astype(np.float32), b])
+    for got in (op.concatenate([a, b]), op.kernel(lambda a, b: op.concatenate([a, b]))(a, b)):
+        assert got.dtype == np.float32
+        assert_bitexact(got, want)
 
 
 def test_concatenate_scalars_raises_tessera_error():

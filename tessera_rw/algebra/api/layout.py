@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Iterable
 
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.dtypes import promote
 from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
@@ -107,12 +109,15 @@ def tensor_sequence(op_name: str, xs) -> tuple:
 
 
 def concatenate(xs, axis: int = 0):
-    """numpy.concatenate: the tensors joined along an existing axis (op.stack adds one)."""
+    """numpy.concatenate: the tensors joined along an existing axis (op.stack adds one), in the dtype
+    their types promote to, as numpy's (a bf16 and a float32 tensor join as float32)."""
     xs = tensor_sequence("concatenate", xs)
     with op_context("concatenate", xs, ("xs",)):
         if not xs:
             raise ShapeError("concatenate needs at least one tensor")
         ax = normalize_axis(axis, type_of(xs[0]).ndim)
+        joined = functools.reduce(promote, (type_of(x).dtype for x in xs))
+    xs = [x if type_of(x).dtype is joined else apply("cast", (x,), dtype=joined) for x in xs]
     return apply("concatenate", xs, axis=ax)
 
 
