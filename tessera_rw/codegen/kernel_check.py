@@ -36,7 +36,7 @@ from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
-from tessera_rw.algebra.ops.reduced_norm import normalized_rows
+from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
 from tessera_rw.codegen.attention_rows import query_rows_mask, restrict_strided_attention, strided_row_axis
@@ -99,8 +99,7 @@ def reduction_length(op: KernelOp) -> int:
         return max(ops[1].shape[-2], ops[0].shape[-1], ops[0].shape[-2] if op.op == "flash_attention_bwd" else 0)
     if kind is OpKind.NORMALIZATION:   # over the rows (a norm backward's result is flat: over x's)
         axes = attrs.get("axes") or (attrs["axis"],)
-        rows = ops[0] if op.op in NORM_BACKWARD_OPS else \
-            normalized_rows(*ops, **attrs) if op.op == "reduced_normalization" else op.result
+        rows = ops[0] if op.op in NORM_BACKWARD_OPS else rows_of(op.op, ops, attrs, op.result)
         length = math.prod(rows.shape[a] for a in axes)
         # norm_backward_grads's partial sums each add up every parts-th row
         return max(length, math.ceil(rows.numel // length / attrs["parts"])) if "parts" in attrs else length
@@ -166,7 +165,7 @@ def row_plan(op: KernelOp) -> tuple[int, float] | None:
     if kind is OpKind.NORMALIZATION and out.ndim >= 2 and 0 not in _norm_axes(op):
         if op.op == "reduced_normalization":      # rows summed: restricted where they keep their axes
             attrs = op.attr_map
-            return (0, cost * normalized_rows(*op.operands, **attrs).numel) if attrs["keepdims"] else None
+            return (0, cost * rows_of(op.op, op.operands, attrs, out).numel) if attrs["keepdims"] else None
         return 0, cost * out.numel
     if kind is OpKind.CONV and op.op != "strided_conv":     # a view's rows are not its storage's
         return 0, cost * out.numel * reduction_length(op)

@@ -39,7 +39,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr,
                                                 spell_expr)
-from tessera_rw.algebra.ops.reduced_norm import normalized_rows
+from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
 
 HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose `post` takes an epilogue
@@ -81,6 +81,21 @@ def _epilogue_start(host: Node) -> int:
     return len(host.args) - max(expr_leaves(parse_expr(host.attr_map["post"])) | {0})
 
 
+def _respelled(tree, leaf):
+    """A parsed expression with each input $i replaced by `leaf(i)` (constants kept)."""
+    return fold(tree, leaf, lambda name, args: (name, *args), lambda c: c)
+
+
+def _input_leaf(arg: Node, extras: list[Node]) -> object:
+    """`arg` as a leaf of a merged expression: a constant's Scalar, else its input index (1-based,
+    $0 being the host's own value), `extras` holding the inputs in order."""
+    if (scalar := Scalar.of(arg)) is not None:
+        return scalar
+    if arg not in extras:
+        extras.append(arg)
+    return 1 + extras.index(arg)
+
+
 def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
     """`host` computing `reader`, which reads it as input k: None where the result would read too
     many tensors, nest too many ops, or compute another type than `reader`."""
@@ -88,16 +103,9 @@ def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
     extras = list(host.args[start:])
 
     def leaf(i: int):
-        if i == k:
-            return parse_expr(host.attr_map["post"])
-        arg = reader.args[i]
-        if (scalar := Scalar.of(arg)) is not None:
-            return scalar
-        if arg not in extras:
-            extras.append(arg)
-        return 1 + extras.index(arg)
+        return parse_expr(host.attr_map["post"]) if i == k else _input_leaf(reader.args[i], extras)
 
-    tree = fold(parse_expr(reader.attr_map["expr"]), leaf, lambda name, args: (name, *args), lambda c: c)
+    tree = _respelled(parse_expr(reader.attr_map["expr"]), leaf)
     if len(extras) >= MERGED_INPUTS or count_ops(tree) > MAX_FUSED_OPS:
         return None
     try:
@@ -108,10 +116,8 @@ def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
 
 
 def _rows_shape(host: Node) -> tuple[int, ...]:
-    """The shape a host's epilogue computes over: its result's, a reduced_normalization's rows'."""
-    if host.op == "reduced_normalization":
-        return normalized_rows(*(a.type for a in host.args), **host.attr_map).shape
-    return host.shape
+    """The shape a host's epilogue computes over."""
+    return rows_of(host.op, tuple(a.type for a in host.args), host.attr_map, host.type).shape
 
 
 ROW_ATTRS = ("expr", "norm", "axes", "eps", "has_weight", "has_bias")
@@ -134,13 +140,6 @@ def _computing_inputs(host: Node, producers: set[Node]) -> Node:
     extras: list[Node] = []
     taken = False
 
-    def own(arg: Node) -> object:
-        if (scalar := Scalar.of(arg)) is not None:
-            return scalar
-        if arg not in extras:
-            extras.append(arg)
-        return 1 + extras.index(arg)
-
     def leaf(i: int):
         nonlocal taken
         if i == 0:
@@ -148,16 +147,15 @@ def _computing_inputs(host: Node, producers: set[Node]) -> Node:
         arg = host.args[start + i - 1]
         if arg in producers and arg.shape == rows:
             taken = True
-            return fold(parse_expr(arg.attr_map["expr"]), lambda j: own(arg.args[j]), lambda name, args: (name, *args),
-                        lambda c: c)
+            return _respelled(parse_expr(arg.attr_map["expr"]), lambda j: _input_leaf(arg.args[j], extras))
         if _same_rows(arg, host, start):        # its own epilogue over the very rows the host normalizes
             taken = True
             offset = _epilogue_start(arg)
-            return fold(parse_expr(arg.attr_map["post"]), lambda j: 0 if j == 0 else own(arg.args[offset + j - 1]),
-                        lambda name, args: (name, *args), lambda c: c)
-        return own(arg)
+            return _respelled(parse_expr(arg.attr_map["post"]),
+                              lambda j: 0 if j == 0 else _input_leaf(arg.args[offset + j - 1], extras))
+        return _input_leaf(arg, extras)
 
-    tree = fold(parse_expr(host.attr_map["post"]), leaf, lambda name, args: (name, *args), lambda c: c)
+    tree = _respelled(parse_expr(host.attr_map["post"]), leaf)
     if not taken or len(extras) >= MERGED_INPUTS or count_ops(tree) > MAX_FUSED_OPS:
         return host
     try:

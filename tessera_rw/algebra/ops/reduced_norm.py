@@ -43,6 +43,12 @@ def normalized_rows(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...]
                             post=post)
 
 
+def rows_of(op: str, operands: tuple[TensorType, ...], attrs, result: TensorType) -> TensorType:
+    """The rows a row-wise op's epilogue computes over: a reduced_normalization's normalized rows
+    (its result holds them added up), any other op's result."""
+    return normalized_rows(*operands, **attrs) if op == "reduced_normalization" else result
+
+
 def _infer_reduced_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float, has_weight: bool,
                         has_bias: bool, post: str, reduce: str, keepdims: bool) -> TensorType:
     rows = infer_fused_norm(*xs, expr=expr, norm=norm, axes=axes, eps=eps, has_weight=has_weight,

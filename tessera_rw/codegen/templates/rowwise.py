@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType  # noqa: F401  (doctest)
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, WARP_SIZE, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -101,9 +102,9 @@ class RowwiseTemplate(Template):
     # -- geometry -----------------------------------------------------------------------------
 
     def row_shape(self, op: KernelOp) -> tuple[int, ...]:
-        """The shape the rows are laid out in: the result's (an op whose result also holds more
-        than its rows says otherwise)."""
-        return op.result.shape
+        """The shape the rows are laid out in: the result's, a reduced_normalization's rows' (an op
+        whose result also holds more than its rows says otherwise)."""
+        return rows_of(op.op, op.operands, op.attr_map, op.result).shape
 
     def _row(self, op: KernelOp) -> tuple[int, int]:
         k, shape = row_spec(op).k, self.row_shape(op)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
-from tessera_rw.algebra.ops.reduced_norm import normalized_rows
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.cuda_scalar import store
@@ -38,9 +37,6 @@ class ReducedRowwiseTemplate(RowwiseTemplate):
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
         return super().fused(op) + (f"row_{op.attr_map['reduce']}",)
-
-    def row_shape(self, op: KernelOp) -> tuple[int, ...]:
-        return normalized_rows(*op.operands, **op.attr_map).shape
 
     def describe_norm(self, op: KernelOp) -> str:
         return f"{super().describe_norm(op)}, each row's {op.attr_map['reduce']} written"

@@ -15,7 +15,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr
 from tessera_rw.algebra.ops.fused_norm import prologue_views
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
-from tessera_rw.algebra.ops.reduced_norm import normalized_rows
+from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import broadcast_strides
 
@@ -54,7 +54,7 @@ def row_spec(op: KernelOp) -> RowSpec:
     w = next(params) if a["has_weight"] else None
     b = next(params) if a["has_bias"] else None
     axes = tuple(a["axes"])
-    rows = normalized_rows(*xs, **a) if op.op == "reduced_normalization" else op.result
+    rows = rows_of(op.op, xs, a, op.result)
     trailing = axes == tuple(range(rows.ndim - len(axes), rows.ndim))
     prologue = xs[:before]
     if op.op == "strided_normalization":        # the rows are views of the operands, of the result's shape

@@ -84,12 +84,13 @@ def _row_sum_example(reduce: str, n: int, rank: int = 2, every_axis: bool = Fals
 # a fused_normalization's operands: up to MAX_FUSED_INPUTS prologue inputs, weight and bias among
 # them, and the epilogue's other MAX_FUSED_INPUTS - 1
 MAX_NORMALIZATION_OPERANDS = 2 * MAX_FUSED_INPUTS - 1
+# what a rule over a fused_normalization needs to meet one in its example: every fusion rule
+NORMALIZATION_NEEDS = tuple(rule.name for rule in FUSION_RULES)
 
 
 def _row_sum_rules():
     """reduce(fused_normalization(…), its own axes) = reduced_normalization(…; reduce)."""
     ax, eps, hw, hb, norm, post = t.vars("ax eps hw hb norm post")
-    needs = tuple(rule.name for rule in FUSION_RULES)
     for n in range(1, MAX_NORMALIZATION_OPERANDS + 1):
         ys = t.vars(" ".join(f"y{j}" for j in range(n)))
         for reduce in ROW_REDUCES:
@@ -99,7 +100,7 @@ def _row_sum_rules():
                        lhs=t.term(reduce, normed, axes=ax, keepdims=kd, of=T),
                        rhs=t.reduced_normalization(*ys, expr=e_in, norm=norm, axes=ax, eps=eps, has_weight=hw,
                                                    has_bias=hb, post=post, reduce=reduce, keepdims=kd, of=T),
-                       example=_row_sum_example(reduce, n), needs=needs)
+                       example=_row_sum_example(reduce, n), needs=NORMALIZATION_NEEDS)
 
 
 REDUCTION_FUSION_RULES = REDUCTION_FUSION_RULES + tuple(_row_sum_rules())
@@ -111,7 +112,6 @@ def _whole_sum_rules():
     logits once as the row-wise mean of the rows' sums does (a sum over every axis is the sum of the
     rows' sums, a mean the mean of the rows' means)."""
     eps, hw, hb, norm, post, sn = t.vars("eps hw hb norm post sn")
-    needs = tuple(rule.name for rule in FUSION_RULES)
     for rank in (2, 3):
         every, rest = (f"(vec-of {' '.join(map(str, range(n)))})" for n in (rank, rank - 1))
         for n in range(1, MAX_NORMALIZATION_OPERANDS + 1):
@@ -127,7 +127,7 @@ def _whole_sum_rules():
                                       keepdims=False, of=T),
                            rhs=t.term(reduce, rows, axes=Expr(rest), keepdims=False, of=T),
                            when=(f"(= (vec-length sn) {rank})",), example=_row_sum_example(reduce, n, rank, True),
-                           needs=needs)
+                           needs=NORMALIZATION_NEEDS)
 
 
 REDUCTION_FUSION_RULES = REDUCTION_FUSION_RULES + tuple(_whole_sum_rules())
