@@ -154,6 +154,16 @@ def cross_entropy_row(n: int, classes: int) -> Row:
                0, 2 * n * classes * 2 + n * 2)
 
 
+def logsumexp_row(n: int, classes: int) -> Row:
+    """Each row's logsumexp in one read (the online softmax statistics), against torch.logsumexp."""
+    x = TensorType((n, classes), BF16)
+    op = op_of("logsumexp", x, axes=(1,), keepdims=False)
+    return Row(f"logsumexp bf16 {n}x{classes} vs torch.logsumexp", op, lambda: (_randn(n, classes),),
+               lambda x: _torch().logsumexp(x, dim=-1),
+               lambda x: _torch().logsumexp(x.double(), dim=-1),
+               0, n * classes * 2 + n * 2)
+
+
 def epilogue_row(m: int, n: int, k: int) -> Row:
     a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
     op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
@@ -170,4 +180,4 @@ def rows(quick: bool) -> list[Row]:
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
-                    epilogue_row(4096, 4096, 4096)]
+                    logsumexp_row(4096, 32000), epilogue_row(4096, 4096, 4096)]

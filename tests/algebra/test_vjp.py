@@ -130,6 +130,8 @@ CASES = [
     Case("mean", (t(4, dtype=C128),), dict(axes=(0,), keepdims=False)),
     Case("max", (t(3, 4, 5),), dict(axes=(0, 2), keepdims=False), sample=distinct),
     Case("max", (t(3, 4),), dict(axes=(1,), keepdims=True), sample=distinct),
+    Case("logsumexp", (t(3, 4, 5),), dict(axes=(1, 2), keepdims=False)),
+    Case("logsumexp", (t(3, 4),), dict(axes=(0,), keepdims=True)),
     Case("min", (t(4, 5),), dict(axes=(0,), keepdims=False), sample=distinct),
     Case("softmax", (t(3, 5),), dict(axis=1)), Case("softmax", (t(4, 3, 2),), dict(axis=0)),
     Case("log_softmax", (t(3, 5),), dict(axis=1)), Case("log_softmax", (t(2, 4, 3),), dict(axis=1)),

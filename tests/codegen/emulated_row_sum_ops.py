@@ -1,6 +1,7 @@
 """reduced_normalization ops for the CPU emulator: rows normalized and added up, on each of the
 row kernel's walks (a block per row, a warp per row, ragged, looped), summed and averaged, with
-and without kahan_sum, kept dims and a layer norm's weight and bias."""
+and without kahan_sum, kept dims and a layer norm's weight and bias; and logsumexps of rows, of
+a tensor and of an expression, on the same walks."""
 
 from __future__ import annotations
 
@@ -24,7 +25,24 @@ def row_sum(norm, rows, cols, dtype, post="neg(mul($0,$1))", reduce="sum", param
     return op if numerics is None else KernelOp.of(op.op, op.operands, op.result, numerics=numerics, **op.attr_map)
 
 
+def lse(rows, cols, dtype, numerics=None, keepdims=False, scaled=False) -> KernelOp:
+    """logsumexp over the last axis, of x or (scaled) of x times a per-row scale."""
+    x = TensorType((rows, cols), dtype)
+    if scaled:
+        op = of("fused_reduction", x, TensorType((rows, 1), F32), expr="mul($0,$1)", reduce="logsumexp", axes=(1,),
+                keepdims=keepdims)
+    else:
+        op = of("logsumexp", x, axes=(1,), keepdims=keepdims)
+    return op if numerics is None else KernelOp.of(op.op, op.operands, op.result, numerics=numerics, **op.attr_map)
+
+
 ROW_SUM_OPS: dict[str, KernelOp] = {
+    "logsumexp rows of 8000 bf16": lse(6, 8000, BF16),
+    "logsumexp rows of 1000 bf16 ragged kept dims": lse(5, 1000, BF16, keepdims=True),
+    "logsumexp rows of 512 f32 warp per row": lse(24, 512, F32),
+    "logsumexp rows of 65536 f32 looped": lse(2, 65536, F32),
+    "logsumexp rows of 8000 bf16 kahan": lse(6, 8000, BF16, numerics=Numerics.KAHAN_SUM),
+    "logsumexp of scaled rows of 3000 bf16": lse(7, 3000, BF16, scaled=True),
     "cross-entropy rows of 8000 bf16": row_sum("log_softmax", 6, 8000, BF16),
     "cross-entropy rows of 1000 bf16 ragged": row_sum("log_softmax", 5, 1000, BF16),
     "mean log_softmax rows of 512 f32 warp per row": row_sum("log_softmax", 24, 512, F32, "mul($0,$1)", "mean"),

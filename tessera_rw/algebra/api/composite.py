@@ -17,13 +17,17 @@ import math
 import numbers
 from typing import Sequence
 
-from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.dispatch import apply, flag, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, exp, log, maximum, minimum, multiply, sqrt, subtract
 from tessera_rw.algebra.api.layout import concatenate, expand_dims, getitem, int_tuple, squeeze, tensor_sequence
 from tessera_rw.algebra.api.reduction import max as reduce_max
 from tessera_rw.algebra.api.reduction import mean, sum as reduce_sum
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import normalize_axes, normalize_axis
+
+# the dtypes whose logsumexp over trailing axes is one op (a row kernel's: fp32 statistics)
+ROW_KERNEL_DTYPES = (DType.float16, DType.bfloat16, DType.float32)
 
 
 def _axes(name: str, x, axis) -> tuple[int, ...]:
@@ -102,13 +106,19 @@ def split(x, indices_or_sections, axis: int = 0) -> list:
 
 def logsumexp(x, axis=None, keepdims=False):
     """log(Σ exp(x)) over `axis`, computed from x - max as scipy.special.logsumexp is: a row that is
-    all -inf gives -inf, one holding +inf gives +inf."""
+    all -inf gives -inf, one holding +inf gives +inf.
+
+    Over trailing axes of a 16/32-bit float it is one op, which a row kernel computes in one read
+    (the online max and sum of a softmax); over other axes, the ops it is made of."""
     x = tensor_operand(x)
     axes = _axes("logsumexp", x, axis)
     if not (type_of(x).dtype.is_float or type_of(x).dtype.is_complex):
         x = cast(x, "float32")          # bools and integers in float32, as exp gives them
+    dtype, rank = type_of(x).dtype, type_of(x).ndim
+    if axes and axes == tuple(range(rank - len(axes), rank)) and dtype in ROW_KERNEL_DTYPES:
+        with op_context("logsumexp", (x,), ("x",)):
+            return apply("logsumexp", (x,), axes=axes, keepdims=flag("keepdims", keepdims))
     peak = reduce_max(x, axes, keepdims=True)
-    dtype = type_of(x).dtype
 
     def finite(m):
         # an infinite peak clipped to the dtype's finite range: x - m stays -inf or +inf where scipy's

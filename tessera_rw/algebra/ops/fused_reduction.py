@@ -1,5 +1,7 @@
 """A reduction of an elementwise expression, the expression computed as it is read:
-fused_reduction(xs; expr, reduce, axes, keepdims) writes nothing the size of the expression."""
+fused_reduction(xs; expr, reduce, axes, keepdims) writes nothing the size of the expression.
+`reduce` is sum, mean, max, min, or logsumexp (whose kernel is a row kernel's online softmax
+statistics: rowwise_logsumexp.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
 
-REDUCES = ("sum", "mean", "max", "min")
+REDUCES = ("sum", "mean", "max", "min", "logsumexp")
 
 
 def _reduce_op(reduce: str):
@@ -38,7 +40,7 @@ def _fused_reduction_flops(out: TensorType, *xs: TensorType, expr: str, reduce: 
 DEFS = (
     OpDef("fused_reduction", ("xs",), OpKind.REDUCTION, _infer_fused_reduction, _fused_reduction,
           _fused_reduction_flops, variadic=True,
-          doc="sum / mean / max / min of an elementwise expression, computed as it is read (nothing the "
+          doc="sum / mean / max / min / logsumexp of an elementwise expression, computed as it is read (nothing the "
               "size of the expression written), e.g. expr='mul($0,$1)', reduce='sum', axes=(1,)",
           vjp=before_fusion("fused_reduction")),
 )

@@ -24,9 +24,11 @@ from tessera_rw.algebra.autodiff.cotangents import before_fusion
 from tessera_rw.algebra.errors import AttributeValueError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.fused_expr import infer_fused
 from tessera_rw.algebra.ops.fused_norm import fused_norm_flops, fused_norm_reference, infer_fused_norm
 
 ROW_REDUCES = ("sum", "mean")
+REDUCTION_OPS = ("sum", "mean", "max", "min", "logsumexp")
 
 
 def _reduce_op(reduce: str):
@@ -45,8 +47,12 @@ def normalized_rows(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...]
 
 def rows_of(op: str, operands: tuple[TensorType, ...], attrs, result: TensorType) -> TensorType:
     """The rows a row-wise op's epilogue computes over: a reduced_normalization's normalized rows
-    (its result holds them added up), any other op's result."""
-    return normalized_rows(*operands, **attrs) if op == "reduced_normalization" else result
+    (its result holds them added up), the values a reduction reduces, any other op's result."""
+    if op == "reduced_normalization":
+        return normalized_rows(*operands, **attrs)
+    if op == "fused_reduction":
+        return infer_fused(*operands, expr=attrs["expr"])
+    return operands[0] if op in REDUCTION_OPS else result
 
 
 def _infer_reduced_norm(*xs: TensorType, expr: str, norm: str, axes: tuple[int, ...], eps: float, has_weight: bool,

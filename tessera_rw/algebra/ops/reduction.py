@@ -1,4 +1,4 @@
-"""Reductions (sum, max, min, mean) and the row-wise normalizations built on them.
+"""Reductions (sum, max, min, mean, logsumexp) and the row-wise normalizations built on them.
 
 softmax / log_softmax normalize along one axis; layernorm / rmsnorm along trailing axes, with an
 optional weight and bias of the normalized shape (`has_weight` / `has_bias` say which operands
@@ -31,7 +31,7 @@ def _check_axes(x: TensorType, axes: tuple[int, ...]) -> None:
         raise AxisError(f"axes {axes} do not fit a tensor of rank {x.ndim}")
 
 
-def _reduction(name: str, fn, result_dtype, vjp) -> OpDef:
+def _reduction(name: str, fn, result_dtype, vjp, per_element: int = 1) -> OpDef:
     def infer(x: TensorType, axes: tuple[int, ...], keepdims: bool) -> TensorType:
         _check_axes(x, axes)
         if x.dtype.is_complex and name in ("max", "min"):
@@ -44,7 +44,7 @@ def _reduction(name: str, fn, result_dtype, vjp) -> OpDef:
         return fn(x, axis=axes, keepdims=keepdims)
 
     def flops(out: TensorType, x: TensorType, **attrs) -> int:
-        return x.numel
+        return per_element * x.numel
 
     return OpDef(name, ("x",), OpKind.REDUCTION, infer, reference, flops, vjp=vjp)
 
@@ -73,11 +73,34 @@ def _extremum_vjp(g, y, x, axes, keepdims):
     return (unbroadcast(expand_reduced(g, x.shape, axes) * hit / ties, x),)
 
 
+def _logsumexp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log Σ exp(x) from x - max, as scipy.special.logsumexp: an infinite peak shifts by 0, so a row
+    of -inf gives -inf and one holding +inf gives +inf (NaN where it holds NaN too)."""
+    peak = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    peak = np.where(np.isfinite(peak), peak, 0).astype(x.dtype)
+    with np.errstate(divide="ignore", over="ignore"):
+        total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True)) + peak
+    return total if keepdims else np.squeeze(total, axis)
+
+
+def _logsumexp_dtype(dtype: DType) -> DType:
+    if not dtype.is_float:
+        raise DTypeError(f"needs a floating-point operand, got {dtype}",
+                         hint="op.logsumexp casts bools and integers to float32 itself")
+    return dtype
+
+
+def _logsumexp_vjp(g, y, x, axes, keepdims):
+    # ∂y/∂x_i = exp(x_i - y): dx = g · softmax(x) over the reduced axes
+    return (expand_reduced(g, x.shape, axes) * api.exp(x - expand_reduced(y, x.shape, axes)),)
+
+
 REDUCTIONS = (
     _reduction("sum", np.sum, _sum_dtype, _sum_vjp),
     _reduction("mean", np.mean, _mean_dtype, _mean_vjp),
     _reduction("max", np.max, lambda d: d, _extremum_vjp),
     _reduction("min", np.min, lambda d: d, _extremum_vjp),
+    _reduction("logsumexp", _logsumexp, _logsumexp_dtype, _logsumexp_vjp, per_element=4),   # max, sub, exp, add
 )
 
 

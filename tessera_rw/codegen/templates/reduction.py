@@ -50,6 +50,7 @@ from tessera_rw.codegen.templates.reduction_split import MAX_GRID_SPLIT, grid_sp
 from tessera_rw.codegen.templates.reduction_walk import Walk
 
 MAX_INDEX = 2**31        # row and offset math is 32-bit
+TREE_REDUCES = ("sum", "mean", "max", "min")   # a logsumexp's is a row kernel's (rowwise_logsumexp.py)
 UNROLL = 4                # loads of the reduced-axis walk in flight per thread
 WARP_ROW_MAX = 2048       # reduced elements up to which one warp per output is enough
 STATIC_SMEM = 48 * 1024   # the partials are static __shared__ arrays
@@ -77,7 +78,7 @@ class ReductionTemplate(Template):
     ops = frozenset({"sum", "mean", "max", "min", "fused_reduction"})
 
     def accepts(self, op: KernelOp) -> bool:
-        if op.op not in self.ops or not op.operands:
+        if op.op not in self.ops or not op.operands or self.reduce(op) not in TREE_REDUCES:
             return False
         values = values_type(op)
         return all(t.dtype in SUPPORTED for t in (*op.operands, values, op.result)) and 0 < values.numel < MAX_INDEX

@@ -35,6 +35,7 @@ BUILTIN = (
     ("attention_stats", "AttentionStatsFromLseTemplate"),
     ("rowwise", "RowwiseTemplate"),
     ("rowwise_reduced", "ReducedRowwiseTemplate"),
+    ("rowwise_logsumexp", "LogsumexpRowTemplate"),
     ("norm_backward", "NormBackwardTemplate"),
     ("norm_backward_grads", "NormBackwardGradsTemplate"),
     ("reduction", "ReductionTemplate"),

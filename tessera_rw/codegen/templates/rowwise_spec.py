@@ -2,9 +2,10 @@
 
 softmax / log_softmax normalize one axis; layernorm / rmsnorm their trailing axes with a weight and
 bias; fused_normalization adds an elementwise prologue and epilogue (strided_normalization reads its
-prologue inputs as views, reduced_normalization adds its rows up); norm_backward reads x and its
-cotangent g as the rows, the weight scaling g, a residual added as it writes (rowwise.py and
-norm_backward.py emit them).
+prologue inputs as views, reduced_normalization adds its rows up); a logsumexp (of a tensor, or of
+an expression: fused_reduction) is a log_softmax's statistics alone; norm_backward reads x and its
+cotangent g as the rows, the weight scaling g, a residual added as it writes (rowwise.py,
+rowwise_logsumexp.py and norm_backward.py emit them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS
 from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import broadcast_strides
+
+
+# a logsumexp over the trailing axes, of a tensor or of an elementwise expression (reduce='logsumexp')
+LOGSUMEXP_OPS = ("logsumexp", "fused_reduction")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ def row_spec(op: KernelOp) -> RowSpec:
     if op.op in NORM_BACKWARD_OPS:     # x and g are the rows read; the weight scales g
         w = xs[2] if a["has_weight"] else None
         return RowSpec(a["norm"], xs[:2], 0, w, None, xs[2 + a["has_weight"]:], 0, float(a["eps"]), len(a["axes"]))
+    if op.op in LOGSUMEXP_OPS:          # the rows' online softmax statistics, nothing normalized
+        rows, axes = rows_of(op.op, xs, a, op.result), tuple(a["axes"])
+        expr = parse_expr(a["expr"]) if op.op == "fused_reduction" else 0
+        trailing = bool(axes) and axes == tuple(range(rows.ndim - len(axes), rows.ndim))
+        return RowSpec("log_softmax", xs, expr, None, None, (), 0, 0.0, len(axes) if trailing else 0)
     if op.op in ("layernorm", "rmsnorm"):
         params = iter(xs[1:])
         w = next(params) if a["has_weight"] else None

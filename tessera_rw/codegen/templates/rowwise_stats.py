@@ -130,7 +130,8 @@ def resident_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max
         out += [sums.init("q")] + each(lanes(sums.add("q", "v[k][j] * v[k][j]")), False)
         out += [f"const float rstd = rsqrtf({sums.total('q')} * (1.0f / {length}.0f) + {float_literal(spec.eps)});"]
         value = "v[k][j] * rstd"
-    return out + each(epilogue(value))
+    written = epilogue(value)
+    return out + (each(written) if written else [])     # nothing written: the statistics were the point
 
 def looped_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max: str,
                       prologue, epilogue) -> list[str]:
@@ -166,4 +167,5 @@ def looped_statistics(spec, length: int, v: int, tpr: int, sums: Sums, red_max: 
         out = [sums.init("q")] + walk(lanes(sums.add("q", "x[j] * x[j]")))
         out += [f"const float rstd = rsqrtf({sums.total('q')} * {inv_len} + {eps});"]
         value = "x[j] * rstd"
-    return out + walk(epilogue(value))
+    written = epilogue(value)
+    return out + (walk(written) if written else [])
