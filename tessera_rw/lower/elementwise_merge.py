@@ -29,22 +29,23 @@ import numpy as np
 from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
-from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, parse_expr,
-                                                spell_expr)
+from tessera_rw.algebra.node import Node, TensorType
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, infer_fused,
+                                                parse_expr, spell_expr)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 
 
 def merge_elementwise(graph: Graph) -> Graph:
-    """`graph` with each fused_elementwise node's constants in its expression, each tensor it reads
-    read once, and its single-reader elementwise producers of its shape absorbed."""
+    """`graph` with each fused_elementwise and fused_reduction node's constants in its expression,
+    each tensor it reads read once, and its single-reader elementwise producers of its expression's
+    shape absorbed."""
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
-        if node.op == "fused_elementwise":
+        if node.op in ("fused_elementwise", "fused_reduction"):
             new[node] = _merged(node, rebuilt, absorbable)
         elif (spelled := _with_inexact_scalar(node)) is not None:      # the op alone, rounding as it did
             new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set())
@@ -91,41 +92,51 @@ def _elementwise(node: Node) -> bool:
 
 def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
     """The node computing `rebuilt` (`node` over the merged program's values) with what it can take
-    in; without producers where taking them in would read too many tensors or nest too many ops."""
+    in; without producers where taking them in would read too many tensors or nest too many ops. A
+    fused_reduction takes in what the expression it reduces reads, at the shape of its values."""
+    shape = node.shape if node.op == "fused_elementwise" else values_of(node).shape
     for take_producers in (True, False):
         leaves: list[Node] = []
         tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, absorbable if take_producers else set(),
-                        node, leaves)
+                        shape, leaves)
         ops = count_ops(tree)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
     expr = spell_expr(tree)
-    if (tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]) or (ops < 2 and not _inexact(rebuilt.args)):
+    if tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]:
+        return rebuilt
+    if node.op == "fused_elementwise" and ops < 2 and not _inexact(rebuilt.args):
         return rebuilt          # a one-op node is that op's kernel: its constant is not worth a new one
     try:
-        merged = make("fused_elementwise", *leaves, expr=expr)
+        merged = make(node.op, *leaves, **(node.attr_map | {"expr": expr}))
     except TesseraError:        # an expression over other types than the kernels it replaces: keep them
         return rebuilt
     return merged if merged.type == node.type else rebuilt
 
 
-def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], root: Node, leaves: list[Node]):
-    """`tree` over `args` respelled: each input a constant's Scalar, an absorbable producer's own
-    expression, or the index of the input node in `leaves` (appended when first read)."""
+def values_of(node: Node) -> TensorType:
+    """What a fused_reduction's expression computes before it is reduced."""
+    return infer_fused(*(a.type for a in node.args), expr=node.attr_map["expr"])
+
+
+def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node]):
+    """`tree` over `args` respelled: each input a constant's Scalar, an absorbable producer (of the
+    expression's `shape`) its own expression, or the index of the input node in `leaves` (appended
+    when first read)."""
     if isinstance(tree, Scalar):
         return tree
     if isinstance(tree, int):
-        return _leaf(args[tree], absorbable, root, leaves)
-    return (tree[0], *(_spelled(a, args, absorbable, root, leaves) for a in tree[1:]))
+        return _leaf(args[tree], absorbable, shape, leaves)
+    return (tree[0], *(_spelled(a, args, absorbable, shape, leaves) for a in tree[1:]))
 
 
-def _leaf(arg: Node, absorbable: set[Node], root: Node, leaves: list[Node]):
+def _leaf(arg: Node, absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node]):
     if (scalar := Scalar.of(arg)) is not None:
         return scalar
-    if arg in absorbable and arg.shape == root.shape:
+    if arg in absorbable and arg.shape == shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
-            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), root, leaves)
-        return (expression_name(arg.op, arg.attr_map), *(_leaf(a, absorbable, root, leaves) for a in arg.args))
+            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves)
+        return (expression_name(arg.op, arg.attr_map), *(_leaf(a, absorbable, shape, leaves) for a in arg.args))
     if arg not in leaves:                      # nodes are interned: equal is the same node
         leaves.append(arg)
     return leaves.index(arg)

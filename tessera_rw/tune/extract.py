@@ -23,6 +23,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops import BUILTIN_OPS
+from tessera_rw.algebra.ops.fused_expr import read_once
 from tessera_rw.algebra.ops.fused_norm import lifts_nothing
 from tessera_rw.lower.attention_views import read_attention_views
 from tessera_rw.lower.conv_bias_grads import sum_bias_grads_in_weight_grads
@@ -48,6 +49,8 @@ from tessera_rw.tune.dag_sharing import VIEW_COST, share_more
 # reports show): a form the templates take (a transposed softmax, a vector as a one-row matrix)
 # wins over it whatever its copies cost, and among host-only plans the one with fewest such kernels.
 HOST_ONLY_US = 1e6
+
+READ_ONCE_OPS = ("fused_elementwise", "fused_reduction")    # lowering merges their repeated operands
 
 
 class Objective(enum.Enum):
@@ -143,7 +146,11 @@ class _Costs:
         if cost is None and lifts_nothing(enode.op, enode.attrs):
             cost = self._memo[enode.id] = math.inf        # the plain norm beside it is the same kernel
         if cost is None:
-            op = KernelOp(enode.op, tuple(self.types[c] for c in enode.operands), enode.attrs, self.types[enode.eclass],
+            operands, attrs = enode.operands, enode.attrs
+            if enode.op in READ_ONCE_OPS:         # a tensor read in two places: lowering reads it once
+                operands, expr = read_once(operands, dict(attrs)["expr"])
+                attrs = tuple((k, expr if k == "expr" else v) for k, v in attrs)
+            op = KernelOp(enode.op, tuple(self.types[c] for c in operands), attrs, self.types[enode.eclass],
                           self.numerics)
             kc = kernel_cost(op, self.arch, fused_op=fusion_depth(enode.op) > 0)
             if kc is None:

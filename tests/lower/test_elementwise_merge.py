@@ -50,6 +50,31 @@ def test_constants_go_into_the_expression_and_a_repeated_tensor_is_read_once():
     assert merged.args == (x,) and merged.attr_map["expr"] == "mul(mul($0,-0.5:float32),$0)"
 
 
+def test_a_reduction_reads_a_repeated_tensor_once_and_takes_in_a_producer_of_its_values_shape():
+    x, mu = make_input("x", (4, 8), F32), make_input("mu", (4, 1), F32)
+    centred = fused(x, mu, expr="sub($0,$1)")              # read by the reduction alone: taken in
+    var = make("fused_reduction", centred, x, mu, expr="mul($0,sub($1,$2))", reduce="mean", axes=(1,),
+               keepdims=False)
+    graph = Graph("g", (x, mu), (var,))
+    (merged,) = kernels(merge_elementwise(graph))
+    assert merged.op == "fused_reduction" and merged.args == (x, mu)
+    assert merged.attr_map["expr"] == "mul(sub($0,$1),sub($0,$1))" and merged.attr_map["reduce"] == "mean"
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((4, 8)).astype(np.float32), "mu": rng.standard_normal((4, 1)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(merge_elementwise(graph), inputs)[0], evaluate(graph, inputs)[0], rtol=1e-6)
+
+
+def test_mean_and_variance_of_the_same_rows_read_them_twice_not_four_times():
+    kernel = op.kernel(lambda x: (op.mean(x, axis=-1), op.var(x, axis=-1)))
+    x = np.random.default_rng(2).standard_normal((64, 300)).astype(np.float32)
+    plan = kernel.program(x).plan
+    assert [s.op for s in plan.steps] == ["mean", "fused_reduction"]      # one mean, kept and reshaped
+    assert len(plan.steps[1].inputs) == 2                                  # x and its mean, once each
+    mean, var = kernel(x)
+    np.testing.assert_allclose(mean, x.mean(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, x.astype(np.float64).var(-1), rtol=1e-5)
+
+
 def test_a_producer_another_kernel_also_reads_is_not_absorbed():
     x = make_input("x", (4, 8), F32)
     shared = fused(x, expr="exp($0)")

@@ -198,6 +198,21 @@ DEFS = (
 )
 
 
+def read_once(operands: tuple, expr: str) -> tuple[tuple, str]:
+    """`operands` each once and `expr` over them (operands compare equal when they are one value):
+    what an expression reading a tensor in two places reads.
+
+    >>> read_once(("x", "y", "x"), "mul(add($0,$1),$2)")
+    (('x', 'y'), 'mul(add($0,$1),$0)')
+    """
+    distinct = tuple(dict.fromkeys(operands))
+    if len(distinct) == len(operands):
+        return tuple(operands), expr
+    at = [distinct.index(o) for o in operands]
+    tree = fold(parse_expr(expr), lambda i: at[i], lambda name, args: (name, *args), lambda c: c)
+    return distinct, spell_expr(tree)
+
+
 def expr_leaves(tree) -> set[int]:
     """The operand indices a parsed expression reads."""
     if isinstance(tree, int):

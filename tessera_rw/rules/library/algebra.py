@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 
 from tessera_rw.algebra import api as op
-from tessera_rw.rules.library import (activation_forms, kernel_forms, logsumexp_forms, masks, norm_forms, promotions,
-                                     selections)
+from tessera_rw.rules.library import (activation_forms, kept_dims, kernel_forms, logsumexp_forms, masks, norm_forms,
+                                     promotions, selections)
 from tessera_rw.rules.library.example_inputs import SIXTEEN_BIT_FLOATS, rand
 from tessera_rw.rules.pattern import Expr, TermBuilder
 from tessera_rw.rules.rule import Rule, Ruleset
@@ -362,6 +362,7 @@ def _reduced_twice(outer: str, inner: str) -> Rule:
 RULES += tuple(_reduced_twice(outer, inner) for outer, inner in (("sum", "sum"), ("mean", "mean"), ("mean", "sum")))
 
 ALGEBRA = Ruleset("algebra", RULES + kernel_forms.RULES + masks.RULES + norm_forms.RULES + promotions.RULES
-                  + activation_forms.RULES + selections.RULES + logsumexp_forms.RULES,
-                  doc="scalars, divisions, transposes, flips, softmax and logsumexp forms, casts, masks in one form, "
-                      "forms the kernels take, weighted norms, GELUs and type promotions written out")
+                  + activation_forms.RULES + selections.RULES + logsumexp_forms.RULES + kept_dims.RULES,
+                  doc="scalars, divisions, transposes, flips, softmax and logsumexp forms, reductions with and without "
+                      "kept dims, casts, masks in one form, forms the kernels take, weighted norms, GELUs and type "
+                      "promotions written out")
