@@ -25,7 +25,16 @@ TORCH_NAMES = {
     "to": "use x.astype(dtype)", "type": "use x.astype(dtype)", "numpy": "a traced tensor has no data yet",
     "item": "a traced tensor has no data yet", "masked_fill": "use op.where(mask, value, x)",
     "expand": "use op.broadcast_to(x, shape)", "repeat": "use op.concatenate([x, x, ...], axis)",
+    "type_as": "use x.astype(y.dtype)", "new_zeros": "use op.zeros(shape, x.dtype)",
 }
+
+
+class ElementCount(int):
+    """x.size, numpy's element count; called as torch's x.size(dim), an error naming x.shape."""
+
+    def __call__(self, *dims):
+        raise ArgumentError(f"x.size is numpy's element count ({int(self)}), not torch's x.size(dim)",
+                            hint="x.shape[dim] (x.shape for them all)")
 
 
 class TensorMethods:
@@ -54,7 +63,7 @@ class TensorMethods:
         n = 1
         for d in self.shape:
             n *= d
-        return n
+        return ElementCount(n)
 
     @property
     def T(self):

@@ -1,5 +1,6 @@
-"""torch's keyword names met where numpy's are taken: `dim=` and `keepdim=` get an error naming the
-op and the call to write instead, not Python's bare "unexpected keyword argument".
+"""torch's keyword names met where numpy's are taken: `dim=`, `keepdim=`, `unbiased=` / `correction=`
+(numpy's ddof), and SDPA's `is_causal=` / `attn_mask=` get an error naming the op and the call to
+write instead, not Python's bare "unexpected keyword argument".
 
 >>> @numpy_keywords
 ... def softmax(x, axis=-1):
@@ -14,24 +15,42 @@ softmax | takes numpy's keyword names: axis= for torch's dim= | softmax(..., axi
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+import inspect
+from typing import Any, Callable, TypeVar
 
 from tessera_rw.algebra.errors import ArgumentError
 
 F = TypeVar("F", bound=Callable)
-NUMPY_NAMES = {"dim": "axis", "keepdim": "keepdims"}
+NUMPY_NAMES = {"dim": "axis", "keepdim": "keepdims", "unbiased": "ddof", "correction": "ddof", "is_causal": "causal",
+               "attn_mask": "mask"}
+
+
+def _value(torch_name: str, value: Any) -> str:
+    """The numpy-named argument's value for torch's as the hint spells it (unbiased=True is ddof=1;
+    a tensor is `...`)."""
+    if torch_name == "unbiased":
+        return repr(int(bool(value)))
+    return repr(value) if isinstance(value, (bool, int, float, str, tuple, list, type(None))) else "..."
+
+
+def takes_torch_names(fn: Callable) -> bool:
+    """Whether `fn` has a parameter one of torch's names stands for."""
+    return bool(set(NUMPY_NAMES.values()) & set(inspect.signature(fn).parameters))
 
 
 def numpy_keywords(fn: F) -> F:
-    """`fn`, refusing torch's `dim=` / `keepdim=` with the numpy names to use instead."""
+    """`fn`, refusing torch's keyword names (those whose numpy name `fn` takes) with the numpy names
+    to use instead."""
     name = fn.__name__
+    params = set(inspect.signature(fn).parameters)
+    names = {k: v for k, v in NUMPY_NAMES.items() if v in params}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        torch = [k for k in NUMPY_NAMES if k in kwargs]
+        torch = [k for k in names if k in kwargs]
         if torch:
             from tessera_rw.algebra.builder import user_site      # builder imports the ops, which import this
-            given = ", ".join(f"{NUMPY_NAMES[k]}={kwargs[k]!r}" for k in torch)
+            given = ", ".join(f"{NUMPY_NAMES[k]}={_value(k, kwargs[k])}" for k in torch)
             raise ArgumentError("takes numpy's keyword names: " + ", ".join(f"{NUMPY_NAMES[k]}= for torch's {k}="
                                                                            for k in torch),
                                 op=name, hint=f"{name}(..., {given})", site=user_site())

@@ -103,6 +103,8 @@ def reduction_length(op: KernelOp) -> int:
         length = math.prod(rows.shape[a] for a in axes)
         # norm_backward_grads's partial sums each add up every parts-th row
         return max(length, math.ceil(rows.numel // length / attrs["parts"])) if "parts" in attrs else length
+    if op.op == "index_add":           # at most every index hits one row
+        return ops[1].numel
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape

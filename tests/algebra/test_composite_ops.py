@@ -104,3 +104,14 @@ def test_eager_calls_give_what_a_kernel_gives_arrays_of_the_same_dtype():
     for fn in (lambda x: op.var(x, axis=1), lambda x: op.logsumexp(x), lambda x: op.clip(x, -0.5, 0.5)):
         eager, traced = fn(b), op.kernel(fn)(b)
         assert isinstance(eager, np.ndarray) and eager.dtype == traced.dtype == ml_dtypes.bfloat16
+
+
+def test_a_16_bit_variance_and_deviation_are_computed_in_float32_as_torchs():
+    x = np.array([[0.0, 400.0, -400.0, 0.0], [300.0, -300.0, 300.0, -300.0], [1.0, 2.0, 3.0, 4.0]], np.float16)
+    wide = x.astype(np.float64)
+    for fn, ref in ((lambda x: op.std(x, axis=-1), np.std), (lambda x: op.var(x[2:], axis=-1, ddof=1),
+                                                             lambda w, axis: np.var(w[2:], axis=axis, ddof=1))):
+        want = ref(wide, axis=-1)
+        for got in (fn(x), op.kernel(fn)(x)):
+            assert got.dtype == np.float16
+            np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-3)     # 300², not inf

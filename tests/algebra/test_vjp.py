@@ -30,7 +30,7 @@ from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import BUILTIN_OPS, OPS
 from tessera_rw.algebra.trace import trace
 
-F64, C128, BOOL = DType.float64, DType.complex128, DType.bool
+F64, C128, BOOL, I32 = DType.float64, DType.complex128, DType.bool, DType.int32
 
 
 # ---- value samplers: where an op is smooth -------------------------------------------------------
@@ -51,6 +51,11 @@ def distinct(rng, shape, dtype):
     """Values at least 0.05 apart, so no max/min has a tie within finite-difference reach."""
     n = int(np.prod(shape))
     return (rng.permutation(n) * 0.05 + rng.uniform(0, 0.01, n) - n * 0.025).reshape(shape).astype(dtype.numpy)
+
+
+def indices_within(n: int):
+    """A sampler of integer indices in (-n, n)."""
+    return lambda rng, shape, dtype: rng.integers(-n + 1, n, shape).astype(dtype.numpy)
 
 
 # ---- the checker -------------------------------------------------------------------------------
@@ -131,6 +136,10 @@ CASES = [
     Case("max", (t(3, 4, 5),), dict(axes=(0, 2), keepdims=False), sample=distinct),
     Case("max", (t(3, 4),), dict(axes=(1,), keepdims=True), sample=distinct),
     Case("logsumexp", (t(3, 4, 5),), dict(axes=(1, 2), keepdims=False)),
+    # indices ±[0, 7) into an axis of 5: repeats, negatives and out-of-range ones among them
+    Case("take", (t(5, 3), t(2, 4, dtype=I32)), dict(axis=0), sample=(normal, indices_within(7))),
+    Case("take", (t(2, 5, 3), t(6, dtype=I32)), dict(axis=1), sample=(normal, indices_within(7))),
+    Case("index_add", (t(2, 4, 3), t(2, 4, dtype=I32)), dict(axis=0, size=5), sample=(normal, indices_within(7))),
     Case("logsumexp", (t(3, 4),), dict(axes=(0,), keepdims=True)),
     Case("min", (t(4, 5),), dict(axes=(0,), keepdims=False), sample=distinct),
     Case("softmax", (t(3, 5),), dict(axis=1)), Case("softmax", (t(4, 3, 2),), dict(axis=0)),

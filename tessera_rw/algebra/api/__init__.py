@@ -8,7 +8,7 @@ from tessera_rw.algebra.api.elementwise import (
     abs, add, cast, complex_mul, cos, divide, equal, erf, exp, gelu, greater, greater_equal, less,
     less_equal, log, logical_and, logical_not, logical_or, maximum, minimum, multiply, negative,
     not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, subtract, tanh, where)
-from tessera_rw.algebra.api.gather import take_along_axis
+from tessera_rw.algebra.api.gather import take, take_along_axis
 from tessera_rw.algebra.api.layout import (
     broadcast_to, concatenate, expand_dims, flip, getitem, reshape, squeeze, swapaxes, transpose)
 from tessera_rw.algebra.api.losses import cross_entropy
@@ -22,19 +22,18 @@ __all__ = [
     "less_equal", "log", "log_softmax", "logical_and", "logical_not", "logical_or", "logsumexp", "matmul", "max",
     "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal",
     "relu", "reshape", "rfft", "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square",
-    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take_along_axis", "tanh", "tracing", "transpose",
+    "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take", "take_along_axis", "tanh", "tracing", "transpose",
     "tril", "triu", "var", "where", "zeros",
 ]
 
 
 def _refusing_torch_keywords() -> None:
-    """Every op function taking `axis` or `keepdims` refuses torch's `dim` / `keepdim` by name."""
-    import inspect
-    from tessera_rw.algebra.torch_keywords import numpy_keywords
+    """Every op function taking `axis`, `keepdims`, `ddof`, `causal` or `mask` refuses torch's names
+    for them (`dim`, `keepdim`, `unbiased`, `is_causal`, `attn_mask`...) by name."""
+    from tessera_rw.algebra.torch_keywords import numpy_keywords, takes_torch_names
     for name in __all__:
         fn = globals()[name]
-        if callable(fn) and not isinstance(fn, type) and {"axis", "axes", "keepdims"} & set(
-                inspect.signature(fn).parameters):
+        if callable(fn) and not isinstance(fn, type) and takes_torch_names(fn):
             wrapped = numpy_keywords(fn)
             wrapped.__module__ = __name__        # pickled by reference to this module's name for it
             globals()[name] = wrapped

@@ -36,13 +36,19 @@ def _axes(name: str, x, axis) -> tuple[int, ...]:
 
 
 def var(x, axis=None, keepdims=False, ddof: int = 0):
-    """The variance over `axis` (None: all axes), as numpy.var: mean((x - mean(x))²) · n / (n - ddof)."""
+    """The variance over `axis` (None: all axes), as numpy.var: mean((x - mean(x))²) · n / (n - ddof).
+    A 16-bit x's squares and mean are computed in float32 (as torch does) and the result rounded
+    back: an fp16 square of 300 would be inf where the variance is not."""
     x = tensor_operand(x)
     axes = _axes("var", x, axis)
     n = math.prod(type_of(x).shape[a] for a in axes)
     if not isinstance(ddof, numbers.Integral) or not 0 <= ddof < n:
         with op_context("var", (x,), ("x",)):
             raise AttributeValueError(f"ddof must be an int in [0, {n}) for {n} values, got {ddof!r}")
+    return _in_float32(x, lambda x: _var(x, axes, keepdims, ddof, n))
+
+
+def _var(x, axes: tuple[int, ...], keepdims: bool, ddof: int, n: int):
     centered = subtract(x, mean(x, axes, keepdims=True))     # op functions: eager arrays follow our dtypes too
     squares = multiply(centered, centered)
     if ddof == 0:
@@ -50,13 +56,24 @@ def var(x, axis=None, keepdims=False, ddof: int = 0):
     return multiply(reduce_sum(squares, axes, keepdims), 1.0 / (n - ddof))
 
 
+def _in_float32(x, fn):
+    """fn(x), computed in float32 for a 16-bit float x and rounded back to its dtype."""
+    dtype = type_of(x).dtype
+    if dtype not in (DType.float16, DType.bfloat16):
+        return fn(x)
+    return cast(fn(cast(x, "float32")), dtype.value)
+
+
 def std(x, axis=None, keepdims=False, ddof: int = 0):
-    """The standard deviation over `axis`, as numpy.std: sqrt(var(x))."""
-    return sqrt(var(x, axis, keepdims, ddof))
+    """The standard deviation over `axis`, as numpy.std: sqrt(var(x)), a 16-bit x's in float32."""
+    x = tensor_operand(x)
+    return _in_float32(x, lambda x: sqrt(var(x, axis, keepdims, ddof)))
 
 
-def clip(x, a_min=None, a_max=None):
-    """x limited to [a_min, a_max] (either may be None), as numpy.clip; torch's clamp."""
+def clip(x, a_min=None, a_max=None, *, min=None, max=None):  # noqa: A002  (numpy 2's names, torch's clamp's)
+    """x limited to [a_min, a_max] (either may be None), as numpy.clip; `min=` / `max=` as numpy 2
+    and torch's clamp name them."""
+    a_min, a_max = (a_min if min is None else min), (a_max if max is None else max)
     if a_min is None and a_max is None:
         with op_context("clip", (x,), ("x",)):
             raise ArgumentError("clip needs a_min, a_max or both", hint="op.clip(x, 0.0, 6.0)")

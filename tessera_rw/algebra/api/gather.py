@@ -1,5 +1,11 @@
-"""take_along_axis: values picked along an axis by integer indices, as numpy.take_along_axis.
+"""Values picked by integer indices: take (numpy.take, an embedding lookup) and take_along_axis.
 
+take(x, indices, axis) is one op: a copy kernel reading the slices the indices name, its gradient
+their cotangents summed back where they came from (index_add, one kernel that owns its rows and
+sums them in a fixed order). `x[indices]` with one integer array (or list) among basic indices is
+take along that axis.
+
+take_along_axis (numpy.take_along_axis) is different:
 It is written with other ops, a selection summed over the axis: `where(indices == position, arr, 0)`
 added up along it. Each pick reads the whole axis (n values for one), which a loss over a softmax
 reads anyway: the negative log-likelihood of class indices,
@@ -16,12 +22,14 @@ array([[12.],
 >>> take_along_axis(x, np.array([[-1, 1], [5, 0]]), axis=1)
 array([[12., 11.],
        [ 0., 20.]], dtype=float32)
+>>> take(x, np.array([1, 1, 0]), axis=0)[:, 0]
+array([20., 20., 10.], dtype=float32)
 """
 
 from __future__ import annotations
 
 from tessera_rw.algebra.api.creation import arange
-from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, equal, less, where
 from tessera_rw.algebra.api.layout import expand_dims, reshape
 from tessera_rw.algebra.api.reduction import sum as reduce_sum
@@ -33,6 +41,23 @@ from tessera_rw.algebra.shapes import normalize_axis
 def positions_along(n: int, axis: int, ndim: int, dtype: str):
     """0 … n-1 along `axis` of a rank-`ndim` tensor (size 1 elsewhere): what an index is compared with."""
     return reshape(arange(n, dtype=dtype), tuple(n if d == axis else 1 for d in range(ndim)))
+
+
+def take(x, indices, axis=None):
+    """x's slices at integer `indices` along `axis` (numpy.take): the result's shape is
+    x.shape[:axis] + indices.shape + x.shape[axis + 1:]; axis None takes from x flattened. A negative
+    index counts from the end; one out of [-n, n) takes zeros (numpy raises). An embedding lookup is
+    `op.take(table, tokens, axis=0)`, or `table[tokens]`."""
+    x, indices = tensor_operand(x), tensor_operand(indices)
+    if axis is None:
+        x = reshape(x, (-1,))
+        axis = 0
+    with op_context("take", (x, indices), ("x", "indices")):
+        if not type_of(indices).dtype.is_integer:
+            raise DTypeError(f"indices must be integers, got {type_of(indices).dtype.value}",
+                             hint="cast them first: op.cast(indices, 'int32'); a bool mask selects with op.where")
+        ax = normalize_axis(axis, type_of(x).ndim)
+    return apply("take", (x, indices), axis=ax)
 
 
 def take_along_axis(arr, indices, axis: int):

@@ -7,9 +7,11 @@ import math
 import numbers
 from collections.abc import Iterable
 
+import numpy as np
+
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.dtypes import promote
-from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, ShapeError
+from tessera_rw.algebra.errors import ArgumentError, AttributeValueError, AxisError, ShapeError
 from tessera_rw.algebra.shapes import fmt_shape, normalize_axes, normalize_axis
 
 
@@ -24,10 +26,14 @@ def int_tuple(values, what: str) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def transpose(x, axes=None):
+def transpose(x, axes=None, *more):
     """Permute axes (numpy: None reverses them all): `op.transpose(x, (0, 2, 1, 3))`."""
     x = tensor_operand(x)
     with op_context("transpose", (x,), ("x",)):
+        if more:
+            raise ArgumentError(f"takes the permutation as one tuple, got {(axes, *more)} as separate arguments",
+                                hint=f"op.swapaxes(x, {axes}, {more[0]}) swaps two axes (torch's transpose)"
+                                if len(more) == 1 else f"op.transpose(x, {(axes, *more)})")
         ndim = type_of(x).ndim
         perm = tuple(reversed(range(ndim))) if axes is None else tuple(normalize_axis(a, ndim) for a in int_tuple(axes, "axes"))
         if sorted(perm) != list(range(ndim)):
@@ -69,13 +75,17 @@ def reshape(x, shape):
     return apply("reshape", (x,), shape=dims)
 
 
-def expand_dims(x, axis: int):
-    """numpy.expand_dims: a new axis of size 1 at `axis` (x[:, None] too)."""
+def expand_dims(x, axis):
+    """numpy.expand_dims: a new axis of size 1 at `axis`, or at each of a tuple of them (x[:, None] too)."""
     x = tensor_operand(x)
     with op_context("expand_dims", (x,), ("x",)):
         shape = type_of(x).shape
-        ax = normalize_axis(axis, len(shape) + 1)
-    return reshape(x, shape[:ax] + (1,) + shape[ax:])
+        if axis is None:
+            raise AxisError("expand_dims needs the axis (or axes) to add", hint="op.expand_dims(x, 0)")
+        rank = len(shape) + (len(axis) if isinstance(axis, (tuple, list)) else 1)
+        new = normalize_axes(axis, rank)
+    rest = iter(shape)
+    return reshape(x, tuple(1 if d in new else next(rest) for d in range(rank)))
 
 
 def squeeze(x, axis=None):
@@ -121,6 +131,36 @@ def concatenate(xs, axis: int = 0):
     return apply("concatenate", xs, axis=ax)
 
 
+def _index_array(item) -> bool:
+    """Whether an index item is an array of indices (a list, an array, a tensor), not an int."""
+    return isinstance(item, (list, tuple)) or (hasattr(item, "shape") and not isinstance(item, numbers.Integral))
+
+
+def _taken(x, items: tuple, arrays: list[int]):
+    """x[items] where items[arrays[0]] is an integer array: the basic indices, then take along the
+    axis the array's position became (numpy's rule for a single index array)."""
+    with op_context("getitem", (x,), ("x",)):
+        if len(arrays) > 1:
+            raise ShapeError("more than one index array (numpy broadcasts them together) is not supported",
+                             hint="take along one axis at a time: op.take(op.take(x, i, axis=0), j, axis=1)")
+        k = arrays[0]
+        indices = items[k]
+        if isinstance(indices, (list, tuple)):
+            indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
+        dtype = getattr(indices, "dtype", None)
+        if dtype is not None and str(dtype) in ("bool", "DType.bool"):
+            raise ShapeError("a boolean mask index selects a number of elements known only from its values",
+                             hint="keep the shape with op.where(mask, x, 0), or sum what the mask selects")
+        at = next((i for i, item in enumerate(items) if item is Ellipsis), None)
+        before = items[:k]
+        if at is not None and at < k:          # the ellipsis stands for the axes the other items leave
+            used = sum(1 for i in items if i is not None and i is not Ellipsis)
+            before = items[:at] + (slice(None),) * (type_of(x).ndim - used) + items[at + 1:k]
+        axis = sum(1 for item in before if item is None or isinstance(item, slice))
+    from tessera_rw.algebra.api.gather import take          # gather builds on this module
+    return take(getitem(x, items[:k] + (slice(None),) + items[k + 1:]), indices, axis=axis)
+
+
 def flip(x, axis=None):
     """numpy.flip: reverse the order of elements along `axis` (an int, a tuple, or None for all axes).
 
@@ -137,8 +177,14 @@ def flip(x, axis=None):
 
 
 def getitem(x, index):
-    """Basic indexing: ints, slices (a negative step reads the axis backwards), None and Ellipsis."""
+    """Basic indexing: ints, slices (a negative step reads the axis backwards), None and Ellipsis;
+    and one integer array (or list) among them, which takes along its axis (op.take): `table[tokens]`,
+    `x[:, [0, 2]]`."""
     x = tensor_operand(x)
+    items = index if isinstance(index, tuple) else (index,)
+    arrays = [k for k, item in enumerate(items) if _index_array(item)]
+    if arrays:
+        return _taken(x, items, arrays)
     with op_context("getitem", (x,), ("x",)):
         shape = type_of(x).shape
         items = index if isinstance(index, tuple) else (index,)
@@ -178,10 +224,7 @@ def getitem(x, index):
                 i %= size
                 starts.append(i); stops.append(i + 1); steps.append(1)
             else:
-                gather = isinstance(item, (list, tuple)) or hasattr(item, "shape")
-                raise ShapeError(f"unsupported index {item!r}", hint=(
-                    "index arrays and lists (gathers) are not supported: take them by slices, joined with "
-                    "op.concatenate, or select with op.where" if gather else "use ints, slices, None and ..."))
+                raise ShapeError(f"unsupported index {item!r}", hint="use ints, slices, None, ... and one integer array")
             axis += 1
     sliced = x
     if (tuple(starts), tuple(stops), tuple(steps)) != ((0,) * len(shape), shape, (1,) * len(shape)):

@@ -10,10 +10,12 @@ array([0.2395, 1.5514], dtype=float32)
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import add, cast, divide, equal, multiply, negative, not_equal, where
+from tessera_rw.algebra.api.elementwise import (add, cast, divide, equal, greater_equal, less, logical_and, multiply,
+                                                negative, not_equal, where)
 from tessera_rw.algebra.api.gather import positions_along
 from tessera_rw.algebra.api.layout import expand_dims
 from tessera_rw.algebra.api.reduction import log_softmax, mean, sum as reduce_sum
@@ -28,9 +30,11 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
     """torch's cross_entropy of `logits` with the classes along `axis` (1, as torch; the only axis of
     1-d logits): `target` holds class indices (logits' shape without the class axis) or class
     probabilities (logits' shape). `label_smoothing` ε mixes each row's target with the uniform
-    ε / C; rows whose index is `ignore_index` count for nothing, and the mean is over the others. An
-    index outside [0, C) that is not `ignore_index` matches no class, so its row's loss leaves out the
-    target's term (torch raises; a kernel cannot)."""
+    ε / C; rows whose index is `ignore_index` count for nothing, and the mean is over the others
+    (None by default: torch's default is -100, so pass ignore_index=-100 for targets padded with
+    it). Any other index outside [0, C) makes its row's loss, and so a mean or sum, NaN (torch
+    raises; a kernel cannot, and a row left out would dilute the loss unseen). The NaN is added to
+    the row, so the gradient is the one of the rows in range."""
     x, t = tensor_operand(logits), tensor_operand(target)
     with op_context("cross_entropy", (x, t), ("logits", "target")):
         xt, tt = type_of(x), type_of(t)
@@ -62,6 +66,8 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
         terms = where(hit, log_probs, multiply(log_probs, smooth / target_weight) if smooth else 0.0)
         rows = negative(reduce_sum(terms, ax))
         rows = multiply(rows, target_weight) if smooth else rows
+        # no class: NaN, added (a where on the rows would put a mask in the gradient's way)
+        rows = add(rows, where(logical_and(greater_equal(t, 0), less(t, classes)), 0.0, math.nan))
     else:
         weights = add(multiply(t, 1.0 - float(label_smoothing)), smooth) if smooth else t
         rows = negative(reduce_sum(multiply(log_probs, weights), ax))

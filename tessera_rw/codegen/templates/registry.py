@@ -41,6 +41,8 @@ BUILTIN = (
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
     ("copy", "CopyTemplate"),
+    ("gather", "TakeTemplate"),
+    ("index_add", "IndexAddTemplate"),
     ("conv", "DirectConvTemplate"),
     ("spectral", "SpectralContractTemplate"),
     ("spectral", "FFTTemplate"),
