@@ -5,7 +5,7 @@
   block's training step by `op.grad`, an MLP's backward by `op.grad` and a GPT-2-small block's
   training step by `op.value_and_grad`; e-graph
   sizes; ptxas's registers beside the estimates, and its spills;
-- depth scaling: BERT's rewrite at 12 and 48 layers;
+- depth scaling: BERT's rewrite at 12 and 48 layers, a GPT training step's at 3 and 12;
 - extraction's programs against the exact optimum an integer linear program finds;
 - the numpy executor against numpy / scipy on the same inputs: blockwise attention's peak memory
   at S = 8192 against the naive S×S form, the FFT convolution against scipy.signal's direct one;
@@ -113,12 +113,24 @@ def depth_figures() -> list[Figure]:
     cpu = time_interleaved(runs, rounds=3, warmup=0, clock=time.process_time)   # the ratio: load-free
     t12, t48 = wall[12], wall[48]
     ratio = cpu[48].min_s / cpu[12].min_s
+    steps = {n: _training_step(n) for n in (3, 12)}
+    step_cpu = time_interleaved({n: (lambda g=g: saturate_and_extract(g)) for n, g in steps.items()}, rounds=2,
+                                clock=time.process_time)
+    step_ratio = step_cpu[12].min_s / step_cpu[3].min_s
     return [
         Figure(f"saturate + extract BERT-base 12 layers ({fused}/12 attentions fused)", t12.median_ms, "ms",
                "< 1000", t12.median_ms < 1000 and fused == 12),
         Figure("saturate + extract BERT-base 48 layers", t48.median_ms, "ms", "", None),
         Figure("48-layer / 12-layer rewrite time (CPU time)", ratio, "x", "< 4", ratio < 4),
+        # a training step's gradients share its forward across the layers: linear is 4x
+        Figure("12-layer / 3-layer GPT training step rewrite + extract (CPU time)", step_ratio, "x", "< 6",
+               step_ratio < 6),
     ]
+
+
+def _training_step(layers: int):
+    kernel, inputs = models.gpt_training_step(replace(models.GPT2_SMALL_BLOCK, layers=layers))
+    return kernel.trace(**inputs)
 
 
 def optimum_figures() -> list[Figure]:

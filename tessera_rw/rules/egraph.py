@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from egglog import bindings
 
@@ -136,7 +136,15 @@ class EGraphView:
 
     def decode(self, choice: Mapping[str, ENode], root: str) -> Node:
         """Rebuild the term chosen from `root` (one e-node per class in `choice`) as graph nodes."""
+        return self.decode_all(choice, (root,))[0]
+
+    def decode_all(self, choice: Mapping[str, ENode], roots: Iterable[str]) -> tuple[Node, ...]:
+        """decode() of each root, what they share built once: a training step's gradients share the
+        forward, and decoding each alone made the work grow with the square of the model's depth."""
         built: dict[str, Node] = {}
+        return tuple(self._decoded(choice, root, built) for root in roots)
+
+    def _decoded(self, choice: Mapping[str, ENode], root: str, built: dict[str, Node]) -> Node:
         open_: set[str] = set()
         stack = [(root, False)]
         while stack:  # iterative post-order: deep graphs exceed Python's recursion limit

@@ -1,5 +1,5 @@
-"""The rules that can fire on a graph: a rule's left side matches only where the e-graph holds a
-term of each op it names, and the e-graph holds the graph's ops and those the right sides of rules
+"""The rules that can fire on a graph: a rule's left side (and the terms its `when` facts join
+on) matches only where the e-graph holds a term of each op it names, and the e-graph holds the graph's ops and those the right sides of rules
 that can fire build. Rules outside that closure never match, so a rewrite may leave them out of the
 e-graph it saturates: a small graph then saturates over a few rules, whose e-graph is cheap to
 declare and to copy, not the hundreds whose copying is most of its rewrite.
@@ -28,8 +28,9 @@ _HEAD = re.compile(r"\(([A-Z][\w-]*)")      # a term's head: a rule's capitalize
 
 @lru_cache(maxsize=8192)
 def _ops_of(rule: Rule) -> tuple[frozenset[str], frozenset[str]]:
-    """(the op constructors its left side names, those its right side builds)."""
-    return frozenset(_HEAD.findall(rule.lhs.text)), frozenset(_HEAD.findall(rule.rhs.text))
+    """(the op constructors its left side and its `when` terms name, those its right side builds)."""
+    matched = " ".join((rule.lhs.text, *rule.when))
+    return frozenset(_HEAD.findall(matched)), frozenset(_HEAD.findall(rule.rhs.text))
 
 
 def can_fire(rulesets: Iterable[Ruleset], ops: Iterable[tuple[str, int]]) -> tuple[Ruleset, ...]:

@@ -154,7 +154,7 @@ def check_rule(rule: Rule, ruleset: Ruleset, rng: np.random.Generator) -> RuleCh
     checked = rewritten = 0
     for enode, choice in [(None, base), *variants(view, base)]:
         try:
-            outputs = tuple(view.decode(choice, r) for r in roots)
+            outputs = view.decode_all(choice, roots)
         except CycleError:
             continue
         except TesseraError as e:     # a rewritten term its op's shape rule refuses: the rule mistyped it

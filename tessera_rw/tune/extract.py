@@ -272,7 +272,7 @@ def _alternatives(result: RewriteResult, arch: ArchSpec, objective: Objective, f
 
 def _decoded(result: RewriteResult, choice: dict[str, ENode]) -> Graph:
     view, roots = result.view, result.output_classes()
-    return Graph(result.graph.name, result.graph.inputs, tuple(view.decode(choice, r) for r in roots)).verify()
+    return Graph(result.graph.name, result.graph.inputs, view.decode_all(choice, roots)).verify()
 
 
 def _favouring(result: RewriteResult, arch: ArchSpec, depth: FusionDepth, objective: Objective,

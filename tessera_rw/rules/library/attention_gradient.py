@@ -81,7 +81,11 @@ def _p(masked: str, m: Expr = mask) -> Expr:
 
 
 def _ds(masked: str, m: Expr = mask) -> Expr:
-    p = _p(masked, m)
+    return _ds_of(masked, _p(masked, m))
+
+
+def _ds_of(masked: str, p: Expr) -> Expr:
+    """dS of the probabilities `p` (P's pattern, or the variable naming its class)."""
     dp = t.matmul(g, t.transpose(v, axes=pk))
     if masked == "upcast-additive":        # the softmax's VJP in float32, its dS cast back
         dp = t.cast(dp, dtype="float32")
@@ -89,9 +93,9 @@ def _ds(masked: str, m: Expr = mask) -> Expr:
     return t.mul(p, t.sub(dp, t.sum(t.mul(dp, p), axes=E("(vec-of ax)"), keepdims=True)))
 
 
-def _probabilities(masked: str) -> Expr:
-    """P as dV = Pᵀ dO reads it: of dtype d, a float32 softmax cast back."""
-    return t.cast(_p(masked), dtype=d) if masked == "upcast-additive" else _p(masked)
+def _probabilities(masked: str, p: Expr) -> Expr:
+    """P (its class `p`) as dV = Pᵀ dO reads it: of dtype d, a float32 softmax cast back."""
+    return t.cast(p, dtype=d) if masked == "upcast-additive" else p
 
 
 def _packed(masked: str, m: Expr = mask) -> Expr:
@@ -199,11 +203,13 @@ def _rules():
         scaled_ds = t.mul(_ds(masked), const())
         lhs = {"dq": t.matmul(scaled_ds, t.transpose(kt, axes=pk), of=T),
                "dk": t.transpose(t.matmul(t.transpose(q, axes=pk), scaled_ds), axes=pk, of=T),
-               "dv": t.matmul(t.transpose(_probabilities(masked), axes=pk), g, of=T)}
+               "dv": t.matmul(t.transpose(_probabilities(masked, E("pj")), axes=pk), g, of=T)}
         for rank in RANKS if masked != "upcast-additive" else UPCAST_RANKS:
             for grad in ("dq", "dk", "dv"):
-                # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists
-                join = (f"(= dsx {_ds(masked)})",) if grad == "dv" else ()
+                # dV's pattern holds neither V nor dS: it fires where the dS of the same P exists,
+                # the two joined on P's own class (joined on its leaves, the layers of a model, which
+                # share the mask and the scale, met each other: a search growing with their square)
+                join = (f"(= pj {_p(masked)})", f"(= dsx {_ds_of(masked, E('pj'))})") if grad == "dv" else ()
                 join += {"where": ('(= (dt mask) "bool")',),
                          "upcast-additive": ('(= (dt mask) "float32")', '(!= d "float32")')}.get(masked, ())
                 suffix = {"none": "", "additive": "-masked", "where": "-where-masked",
