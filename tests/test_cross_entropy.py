@@ -152,16 +152,23 @@ def test_integer_epilogue_operands_compare_exactly_beyond_float32s_integers():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_the_gradient_of_op_cross_entropy_reads_the_logits_once_smoothed_or_not(smoothing):
+@pytest.mark.parametrize("smoothing, ignore", [(0.0, None), (0.1, None), (0.0, -100)])
+def test_the_gradient_of_op_cross_entropy_reads_the_logits_once_smoothed_or_not(smoothing, ignore):
     """The smoothed cotangent, where(hit, g, 0) + where(hit, 0, g) · r as reverse mode writes it, is
-    one selection of two constants (rules/library/selections.py), computed where it is read."""
+    one selection of two constants (rules/library/selections.py), computed where it is read; with
+    rows ignored, the row kernel computes it from each row's cotangent (its epilogue then holds
+    more than the registers keep beside a resident row: the row is walked in passes)."""
     rng = np.random.default_rng(9)
     logits, classes, _ = _problem(40, 1000, ml_dtypes.bfloat16, rng)
-    grad = op.grad(lambda logits, classes: op.cross_entropy(logits, classes, label_smoothing=smoothing))
-    plan = grad.program(logits, classes).plan
+    if ignore is not None:
+        classes[::4] = ignore
+    kept = classes != -100
+
+    def loss(logits, classes):
+        return op.cross_entropy(logits, classes, label_smoothing=smoothing, ignore_index=ignore)
+    plan = op.grad(loss).program(logits, classes).plan
     assert plan.temp_bytes < logits.nbytes // 8, plan
     (got,) = run_plan_emulated(plan, {"logits": logits, "classes": classes})
-    target = np.eye(1000)[classes] * (1 - smoothing) + smoothing / 1000
-    want = (np.exp(log_softmax(logits.astype(np.float64), axis=-1)) - target) / 40
+    target = np.eye(1000)[np.where(kept, classes, 0)] * (1 - smoothing) + smoothing / 1000
+    want = (np.exp(log_softmax(logits.astype(np.float64), axis=-1)) - target) * kept[:, None] / kept.sum()
     assert np.abs(got.astype(np.float64) - want).max() <= 2e-2 * np.abs(want).max()

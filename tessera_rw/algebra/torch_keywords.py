@@ -33,25 +33,32 @@ def _value(torch_name: str, value: Any) -> str:
     return repr(value) if isinstance(value, (bool, int, float, str, tuple, list, type(None))) else "..."
 
 
+def _named(params: set[str]) -> dict[str, str]:
+    """torch's names for `params`: dim= is `axes` where a function takes axes, not an axis."""
+    found = {k: v for k, v in NUMPY_NAMES.items() if v in params}
+    if "axes" in params and "axis" not in params:
+        found["dim"] = "axes"
+    return found
+
+
 def takes_torch_names(fn: Callable) -> bool:
     """Whether `fn` has a parameter one of torch's names stands for."""
-    return bool(set(NUMPY_NAMES.values()) & set(inspect.signature(fn).parameters))
+    return bool(_named(set(inspect.signature(fn).parameters)))
 
 
 def numpy_keywords(fn: F) -> F:
     """`fn`, refusing torch's keyword names (those whose numpy name `fn` takes) with the numpy names
     to use instead."""
     name = fn.__name__
-    params = set(inspect.signature(fn).parameters)
-    names = {k: v for k, v in NUMPY_NAMES.items() if v in params}
+    names = _named(set(inspect.signature(fn).parameters))
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         torch = [k for k in names if k in kwargs]
         if torch:
             from tessera_rw.algebra.builder import user_site      # builder imports the ops, which import this
-            given = ", ".join(f"{NUMPY_NAMES[k]}={_value(k, kwargs[k])}" for k in torch)
-            raise ArgumentError("takes numpy's keyword names: " + ", ".join(f"{NUMPY_NAMES[k]}= for torch's {k}="
+            given = ", ".join(f"{names[k]}={_value(k, kwargs[k])}" for k in torch)
+            raise ArgumentError("takes numpy's keyword names: " + ", ".join(f"{names[k]}= for torch's {k}="
                                                                            for k in torch),
                                 op=name, hint=f"{name}(..., {given})", site=user_site())
         return fn(*args, **kwargs)

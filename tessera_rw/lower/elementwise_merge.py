@@ -7,9 +7,11 @@ constants, so extraction leaves it as several kernels, each writing a tensor the
 node of it.) Once a program is chosen, each fused_elementwise node takes its scalar constants into
 its expression ('mul($0,$1)' of x and 0.5 becomes 'mul($0,0.5:float32)' of x), reads each tensor
 once, and absorbs the elementwise producers of its own shape that nothing else reads, up to
-MERGED_INPUTS distinct tensors and MAX_FUSED_OPS ops. It computes what the kernels it replaces did
-(in one pass, keeping the intermediates in registers, as every fused node does), so the cost model
-prices the program after it, and the plan runs it.
+MERGED_INPUTS distinct tensors and MAX_FUSED_OPS ops (and those that only spread far smaller inputs
+over their result, a mask from class indices, whatever reads them: each reader computes them
+again). It computes what the kernels it replaces did (in one pass, keeping the intermediates in
+registers, as every fused node does), so the cost model prices the program after it, and the plan
+runs it.
 
 >>> from tessera_rw.algebra.builder import make, make_constant, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -34,6 +36,15 @@ from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops,
                                                 parse_expr, spell_expr)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
+EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
+
+
+def is_expansion(node: Node) -> bool:
+    """Whether `node` spreads far smaller inputs over its result (a class mask from the indices and
+    positions, a per-row value over the row): each reader computes it again from those inputs, which
+    stay in cache, rather than read it back from memory."""
+    read = sum(a.type.numel for a in node.args if Scalar.of(a) is None)
+    return node.type.numel >= EXPANSION * max(read, 1)
 
 
 def merge_elementwise(graph: Graph) -> Graph:
@@ -51,7 +62,7 @@ def merge_elementwise(graph: Graph) -> Graph:
             new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set())
         else:
             new[node] = rebuilt
-        if len(users[node]) == 1 and node not in outputs and _elementwise(new[node]):
+        if (len(users[node]) == 1 or is_expansion(new[node])) and node not in outputs and _elementwise(new[node]):
             absorbable.add(new[node])
     if all(new[n] is n for n in graph.nodes):
         return graph

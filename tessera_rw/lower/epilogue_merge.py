@@ -40,7 +40,7 @@ from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr,
                                                 spell_expr)
 from tessera_rw.algebra.ops.reduced_norm import rows_of
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, is_expansion
 
 HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose `post` takes an epilogue
 # ... and those whose epilogue inputs may be computed in it (a reduced_normalization's result is no row)
@@ -69,7 +69,7 @@ def merge_epilogues(graph: Graph, keeps: Callable[[Node, Node], bool] = lambda b
         alone = len(users[node]) == 1 and node not in outputs
         if node.op in HOSTS and alone:
             hosts.add(rebuilt)
-        if rebuilt.op == "fused_elementwise" and alone:
+        if rebuilt.op == "fused_elementwise" and (alone or (node not in outputs and is_expansion(rebuilt))):
             inputs.add(rebuilt)
     if all(new[n] is n for n in graph.nodes):
         return graph

@@ -72,6 +72,15 @@ def test_a_bf16_loss_is_one_row_kernel_reading_the_logits_once(smoothing, ignore
     assert sum(k.hbm_bytes for k in kernels) < 4096 * 32000 * 2 * 1.01
 
 
+@pytest.mark.parametrize("smoothing, ignore", [(0.0, None), (0.1, -100), (0.0, -100)])
+def test_a_bf16_gradient_reads_the_logits_once_and_writes_them_once(smoothing, ignore):
+    z, target = op.tensor((4096, 32000), "bf16"), op.tensor((4096,), "int32")
+    grad = op.grad(lambda z, t: op.cross_entropy(z, t, label_smoothing=smoothing, ignore_index=ignore))
+    report = grad.explain(z, target)
+    kernels = report.candidates[report.chosen].kernels
+    assert sum(k.hbm_bytes for k in kernels) < 2 * 4096 * 32000 * 2 * 1.01
+
+
 def test_bad_arguments_say_what_to_do():
     z = np.ones((4, 5), np.float32)
     with pytest.raises(ShapeError, match=r"cross_entropy(.|\n)*class indices has shape \(4,\)"):
@@ -109,3 +118,12 @@ def test_a_stray_index_makes_the_loss_nan_and_an_ignored_one_does_not():
             assert np.isnan(loss).any() and (reduction != "none" or np.isfinite(loss[:5]).all())
     grad = op.grad(lambda z: op.cross_entropy(z, np.array([0, 1, 2, 3, 4, 7]), reduction="sum"))(z)
     assert np.isfinite(grad).all()         # the NaN is the loss's: the rows in range keep their gradient
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "f16"])
+def test_the_loss_keeps_the_logits_dtype(dtype):
+    z = RNG.standard_normal((6, 5)).astype(dtype)
+    target = np.array([0, 1, 2, 3, 4, 0])
+    for reduction in ("none", "mean", "sum"):
+        for fn in (op.cross_entropy, op.kernel(lambda z, t, reduction: op.cross_entropy(z, t, reduction=reduction))):
+            assert fn(z, target, reduction=reduction).dtype == dtype

@@ -68,3 +68,11 @@ def test_gradient_is_the_rows_softmax_times_the_cotangent():
     x64 = x.astype(np.float64)
     softmax = np.exp(x64 - scipy.special.logsumexp(x64, axis=-1, keepdims=True))
     np.testing.assert_allclose(dx, softmax * w[:, None], rtol=1e-5, atol=1e-7)
+
+
+def test_empty_rows_give_minus_infinity_as_scipys():
+    x = np.zeros((2, 0), np.float32)
+    with np.errstate(divide="ignore"):
+        want = scipy.special.logsumexp(x, axis=-1)
+    for got in (op.logsumexp(x, axis=-1), op.kernel(lambda x: op.logsumexp(x, axis=-1))(x)):
+        np.testing.assert_array_equal(got, want)

@@ -1,6 +1,7 @@
 """op.take and integer-array indexing: numpy.take's result eagerly and traced (negative indices
 from the end, out-of-range ones taking zeros where numpy raises), x[indices] as numpy's single
-index array, the gradient as numpy's add.at, and errors that say what to do."""
+index array (ints apart from it counted as index arrays, as numpy counts them; constant indices
+checked against the axis), the gradient as numpy's add.at, and errors that say what to do."""
 
 import numpy as np
 import pytest
@@ -32,7 +33,9 @@ def test_out_of_range_indices_take_zeros():
 @pytest.mark.parametrize("index", [
     lambda x, i: x[i], lambda x, i: x[:, [4, 0, 4]], lambda x, i: x[..., [3, 1]],
     lambda x, i: x[None, 1:, i], lambda x, i: x[2, i], lambda x, i: x[..., 1, [2, 0]],
-], ids=["rows", "list-on-axis-1", "ellipsis-list", "none-slice-array", "int-then-array", "ellipsis-int-list"])
+    lambda x, i: x[1, :, [3, 0]], lambda x, i: x[i, :, 1], lambda x, i: x[0, ..., i],
+], ids=["rows", "list-on-axis-1", "ellipsis-list", "none-slice-array", "int-then-array", "ellipsis-int-list",
+        "int-slice-list", "array-slice-int", "int-ellipsis-array"])
 def test_an_integer_array_among_basic_indices_is_numpys_single_index_array(index):
     indices = np.array([[1, 3], [0, -1]], np.int32)
     want = index(X, indices)
@@ -48,6 +51,13 @@ def test_the_gradient_puts_each_cotangent_back_where_its_index_points():
     want = np.zeros_like(table)
     np.add.at(want, tokens.reshape(-1) % 7, dy.reshape(-1, 3))
     np.testing.assert_allclose(grad, want, rtol=1e-6)
+
+
+def test_a_constant_index_out_of_bounds_is_refused_as_numpy_refuses_it():
+    with pytest.raises(ShapeError, match="index 9 is out of bounds for an axis of size 6"):
+        op.kernel(lambda x: x[[0, 9]])(X)
+    with pytest.raises(ShapeError, match="index -7 is out of bounds"):
+        op.kernel(lambda x: x[np.array([-7])])(X)
 
 
 def test_errors_name_the_op_and_what_to_do():

@@ -41,3 +41,11 @@ def test_clip_takes_min_and_max_and_expand_dims_a_tuple_of_axes_as_numpy_2_does(
     np.testing.assert_array_equal(op.clip(X, max=0.1), np.clip(X, None, 0.1))
     for axes in ((0, 2), (-1, 1), 3):
         assert op.kernel(lambda x: op.expand_dims(x, axes))(X).shape == np.expand_dims(X, axes).shape
+
+
+def test_a_bound_given_twice_and_dim_for_axes_are_refused_naming_ours():
+    with pytest.raises(ArgumentError, match="each bound once"):
+        op.clip(X, 0.5, min=0.1)
+    with pytest.raises(ArgumentError, match="axes= for torch's dim=") as info:
+        op.kernel(lambda x: op.transpose(x, dim=(1, 0, 2)))(X)
+    assert info.value.hint == "transpose(..., axes=(1, 0, 2))"

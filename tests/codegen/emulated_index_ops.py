@@ -1,6 +1,7 @@
 """take and index_add ops for the CPU emulator: an embedding's lookup and gradient, an inner axis, a
-ragged run, int64 indices, and an axis shorter than the indices' range (indices ±[1, 100)), whose
-out-of-range indices take zeros and add nothing."""
+ragged run, int64 indices, slices wider than a block's sums hold (split into strips), and an axis
+shorter than the indices' range (indices ±[1, 100)), whose out-of-range indices take zeros and add
+nothing."""
 
 from __future__ import annotations
 
@@ -29,4 +30,5 @@ INDEX_OPS: dict[str, KernelOp] = {
     "index_add int64 indices f32": index_add((70, 24), (70,), 0, 300, F32, I64),
     "index_add inner axis ragged f32": index_add((5, 37, 3), (37,), 1, 200, F32),
     "index_add into a short axis (out of range: dropped)": index_add((90, 16), (90,), 0, 60),
+    "index_add of wide slices, each row in strips": index_add((6, 12288), (6,), 0, 120),
 }

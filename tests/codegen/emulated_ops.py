@@ -317,6 +317,8 @@ def _elementwise_ops() -> dict[str, KernelOp]:
         "logical_and bool": of("logical_and", TensorType((256, 512), BOOL), TensorType((256, 512), BOOL)),
         "tril bf16": of("tril", big, k=0),
         "fused relu(add) * y": of("fused_elementwise", big, row, big, expr="mul(relu(add($0,$1)),$2)"),
+        "multi_elementwise: two results, one broadcast bf16": of("multi_elementwise", big, row,
+                                                                  exprs="add($0,$1);mul(exp($1),$0)"),
         "fused gelu(add) * gelu_tanh(y) bf16": of("fused_elementwise", big, row, big,
                                                   expr="mul(gelu(add($0,$1)),gelu_tanh($2))"),
         "fused upcast, scale, downcast bf16": of(

@@ -33,6 +33,10 @@ def rows_with_infinities(rng, shape, dtype):
     x[2, 5] = np.inf                     # a row holding +inf: +inf
     x[3, : shape[1] // 2] = -np.inf      # half masked: the other half's logsumexp
     x[4, 7] = np.nan                     # NaN stays NaN
+    x[5] = -np.inf
+    x[5, 3] = np.nan                     # though every other value is -inf (a max passes NaN over)
+    x[6, 1] = np.inf
+    x[6, 2] = np.nan                     # or one is +inf
     return x.astype(dtype)
 
 
@@ -71,7 +75,7 @@ def test_logsumexp_of_rows_is_one_row_kernel_and_gives_scipys_rows(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_logsumexp_of_long_rows_walks_them_once_and_gives_scipys_rows(dtype):
-    x = rows_with_infinities(np.random.default_rng(4), (6, 40000), dtype)    # beyond the registers: looped
+    x = rows_with_infinities(np.random.default_rng(4), (8, 40000), dtype)    # beyond the registers: looped
     assert check(lse_rows, x, scipy_lse(x), dtype) == ["logsumexp"]
 
 

@@ -75,6 +75,21 @@ def test_mean_and_variance_of_the_same_rows_read_them_twice_not_four_times():
     np.testing.assert_allclose(var, x.astype(np.float64).var(-1), rtol=1e-5)
 
 
+def test_a_mask_spread_from_small_inputs_is_computed_again_by_each_reader_not_read_back():
+    rows, cols = make_input("rows", (64, 1), DType.int32), make_input("cols", (1, 512), DType.int32)
+    x = make_input("x", (64, 512), F32)
+    hit = make("eq", rows, cols)                                   # 64 x 512 from 64 + 512 values
+    picked = fused(hit, x, make_constant(0.0, F32), expr="where($0,$1,$2)")
+    total = make("fused_reduction", hit, x, expr="mul(cast_float32($0),$1)", reduce="sum", axes=(1,), keepdims=False)
+    merged = merge_elementwise(Graph("g", (rows, cols, x), (picked, total)))
+    assert "eq" not in [n.op for n in merged.nodes]                # no bool tensor of x's size written
+    rng = np.random.default_rng(4)
+    inputs = {"rows": rng.integers(0, 512, (64, 1)).astype(np.int32), "cols": np.arange(512, dtype=np.int32)[None],
+              "x": rng.standard_normal((64, 512)).astype(np.float32)}
+    for got, want in zip(evaluate(merged, inputs), evaluate(Graph("g", (rows, cols, x), (picked, total)), inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_a_producer_another_kernel_also_reads_is_not_absorbed():
     x = make_input("x", (4, 8), F32)
     shared = fused(x, expr="exp($0)")

@@ -73,6 +73,10 @@ def std(x, axis=None, keepdims=False, ddof: int = 0):
 def clip(x, a_min=None, a_max=None, *, min=None, max=None):  # noqa: A002  (numpy 2's names, torch's clamp's)
     """x limited to [a_min, a_max] (either may be None), as numpy.clip; `min=` / `max=` as numpy 2
     and torch's clamp name them."""
+    if (min is not None and a_min is not None) or (max is not None and a_max is not None):
+        with op_context("clip", (x,), ("x",)):
+            raise ArgumentError("clip takes each bound once: a_min or min=, a_max or max=",
+                                hint="op.clip(x, min=0.0, max=6.0)")
     a_min, a_max = (a_min if min is None else min), (a_max if max is None else max)
     if a_min is None and a_max is None:
         with op_context("clip", (x,), ("x",)):

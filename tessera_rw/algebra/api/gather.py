@@ -28,6 +28,8 @@ array([20., 20., 10.], dtype=float32)
 
 from __future__ import annotations
 
+import numpy as np
+
 from tessera_rw.algebra.api.creation import arange
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, equal, less, where
@@ -48,6 +50,8 @@ def take(x, indices, axis=None):
     x.shape[:axis] + indices.shape + x.shape[axis + 1:]; axis None takes from x flattened. A negative
     index counts from the end; one out of [-n, n) takes zeros (numpy raises). An embedding lookup is
     `op.take(table, tokens, axis=0)`, or `table[tokens]`."""
+    if isinstance(indices, (list, tuple)):          # numpy.take's lists
+        indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
     x, indices = tensor_operand(x), tensor_operand(indices)
     if axis is None:
         x = reshape(x, (-1,))

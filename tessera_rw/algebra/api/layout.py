@@ -138,27 +138,54 @@ def _index_array(item) -> bool:
 
 def _taken(x, items: tuple, arrays: list[int]):
     """x[items] where items[arrays[0]] is an integer array: the basic indices, then take along the
-    axis the array's position became (numpy's rule for a single index array)."""
+    axis the array's position became. As numpy has it, ints are index arrays too beside one: where
+    they and the array are not side by side, the array's axes come first."""
     with op_context("getitem", (x,), ("x",)):
         if len(arrays) > 1:
             raise ShapeError("more than one index array (numpy broadcasts them together) is not supported",
                              hint="take along one axis at a time: op.take(op.take(x, i, axis=0), j, axis=1)")
-        k = arrays[0]
-        indices = items[k]
-        if isinstance(indices, (list, tuple)):
-            indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
-        dtype = getattr(indices, "dtype", None)
-        if dtype is not None and str(dtype) in ("bool", "DType.bool"):
-            raise ShapeError("a boolean mask index selects a number of elements known only from its values",
-                             hint="keep the shape with op.where(mask, x, 0), or sum what the mask selects")
-        at = next((i for i, item in enumerate(items) if item is Ellipsis), None)
-        before = items[:k]
-        if at is not None and at < k:          # the ellipsis stands for the axes the other items leave
-            used = sum(1 for i in items if i is not None and i is not Ellipsis)
-            before = items[:at] + (slice(None),) * (type_of(x).ndim - used) + items[at + 1:k]
-        axis = sum(1 for item in before if item is None or isinstance(item, slice))
+        items = _without_ellipsis(items, type_of(x).ndim)
+        k = next(i for i, item in enumerate(items) if _index_array(item))
+        indices = _constant_indices(items[k], type_of(x).shape[sum(1 for i in items[:k] if i is not None)])
+        axis = sum(1 for item in items[:k] if item is None or isinstance(item, slice))
+        advanced = [i for i, item in enumerate(items) if i == k or _an_int(item)]
+        apart = advanced != list(range(advanced[0], advanced[-1] + 1))
     from tessera_rw.algebra.api.gather import take          # gather builds on this module
-    return take(getitem(x, items[:k] + (slice(None),) + items[k + 1:]), indices, axis=axis)
+    taken = take(getitem(x, items[:k] + (slice(None),) + items[k + 1:]), indices, axis=axis)
+    if not apart or axis == 0:
+        return taken
+    picked = list(range(axis, axis + type_of(indices).ndim))
+    rest = [d for d in range(type_of(taken).ndim) if d not in picked]
+    return transpose(taken, tuple(picked + rest))
+
+
+def _an_int(item) -> bool:
+    return isinstance(item, numbers.Integral) and not isinstance(item, bool)
+
+
+def _without_ellipsis(items: tuple, rank: int) -> tuple:
+    """`items` with an ellipsis spelled out as the slices it stands for."""
+    at = next((i for i, item in enumerate(items) if item is Ellipsis), None)
+    if at is None:
+        return items
+    used = sum(1 for i in items if i is not None and i is not Ellipsis)
+    return items[:at] + (slice(None),) * (rank - used) + items[at + 1:]
+
+
+def _constant_indices(indices, size: int):
+    """An index array as take reads it: a list as a numpy array; a constant one checked against the
+    axis's size as numpy checks it (a traced one takes zeros out of range)."""
+    if isinstance(indices, (list, tuple)):
+        indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
+    dtype = getattr(indices, "dtype", None)
+    if dtype is not None and str(dtype) in ("bool", "DType.bool"):
+        raise ShapeError("a boolean mask index selects a number of elements known only from its values",
+                         hint="keep the shape with op.where(mask, x, 0), or sum what the mask selects")
+    if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu" and indices.size:
+        bad = indices[(indices < -size) | (indices >= size)]
+        if bad.size:
+            raise ShapeError(f"index {int(bad.flat[0])} is out of bounds for an axis of size {size}")
+    return indices
 
 
 def flip(x, axis=None):

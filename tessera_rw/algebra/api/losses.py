@@ -34,7 +34,7 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
     (None by default: torch's default is -100, so pass ignore_index=-100 for targets padded with
     it). Any other index outside [0, C) makes its row's loss, and so a mean or sum, NaN (torch
     raises; a kernel cannot, and a row left out would dilute the loss unseen). The NaN is added to
-    the row, so the gradient is the one of the rows in range."""
+    the row's loss, so the other rows' gradients stay what they are."""
     x, t = tensor_operand(logits), tensor_operand(target)
     with op_context("cross_entropy", (x, t), ("logits", "target")):
         xt, tt = type_of(x), type_of(t)
@@ -66,8 +66,9 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
         terms = where(hit, log_probs, multiply(log_probs, smooth / target_weight) if smooth else 0.0)
         rows = negative(reduce_sum(terms, ax))
         rows = multiply(rows, target_weight) if smooth else rows
-        # no class: NaN, added (a where on the rows would put a mask in the gradient's way)
-        rows = add(rows, where(logical_and(greater_equal(t, 0), less(t, classes)), 0.0, math.nan))
+        # no class: NaN, added in the rows' dtype (a where on the rows would put a mask in the gradient's way)
+        stray = where(logical_and(greater_equal(t, 0), less(t, classes)), 0.0, math.nan)
+        rows = add(rows, cast(stray, type_of(rows).dtype.value))
     else:
         weights = add(multiply(t, 1.0 - float(label_smoothing)), smooth) if smooth else t
         rows = negative(reduce_sum(multiply(log_probs, weights), ax))

@@ -83,7 +83,8 @@ class ElementwiseTemplate(Template):
     """Every elementwise op, fused_elementwise, and the creation ops full / arange."""
 
     kind = "elementwise"
-    ops = frozenset(n for n in BUILTIN_OPS if OPS[n].kind is OpKind.ELEMENTWISE) | CREATION  # the ops cuda_scalar spells
+    ops = (frozenset(n for n in BUILTIN_OPS if OPS[n].kind is OpKind.ELEMENTWISE) | CREATION) \
+        - {"multi_elementwise"}         # the ops cuda_scalar spells; several results: elementwise_outputs.py
 
     def accepts(self, op: KernelOp) -> bool:
         return (op.op in self.ops and all(t.dtype in READABLE for t in op.operands) and op.result.dtype in SUPPORTED
@@ -269,6 +270,16 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
     def _compute(self, op: KernelOp, pointers, index: str, v: int) -> str:
         """The loads of `op`'s operands (from in<pointers[k]>) at element `index` and the loop over
         the vector's lanes that leaves the results in r."""
+        body, leaves = self.loads(op, pointers, index, v)
+        lane = [f"const {ctype(d)} {x} = {load(d, src)};" for x, d, src in leaves]
+        value = self._value(op, [(x, d) for x, d, _ in leaves], lane)
+        lanes = "\n".join("    " + line for line in lane)
+        return "\n".join(body + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", lanes,
+                                 f"    r.v[j] = {store(op.result.dtype, value)};", "}"])
+
+    def loads(self, op: KernelOp, pointers, index: str, v: int) -> tuple[list[str], list[tuple[str, DType, str]]]:
+        """The lines loading `op`'s operands (from in<pointers[k]>) at element `index`, and per operand
+        (lane variable, dtype, what lane j reads)."""
         sizes, strides = self._layout(op)
         body, leaves = [], []
         views = self._views(op)
@@ -284,11 +295,7 @@ extern "C" __global__ void __launch_bounds__({schedule.threads}) {name}({', '.jo
             else:        # repeated along the inner axis: one scalar serves all lanes
                 body.append(f"const {STORAGE[t.dtype]} a{i} = in{p}[{off}];")
                 leaves.append((f"x{i}", t.dtype, f"a{i}"))
-        lane = [f"const {ctype(d)} {x} = {load(d, src)};" for x, d, src in leaves]
-        value = self._value(op, [(x, d) for x, d, _ in leaves], lane)
-        lanes = "\n".join("    " + line for line in lane)
-        return "\n".join(body + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{", lanes,
-                                 f"    r.v[j] = {store(op.result.dtype, value)};", "}"])
+        return body, leaves
 
     def _value(self, op: KernelOp, leaves: list[tuple[str, DType]], lines: list[str]) -> str:
         a, out = op.attr_map, op.result.dtype

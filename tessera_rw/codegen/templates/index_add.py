@@ -74,9 +74,15 @@ class IndexAddTemplate(Template):
         return v == 1 or (inner % v == 0 and v * op.result.dtype.itemsize <= MAX_ACCESS_BYTES)
 
     def _columns(self, op: KernelOp, s: IndexAddSchedule) -> int:
-        """The vectors of columns each thread sums."""
+        """The vectors of columns each thread sums: the row's share, or as many as the sums allow
+        (the row then split into strips, a block each)."""
         _, _, inner, _ = self._dims(op)
-        return math.ceil(inner / (s.threads * s.vec))
+        return max(1, min(math.ceil(inner / (s.threads * s.vec)), MAX_SUMS // (s.rows * s.vec)))
+
+    def _strips(self, op: KernelOp, s: IndexAddSchedule) -> int:
+        """The strips of columns a row is split into, a block each."""
+        _, _, inner, _ = self._dims(op)
+        return math.ceil(inner / (s.threads * s.vec * self._columns(op, s)))
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[IndexAddSchedule, ...]:
         _, n, inner, _ = self._dims(op)
@@ -85,7 +91,7 @@ class IndexAddTemplate(Template):
         for vec in (vecs[min(1, len(vecs) - 1)], vecs[0]):
             # the fewest warps that give each thread a vector of the row (at least one warp), up to 256
             threads = min(256, max(WARP_SIZE, math.ceil(inner / vec / WARP_SIZE) * WARP_SIZE))
-            per_row = math.ceil(inner / (threads * vec)) * vec
+            per_row = min(math.ceil(inner / (threads * vec)) * vec, MAX_SUMS)
             rows = max(1, min(MAX_SUMS // per_row, n))
             rows = 1 << (rows.bit_length() - 1)            # a power of two
             found.append(IndexAddSchedule(threads, vec, rows))
@@ -105,7 +111,7 @@ class IndexAddTemplate(Template):
     def resources(self, op: KernelOp, s: IndexAddSchedule, arch: ArchSpec) -> Resources:
         outer, n, inner, m = self._dims(op)
         g, indices = op.operands
-        blocks = outer * math.ceil(n / s.rows)
+        blocks = outer * math.ceil(n / s.rows) * self._strips(op, s)
         sums = s.rows * self._columns(op, s) * s.vec
         regs = max(REG_FLOOR, REG_BASE + REG_PER_SUM * sums)
         smem = 4 * (s.threads + s.threads // WARP_SIZE + 1)
@@ -119,7 +125,7 @@ class IndexAddTemplate(Template):
         g, indices = op.operands
         outer, n, inner, m = self._dims(op)
         t, it, rows, threads = STORAGE[g.dtype], STORAGE[indices.dtype], s.rows, s.threads
-        blocks = self.resources(op, s, arch).blocks
+        blocks, strips = self.resources(op, s, arch).blocks, self._strips(op, s)
         source = f"""// {op}
 // index_add: {m} slices of {inner} summed into {n} rows ({outer} outer), a block owning {rows} rows,
 // the hits taken in index order (the same order every run); schedule {s.describe()}.
@@ -129,8 +135,10 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(const {t}* __rest
         const {it}* __restrict__ in1, {t}* __restrict__ out) {{
     __shared__ int hits[{threads}];                   // (thread of the chunk) * rows + row, in index order
     __shared__ int warp_start[{threads // WARP_SIZE + 1}];
-    const unsigned a = blockIdx.x / {math.ceil(n / rows)}u;
-    const long long v0 = (long long)(blockIdx.x % {math.ceil(n / rows)}u) * {rows};
+    const unsigned strip = blockIdx.x % {strips}u, rows_at = blockIdx.x / {strips}u;
+    const unsigned a = rows_at / {math.ceil(n / rows)}u;
+    const long long v0 = (long long)(rows_at % {math.ceil(n / rows)}u) * {rows};
+    const unsigned c0 = strip * {threads * s.vec * self._columns(op, s)}u;    // the block's strip of columns
     const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     float acc[{rows}][{self._columns(op, s)}][{s.vec}];
 {_indent(self._zeroed(op, s), 1)}
@@ -179,7 +187,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(const {t}* __rest
                 f"    const {STORAGE[g.dtype]}* src = in0 + ((unsigned long long)a * {m}u + base + "
                 f"(unsigned)(hit / {s.rows})) * {inner}u;",
                 "    #pragma unroll", f"    for (int k = 0; k < {self._columns(op, s)}; ++k) {{",
-                f"        const unsigned c = (k * {s.threads}u + threadIdx.x) * {s.vec}u;",
+                f"        const unsigned c = c0 + (k * {s.threads}u + threadIdx.x) * {s.vec}u;",
                 f"        if (c < {inner}u) {{", f"            const {vt} x = *reinterpret_cast<const {vt}*>(src + c);",
                 "            #pragma unroll", f"            for (int q = 0; q < {s.rows}; ++q)",
                 f"                if (q == row) {{ for (int j = 0; j < {s.vec}; ++j) acc[q][k][j] += "
@@ -193,7 +201,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}(const {t}* __rest
         return ["#pragma unroll", f"for (int q = 0; q < {s.rows}; ++q) {{", f"    if (v0 + q >= {n}LL) break;",
                 f"    {t}* dst = out + ((unsigned long long)a * {n}u + (unsigned long long)(v0 + q)) * {inner}u;",
                 "    #pragma unroll", f"    for (int k = 0; k < {self._columns(op, s)}; ++k) {{",
-                f"        const unsigned c = (k * {s.threads}u + threadIdx.x) * {s.vec}u;",
+                f"        const unsigned c = c0 + (k * {s.threads}u + threadIdx.x) * {s.vec}u;",
                 f"        if (c < {inner}u) {{", f"            {vt} o;", "            #pragma unroll",
                 f"            for (int j = 0; j < {s.vec}; ++j) o.v[j] = {store(op.result.dtype, 'acc[q][k][j]')};",
                 f"            *reinterpret_cast<{vt}*>(dst + c) = o;", "        }", "    }", "}"]

@@ -40,6 +40,7 @@ BUILTIN = (
     ("norm_backward_grads", "NormBackwardGradsTemplate"),
     ("reduction", "ReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
+    ("elementwise_outputs", "MultiElementwiseTemplate"),
     ("copy", "CopyTemplate"),
     ("gather", "TakeTemplate"),
     ("index_add", "IndexAddTemplate"),

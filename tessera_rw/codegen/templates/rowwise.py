@@ -143,10 +143,11 @@ class RowwiseTemplate(Template):
         # loads in flight are too few (on an H200, 4096-long bf16 rows ran 1.2x slower at one vector
         # per thread than at two or four, tests/data/tuning_logs/; 8192-long rows 1.3x).
         for vectors in (2, 1):
-            fits = [s for s in block if self.resident(op, s) and length >= vectors * s.threads * v]
+            fits = [s for s in block if self.resident(op, s) and length >= vectors * s.threads * v
+                    and self.valid(op, s, arch)]
             if fits:
                 return tuple(fits[-2:][::-1])
-        return (block[3], block[2])           # looped: a row does not fit in registers
+        return (block[3], block[2])           # looped: a row does not fit in registers (or its epilogue's)
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         # a row shorter than one vector per thread would leave lanes idle in every pass
@@ -259,7 +260,8 @@ class RowwiseTemplate(Template):
             body = [f"const {ctype(d)} x{i} = {val};" for i, (val, d) in enumerate(lanes)]   # int32 indices exact
             var, _ = emit_tree(spec.expr, [(f"x{i}", d) for i, (_, d) in enumerate(lanes)], body, "u")
             return lines + ["#pragma unroll", f"for (int j = 0; j < {v}; ++j) {{",
-                            *("    " + b for b in body), f"    {target} = {var};", "}"]
+                            *("    " + b for b in body), f"    {target} = {var};",
+                            *("    " + b for b in self.loaded(op, target)), "}"]
 
         def epilogue(value: str) -> list[str]:
             lines, body = [], [f"float y = {value};"]
@@ -295,6 +297,10 @@ class RowwiseTemplate(Template):
         return [f"{ot} o;", "#pragma unroll", f"for (int j = 0; j < {s.vec}; ++j) {{",
                 *("    " + b for b in body), f"    o.v[j] = {store(op.result.dtype, value)};", "}",
                 f"*reinterpret_cast<{ot}*>(out + ({idx})row * {length}u + c) = o;"]
+
+    def loaded(self, op: KernelOp, target: str) -> list[str]:
+        """Lines after each row value is loaded into `target` (none: a subclass may watch the values)."""
+        return []
 
     def before_rows(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
         """Lines before a row's statistics (none: a subclass that adds the row up declares its sum)."""

@@ -7,8 +7,9 @@ fused_reduction with reduce='logsumexp' computes its expression as the row is lo
 logsumexp(x * scale + bias) reads x once too. Three kernels (the max, the sum of exps, log + max)
 read the rows twice; this reads them once, however long the row.
 
-An infinite max gives itself (scipy's -inf for a row of -inf, +inf for a row holding +inf; a row
-holding +inf and NaN gives +inf where scipy's is NaN), as the statistics cannot shift by it.
+An infinite max gives itself (scipy's -inf for a row of -inf, +inf for a row holding +inf), as the
+statistics cannot shift by it; the max passes NaN over, so the loads note one apart and a row
+holding a NaN gives NaN, as scipy's does.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> from tessera_rw.codegen.arch import arch_named
@@ -41,7 +42,7 @@ class LogsumexpRowTemplate(RowwiseTemplate):
     def accepts(self, op: KernelOp) -> bool:
         if op.op == "fused_reduction" and op.attr_map["reduce"] != "logsumexp":
             return False
-        return super().accepts(op)
+        return super().accepts(op) and math.prod(self.row_shape(op)) > 0       # empty rows: the host's
 
     def refusal(self, op: KernelOp) -> str | None:
         if op.op == "fused_reduction" and op.attr_map["reduce"] != "logsumexp":
@@ -61,10 +62,19 @@ class LogsumexpRowTemplate(RowwiseTemplate):
     def write_values(self, op: KernelOp, s: RowwiseSchedule, body: list[str], value: str) -> list[str]:
         return []
 
+    def loaded(self, op: KernelOp, target: str) -> list[str]:
+        return [f"if ({target} != {target}) nan_seen = 1.0f;"]     # the max skips NaN: a NaN is noted apart
+
+    def before_rows(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
+        return ["float nan_seen = 0.0f;"]
+
     def after_rows(self, op: KernelOp, s: RowwiseSchedule) -> list[str]:
         peak = "m" if self.resident(op, s) else "mx"     # the row's max, as each walk names it
-        inf = float_literal(math.inf)
-        return [f"const float total = fabsf({peak}) == {inf} ? {peak} : {peak} + logf(denom);",
+        _, red_max = self.reductions(op, s)
+        inf, nan = float_literal(math.inf), float_literal(math.nan)
+        return [f"const float any_nan = {red_max}(nan_seen);",
+                f"const float total = any_nan > 0.0f ? {nan} : fabsf({peak}) == {inf} ? {peak} "
+                f": {peak} + logf(denom);",
                 f"if (lane == 0u) out[row] = {store(op.result.dtype, 'total')};"]
 
     def samples(self) -> tuple[KernelOp, ...]:

@@ -7,8 +7,10 @@ extern "C" __global__ void __launch_bounds__(256) reduction_index_add_78eb470f(c
         const int* __restrict__ in1, bf16_t* __restrict__ out) {
     __shared__ int hits[256];                   // (thread of the chunk) * rows + row, in index order
     __shared__ int warp_start[9];
-    const unsigned a = blockIdx.x / 6283u;
-    const long long v0 = (long long)(blockIdx.x % 6283u) * 8;
+    const unsigned strip = blockIdx.x % 1u, rows_at = blockIdx.x / 1u;
+    const unsigned a = rows_at / 6283u;
+    const long long v0 = (long long)(rows_at % 6283u) * 8;
+    const unsigned c0 = strip * 1024u;    // the block's strip of columns
     const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
     float acc[8][2][2];
     for (int q = 0; q < 8; ++q)
@@ -44,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(256) reduction_index_add_78eb470f(c
             const bf16_t* src = in0 + ((unsigned long long)a * 8192u + base + (unsigned)(hit / 8)) * 768u;
             #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                const unsigned c = (k * 256u + threadIdx.x) * 2u;
+                const unsigned c = c0 + (k * 256u + threadIdx.x) * 2u;
                 if (c < 768u) {
                     const vec_t<bf16_t, 2> x = *reinterpret_cast<const vec_t<bf16_t, 2>*>(src + c);
                     #pragma unroll
@@ -61,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(256) reduction_index_add_78eb470f(c
         bf16_t* dst = out + ((unsigned long long)a * 50257u + (unsigned long long)(v0 + q)) * 768u;
         #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const unsigned c = (k * 256u + threadIdx.x) * 2u;
+            const unsigned c = c0 + (k * 256u + threadIdx.x) * 2u;
             if (c < 768u) {
                 vec_t<bf16_t, 2> o;
                 #pragma unroll

@@ -22,6 +22,7 @@ __device__ __forceinline__ float rowwise_block_max(float x) {
 extern "C" __global__ void __launch_bounds__(1024) softmax_logsumexp_91dae9ab(const bf16_t* __restrict__ in0, bf16_t* __restrict__ out) {
     const unsigned row = blockIdx.x * 1u + threadIdx.x / 1024u;
     const unsigned lane = threadIdx.x % 1024u;
+    float nan_seen = 0.0f;
     float v[4][8];
     #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -32,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_logsumexp_91dae9ab(co
         for (int j = 0; j < 8; ++j) {
             const float x0 = bf16_to_f32(p0.v[j]);
             v[k][j] = x0;
+            if (v[k][j] != v[k][j]) nan_seen = 1.0f;
         }
     }
     float m = -__int_as_float(0x7f800000);
@@ -51,6 +53,7 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_logsumexp_91dae9ab(co
     }
     const float denom = rowwise_block_sum(s);
     const float inv = 1.0f / denom;
-    const float total = fabsf(m) == __int_as_float(0x7f800000) ? m : m + logf(denom);
+    const float any_nan = rowwise_block_max(nan_seen);
+    const float total = any_nan > 0.0f ? __int_as_float(0x7fffffff) : fabsf(m) == __int_as_float(0x7f800000) ? m : m + logf(denom);
     if (lane == 0u) out[row] = f32_to_bf16((float)(total));
 }

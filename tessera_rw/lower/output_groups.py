@@ -1,0 +1,102 @@
+"""Elementwise results returned side by side computed by one kernel (multi_elementwise).
+
+An optimizer step returns the new parameter and moments: m' = f(m, g), v' = h(v, g) and
+p' = u(p, m', v'), three kernels as extracted, the third reading m' and v' back and each reading g.
+Where a program returns several fused_elementwise results of one shape and dtype that share what
+they read, one kernel reads their operands once and writes them all, each result a view of its
+block of the stacked output; a result another of them reads is computed again in that one's
+expression from its own operands (the registers hold them anyway). The group is taken only where it
+moves fewer bytes than the kernels it replaces, and within MERGED_INPUTS tensors read and
+MAX_FUSED_OPS ops per expression.
+
+>>> from tessera_rw.algebra.builder import make, make_input
+>>> from tessera_rw.algebra.dtypes import DType
+>>> p, g = (make_input(n, (64, 64), DType.float32) for n in "pg")
+>>> m = make("fused_elementwise", g, expr="mul($0,0.1:float32)")
+>>> p2 = make("fused_elementwise", p, m, expr="sub($0,$1)")
+>>> [n.op for n in computed_together(Graph("step", (p, g), (m, p2))).nodes if n.op != "input"]
+['multi_elementwise', 'slice', 'reshape', 'slice', 'reshape']
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.errors import TesseraError
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, fold, parse_expr, spell_expr
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+
+
+def computed_together(graph: Graph) -> Graph:
+    """`graph` with each group of its elementwise results of one type that pays off as one kernel."""
+    groups: dict[tuple, list[Node]] = {}
+    for out in dict.fromkeys(graph.outputs):
+        if out.op == "fused_elementwise":
+            groups.setdefault((out.shape, out.dtype), []).append(out)
+    replaced: dict[Node, Node] = {}
+    grouped = [m for members in groups.values() if len(members) > 1 for m in members]
+    for members in groups.values():
+        if len(members) > 1 and (merged := _merged(members, grouped)) is not None:
+            replaced.update(merged)
+    if not replaced:
+        return graph
+    return _rebuilt(graph, replaced)
+
+
+def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None:
+    """Each member's view of the one kernel computing them all, or None where it does not pay (or
+    where what it reads depends on a result of any group, `grouped`)."""
+    leaves: list[Node] = []
+
+    def leaf_of(arg: Node, inline: bool):
+        if (scalar := Scalar.of(arg)) is not None:
+            return scalar
+        if inline and arg in members:           # a member another reads: computed again from its operands
+            return fold(parse_expr(arg.attr_map["expr"]), lambda i: leaf_of(arg.args[i], False),
+                        lambda name, args: (name, *args), lambda c: c)
+        if arg not in leaves:
+            leaves.append(arg)
+        return leaves.index(arg)
+    trees = [fold(parse_expr(m.attr_map["expr"]), lambda i, m=m: leaf_of(m.args[i], True),
+                  lambda name, args: (name, *args), lambda c: c) for m in members]
+    if len(leaves) > MERGED_INPUTS or any(count_ops(t) > MAX_FUSED_OPS for t in trees) \
+            or any(leaf in grouped or _depends_on(leaf, grouped) for leaf in leaves):
+        return None
+    before = sum(a.type.nbytes for m in members for a in m.args if Scalar.of(a) is None)
+    if sum(leaf.type.nbytes for leaf in leaves) >= before:
+        return None                              # nothing shared: the kernels read what one would
+    try:
+        together = make("multi_elementwise", *leaves, exprs=";".join(spell_expr(t) for t in trees))
+    except TesseraError:
+        return None
+    flat = members[0].shape
+    return {m: make("reshape", make("slice", together, starts=(k,) + (0,) * len(flat),
+                                    stops=(k + 1,) + tuple(flat), steps=(1,) * (len(flat) + 1)), shape=flat)
+            for k, m in enumerate(members)}
+
+
+def _depends_on(node: Node, members: list[Node]) -> bool:
+    """Whether `node` reads any of `members`, however far up."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        for a in n.args:
+            if a in members:
+                return True
+            if a not in seen:
+                seen.add(a)
+                stack.append(a)
+    return False
+
+
+def _rebuilt(graph: Graph, replaced: dict[Node, Node]) -> Graph:
+    """`graph` with each replaced node's readers reading its replacement (the members themselves are
+    left out: their views read the one kernel)."""
+    new: dict[Node, Node] = {}
+    for node in graph.nodes:
+        if node in replaced:
+            new[node] = replaced[node]
+        else:
+            new[node] = node.replace(args=tuple(new.get(a, a) for a in node.args))
+    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()

@@ -1,0 +1,55 @@
+"""Elementwise results returned side by side are one kernel (lower/output_groups.py): an AdamW
+step reads the parameter, the gradient and the moments once and writes the three results, each a
+view of its block; the numpy executor and the CPU emulator agree with float64 numpy; a group that
+shares nothing, or whose results differ in type, stays as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera_rw import op
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.emulator_plan import run_plan_emulated
+
+
+def adamw(p, g, m, v):
+    m2 = 0.9 * m + 0.1 * g
+    v2 = 0.999 * v + 0.001 * g * g
+    return p * (1 - 1e-6) - 1e-4 * m2 / (op.sqrt(v2) + 1e-8), m2, v2
+
+
+def adamw_reference(p, g, m, v):
+    m2 = 0.9 * m + 0.1 * g
+    v2 = 0.999 * v + 0.001 * g * g
+    return p * (1 - 1e-6) - 1e-4 * m2 / (np.sqrt(v2) + 1e-8), m2, v2
+
+
+def test_an_optimizer_step_is_one_kernel_reading_each_tensor_once():
+    shape = op.tensor((4096, 4096), "float32")
+    report = op.kernel(adamw).explain(shape, shape, shape, shape)
+    (kernel,) = report.candidates[report.chosen].kernels
+    assert "multi_output" in kernel.fused and kernel.hbm_bytes == 7 * 4096 * 4096 * 4
+
+
+def test_its_results_match_numpy_on_the_host_and_in_the_emulator():
+    rng = np.random.default_rng(0)
+    p, g, m = (rng.standard_normal((256, 300)).astype(np.float32) for _ in range(3))
+    v = rng.random((256, 300)).astype(np.float32)
+    kernel = op.kernel(adamw)
+    plan = kernel.program(p, g, m, v).plan
+    assert [s.op for s in plan.steps] == ["multi_elementwise"]
+    want = adamw_reference(*(a.astype(np.float64) for a in (p, g, m, v)))
+    runs = [kernel(p, g, m, v)] + ([run_plan_emulated(plan, dict(p=p, g=g, m=m, v=v))] if emulator.available() else [])
+    for got in runs:
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("fn", [lambda x, y: (x * 2.0, y + 1.0),                       # nothing shared
+                                lambda x, y: (x * 2.0, op.cast(x, "bfloat16"))],          # two dtypes
+                         ids=["disjoint", "two-dtypes"])
+def test_results_that_share_nothing_or_differ_in_type_stay_apart(fn):
+    x = np.ones((64, 64), np.float32)
+    steps = [s.op for s in op.kernel(fn).program(x, x).plan.steps]
+    assert "multi_elementwise" not in steps and len(steps) == 2
