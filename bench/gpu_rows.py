@@ -164,6 +164,42 @@ def logsumexp_row(n: int, classes: int) -> Row:
                0, n * classes * 2 + n * 2)
 
 
+ADAMW = (0.9, 0.999, 1e-3, 1e-2, 1e-8)        # beta1, beta2, lr, weight decay, eps
+
+
+def adamw_row(n: int) -> Row:
+    """An AdamW step (bias correction left out) in fp32, the parameter and both moments written by one
+    kernel reading the parameter, gradient and moments once, against torch eager writing the three
+    results into one stacked tensor (out=, no copy)."""
+    b1, b2, lr, wd, eps = ADAMW
+    m_new = f"add(mul($2,{b1}:float32),mul($1,{1 - b1}:float32))"
+    v_new = f"add(mul($3,{b2}:float32),mul(mul($1,$1),{1 - b2}:float32))"
+    p_new = f"sub(mul($0,{1 - lr * wd}:float32),mul(div({m_new},add(sqrt({v_new}),{eps}:float32)),{lr}:float32))"
+    x = TensorType((n, n), DType.float32)
+    op = op_of("multi_elementwise", x, x, x, x, exprs=f"{m_new};{v_new};{p_new}")
+    out = {}
+
+    def make():
+        torch = _torch()
+        p, g, m = (torch.randn(n, n, device="cuda") for _ in range(3))
+        return p, g, m, torch.rand(n, n, device="cuda")
+
+    def step(p, g, m, v):
+        torch = _torch()
+        o = out.setdefault("o", torch.empty((3, n, n), device="cuda"))
+        torch.add(m * b1, g, alpha=1 - b1, out=o[0])
+        torch.add(v * b2, g * g, alpha=1 - b2, out=o[1])
+        torch.sub(p * (1 - lr * wd), o[0] / (o[1].sqrt() + eps), alpha=lr, out=o[2])
+        return o
+
+    def reference(p, g, m, v):
+        p, g, m, v = (t.double() for t in (p, g, m, v))
+        m2, v2 = m * b1 + g * (1 - b1), v * b2 + g * g * (1 - b2)
+        return _torch().stack((m2, v2, p * (1 - lr * wd) - lr * m2 / (v2.sqrt() + eps)))
+    return Row(f"adamw step f32 {n}x{n} vs torch eager into one stacked tensor", op, make, step, reference,
+               0, 7 * n * n * 4)
+
+
 def epilogue_row(m: int, n: int, k: int) -> Row:
     a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
     op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
@@ -180,4 +216,4 @@ def rows(quick: bool) -> list[Row]:
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
-                    logsumexp_row(4096, 32000), epilogue_row(4096, 4096, 4096)]
+                    logsumexp_row(4096, 32000), adamw_row(4096), epilogue_row(4096, 4096, 4096)]
