@@ -30,18 +30,34 @@ from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
 
 def computed_together(graph: Graph) -> Graph:
     """`graph` with each group of its elementwise results of one type that pays off as one kernel."""
-    groups: dict[tuple, list[Node]] = {}
+    by_type: dict[tuple, list[Node]] = {}
     for out in dict.fromkeys(graph.outputs):
         if out.op == "fused_elementwise":
-            groups.setdefault((out.shape, out.dtype), []).append(out)
+            by_type.setdefault((out.shape, out.dtype), []).append(out)
+    groups = [g for members in by_type.values() for g in _sharing(members) if len(g) > 1]
+    grouped = [m for members in groups for m in members]
     replaced: dict[Node, Node] = {}
-    grouped = [m for members in groups.values() if len(members) > 1 for m in members]
-    for members in groups.values():
-        if len(members) > 1 and (merged := _merged(members, grouped)) is not None:
+    for members in groups:
+        if (merged := _merged(members, grouped)) is not None:
             replaced.update(merged)
     if not replaced:
         return graph
     return _rebuilt(graph, replaced)
+
+
+def _sharing(members: list[Node]) -> list[list[Node]]:
+    """`members` split into the groups that share what they read (or read one another): the
+    parameters of a model, each with its own gradient and moments, are groups of their own."""
+    def reads(m: Node) -> set[Node]:
+        direct = {a for a in m.args if Scalar.of(a) is None}
+        return direct | {b for a in direct if a in members for b in a.args if Scalar.of(b) is None}
+    groups: list[tuple[set[Node], list[Node]]] = []
+    for m in members:
+        own = reads(m) | {m}
+        touching = [g for g in groups if g[0] & own]
+        merged = (own.union(*(g[0] for g in touching)), [n for g in touching for n in g[1]] + [m])
+        groups = [g for g in groups if g not in touching] + [merged]
+    return [sorted(g[1], key=members.index) for g in groups]
 
 
 def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None:

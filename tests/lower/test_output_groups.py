@@ -53,3 +53,18 @@ def test_results_that_share_nothing_or_differ_in_type_stay_apart(fn):
     x = np.ones((64, 64), np.float32)
     steps = [s.op for s in op.kernel(fn).program(x, x).plan.steps]
     assert "multi_elementwise" not in steps and len(steps) == 2
+
+
+def test_the_parameters_of_a_model_are_a_kernel_each_however_many_share_a_shape():
+    def three(p1, g1, m1, v1, p2, g2, m2, v2, p3, g3, m3, v3):
+        return adamw(p1, g1, m1, v1), adamw(p2, g2, m2, v2), adamw(p3, g3, m3, v3)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((64, 96)).astype(np.float32) for _ in range(12)]
+    for i in (3, 7, 11):
+        args[i] = np.abs(args[i])                       # second moments
+    kernel = op.kernel(three)
+    assert [s.op for s in kernel.program(*args).plan.steps] == ["multi_elementwise"] * 3
+    for k, got in enumerate(kernel(*args)):
+        want = adamw_reference(*(a.astype(np.float64) for a in args[4 * k:4 * k + 4]))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
