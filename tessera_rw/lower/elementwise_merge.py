@@ -106,10 +106,12 @@ def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
     in; without producers where taking them in would read too many tensors or nest too many ops. A
     fused_reduction takes in what the expression it reduces reads, at the shape of its values."""
     shape = node.shape if node.op == "fused_elementwise" else values_of(node).shape
-    for take_producers in (True, False):
+    # every producer it may take in; those it alone reads (a spread value others read too costs them
+    # little to compute again); none
+    alone = {a for a in absorbable if not is_expansion(a)}
+    for producers in (absorbable, alone, set()):
         leaves: list[Node] = []
-        tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, absorbable if take_producers else set(),
-                        shape, leaves)
+        tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, producers, shape, leaves)
         ops = count_ops(tree)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break

@@ -5,8 +5,9 @@ p' = u(p, m', v'), three kernels as extracted, the third reading m' and v' back 
 Where a program returns several fused_elementwise results of one shape and dtype that share what
 they read, one kernel reads their operands once and writes them all, each result a view of its
 block of the stacked output; a result another of them reads is computed again in that one's
-expression from its own operands (the registers hold them anyway). The group is taken only where it
-moves fewer bytes than the kernels it replaces, and within MERGED_INPUTS tensors read and
+expression from its own operands (the registers hold them anyway), rounded to its dtype as the one
+returned is. The group is taken only where it moves fewer bytes than the kernels it replaces, where
+each block starts aligned (a view, not a copy), and within MERGED_INPUTS tensors read and
 MAX_FUSED_OPS ops per expression.
 
 >>> from tessera_rw.algebra.builder import make, make_input
@@ -24,8 +25,11 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, fold, parse_expr, spell_expr
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, fold, parse_expr,
+                                                spell_expr)
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.plan import VIEW_ALIGNMENT
 
 
 def computed_together(graph: Graph) -> Graph:
@@ -48,9 +52,9 @@ def computed_together(graph: Graph) -> Graph:
 def _sharing(members: list[Node]) -> list[list[Node]]:
     """`members` split into the groups that share what they read (or read one another): the
     parameters of a model, each with its own gradient and moments, are groups of their own."""
-    def reads(m: Node) -> set[Node]:
-        direct = {a for a in m.args if Scalar.of(a) is None}
-        return direct | {b for a in direct if a in members for b in a.args if Scalar.of(b) is None}
+    def reads(m: Node) -> set[Node]:          # what it reads at its own size (a shared 0-d rate joins nothing)
+        direct = {a for a in m.args if a.shape == m.shape}
+        return direct | {b for a in direct if a in members for b in a.args if b.shape == m.shape}
     groups: list[tuple[set[Node], list[Node]]] = []
     for m in members:
         own = reads(m) | {m}
@@ -68,9 +72,11 @@ def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None
     def leaf_of(arg: Node, inline: bool):
         if (scalar := Scalar.of(arg)) is not None:
             return scalar
-        if inline and arg in members:           # a member another reads: computed again from its operands
-            return fold(parse_expr(arg.attr_map["expr"]), lambda i: leaf_of(arg.args[i], False),
+        if inline and arg in members:           # a member another reads: computed again from its operands,
+            tree = fold(parse_expr(arg.attr_map["expr"]), lambda i: leaf_of(arg.args[i], False),
                         lambda name, args: (name, *args), lambda c: c)
+            # rounded to its dtype as the returned one is (a float16 that overflowed reads as inf)
+            return tree if arg.dtype is DType.float32 else (expression_name("cast", {"dtype": arg.dtype}), tree)
         if arg not in leaves:
             leaves.append(arg)
         return leaves.index(arg)
@@ -82,6 +88,8 @@ def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None
     before = sum(a.type.nbytes for m in members for a in m.args if Scalar.of(a) is None)
     if sum(leaf.type.nbytes for leaf in leaves) >= before:
         return None                              # nothing shared: the kernels read what one would
+    if members[0].type.nbytes % VIEW_ALIGNMENT:
+        return None                              # a block starting unaligned would be a copy, not a view
     try:
         together = make("multi_elementwise", *leaves, exprs=";".join(spell_expr(t) for t in trees))
     except TesseraError:

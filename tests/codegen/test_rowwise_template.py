@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from tessera_rw import op
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.codegen.arch import arch_named
 from tessera_rw.codegen.kernel_op import KernelOp
+from tessera_rw.codegen.numerics import Numerics
+from tessera_rw.codegen.templates.registry import template_for
 from tessera_rw.codegen.templates.rowwise import MAX_RESIDENT, RowwiseTemplate
+from tessera_rw.tune.plan_tuner import tunable_ops
 
 T = RowwiseTemplate()
 SAMPLES = T.samples()
@@ -82,3 +86,16 @@ def test_float64_rows_have_no_gpu_kernel_their_statistics_are_kept_in_float(name
     attrs = dict(axis=1) if "softmax" in name else dict(axes=(1,), eps=1e-6, has_weight=False, has_bias=False)
     assert templates_for(KernelOp.of(name, (f64,), f64, **attrs)) == []     # the host runs them, in double
     assert templates_for(KernelOp.of(name, (f32,), f32, **attrs))
+
+
+def test_every_default_schedule_is_valid_where_the_resident_ones_hold_too_much():
+    # a cross-entropy gradient's row kernel over 32000 classes: its epilogue's values beside a
+    # resident row exceed the registers of 1024 threads, so the looped walk comes first
+    arch = arch_named("h100")
+    z, t = op.tensor((4096, 32000), "bfloat16"), op.tensor((4096,), "int32")
+    plan = op.grad(lambda z, t: op.cross_entropy(z, t, ignore_index=-100)).program(z, t).plan
+    rows = [k for _, k in tunable_ops(plan, Numerics.DETERMINISTIC, arch)
+            if isinstance(template_for(k), RowwiseTemplate)]
+    assert rows
+    for k in rows:
+        assert all(template_for(k).valid(k, s, arch) for s in template_for(k).schedules(k, arch)), k

@@ -171,3 +171,17 @@ def test_a_constant_its_dtype_holds_stays_with_its_one_op_kernel():
     x = np.ones(8, np.float16)
     plan = op.kernel(lambda x: x * 0.5).program(x).plan
     assert [s.op for s in plan.steps] == ["mul"] and plan.constants
+
+
+def test_a_reader_that_cannot_take_every_producer_in_still_takes_the_one_it_alone_reads():
+    # E spreads (N, 1) and (C,) values over (N, C) and is read twice; P reads four big tensors and
+    # only P * E reads it: taking both in would read more than MERGED_INPUTS tensors, P alone does not
+    n = 64
+    big = [make_input(f"x{i}", (n, n), F32) for i in range(5)]
+    col = [make_input(f"a{i}", (n, 1), F32) for i in range(3)]
+    row = [make_input(f"b{i}", (n,), F32) for i in range(2)]
+    p = fused(*big[:4], expr="add(mul(exp($0),$1),mul($2,$3))")
+    e = fused(col[0], row[0], col[1], row[1], col[2], expr="mul(exp(add(mul($0,$1),$2)),tanh(mul($3,$4)))")
+    graph = Graph("g", tuple(big + col + row), (fused(p, e, expr="mul($0,$1)"), fused(e, big[4], expr="mul($0,$1)")))
+    merged = merge_elementwise(graph)
+    assert p not in merged.nodes and len(kernels(merged)) == 3     # P taken in by its one reader; E kept for it

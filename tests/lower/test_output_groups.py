@@ -68,3 +68,32 @@ def test_the_parameters_of_a_model_are_a_kernel_each_however_many_share_a_shape(
         want = adamw_reference(*(a.astype(np.float64) for a in args[4 * k:4 * k + 4]))
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_group_whose_blocks_would_start_unaligned_stays_apart():
+    x = np.ones(1001, np.float32)                      # 4004 bytes: block 1 would start off 16 bytes
+    steps = [s.op for s in op.kernel(lambda x, y: (op.exp(x) * y, op.exp(x) + y)).program(x, x).plan.steps]
+    assert "multi_elementwise" not in steps and "slice" not in steps
+
+
+def test_a_result_another_reads_is_read_rounded_as_it_is_returned():
+    x = np.full((8, 64), 300.0, np.float16)
+    a, b = (np.asarray(r) for r in op.kernel(lambda x, y: (x * y, x * y * 0.001))(x, x))
+    assert np.isinf(a).all() and np.isinf(b).all()     # 90000 overflows float16 before the second product
+    if emulator.available():
+        kernel = op.kernel(lambda x, y: (x * y, x * y * 0.001))
+        plan = kernel.program(x, x).plan
+        assert [s.op for s in plan.steps] == ["multi_elementwise"]
+        assert all(np.isinf(r).all() for r in run_plan_emulated(plan, {"x": x, "y": x}))
+
+
+def test_a_rate_every_parameter_reads_does_not_join_their_groups():
+    def two(p1, g1, m1, v1, p2, g2, m2, v2, lr):
+        def step(p, g, m, v):
+            m2 = 0.9 * m + 0.1 * g
+            v2 = 0.999 * v + 0.001 * g * g
+            return p - lr * m2 / (op.sqrt(v2) + 1e-8), m2, v2
+        return step(p1, g1, m1, v1), step(p2, g2, m2, v2)
+    x = op.tensor((256, 256), "float32")
+    steps = [s.op for s in op.kernel(two).program(*(x,) * 8, op.tensor((), "float32")).plan.steps]
+    assert steps == ["multi_elementwise"] * 2

@@ -176,6 +176,8 @@ _FLOAT_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "sin": 
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 SQRT_HALF, SQRT_2_OVER_PI, GELU_CUBIC = 0.7071067811865476, 0.7978845608028654, 0.044715
+# a cast to a 16-bit float inside an expression: rounded there, then computed on in fp32
+ROUNDED_CASTS = {DType.bfloat16: ("f32_to_bf16", "bf16_to_f32"), DType.float16: ("f32_to_f16", "f16_to_f32")}
 
 
 def scalar_op(name: str, args: list[tuple[str, DType]], attrs: dict, out: DType) -> str:
@@ -230,7 +232,12 @@ def scalar_op(name: str, args: list[tuple[str, DType]], attrs: dict, out: DType)
             return f"({num(0.5)} * {x} * ({num(1)} + tanh{f}({inner})))"
         return f"({num(0.5)} * {x} * ({num(1)} + erf{f}({x} * {num(SQRT_HALF)})))"
     if name == "cast":
-        return f"({x} != 0)" if out is DType.bool else x
+        if out is DType.bool:
+            return f"({x} != 0)"
+        if out in ROUNDED_CASTS:         # rounded as a stored value is (16-bit values compute in fp32 unrounded)
+            to, back = ROUNDED_CASTS[out]
+            return f"{back}({to}({as_(args[0], 'float')}))"
+        return x
     if name == "where":
         return f"({args[0][0]} ? {as_(args[1])} : {as_(args[2])})"
     raise NotImplementedError(f"no CUDA spelling for elementwise op {name!r}")

@@ -147,7 +147,8 @@ class RowwiseTemplate(Template):
                     and self.valid(op, s, arch)]
             if fits:
                 return tuple(fits[-2:][::-1])
-        return (block[3], block[2])           # looped: a row does not fit in registers (or its epilogue's)
+        looped = (block[3], block[2])        # looped: a row does not fit in registers (or its epilogue's)
+        return tuple(s for s in looped if self.valid(op, s, arch)) or looped
 
     def space(self, op: KernelOp, arch: ArchSpec) -> tuple[RowwiseSchedule, ...]:
         # a row shorter than one vector per thread would leave lanes idle in every pass
