@@ -2,11 +2,11 @@
 
 An optimizer step returns the new parameter and moments: m' = f(m, g), v' = h(v, g) and
 p' = u(p, m', v'), three kernels as extracted, the third reading m' and v' back and each reading g.
-Where a program returns several fused_elementwise results of one shape and dtype that share what
-they read, one kernel reads their operands once and writes them all, each result a view of its
-block of the stacked output; a result another of them reads is computed again in that one's
-expression from its own operands (the registers hold them anyway), rounded to its dtype as the one
-returned is. The group is taken only where it moves fewer bytes than the kernels it replaces, where
+Where a program returns several elementwise results (fused or single ops) of one shape and dtype
+that share what they read, one kernel reads their operands once and writes them all, each result a
+view of its block of the stacked output; a result another of them reads is computed again in that
+one's expression from its own operands (the registers hold them anyway), rounded to its dtype as
+the one returned is. The group is taken only where it moves fewer bytes than the kernels it replaces, where
 each block starts aligned (a view, not a copy), and within MERGED_INPUTS tensors read and
 MAX_FUSED_OPS ops per expression.
 
@@ -36,7 +36,7 @@ def computed_together(graph: Graph) -> Graph:
     """`graph` with each group of its elementwise results of one type that pays off as one kernel."""
     by_type: dict[tuple, list[Node]] = {}
     for out in dict.fromkeys(graph.outputs):
-        if out.op == "fused_elementwise":
+        if _expression(out) is not None:
             by_type.setdefault((out.shape, out.dtype), []).append(out)
     groups = [g for members in by_type.values() for g in _sharing(members) if len(g) > 1]
     grouped = [m for members in groups for m in members]
@@ -47,6 +47,14 @@ def computed_together(graph: Graph) -> Graph:
     if not replaced:
         return graph
     return _rebuilt(graph, replaced)
+
+
+def _expression(node: Node) -> str | None:
+    """What an elementwise node computes as an expression over its operands (a single op's too)."""
+    if node.op == "fused_elementwise":
+        return node.attr_map["expr"]
+    name = expression_name(node.op, node.attr_map)
+    return None if name is None else f"{name}({','.join(f'${i}' for i in range(len(node.args)))})"
 
 
 def _sharing(members: list[Node]) -> list[list[Node]]:
@@ -73,14 +81,15 @@ def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None
         if (scalar := Scalar.of(arg)) is not None:
             return scalar
         if inline and arg in members:           # a member another reads: computed again from its operands,
-            tree = fold(parse_expr(arg.attr_map["expr"]), lambda i: leaf_of(arg.args[i], False),
+            tree = fold(parse_expr(_expression(arg)), lambda i: leaf_of(arg.args[i], False),
                         lambda name, args: (name, *args), lambda c: c)
             # rounded to its dtype as the returned one is (a float16 that overflowed reads as inf)
-            return tree if arg.dtype is DType.float32 else (expression_name("cast", {"dtype": arg.dtype}), tree)
+            narrow = arg.dtype in (DType.bfloat16, DType.float16)       # what computes wider than it is stored
+            return (expression_name("cast", {"dtype": arg.dtype}), tree) if narrow else tree
         if arg not in leaves:
             leaves.append(arg)
         return leaves.index(arg)
-    trees = [fold(parse_expr(m.attr_map["expr"]), lambda i, m=m: leaf_of(m.args[i], True),
+    trees = [fold(parse_expr(_expression(m)), lambda i, m=m: leaf_of(m.args[i], True),
                   lambda name, args: (name, *args), lambda c: c) for m in members]
     if len(leaves) > MERGED_INPUTS or any(count_ops(t) > MAX_FUSED_OPS for t in trees) \
             or any(leaf in grouped or _depends_on(leaf, grouped) for leaf in leaves):

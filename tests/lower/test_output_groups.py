@@ -97,3 +97,13 @@ def test_a_rate_every_parameter_reads_does_not_join_their_groups():
     x = op.tensor((256, 256), "float32")
     steps = [s.op for s in op.kernel(two).program(*(x,) * 8, op.tensor((), "float32")).plan.steps]
     assert steps == ["multi_elementwise"] * 2
+
+
+def test_results_that_are_single_ops_group_too():
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 128)).astype(np.float32)
+    kernel = op.kernel(lambda x, w: (x @ w + 1.0, (x @ w) * 2.0))
+    assert [s.op for s in kernel.program(x, w).plan.steps] == ["matmul", "multi_elementwise"]
+    a, b = kernel(x, w)
+    np.testing.assert_allclose(a, x @ w + 1.0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b, (x @ w) * 2.0, rtol=1e-5, atol=1e-5)
