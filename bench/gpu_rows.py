@@ -164,6 +164,27 @@ def logsumexp_row(n: int, classes: int) -> Row:
                0, n * classes * 2 + n * 2)
 
 
+def embedding_rows(vocab: int, dim: int, tokens: int) -> list[Row]:
+    """An embedding's lookup (take) against F.embedding, and its gradient (index_add, one block per
+    rows of the table, in index order) against torch's index_add_ into zeros."""
+    table, ids = TensorType((vocab, dim), BF16), TensorType((tokens,), DType.int64)
+    rows = TensorType((tokens, dim), BF16)
+
+    def ids_of():
+        return _torch().randint(0, vocab, (tokens,), device="cuda")
+
+    lookup = Row(f"embedding lookup bf16 {vocab}x{dim}, {tokens} tokens vs F.embedding",
+                 op_of("take", table, ids, axis=0), lambda: (_randn(vocab, dim), ids_of()),
+                 lambda t, i: _functional().embedding(i, t), lambda t, i: t.double()[i], 0,
+                 2 * tokens * dim * 2 + tokens * 8)
+    grad = Row(f"embedding gradient bf16 {vocab}x{dim}, {tokens} tokens vs index_add_",
+               op_of("index_add", rows, ids, axis=0, size=vocab), lambda: (_randn(tokens, dim), ids_of()),
+               lambda g, i: _torch().zeros((vocab, dim), dtype=g.dtype, device="cuda").index_add_(0, i, g),
+               lambda g, i: _torch().zeros((vocab, dim), dtype=_torch().float64, device="cuda").index_add_(
+                   0, i, g.double()), 0, tokens * dim * 2 + vocab * dim * 2 + tokens * 8)
+    return [lookup, grad]
+
+
 ADAMW = (0.9, 0.999, 1e-3, 1e-2, 1e-8)        # beta1, beta2, lr, weight decay, eps
 
 
@@ -216,4 +237,5 @@ def rows(quick: bool) -> list[Row]:
     found += [attention_row(4, 16, 4096, d, causal) for d in (64, 128) for causal in (False, True)]
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
-                    logsumexp_row(4096, 32000), adamw_row(4096), epilogue_row(4096, 4096, 4096)]
+                    logsumexp_row(4096, 32000), adamw_row(4096), *embedding_rows(50257, 768, 8192),
+                    epilogue_row(4096, 4096, 4096)]
