@@ -39,7 +39,7 @@ def computed_together(graph: Graph) -> Graph:
         if _expression(out) is not None:
             by_type.setdefault((out.shape, out.dtype), []).append(out)
     groups = [g for members in by_type.values() for g in _sharing(members) if len(g) > 1]
-    grouped = [m for members in groups for m in members]
+    grouped = {m for members in groups for m in members}
     replaced: dict[Node, Node] = {}
     for members in groups:
         if (merged := _merged(members, grouped)) is not None:
@@ -72,7 +72,7 @@ def _sharing(members: list[Node]) -> list[list[Node]]:
     return [sorted(g[1], key=members.index) for g in groups]
 
 
-def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None:
+def _merged(members: list[Node], grouped: set[Node]) -> dict[Node, Node] | None:
     """Each member's view of the one kernel computing them all, or None where it does not pay (or
     where what it reads depends on a result of any group, `grouped`)."""
     leaves: list[Node] = []
@@ -109,7 +109,7 @@ def _merged(members: list[Node], grouped: list[Node]) -> dict[Node, Node] | None
             for k, m in enumerate(members)}
 
 
-def _depends_on(node: Node, members: list[Node]) -> bool:
+def _depends_on(node: Node, members: set[Node]) -> bool:
     """Whether `node` reads any of `members`, however far up."""
     stack, seen = [node], set()
     while stack:
