@@ -111,6 +111,12 @@ def backward_gemms_with_epilogues(program: CompiledProgram) -> None:
     assert "reduction" not in [k.kind for k in program.candidate.kernels]
 
 
+def embedding_step_fused(program: CompiledProgram) -> None:
+    ops = step_ops(program)
+    assert {"take", "index_add", "reduced_normalization", "multi_elementwise"} <= set(ops), ops
+    assert ops.count("multi_elementwise") == 1 and ops[-1] == "multi_elementwise"     # table, m, v at once
+
+
 def training_step_fused(program: CompiledProgram) -> None:
     ops = step_ops(program)
     assert {"strided_attention_lse", "strided_attention_row_stats_from_lse", "strided_attention_bwd",
@@ -180,6 +186,7 @@ EXPECTED = {
     ("resnet_block", "resnet_block"): convolutions_with_their_epilogues,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
     ("training_step", "block_loss_and_grads"): training_step_fused,
+    ("embedding_step", "embedding_step"): embedding_step_fused,
     ("matmul_autotune", "linear_gelu"): tuned_linear_gelu,
     ("fp8_linear", "fp8_linear"): fp8_gemm_reading_the_weight_in_place,
     ("fp8_linear", "fp8_linear_in_out"): fp8_gemm_reading_a_transposed_weight,
