@@ -14,8 +14,8 @@ import math
 import numbers
 
 from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
-from tessera_rw.algebra.api.elementwise import (add, cast, divide, equal, greater_equal, less, logical_and, multiply,
-                                                negative, not_equal, where)
+from tessera_rw.algebra.api.elementwise import (add, cast, divide, equal, greater_equal, less, multiply, negative,
+                                                not_equal, where)
 from tessera_rw.algebra.api.gather import positions_along
 from tessera_rw.algebra.api.layout import expand_dims
 from tessera_rw.algebra.api.reduction import log_softmax, mean, sum as reduce_sum
@@ -67,7 +67,9 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
         rows = negative(reduce_sum(terms, ax))
         rows = multiply(rows, target_weight) if smooth else rows
         # no class: NaN, added in the rows' dtype (a where on the rows would put a mask in the gradient's way)
-        stray = where(logical_and(greater_equal(t, 0), less(t, classes)), 0.0, math.nan)
+        # (nested selections, not logical_and: each is an op a fused expression spells, so the check
+        # joins the kernel that takes the mean)
+        stray = where(greater_equal(t, 0), where(less(t, classes), 0.0, math.nan), math.nan)
         rows = add(rows, cast(stray, type_of(rows).dtype.value))
     else:
         weights = add(multiply(t, 1.0 - float(label_smoothing)), smooth) if smooth else t
