@@ -32,11 +32,11 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, fold, parse_expr,
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, respelled,
                                                 spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views, slice_of
 from tessera_rw.algebra.shapes import contiguous_strides
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, expression_tree
 from tessera_rw.lower.layout_chains import strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS, coalesced, in_rank
 
@@ -87,12 +87,6 @@ def _reads(node: Node) -> list[Read]:
     return [Read(x, in_rank(x.shape, contiguous_strides(x.shape), node.shape), 0) for x in node.args]
 
 
-def _expression(node: Node):
-    if node.op in EXPRESSION_OPS:
-        return parse_expr(node.attr_map["expr"])
-    return (expression_name(node.op, node.attr_map), *range(len(node.args)))
-
-
 @dataclass
 class _Sources:
     """What a concatenated kernel may take in: nodes read by one node only, and (where `recompute`)
@@ -118,7 +112,7 @@ def _computed_in_place(node: Node, sources: _Sources) -> Node | None:
                and r.node.shape == node.shape and r.strides == dense and r.offset == 0), None)
     if at is None:
         return None
-    joined, tree = reads[at].node, _expression(node)
+    joined, tree = reads[at].node, expression_tree(node)
     sources.absorbed.add(joined)
     axis = joined.attr_map["axis"]
     slots: list[Node] = []                       # the operands; one node may fill several slots
@@ -128,7 +122,7 @@ def _computed_in_place(node: Node, sources: _Sources) -> Node | None:
         used: dict[int, Read] = {}
         leaf = {i: _slot(_shifted(r, axis, start), slots, used) for i, r in enumerate(reads) if i != at}
         leaf[at] = _source_tree(source, sources, slots, used)
-        expr = fold(tree, leaf.__getitem__, lambda name, args: (name, *args), lambda c: c)
+        expr = respelled(tree, leaf.__getitem__)
         pieces.append((expr, used, width))
         start += width
     if len(slots) > MERGED_INPUTS or any(count_ops(expr) > MAX_FUSED_OPS for expr, _, _ in pieces) \
@@ -173,8 +167,7 @@ def _source_tree(source: Read, sources: _Sources, slots: list[Node], used: dict[
         return _leaf_tree(source, shape, sources, slots, used)
     reads = [_reranked(r, e.shape, shape) for r in _reads(e)]
     sources.absorbed.add(e)
-    return fold(_expression(e), lambda i: _leaf_tree(reads[i], shape, sources, slots, used),
-                lambda name, args: (name, *args), lambda c: c)
+    return respelled(expression_tree(e), lambda i: _leaf_tree(reads[i], shape, sources, slots, used))
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -209,8 +202,7 @@ def _leaf_tree(read: Read, out: tuple[int, ...], sources: _Sources, slots: list[
     sources.absorbed.add(read.node)
     reads = [Read(r.node, tuple(s * k for s, k in zip(r.strides, steps)),
                   r.offset + sum(s * a for s, a in zip(r.strides, starts))) for r in _reads(e)]
-    return fold(_expression(e), lambda i: _slot(reads[i], slots, used), lambda name, args: (name, *args),
-                lambda c: c)
+    return respelled(expression_tree(e), lambda i: _slot(reads[i], slots, used))
 
 
 def _through_view(read: Read, out: tuple[int, ...], private: set[Node]) -> Read:

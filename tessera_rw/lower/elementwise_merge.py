@@ -34,6 +34,7 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, infer_fused,
                                                 parse_expr, spell_expr)
+from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
@@ -54,16 +55,20 @@ def merge_elementwise(graph: Graph) -> Graph:
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
+    alone: set[Node] = set()            # ...of them, those no other kernel reads spread out again
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op in ("fused_elementwise", "fused_reduction"):
-            new[node] = _merged(node, rebuilt, absorbable)
+            new[node] = _merged(node, rebuilt, absorbable, alone)
         elif (spelled := _with_inexact_scalar(node)) is not None:      # the op alone, rounding as it did
-            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set())
+            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set(), set())
         else:
             new[node] = rebuilt
-        if (len(users[node]) == 1 or is_expansion(new[node])) and node not in outputs and _elementwise(new[node]):
+        spread = is_expansion(new[node])
+        if (len(users[node]) == 1 or spread) and node not in outputs and is_elementwise(new[node]):
             absorbable.add(new[node])
+            if not spread:
+                alone.add(new[node])
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
@@ -97,18 +102,26 @@ def _with_inexact_scalar(node: Node) -> Node | None:
     return spelled if spelled.type == node.type else None
 
 
-def _elementwise(node: Node) -> bool:
+def is_elementwise(node: Node) -> bool:
+    """Whether `node` is one elementwise computation an expression spells (fused or a single op)."""
     return node.op == "fused_elementwise" or expression_name(node.op, node.attr_map) is not None
 
 
-def _merged(node: Node, rebuilt: Node, absorbable: set[Node]) -> Node:
+def expression_tree(node: Node):
+    """What an elementwise node computes, parsed, over its operands: a fused (or strided) node's
+    expression, a single op over $0, $1, …"""
+    if node.op in EXPRESSION_OPS:
+        return parse_expr(node.attr_map["expr"])
+    return (expression_name(node.op, node.attr_map), *range(len(node.args)))
+
+
+def _merged(node: Node, rebuilt: Node, absorbable: set[Node], alone: set[Node]) -> Node:
     """The node computing `rebuilt` (`node` over the merged program's values) with what it can take
     in; without producers where taking them in would read too many tensors or nest too many ops. A
     fused_reduction takes in what the expression it reduces reads, at the shape of its values."""
     shape = node.shape if node.op == "fused_elementwise" else values_of(node).shape
     # every producer it may take in; those it alone reads (a spread value others read too costs them
     # little to compute again); none
-    alone = {a for a in absorbable if not is_expansion(a)}
     for producers in (absorbable, alone, set()):
         leaves: list[Node] = []
         tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, producers, shape, leaves)

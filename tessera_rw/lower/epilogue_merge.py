@@ -37,7 +37,7 @@ from tessera_rw.algebra.builder import make
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, fold, parse_expr,
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expr_leaves, parse_expr, respelled,
                                                 spell_expr)
 from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, is_expansion
@@ -81,11 +81,6 @@ def _epilogue_start(host: Node) -> int:
     return len(host.args) - max(expr_leaves(parse_expr(host.attr_map["post"])) | {0})
 
 
-def _respelled(tree, leaf):
-    """A parsed expression with each input $i replaced by `leaf(i)` (constants kept)."""
-    return fold(tree, leaf, lambda name, args: (name, *args), lambda c: c)
-
-
 def _input_leaf(arg: Node, extras: list[Node]) -> object:
     """`arg` as a leaf of a merged expression: a constant's Scalar, else its input index (1-based,
     $0 being the host's own value), `extras` holding the inputs in order."""
@@ -105,7 +100,7 @@ def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
     def leaf(i: int):
         return parse_expr(host.attr_map["post"]) if i == k else _input_leaf(reader.args[i], extras)
 
-    tree = _respelled(parse_expr(reader.attr_map["expr"]), leaf)
+    tree = respelled(parse_expr(reader.attr_map["expr"]), leaf)
     if len(extras) >= MERGED_INPUTS or count_ops(tree) > MAX_FUSED_OPS:
         return None
     try:
@@ -147,15 +142,15 @@ def _computing_inputs(host: Node, producers: set[Node]) -> Node:
         arg = host.args[start + i - 1]
         if arg in producers and arg.shape == rows:
             taken = True
-            return _respelled(parse_expr(arg.attr_map["expr"]), lambda j: _input_leaf(arg.args[j], extras))
+            return respelled(parse_expr(arg.attr_map["expr"]), lambda j: _input_leaf(arg.args[j], extras))
         if _same_rows(arg, host, start):        # its own epilogue over the very rows the host normalizes
             taken = True
             offset = _epilogue_start(arg)
-            return _respelled(parse_expr(arg.attr_map["post"]),
+            return respelled(parse_expr(arg.attr_map["post"]),
                               lambda j: 0 if j == 0 else _input_leaf(arg.args[offset + j - 1], extras))
         return _input_leaf(arg, extras)
 
-    tree = _respelled(parse_expr(host.attr_map["post"]), leaf)
+    tree = respelled(parse_expr(host.attr_map["post"]), leaf)
     if not taken or len(extras) >= MERGED_INPUTS or count_ops(tree) > MAX_FUSED_OPS:
         return host
     try:

@@ -26,9 +26,8 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.dtypes import DType
-from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, fold, parse_expr,
-                                                spell_expr)
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, expression_name, respelled, spell_expr
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, expression_tree, is_elementwise
 from tessera_rw.lower.plan import VIEW_ALIGNMENT
 
 
@@ -36,25 +35,30 @@ def computed_together(graph: Graph) -> Graph:
     """`graph` with each group of its elementwise results of one type that pays off as one kernel."""
     by_type: dict[tuple, list[Node]] = {}
     for out in dict.fromkeys(graph.outputs):
-        if _expression(out) is not None:
+        if is_elementwise(out):
             by_type.setdefault((out.shape, out.dtype), []).append(out)
     groups = [g for members in by_type.values() for g in _sharing(members) if len(g) > 1]
+    if not groups:
+        return graph
     grouped = {m for members in groups for m in members}
+    after = _reading(graph, grouped)
     replaced: dict[Node, Node] = {}
     for members in groups:
-        if (merged := _merged(members, grouped)) is not None:
+        if (merged := _merged(members, after)) is not None:
             replaced.update(merged)
     if not replaced:
         return graph
     return _rebuilt(graph, replaced)
 
 
-def _expression(node: Node) -> str | None:
-    """What an elementwise node computes as an expression over its operands (a single op's too)."""
-    if node.op == "fused_elementwise":
-        return node.attr_map["expr"]
-    name = expression_name(node.op, node.attr_map)
-    return None if name is None else f"{name}({','.join(f'${i}' for i in range(len(node.args)))})"
+def _reading(graph: Graph, grouped: set[Node]) -> set[Node]:
+    """The grouped results and every node that reads one of them, however far up: one walk of the
+    program, which is in order."""
+    found = set(grouped)
+    for node in graph.nodes:
+        if any(a in found for a in node.args):
+            found.add(node)
+    return found
 
 
 def _sharing(members: list[Node]) -> list[list[Node]]:
@@ -72,27 +76,25 @@ def _sharing(members: list[Node]) -> list[list[Node]]:
     return [sorted(g[1], key=members.index) for g in groups]
 
 
-def _merged(members: list[Node], grouped: set[Node]) -> dict[Node, Node] | None:
+def _merged(members: list[Node], after: set[Node]) -> dict[Node, Node] | None:
     """Each member's view of the one kernel computing them all, or None where it does not pay (or
-    where what it reads depends on a result of any group, `grouped`)."""
+    where what it reads is, or reads, a result of any group: `after`)."""
     leaves: list[Node] = []
 
     def leaf_of(arg: Node, inline: bool):
         if (scalar := Scalar.of(arg)) is not None:
             return scalar
         if inline and arg in members:           # a member another reads: computed again from its operands,
-            tree = fold(parse_expr(_expression(arg)), lambda i: leaf_of(arg.args[i], False),
-                        lambda name, args: (name, *args), lambda c: c)
+            tree = respelled(expression_tree(arg), lambda i: leaf_of(arg.args[i], False))
             # rounded to its dtype as the returned one is (a float16 that overflowed reads as inf)
             narrow = arg.dtype in (DType.bfloat16, DType.float16)       # what computes wider than it is stored
             return (expression_name("cast", {"dtype": arg.dtype}), tree) if narrow else tree
         if arg not in leaves:
             leaves.append(arg)
         return leaves.index(arg)
-    trees = [fold(parse_expr(_expression(m)), lambda i, m=m: leaf_of(m.args[i], True),
-                  lambda name, args: (name, *args), lambda c: c) for m in members]
+    trees = [respelled(expression_tree(m), lambda i, m=m: leaf_of(m.args[i], True)) for m in members]
     if len(leaves) > MERGED_INPUTS or any(count_ops(t) > MAX_FUSED_OPS for t in trees) \
-            or any(leaf in grouped or _depends_on(leaf, grouped) for leaf in leaves):
+            or any(leaf in after for leaf in leaves):
         return None
     before = sum(a.type.nbytes for m in members for a in m.args if Scalar.of(a) is None)
     if sum(leaf.type.nbytes for leaf in leaves) >= before:
@@ -107,20 +109,6 @@ def _merged(members: list[Node], grouped: set[Node]) -> dict[Node, Node] | None:
     return {m: make("reshape", make("slice", together, starts=(k,) + (0,) * len(flat),
                                     stops=(k + 1,) + tuple(flat), steps=(1,) * (len(flat) + 1)), shape=flat)
             for k, m in enumerate(members)}
-
-
-def _depends_on(node: Node, members: set[Node]) -> bool:
-    """Whether `node` reads any of `members`, however far up."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        for a in n.args:
-            if a in members:
-                return True
-            if a not in seen:
-                seen.add(a)
-                stack.append(a)
-    return False
 
 
 def _rebuilt(graph: Graph, replaced: dict[Node, Node]) -> Graph:

@@ -28,12 +28,10 @@ array([20., 20., 10.], dtype=float32)
 
 from __future__ import annotations
 
-import numpy as np
-
 from tessera_rw.algebra.api.creation import arange
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, equal, less, where
-from tessera_rw.algebra.api.layout import expand_dims, reshape
+from tessera_rw.algebra.api.layout import expand_dims, listed_indices, reshape
 from tessera_rw.algebra.api.reduction import sum as reduce_sum
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import DTypeError, ShapeError
@@ -45,21 +43,23 @@ def positions_along(n: int, axis: int, ndim: int, dtype: str):
     return reshape(arange(n, dtype=dtype), tuple(n if d == axis else 1 for d in range(ndim)))
 
 
+def _integers(indices) -> None:
+    if not indices.dtype.is_integer:
+        raise DTypeError(f"indices must be integers, got {indices.dtype.value}",
+                         hint="cast them first: op.cast(indices, 'int32'); a bool mask selects with op.where")
+
+
 def take(x, indices, axis=None):
     """x's slices at integer `indices` along `axis` (numpy.take): the result's shape is
     x.shape[:axis] + indices.shape + x.shape[axis + 1:]; axis None takes from x flattened. A negative
     index counts from the end; one out of [-n, n) takes zeros (numpy raises). An embedding lookup is
     `op.take(table, tokens, axis=0)`, or `table[tokens]`."""
-    if isinstance(indices, (list, tuple)):          # numpy.take's lists
-        indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
-    x, indices = tensor_operand(x), tensor_operand(indices)
+    x, indices = tensor_operand(x), tensor_operand(listed_indices(indices))       # numpy.take's lists too
     if axis is None:
         x = reshape(x, (-1,))
         axis = 0
     with op_context("take", (x, indices), ("x", "indices")):
-        if not type_of(indices).dtype.is_integer:
-            raise DTypeError(f"indices must be integers, got {type_of(indices).dtype.value}",
-                             hint="cast them first: op.cast(indices, 'int32'); a bool mask selects with op.where")
+        _integers(type_of(indices))
         ax = normalize_axis(axis, type_of(x).ndim)
     return apply("take", (x, indices), axis=ax)
 
@@ -70,9 +70,7 @@ def take_along_axis(arr, indices, axis: int):
     arr, indices = tensor_operand(arr), tensor_operand(indices)
     with op_context("take_along_axis", (arr, indices), ("arr", "indices")):
         shape, picks = type_of(arr), type_of(indices)
-        if not picks.dtype.is_integer:
-            raise DTypeError(f"indices must be integers, got {picks.dtype.value}",
-                             hint="cast them first: op.cast(indices, 'int32')")
+        _integers(picks)
         if picks.ndim != shape.ndim:
             raise ShapeError(f"indices have {picks.ndim} axes and arr {shape.ndim}: they need as many",
                              hint="give one index per row as indices[:, None] (numpy.take_along_axis's rule)")

@@ -172,11 +172,17 @@ def _without_ellipsis(items: tuple, rank: int) -> tuple:
     return items[:at] + (slice(None),) * (rank - used) + items[at + 1:]
 
 
+def listed_indices(indices):
+    """Indices given as a list or tuple as a numpy array (an empty one of int64), others as they are."""
+    if isinstance(indices, (list, tuple)):
+        return np.asarray(indices, dtype=np.int64 if not len(indices) else None)
+    return indices
+
+
 def _constant_indices(indices, size: int):
     """An index array as take reads it: a list as a numpy array; a constant one checked against the
     axis's size as numpy checks it (a traced one takes zeros out of range)."""
-    if isinstance(indices, (list, tuple)):
-        indices = np.asarray(indices, dtype=np.int64 if not len(indices) else None)
+    indices = listed_indices(indices)
     dtype = getattr(indices, "dtype", None)
     if dtype is not None and str(dtype) in ("bool", "DType.bool"):
         raise ShapeError("a boolean mask index selects a number of elements known only from its values",

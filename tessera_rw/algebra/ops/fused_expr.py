@@ -149,6 +149,16 @@ def fold(tree, leaf, apply, scalar):
     return apply(name, [fold(a, leaf, apply, scalar) for a in args])
 
 
+def respelled(tree, leaf):
+    """A parsed expression with each input $i replaced by `leaf(i)` (a subtree or another index;
+    constants kept).
+
+    >>> respelled(parse_expr("add($0,$1)"), lambda i: 1 - i)
+    ('add', 1, 0)
+    """
+    return fold(tree, leaf, lambda name, args: (name, *args), lambda c: c)
+
+
 def count_ops(tree) -> int:
     """The ops in a parsed expression.
 
@@ -209,7 +219,7 @@ def read_once(operands: tuple, expr: str) -> tuple[tuple, str]:
     if len(distinct) == len(operands):
         return tuple(operands), expr
     at = [distinct.index(o) for o in operands]
-    tree = fold(parse_expr(expr), lambda i: at[i], lambda name, args: (name, *args), lambda c: c)
+    tree = respelled(parse_expr(expr), lambda i: at[i])
     return distinct, spell_expr(tree)
 
 

@@ -19,7 +19,7 @@ import functools
 from dataclasses import dataclass
 
 from tessera_rw.algebra.node import TensorType
-from tessera_rw.algebra.ops.fused_expr import expr_leaves, fold, parse_expr, spell_expr
+from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr, respelled, spell_expr
 from tessera_rw.algebra.ops.strided import piece_shapes, piece_views
 from tessera_rw.codegen.kernel_op import KernelOp
 
@@ -42,7 +42,7 @@ def pieces(op: KernelOp) -> tuple[Piece, ...]:
                                         piece_views(len(op.operands), shape, axis, sizes, a["strides"], a["offsets"])):
         tree = parse_expr(expr)
         used = tuple(sorted(expr_leaves(tree)))
-        renumbered = fold(tree, lambda i: used.index(i), lambda name, args: (name, *args), lambda c: c)
+        renumbered = respelled(tree, lambda i: used.index(i))
         strided = KernelOp.of("strided_elementwise", tuple(op.operands[i] for i in used),
                               TensorType(piece_shape, op.result.dtype), numerics=op.numerics,
                               expr=spell_expr(renumbered), shape=piece_shape,
