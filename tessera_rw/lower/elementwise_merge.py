@@ -25,6 +25,7 @@ runs it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,10 +34,11 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, infer_fused,
-                                                parse_expr, spell_expr)
+                                                parse_expr, respelled, spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
+MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
 EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
 
 
@@ -50,25 +52,46 @@ def is_expansion(node: Node) -> bool:
 
 def merge_elementwise(graph: Graph) -> Graph:
     """`graph` with each fused_elementwise and fused_reduction node's constants in its expression,
-    each tensor it reads read once, and its single-reader elementwise producers of its expression's
-    shape absorbed."""
+    each tensor it reads read once, its single-reader elementwise producers of its expression's shape
+    absorbed, and the producers several read computed again by those for which that reads no more.
+    Again while that changes the program: a value every other reader now computes is one the last
+    reads alone."""
+    for _ in range(MERGE_ROUNDS):
+        merged = _merged_once(graph)
+        if merged is graph:
+            break
+        graph = merged
+    return graph
+
+
+def _merged_once(graph: Graph) -> Graph:
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     alone: set[Node] = set()            # ...of them, those no other kernel reads spread out again
+    shared: set[Node] = set()           # new nodes several kernels read (or the caller too)
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op in ("fused_elementwise", "fused_reduction"):
-            new[node] = _merged(node, rebuilt, absorbable, alone)
-        elif (spelled := _with_inexact_scalar(node)) is not None:      # the op alone, rounding as it did
-            new[node] = _merged(spelled, spelled.replace(args=rebuilt.args), set(), set())
+            new[node] = _merged(node, rebuilt, _Producers(absorbable, alone, shared))
+        elif (spelled := _one_op_expression(node)) is not None:
+            producers = _Producers(absorbable, alone, shared)
+            merged = _merged(spelled, spelled.replace(args=rebuilt.args), producers)
+            # the op alone is its own kernel unless it took producers in or holds a constant its
+            # dtype does not (it then computes with the value itself, rounding as it did)
+            kept = merged.args == rebuilt.args and not _inexact(node.args)
+            new[node] = rebuilt if kept else merged
         else:
             new[node] = rebuilt
+        if not is_elementwise(new[node]):
+            continue
         spread = is_expansion(new[node])
-        if (len(users[node]) == 1 or spread) and node not in outputs and is_elementwise(new[node]):
+        if (len(users[node]) == 1 or spread) and node not in outputs:
             absorbable.add(new[node])
             if not spread:
                 alone.add(new[node])
+        else:
+            shared.add(new[node])
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
@@ -88,11 +111,11 @@ def _inexact(args: tuple[Node, ...]) -> bool:
     return False
 
 
-def _with_inexact_scalar(node: Node) -> Node | None:
-    """An elementwise op reading a constant its dtype does not hold as the one-op fused_elementwise
-    of it, for the constant to go into the expression; None for any other node."""
+def _one_op_expression(node: Node) -> Node | None:
+    """An elementwise op as the one-op fused_elementwise of it (to take producers or a constant
+    into); None for any other node."""
     name = expression_name(node.op, node.attr_map)
-    if name is None or not _inexact(node.args):
+    if name is None:
         return None
     try:
         operands = ",".join(f"${i}" for i in range(len(node.args)))
@@ -115,20 +138,34 @@ def expression_tree(node: Node):
     return (expression_name(node.op, node.attr_map), *range(len(node.args)))
 
 
-def _merged(node: Node, rebuilt: Node, absorbable: set[Node], alone: set[Node]) -> Node:
+@dataclass(frozen=True)
+class _Producers:
+    """The elementwise nodes a kernel may take in, by how many kernels read them."""
+    absorbable: set[Node]       # read by that kernel alone, or spreading far smaller inputs
+    alone: set[Node]            # ...of them, those no other kernel reads
+    shared: set[Node]           # read by several kernels (or returned): each may compute them again
+
+
+def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
     """The node computing `rebuilt` (`node` over the merged program's values) with what it can take
     in; without producers where taking them in would read too many tensors or nest too many ops. A
     fused_reduction takes in what the expression it reduces reads, at the shape of its values."""
     shape = node.shape if node.op == "fused_elementwise" else values_of(node).shape
-    # every producer it may take in; those it alone reads (a spread value others read too costs them
-    # little to compute again); none
-    for producers in (absorbable, alone, set()):
+    tree = parse_expr(node.attr_map["expr"])
+    recomputed = _recomputed(tree, rebuilt.args, producers, shape)
+    # every producer it may take in, with the shared ones it reads no more to compute; every one it
+    # may take in; those it alone reads (a spread value others read too costs them little to compute
+    # again); none
+    absorbable = producers.absorbable
+    for taken, again in ((absorbable, recomputed), (absorbable, frozenset()), (producers.alone, frozenset()),
+                         (set(), frozenset())):
         leaves: list[Node] = []
-        tree = _spelled(parse_expr(node.attr_map["expr"]), rebuilt.args, producers, shape, leaves)
-        ops = count_ops(tree)
+        spelled = _spelled(tree, rebuilt.args, taken, shape, leaves, again)
+        ops = count_ops(spelled)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
-    expr = spell_expr(tree)
+    spelled, leaves = _unspread(spelled, leaves, shape)
+    expr = spell_expr(spelled)
     if tuple(leaves) == rebuilt.args and expr == node.attr_map["expr"]:
         return rebuilt
     if node.op == "fused_elementwise" and ops < 2 and not _inexact(rebuilt.args):
@@ -140,29 +177,82 @@ def _merged(node: Node, rebuilt: Node, absorbable: set[Node], alone: set[Node]) 
     return merged if merged.type == node.type else rebuilt
 
 
+def _unspread(tree, leaves: list[Node], shape: tuple[int, ...]):
+    """(`tree`, `leaves`) with each leaf that broadcasts a smaller value to `shape` as numpy would
+    replaced by that value, which the kernel reads in place (once, where several leaves spread it),
+    as long as the leaves still reach `shape`; else as they were."""
+    unspread = [leaf.args[0] if leaf.op == "broadcast_to" and _spreads_to(leaf.args[0].shape, shape) else leaf
+                for leaf in leaves]
+    if unspread == leaves or np.broadcast_shapes(*(leaf.shape for leaf in unspread)) != shape:
+        return tree, leaves
+    distinct = list(dict.fromkeys(unspread))
+    return respelled(tree, lambda i: distinct.index(unspread[i])), distinct
+
+
+def _spreads_to(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    try:
+        return np.broadcast_shapes(small, shape) == shape
+    except ValueError:
+        return False
+
+
+def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tuple[int, ...]) -> frozenset[Node]:
+    """The shared producers a kernel computing `tree` over `args` computes again rather than reads:
+    one at a time, the one adding fewest bytes to what it reads, while that is no more than the
+    bytes of the value itself (a normalized x read by three kernels: each reads x instead, and
+    nothing writes it). Whether other kernels still read the value or not, none reads more."""
+    chosen: frozenset[Node] = frozenset()
+    while True:
+        leaves: list[Node] = []
+        _spelled(tree, args, producers.absorbable, shape, leaves, chosen)
+        read = set(leaves)
+        added = {leaf: sum(_in_memory(a).nbytes for a in _streamed(leaf) if a not in read)
+                 for leaf in leaves if leaf in producers.shared and leaf.shape == shape}
+        fits = [leaf for leaf, more in added.items() if more <= leaf.type.nbytes]
+        if not fits:
+            return chosen
+        chosen |= {min(fits, key=lambda leaf: (added[leaf], leaves.index(leaf)))}
+
+
+def _streamed(node: Node) -> list[Node]:
+    """The tensors computing `node` streams from memory: not constants, nor values far smaller than
+    it (a per-channel scale stays in cache, whichever kernel reads it)."""
+    return [a for a in node.args if Scalar.of(a) is None and _in_memory(a).numel * EXPANSION > node.type.numel]
+
+
+def _in_memory(value: Node) -> TensorType:
+    """What reading `value` reads: a broadcast value's operand (read in place, spread by strides)."""
+    while value.op == "broadcast_to":
+        value = value.args[0]
+    return value.type
+
+
 def values_of(node: Node) -> TensorType:
     """What a fused_reduction's expression computes before it is reduced."""
     return infer_fused(*(a.type for a in node.args), expr=node.attr_map["expr"])
 
 
-def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node]):
+def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node],
+             again: frozenset[Node] = frozenset()):
     """`tree` over `args` respelled: each input a constant's Scalar, an absorbable producer (of the
     expression's `shape`) its own expression, or the index of the input node in `leaves` (appended
-    when first read)."""
+    when first read). Producers in `again` are computed again wherever they are read, inside the
+    expressions of those taken in too."""
     if isinstance(tree, Scalar):
         return tree
     if isinstance(tree, int):
-        return _leaf(args[tree], absorbable, shape, leaves)
-    return (tree[0], *(_spelled(a, args, absorbable, shape, leaves) for a in tree[1:]))
+        return _leaf(args[tree], absorbable, shape, leaves, again)
+    return (tree[0], *(_spelled(a, args, absorbable, shape, leaves, again) for a in tree[1:]))
 
 
-def _leaf(arg: Node, absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node]):
+def _leaf(arg: Node, absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node], again: frozenset[Node]):
     if (scalar := Scalar.of(arg)) is not None:
         return scalar
-    if arg in absorbable and arg.shape == shape:
+    if (arg in absorbable or arg in again) and arg.shape == shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
-            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves)
-        return (expression_name(arg.op, arg.attr_map), *(_leaf(a, absorbable, shape, leaves) for a in arg.args))
+            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves, again)
+        return (expression_name(arg.op, arg.attr_map),
+                *(_leaf(a, absorbable, shape, leaves, again) for a in arg.args))
     if arg not in leaves:                      # nodes are interned: equal is the same node
         leaves.append(arg)
     return leaves.index(arg)

@@ -90,12 +90,36 @@ def test_a_mask_spread_from_small_inputs_is_computed_again_by_each_reader_not_re
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_a_producer_another_kernel_also_reads_is_not_absorbed():
+def test_a_producer_several_kernels_read_is_computed_again_by_each_where_that_reads_no_more():
     x = make_input("x", (4, 8), F32)
-    shared = fused(x, expr="exp($0)")
+    shared = fused(x, expr="exp($0)")              # reading x instead reads as many bytes
     a, b = fused(shared, expr="tanh($0)"), fused(shared, x, expr="add($0,$1)")
     merged = merge_elementwise(Graph("g", (x,), (a, b)))
+    assert sorted(n.attr_map["expr"] for n in kernels(merged)) == ["add(exp($0),$0)", "tanh(exp($0))"]
+    inputs = {"x": np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)}
+    for got, want in zip(evaluate(merged, inputs), evaluate(Graph("g", (x,), (a, b)), inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_producer_several_kernels_read_stays_where_computing_it_again_reads_more():
+    x, y = make_input("x", (4, 8), F32), make_input("y", (4, 8), F32)
+    shared = fused(x, y, expr="add($0,$1)")        # each reader would read two tensors for one
+    a, b = fused(shared, expr="tanh($0)"), fused(shared, expr="exp($0)")
+    merged = merge_elementwise(Graph("g", (x, y), (a, b)))
     assert sorted(n.attr_map["expr"] for n in kernels(merged)) == ["add($0,$1)", "exp($0)", "tanh($0)"]
+
+
+def test_a_mask_the_other_readers_compute_again_is_taken_in_by_the_last():
+    x, g = make_input("x", (64, 32), F32), make_input("g", (1, 32), F32)
+    mask = make("gt", fused(x, g, expr="mul($0,$1)"), make_constant(0.0, F32))    # bool: 1 byte of x's 4
+    picked = fused(mask, x, make_constant(0.0, F32), expr="where($0,$1,$2)")        # reads x anyway
+    count = make("fused_reduction", mask, expr="cast_float32($0)", reduce="sum", axes=(0,), keepdims=False)
+    merged = merge_elementwise(Graph("g", (x, g), (picked, count)))
+    assert len(kernels(merged)) == 2 and "bool" not in str(merged)       # no mask is written
+    inputs = {"x": np.random.default_rng(6).standard_normal((64, 32)).astype(np.float32),
+              "g": np.random.default_rng(7).standard_normal((1, 32)).astype(np.float32)}
+    for got, want in zip(evaluate(merged, inputs), evaluate(Graph("g", (x, g), (picked, count)), inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_a_producer_of_another_shape_is_not_absorbed():
@@ -185,3 +209,16 @@ def test_a_reader_that_cannot_take_every_producer_in_still_takes_the_one_it_alon
     graph = Graph("g", tuple(big + col + row), (fused(p, e, expr="mul($0,$1)"), fused(e, big[4], expr="mul($0,$1)")))
     merged = merge_elementwise(graph)
     assert p not in merged.nodes and len(kernels(merged)) == 3     # P taken in by its one reader; E kept for it
+
+
+def test_a_reduction_taking_in_a_spread_value_reads_the_value_itself():
+    x, v = make_input("x", (16, 8, 4), F32), make_input("v", (1, 8, 1), F32)
+    shifted = fused(x, make("broadcast_to", v, shape=(16, 8, 4)), expr="sub($0,$1)")
+    total = make("fused_reduction", shifted, expr="mul($0,$0)", reduce="sum", axes=(0, 2), keepdims=True)
+    graph = Graph("g", (x, v), (total, fused(shifted, expr="exp($0)")))
+    merged = merge_elementwise(graph)
+    assert "broadcast_to" not in [n.op for n in merged.nodes]          # no kernel spreads v over x's shape
+    inputs = {"x": np.random.default_rng(8).standard_normal((16, 8, 4)).astype(np.float32),
+              "v": np.random.default_rng(9).standard_normal((1, 8, 1)).astype(np.float32)}
+    for got, want in zip(evaluate(merged, inputs), evaluate(graph, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)

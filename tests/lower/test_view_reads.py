@@ -46,7 +46,7 @@ def test_a_gated_unit_reads_both_halves_of_its_projection_in_place():
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 96)).astype(np.float32)
     program = swiglu.program(x, w)
-    assert [s.op for s in program.plan.steps] == ["gemm", "strided_elementwise"]
+    assert [s.op for s in program.plan.steps] in (["gemm", "strided_elementwise"], ["matmul", "strided_elementwise"])
     assert "strided_read" in program.candidate.kernels[1].fused
     assert "f32[64,96][:,0:48], " in str(program.plan) and "f32[64,96][:,48:96])" in str(program.plan)
     h = x.astype(np.float64) @ w
