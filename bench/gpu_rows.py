@@ -221,6 +221,30 @@ def adamw_row(n: int) -> Row:
                0, 7 * n * n * 4)
 
 
+def batch_norm_sums_row(n: int, c: int, hw: int) -> Row:
+    """A batch norm's backward through a relu, per channel: Σdy·x̂, Σdy and Σdy·g/σ with
+    x̂ = (x − μ)/σ and dy = [x̂·g + b > 0], from one read of x (fp32 NCHW), against torch eager
+    computing x̂ and dy and taking the three sums."""
+    x_hat = "div(sub($0,$1),$2)"
+    dy = f"where(gt(add(mul({x_hat},$3),$4),0.0:float32),1.0:float32,0.0:float32)"
+    x, channel = TensorType((n, c, hw, hw), DType.float32), TensorType((1, c, 1, 1), DType.float32)
+    op = op_of("multi_reduction", x, channel, channel, channel, channel,
+               exprs=f"mul({dy},{x_hat});{dy};div(mul({dy},$3),$2)", reduce="sum", axes=(0, 2, 3), keepdims=False)
+
+    def make():
+        torch = _torch()
+        x = torch.randn(n, c, hw, hw, device="cuda") * 2 + 0.5
+        mu, sd = x.mean((0, 2, 3), keepdim=True), x.std((0, 2, 3), keepdim=True)
+        return x, mu, sd, torch.rand(1, c, 1, 1, device="cuda") + 0.5, torch.randn(1, c, 1, 1, device="cuda")
+
+    def sums(x, mu, sd, g, b):
+        x_hat = (x - mu) / sd
+        dy = (x_hat * g + b > 0).to(x.dtype)
+        return _torch().stack([(dy * x_hat).sum((0, 2, 3)), dy.sum((0, 2, 3)), (dy * g / sd).sum((0, 2, 3))])
+    return Row(f"batch-norm channel sums f32 {n}x{c}x{hw}x{hw} vs torch eager", op, make, sums,
+               lambda *t: sums(*(a.double() for a in t)), 0, n * c * hw * hw * 4)
+
+
 def epilogue_row(m: int, n: int, k: int) -> Row:
     a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
     op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
@@ -238,4 +262,4 @@ def rows(quick: bool) -> list[Row]:
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
                     logsumexp_row(4096, 32000), adamw_row(4096), *embedding_rows(50257, 768, 8192),
-                    epilogue_row(4096, 4096, 4096)]
+                    batch_norm_sums_row(32, 64, 56), epilogue_row(4096, 4096, 4096)]

@@ -107,7 +107,8 @@ def reduction_length(op: KernelOp) -> int:
         return ops[1].numel
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
-        shape = broadcast_shapes(*(t.shape for t in ops)) if op.op == "fused_reduction" else ops[0].shape
+        shape = broadcast_shapes(*(t.shape for t in ops)) if op.op in ("fused_reduction", "multi_reduction") \
+            else ops[0].shape
         return math.prod(shape[a] for a in (range(len(shape)) if axes is None else axes))
     if kind is OpKind.CONV:
         return math.prod(conv_operands(op)[1].shape[1:])     # in-channels per group x kernel window

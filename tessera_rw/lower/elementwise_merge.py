@@ -9,9 +9,14 @@ its expression ('mul($0,$1)' of x and 0.5 becomes 'mul($0,0.5:float32)' of x), r
 once, and absorbs the elementwise producers of its own shape that nothing else reads, up to
 MERGED_INPUTS distinct tensors and MAX_FUSED_OPS ops (and those that only spread far smaller inputs
 over their result, a mask from class indices, whatever reads them: each reader computes them
-again). It computes what the kernels it replaces did (in one pass, keeping the intermediates in
-registers, as every fused node does), so the cost model prices the program after it, and the plan
-runs it.
+again; and those several kernels read, by each reader for which computing one reads no more bytes
+than reading it: a batch norm's x̂ = (x − μ)/σ, read by three kernels, is computed by each from x,
+and the per-channel μ and σ stay in cache). A single elementwise op takes its producers in too,
+becoming a fused node, and a spread leaf (broadcast_to) is read as the smaller value it spreads,
+in place. Merging repeats while it changes the program: once the other readers compute a value
+again, the last reads it alone and takes it in. It computes what the kernels it replaces did (in
+one pass, keeping the intermediates in registers, as every fused node does), so the cost model
+prices the program after it, and the plan runs it.
 
 >>> from tessera_rw.algebra.builder import make, make_constant, make_input
 >>> from tessera_rw.algebra.dtypes import DType

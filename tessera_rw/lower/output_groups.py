@@ -48,7 +48,7 @@ def computed_together(graph: Graph) -> Graph:
             replaced.update(merged)
     if not replaced:
         return graph
-    return _rebuilt(graph, replaced)
+    return with_replacements(graph, replaced)
 
 
 def _reading(graph: Graph, grouped: set[Node]) -> set[Node]:
@@ -111,7 +111,7 @@ def _merged(members: list[Node], after: set[Node]) -> dict[Node, Node] | None:
             for k, m in enumerate(members)}
 
 
-def _rebuilt(graph: Graph, replaced: dict[Node, Node]) -> Graph:
+def with_replacements(graph: Graph, replaced: dict[Node, Node]) -> Graph:
     """`graph` with each replaced node's readers reading its replacement (the members themselves are
     left out: their views read the one kernel)."""
     new: dict[Node, Node] = {}

@@ -34,6 +34,7 @@ from tessera_rw.lower.epilogue_merge import merge_epilogues
 from tessera_rw.lower.kept_preactivations import keep_preactivations
 from tessera_rw.lower.layout_chains import fold_layout_chains
 from tessera_rw.lower.output_groups import computed_together
+from tessera_rw.lower.reduction_groups import reduced_together
 from tessera_rw.lower.view_reads import read_views_in_place
 from tessera_rw.codegen.arch import ArchSpec
 from tessera_rw.codegen.kernel_op import KernelOp
@@ -76,6 +77,7 @@ FUSED_OP_DEPTH = {"gemm": FusionDepth.EPILOGUE, "gemm_pre_act": FusionDepth.EPIL
                   "fused_elementwise": FusionDepth.EPILOGUE, "strided_elementwise": FusionDepth.EPILOGUE,
                   "fused_conv": FusionDepth.EPILOGUE,
                   "concatenated_elementwise": FusionDepth.EPILOGUE, "multi_elementwise": FusionDepth.EPILOGUE,
+                  "multi_reduction": FusionDepth.EPILOGUE,
                   "strided_normalization": FusionDepth.EPILOGUE,
                   "fused_normalization": FusionDepth.EPILOGUE, "reduced_normalization": FusionDepth.EPILOGUE,
                   "norm_backward": FusionDepth.EPILOGUE,
@@ -235,7 +237,8 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
         return None
     lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program)), _still_a_kernel))
     lowered = read_conv_views_in_place(read_attention_views(read_views_in_place(lowered)))
-    lowered = computed_together(read_concatenates_in_place(sum_bias_grads_in_weight_grads(lowered)))
+    lowered = read_concatenates_in_place(sum_bias_grads_in_weight_grads(lowered))
+    lowered = computed_together(reduced_together(lowered))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
 

@@ -23,23 +23,23 @@ def _reduce_op(reduce: str):
     return OPS[reduce]
 
 
-def _infer_fused_reduction(*xs: TensorType, expr: str, reduce: str, axes: tuple[int, ...],
+def infer_fused_reduction(*xs: TensorType, expr: str, reduce: str, axes: tuple[int, ...],
                            keepdims: bool) -> TensorType:
     return _reduce_op(reduce).infer(infer_fused(*xs, expr=expr), axes, keepdims)
 
 
-def _fused_reduction(*xs: np.ndarray, expr: str, reduce: str, axes, keepdims) -> np.ndarray:
+def reduce_fused(*xs: np.ndarray, expr: str, reduce: str, axes, keepdims) -> np.ndarray:
     return _reduce_op(reduce).reference(fused(*xs, expr=expr), axes, keepdims)
 
 
-def _fused_reduction_flops(out: TensorType, *xs: TensorType, expr: str, reduce: str, axes, keepdims) -> int:
+def fused_reduction_flops(out: TensorType, *xs: TensorType, expr: str, reduce: str, axes, keepdims) -> int:
     values = infer_fused(*xs, expr=expr)
     return fused_flops(values, *xs, expr=expr) + values.numel
 
 
 DEFS = (
-    OpDef("fused_reduction", ("xs",), OpKind.REDUCTION, _infer_fused_reduction, _fused_reduction,
-          _fused_reduction_flops, variadic=True,
+    OpDef("fused_reduction", ("xs",), OpKind.REDUCTION, infer_fused_reduction, reduce_fused,
+          fused_reduction_flops, variadic=True,
           doc="sum / mean / max / min / logsumexp of an elementwise expression, computed as it is read (nothing the "
               "size of the expression written), e.g. expr='mul($0,$1)', reduce='sum', axes=(1,)",
           vjp=before_fusion("fused_reduction")),

@@ -1,4 +1,4 @@
-"""Several elementwise results of one shape computed in one pass over what they read.
+"""Several elementwise results, or reductions, of one shape computed in one pass over what they read.
 
 multi_elementwise(xs…; exprs) holds k results of one shape S and dtype, stacked as (k, *S): result
 m is fused(xs…; exprs.split(";")[m]). An optimizer's step writes the parameter and its two moments
@@ -6,10 +6,16 @@ from the parameter, the gradient and the old moments, each read once, where thre
 the gradient three times and the new moments back (lower/output_groups.py builds it; each result
 is a view of its block).
 
+multi_reduction(xs…; exprs, reduce, axes, keepdims) likewise holds k reductions of expressions of
+one values type over the same axes, stacked as (k, *reduced): a batch norm's backward sums dy and
+dy·x̂ per channel from one read of x (lower/reduction_groups.py builds it).
+
 >>> x = np.array([1.0, 2.0], np.float32)
 >>> _multi(x, x, exprs="add($0,$1);mul($0,$1)")
 array([[2., 4.],
        [1., 4.]], dtype=float32)
+>>> _multi_reduction(x, exprs="$0;mul($0,$0)", reduce="sum", axes=(0,), keepdims=False)
+array([3., 5.], dtype=float32)
 """
 
 from __future__ import annotations
@@ -21,14 +27,15 @@ from tessera_rw.algebra.errors import ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
 from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
+from tessera_rw.algebra.ops.fused_reduction import fused_reduction_flops, infer_fused_reduction, reduce_fused
 from tessera_rw.algebra.shapes import fmt_shape
 
 
-def results_of(*xs: TensorType, exprs: str) -> TensorType:
-    """The type each result has: one for all of them."""
+def results_of(*xs: TensorType, exprs: str, op: str = "multi_elementwise") -> TensorType:
+    """The type each result (of `op`: the values each reduces) has: one for all of them."""
     types = {infer_fused(*xs, expr=e) for e in exprs.split(";")}
     if len(types) != 1:
-        raise ShapeError("the expressions of a multi_elementwise compute " + ", ".join(
+        raise ShapeError(f"the expressions of a {op} compute " + ", ".join(
             f"{t.dtype.value}{fmt_shape(t.shape)}" for t in sorted(types, key=str)) + ": they need one shape and dtype")
     return types.pop()
 
@@ -49,8 +56,30 @@ def _multi_flops(out: TensorType, *xs: TensorType, exprs: str) -> int:
     return sum(fused_flops(each, *xs, expr=e) for e in exprs.split(";"))
 
 
+def _infer_multi_reduction(*xs: TensorType, exprs: str, reduce: str, axes: tuple[int, ...],
+                           keepdims: bool) -> TensorType:
+    results_of(*xs, exprs=exprs, op="multi_reduction")       # one values type for all of them
+    each = {infer_fused_reduction(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims) for e in exprs.split(";")}
+    (one,) = each
+    return TensorType((len(exprs.split(";")),) + one.shape, one.dtype)
+
+
+def _multi_reduction(*xs: np.ndarray, exprs: str, reduce: str, axes, keepdims) -> np.ndarray:
+    return np.stack([reduce_fused(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims) for e in exprs.split(";")])
+
+
+def _multi_reduction_flops(out: TensorType, *xs: TensorType, exprs: str, reduce: str, axes, keepdims) -> int:
+    each = TensorType(out.shape[1:], out.dtype)
+    return sum(fused_reduction_flops(each, *xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims)
+               for e in exprs.split(";"))
+
+
 DEFS = (
     OpDef("multi_elementwise", ("xs",), OpKind.ELEMENTWISE, _infer_multi, _multi, _multi_flops, variadic=True,
           vjp=before_fusion("multi_elementwise"),
           doc="k elementwise results of one shape in one pass, stacked: exprs='add($0,$1);mul($0,$2)'"),
+    OpDef("multi_reduction", ("xs",), OpKind.REDUCTION, _infer_multi_reduction, _multi_reduction,
+          _multi_reduction_flops, variadic=True, vjp=before_fusion("multi_reduction"),
+          doc="k reductions of expressions of one values type over the same axes in one pass, stacked: "
+              "exprs='$0;mul($0,$1)', reduce='sum', axes=(0, 2, 3)"),
 )

@@ -45,7 +45,8 @@ from tessera_rw.codegen.templates.base import Resources, Schedule, Template, gri
 from tessera_rw.codegen.templates.cuda_scalar import (MAX_ACCESS_BYTES, STORAGE, SUPPORTED, VEC_STRUCT, ctype,
                                                       expr_ops, kernel_name, literal, store, vector_widths, words)
 from tessera_rw.codegen.templates.reduction_column import column_body, column_split, column_workspace_bytes
-from tessera_rw.codegen.templates.reduction_reads import Layout, operand_reads, reduction_layout, values_type
+from tessera_rw.codegen.templates.reduction_reads import (Layout, expressions, operand_reads, reduction_layout,
+                                                          values_type)
 from tessera_rw.codegen.templates.reduction_split import MAX_GRID_SPLIT, grid_split, parts_met, split_workspace_bytes
 from tessera_rw.codegen.templates.reduction_walk import Walk
 
@@ -89,7 +90,7 @@ class ReductionTemplate(Template):
     @staticmethod
     def reduce(op: KernelOp) -> str:
         """sum, mean, max or min."""
-        return op.attr_map["reduce"] if op.op == "fused_reduction" else op.op
+        return op.attr_map["reduce"] if expressions(op) else op.op
 
     def strategy(self, op: KernelOp) -> str:
         return "row" if self._layout(op).row else "column"
@@ -185,7 +186,7 @@ class ReductionTemplate(Template):
         """The bytes a thread's unrolled walk keeps in flight, on average over the block: every
         operand's vector (a value where it is broadcast along the vector) per step, up to UNROLL
         steps, in the threads that have any."""
-        reads = operand_reads(op) if op.op == "fused_reduction" else ()
+        reads = operand_reads(op) if expressions(op) else ()
         step = (sum(s.vec * r.dtype.itemsize if r.vector(lay.row) else r.dtype.itemsize for r in reads) if reads
                 else s.vec * op.operands[0].dtype.itemsize)
         # the threads of an output that find work: a row's split reads `vec` elements each, a
@@ -207,7 +208,7 @@ class ReductionTemplate(Template):
         # A fused expression (fit the same way): each operand's pointer and value beside its loads;
         # ptxas keeps fewer of a row walk's several vectors in flight.
         acc = words(self._acc(op))
-        fused = op.op == "fused_reduction"
+        fused = bool(expressions(op))
         reads = operand_reads(op) if fused else ()
         loaded = (sum(max(1, s.vec * r.dtype.itemsize // 4) if r.vector(lay.row) else 1 for r in reads) if fused
                   else max(1, s.vec * op.operands[0].dtype.itemsize // 4))
@@ -245,7 +246,7 @@ class ReductionTemplate(Template):
         walk = Walk(op, lay, schedule.vec, a)
         body = (self._row(op, schedule, lay, walk, ident, value, kahan) if lay.row else
                 column_body(op, schedule, lay, walk, ident, value, kahan, UNROLL, self._part_bytes(op)))
-        inputs = "x" if op.op != "fused_reduction" else ", ".join(f"in{i}" for i in range(len(op.operands)))
+        inputs = "x" if not expressions(op) else ", ".join(f"in{i}" for i in range(len(op.operands)))
         blocks = self.resources(op, schedule, arch).blocks
         how = f"{a} with Neumaier compensation" if kahan else a
         work = self.workspace_bytes(op, schedule, lay)

@@ -91,17 +91,25 @@ class Read:
         return (self.red_strides if row else self.kept_strides)[-1] != 0
 
 
+def expressions(op: KernelOp) -> list[str]:
+    """The expressions a reduction computes as it reads its operands: a fused_reduction's one, a
+    multi_reduction's each (one values type for all), none for a plain reduction."""
+    if op.op == "fused_reduction":
+        return [op.attr_map["expr"]]
+    return op.attr_map["exprs"].split(";") if op.op == "multi_reduction" else []
+
+
 def values_type(op: KernelOp) -> TensorType:
     """The values reduced: the operand, or the fused expression's result."""
-    if op.op == "fused_reduction":
-        return OPS["fused_elementwise"].infer(*op.operands, expr=op.attr_map["expr"])
+    if exprs := expressions(op):
+        return OPS["fused_elementwise"].infer(*op.operands, expr=exprs[0])
     return op.operands[0]
 
 
 def operand_walks(op: KernelOp) -> list[tuple[int, ...]]:
     """Each operand's per-axis strides over the values (0 where it is broadcast); none for a plain
     reduction, which reads the values themselves."""
-    if op.op != "fused_reduction":
+    if not expressions(op):
         return []
     values = values_type(op)
     return [broadcast_strides(values.shape, t.shape) for t in op.operands]

@@ -14,7 +14,7 @@ from functools import cached_property
 from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.templates.cuda_scalar import STORAGE, ctype, emit_tree, load, offset_expr, store
-from tessera_rw.codegen.templates.reduction_reads import Layout, Read, operand_reads, values_type
+from tessera_rw.codegen.templates.reduction_reads import Layout, Read, expressions, operand_reads, values_type
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Walk:
 
     @property
     def fused(self) -> bool:
-        return self.op.op == "fused_reduction"
+        return bool(expressions(self.op))
 
     @cached_property
     def reads(self) -> tuple[Read, ...]:
@@ -62,18 +62,24 @@ class Walk:
                 lines.append(f"const {ctype(r.dtype)} s{i} = {load(r.dtype, f'base{i}[{at}]')};")
         return lines
 
-    def lane(self) -> tuple[list[str], str]:
-        """(statements, the accumulator-typed value) of vector lane `j`."""
+    def lanes(self) -> tuple[list[str], list[str]]:
+        """(statements, the accumulator-typed value of each expression) of vector lane `j`."""
         if not self.fused:
-            return [], f"({self.acc}){load(self.op.operands[0].dtype, 'c.v[j]')}"
+            return [], [f"({self.acc}){load(self.op.operands[0].dtype, 'c.v[j]')}"]
         lines = [f"const {ctype(r.dtype)} x{i} = {load(r.dtype, f'c{i}.v[j]') if r.vector(self.lay.row) else f's{i}'};"
                  for i, r in enumerate(self.reads)]     # each in its own compute type: double, int, or float
         leaves = [(f"x{i}", r.dtype) for i, r in enumerate(self.reads)]
-        var, _ = emit_tree(parse_expr(self.op.attr_map["expr"]), leaves, lines, "e")
         values = values_type(self.op).dtype
-        return lines, f"({self.acc}){load(values, store(values, var))}"
+        exprs = expressions(self.op)
+        found = []
+        for k, expr in enumerate(exprs):
+            var, _ = emit_tree(parse_expr(expr), leaves, lines, "e" if len(exprs) == 1 else f"e{k}_")
+            found.append(f"({self.acc}){load(values, store(values, var))}")
+        return lines, found
 
-    def per_lane(self, add) -> str:
-        """The loop body applying `add` (accumulator-typed value -> statement) to each lane."""
-        lines, value = self.lane()
-        return add(value) if not lines else "{ " + " ".join([*lines, add(value)]) + " }"
+    def per_lane(self, *adds) -> str:
+        """The loop body applying each of `adds` (accumulator-typed value -> statement) to its
+        expression's value at each lane."""
+        lines, found = self.lanes()
+        applied = [add(value) for add, value in zip(adds, found, strict=True)]
+        return applied[0] if not lines and len(applied) == 1 else "{ " + " ".join([*lines, *applied]) + " }"

@@ -39,6 +39,7 @@ BUILTIN = (
     ("norm_backward", "NormBackwardTemplate"),
     ("norm_backward_grads", "NormBackwardGradsTemplate"),
     ("reduction", "ReductionTemplate"),
+    ("reduction_outputs", "MultiReductionTemplate"),
     ("elementwise", "ElementwiseTemplate"),
     ("elementwise_outputs", "MultiElementwiseTemplate"),
     ("copy", "CopyTemplate"),

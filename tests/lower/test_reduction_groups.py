@@ -1,0 +1,84 @@
+"""Reductions over the same axes that stream the same tensor, none needing another, are one
+multi_reduction kernel, each result a view of its block; what cannot be grouped is left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera_rw.algebra.builder import make, make_input
+from tessera_rw.algebra.dtypes import DType
+from tessera_rw.algebra.errors import ShapeError
+from tessera_rw.algebra.evaluate import evaluate
+from tessera_rw.algebra.graph import Graph
+from tessera_rw.lower.reduction_groups import reduced_together
+
+F32 = DType.float32
+NCHW = (8, 16, 6, 5)
+AXES = (0, 2, 3)
+
+
+def reduced(*args, expr, axes=AXES, reduce="sum", keepdims=False):
+    return make("fused_reduction", *args, expr=expr, reduce=reduce, axes=axes, keepdims=keepdims)
+
+
+def ops(graph: Graph) -> list[str]:
+    return [n.op for n in graph.nodes if n.op not in ("input", "constant")]
+
+
+def same_values(before: Graph, after: Graph, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    feeds = {n.attr("name"): rng.standard_normal(n.shape).astype(np.float32) for n in before.inputs}
+    for got, want in zip(evaluate(after, feeds), evaluate(before, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sums_of_one_tensor_are_one_kernel_and_their_results_views_of_it():
+    x, g = make_input("x", NCHW, F32), make_input("g", (1, 16, 1, 1), F32)
+    graph = Graph("g", (x, g), (make("sum", x, axes=AXES, keepdims=False), reduced(x, g, expr="mul($0,$1)"),
+                                reduced(x, expr="mul($0,$0)", keepdims=False)))
+    grouped = reduced_together(graph)
+    assert ops(grouped).count("multi_reduction") == 1 and "fused_reduction" not in ops(grouped)
+    (multi,) = [n for n in grouped.nodes if n.op == "multi_reduction"]
+    assert multi.shape == (3, 16) and multi.attr_map["exprs"] == "$0;mul($0,$1);mul($0,$0)"
+    same_values(graph, grouped, 1)
+
+
+def test_a_reduction_needing_another_however_far_back_stays_apart():
+    x = make_input("x", NCHW, F32)
+    mean = reduced(x, expr="$0", reduce="mean", keepdims=True)
+    spread = make("fused_elementwise", make("fused_elementwise", mean, expr="exp($0)"), expr="neg($0)")
+    graph = Graph("g", (x,), (mean, reduced(x, spread, expr="mul($0,$1)", keepdims=True)))
+    assert reduced_together(graph) is graph
+
+
+@pytest.mark.parametrize("second", [
+    dict(axes=(0,)),                          # other axes
+    dict(reduce="max"),                       # another kind
+    dict(keepdims=True),                      # another result shape
+], ids=["axes", "kind", "keepdims"])
+def test_reductions_differing_in_what_they_compute_stay_apart(second):
+    x = make_input("x", NCHW, F32)
+    graph = Graph("g", (x,), (reduced(x, expr="$0"), reduced(x, expr="mul($0,$0)", **second)))
+    assert reduced_together(graph) is graph
+
+
+def test_reductions_streaming_nothing_in_common_stay_apart():
+    x, y = make_input("x", NCHW, F32), make_input("y", NCHW, F32)
+    graph = Graph("g", (x, y), (reduced(x, expr="$0"), reduced(y, expr="$0")))
+    assert reduced_together(graph) is graph
+
+
+def test_column_reduces_and_unaligned_results_stay_apart():
+    x = make_input("x", (64, 32), F32)
+    columns = Graph("g", (x,), (reduced(x, expr="$0", axes=(0,)), reduced(x, expr="mul($0,$0)", axes=(0,))))
+    assert reduced_together(columns) is columns
+    odd = make_input("odd", (7, 64), F32)        # 7 rows of 4 bytes: the second block would start unaligned
+    unaligned = Graph("g", (odd,), (reduced(odd, expr="$0", axes=(1,)), reduced(odd, expr="mul($0,$0)", axes=(1,))))
+    assert reduced_together(unaligned) is unaligned
+
+
+def test_the_op_refuses_expressions_of_different_values():
+    x = make_input("x", (4, 8), F32)
+    with pytest.raises(ShapeError, match="multi_reduction"):
+        make("multi_reduction", x, exprs="$0;cast_bfloat16($0)", reduce="sum", axes=(1,), keepdims=False)
