@@ -10,6 +10,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.attention import causal_pairs
+from tessera_rw.algebra.ops.multi_output import multi_reduction_attrs
 from tessera_rw.codegen.kernel_op import KernelOp
 
 BF16, E4M3 = DType.bfloat16, DType.float8_e4m3
@@ -228,8 +229,9 @@ def batch_norm_sums_row(n: int, c: int, hw: int) -> Row:
     x_hat = "div(sub($0,$1),$2)"
     dy = f"where(gt(add(mul({x_hat},$3),$4),0.0:float32),1.0:float32,0.0:float32)"
     x, channel = TensorType((n, c, hw, hw), DType.float32), TensorType((1, c, 1, 1), DType.float32)
-    op = op_of("multi_reduction", x, channel, channel, channel, channel,
-               exprs=f"mul({dy},{x_hat});{dy};div(mul({dy},$3),$2)", reduce="sum", axes=(0, 2, 3), keepdims=False)
+    operands = (x, channel, channel, channel, channel)
+    op = op_of("multi_reduction", *operands, **multi_reduction_attrs(
+        *operands, exprs=f"mul({dy},{x_hat});{dy};div(mul({dy},$3),$2)", reduce="sum", axes=(0, 2, 3), keepdims=False))
 
     def make():
         torch = _torch()

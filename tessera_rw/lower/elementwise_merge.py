@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera_rw.algebra.builder import make
+from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
@@ -44,6 +45,7 @@ from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
+CHEAP_READ = 1 << 18    # bytes a kernel reads in less time than a launch takes: a small value computed again
 EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
 
 
@@ -205,7 +207,8 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
     """The shared producers a kernel computing `tree` over `args` computes again rather than reads:
     one at a time, the one adding fewest bytes to what it reads, while that is no more than the
     bytes of the value itself (a normalized x read by three kernels: each reads x instead, and
-    nothing writes it). Whether other kernels still read the value or not, none reads more."""
+    nothing writes it), or than CHEAP_READ (a loss's mask of rows kept, from the targets). Whether
+    other kernels still read the value or not, none reads more (or more than a launch's worth)."""
     chosen: frozenset[Node] = frozenset()
     while True:
         leaves: list[Node] = []
@@ -213,7 +216,7 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
         read = set(leaves)
         added = {leaf: sum(_in_memory(a).nbytes for a in _streamed(leaf) if a not in read)
                  for leaf in leaves if leaf in producers.shared and leaf.shape == shape}
-        fits = [leaf for leaf, more in added.items() if more <= leaf.type.nbytes]
+        fits = [leaf for leaf, more in added.items() if more <= max(leaf.type.nbytes, CHEAP_READ)]
         if not fits:
             return chosen
         chosen |= {min(fits, key=lambda leaf: (added[leaf], leaves.index(leaf)))}
@@ -255,9 +258,14 @@ def _leaf(arg: Node, absorbable: set[Node], shape: tuple[int, ...], leaves: list
         return scalar
     if (arg in absorbable or arg in again) and arg.shape == shape:
         if arg.op == "fused_elementwise":      # merged already: it took in what it could
-            return _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves, again)
-        return (expression_name(arg.op, arg.attr_map),
-                *(_leaf(a, absorbable, shape, leaves, again) for a in arg.args))
+            tree = _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves, again)
+        else:
+            tree = (expression_name(arg.op, arg.attr_map),
+                    *(_leaf(a, absorbable, shape, leaves, again) for a in arg.args))
+        # a value other kernels (or the caller) read as written is computed again rounded to its
+        # dtype, as they read it (a float16 product that overflowed is inf in every reader)
+        rounded = arg in again and arg not in absorbable and arg.dtype in (DType.bfloat16, DType.float16)
+        return (expression_name("cast", {"dtype": arg.dtype}), tree) if rounded else tree
     if arg not in leaves:                      # nodes are interned: equal is the same node
         leaves.append(arg)
     return leaves.index(arg)

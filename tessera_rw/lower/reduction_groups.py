@@ -1,15 +1,17 @@
-"""Reductions over the same axes of the same tensors computed by one kernel (multi_reduction).
+"""Reductions over the same axes computed by one kernel (multi_reduction).
 
 A batch norm's backward sums dy·x̂ and dy per channel, and the term of dx's that needs both: each
-a column reduce over (N, H, W), each reading x again (merge_elementwise has them compute dy and x̂
+a row reduce over (N, H, W), each reading x again (merge_elementwise has them compute dy and x̂
 from x rather than read them back). Where a program holds several reductions of one kind over the
-same axes of values of one type, none reading another (however far back), that stream a tensor in
-common, one kernel walks the values once and keeps an accumulator per reduction; each result is a
-view of its block of the stacked output. Only reductions whose walk ends on a reduced axis are
-grouped (per-channel statistics of NCHW, sums over rows): there each output's values are walked by
-one warp, block or set of blocks, which carry the accumulators through their shuffles. A group
-reads at most MERGED_INPUTS tensors, each expression at most MAX_FUSED_OPS ops, and each block
-starts aligned (a view, not a copy).
+same axes of values of one type, none reading another (however far back), one kernel walks the
+values once and keeps an accumulator per reduction: a tensor they read in common is read once, and
+reductions reading nothing in common (a loss's total and the count of its rows) save a launch.
+Each joins the group sharing the most bytes with it; each result is a view of its row of the
+multi_reduction's result (padded to an aligned end). Only reductions whose walk ends on a reduced
+axis are grouped (per-channel statistics of NCHW, sums over rows, a loss's total and count): there
+each output's values are walked by one warp, block or set of blocks, which carry the accumulators
+through their shuffles. A group reads at most MERGED_INPUTS tensors and each expression at most
+MAX_FUSED_OPS ops.
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -29,9 +31,9 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, parse_expr, respelled, spell_expr
-from tessera_rw.lower.elementwise_merge import EXPANSION, MERGED_INPUTS, values_of
+from tessera_rw.algebra.ops.multi_output import multi_reduction_attrs
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, values_of
 from tessera_rw.lower.output_groups import with_replacements
-from tessera_rw.lower.plan import VIEW_ALIGNMENT
 
 GROUPED_REDUCES = ("sum", "mean", "max", "min")
 
@@ -45,7 +47,7 @@ class _Group:
 
 
 def reduced_together(graph: Graph) -> Graph:
-    """`graph` with each group of its column reductions that share what they stream as one kernel."""
+    """`graph` with each group of its reductions that one kernel can compute as that kernel."""
     reductions = [n for n in graph.nodes if _key(n) is not None]
     if len(reductions) < 2:
         return graph
@@ -57,12 +59,13 @@ def reduced_together(graph: Graph) -> Graph:
             after[node] |= after.get(a, 0) | bit.get(a, 0)
     groups: list[_Group] = []
     for node in reductions:
-        for group in groups:
-            if group.key == _key(node) and not after[node] & group.mask and _joins(group, node):
-                break
-        else:
-            groups.append(_Group(_key(node), [node], list(_read(node)), bit[node]))
+        fits = [g for g in groups if g.key == _key(node) and not after[node] & g.mask and _fits(g, node)]
+        if not fits:
+            groups.append(_Group(_key(node), [node], _read(node), bit[node]))
             continue
+        group = max(fits, key=lambda g: _shared_bytes(g, node))     # first of those sharing the most
+        group.members.append(node)
+        group.leaves = list(dict.fromkeys([*group.leaves, *_read(node)]))
         group.mask |= bit[node]
     replaced: dict[Node, Node] = {}
     for group in groups:
@@ -73,8 +76,7 @@ def reduced_together(graph: Graph) -> Graph:
 
 def _key(node: Node) -> tuple | None:
     """What a reduction must share with others to join them (the values' type, axes, kind and
-    result), None for nodes that join none: other ops, reductions keeping the innermost axis,
-    results that would start a block unaligned."""
+    result), None for nodes that join none: other ops, reductions keeping the innermost axis."""
     if node.op == "fused_reduction":
         values, reduce = values_of(node), node.attr_map["reduce"]
     elif node.op in GROUPED_REDUCES:
@@ -83,7 +85,7 @@ def _key(node: Node) -> tuple | None:
         return None
     axes = tuple(sorted(a % values.ndim for a in node.attr_map["axes"]))
     sized = [i for i, n in enumerate(values.shape) if n > 1]
-    if reduce not in GROUPED_REDUCES or not sized or sized[-1] not in axes or node.type.nbytes % VIEW_ALIGNMENT:
+    if reduce not in GROUPED_REDUCES or not sized or sized[-1] not in axes:
         return None
     return values, axes, node.attr_map["keepdims"], reduce, node.type
 
@@ -97,19 +99,14 @@ def _read(node: Node) -> list[Node]:
     return list(dict.fromkeys(a for a in node.args if Scalar.of(a) is None))
 
 
-def _joins(group: _Group, node: Node) -> bool:
-    """Whether `node` streams a tensor the group does and the group may take it (its leaves
-    included); it joins it if so."""
-    values = group.key[0]
-    streamed = {a for a in group.leaves if a.type.numel * EXPANSION > values.numel}
-    if not streamed & set(_read(node)):
-        return False
-    leaves = list(dict.fromkeys([*group.leaves, *_read(node)]))
-    if len(leaves) > MERGED_INPUTS:
-        return False
-    group.members.append(node)
-    group.leaves = leaves
-    return True
+def _fits(group: _Group, node: Node) -> bool:
+    """Whether the group's kernel may take `node` in: what they read together within MERGED_INPUTS."""
+    return len(set(group.leaves) | set(_read(node))) <= MERGED_INPUTS
+
+
+def _shared_bytes(group: _Group, node: Node) -> int:
+    """The bytes `node` reads that the group reads already: what joining it saves."""
+    return sum(a.type.nbytes for a in set(group.leaves) & set(_read(node)))
 
 
 def _views(group: _Group) -> dict[Node, Node] | None:
@@ -123,11 +120,11 @@ def _views(group: _Group) -> dict[Node, Node] | None:
         return None
     _, axes, keepdims, reduce, each = group.key
     try:
-        together = make("multi_reduction", *leaves, exprs=";".join(spell_expr(t) for t in trees), reduce=reduce,
-                        axes=axes, keepdims=keepdims)
+        attrs = multi_reduction_attrs(*(a.type for a in leaves), exprs=";".join(spell_expr(t) for t in trees),
+                                      reduce=reduce, axes=axes, keepdims=keepdims)
+        together = make("multi_reduction", *leaves, **attrs)
     except TesseraError:
         return None
-    flat = each.shape
-    return {m: make("reshape", make("slice", together, starts=(k,) + (0,) * len(flat),
-                                    stops=(k + 1,) + tuple(flat), steps=(1,) * (len(flat) + 1)), shape=flat)
+    return {m: make("reshape", make("slice", together, starts=(k, 0), stops=(k + 1, each.numel), steps=(1, 1)),
+                    shape=each.shape)
             for k, m in enumerate(group.members)}

@@ -83,6 +83,7 @@ ATTRS: dict[str, AttrCodec] = {
     "shared": DIMS,
     "pads": PAIRS, "padding": PAIRS,
     "axis": I64, "k": I64, "groups": I64, "n": I64, "offset": I64, "parts": I64, "window": I64, "size": I64,
+    "width": I64,
     "keepdims": BOOL, "causal": BOOL, "has_weight": BOOL, "has_bias": BOOL, "has_mask": BOOL, "has_residual": BOOL,
     "trans_a": BOOL, "trans_b": BOOL, "out_swapped": BOOL, "bias_grad": BOOL,
     "eps": F64, "scale": F64, "value": F64, "start": F64, "stop": F64, "step": F64,

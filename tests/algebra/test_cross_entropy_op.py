@@ -112,9 +112,10 @@ def test_a_stray_index_makes_the_loss_nan_and_an_ignored_one_does_not():
     want = torch_statement(z, padded, ignore=-100)
     for fn in (op.cross_entropy, op.kernel(lambda z, t, ignore_index: op.cross_entropy(z, t, ignore_index=ignore_index))):
         np.testing.assert_allclose(fn(z, padded, ignore_index=-100), want, rtol=2e-5)
-    for stray in (padded, np.array([0, 1, 2, 3, 4, 7]), np.array([0, 1, 2, 3, 4, -1])):
+    np.testing.assert_allclose(op.cross_entropy(z, padded), want, rtol=2e-5)     # -100 by default, as torch's
+    for stray, ignore in ((padded, None), (np.array([0, 1, 2, 3, 4, 7]), -100), (np.array([0, 1, 2, 3, 4, -1]), -100)):
         for reduction in ("mean", "sum", "none"):
-            loss = op.kernel(lambda z, t: op.cross_entropy(z, t, reduction=reduction))(z, stray)
+            loss = op.kernel(lambda z, t: op.cross_entropy(z, t, reduction=reduction, ignore_index=ignore))(z, stray)
             assert np.isnan(loss).any() and (reduction != "none" or np.isfinite(loss[:5]).all())
     grad = op.grad(lambda z: op.cross_entropy(z, np.array([0, 1, 2, 3, 4, 7]), reduction="sum"))(z)
     assert np.isfinite(grad).all()         # the NaN is the loss's: the rows in range keep their gradient

@@ -16,6 +16,8 @@ from tessera_rw.algebra.builder import make, make_constant, make_input
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.evaluate import evaluate
 from tessera_rw.algebra.graph import Graph
+from tessera_rw.codegen import emulator
+from tessera_rw.codegen.emulator_plan import run_plan_emulated
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, merge_elementwise
 
 F32 = DType.float32
@@ -102,8 +104,8 @@ def test_a_producer_several_kernels_read_is_computed_again_by_each_where_that_re
 
 
 def test_a_producer_several_kernels_read_stays_where_computing_it_again_reads_more():
-    x, y = make_input("x", (4, 8), F32), make_input("y", (4, 8), F32)
-    shared = fused(x, y, expr="add($0,$1)")        # each reader would read two tensors for one
+    x, y = make_input("x", (256, 512), F32), make_input("y", (256, 512), F32)
+    shared = fused(x, y, expr="add($0,$1)")        # each reader would read two tensors of 512 KB for one
     a, b = fused(shared, expr="tanh($0)"), fused(shared, expr="exp($0)")
     merged = merge_elementwise(Graph("g", (x, y), (a, b)))
     assert sorted(n.attr_map["expr"] for n in kernels(merged)) == ["add($0,$1)", "exp($0)", "tanh($0)"]
@@ -222,3 +224,13 @@ def test_a_reduction_taking_in_a_spread_value_reads_the_value_itself():
               "v": np.random.default_rng(9).standard_normal((1, 8, 1)).astype(np.float32)}
     for got, want in zip(evaluate(merged, inputs), evaluate(graph, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_16_bit_value_computed_again_is_rounded_as_the_kernels_reading_it_read_it():
+    x = np.full((8, 64), 300.0, np.float16)              # x·x = 90000 overflows float16: inf, then inf·0.001
+    kernel = op.kernel(lambda x: (x * x * 0.001 + 1.0, x * x * 0.002 - 1.0))
+    plan = kernel.program(x).plan
+    assert "mul" not in [s.op for s in plan.steps] and len(plan.steps) <= 2     # x·x is written by none
+    assert all(np.isinf(np.asarray(r)).all() for r in kernel(x))
+    if emulator.available():
+        assert all(np.isinf(r).all() for r in run_plan_emulated(plan, {"x": x}))

@@ -63,22 +63,40 @@ def test_reductions_differing_in_what_they_compute_stay_apart(second):
     assert reduced_together(graph) is graph
 
 
-def test_reductions_streaming_nothing_in_common_stay_apart():
+def test_reductions_reading_nothing_in_common_share_a_launch_and_each_joins_the_group_sharing_most():
     x, y = make_input("x", NCHW, F32), make_input("y", NCHW, F32)
     graph = Graph("g", (x, y), (reduced(x, expr="$0"), reduced(y, expr="$0")))
-    assert reduced_together(graph) is graph
+    grouped = reduced_together(graph)
+    assert ops(grouped).count("multi_reduction") == 1
+    same_values(graph, grouped, 3)
+    # y's square could join x's sum or the sum reading y that needs x's: it joins the one reading y
+    total_x = reduced(x, expr="$0")
+    spread = make("fused_elementwise", make("reshape", total_x, shape=(1, 16, 1, 1)), expr="exp($0)")
+    weighted_y = reduced(y, spread, expr="mul($0,$1)")
+    graph = Graph("g", (x, y), (total_x, weighted_y, reduced(y, expr="mul($0,$0)")))
+    (multi,) = [n for n in reduced_together(graph).nodes if n.op == "multi_reduction"]
+    assert multi.args[0] is y and "mul($0,$0)" in multi.attr_map["exprs"]
+    same_values(graph, reduced_together(graph), 4)
 
 
-def test_column_reduces_and_unaligned_results_stay_apart():
+def test_column_reduces_stay_apart():
     x = make_input("x", (64, 32), F32)
     columns = Graph("g", (x,), (reduced(x, expr="$0", axes=(0,)), reduced(x, expr="mul($0,$0)", axes=(0,))))
     assert reduced_together(columns) is columns
-    odd = make_input("odd", (7, 64), F32)        # 7 rows of 4 bytes: the second block would start unaligned
-    unaligned = Graph("g", (odd,), (reduced(odd, expr="$0", axes=(1,)), reduced(odd, expr="mul($0,$0)", axes=(1,))))
-    assert reduced_together(unaligned) is unaligned
+
+
+def test_a_loss_total_and_count_are_one_kernel_each_a_view_of_its_padded_row():
+    rows, kept = make_input("rows", (7, 64), F32), make_input("kept", (7, 64), F32)
+    total = reduced(rows, kept, expr="mul($0,$1)", axes=(0, 1))
+    count = reduced(kept, expr="$0", axes=(0, 1))
+    graph = Graph("g", (rows, kept), (total, count, reduced(rows, expr="$0", axes=(1,))))   # 7 row sums: 28 bytes
+    grouped = reduced_together(graph)
+    (multi,) = [n for n in grouped.nodes if n.op == "multi_reduction"]
+    assert multi.shape == (2, 4)                    # each scalar at the start of a 16-byte row
+    same_values(graph, grouped, 2)
 
 
 def test_the_op_refuses_expressions_of_different_values():
     x = make_input("x", (4, 8), F32)
     with pytest.raises(ShapeError, match="multi_reduction"):
-        make("multi_reduction", x, exprs="$0;cast_bfloat16($0)", reduce="sum", axes=(1,), keepdims=False)
+        make("multi_reduction", x, exprs="$0;cast_bfloat16($0)", reduce="sum", axes=(1,), keepdims=False, width=4)

@@ -26,14 +26,14 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int | None = None):
+                  ignore_index: int | None = -100):
     """torch's cross_entropy of `logits` with the classes along `axis` (1, as torch; the only axis of
     1-d logits): `target` holds class indices (logits' shape without the class axis) or class
     probabilities (logits' shape). `label_smoothing` ε mixes each row's target with the uniform
-    ε / C; rows whose index is `ignore_index` count for nothing, and the mean is over the others
-    (None by default: torch's default is -100, so pass ignore_index=-100 for targets padded with
-    it). Any other index outside [0, C) makes its row's loss, and so a mean or sum, NaN (torch
-    raises; a kernel cannot, and a row left out would dilute the loss unseen). The NaN is added to
+    ε / C; rows whose index is `ignore_index` (-100 by default, as torch's: targets padded with it)
+    count for nothing, and the mean is over the others; None ignores no row. Any other index outside
+    [0, C) makes its row's loss, and so a mean or sum, NaN (torch raises; a kernel cannot, and a row
+    left out would dilute the loss unseen). The NaN is added to
     the row's loss, so the other rows' gradients stay what they are."""
     x, t = tensor_operand(logits), tensor_operand(target)
     with op_context("cross_entropy", (x, t), ("logits", "target")):
@@ -54,8 +54,10 @@ def cross_entropy(logits, target, axis: int = 1, reduction: str = "mean", label_
             raise ShapeError(f"a target of {what} has shape {want} for logits {xt.shape} with the classes on axis "
                              f"{ax}, got {tt.shape}", hint="pass integer class indices without the class axis, "
                                                            "or float probabilities of the logits' shape")
-        if ignore_index is not None and not by_index:
+        if ignore_index not in (None, -100) and not by_index:
             raise AttributeValueError("ignore_index applies to class indices, not to probabilities")
+        if not by_index:
+            ignore_index = None
     smooth = float(label_smoothing) / classes
     target_weight = 1.0 - float(label_smoothing) + smooth      # the target class's share, smoothed
     log_probs = log_softmax(x, axis=ax)

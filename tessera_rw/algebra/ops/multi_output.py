@@ -6,16 +6,19 @@ from the parameter, the gradient and the old moments, each read once, where thre
 the gradient three times and the new moments back (lower/output_groups.py builds it; each result
 is a view of its block).
 
-multi_reduction(xs…; exprs, reduce, axes, keepdims) likewise holds k reductions of expressions of
-one values type over the same axes, stacked as (k, *reduced): a batch norm's backward sums dy and
-dy·x̂ per channel from one read of x (lower/reduction_groups.py builds it).
+multi_reduction(xs…; exprs, reduce, axes, keepdims, width) likewise holds k reductions of
+expressions of one values type over the same axes, as the rows of a (k, width) result: row m holds
+reduction m's values flattened, then zeros up to `width` (aligned_row: whole BLOCK_ALIGNMENTs, so
+each result is a view of its row, a loss's total and count included). A batch norm's backward sums dy and dy·x̂
+per channel from one read of x (lower/reduction_groups.py builds it).
 
 >>> x = np.array([1.0, 2.0], np.float32)
 >>> _multi(x, x, exprs="add($0,$1);mul($0,$1)")
 array([[2., 4.],
        [1., 4.]], dtype=float32)
->>> _multi_reduction(x, exprs="$0;mul($0,$0)", reduce="sum", axes=(0,), keepdims=False)
-array([3., 5.], dtype=float32)
+>>> _multi_reduction(x, exprs="$0;mul($0,$0)", reduce="sum", axes=(0,), keepdims=False, width=4)
+array([[3., 0., 0., 0.],
+       [5., 0., 0., 0.]], dtype=float32)
 """
 
 from __future__ import annotations
@@ -56,20 +59,49 @@ def _multi_flops(out: TensorType, *xs: TensorType, exprs: str) -> int:
     return sum(fused_flops(each, *xs, expr=e) for e in exprs.split(";"))
 
 
-def _infer_multi_reduction(*xs: TensorType, exprs: str, reduce: str, axes: tuple[int, ...],
-                           keepdims: bool) -> TensorType:
+BLOCK_ALIGNMENT = 16      # bytes each row of a multi_reduction's result spans a multiple of
+
+
+def reduced_each(*xs: TensorType, exprs: str, reduce: str, axes: tuple[int, ...], keepdims: bool) -> TensorType:
+    """The type of each of a multi_reduction's reductions: one for all of them."""
     results_of(*xs, exprs=exprs, op="multi_reduction")       # one values type for all of them
-    each = {infer_fused_reduction(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims) for e in exprs.split(";")}
-    (one,) = each
-    return TensorType((len(exprs.split(";")),) + one.shape, one.dtype)
+    (one,) = {infer_fused_reduction(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims) for e in exprs.split(";")}
+    return one
 
 
-def _multi_reduction(*xs: np.ndarray, exprs: str, reduce: str, axes, keepdims) -> np.ndarray:
-    return np.stack([reduce_fused(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims) for e in exprs.split(";")])
+def _infer_multi_reduction(*xs: TensorType, exprs: str, reduce: str, axes: tuple[int, ...], keepdims: bool,
+                           width: int) -> TensorType:
+    each = reduced_each(*xs, exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims)
+    if width < max(each.numel, 1):
+        raise ShapeError(f"a multi_reduction's rows of width {width} cannot hold {each.numel} values each",
+                         hint="pass width=aligned_row(values, itemsize)")
+    return TensorType((len(exprs.split(";")), width), each.dtype)
 
 
-def _multi_reduction_flops(out: TensorType, *xs: TensorType, exprs: str, reduce: str, axes, keepdims) -> int:
-    each = TensorType(out.shape[1:], out.dtype)
+def aligned_row(values: int, itemsize: int) -> int:
+    """The elements of a row holding `values` of `itemsize` bytes and spanning whole BLOCK_ALIGNMENTs."""
+    per_block = max(1, BLOCK_ALIGNMENT // itemsize)
+    return -(-max(values, 1) // per_block) * per_block
+
+
+def multi_reduction_attrs(*xs: TensorType, exprs: str, reduce: str, axes: tuple[int, ...], keepdims: bool) -> dict:
+    """A multi_reduction's attributes, its rows as wide as an aligned row of one reduction's values."""
+    each = reduced_each(*xs, exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims)
+    return dict(exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims,
+                width=aligned_row(each.numel, each.dtype.itemsize))
+
+
+def _multi_reduction(*xs: np.ndarray, exprs: str, reduce: str, axes, keepdims, width: int) -> np.ndarray:
+    rows = [np.ravel(reduce_fused(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims)) for e in exprs.split(";")]
+    padded = np.zeros((len(rows), width), rows[0].dtype)
+    for m, row in enumerate(rows):
+        padded[m, :row.size] = row
+    return padded
+
+
+def _multi_reduction_flops(out: TensorType, *xs: TensorType, exprs: str, reduce: str, axes, keepdims,
+                           width: int) -> int:
+    each = reduced_each(*xs, exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims)
     return sum(fused_reduction_flops(each, *xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims)
                for e in exprs.split(";"))
 
@@ -81,5 +113,5 @@ DEFS = (
     OpDef("multi_reduction", ("xs",), OpKind.REDUCTION, _infer_multi_reduction, _multi_reduction,
           _multi_reduction_flops, variadic=True, vjp=before_fusion("multi_reduction"),
           doc="k reductions of expressions of one values type over the same axes in one pass, stacked: "
-              "exprs='$0;mul($0,$1)', reduce='sum', axes=(0, 2, 3)"),
+              "exprs='$0;mul($0,$1)', reduce='sum', axes=(0, 2, 3), width=64 (each row, padded to 16 bytes)"),
 )

@@ -5,7 +5,8 @@ innermost group reduced: per-channel sums over N, H and W of NCHW); each lane co
 expression from the loaded values and adds it to that expression's accumulator. The shuffles,
 the warps' meeting in shared memory and a grid split's parts (the workspace holds every
 accumulator's, in part order, so the result is the same bits on every run) carry the k
-accumulators side by side, and result m's outputs are written at m·n_out on. A batch norm's
+accumulators side by side, and result m's outputs are written to row m of the result (then zeros
+to the row's aligned end). A batch norm's
 backward reads x once for Σdy·x̂ and Σdy (x̂ and dy computed from x), where two kernels read it twice.
 
 >>> from tessera_rw.codegen.arch import arch_named
@@ -21,6 +22,7 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
 from tessera_rw.algebra.ops.fused_expr import parse_expr
+from tessera_rw.algebra.ops.multi_output import multi_reduction_attrs
 from tessera_rw.codegen.arch import ArchSpec, WARP_SIZE
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
@@ -95,9 +97,14 @@ class MultiReductionTemplate(ReductionTemplate):
             lines += _parts_met(k_out, lay.n_out, parts, a, ident, kahan, shuffle)
         if kahan:
             lines += [f"    acc{k} = kahan_total(acc{k}, comp{k});" for k in ks]
-        stores = " ".join(f"out[{k * lay.n_out}u + row] = {store(op.result.dtype, value.replace('acc', f'acc{k}'))};"
+        width = op.result.shape[1]       # each result's row: its values, then zeros to an aligned end
+        stores = " ".join(f"out[{k * width}u + row] = {store(op.result.dtype, value.replace('acc', f'acc{k}'))};"
                           for k in ks)
         lines.append(f"    if (lane == 0 && row < {lay.n_out}u) {{ {stores} }}")
+        if width > lay.n_out:
+            zero = store(op.result.dtype, "0")
+            pads = " ".join(f"out[{k * width}u + i] = {zero};" for k in ks)
+            lines.append(f"    if (lane == 0 && row == 0u) for (unsigned i = {lay.n_out}u; i < {width}u; ++i) {{ {pads} }}")
         return "\n".join(lines)
 
     def samples(self) -> tuple[KernelOp, ...]:
@@ -105,7 +112,7 @@ class MultiReductionTemplate(ReductionTemplate):
 
         def multi(shapes_dtypes, exprs, reduce, axes, keepdims=False, numerics=Numerics.DEFAULT):
             xs = tuple(TensorType(shape, dtype) for shape, dtype in shapes_dtypes)
-            attrs = dict(exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims)
+            attrs = multi_reduction_attrs(*xs, exprs=exprs, reduce=reduce, axes=axes, keepdims=keepdims)
             return KernelOp.of("multi_reduction", xs, OPS["multi_reduction"].infer(*xs, **attrs), numerics=numerics,
                                **attrs)
         channel = (1, 64, 1, 1)

@@ -1,12 +1,12 @@
-// multi_reduction(f32[32,64,56,56], f32[1,64,1,1], f32[1,64,1,1], f32[1,64,1,1], f32[1,64,1,1], axes=(0, 2, 3), exprs='mul(where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32),div(sub($0,$1),$2));where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32);div(mul(where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32),$3),$2)', reduce='sum') -> f32[3,64]
+// multi_reduction(f32[32,64,56,56], f32[1,64,1,1], f32[1,64,1,1], f32[1,64,1,1], f32[1,64,1,1], axes=(0, 2, 3), exprs='mul(where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32),div(sub($0,$1),$2));where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32);div(mul(where(gt(add(mul(div(sub($0,$1),$2),$3),$4),0.0:float32),1.0:float32,0.0:float32),$3),$2)', reduce='sum', width=64) -> f32[3,64]
 // reduction (row reduce) of 100352 elements into each of 64 outputs,
 // schedule threads=512 vec=4 split=512 blocks=5; accumulates in float.
-// launch: reduction_multi_reduction_e6e60352<<<320, 512>>>(in0, in1, in2, in3, in4, out, work)
+// launch: reduction_multi_reduction_e749305f<<<320, 512>>>(in0, in1, in2, in3, in4, out, work)
 template <typename T, int N> struct __align__(sizeof(T) * N) vec_t { T v[N]; };
 
 __device__ __forceinline__ float reduction_combine(float a, float b) { return a + b; }
 
-extern "C" __global__ void __launch_bounds__(512) reduction_multi_reduction_e6e60352(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, const float* __restrict__ in4, float* __restrict__ out, unsigned char* __restrict__ work) {
+extern "C" __global__ void __launch_bounds__(512) reduction_multi_reduction_e749305f(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, const float* __restrict__ in4, float* __restrict__ out, unsigned char* __restrict__ work) {
     const unsigned row = blockIdx.x / 5u;
     const unsigned part = blockIdx.x % 5u;
     const unsigned lane = threadIdx.x % 512u;
