@@ -283,9 +283,10 @@ def choice_reason(report: ExplainReport, program: CompiledProgram | None = None)
                 f"{_how_cached(program)} earlier for this signature")
     if report.chosen_by == "on_device":
         return f"chosen: {label} (candidate {report.chosen}), timed fastest on the GPU{_timings(program)}"
-    if len(report.candidates) == 1:
-        return (f"chosen: the only candidate ({label}), {_us(best.est_us)} µs by the cost model"
-                f"{_on_host(report, program)}")
+    if len(report.candidates) == 1:      # an unfused program's chains may still be merged as it is lowered
+        merged = any(len(k.fused) > 1 for k in best.kernels) and not best.fusion_depth
+        return (f"chosen: the only candidate ({label}{', its elementwise kernels merged' if merged else ''}), "
+                f"{_us(best.est_us)} µs by the cost model{_on_host(report, program)}")
     other_rank = 1 if report.chosen == 0 else 0
     other = report.candidates[other_rank]
     parts = [f"{len(best.kernels)} vs {len(other.kernels)} kernels"]

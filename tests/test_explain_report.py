@@ -88,6 +88,17 @@ def test_explain_says_a_softmax_over_a_middle_axis_is_not_a_row_kernels():
     assert not [line for line in lines if "does not take" in line]
 
 
+def test_an_unfused_plan_whose_chains_lowering_merged_says_so():
+    from tessera_rw.report import choice_reason
+    gate = op.kernel(lambda a, b: op.silu(a) * b)
+    spec = op.tensor((256, 512), "bf16")
+    report = gate.explain(spec, spec)
+    assert len(report.candidates) == 1 and report.candidates[0].fusion_depth == 0
+    assert choice_reason(report).startswith("chosen: the only candidate (unfused, its elementwise kernels merged)")
+    plain = op.kernel(lambda a: op.exp(a)).explain(spec)
+    assert choice_reason(plain).startswith("chosen: the only candidate (unfused), ")
+
+
 def test_explain_of_fused_attention_has_no_refusal(report):
     from tessera_rw.report import unbuildable_lines
     assert report.candidates[0].fusion_depth == 2 and unbuildable_lines(report.program) == []
