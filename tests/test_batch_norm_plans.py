@@ -63,3 +63,18 @@ def test_the_step_computes_the_gradients():
         emulated = run_plan_emulated(program.plan, {"x": x, "g": g, "b": b})
         for got, want in zip(emulated, reference(x, g, b)):
             np.testing.assert_allclose(np.asarray(got, np.float64).reshape(want.shape), want, rtol=2e-4, atol=2e-4)
+
+
+def test_two_layers_compute_nothing_twice():
+    """The second layer's sums read what the first layer's feed: each group reads the other's
+    views (a group built over the program as extracted kept the old chain alive beside it)."""
+    two = op.grad(lambda x, g, b: op.sum(batch_norm_relu(batch_norm_relu(x, g, b), g, b)), argnums=(0, 1, 2))
+    channel = op.tensor((1, 64, 1, 1), "f32")
+    plan = two.program(op.tensor((32, 64, 56, 56), "f32"), channel, channel).plan
+    assert len(plan.steps) == 20
+    x, g, b = inputs((4, 8, 6, 5), np.random.default_rng(32))
+    program = two.program(x, g, b)
+    want = [np.asarray(w, np.float64) for w in two(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))]
+    for got in (two(x, g, b), run_plan_emulated(program.plan, {"x": x, "g": g, "b": b}) if emulator.available() else ()):
+        for a, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a, np.float64).reshape(w.shape), w, rtol=5e-4, atol=5e-4)

@@ -113,11 +113,29 @@ def _merged(members: list[Node], after: set[Node]) -> dict[Node, Node] | None:
 
 def with_replacements(graph: Graph, replaced: dict[Node, Node]) -> Graph:
     """`graph` with each replaced node's readers reading its replacement (the members themselves are
-    left out: their views read the one kernel)."""
-    new: dict[Node, Node] = {}
-    for node in graph.nodes:
-        if node in replaced:
-            new[node] = replaced[node]
-        else:
-            new[node] = node.replace(args=tuple(new.get(a, a) for a in node.args))
-    return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+    left out: their views read the one kernel). A replacement is built over the nodes of `graph`,
+    and those may be replaced too (a batch norm's backward sums read what the next layer's sums
+    feed): it reads what they became. Walked without recursion, as deep programs are."""
+    done: dict[Node, Node] = {}
+    for root in graph.outputs:
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            if node in done:
+                stack.pop()
+                continue
+            source = replaced.get(node, node)
+            if source is not node:                  # a member: what its replacement became
+                if source in done:
+                    done[node] = done[source]
+                    stack.pop()
+                else:
+                    stack.append(source)
+                continue
+            pending = [a for a in node.args if a not in done]
+            if pending:
+                stack.extend(pending)
+                continue
+            done[node] = node.replace(args=tuple(done[a] for a in node.args))
+            stack.pop()
+    return Graph(graph.name, graph.inputs, tuple(done[o] for o in graph.outputs)).verify()

@@ -100,3 +100,14 @@ def test_the_op_refuses_expressions_of_different_values():
     x = make_input("x", (4, 8), F32)
     with pytest.raises(ShapeError, match="multi_reduction"):
         make("multi_reduction", x, exprs="$0;cast_bfloat16($0)", reduce="sum", axes=(1,), keepdims=False, width=4)
+
+
+def test_a_group_reading_what_another_group_feeds_reads_its_views_and_nothing_is_computed_twice():
+    x = make_input("x", NCHW, F32)
+    total, squares = reduced(x, expr="$0"), reduced(x, expr="mul($0,$0)")       # the first group
+    y = make("fused_elementwise", x, make("reshape", total, shape=(1, 16, 1, 1)), expr="mul($0,$1)")
+    graph = Graph("g", (x,), (squares, reduced(y, expr="$0"), reduced(y, expr="mul($0,$0)")))
+    grouped = reduced_together(graph)
+    assert sorted(ops(grouped)).count("multi_reduction") == 2 and "fused_reduction" not in ops(grouped)
+    assert ops(grouped).count("fused_elementwise") == 1                          # y once, from the first group's view
+    same_values(graph, grouped, 5)
