@@ -78,3 +78,12 @@ def test_two_layers_compute_nothing_twice():
     for got in (two(x, g, b), run_plan_emulated(program.plan, {"x": x, "g": g, "b": b}) if emulator.available() else ()):
         for a, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(a, np.float64).reshape(w.shape), w, rtol=5e-4, atol=5e-4)
+
+
+def test_op_batch_norm_plans_as_the_written_out_one():
+    step_op = op.grad(lambda x, w, b: op.sum(op.relu(op.batch_norm(x, weight=w, bias=b))), argnums=(0, 1, 2))
+    plan = step_op.program(op.tensor((32, 64, 56, 56), "f32"), op.tensor((64,), "f32"), op.tensor((64,), "f32")).plan
+    assert [s.op for s in plan.steps].count("multi_reduction") == 1 and len(plan.steps) == 7
+    x, g, b = inputs((4, 8, 6, 5), np.random.default_rng(33))
+    for got, want in zip(step_op(x, g.ravel(), b.ravel()), reference(x, g, b)):
+        np.testing.assert_allclose(np.asarray(got, np.float64).reshape(want.shape), want, rtol=2e-4, atol=2e-4)

@@ -103,7 +103,7 @@ class TensorMethods:
 
     def __getitem__(self, index): return api.getitem(self, index)
     def reshape(self, *shape): return api.reshape(self, shape[0] if len(shape) == 1 else shape)
-    def flatten(self): return api.reshape(self, (-1,))
+    def flatten(self, start_axis: int = 0, end_axis: int = -1): return api.flatten(self, start_axis, end_axis)
     def ravel(self): return api.reshape(self, (-1,))
     def transpose(self, *axes): return api.transpose(self, (axes[0] if len(axes) == 1 else axes) or None)
     def swapaxes(self, a: int, b: int): return api.swapaxes(self, a, b)

@@ -92,14 +92,32 @@ def _conv(name: str, spatial: int, x, w, stride, padding, dilation, groups):
     return apply(name, (x, w), stride=strides, padding=pads, dilation=dilations, groups=int(groups))
 
 
-def conv1d(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """Cross-correlation of x (N, C, L) with w (O, C/groups, K), as torch.nn.functional.conv1d."""
-    return _conv("conv1d", 1, x, w, stride, padding, dilation, groups)
+def conv1d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """Cross-correlation of x (N, C, L) with w (O, C/groups, K), plus bias (O,) where given, as
+    torch.nn.functional.conv1d."""
+    return _biased(_conv("conv1d", 1, x, w, stride, padding, dilation, groups), bias, 1)
 
 
-def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), as torch's conv2d."""
-    return _conv("conv2d", 2, x, w, stride, padding, dilation, groups)
+def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """Cross-correlation of x (N, C, H, W) with w (O, C/groups, KH, KW), plus bias (O,) where given,
+    as torch's conv2d."""
+    return _biased(_conv("conv2d", 2, x, w, stride, padding, dilation, groups), bias, 2)
+
+
+def _biased(y, bias, spatial: int):
+    """y plus a per-output-channel bias (O,) spread over the spatial axes (the convolution's
+    epilogue takes it in)."""
+    if bias is None:
+        return y
+    from tessera_rw.algebra.api.elementwise import add
+    from tessera_rw.algebra.api.layout import reshape
+    channels = type_of(y).shape[1]
+    with op_context("conv bias", (tensor_operand(bias),), ("bias",)):
+        if type_of(tensor_operand(bias)).shape != (channels,):
+            raise AttributeValueError(f"a convolution's bias has one value per output channel, shape ({channels},), "
+                                      f"got {type_of(tensor_operand(bias)).shape}",
+                                      hint="stride, padding, dilation and groups follow bias, as in torch")
+    return add(y, reshape(bias, (1, channels) + (1,) * spatial))
 
 
 def _fft(name: str, x, n, axis, norm):
