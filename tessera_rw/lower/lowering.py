@@ -18,7 +18,9 @@ share that buffer (a packed GEMM result returned as dW = packed[:M], db = packed
 An output is copied into a buffer of its own (an identity transpose, which the copy kernel runs)
 when it is an input or a constant or a view of one, when it overlaps an output already handed
 back, or when the outputs viewing its base cover less than half of it (so a small slice does not
-keep a large value alive in the caller's hands). A computed base's copies run right after it, so
+keep a large value alive in the caller's hands; a base of SMALL_BASE bytes or less is handed back
+whole, which costs less than a launch: a batch norm's weight and bias gradients, rows of the
+multi_reduction that also holds Σdy·g/σ). A computed base's copies run right after it, so
 it can be released as usual; copies of inputs and constants run last.
 
 >>> from tessera_rw.algebra.builder import make, make_input
@@ -42,6 +44,7 @@ from tessera_rw.lower.plan import VIEW_ALIGNMENT, Buffer, BufferRole, KernelPlan
 
 SOURCE_OPS = frozenset({"input", "constant", "literal"})   # values that are in memory before any launch
 VIEW_OPS = frozenset({"reshape"})                            # always views: the same bytes at another shape
+SMALL_BASE = 64 * 1024                                       # bytes an output's base may hold beside it
 
 
 def view_offset(op: str, operand: TensorType, attrs: Mapping[str, Any]) -> int | None:
@@ -133,7 +136,8 @@ def _served_in_place(outputs: tuple[Node, ...], where: Mapping[Node, tuple[Node,
         if fits and start < end:
             kept.append((start, end))
         served.append(fits)
-    thin = {base for base, kept in spans.items() if kept and 2 * sum(b - a for a, b in kept) < base.type.nbytes}
+    thin = {base for base, kept in spans.items()
+            if kept and 2 * sum(b - a for a, b in kept) < base.type.nbytes and base.type.nbytes > SMALL_BASE}
     return [ok and where[out][0] not in thin for out, ok in zip(outputs, served)]
 
 

@@ -137,17 +137,24 @@ def test_strided_or_misaligned_slices_stay_copies():
 
 
 def test_outputs_that_overlap_or_view_inputs_or_keep_little_of_their_base_are_copied():
-    x = make_input("x", (64, 64), F32)
+    x = make_input("x", (256, 128), F32)                  # 128 KB: more than a small base
     e = make("exp", x)
     t = make("tanh", x)
     graph = Graph("outs", (x,), (e, row(e, 3), rows(x, 0, 32), row(t, 5)))
-    plan = check(graph, {"x": normal(64, 64)})
+    plan = check(graph, {"x": normal(256, 128)})
     ops = [s.op for s in plan.steps]
     assert ops.count("transpose") == 3 and ops.count("slice") == 0
     assert len({ref.buffer for ref in plan.outputs}) == 4
     tanh_step = next(s for s in plan.steps if s.op == "tanh")
     assert plan.buffers[tanh_step.output.buffer].role is BufferRole.TEMP     # only a row of it is returned
     assert plan.steps[ops.index("tanh") + 1].op == "transpose"             # copied out right after it
+
+
+def test_a_row_of_a_small_value_is_handed_back_in_place_whole_base_and_all():
+    x = make_input("x", (64, 64), F32)                    # 16 KB: a copy's launch costs more than keeping it
+    plan = check(Graph("small", (x,), (row(make("tanh", x), 5),)), {"x": normal(64, 64)})
+    assert [s.op for s in plan.steps] == ["tanh"]
+    assert plan.buffers[plan.outputs[0].buffer].nbytes == 64 * 64 * 4 and plan.outputs[0].offset == 5 * 64 * 4
 
 
 def test_most_of_a_value_returned_as_a_view_keeps_it_in_the_output_buffer():
