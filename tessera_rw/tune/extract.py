@@ -29,6 +29,7 @@ from tessera_rw.lower.attention_views import read_attention_views
 from tessera_rw.lower.conv_bias_grads import sum_bias_grads_in_weight_grads
 from tessera_rw.lower.conv_views import read_conv_views_in_place
 from tessera_rw.lower.concat_reads import read_concatenates_in_place
+from tessera_rw.lower.centered_sums import without_centered_terms
 from tessera_rw.lower.elementwise_merge import merge_elementwise
 from tessera_rw.lower.epilogue_merge import merge_epilogues
 from tessera_rw.lower.kept_preactivations import keep_preactivations
@@ -238,7 +239,7 @@ def _candidate(program: Graph | None, arch: ArchSpec) -> Candidate | None:
     lowered = keep_preactivations(merge_epilogues(merge_elementwise(fold_layout_chains(program)), _still_a_kernel))
     lowered = read_conv_views_in_place(read_attention_views(read_views_in_place(lowered)))
     lowered = read_concatenates_in_place(sum_bias_grads_in_weight_grads(lowered))
-    lowered = computed_together(reduced_together(lowered))
+    lowered = computed_together(reduced_together(without_centered_terms(lowered)))
     # reading views in place is lowering: a program's fusion depth is that of the ops it was chosen with
     return candidate_of(lowered, arch, depth_of(program))
 
