@@ -73,11 +73,12 @@ def test_two_layers_compute_nothing_twice():
     two = op.grad(lambda x, g, b: op.sum(batch_norm_relu(batch_norm_relu(x, g, b), g, b)), argnums=(0, 1, 2))
     channel = op.tensor((1, 64, 1, 1), "f32")
     plan = two.program(op.tensor((32, 64, 56, 56), "f32"), channel, channel).plan
-    assert len(plan.steps) == 19
+    assert len(plan.steps) <= 20                  # 27 where the first group's chain was kept alive beside it
     x, g, b = inputs((4, 8, 6, 5), np.random.default_rng(32))
     program = two.program(x, g, b)
     want = [np.asarray(w, np.float64) for w in two(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64))]
-    for got in (two(x, g, b), run_plan_emulated(program.plan, {"x": x, "g": g, "b": b}) if emulator.available() else ()):
+    runs = [two(x, g, b)] + ([run_plan_emulated(program.plan, {"x": x, "g": g, "b": b})] if emulator.available() else [])
+    for got in runs:
         for a, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(a, np.float64).reshape(w.shape), w, rtol=5e-4, atol=5e-4)
 

@@ -31,6 +31,7 @@ import scipy.fft
 from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
+from tessera_rw.algebra.ops.fused_expr import fused
 from tessera_rw.algebra.ops.strided_attention import viewed, written_through
 from tessera_rw.algebra.ops.strided_attention_backward import on_views
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
@@ -59,12 +60,29 @@ def _on_views(kernel: Callable[..., np.ndarray]) -> HostKernel:
 
 
 def _compensated(node: Node, args: list[np.ndarray]) -> np.ndarray:
-    x = args[0].astype(np.float32) if args[0].dtype.itemsize < 4 and args[0].dtype.kind == "f" else args[0]
-    axes, keepdims = node.attr("axes"), node.attr("keepdims", False)
+    return _compensated_of(args[0], node.op, node.attr("axes"), node.attr("keepdims", False))
+
+
+def _compensated_of(x: np.ndarray, reduce: str, axes, keepdims: bool) -> np.ndarray:
+    x = x.astype(np.float32) if x.dtype.itemsize < 4 and x.dtype.kind == "f" else x
     total = compensated_sum(x, axes, keepdims)
-    if node.op == "mean":
+    if reduce == "mean":
         total = total / np.prod([x.shape[a] for a in axes], dtype=np.float64).astype(total.dtype)
     return total
+
+
+def _compensated_multi(node: Node, args: list[np.ndarray]) -> np.ndarray:
+    """A multi_reduction's sums or means each compensated, as its kernel's are under kahan_sum."""
+    a = node.attr_map
+    if a["reduce"] not in ("sum", "mean"):
+        return evaluate_node(node, args)
+    out = np.zeros(node.shape, node.dtype.numpy)
+    for m, expr in enumerate(a["exprs"].split(";")):
+        values = np.asarray(fused(*args, expr=expr))
+        axes = tuple(ax % values.ndim for ax in a["axes"])
+        row = np.ravel(_compensated_of(values, a["reduce"], axes, a["keepdims"]))
+        out[m, :row.size] = row
+    return out
 
 
 def _scipy_transform(name: str) -> HostKernel:
@@ -90,7 +108,8 @@ HOST_KERNELS: dict[str, HostKernel] = {
     "strided_attention_bwd": _on_views(bwd_blockwise),
     **{name: _scipy_transform(name) for name in ("fft", "ifft", "rfft", "irfft")},
 }
-COMPENSATED_KERNELS: dict[str, HostKernel] = {"sum": _compensated, "mean": _compensated}
+COMPENSATED_KERNELS: dict[str, HostKernel] = {"sum": _compensated, "mean": _compensated,
+                                              "multi_reduction": _compensated_multi}
 
 
 def host_kernel(node: Node, args: list[np.ndarray], numerics: Numerics = Numerics.DETERMINISTIC) -> np.ndarray:

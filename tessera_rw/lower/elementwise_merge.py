@@ -46,6 +46,7 @@ from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
 CHEAP_READ = 1 << 18    # bytes a kernel reads in less time than a launch takes: a small value computed again
+CHEAP_OPS = 16          # ops of a value each of its readers computes again, reading its operands instead
 EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
 
 
@@ -77,12 +78,12 @@ def _merged_once(graph: Graph) -> Graph:
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     alone: set[Node] = set()            # ...of them, those no other kernel reads spread out again
     shared: set[Node] = set()           # new nodes several kernels read (or the caller too)
+    producers = _Producers(absorbable, alone, shared, set(), set())
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op in ("fused_elementwise", "fused_reduction"):
-            new[node] = _merged(node, rebuilt, _Producers(absorbable, alone, shared))
-        elif (spelled := _one_op_expression(node)) is not None:
-            producers = _Producers(absorbable, alone, shared)
+            new[node] = _merged(node, rebuilt, producers)
+        elif (spelled := _one_op_expression(node) or _as_fused_reduction(node)) is not None:
             merged = _merged(spelled, spelled.replace(args=rebuilt.args), producers)
             # the op alone is its own kernel unless it took producers in or holds a constant its
             # dtype does not (it then computes with the value itself, rounding as it did)
@@ -99,9 +100,21 @@ def _merged_once(graph: Graph) -> Graph:
                 alone.add(new[node])
         else:
             shared.add(new[node])
+            if node in outputs:
+                producers.returned.add(new[node])
+            elif all(_takes_in(user, node) for user in users[node]):
+                producers.dissolving.add(new[node])
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _takes_in(user: Node, value: Node) -> bool:
+    """Whether `user` is a kernel that may compute `value` again: an elementwise one, or a reduction
+    of an expression, over values of its shape."""
+    if user.op == "fused_reduction":
+        return values_of(user).shape == value.shape
+    return is_elementwise(user) and user.shape == value.shape
 
 
 def _inexact(args: tuple[Node, ...]) -> bool:
@@ -132,6 +145,20 @@ def _one_op_expression(node: Node) -> Node | None:
     return spelled if spelled.type == node.type else None
 
 
+def _as_fused_reduction(node: Node) -> Node | None:
+    """A plain sum, mean, max or min as the fused_reduction of its operand (to take its producer
+    in); None for any other node."""
+    if node.op not in ("sum", "mean", "max", "min") or not node.args[0].type.dtype.is_float:
+        return None
+    a = node.attr_map
+    try:
+        spelled = make("fused_reduction", node.args[0], expr="$0", reduce=node.op, axes=a["axes"],
+                       keepdims=a["keepdims"])
+    except TesseraError:
+        return None
+    return spelled if spelled.type == node.type else None
+
+
 def is_elementwise(node: Node) -> bool:
     """Whether `node` is one elementwise computation an expression spells (fused or a single op)."""
     return node.op == "fused_elementwise" or expression_name(node.op, node.attr_map) is not None
@@ -151,6 +178,8 @@ class _Producers:
     absorbable: set[Node]       # read by that kernel alone, or spreading far smaller inputs
     alone: set[Node]            # ...of them, those no other kernel reads
     shared: set[Node]           # read by several kernels (or returned): each may compute them again
+    returned: set[Node]         # ...of them, those the caller reads too: rounded to their dtype when computed again
+    dissolving: set[Node]       # ...of them, those every reader may compute (none is left to write them)
 
 
 def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
@@ -163,12 +192,15 @@ def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
     # every producer it may take in, with the shared ones it reads no more to compute; every one it
     # may take in; those it alone reads (a spread value others read too costs them little to compute
     # again); none
-    absorbable = producers.absorbable
-    for taken, again in ((absorbable, recomputed), (absorbable, frozenset()), (producers.alone, frozenset()),
-                         (set(), frozenset())):
-        leaves: list[Node] = []
-        spelled = _spelled(tree, rebuilt.args, taken, shape, leaves, again)
-        ops = count_ops(spelled)
+    absorbable, returned = producers.absorbable, frozenset(producers.returned)
+    tiers = ((absorbable, recomputed), (absorbable, frozenset()), (producers.alone, frozenset()), (set(), frozenset()))
+    for last, (taken, again) in enumerate(tiers, 1 - len(tiers)):
+        spelling = _Spelling(taken, shape, [], again, returned, None if not last else MAX_FUSED_OPS)
+        try:
+            spelled = spelling.of(tree, rebuilt.args)
+        except _TooBig:
+            continue
+        leaves, ops = spelling.leaves, count_ops(spelled)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
             break
     spelled, leaves = _unspread(spelled, leaves, shape)
@@ -210,16 +242,37 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
     nothing writes it), or than CHEAP_READ (a loss's mask of rows kept, from the targets). Whether
     other kernels still read the value or not, none reads more (or more than a launch's worth)."""
     chosen: frozenset[Node] = frozenset()
+    rejected: set[Node] = set()         # those whose expression would nest too many ops
+    latest = None
     while True:
-        leaves: list[Node] = []
-        _spelled(tree, args, producers.absorbable, shape, leaves, chosen)
+        spelling = _Spelling(producers.absorbable, shape, [], chosen, frozenset(), MAX_FUSED_OPS)
+        try:
+            spelling.of(tree, args)
+        except _TooBig:
+            if latest is None:
+                return chosen
+            chosen -= {latest}
+            rejected.add(latest)
+            latest = None
+            continue
+        leaves = spelling.leaves
         read = set(leaves)
         added = {leaf: sum(_in_memory(a).nbytes for a in _streamed(leaf) if a not in read)
-                 for leaf in leaves if leaf in producers.shared and leaf.shape == shape}
-        fits = [leaf for leaf, more in added.items() if more <= max(leaf.type.nbytes, CHEAP_READ)]
+                 for leaf in leaves if leaf in producers.shared and leaf.shape == shape and leaf not in rejected}
+        fits = [leaf for leaf, more in added.items() if more <= _allowance(leaf, producers)]
         if not fits:
             return chosen
-        chosen |= {min(fits, key=lambda leaf: (added[leaf], leaves.index(leaf)))}
+        latest = min(fits, key=lambda leaf: (added[leaf], leaves.index(leaf)))
+        chosen |= {latest}
+
+
+def _allowance(value: Node, producers: _Producers) -> int:
+    """The bytes a kernel may read beyond what it reads to compute `value` again: its own where
+    every reader may compute it (reading its operands instead of it then reads no more in all) and
+    it is a few ops (a chain of values each read twice nests many: the next kernels would rather
+    read them), or CHEAP_READ (less than a launch costs); none where it is written anyway."""
+    few = count_ops(expression_tree(value)) <= CHEAP_OPS
+    return max(value.type.nbytes if value in producers.dissolving and few else 0, CHEAP_READ)
 
 
 def _streamed(node: Node) -> list[Node]:
@@ -240,32 +293,53 @@ def values_of(node: Node) -> TensorType:
     return infer_fused(*(a.type for a in node.args), expr=node.attr_map["expr"])
 
 
-def _spelled(tree, args: tuple[Node, ...], absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node],
-             again: frozenset[Node] = frozenset()):
-    """`tree` over `args` respelled: each input a constant's Scalar, an absorbable producer (of the
-    expression's `shape`) its own expression, or the index of the input node in `leaves` (appended
-    when first read). Producers in `again` are computed again wherever they are read, inside the
-    expressions of those taken in too."""
-    if isinstance(tree, Scalar):
-        return tree
-    if isinstance(tree, int):
-        return _leaf(args[tree], absorbable, shape, leaves, again)
-    return (tree[0], *(_spelled(a, args, absorbable, shape, leaves, again) for a in tree[1:]))
+class _TooBig(Exception):
+    """An expression nesting more than its budget of ops."""
 
 
-def _leaf(arg: Node, absorbable: set[Node], shape: tuple[int, ...], leaves: list[Node], again: frozenset[Node]):
-    if (scalar := Scalar.of(arg)) is not None:
-        return scalar
-    if (arg in absorbable or arg in again) and arg.shape == shape:
-        if arg.op == "fused_elementwise":      # merged already: it took in what it could
-            tree = _spelled(parse_expr(arg.attr_map["expr"]), arg.args, set(), shape, leaves, again)
-        else:
-            tree = (expression_name(arg.op, arg.attr_map),
-                    *(_leaf(a, absorbable, shape, leaves, again) for a in arg.args))
-        # a value other kernels (or the caller) read as written is computed again rounded to its
-        # dtype, as they read it (a float16 product that overflowed is inf in every reader)
-        rounded = arg in again and arg not in absorbable and arg.dtype in (DType.bfloat16, DType.float16)
-        return (expression_name("cast", {"dtype": arg.dtype}), tree) if rounded else tree
-    if arg not in leaves:                      # nodes are interned: equal is the same node
-        leaves.append(arg)
-    return leaves.index(arg)
+@dataclass
+class _Spelling:
+    """Respelling an expression over the merged program's values: each input a constant's Scalar,
+    an absorbable producer (of the expression's `shape`) its own expression, or the index of the
+    input node in `leaves` (appended when first read). Producers in `again` are computed again
+    wherever they are read, inside the expressions of those taken in too, and those of them the
+    caller reads (`returned`) rounded to their dtype as the caller sees them (a float16 product
+    that overflowed is inf in every reader). Past `budget` ops it stops (_TooBig): producers read
+    several times nest exponentially many."""
+    absorbable: set[Node]
+    shape: tuple[int, ...]
+    leaves: list[Node]
+    again: frozenset[Node]
+    returned: frozenset[Node]
+    budget: int | None
+
+    def of(self, tree, args: tuple[Node, ...]):
+        if isinstance(tree, Scalar):
+            return tree
+        if isinstance(tree, int):
+            return self._leaf(args[tree])
+        return self._op(tree[0], *(self.of(a, args) for a in tree[1:]))
+
+    def _op(self, name: str, *operands):
+        if self.budget is not None:
+            self.budget -= 1
+            if self.budget < 0:
+                raise _TooBig
+        return (name, *operands)
+
+    def _leaf(self, arg: Node):
+        if (scalar := Scalar.of(arg)) is not None:
+            return scalar
+        if (arg in self.absorbable or arg in self.again) and arg.shape == self.shape:
+            if arg.op == "fused_elementwise":      # merged already: it took in what it could
+                inner = _Spelling(set(), self.shape, self.leaves, self.again, self.returned, self.budget)
+                tree = inner.of(parse_expr(arg.attr_map["expr"]), arg.args)
+                self.budget = inner.budget
+            else:
+                tree = self._op(expression_name(arg.op, arg.attr_map), *(self._leaf(a) for a in arg.args))
+            if arg in self.again and arg in self.returned and arg.dtype in (DType.bfloat16, DType.float16):
+                return self._op(expression_name("cast", {"dtype": arg.dtype}), tree)
+            return tree
+        if arg not in self.leaves:                 # nodes are interned: equal is the same node
+            self.leaves.append(arg)
+        return self.leaves.index(arg)

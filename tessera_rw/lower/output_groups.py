@@ -117,6 +117,7 @@ def with_replacements(graph: Graph, replaced: dict[Node, Node]) -> Graph:
     and those may be replaced too (a batch norm's backward sums read what the next layer's sums
     feed): it reads what they became. Walked without recursion, as deep programs are."""
     done: dict[Node, Node] = {}
+    waiting: set[Node] = set()                      # nodes whose operands are being rebuilt
     for root in graph.outputs:
         stack = [root]
         while stack:
@@ -125,17 +126,15 @@ def with_replacements(graph: Graph, replaced: dict[Node, Node]) -> Graph:
                 stack.pop()
                 continue
             source = replaced.get(node, node)
-            if source is not node:                  # a member: what its replacement became
-                if source in done:
-                    done[node] = done[source]
-                    stack.pop()
-                else:
-                    stack.append(source)
-                continue
-            pending = [a for a in node.args if a not in done]
+            pending = [a for a in ((source,) if source is not node else node.args) if a not in done]
             if pending:
+                if node in waiting or any(p in waiting for p in pending):
+                    raise TesseraError(f"replacements that need one another at {node!r}", op=node.op,
+                                       hint="a group of kernels was built that reads its own results")
+                waiting.add(node)
                 stack.extend(pending)
                 continue
-            done[node] = node.replace(args=tuple(done[a] for a in node.args))
+            done[node] = done[source] if source is not node else node.replace(args=tuple(map(done.get, node.args)))
+            waiting.discard(node)
             stack.pop()
     return Graph(graph.name, graph.inputs, tuple(done[o] for o in graph.outputs)).verify()

@@ -44,6 +44,7 @@ class _Group:
     members: list[Node] = field(default_factory=list)
     leaves: list[Node] = field(default_factory=list)       # what the one kernel reads
     mask: int = 0                                          # the members' bits (see reduced_together)
+    needs: int = 0                                         # the reductions the members read, however far back
 
 
 def reduced_together(graph: Graph) -> Graph:
@@ -59,14 +60,16 @@ def reduced_together(graph: Graph) -> Graph:
             after[node] |= after.get(a, 0) | bit.get(a, 0)
     groups: list[_Group] = []
     for node in reductions:
-        fits = [g for g in groups if g.key == _key(node) and not after[node] & g.mask and _fits(g, node)]
+        fits = [g for g in groups if g.key == _key(node) and not after[node] & g.mask and _fits(g, node)
+                and not _closes_a_cycle(groups, g, bit[node], after[node])]
         if not fits:
-            groups.append(_Group(_key(node), [node], _read(node), bit[node]))
+            groups.append(_Group(_key(node), [node], _read(node), bit[node], after[node]))
             continue
         group = max(fits, key=lambda g: _shared_bytes(g, node))     # first of those sharing the most
         group.members.append(node)
         group.leaves = list(dict.fromkeys([*group.leaves, *_read(node)]))
         group.mask |= bit[node]
+        group.needs |= after[node]
     replaced: dict[Node, Node] = {}
     for group in groups:
         if len(group.members) > 1 and (views := _views(group)) is not None:
@@ -97,6 +100,24 @@ def _tree(node: Node):
 
 def _read(node: Node) -> list[Node]:
     return list(dict.fromkeys(a for a in node.args if Scalar.of(a) is None))
+
+
+def _closes_a_cycle(groups: list[_Group], group: _Group, bit: int, needs: int) -> bool:
+    """Whether `group` taking in a reduction (its `bit`, what it `needs`) would need, through other
+    groups, a group that needs it: r2 needing r1 and r3 needing r4 cannot be {r1, r3} and {r2, r4}
+    (each kernel would wait for the other)."""
+    mask, needs = group.mask | bit, group.needs | needs
+    frontier = [g for g in groups if g is not group and needs & g.mask]
+    seen = set(map(id, frontier))
+    while frontier:
+        other = frontier.pop()
+        if other.needs & mask:
+            return True
+        for g in groups:
+            if g is not group and id(g) not in seen and other.needs & g.mask:
+                seen.add(id(g))
+                frontier.append(g)
+    return False
 
 
 def _fits(group: _Group, node: Node) -> bool:

@@ -50,3 +50,21 @@ def test_compensated_sum_dtypes_and_special_values():
     assert np.isinf(compensated_sum(np.float32([1.0, np.inf])))
     assert np.isnan(compensated_sum(np.float32([1.0, np.nan]))) and np.isnan(compensated_sum(np.float32([np.inf, -np.inf])))
     assert compensated_sum(np.zeros((0, 3), np.float32), 0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_sums_computed_together_stay_compensated_on_the_host_and_in_their_kernel():
+    from tessera_rw import numerics, op
+    from tessera_rw.codegen import emulator
+    from tessera_rw.codegen.emulator_plan import run_plan_emulated
+    from tessera_rw.codegen.numerics import Numerics
+    n = 1 << 16
+    x = np.ones((4, n), np.float32)
+    x[:, 0], x[:, -1] = 1e8, -1e8                  # exact: n − 2, which float32 summation loses
+    y = np.ones((4, n), np.float32)
+    pair = op.kernel(lambda x, y: (op.sum(x, axis=1), op.sum(y * y, axis=1)))
+    with numerics.policy("kahan_sum"):
+        assert [s.op for s in pair.program(x, y).plan.steps] == ["multi_reduction"]
+        assert np.asarray(pair(x, y)[0]).tolist() == [n - 2] * 4
+        if emulator.available():
+            got = run_plan_emulated(pair.program(x, y).plan, {"x": x, "y": y}, numerics=Numerics.KAHAN_SUM)
+            assert np.asarray(got[0]).tolist() == [n - 2] * 4

@@ -111,3 +111,16 @@ def test_a_group_reading_what_another_group_feeds_reads_its_views_and_nothing_is
     assert sorted(ops(grouped)).count("multi_reduction") == 2 and "fused_reduction" not in ops(grouped)
     assert ops(grouped).count("fused_elementwise") == 1                          # y once, from the first group's view
     same_values(graph, grouped, 5)
+
+
+def test_groups_that_would_need_one_another_are_not_made():
+    """r2 needs r1 and r3 needs r4: {r1, r3} and {r2, r4} would each wait for the other."""
+    x, y = make_input("x", NCHW, F32), make_input("y", NCHW, F32)
+    r1 = reduced(x, expr="$0", keepdims=True)
+    r2 = reduced(y, r1, expr="mul($0,$1)", keepdims=True)
+    r4 = reduced(y, expr="mul($0,$0)", keepdims=True)
+    r3 = reduced(x, r4, expr="mul($0,$1)", keepdims=True)
+    graph = Graph("g", (x, y), (r1, r2, r4, r3))
+    grouped = reduced_together(graph)
+    assert ops(grouped).count("multi_reduction") == 1 and ops(grouped).count("fused_reduction") == 2
+    same_values(graph, grouped, 6)
