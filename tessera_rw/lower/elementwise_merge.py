@@ -9,9 +9,11 @@ its expression ('mul($0,$1)' of x and 0.5 becomes 'mul($0,0.5:float32)' of x), r
 once, and absorbs the elementwise producers of its own shape that nothing else reads, up to
 MERGED_INPUTS distinct tensors and MAX_FUSED_OPS ops (and those that only spread far smaller inputs
 over their result, a mask from class indices, whatever reads them: each reader computes them
-again; and those several kernels read, by each reader for which computing one reads no more bytes
-than reading it: a batch norm's x̂ = (x − μ)/σ, read by three kernels, is computed by each from x,
-and the per-channel μ and σ stay in cache). A single elementwise op takes its producers in too,
+again; and those several kernels read, by each reader that reads what it is computed from
+already, or by every reader where each may compute it and it is at most CHEAP_OPS ops: a batch
+norm's x̂ = (x − μ)/σ, read by three kernels, is computed by each from x, the per-channel μ and σ
+staying in cache, and none writes it. A value the caller reads too is rounded to its 16-bit dtype
+where it is computed again; others compute wide, as any fused chain does). A single elementwise op takes its producers in too,
 becoming a fused node, and a spread leaf (broadcast_to) is read as the smaller value it spreads,
 in place. Merging repeats while it changes the program: once the other readers compute a value
 again, the last reads it alone and takes it in. It computes what the kernels it replaces did (in
@@ -135,8 +137,8 @@ def _one_op_expression(node: Node) -> Node | None:
     """An elementwise op as the one-op fused_elementwise of it (to take producers or a constant
     into); None for any other node."""
     name = expression_name(node.op, node.attr_map)
-    if name is None:
-        return None
+    if name is None or any(t.dtype.is_complex for t in (node.type, *(a.type for a in node.args))):
+        return None             # complex values: no fused kernel computes them
     try:
         operands = ",".join(f"${i}" for i in range(len(node.args)))
         spelled = make("fused_elementwise", *node.args, expr=f"{name}({operands})")
