@@ -60,7 +60,9 @@ def _kept(node: Node) -> Node | None:
         smaller = make("fused_reduction", *(node.args[i] for i in used), **(node.attr_map | {"expr": spell_expr(tree)}))
     except TesseraError:
         return None
-    return smaller if smaller.type == node.type else None
+    # the same type of result over the same values: terms of per-channel constants alone would
+    # sum one value per channel, not N·H·W of them
+    return smaller if smaller.type == node.type and values_of(smaller).shape == shape else None
 
 
 def _terms(tree, sign: int) -> list[tuple[int, object]]:

@@ -43,7 +43,7 @@ def test_the_deviation_from_the_mean_is_left_out_of_the_sum():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["factor varies", "other axes", "bf16 mean", "alone"])
+@pytest.mark.parametrize("case", ["factor varies", "other axes", "bf16 mean", "alone", "constants left"])
 def test_a_term_that_need_not_sum_to_zero_stays(case):
     x, g, c = inputs(BF16 if case == "bf16 mean" else F32)
     mu = make("mean", x, axes=(0,) if case == "other axes" else AXES, keepdims=True)
@@ -51,6 +51,8 @@ def test_a_term_that_need_not_sum_to_zero_stays(case):
         total = summed(g, x, mu, expr="add($0,mul($0,sub($1,$2)))")      # g changes along the axes
     elif case == "alone":
         total = summed(c, x, mu, expr="mul($0,sub($1,$2))")                # nothing else to sum: it stays
+    elif case == "constants left":                     # c summed over the axes is n·c, not c: it stays
+        total = summed(c, x, mu, expr="add($0,mul($0,sub($1,$2)))")
     else:
         total = summed(g, c, x, mu, expr="add($0,mul($1,sub($2,$3)))")
     graph = Graph("g", (x, g, c), (total,))
