@@ -13,9 +13,10 @@ again; and those several kernels read, by each reader that reads what it is comp
 already, or by every reader where each may compute it and it is at most CHEAP_OPS ops: a batch
 norm's x̂ = (x − μ)/σ, read by three kernels, is computed by each from x, the per-channel μ and σ
 staying in cache, and none writes it. A value the caller reads too is rounded to its 16-bit dtype
-where it is computed again; others compute wide, as any fused chain does). A single elementwise op takes its producers in too,
-becoming a fused node, and a spread leaf (broadcast_to) is read as the smaller value it spreads,
-in place. Merging repeats while it changes the program: once the other readers compute a value
+where it is computed again; others compute wide, as any fused chain does; an 8-bit float is read,
+never computed again). A single elementwise op, and a plain sum / mean / max / min, takes its
+producers in too, becoming a fused node, and a spread leaf (broadcast_to) is read as the smaller
+value it spreads, in place. Merging repeats while it changes the program: once the other readers compute a value
 again, the last reads it alone and takes it in. It computes what the kernels it replaces did (in
 one pass, keeping the intermediates in registers, as every fused node does), so the cost model
 prices the program after it, and the plan runs it.
@@ -137,8 +138,8 @@ def _one_op_expression(node: Node) -> Node | None:
     """An elementwise op as the one-op fused_elementwise of it (to take producers or a constant
     into); None for any other node."""
     name = expression_name(node.op, node.attr_map)
-    if name is None or any(t.dtype.is_complex for t in (node.type, *(a.type for a in node.args))):
-        return None             # complex values: no fused kernel computes them
+    if name is None or any(t.dtype.is_complex or _fp8(t) for t in (node.type, *(a.type for a in node.args))):
+        return None             # complex values: no fused kernel computes them; fp8: see _fp8
     try:
         operands = ",".join(f"${i}" for i in range(len(node.args)))
         spelled = make("fused_elementwise", *node.args, expr=f"{name}({operands})")
@@ -147,10 +148,16 @@ def _one_op_expression(node: Node) -> Node | None:
     return spelled if spelled.type == node.type else None
 
 
+def _fp8(t: TensorType) -> bool:
+    """Whether `t` is an 8-bit float, whose rounding where a kernel writes it (448 is e4m3's largest:
+    65504 stored is NaN) no expression spells: a producer of one is read, never computed again."""
+    return t.dtype.is_float and t.dtype.itemsize == 1
+
+
 def _as_fused_reduction(node: Node) -> Node | None:
     """A plain sum, mean, max or min as the fused_reduction of its operand (to take its producer
     in); None for any other node."""
-    if node.op not in ("sum", "mean", "max", "min") or not node.args[0].type.dtype.is_float:
+    if node.op not in ("sum", "mean", "max", "min") or not node.args[0].type.dtype.is_float or _fp8(node.args[0].type):
         return None
     a = node.attr_map
     try:
@@ -260,7 +267,8 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
         leaves = spelling.leaves
         read = set(leaves)
         added = {leaf: sum(_in_memory(a).nbytes for a in _streamed(leaf) if a not in read)
-                 for leaf in leaves if leaf in producers.shared and leaf.shape == shape and leaf not in rejected}
+                 for leaf in leaves
+                 if leaf in producers.shared and leaf.shape == shape and leaf not in rejected and not _fp8(leaf.type)}
         fits = [leaf for leaf, more in added.items() if more <= _allowance(leaf, producers)]
         if not fits:
             return chosen

@@ -261,3 +261,12 @@ def test_computing_values_read_several_times_again_stays_within_the_ops_of_one_e
     assert time.perf_counter() - start < 5.0
     assert all(count_ops(parse_expr(n.attr_map["expr"])) <= MAX_FUSED_OPS for n in kernels(merged)
                if n.op == "fused_elementwise")
+
+
+def test_an_8_bit_float_value_is_read_as_written_never_computed_again():
+    """65504 stored as e4m3 is NaN (its largest is 448): NaN · 0 is NaN, as the op-by-op program says."""
+    def fn(x):
+        big = op.full((), 0.0, dtype="float8_e4m3") + 65504.0
+        return x + big * 0.0
+    x = np.zeros((2, 3), ml_dtypes.float8_e4m3fn)
+    assert np.isnan(np.asarray(op.kernel(fn)(x), np.float64)).all()
