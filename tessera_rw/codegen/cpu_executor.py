@@ -32,6 +32,7 @@ from tessera_rw.algebra.errors import ArgumentError
 from tessera_rw.algebra.evaluate import evaluate_node, widened
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import fused
+from tessera_rw.algebra.ops.multi_output import padded_rows
 from tessera_rw.algebra.ops.strided_attention import viewed, written_through
 from tessera_rw.algebra.ops.strided_attention_backward import on_views
 from tessera_rw.codegen.cpu_attention import flash_attention_blockwise, flash_attention_lse_blockwise
@@ -76,13 +77,11 @@ def _compensated_multi(node: Node, args: list[np.ndarray]) -> np.ndarray:
     a = node.attr_map
     if a["reduce"] not in ("sum", "mean"):
         return evaluate_node(node, args)
-    out = np.zeros(node.shape, node.dtype.numpy)
-    for m, expr in enumerate(a["exprs"].split(";")):
+    sums = []
+    for expr in a["exprs"].split(";"):
         values = np.asarray(fused(*args, expr=expr))
-        axes = tuple(ax % values.ndim for ax in a["axes"])
-        row = np.ravel(_compensated_of(values, a["reduce"], axes, a["keepdims"]))
-        out[m, :row.size] = row
-    return out
+        sums.append(_compensated_of(values, a["reduce"], tuple(ax % values.ndim for ax in a["axes"]), a["keepdims"]))
+    return padded_rows(sums, a["width"])
 
 
 def _scipy_transform(name: str) -> HostKernel:

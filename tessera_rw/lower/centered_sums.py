@@ -25,8 +25,8 @@ from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
-from tessera_rw.algebra.ops.fused_expr import Scalar, expression_name, parse_expr, respelled, spell_expr
-from tessera_rw.lower.elementwise_merge import values_of
+from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr, respelled, spell_expr
+from tessera_rw.lower.elementwise_merge import expression_tree, is_elementwise, values_of
 from tessera_rw.lower.output_groups import with_replacements
 
 SUMMED = ("sum", "mean")
@@ -54,7 +54,7 @@ def _kept(node: Node) -> Node | None:
     tree = tree if sign > 0 else ("neg", tree)
     for sign, term in kept[1:]:
         tree = ("add" if sign > 0 else "sub", tree, term)
-    used = sorted(_leaves(tree))
+    used = sorted(expr_leaves(tree))
     tree = respelled(tree, used.index)
     try:
         smaller = make("fused_reduction", *(node.args[i] for i in used), **(node.attr_map | {"expr": spell_expr(tree)}))
@@ -141,27 +141,16 @@ def _same(a, b) -> bool:
 def _opened(value):
     """A node that is one elementwise op or a fused expression, as that expression over its
     operands; anything else as it is."""
-    if not isinstance(value, Node):
-        return value
-    if value.op == "fused_elementwise":
-        return _over(parse_expr(value.attr_map["expr"]), value.args)
-    name = expression_name(value.op, value.attr_map)
-    return (name, *value.args) if name is not None else value
+    if isinstance(value, Node) and is_elementwise(value):
+        return _over(expression_tree(value), value.args)
+    return value
 
 
 def _constant_along(tree, args: tuple[Node, ...], axes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     """Whether every leaf of `tree` is a constant or broadcast along each of `axes` (its size there 1)."""
-    for i in _leaves(tree):
+    for i in expr_leaves(tree):
         leaf = args[i].shape
         lead = len(shape) - len(leaf)            # numpy broadcasting aligns shapes on the right
         if any(a >= lead and leaf[a - lead] != 1 for a in axes):
             return False
     return True
-
-
-def _leaves(tree) -> set[int]:
-    if isinstance(tree, int):
-        return {tree}
-    if isinstance(tree, Scalar) or not isinstance(tree, tuple):
-        return set()
-    return set().union(*(_leaves(t) for t in tree[1:]))

@@ -323,12 +323,15 @@ class _Spelling:
     returned: frozenset[Node]
     budget: int | None
 
-    def of(self, tree, args: tuple[Node, ...]):
+    def of(self, tree, args: tuple[Node, ...], absorbable: set[Node] | None = None):
+        """`tree` over `args` respelled; producers in `absorbable` (the spelling's own by default)
+        taken in."""
+        absorbable = self.absorbable if absorbable is None else absorbable
         if isinstance(tree, Scalar):
             return tree
         if isinstance(tree, int):
-            return self._leaf(args[tree])
-        return self._op(tree[0], *(self.of(a, args) for a in tree[1:]))
+            return self._leaf(args[tree], absorbable)
+        return self._op(tree[0], *(self.of(a, args, absorbable) for a in tree[1:]))
 
     def _op(self, name: str, *operands):
         if self.budget is not None:
@@ -337,16 +340,14 @@ class _Spelling:
                 raise _TooBig
         return (name, *operands)
 
-    def _leaf(self, arg: Node):
+    def _leaf(self, arg: Node, absorbable: set[Node]):
         if (scalar := Scalar.of(arg)) is not None:
             return scalar
-        if (arg in self.absorbable or arg in self.again) and arg.shape == self.shape:
+        if (arg in absorbable or arg in self.again) and arg.shape == self.shape:
             if arg.op == "fused_elementwise":      # merged already: it took in what it could
-                inner = _Spelling(set(), self.shape, self.leaves, self.again, self.returned, self.budget)
-                tree = inner.of(parse_expr(arg.attr_map["expr"]), arg.args)
-                self.budget = inner.budget
+                tree = self.of(parse_expr(arg.attr_map["expr"]), arg.args, set())
             else:
-                tree = self._op(expression_name(arg.op, arg.attr_map), *(self._leaf(a) for a in arg.args))
+                tree = self._op(expression_name(arg.op, arg.attr_map), *(self._leaf(a, absorbable) for a in arg.args))
             if arg in self.again and arg in self.returned and arg.dtype in (DType.bfloat16, DType.float16):
                 return self._op(expression_name("cast", {"dtype": arg.dtype}), tree)
             return tree

@@ -49,7 +49,8 @@ class _Group:
 
 def reduced_together(graph: Graph) -> Graph:
     """`graph` with each group of its reductions that one kernel can compute as that kernel."""
-    reductions = [n for n in graph.nodes if _key(n) is not None]
+    keys = {n: key for n in graph.nodes if (key := _key(n)) is not None}
+    reductions = list(keys)
     if len(reductions) < 2:
         return graph
     bit = {n: 1 << i for i, n in enumerate(reductions)}
@@ -60,10 +61,10 @@ def reduced_together(graph: Graph) -> Graph:
             after[node] |= after.get(a, 0) | bit.get(a, 0)
     groups: list[_Group] = []
     for node in reductions:
-        fits = [g for g in groups if g.key == _key(node) and not after[node] & g.mask and _fits(g, node)
+        fits = [g for g in groups if g.key == keys[node] and not after[node] & g.mask and _fits(g, node)
                 and not _closes_a_cycle(groups, g, bit[node], after[node])]
         if not fits:
-            groups.append(_Group(_key(node), [node], _read(node), bit[node], after[node]))
+            groups.append(_Group(keys[node], [node], _read(node), bit[node], after[node]))
             continue
         group = max(fits, key=lambda g: _shared_bytes(g, node))     # first of those sharing the most
         group.members.append(node)

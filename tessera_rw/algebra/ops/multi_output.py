@@ -92,7 +92,14 @@ def multi_reduction_attrs(*xs: TensorType, exprs: str, reduce: str, axes: tuple[
 
 
 def _multi_reduction(*xs: np.ndarray, exprs: str, reduce: str, axes, keepdims, width: int) -> np.ndarray:
-    rows = [np.ravel(reduce_fused(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims)) for e in exprs.split(";")]
+    return padded_rows([reduce_fused(*xs, expr=e, reduce=reduce, axes=axes, keepdims=keepdims)
+                        for e in exprs.split(";")], width)
+
+
+def padded_rows(results, width: int) -> np.ndarray:
+    """A multi_reduction's result from its reductions' values: each flattened into its row, zeros
+    after it."""
+    rows = [np.ravel(r) for r in results]
     padded = np.zeros((len(rows), width), rows[0].dtype)
     for m, row in enumerate(rows):
         padded[m, :row.size] = row

@@ -33,7 +33,7 @@ from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
 from tessera_rw.codegen.templates.cuda_scalar import MAX_ACCESS_BYTES, STORAGE, VEC_STRUCT, kernel_name, load, store
-from tessera_rw.codegen.templates.gather import INDEX_DTYPES
+from tessera_rw.codegen.templates.gather import INDEX_DTYPES, take_dims
 
 MAX_INDEX = 2**31
 MAX_SUMS = 32             # fp32 sums a thread keeps in registers: rows x its columns
@@ -66,8 +66,7 @@ class IndexAddTemplate(Template):
 
     def _dims(self, op: KernelOp) -> tuple[int, int, int, int]:
         """(outer, n, inner, m): the result as (outer, n, inner), and the number of indices."""
-        out, axis = op.result, op.attr_map["axis"]
-        return math.prod(out.shape[:axis]), out.shape[axis], math.prod(out.shape[axis + 1:]), op.operands[1].numel
+        return take_dims(op.result, op.operands[1], op.attr_map["axis"])
 
     def _vec_ok(self, op: KernelOp, v: int) -> bool:
         _, _, inner, _ = self._dims(op)
