@@ -3,6 +3,7 @@ slice's elements lie in its operand's dense row-major bytes."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -109,3 +110,55 @@ def contiguous_slice_offset(operand: TensorType, starts: Sequence[int], stops: S
             return None
         expected *= extent
     return sum(a * stride for a, stride in zip(starts, strides))
+
+
+def reshape_groups(source: tuple[int, ...], target: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """The axes of `source` and of `target` (a reshape of it) that hold the same elements, as pairs
+    of consecutive runs whose sizes multiply alike; None for empty shapes or sizes.
+
+    >>> reshape_groups((2, 3, 8, 6), (6, 2, 4, 6))
+    [([0, 1], [0]), ([2], [1, 2]), ([3], [3])]
+    """
+    if not source or not target or 0 in source or 0 in target or math.prod(source) != math.prod(target):
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(source) and j < len(target):
+        ours, theirs, here, there = [i], [j], source[i], target[j]
+        i, j = i + 1, j + 1
+        while here != there:
+            if here < there:
+                ours.append(i)
+                here, i = here * source[i], i + 1
+            else:
+                theirs.append(j)
+                there, j = there * target[j], j + 1
+        groups.append((ours, theirs))
+    groups[-1][0].extend(range(i, len(source)))      # trailing axes of size 1
+    groups[-1][1].extend(range(j, len(target)))
+    return groups
+
+
+def reshaped_broadcast(operand: tuple[int, ...], source: tuple[int, ...], target: tuple[int, ...]):
+    """The shape `operand` (broadcasting to `source`) takes so that it broadcasts to `target` as
+    it did to `source` reshaped there: each run of axes it spans whole or not at all (a
+    per-channel (1, C, 1, 1) under x (N, C, H, W) split into windows (N, C, H/2, 2, W/2, 2) is
+    (1, C, 1, 1, 1, 1)); None where it spans part of one.
+
+    >>> reshaped_broadcast((1, 3, 1, 1), (2, 3, 8, 6), (2, 3, 4, 2, 3, 2))
+    (1, 3, 1, 1, 1, 1)
+    >>> reshaped_broadcast((8, 1), (2, 3, 8, 6), (6, 48)) is None
+    True
+    """
+    groups = reshape_groups(source, target)
+    if groups is None or len(operand) > len(source):
+        return None
+    aligned = (1,) * (len(source) - len(operand)) + tuple(operand)
+    shape = [1] * len(target)
+    for ours, theirs in groups:
+        spans = [aligned[k] for k in ours]
+        if spans == [source[k] for k in ours]:
+            for k in theirs:
+                shape[k] = target[k]
+        elif any(n != 1 for n in spans):
+            return None
+    return tuple(shape)

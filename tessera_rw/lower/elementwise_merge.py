@@ -45,6 +45,7 @@ from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, infer_fused,
                                                 parse_expr, respelled, spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
+from tessera_rw.algebra.shapes import reshaped_broadcast
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
@@ -81,7 +82,7 @@ def _merged_once(graph: Graph) -> Graph:
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     alone: set[Node] = set()            # ...of them, those no other kernel reads spread out again
     shared: set[Node] = set()           # new nodes several kernels read (or the caller too)
-    producers = _Producers(absorbable, alone, shared, set(), set())
+    producers = _Producers(absorbable, alone, shared, set(), set(), set())
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op in ("fused_elementwise", "fused_reduction"):
@@ -94,6 +95,8 @@ def _merged_once(graph: Graph) -> Graph:
             new[node] = rebuilt if kept else merged
         else:
             new[node] = rebuilt
+        if _reshapes_alone(node, new[node], users, outputs, absorbable):
+            producers.reshaped.add(new[node])
         if not is_elementwise(new[node]):
             continue
         spread = is_expansion(new[node])
@@ -110,6 +113,30 @@ def _merged_once(graph: Graph) -> Graph:
     if all(new[n] is n for n in graph.nodes):
         return graph
     return Graph(graph.name, graph.inputs, tuple(new[o] for o in graph.outputs)).verify()
+
+
+def _reshapes_alone(node: Node, rebuilt: Node, users, outputs: set[Node], absorbable: set[Node]) -> bool:
+    """Whether `node` is a reshape that one kernel reads of a producer it alone reads, every
+    operand of which spans each run of axes the reshape regroups whole or not at all (a
+    per-channel scale does, under windows of the plane): its reader computes the producer over the
+    operands reshaped to match (views), as a mean over windows of relu(x·s + b) reads x, s and b."""
+    if node.op != "reshape" or len(users[node]) != 1 or node in outputs or rebuilt.args[0] not in absorbable:
+        return False
+    producer = rebuilt.args[0]
+    return all(Scalar.of(a) is not None or _regrouped(a, producer, node.shape) is not None for a in producer.args)
+
+
+def _reshaped(operand: Node, producer: Node, shape: tuple[int, ...]) -> Node:
+    """`operand` of `producer` as the producer reshaped to `shape` reads it (a view; a constant as it is)."""
+    if Scalar.of(operand) is not None:
+        return operand
+    regrouped = _regrouped(operand, producer, shape)
+    return operand if regrouped == operand.shape else make("reshape", operand, shape=regrouped)
+
+
+def _regrouped(operand: Node, producer: Node, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape `operand` of `producer` takes where the producer is read reshaped to `shape`."""
+    return reshaped_broadcast(operand.shape, producer.shape, shape)
 
 
 def _takes_in(user: Node, value: Node) -> bool:
@@ -189,6 +216,7 @@ class _Producers:
     shared: set[Node]           # read by several kernels (or returned): each may compute them again
     returned: set[Node]         # ...of them, those the caller reads too: rounded to their dtype when computed again
     dissolving: set[Node]       # ...of them, those every reader may compute (none is left to write them)
+    reshaped: set[Node]         # reshapes of absorbable producers over operands of their shape, read by one kernel
 
 
 def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
@@ -204,7 +232,8 @@ def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
     absorbable, returned = producers.absorbable, frozenset(producers.returned)
     tiers = ((absorbable, recomputed), (absorbable, frozenset()), (producers.alone, frozenset()), (set(), frozenset()))
     for last, (taken, again) in enumerate(tiers, 1 - len(tiers)):
-        spelling = _Spelling(taken, shape, [], again, returned, None if not last else MAX_FUSED_OPS)
+        spelling = _Spelling(taken, shape, [], again, returned, None if not last else MAX_FUSED_OPS,
+                             producers.reshaped)
         try:
             spelled = spelling.of(tree, rebuilt.args)
         except _TooBig:
@@ -254,7 +283,7 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
     rejected: set[Node] = set()         # those whose expression would nest too many ops
     latest = None
     while True:
-        spelling = _Spelling(producers.absorbable, shape, [], chosen, frozenset(), MAX_FUSED_OPS)
+        spelling = _Spelling(producers.absorbable, shape, [], chosen, frozenset(), MAX_FUSED_OPS, producers.reshaped)
         try:
             spelling.of(tree, args)
         except _TooBig:
@@ -315,13 +344,15 @@ class _Spelling:
     wherever they are read, inside the expressions of those taken in too, and those of them the
     caller reads (`returned`) rounded to their dtype as the caller sees them (a float16 product
     that overflowed is inf in every reader). Past `budget` ops it stops (_TooBig): producers read
-    several times nest exponentially many."""
+    several times nest exponentially many. A reshape in `reshaped` of a producer taken in is that
+    producer over its operands reshaped (views of them)."""
     absorbable: set[Node]
     shape: tuple[int, ...]
     leaves: list[Node]
     again: frozenset[Node]
     returned: frozenset[Node]
     budget: int | None
+    reshaped: set[Node]
 
     def of(self, tree, args: tuple[Node, ...], absorbable: set[Node] | None = None):
         """`tree` over `args` respelled; producers in `absorbable` (the spelling's own by default)
@@ -343,6 +374,10 @@ class _Spelling:
     def _leaf(self, arg: Node, absorbable: set[Node]):
         if (scalar := Scalar.of(arg)) is not None:
             return scalar
+        if arg in self.reshaped and arg.shape == self.shape and arg.args[0] in absorbable:
+            producer = arg.args[0]
+            return self.of(expression_tree(producer), tuple(map(lambda a: _reshaped(a, producer, self.shape),
+                                                                producer.args)), set())
         if (arg in absorbable or arg in self.again) and arg.shape == self.shape:
             if arg.op == "fused_elementwise":      # merged already: it took in what it could
                 tree = self.of(parse_expr(arg.attr_map["expr"]), arg.args, set())

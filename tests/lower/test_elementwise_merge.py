@@ -270,3 +270,26 @@ def test_an_8_bit_float_value_is_read_as_written_never_computed_again():
         return x + big * 0.0
     x = np.zeros((2, 3), ml_dtypes.float8_e4m3fn)
     assert np.isnan(np.asarray(op.kernel(fn)(x), np.float64)).all()
+
+
+def test_a_reduction_over_a_reshaped_producer_computes_it_from_its_operands_reshaped():
+    """A mean over windows of relu(x·s + b) reshaped (a tiling pool, a group norm's groups) reads x
+    and the per-channel s and b as views; an operand spanning part of a run of axes the reshape
+    regroups, or a producer another kernel reads too, is written and read back."""
+    x, s, b = make_input("x", (2, 3, 8, 6), F32), make_input("s", (1, 3, 1, 1), F32), make_input("b", (3, 1, 1), F32)
+    act = fused(x, s, b, expr="relu(add(mul($0,$1),$2))")
+    windows = make("reshape", act, shape=(2, 3, 2, 4, 2, 3))
+    pooled = make("mean", windows, axes=(3, 5), keepdims=False)
+    merged = merge_elementwise(Graph("g", (x, s, b), (pooled,)))
+    assert [n.op for n in kernels(merged)] == ["reshape"] * 3 + ["fused_reduction"]
+    rng = np.random.default_rng(5)
+    feeds = {k: rng.standard_normal(n.shape).astype(np.float32) for k, n in zip("xsb", (x, s, b))}
+    want = np.maximum(feeds["x"] * feeds["s"] + feeds["b"], 0).reshape(windows.shape).mean(axis=(3, 5))
+    np.testing.assert_allclose(evaluate(merged, feeds)[0], want, rtol=1e-6)
+
+    per_row = make_input("r", (8, 1), F32)               # rows of the plane, which (6, 48) merges with W
+    spread = fused(x, per_row, expr="mul($0,$1)")
+    rows = make("mean", make("reshape", spread, shape=(6, 48)), axes=(1,), keepdims=False)
+    assert "fused_elementwise" in [n.op for n in kernels(merge_elementwise(Graph("g", (x, per_row), (rows,))))]
+    twice = Graph("g", (x, s, b), (pooled, act))
+    assert "fused_elementwise" in [n.op for n in kernels(merge_elementwise(twice))]
