@@ -247,6 +247,35 @@ def batch_norm_sums_row(n: int, c: int, hw: int) -> Row:
                lambda *t: sums(*(a.double() for a in t)), 0, n * c * hw * hw * 4)
 
 
+def max_pool_rows(n: int, c: int, hw: int) -> list[Row]:
+    """A ResNet stem's 3×3 max pool, stride 2, padding 1 (bf16 NCHW), against F.max_pool2d, and its
+    input gradient (each element visiting the windows that cover it, their picks found again from
+    x) against aten's backward from the indices torch's forward saved."""
+    window = dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1), dilation=(1, 1), ceil_mode=False)
+    x = TensorType((n, c, hw, hw), BF16)
+    pooled = OPS["max_pool2d"].infer(x, **window)
+    side = pooled.shape[-1]
+    saved = {}
+
+    def pool(x):
+        return _functional().max_pool2d(x, 3, 2, 1)
+
+    def make_grad():
+        x, g = _randn(n, c, hw, hw), _randn(n, c, side, side)
+        saved["indices"] = _functional().max_pool2d(x, 3, 2, 1, return_indices=True)[1]
+        return x, g
+
+    def backward(x, g):
+        return _torch().ops.aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False,
+                                                                  saved["indices"])
+    forward = Row(f"max_pool2d 3x3/2 pad 1 bf16 {n}x{c}x{hw}x{hw} vs F.max_pool2d", op_of("max_pool2d", x, **window),
+                  lambda: (_randn(n, c, hw, hw),), pool, lambda x: pool(x.double()), 0, x.nbytes + pooled.nbytes)
+    grad = Row(f"max_pool2d gradient bf16 {n}x{c}x{hw}x{hw} vs aten's backward from saved indices",
+               op_of("max_pool2d_grad", x, pooled, **window), make_grad, backward,
+               lambda x, g: backward(x.double(), g.double()), 0, 2 * x.nbytes + pooled.nbytes)
+    return [forward, grad]
+
+
 def epilogue_row(m: int, n: int, k: int) -> Row:
     a, b, bias = TensorType((m, k), BF16), TensorType((k, n), BF16), TensorType((n,), BF16)
     op = op_of("gemm", a, b, bias, scale=1.0, activation="gelu", has_bias=True, has_residual=False,
@@ -264,4 +293,4 @@ def rows(quick: bool) -> list[Row]:
     found += [attention_row(4, 16, 4096, 128, True, window=1024)]
     return found + [softmax_row(8192), layernorm_row(8192), cross_entropy_row(4096, 32000),
                     logsumexp_row(4096, 32000), adamw_row(4096), *embedding_rows(50257, 768, 8192),
-                    batch_norm_sums_row(32, 64, 56), epilogue_row(4096, 4096, 4096)]
+                    batch_norm_sums_row(32, 64, 56), *max_pool_rows(32, 64, 112), epilogue_row(4096, 4096, 4096)]

@@ -36,7 +36,8 @@ import sys
 
 from bench.gpu import TOLERANCE, kernels_to_compile, precompile, preflight, row_schedules
 from bench.gpu_rows import (BF16, adamw_row, attention_row, batch_norm_sums_row, cross_entropy_row, embedding_rows,
-                            epilogue_row, fp8_gemm_row, gemm_row, layernorm_row, logsumexp_row, softmax_row)
+                            epilogue_row, fp8_gemm_row, gemm_row, layernorm_row, logsumexp_row, max_pool_rows,
+                            softmax_row)
 from bench.gpu_timing import rel_error, run_poisoned
 
 
@@ -45,7 +46,7 @@ def small_rows():
             attention_row(1, 2, 384, 64, False), attention_row(1, 2, 384, 128, True),
             softmax_row(512), layernorm_row(512), cross_entropy_row(384, 1000),
             logsumexp_row(384, 1000), adamw_row(512), *embedding_rows(1000, 64, 300),
-            batch_norm_sums_row(4, 8, 64)]
+            batch_norm_sums_row(4, 8, 64), *max_pool_rows(2, 8, 30)]
 
 
 def backward_ops() -> list:

@@ -1,5 +1,6 @@
 """torch.nn.functional's layers in tessera_rw: linear, flatten, batch_norm (training mode) and the
-convolutions' bias, against float64 numpy statements of them, eagerly and traced; their errors."""
+convolutions' bias, against float64 numpy statements of them, eagerly and traced; their errors.
+The pools are tests/test_pool_plans.py's."""
 
 from __future__ import annotations
 
@@ -73,32 +74,3 @@ def test_a_convolution_takes_its_bias_third_as_torch_s_does():
     np.testing.assert_allclose(op.conv1d(x1, w1, b), np.asarray(op.conv1d(x1, w1)) + b[None, :, None], rtol=1e-12)
     with pytest.raises(TesseraError, match="one value per output channel"):
         op.conv2d(x, w, 1)                             # a stride where torch's bias goes
-
-
-def pooled_reference(x, kh, kw):
-    n, c, h, w = x.shape
-    return x.reshape(n, c, h // kh, kh, w // kw, kw).mean(axis=(3, 5))
-
-
-def test_average_pools_of_windows_that_tile_the_plane():
-    x = RNG.standard_normal((2, 3, 8, 6)).astype(np.float32)
-    np.testing.assert_allclose(op.avg_pool2d(x, 2), pooled_reference(x, 2, 2), rtol=1e-6)
-    np.testing.assert_allclose(op.kernel(lambda x: op.avg_pool2d(x, (4, 3), stride=(4, 3)))(x),
-                               pooled_reference(x, 4, 3), rtol=1e-6)
-    globally = op.adaptive_avg_pool2d(x, 1)
-    assert globally.shape == (2, 3, 1, 1)
-    np.testing.assert_allclose(globally, x.mean(axis=(2, 3), keepdims=True), rtol=1e-6)
-    np.testing.assert_allclose(op.adaptive_avg_pool2d(x, (2, 3)), pooled_reference(x, 4, 2), rtol=1e-6)
-    grad = op.grad(lambda x: op.sum(op.avg_pool2d(x, 2) ** 2))(x)      # each element: 2·window mean / 4
-    np.testing.assert_allclose(grad, np.repeat(np.repeat(pooled_reference(x, 2, 2), 2, 2), 2, 3) / 2, rtol=1e-5)
-
-
-@pytest.mark.parametrize("call, says", [
-    (lambda x: op.avg_pool2d(x, 3), "multiples of the window"),
-    (lambda x: op.avg_pool2d(x, 2, stride=1), "tile the plane"),
-    (lambda x: op.avg_pool2d(x, 2, padding=1), "tile the plane"),
-    (lambda x: op.adaptive_avg_pool2d(x, 5), "multiples of the output size"),
-])
-def test_pools_the_windows_do_not_tile_are_refused_with_what_to_do(call, says):
-    with pytest.raises(TesseraError, match=says):
-        call(RNG.standard_normal((2, 3, 8, 6)))

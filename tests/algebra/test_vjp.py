@@ -88,6 +88,20 @@ def conv(op, x, w, stride=None, padding=None, dilation=None, groups=1, **kw) -> 
                                          dilation=dilation or (1,) * spatial, groups=groups), **kw)
 
 
+def pool(op, x, attrs, kernel=(3, 3), stride=(2, 2), pad=(1, 1)) -> Case:
+    """A pool (or one of its gradients) over x, its values `distinct` so that no window's max is a
+    tie within finite-difference reach."""
+    attrs = dict(kernel=kernel, stride=stride, pad=pad, **attrs)
+    pooled = OPS[op.removesuffix("_grad").removesuffix("_picked")].infer(t(*x), **attrs)
+    if op == "max_pool2d_grad":
+        return Case(op, (t(*x), pooled), attrs, sample=(distinct, normal))
+    if op == "max_pool2d_picked":
+        return Case(op, (t(*x), t(*x)), attrs, sample=(distinct, normal))
+    if op == "avg_pool2d_grad":
+        return Case(op, (pooled,), dict(attrs, plane=x[-2:]))
+    return Case(op, (t(*x),), attrs, sample=distinct)
+
+
 def norm(op, x, params, axes=(-1,), **kw) -> Case:
     axes = tuple(a % len(x) for a in axes)
     shape = tuple(x[a] for a in axes)
@@ -141,6 +155,13 @@ CASES = [
     Case("take", (t(2, 5, 3), t(6, dtype=I32)), dict(axis=1), sample=(normal, indices_within(7))),
     Case("index_add", (t(2, 4, 3), t(2, 4, dtype=I32)), dict(axis=0, size=5), sample=(normal, indices_within(7))),
     Case("logsumexp", (t(3, 4),), dict(axes=(0,), keepdims=True)),
+    pool("max_pool2d", (2, 7, 6), dict(dilation=(1, 1), ceil_mode=False)),
+    pool("max_pool2d", (1, 2, 6, 7), dict(dilation=(2, 1), ceil_mode=True), kernel=(2, 3), stride=(1, 2)),
+    pool("max_pool2d_grad", (2, 7, 6), dict(dilation=(1, 1), ceil_mode=False)),
+    pool("max_pool2d_picked", (1, 2, 6, 7), dict(dilation=(1, 2), ceil_mode=True), kernel=(2, 3), stride=(2, 1)),
+    pool("avg_pool2d", (2, 7, 6), dict(ceil_mode=True, count_include_pad=False, divisor=0)),
+    pool("avg_pool2d", (1, 2, 5, 6), dict(ceil_mode=False, count_include_pad=True, divisor=3), kernel=(2, 2)),
+    pool("avg_pool2d_grad", (2, 7, 6), dict(ceil_mode=True, count_include_pad=True, divisor=0)),
     Case("min", (t(4, 5),), dict(axes=(0,), keepdims=False), sample=distinct),
     Case("softmax", (t(3, 5),), dict(axis=1)), Case("softmax", (t(4, 3, 2),), dict(axis=0)),
     Case("log_softmax", (t(3, 5),), dict(axis=1)), Case("log_softmax", (t(2, 4, 3),), dict(axis=1)),

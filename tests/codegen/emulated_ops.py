@@ -27,6 +27,7 @@ from tests.codegen.emulated_conv_ops import CONV_OPS
 from tests.codegen.emulated_pre_act_ops import PRE_ACT_OPS
 from tests.codegen.emulated_index_ops import INDEX_OPS
 from tests.codegen.emulated_multi_reduction_ops import MULTI_REDUCTION_OPS
+from tests.codegen.emulated_pool_ops import POOL_OPS
 from tests.codegen.emulated_row_sum_ops import ROW_SUM_OPS
 from tests.codegen.emulated_view_ops import VIEW_OPS
 from tests.codegen.ragged_ops import RAGGED, matmul, of
@@ -385,4 +386,4 @@ def _plugin_ops() -> dict[str, KernelOp]:
 EMULATED: dict[str, KernelOp] = (RAGGED | _gemm_ops() | _transposed_gemm_ops() | _fp8_gemm_ops() | _wgmma_gemm_ops()
                                   | PRE_ACT_OPS | ATTENTION_OPS | _rowwise_ops() | ROW_SUM_OPS | _reduction_ops()
                                   | _elementwise_ops() | VIEW_OPS | _copy_ops() | CONV_OPS | _spectral_ops()
-                                  | INDEX_OPS | MULTI_REDUCTION_OPS | _plugin_ops())
+                                  | INDEX_OPS | MULTI_REDUCTION_OPS | POOL_OPS | _plugin_ops())

@@ -1,6 +1,5 @@
-"""Layers in torch.nn.functional's names, written with other ops: linear, batch_norm, flatten,
-avg_pool2d and adaptive_avg_pool2d (windows that tile the plane), and the bias of conv1d / conv2d
-(compute.py).
+"""Layers in torch.nn.functional's names, written with other ops: linear, batch_norm, flatten, and
+the bias of conv1d / conv2d (compute.py); the pools are pooling.py's.
 
 Each traces to the ops it is made of, so the rewrites fuse them as they would the ops written out:
 a linear's bias joins its GEMM's epilogue, a batch norm's statistics are two reductions over x and
@@ -13,9 +12,6 @@ array([[10., 21.],
        [13., 24.]])
 >>> flatten(np.zeros((2, 3, 4, 5)), 1).shape
 (2, 60)
->>> avg_pool2d(np.arange(16.0).reshape(1, 1, 4, 4), 2)
-array([[[[ 2.5,  4.5],
-         [10.5, 12.5]]]])
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, multiply, rsqrt, subtract
 from tessera_rw.algebra.api.layout import reshape, swapaxes
 from tessera_rw.algebra.api.reduction import mean
-from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+from tessera_rw.algebra.errors import ShapeError
 from tessera_rw.algebra.shapes import normalize_axis
 
 
@@ -56,45 +52,6 @@ def flatten(x, start_axis: int = 0, end_axis: int = -1):
     for n in shape[start:end + 1]:
         merged *= n
     return reshape(x, shape[:start] + (merged,) + shape[end + 1:])
-
-
-def avg_pool2d(x, kernel_size, stride=None, padding=0):
-    """The mean of each kernel_size window of x (N, C, H, W), as torch's F.avg_pool2d, for windows
-    that tile the plane: stride equal to the window (the default), no padding, H and W multiples
-    of it. A mean over axes of x reshaped, so a reduction kernel (and its gradient a spread)."""
-    x = tensor_operand(x)
-    with op_context("avg_pool2d", (x,), ("x",)):
-        shape = type_of(x).shape
-        kh, kw = _pair(kernel_size, "kernel_size")
-        if stride is not None and _pair(stride, "stride") != (kh, kw) or _pair(padding, "padding") != (0, 0):
-            raise AttributeValueError(f"avg_pool2d takes windows that tile the plane: stride = kernel_size = "
-                                      f"{(kh, kw)} and no padding, got stride {stride}, padding {padding}",
-                                      hint="pad x with op.pad first, or pool with op.mean over a reshape")
-        if len(shape) != 4 or shape[2] % kh or shape[3] % kw:
-            raise ShapeError(f"avg_pool2d takes x (N, C, H, W) with H and W multiples of the window {(kh, kw)}, "
-                             f"got {shape}")
-    n, c, h, w = shape
-    return mean(reshape(x, (n, c, h // kh, kh, w // kw, kw)), axis=(3, 5))
-
-
-def adaptive_avg_pool2d(x, output_size):
-    """x (N, C, H, W) averaged down to output_size (an int or a pair), as torch's
-    F.adaptive_avg_pool2d, where it divides H and W evenly (1: a global average pool)."""
-    x = tensor_operand(x)
-    with op_context("adaptive_avg_pool2d", (x,), ("x",)):
-        shape = type_of(x).shape
-        oh, ow = _pair(output_size, "output_size")
-        if len(shape) != 4 or shape[2] % oh or shape[3] % ow:
-            raise ShapeError(f"adaptive_avg_pool2d takes x (N, C, H, W) with H and W multiples of the output "
-                             f"size {(oh, ow)}, got {shape}", hint="windows of unequal sizes are not supported")
-    return avg_pool2d(x, (shape[2] // oh, shape[3] // ow))
-
-
-def _pair(value, name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and v >= 0 for v in pair):
-        raise AttributeValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-    return pair
 
 
 def batch_norm(x, *, weight=None, bias=None, eps: float = 1e-5):

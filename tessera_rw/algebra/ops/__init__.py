@@ -9,13 +9,13 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.opdef import OpDef
 from tessera_rw.algebra.ops import (attention, attention_backward, conv, creation, elementwise, fused_conv, fused_expr,
                                     fused_gemm, fused_norm, fused_reduction, indexing, layout, linalg, multi_output,
-                                    norm_backward, reduced_norm, reduction, spectral, strided, strided_attention,
-                                    strided_attention_backward)
+                                    norm_backward, pooling, reduced_norm, reduction, spectral, strided,
+                                    strided_attention, strided_attention_backward)
 
 OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, indexing, linalg, conv, spectral,
                                               attention, attention_backward, norm_backward, strided,
                                               strided_attention, strided_attention_backward, fused_gemm, fused_expr,
-                                              fused_reduction, fused_norm, reduced_norm, fused_conv, multi_output)
+                                              fused_reduction, fused_norm, reduced_norm, fused_conv, multi_output, pooling)
                       for d in m.DEFS}
 BUILTIN_OPS: frozenset[str] = frozenset(OPS)    # the ops tessera_rw declares itself; plugins add others
 

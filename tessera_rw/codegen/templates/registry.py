@@ -45,6 +45,7 @@ BUILTIN = (
     ("copy", "CopyTemplate"),
     ("gather", "TakeTemplate"),
     ("index_add", "IndexAddTemplate"),
+    ("pooling", "PoolTemplate"),
     ("conv", "DirectConvTemplate"),
     ("spectral", "SpectralContractTemplate"),
     ("spectral", "FFTTemplate"),

@@ -1,0 +1,95 @@
+"""Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d.
+
+A pool whose windows tile the plane (stride = window, no padding, H and W multiples of it) is an
+average over a reshape, a reduction kernel the rewrites fuse with what x is computed from; any other
+window (a ResNet stem's 3×3 max pool, stride 2, padding 1) is the pooling op of that name
+(ops/pooling.py), one kernel walking each window in cache, and its gradient one more.
+
+>>> import numpy as np
+>>> x = np.arange(16.0).reshape(1, 1, 4, 4)
+>>> avg_pool2d(x, 2)
+array([[[[ 2.5,  4.5],
+         [10.5, 12.5]]]])
+>>> max_pool2d(x, 3, stride=2, padding=1)
+array([[[[ 5.,  7.],
+         [13., 15.]]]])
+"""
+
+from __future__ import annotations
+
+from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.layout import reshape
+from tessera_rw.algebra.api.reduction import mean
+from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
+    """The largest element of each kernel_size window of x (N, C, H, W) or (C, H, W), as torch's
+    F.max_pool2d: windows `stride` apart (the window by default) over x padded by `padding` (at most
+    half the window), their positions `dilation` apart. The gradient goes to the element each window
+    picked, the first of equals (after a relu, a window of zeros sends it to one zero, not to all)."""
+    x = tensor_operand(x)
+    with op_context("max_pool2d", (x,), ("x",)):
+        kernel = _pair(kernel_size, "kernel_size")
+        window = dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, "stride"),
+                      pad=_pair(padding, "padding"), dilation=_pair(dilation, "dilation"),
+                      ceil_mode=_flag(ceil_mode, "ceil_mode"))
+    return apply("max_pool2d", (x,), **window)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None):
+    """The mean of each kernel_size window of x (N, C, H, W) or (C, H, W), as torch's
+    F.avg_pool2d: windows `stride` apart (the window by default) over x zero-padded by `padding` (at
+    most half the window); each sum divided by divisor_override if given, else by the window's
+    positions, those in the padding counted if count_include_pad."""
+    x = tensor_operand(x)
+    with op_context("avg_pool2d", (x,), ("x",)):
+        kernel = _pair(kernel_size, "kernel_size")
+        window = dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, "stride"),
+                      pad=_pair(padding, "padding"), ceil_mode=_flag(ceil_mode, "ceil_mode"),
+                      count_include_pad=_flag(count_include_pad, "count_include_pad"),
+                      divisor=_divisor(divisor_override))
+        shape = type_of(x).shape
+    tiles = (len(shape) >= 3 and window["stride"] == kernel and window["pad"] == (0, 0)
+             and not window["divisor"] and shape[-2] % kernel[0] == 0 and shape[-1] % kernel[1] == 0)
+    if not tiles:
+        return apply("avg_pool2d", (x,), **window)
+    h, w = shape[-2:]
+    return mean(reshape(x, shape[:-2] + (h // kernel[0], kernel[0], w // kernel[1], kernel[1])),
+                axis=(-3, -1))
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """x (N, C, H, W) averaged down to output_size (an int or a pair), as torch's
+    F.adaptive_avg_pool2d, where it divides H and W evenly (1: a global average pool)."""
+    x = tensor_operand(x)
+    with op_context("adaptive_avg_pool2d", (x,), ("x",)):
+        shape = type_of(x).shape
+        oh, ow = _pair(output_size, "output_size")
+        if len(shape) < 3 or min(oh, ow) < 1 or shape[-2] % oh or shape[-1] % ow:
+            raise ShapeError(f"adaptive_avg_pool2d takes x (N, C, H, W) with H and W multiples of the output "
+                             f"size {(oh, ow)}, got {shape}",
+                             hint="windows of unequal sizes are not supported: pad x to a multiple first")
+    return avg_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair):
+        raise AttributeValueError(f"{name} must be an int or a pair of ints >= 0, got {value!r}")
+    return pair
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise AttributeValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _divisor(value) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise AttributeValueError(f"divisor_override must be an int >= 1 or None, got {value!r}")
+    return value
