@@ -26,7 +26,7 @@ from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import expr_leaves, parse_expr, respelled, spell_expr
-from tessera_rw.lower.elementwise_merge import expression_tree, is_elementwise, values_of
+from tessera_rw.lower.expression_spelling import expression_tree, is_elementwise, values_of
 from tessera_rw.lower.output_groups import with_replacements
 
 SUMMED = ("sum", "mean")

@@ -36,7 +36,8 @@ from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops,
                                                 spell_expr)
 from tessera_rw.algebra.ops.strided import EXPRESSION_OPS, concatenated_views, operand_views, slice_of
 from tessera_rw.algebra.shapes import contiguous_strides
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, expression_tree
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.expression_spelling import expression_tree
 from tessera_rw.lower.layout_chains import strided_view
 from tessera_rw.lower.view_reads import LAYOUT_OPS, coalesced, in_rank
 

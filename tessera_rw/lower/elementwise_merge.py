@@ -16,10 +16,13 @@ staying in cache, and none writes it. A value the caller reads too is rounded to
 where it is computed again; others compute wide, as any fused chain does; an 8-bit float is read,
 never computed again). A single elementwise op, and a plain sum / mean / max / min, takes its
 producers in too, becoming a fused node, and a spread leaf (broadcast_to) is read as the smaller
-value it spreads, in place. Merging repeats while it changes the program: once the other readers compute a value
-again, the last reads it alone and takes it in. It computes what the kernels it replaces did (in
-one pass, keeping the intermediates in registers, as every fused node does), so the cost model
-prices the program after it, and the plan runs it.
+value it spreads, in place; a producer read through a reshape is taken in over its operands
+reshaped (lower/expression_spelling.py). Merging repeats while it changes the program: once the
+other readers compute a value again, the last reads it alone and takes it in. Last, each tiny value
+(at most TINY bytes: a per-channel scale, a per-row weight, a scalar) is computed again by every
+kernel that spreads it far wider, and its own kernel is gone. It computes what the kernels it
+replaces did (in one pass, keeping the intermediates in registers, as every fused node does), so
+the cost model prices the program after it, and the plan runs it.
 
 >>> from tessera_rw.algebra.builder import make, make_constant, make_input
 >>> from tessera_rw.algebra.dtypes import DType
@@ -38,20 +41,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera_rw.algebra.builder import make
-from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node, TensorType
-from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, infer_fused,
-                                                parse_expr, respelled, spell_expr)
-from tessera_rw.algebra.ops.strided import EXPRESSION_OPS
-from tessera_rw.algebra.shapes import reshaped_broadcast
+from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, parse_expr,
+                                                respelled, spell_expr)
+from tessera_rw.lower.expression_spelling import (EXPANSION, Spelling, TooBig, expression_tree, is_elementwise,
+                                                  regrouped, spreads_to, values_of)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
 CHEAP_READ = 1 << 18    # bytes a kernel reads in less time than a launch takes: a small value computed again
 CHEAP_OPS = 16          # ops of a value each of its readers computes again, reading its operands instead
-EXPANSION = 8           # an elementwise result this many times larger than what it reads is recomputed by its readers
+TINY = 1 << 14          # bytes of a value (per channel, per row) every reader computes again, however many there are
 
 
 def is_expansion(node: Node) -> bool:
@@ -67,22 +69,23 @@ def merge_elementwise(graph: Graph) -> Graph:
     each tensor it reads read once, its single-reader elementwise producers of its expression's shape
     absorbed, and the producers several read computed again by those for which that reads no more.
     Again while that changes the program: a value every other reader now computes is one the last
-    reads alone."""
+    reads alone. Then, what is written settled, each tiny value is computed again by the kernels
+    that spread it (its kernel gone once all do)."""
     for _ in range(MERGE_ROUNDS):
-        merged = _merged_once(graph)
+        merged = _merged_once(graph, tiny=False)
         if merged is graph:
             break
         graph = merged
-    return graph
+    return _merged_once(graph, tiny=True)
 
 
-def _merged_once(graph: Graph) -> Graph:
+def _merged_once(graph: Graph, tiny: bool) -> Graph:
     users, outputs = graph.users, set(graph.outputs)
     new: dict[Node, Node] = {}
     absorbable: set[Node] = set()       # new nodes whose one reader may take them in
     alone: set[Node] = set()            # ...of them, those no other kernel reads spread out again
     shared: set[Node] = set()           # new nodes several kernels read (or the caller too)
-    producers = _Producers(absorbable, alone, shared, set(), set(), set())
+    producers = _Producers(absorbable, alone, shared, set(), set(), set(), set())
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))     # node itself where they are its own
         if node.op in ("fused_elementwise", "fused_reduction"):
@@ -99,6 +102,8 @@ def _merged_once(graph: Graph) -> Graph:
             producers.reshaped.add(new[node])
         if not is_elementwise(new[node]):
             continue
+        if tiny and node not in outputs and new[node].type.nbytes <= TINY and not _fp8(new[node].type):
+            producers.tiny.add(new[node])
         spread = is_expansion(new[node])
         if (len(users[node]) == 1 or spread) and node not in outputs:
             absorbable.add(new[node])
@@ -123,20 +128,7 @@ def _reshapes_alone(node: Node, rebuilt: Node, users, outputs: set[Node], absorb
     if node.op != "reshape" or len(users[node]) != 1 or node in outputs or rebuilt.args[0] not in absorbable:
         return False
     producer = rebuilt.args[0]
-    return all(Scalar.of(a) is not None or _regrouped(a, producer, node.shape) is not None for a in producer.args)
-
-
-def _reshaped(operand: Node, producer: Node, shape: tuple[int, ...]) -> Node:
-    """`operand` of `producer` as the producer reshaped to `shape` reads it (a view; a constant as it is)."""
-    if Scalar.of(operand) is not None:
-        return operand
-    regrouped = _regrouped(operand, producer, shape)
-    return operand if regrouped == operand.shape else make("reshape", operand, shape=regrouped)
-
-
-def _regrouped(operand: Node, producer: Node, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The shape `operand` of `producer` takes where the producer is read reshaped to `shape`."""
-    return reshaped_broadcast(operand.shape, producer.shape, shape)
+    return all(Scalar.of(a) is not None or regrouped(a, producer, node.shape) is not None for a in producer.args)
 
 
 def _takes_in(user: Node, value: Node) -> bool:
@@ -195,19 +187,6 @@ def _as_fused_reduction(node: Node) -> Node | None:
     return spelled if spelled.type == node.type else None
 
 
-def is_elementwise(node: Node) -> bool:
-    """Whether `node` is one elementwise computation an expression spells (fused or a single op)."""
-    return node.op == "fused_elementwise" or expression_name(node.op, node.attr_map) is not None
-
-
-def expression_tree(node: Node):
-    """What an elementwise node computes, parsed, over its operands: a fused (or strided) node's
-    expression, a single op over $0, $1, …"""
-    if node.op in EXPRESSION_OPS:
-        return parse_expr(node.attr_map["expr"])
-    return (expression_name(node.op, node.attr_map), *range(len(node.args)))
-
-
 @dataclass(frozen=True)
 class _Producers:
     """The elementwise nodes a kernel may take in, by how many kernels read them."""
@@ -217,6 +196,7 @@ class _Producers:
     returned: set[Node]         # ...of them, those the caller reads too: rounded to their dtype when computed again
     dissolving: set[Node]       # ...of them, those every reader may compute (none is left to write them)
     reshaped: set[Node]         # reshapes of absorbable producers over operands of their shape, read by one kernel
+    tiny: set[Node]             # values of at most TINY bytes (per-channel, per-row, scalars): every reader computes them
 
 
 def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
@@ -228,15 +208,16 @@ def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:
     recomputed = _recomputed(tree, rebuilt.args, producers, shape)
     # every producer it may take in, with the shared ones it reads no more to compute; every one it
     # may take in; those it alone reads (a spread value others read too costs them little to compute
-    # again); none
-    absorbable, returned = producers.absorbable, frozenset(producers.returned)
-    tiers = ((absorbable, recomputed), (absorbable, frozenset()), (producers.alone, frozenset()), (set(), frozenset()))
-    for last, (taken, again) in enumerate(tiers, 1 - len(tiers)):
-        spelling = _Spelling(taken, shape, [], again, returned, None if not last else MAX_FUSED_OPS,
-                             producers.reshaped)
+    # again); none. Each with the tiny values it reads computed again too, then without them
+    absorbable, returned, tiny = producers.absorbable, frozenset(producers.returned), producers.tiny
+    tiers = ((absorbable, recomputed, tiny), (absorbable, recomputed, set()), (absorbable, frozenset(), tiny),
+             (absorbable, frozenset(), set()), (producers.alone, frozenset(), set()), (set(), frozenset(), set()))
+    for last, (taken, again, small) in enumerate(tiers, 1 - len(tiers)):
+        spelling = Spelling(taken, shape, [], again, returned, None if not last else MAX_FUSED_OPS,
+                             producers.reshaped, small)
         try:
             spelled = spelling.of(tree, rebuilt.args)
-        except _TooBig:
+        except TooBig:
             continue
         leaves, ops = spelling.leaves, count_ops(spelled)
         if len(leaves) <= MERGED_INPUTS and ops <= MAX_FUSED_OPS:
@@ -258,19 +239,12 @@ def _unspread(tree, leaves: list[Node], shape: tuple[int, ...]):
     """(`tree`, `leaves`) with each leaf that broadcasts a smaller value to `shape` as numpy would
     replaced by that value, which the kernel reads in place (once, where several leaves spread it),
     as long as the leaves still reach `shape`; else as they were."""
-    unspread = [leaf.args[0] if leaf.op == "broadcast_to" and _spreads_to(leaf.args[0].shape, shape) else leaf
+    unspread = [leaf.args[0] if leaf.op == "broadcast_to" and spreads_to(leaf.args[0].shape, shape) else leaf
                 for leaf in leaves]
     if unspread == leaves or np.broadcast_shapes(*(leaf.shape for leaf in unspread)) != shape:
         return tree, leaves
     distinct = list(dict.fromkeys(unspread))
     return respelled(tree, lambda i: distinct.index(unspread[i])), distinct
-
-
-def _spreads_to(small: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    try:
-        return np.broadcast_shapes(small, shape) == shape
-    except ValueError:
-        return False
 
 
 def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tuple[int, ...]) -> frozenset[Node]:
@@ -283,10 +257,11 @@ def _recomputed(tree, args: tuple[Node, ...], producers: _Producers, shape: tupl
     rejected: set[Node] = set()         # those whose expression would nest too many ops
     latest = None
     while True:
-        spelling = _Spelling(producers.absorbable, shape, [], chosen, frozenset(), MAX_FUSED_OPS, producers.reshaped)
+        spelling = Spelling(producers.absorbable, shape, [], chosen, frozenset(), MAX_FUSED_OPS, producers.reshaped,
+                             set())
         try:
             spelling.of(tree, args)
-        except _TooBig:
+        except TooBig:
             if latest is None:
                 return chosen
             chosen -= {latest}
@@ -325,67 +300,3 @@ def _in_memory(value: Node) -> TensorType:
     while value.op == "broadcast_to":
         value = value.args[0]
     return value.type
-
-
-def values_of(node: Node) -> TensorType:
-    """What a fused_reduction's expression computes before it is reduced."""
-    return infer_fused(*(a.type for a in node.args), expr=node.attr_map["expr"])
-
-
-class _TooBig(Exception):
-    """An expression nesting more than its budget of ops."""
-
-
-@dataclass
-class _Spelling:
-    """Respelling an expression over the merged program's values: each input a constant's Scalar,
-    an absorbable producer (of the expression's `shape`) its own expression, or the index of the
-    input node in `leaves` (appended when first read). Producers in `again` are computed again
-    wherever they are read, inside the expressions of those taken in too, and those of them the
-    caller reads (`returned`) rounded to their dtype as the caller sees them (a float16 product
-    that overflowed is inf in every reader). Past `budget` ops it stops (_TooBig): producers read
-    several times nest exponentially many. A reshape in `reshaped` of a producer taken in is that
-    producer over its operands reshaped (views of them)."""
-    absorbable: set[Node]
-    shape: tuple[int, ...]
-    leaves: list[Node]
-    again: frozenset[Node]
-    returned: frozenset[Node]
-    budget: int | None
-    reshaped: set[Node]
-
-    def of(self, tree, args: tuple[Node, ...], absorbable: set[Node] | None = None):
-        """`tree` over `args` respelled; producers in `absorbable` (the spelling's own by default)
-        taken in."""
-        absorbable = self.absorbable if absorbable is None else absorbable
-        if isinstance(tree, Scalar):
-            return tree
-        if isinstance(tree, int):
-            return self._leaf(args[tree], absorbable)
-        return self._op(tree[0], *(self.of(a, args, absorbable) for a in tree[1:]))
-
-    def _op(self, name: str, *operands):
-        if self.budget is not None:
-            self.budget -= 1
-            if self.budget < 0:
-                raise _TooBig
-        return (name, *operands)
-
-    def _leaf(self, arg: Node, absorbable: set[Node]):
-        if (scalar := Scalar.of(arg)) is not None:
-            return scalar
-        if arg in self.reshaped and arg.shape == self.shape and arg.args[0] in absorbable:
-            producer = arg.args[0]
-            return self.of(expression_tree(producer), tuple(map(lambda a: _reshaped(a, producer, self.shape),
-                                                                producer.args)), set())
-        if (arg in absorbable or arg in self.again) and arg.shape == self.shape:
-            if arg.op == "fused_elementwise":      # merged already: it took in what it could
-                tree = self.of(parse_expr(arg.attr_map["expr"]), arg.args, set())
-            else:
-                tree = self._op(expression_name(arg.op, arg.attr_map), *(self._leaf(a, absorbable) for a in arg.args))
-            if arg in self.again and arg in self.returned and arg.dtype in (DType.bfloat16, DType.float16):
-                return self._op(expression_name("cast", {"dtype": arg.dtype}), tree)
-            return tree
-        if arg not in self.leaves:                 # nodes are interned: equal is the same node
-            self.leaves.append(arg)
-        return self.leaves.index(arg)

@@ -27,7 +27,8 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, expression_name, respelled, spell_expr
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, expression_tree, is_elementwise
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.expression_spelling import expression_tree, is_elementwise
 from tessera_rw.lower.plan import VIEW_ALIGNMENT
 
 

@@ -32,7 +32,8 @@ from tessera_rw.algebra.graph import Graph
 from tessera_rw.algebra.node import Node
 from tessera_rw.algebra.ops.fused_expr import MAX_FUSED_OPS, Scalar, count_ops, parse_expr, respelled, spell_expr
 from tessera_rw.algebra.ops.multi_output import multi_reduction_attrs
-from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, values_of
+from tessera_rw.lower.elementwise_merge import MERGED_INPUTS
+from tessera_rw.lower.expression_spelling import values_of
 from tessera_rw.lower.output_groups import with_replacements
 
 GROUPED_REDUCES = ("sum", "mean", "max", "min")

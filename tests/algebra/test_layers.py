@@ -52,6 +52,28 @@ def test_batch_norm_normalizes_each_channel_by_the_batch_statistics(dtype, tol):
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (ml_dtypes.bfloat16, 2e-2)], ids=["f32", "bf16"])
+def test_batch_norm_in_eval_mode_normalizes_by_the_running_statistics_after_the_convolution(dtype, tol):
+    x, w = RNG.standard_normal((2, 3, 9, 8)).astype(dtype), (RNG.standard_normal((6, 3, 3, 3)) * 0.3).astype(dtype)
+    g, b, mean, var = ((RNG.random(6) + 0.5).astype(dtype) for _ in range(4))
+
+    def block(x, w, g, b, mean, var):
+        y = op.conv2d(x, w, padding=1)
+        return op.relu(op.batch_norm(y, weight=g, bias=b, training=False, running_mean=mean, running_var=var))
+    y = np.asarray(op.conv2d(*(np.asarray(a, np.float64) for a in (x, w)), padding=1))
+    channel = (lambda a: np.asarray(a, np.float64).reshape(1, -1, 1, 1))
+    want = np.maximum((y - channel(mean)) / np.sqrt(channel(var) + 1e-5) * channel(g) + channel(b), 0)
+    kernel = op.kernel(block)
+    for got in (block(x, w, g, b, mean, var), kernel(x, w, g, b, mean, var)):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+    # float32: one kernel, the normalization in the convolution's epilogue; 16-bit: the epilogue
+    # reads five values (the statistics and parameters cast), more than a fused node takes, so the
+    # convolution writes its result and one kernel normalizes it (the casts computed where read)
+    fused = ["fused_conv"] if dtype is np.float32 else ["conv2d", "fused_elementwise"]
+    assert [s.op for s in kernel.program(x, w, g, b, mean, var).plan.steps] == fused
+
+
 def test_batch_norm_refuses_torch_s_positional_running_statistics_and_wrong_shapes():
     x = RNG.standard_normal((4, 6, 5))
     with pytest.raises(TypeError):
@@ -60,6 +82,12 @@ def test_batch_norm_refuses_torch_s_positional_running_statistics_and_wrong_shap
         op.batch_norm(x, weight=np.ones(5))
     with pytest.raises(TesseraError, match=r"shape \(N, C, \.\.\.\)"):
         op.batch_norm(np.ones(6))
+    with pytest.raises(TesseraError, match="pass training=False to normalize by running_mean"):
+        op.batch_norm(x, running_mean=np.zeros(6), running_var=np.ones(6))
+    with pytest.raises(TesseraError, match="pass both"):
+        op.batch_norm(x, training=False, running_mean=np.zeros(6))
+    with pytest.raises(TesseraError, match=r"running_var has one value per channel"):
+        op.batch_norm(x, training=False, running_mean=np.zeros(6), running_var=np.ones(3))
 
 
 def test_a_convolution_takes_its_bias_third_as_torch_s_does():

@@ -293,3 +293,26 @@ def test_a_reduction_over_a_reshaped_producer_computes_it_from_its_operands_resh
     assert "fused_elementwise" in [n.op for n in kernels(merge_elementwise(Graph("g", (x, per_row), (rows,))))]
     twice = Graph("g", (x, s, b), (pooled, act))
     assert "fused_elementwise" in [n.op for n in kernels(merge_elementwise(twice))]
+
+
+def test_tiny_values_are_computed_again_by_every_kernel_that_spreads_them():
+    """σ = sqrt(var + eps) per channel, from a bfloat16 variance, read (reshaped to (1, C, 1, 1)) by
+    two kernels over the activations: each computes it from var, and no kernel of its own writes it.
+    A value read spread little wider (a (4, 8) reader of an (8,) value) keeps its kernel."""
+    x, var = make_input("x", (8, 16, 6, 6), F32), make_input("var", (16,), DType.bfloat16)
+    sigma = fused(make("cast", var, dtype=F32), expr="sqrt(add($0,1e-05:float32))")
+    per_channel = make("reshape", sigma, shape=(1, 16, 1, 1))
+    y = fused(x, per_channel, expr="div($0,$1)")
+    z = fused(x, per_channel, expr="mul($0,$1)")
+    graph = Graph("g", (x, var), (y, z))
+    merged = merge_elementwise(graph)
+    assert sorted(n.op for n in kernels(merged)) == ["fused_elementwise", "fused_elementwise", "reshape"]
+    rng = np.random.default_rng(12)
+    feeds = {"x": rng.standard_normal(x.shape).astype(np.float32),
+             "var": rng.random(16).astype(ml_dtypes.bfloat16)}
+    for got, want in zip(evaluate(merged, feeds), evaluate(graph, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    row, small = make_input("row", (8,), F32), make_input("s", (4, 8), F32)
+    scaled = fused(row, expr="exp($0)")
+    narrow = Graph("g", (small, row), (fused(small, scaled, expr="mul($0,$1)"), fused(small, scaled, expr="add($0,$1)")))
+    assert scaled in merge_elementwise(narrow).nodes

@@ -20,7 +20,7 @@ from tessera_rw.algebra.api.dispatch import op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.elementwise import add, cast, multiply, rsqrt, subtract
 from tessera_rw.algebra.api.layout import reshape, swapaxes
 from tessera_rw.algebra.api.reduction import mean
-from tessera_rw.algebra.errors import ShapeError
+from tessera_rw.algebra.errors import AttributeValueError, ShapeError
 from tessera_rw.algebra.shapes import normalize_axis
 
 
@@ -54,13 +54,15 @@ def flatten(x, start_axis: int = 0, end_axis: int = -1):
     return reshape(x, shape[:start] + (merged,) + shape[end + 1:])
 
 
-def batch_norm(x, *, weight=None, bias=None, eps: float = 1e-5):
-    """A batch norm in training mode, as torch's F.batch_norm(training=True): x (N, C, ...)
-    normalized per channel by the mean and biased variance over every other axis, then scaled by
-    weight (C,) and shifted by bias (C,). 16-bit x computes its statistics in float32 and returns its
-    dtype, as cuDNN does. Running statistics are the caller's to keep: op.mean(x, axis=(0, 2, 3)) and
-    op.var give them (weight and bias are keywords, so torch's positional running_mean cannot land
-    in their place)."""
+def batch_norm(x, *, weight=None, bias=None, eps: float = 1e-5, training: bool = True, running_mean=None,
+               running_var=None):
+    """A batch norm, as torch's F.batch_norm: x (N, C, ...) normalized per channel, then scaled by
+    weight (C,) and shifted by bias (C,). In training mode (the default) by the mean and biased
+    variance over every other axis; with training=False by running_mean and running_var (C,), an
+    elementwise affine that joins the epilogue of the convolution before it. 16-bit x computes in
+    float32 and returns its dtype, as cuDNN does. Running statistics are the caller's to keep:
+    op.mean(x, axis=(0, 2, 3)) and op.var give them (the statistics are keywords, so torch's
+    positional running_mean cannot land in weight's place)."""
     x = tensor_operand(x)
     with op_context("batch_norm", (x,), ("x",)):
         xt = type_of(x)
@@ -68,18 +70,34 @@ def batch_norm(x, *, weight=None, bias=None, eps: float = 1e-5):
             raise ShapeError(f"batch_norm takes x of shape (N, C, ...), got {xt.shape}",
                              hint="add a batch axis: op.expand_dims(x, 0)")
         channels = xt.shape[1]
-        for name, param in (("weight", weight), ("bias", bias)):
+        given = {"weight": weight, "bias": bias, "running_mean": running_mean, "running_var": running_var}
+        for name, param in given.items():
             if param is not None and type_of(tensor_operand(param)).shape != (channels,):
                 raise ShapeError(f"batch_norm's {name} has one value per channel, shape ({channels},), got "
                                  f"{type_of(tensor_operand(param)).shape}")
+        if not isinstance(training, bool):
+            raise AttributeValueError(f"training must be True or False, got {training!r}")
+        if training and (running_mean is not None or running_var is not None):
+            raise AttributeValueError("in training mode a batch norm normalizes by the batch's statistics; running "
+                                      "statistics are the caller's to update",
+                                      hint="pass training=False to normalize by running_mean and running_var")
+        if not training and (running_mean is None or running_var is None):
+            raise AttributeValueError("with training=False a batch norm normalizes by running_mean and running_var: "
+                                      "pass both")
     narrow = xt.dtype.is_low_precision and xt.dtype.is_float
-    wide = cast(x, "float32") if narrow else x
-    axes = (0,) + tuple(range(2, xt.ndim))
-    centered = subtract(wide, mean(wide, axis=axes, keepdims=True))
-    y = multiply(centered, rsqrt(add(mean(multiply(centered, centered), axis=axes, keepdims=True), eps)))
     per_channel = (1, channels) + (1,) * (xt.ndim - 2)
+
+    def channel(param):
+        return reshape(cast(param, "float32") if narrow else param, per_channel)
+    wide = cast(x, "float32") if narrow else x
+    if training:
+        axes = (0,) + tuple(range(2, xt.ndim))
+        centered = subtract(wide, mean(wide, axis=axes, keepdims=True))
+        y = multiply(centered, rsqrt(add(mean(multiply(centered, centered), axis=axes, keepdims=True), eps)))
+    else:
+        y = multiply(subtract(wide, channel(running_mean)), rsqrt(add(channel(running_var), eps)))
     if weight is not None:
-        y = multiply(y, reshape(cast(weight, "float32") if narrow else weight, per_channel))
+        y = multiply(y, channel(weight))
     if bias is not None:
-        y = add(y, reshape(cast(bias, "float32") if narrow else bias, per_channel))
+        y = add(y, channel(bias))
     return cast(y, xt.dtype.value) if narrow else y
