@@ -116,18 +116,27 @@ def _conv(x, w, **attrs):
     return (api.conv1d if x.ndim == 3 else api.conv2d)(x, w, **attrs)
 
 
-def _input_cotangent(g, x, w, stride, padding, dilation, groups):
-    """The transposed convolution: g spread out by the stride (zeros between), correlated with the
-    kernel flipped and its channel axes swapped per group. Padded by the kernel's reach it would
-    cover the whole padded input; the reach less the forward padding covers just the input, and
-    where that goes negative (padding wider than the kernel) the surplus is cut off afterwards."""
-    spatial = x.ndim - 2
+def _transposed_kernel(w, groups: int):
+    """w (O, C/groups, *kernel) with its channel axes swapped per group: (C, O/groups, *kernel)."""
+    spatial = w.ndim - 2
     o, cg = w.shape[:2]
     kernel = w.shape[2:]
     wt = api.reshape(w, (groups, o // groups, cg) + kernel)
     wt = api.transpose(wt, (0, 2, 1) + tuple(range(3, 3 + spatial)))
-    wt = api.reshape(wt, (groups * cg, o // groups) + kernel)
-    wt = api.flip(wt, axis=tuple(range(2, 2 + spatial)))        # one copy, whatever the kernel's rank
+    return api.reshape(wt, (groups * cg, o // groups) + kernel)
+
+
+def _input_cotangent(g, x, w, stride, padding, dilation, groups):
+    """The transposed convolution: g spread out by the stride (zeros between), correlated with the
+    kernel flipped and its channel axes swapped per group. Padded by the kernel's reach it would
+    cover the whole padded input; the reach less the forward padding covers just the input, and
+    where that goes negative (padding wider than the kernel) the surplus is cut off afterwards. A
+    strided convolution without dilation takes it by phases instead (_phased_input_cotangent)."""
+    if max(stride) > 1 and max(dilation) == 1:
+        return _phased_input_cotangent(g, x, w, stride, padding, groups)
+    spatial = x.ndim - 2
+    kernel = w.shape[2:]
+    wt = api.flip(_transposed_kernel(w, groups), axis=tuple(range(2, 2 + spatial)))   # one copy, any rank
     pads, cuts = [], []
     for i in range(spatial):
         g = dilate(g, 2 + i, stride[i])
@@ -141,6 +150,57 @@ def _input_cotangent(g, x, w, stride, padding, dilation, groups):
     for i, cut in enumerate(cuts):
         dx = crop(dx, 2 + i, cut, cut + x.shape[2 + i])
     return dx
+
+
+def _phased_input_cotangent(g, x, w, stride, padding, groups):
+    """The transposed convolution of a strided one, a phase at a time: the input positions
+    u = s·q + r of one phase r (per axis) take g[q + o − j]·w[k + s·j] over j alone, k = (r + p) mod s
+    and o = (r + p) div s for the padding p before it: a stride-1 correlation of g with the kernel's
+    taps k, k + s, … flipped. The s^d phases (4 for a stride-2 conv2d) do the convolution's own
+    multiply-adds, where correlating g spread out by zeros would do s^d times as many and copy g
+    three times first; one elementwise kernel weaves them together, each read once. A phase no tap
+    reaches (a 1×1 kernel's odd positions) is zeros."""
+    spatial = x.ndim - 2
+    kernel, wt = w.shape[2:], _transposed_kernel(w, groups)
+    rows = [-(-x.shape[2 + i] // stride[i]) for i in range(spatial)]        # positions of a phase, rounded up
+    phases = []
+    for phase in itertools.product(*(range(s) for s in stride)):
+        first = [(phase[i] + padding[i][0]) % stride[i] for i in range(spatial)]         # the phase's first tap
+        skip = [(phase[i] + padding[i][0]) // stride[i] for i in range(spatial)]         # ... and g's first row
+        taps = [len(range(first[i], kernel[i], stride[i])) for i in range(spatial)]
+        if 0 in taps:
+            phases.append(api.zeros((x.shape[0], x.shape[1], *rows), g.dtype))
+            continue
+        sub = api.getitem(wt, (slice(None), slice(None)) + tuple(slice(k, None, s) for k, s in zip(first, stride)))
+        part, pads = g, []
+        for i in range(spatial):
+            before = taps[i] - 1 - skip[i]
+            if before < 0:                                  # the padding is wider than the kernel's reach
+                part, before = crop(part, 2 + i, -before, part.shape[2 + i]), 0
+            pads.append((before, max(0, rows[i] + taps[i] - 1 - before - part.shape[2 + i])))
+        part = _conv(part, api.flip(sub, axis=tuple(range(2, 2 + spatial))), padding=tuple(pads), groups=groups)
+        for i in range(spatial):
+            part = crop(part, 2 + i, 0, rows[i]) if part.shape[2 + i] > rows[i] else part
+        phases.append(part)
+    return _woven(phases, x.shape, stride, rows)
+
+
+def _woven(phases: list, shape: tuple[int, ...], stride, rows: list[int]):
+    """The phases' results (in phase order, each (N, C, *rows)) as one tensor of `shape`: position
+    q·s + r along each axis from phase r's position q, selected per position (a NaN or inf in one
+    phase stays where it is)."""
+    spatial = len(stride)
+    split = shape[:2] + tuple(v for i in range(spatial) for v in (rows[i], stride[i]))
+    spread = shape[:2] + tuple(v for i in range(spatial) for v in (rows[i], 1))
+    woven = api.reshape(phases[-1], spread)
+    for index, phase in reversed(list(enumerate(itertools.product(*(range(s) for s in stride))))[:-1]):
+        mask = np.zeros((1, 1) + tuple(v for i in range(spatial) for v in (1, stride[i])), bool)
+        mask[(0, 0) + tuple(v for i in range(spatial) for v in (0, phase[i]))] = True
+        woven = api.where(mask, api.reshape(phases[index], spread), woven)
+    woven = api.reshape(api.broadcast_to(woven, split), shape[:2] + tuple(r * s for r, s in zip(rows, stride)))
+    for i in range(spatial):
+        woven = crop(woven, 2 + i, 0, shape[2 + i]) if woven.shape[2 + i] > shape[2 + i] else woven
+    return woven
 
 
 def _weight_cotangent(g, x, w, stride, padding, dilation, groups):
