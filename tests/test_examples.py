@@ -178,6 +178,17 @@ def swiglu_reading_the_halves_in_place(program: CompiledProgram) -> None:
     assert [{"matmul": "gemm"}.get(o, o) for o in step_ops(program)] == ["gemm", "strided_elementwise", "gemm"]
 
 
+def stem_step_with_its_pools(program: CompiledProgram) -> None:
+    """The pool and its gradient a kernel each, the batch norm's per-channel sums one, the weight
+    gradient reading the images where they lie, and no kernel of the tiny per-channel values."""
+    ops = step_ops(program)
+    assert ops.count("max_pool2d") == 1 and ops.count("max_pool2d_grad") == 1, ops
+    assert ops.count("multi_reduction") == 1 and "strided_conv" in ops, ops
+    channels = [s.op for s in program.plan.steps if s.node.type.shape == (1, 64, 1, 1)]
+    assert channels == ["fused_reduction", "fused_reduction"], ops          # μ and σ², nothing else per channel
+    assert len(ops) == 14, ops
+
+
 EXPECTED = {
     ("attention", "attention"): flash_attention_fused,
     ("attention", "causal_attention"): causal_flash_attention,
@@ -186,6 +197,7 @@ EXPECTED = {
     ("transformer_block", "transformer_block"): transformer_block_fused,
     ("hyena_conv", "hyena_block"): spectral_convolution,
     ("resnet_block", "resnet_block"): convolutions_with_their_epilogues,
+    ("resnet_stem", "stem_step"): stem_step_with_its_pools,
     ("mlp_backward", "mlp_backward"): backward_gemms_with_epilogues,
     ("training_step", "block_loss_and_grads"): training_step_fused,
     ("embedding_step", "embedding_step"): embedding_step_fused,
