@@ -9,7 +9,8 @@ norm in training mode, the relu and the 3×3 stride-2 max pool, as torch.nn.func
   where they are read), writing what the pool and its gradient read;
 - the max pool is one kernel, and its gradient one more, each element of the input visiting the
   windows that cover it and taking the cotangent of those that picked it (the first of equals, as
-  torch: after the relu a window of zeros sends it to one zero);
+  torch: after the relu a window of zeros sends it to one zero), the relu's mask applied as it
+  writes (a `fused_max_pool2d_grad`);
 - the batch norm's backward sums Σdy·x̂, Σdy and Σdy·γ/σ per channel in one multi_reduction kernel
   (x̂ computed again from the convolution's output), one kernel writes dY, and the weight
   gradient is a convolution of the images by dY reading both where they lie (a `strided_conv`).

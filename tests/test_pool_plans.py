@@ -101,7 +101,7 @@ def test_a_max_pool_after_a_relu_sends_each_windows_gradient_to_one_tied_zero():
     assert np.count_nonzero((x * w <= 0)[:, :, 4:9, 3:8]) > 0
     np.testing.assert_allclose(stem_grad(x, w, t), want, rtol=1e-6, atol=1e-6)
     plan = stem_grad.program(x, w, t).plan
-    assert "max_pool2d_grad" in [s.op for s in plan.steps]
+    assert "fused_max_pool2d_grad" in [s.op for s in plan.steps]      # the relu's mask in its epilogue
 
 
 @needs_emulator
@@ -124,7 +124,18 @@ def test_the_stem_s_gradient_plan_runs_its_kernels_in_the_emulator(dtype):
     (lambda x: op.avg_pool2d(x, (2, 2, 2)), "kernel_size must be an int or a pair"),
     (lambda x: op.max_pool2d(op.cast(x, "int32"), 2), "pools floating-point values"),
     (lambda x: op.adaptive_avg_pool2d(x, 5), "multiples of the output size"),
+    (lambda x: op.adaptive_avg_pool2d(x[0, 0], 2), r"\(C, H, W\) or \(N, C, H, W\)"),
+    (lambda x: op.avg_pool2d(x, 0), "kernel_size must be an int or a pair of ints >= 1"),
+    (lambda x: op.avg_pool2d(x, (2, 0)), "kernel_size must be an int or a pair of ints >= 1"),
+    (lambda x: op.avg_pool2d(op.cast(x, "int32"), 2), "pools floating-point values"),      # windows that tile
+    (lambda x: op.avg_pool2d(op.cast(x, "int32"), 3, 1), "pools floating-point values"),
 ])
 def test_pools_that_cannot_be_say_what_to_do(call, says):
     with pytest.raises(TesseraError, match=says):
         call(RNG.standard_normal((2, 3, 8, 6)))
+
+
+def test_window_sizes_take_numpy_ints_and_an_empty_stride_as_torch_does():
+    x = RNG.standard_normal((2, 3, 8, 6))
+    np.testing.assert_array_equal(op.max_pool2d(x, np.int64(2), stride=()), op.max_pool2d(x, 2))
+    np.testing.assert_array_equal(op.avg_pool2d(x, (np.int32(2), 3), stride=[]), op.avg_pool2d(x, (2, 3)))

@@ -36,6 +36,7 @@ from tessera_rw.algebra.opdef import OpKind
 from tessera_rw.algebra.ops import opdef
 from tessera_rw.algebra.ops.linalg import read_as
 from tessera_rw.algebra.ops.norm_backward import NORM_BACKWARD_OPS, partial_sums_folded
+from tessera_rw.algebra.ops.pooling import POOL_OPS
 from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.algebra.shapes import broadcast_shapes
 from tessera_rw.codegen.arch import MathUnit
@@ -86,7 +87,7 @@ def tolerance(dtype: DType, reduction: int = 1, unit: MathUnit | None = None, fa
 
 def reduction_length(op: KernelOp) -> int:
     """How many terms each output element sums (1 when none): K of a product, a row's length, a
-    reduction's extent, a convolution's input-channel window, the keys of attention."""
+    reduction's extent, a convolution's input-channel window, the keys of attention, a pool's window."""
     op = dense_op(op)
     kind, attrs, ops = opdef(op.op).kind, op.attr_map, op.operands
     if kind is OpKind.MATMUL:
@@ -105,6 +106,8 @@ def reduction_length(op: KernelOp) -> int:
         return max(length, math.ceil(rows.numel // length / attrs["parts"])) if "parts" in attrs else length
     if op.op == "index_add":           # at most every index hits one row
         return ops[1].numel
+    if op.op in POOL_OPS:              # a window's positions (a gradient: at most one per covering window)
+        return math.prod(attrs["kernel"])
     if kind is OpKind.REDUCTION:       # a fused reduction reduces its operands broadcast together
         axes = attrs.get("axes")
         shape = broadcast_shapes(*(t.shape for t in ops)) if op.op in ("fused_reduction", "multi_reduction") \

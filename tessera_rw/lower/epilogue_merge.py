@@ -7,8 +7,9 @@ where(pre > 0, 2·(relu(pre) − target), 0) with pre = conv(h, w) + b + x, read
 two constants: its selection node has four inputs before pre's own three join it, so extraction
 leaves it a kernel of its own that reads back what the convolution wrote. Once a program is chosen
 and elementwise_merge has spelled each fused node's constants into its expression and read each
-tensor once, a fused_conv or fused_normalization whose only reader is a fused_elementwise of its
-shape and dtype takes that node's expression as its epilogue: `post` becomes the reader's expression over
+tensor once, a fused_conv or fused_normalization (or a max pool's gradient, which becomes a
+fused_max_pool2d_grad) whose only reader is a fused_elementwise of its shape and dtype takes that
+node's expression as its epilogue: `post` becomes the reader's expression over
 the old `post`, the reader's other inputs the kernel's new epilogue inputs (each read once, up to
 MERGED_INPUTS). One kernel fewer, and the intermediate never goes through HBM.
 
@@ -42,7 +43,10 @@ from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops,
 from tessera_rw.algebra.ops.reduced_norm import rows_of
 from tessera_rw.lower.elementwise_merge import MERGED_INPUTS, is_expansion
 
-HOSTS = frozenset({"fused_conv", "fused_normalization"})     # the kernels whose `post` takes an epilogue
+HOSTS = frozenset({"fused_conv", "fused_normalization", "fused_max_pool2d_grad"})   # kernels whose `post` takes one
+# ... and the plain kernels that become one of them with an epilogue: a max pool's gradient, whose
+# reader applies the relu's mask (its x is the relu's output, whose elements it reads anyway)
+PLAIN_HOSTS = {"max_pool2d_grad": "fused_max_pool2d_grad"}
 # ... and those whose epilogue inputs may be computed in it (a reduced_normalization's result is no row)
 READING_HOSTS = HOSTS | {"reduced_normalization"}
 
@@ -67,7 +71,7 @@ def merge_epilogues(graph: Graph, keeps: Callable[[Node, Node], bool] = lambda b
             rebuilt = computing if computing is rebuilt or keeps(rebuilt, computing) else rebuilt
         new[node] = rebuilt
         alone = len(users[node]) == 1 and node not in outputs
-        if node.op in HOSTS and alone:
+        if (node.op in HOSTS or node.op in PLAIN_HOSTS) and alone:
             hosts.add(rebuilt)
         if rebuilt.op == "fused_elementwise" and (alone or (node not in outputs and is_expansion(rebuilt))):
             inputs.add(rebuilt)
@@ -94,6 +98,8 @@ def _input_leaf(arg: Node, extras: list[Node]) -> object:
 def _with_reader(host: Node, reader: Node, k: int) -> Node | None:
     """`host` computing `reader`, which reads it as input k: None where the result would read too
     many tensors, nest too many ops, or compute another type than `reader`."""
+    if host.op in PLAIN_HOSTS:
+        host = make(PLAIN_HOSTS[host.op], *host.args, **(host.attr_map | {"post": "$0"}))
     start = _epilogue_start(host)
     extras = list(host.args[start:])
 

@@ -21,7 +21,7 @@ from tests.torch_pools import torch_avg_pool, torch_avg_pool_grad, torch_max_poo
 def windows(draw, dilated: bool):
     k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     d = (draw(st.integers(1, 2)), draw(st.integers(1, 2))) if dilated else (1, 1)
-    p = tuple(draw(st.integers(0, (d[a] * (k[a] - 1) + 1) // 2)) for a in range(2))
+    p = tuple(draw(st.integers(0, k[a] // 2)) for a in range(2))
     s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     plane = (draw(st.integers(1, 9)), draw(st.integers(1, 9)))
     return plane, k, s, p, d, draw(st.booleans())
@@ -78,6 +78,8 @@ def test_avg_pool_and_its_gradient_are_torchs(window, count_include_pad, divisor
 
 @pytest.mark.parametrize("attrs, says", [
     (dict(kernel=(3, 3), stride=(2, 2), pad=(2, 1), dilation=(1, 1), ceil_mode=False), "more than half the window"),
+    (dict(kernel=(3, 3), stride=(1, 1), pad=(2, 0), dilation=(2, 2), ceil_mode=False), "more than half the window"),
+    (dict(kernel=(3, 2), stride=(1, 1), pad=(0, 0), dilation=(4, 1), ceil_mode=False), r"dilated by \(4, 1\) to \(9, 2\)"),
     (dict(kernel=(9, 2), stride=(1, 1), pad=(0, 0), dilation=(1, 1), ceil_mode=False), "larger than x's plane"),
     (dict(kernel=(0, 2), stride=(1, 1), pad=(0, 0), dilation=(1, 1), ceil_mode=False), "pairs of ints >= 1"),
 ])

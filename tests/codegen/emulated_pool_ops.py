@@ -42,3 +42,11 @@ POOL_OPS = {f"{kind}_pool2d{part} {name}": pool_op(f"{kind}_pool2d{part}", **pro
 POOL_OPS["max_pool2d_picked dilated windows missing x f32"] = pool_op(
     "max_pool2d_picked", TensorType((2, 3, 2, 1), F32), kernel=(1, 2), stride=(2, 1), pad=(0, 1), dilation=(1, 2),
     ceil_mode=False)
+# a max pool's gradient with a relu's mask and a per-channel scale in its epilogue
+POOL_OPS["fused_max_pool2d_grad relu mask, per-channel scale f32"] = pool_op(
+    "fused_max_pool2d_grad", TensorType((2, 3, 13, 12), F32), extras=(TensorType((2, 3, 13, 12), F32),
+                                                                      TensorType((1, 3, 1, 1), F32)),
+    post="mul(where(gt($1,0.0:float32),$0,0.0:float32),$2)", **STEM, dilation=(1, 1), ceil_mode=False)
+POOL_OPS["fused_max_pool2d_grad relu mask bf16"] = pool_op(
+    "fused_max_pool2d_grad", TensorType((2, 4, 17, 17), BF16), extras=(TensorType((2, 4, 17, 17), BF16),),
+    post="where(gt($1,0.0:bfloat16),$0,0.0:bfloat16)", **STEM, dilation=(1, 1), ceil_mode=False)

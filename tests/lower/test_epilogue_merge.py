@@ -259,3 +259,21 @@ def test_a_merge_the_caller_refuses_is_left_as_it_was():
     graph = Graph("g", (z, a, b), (rows,))
     assert len(kernels(merge_epilogues(graph))) == 1
     assert merge_epilogues(graph, keeps=lambda before, after: False) is graph
+
+
+def test_a_max_pool_s_gradient_takes_the_relu_mask_its_one_reader_applies():
+    """relu′ · max_pool2d_grad(relu(y), g) as merged: where(r > 0, dx, 0) is the gradient kernel's
+    epilogue (a fused_max_pool2d_grad reading r again at each element), one pass over r and dx fewer."""
+    r, g = make_input("r", (2, 3, 9, 9), DType.float32), make_input("g", (2, 3, 5, 5), DType.float32)
+    window = dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1), dilation=(1, 1), ceil_mode=False)
+    dx = make("max_pool2d_grad", r, g, **window)
+    masked = make("fused_elementwise", r, dx, expr="where(gt($0,0.0:float32),$1,0.0:float32)")
+    graph = Graph("g", (r, g), (masked,))
+    merged = merge_epilogues(graph)
+    assert [n.op for n in merged.nodes if n.op != "input"] == ["fused_max_pool2d_grad"]
+    rng = np.random.default_rng(3)
+    feeds = {"r": np.maximum(rng.standard_normal(r.shape), 0).astype(np.float32),
+             "g": rng.standard_normal(g.shape).astype(np.float32)}
+    np.testing.assert_array_equal(evaluate(merged, feeds)[0], evaluate(graph, feeds)[0])
+    twice = Graph("g", (r, g), (masked, dx))                  # the caller reads the gradient too: no merge
+    assert "max_pool2d_grad" in [n.op for n in merge_epilogues(twice).nodes]

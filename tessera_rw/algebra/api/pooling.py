@@ -17,23 +17,24 @@ array([[[[ 5.,  7.],
 
 from __future__ import annotations
 
+import numbers
+
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
 from tessera_rw.algebra.api.layout import reshape
 from tessera_rw.algebra.api.reduction import mean
-from tessera_rw.algebra.errors import AttributeValueError, ShapeError
+from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
     """The largest element of each kernel_size window of x (N, C, H, W) or (C, H, W), as torch's
     F.max_pool2d: windows `stride` apart (the window by default) over x padded by `padding` (at most
-    half the window), their positions `dilation` apart. The gradient goes to the element each window
+    half the kernel), their positions `dilation` apart. The gradient goes to the element each window
     picked, the first of equals (after a relu, a window of zeros sends it to one zero, not to all)."""
     x = tensor_operand(x)
     with op_context("max_pool2d", (x,), ("x",)):
-        kernel = _pair(kernel_size, "kernel_size")
-        window = dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, "stride"),
-                      pad=_pair(padding, "padding"), dilation=_pair(dilation, "dilation"),
-                      ceil_mode=_flag(ceil_mode, "ceil_mode"))
+        kernel = _pair(kernel_size, "kernel_size", least=1)
+        window = dict(kernel=kernel, stride=_stride(stride, kernel), pad=_pair(padding, "padding"),
+                      dilation=_pair(dilation, "dilation", least=1), ceil_mode=_flag(ceil_mode, "ceil_mode"))
     return apply("max_pool2d", (x,), **window)
 
 
@@ -41,16 +42,20 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, 
                divisor_override: int | None = None):
     """The mean of each kernel_size window of x (N, C, H, W) or (C, H, W), as torch's
     F.avg_pool2d: windows `stride` apart (the window by default) over x zero-padded by `padding` (at
-    most half the window); each sum divided by divisor_override if given, else by the window's
+    most half the kernel); each sum divided by divisor_override if given, else by the window's
     positions, those in the padding counted if count_include_pad."""
     x = tensor_operand(x)
     with op_context("avg_pool2d", (x,), ("x",)):
-        kernel = _pair(kernel_size, "kernel_size")
-        window = dict(kernel=kernel, stride=kernel if stride is None else _pair(stride, "stride"),
-                      pad=_pair(padding, "padding"), ceil_mode=_flag(ceil_mode, "ceil_mode"),
+        kernel = _pair(kernel_size, "kernel_size", least=1)
+        window = dict(kernel=kernel, stride=_stride(stride, kernel), pad=_pair(padding, "padding"),
+                      ceil_mode=_flag(ceil_mode, "ceil_mode"),
                       count_include_pad=_flag(count_include_pad, "count_include_pad"),
                       divisor=_divisor(divisor_override))
-        shape = type_of(x).shape
+        xt = type_of(x)
+        if not xt.dtype.is_float:
+            raise DTypeError(f"pools floating-point values, got {xt.dtype.value}",
+                             hint="cast x first: op.cast(x, 'float32')")
+        shape = xt.shape
     tiles = (len(shape) >= 3 and window["stride"] == kernel and window["pad"] == (0, 0)
              and not window["divisor"] and shape[-2] % kernel[0] == 0 and shape[-1] % kernel[1] == 0)
     if not tiles:
@@ -66,19 +71,30 @@ def adaptive_avg_pool2d(x, output_size):
     x = tensor_operand(x)
     with op_context("adaptive_avg_pool2d", (x,), ("x",)):
         shape = type_of(x).shape
-        oh, ow = _pair(output_size, "output_size")
-        if len(shape) < 3 or min(oh, ow) < 1 or shape[-2] % oh or shape[-1] % ow:
+        oh, ow = _pair(output_size, "output_size", least=1)
+        if len(shape) < 3:
+            raise ShapeError(f"adaptive_avg_pool2d pools the last two axes of x (C, H, W) or (N, C, H, W), got "
+                             f"{shape}", hint="add a channel axis: op.expand_dims(x, 0)")
+        if shape[-2] % oh or shape[-1] % ow:
             raise ShapeError(f"adaptive_avg_pool2d takes x (N, C, H, W) with H and W multiples of the output "
                              f"size {(oh, ow)}, got {shape}",
                              hint="windows of unequal sizes are not supported: pad x to a multiple first")
     return avg_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
 
 
-def _pair(value, name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair):
-        raise AttributeValueError(f"{name} must be an int or a pair of ints >= 0, got {value!r}")
-    return pair
+def _pair(value, name: str, least: int = 0) -> tuple[int, int]:
+    """`value` (an int, numpy's too, or a pair of them) as a pair of ints >= `least`."""
+    ints = (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
+    pair = (value, value) if ints(value) else tuple(value) if isinstance(value, (tuple, list)) else ()
+    if len(pair) != 2 or not all(ints(v) and v >= least for v in pair):
+        raise AttributeValueError(f"{name} must be an int or a pair of ints >= {least}, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _stride(stride, kernel: tuple[int, int]) -> tuple[int, int]:
+    """The windows' stride: the kernel's size when None or empty, as torch's."""
+    return kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) else \
+        _pair(stride, "stride", least=1)
 
 
 def _flag(value, name: str) -> bool:
@@ -90,6 +106,6 @@ def _flag(value, name: str) -> bool:
 def _divisor(value) -> int:
     if value is None:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise AttributeValueError(f"divisor_override must be an int >= 1 or None, got {value!r}")
-    return value
+    return int(value)

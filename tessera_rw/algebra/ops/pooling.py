@@ -2,8 +2,8 @@
 avg_pool2d, and their gradients.
 
 Every window is `kernel` (kh, kw) positions, `dilation` apart (max only), its corner stepping by
-`stride` over x padded by `pad` on both sides of each axis (at most half the window, as torch
-requires). `ceil_mode` rounds the output size up, keeping a last window that starts inside x or
+`stride` over x padded by `pad` on both sides of each axis (at most half the kernel, as torch
+requires, dilated or not). `ceil_mode` rounds the output size up, keeping a last window that starts inside x or
 its leading padding. Attributes are normalized pairs.
 
 max_pool2d picks each window's largest element, the first of equals in row-major window order
@@ -36,14 +36,16 @@ import math
 
 import numpy as np
 
-from tessera_rw.algebra.autodiff.cotangents import zero
+from tessera_rw.algebra.autodiff.cotangents import before_fusion, zero
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.opdef import OpDef, OpKind
+from tessera_rw.algebra.ops.fused_expr import fused, fused_flops, infer_fused
 from tessera_rw.algebra.shapes import fmt_shape
 from tessera_rw.algebra.tensor import api  # the op functions, resolved when a VJP runs
 
-POOL_OPS = frozenset({"max_pool2d", "max_pool2d_grad", "max_pool2d_picked", "avg_pool2d", "avg_pool2d_grad"})
+POOL_OPS = frozenset({"max_pool2d", "max_pool2d_grad", "max_pool2d_picked", "avg_pool2d", "avg_pool2d_grad",
+                      "fused_max_pool2d_grad"})
 NO_DILATION = (1, 1)
 
 
@@ -67,16 +69,16 @@ def _check_window(x: TensorType, kernel, stride, pad, dilation, ceil_mode) -> tu
     if any(len(p) != 2 for p in pairs.values()) or min(kernel + stride + dilation) < 1 or min(pad) < 0:
         raise AttributeValueError(f"kernel, stride and dilation are pairs of ints >= 1 and pad a pair >= 0, "
                                   f"got {pairs}")
-    for axis in range(2):
-        if 2 * pad[axis] > dilation[axis] * (kernel[axis] - 1) + 1:
-            raise AttributeValueError(f"pad {pad} is more than half the window {kernel}"
-                                      f"{f' dilated by {dilation}' if dilation != NO_DILATION else ''}: "
-                                      "a window would hold padding alone", hint="pad x with op.pad first")
+    if any(2 * pad[axis] > kernel[axis] for axis in range(2)):
+        raise AttributeValueError(f"pad {pad} is more than half the window {kernel}, as torch refuses too",
+                                  hint="pad x with op.pad first")
     out = tuple(pooled_size(x.shape[-2 + a], kernel[a], stride[a], pad[a], dilation[a], ceil_mode)
                 for a in range(2))
     if min(out) < 1:
-        raise ShapeError(f"the window {kernel} is larger than x's plane {fmt_shape(x.shape[-2:])} padded by "
-                         f"{pad}", hint="pad more, or use a smaller window")
+        spans = tuple(dilation[a] * (kernel[a] - 1) + 1 for a in range(2))
+        window = f"{kernel} dilated by {dilation} to {spans}" if dilation != NO_DILATION else f"{kernel}"
+        raise ShapeError(f"the window {window} is larger than x's plane {fmt_shape(x.shape[-2:])} padded by "
+                         f"{pad}", hint="pad more, or use a smaller window or dilation")
     return out
 
 
@@ -93,13 +95,24 @@ def _infer_avg(x: TensorType, kernel, stride, pad, ceil_mode, count_include_pad,
 
 
 def _check_cotangent(g: TensorType, pooled: TensorType) -> None:
-    if g.shape != pooled.shape or not g.dtype.is_float:
+    if g.shape != pooled.shape:
         raise ShapeError(f"the cotangent is {g} where the pool's result is {pooled}")
+    if not g.dtype.is_float:
+        raise DTypeError(f"the cotangent is {g.dtype.value}: a gradient is floating point")
 
 
 def _infer_max_grad(x: TensorType, g: TensorType, kernel, stride, pad, dilation, ceil_mode) -> TensorType:
     _check_cotangent(g, _infer_max(x, kernel, stride, pad, dilation, ceil_mode))
     return TensorType(x.shape, g.dtype)
+
+
+def _infer_fused_max_grad(x: TensorType, g: TensorType, *extras: TensorType, kernel, stride, pad, dilation,
+                          ceil_mode, post: str) -> TensorType:
+    dx = _infer_max_grad(x, g, kernel, stride, pad, dilation, ceil_mode)
+    out = infer_fused(dx, *extras, expr=post)
+    if out != dx:
+        raise ShapeError(f"the epilogue {post!r} makes {out} of the gradient {dx}: it keeps its shape and dtype")
+    return out
 
 
 def _infer_max_picked(x: TensorType, v: TensorType, kernel, stride, pad, dilation, ceil_mode) -> TensorType:
@@ -178,6 +191,11 @@ def _max_pool2d_grad(x: np.ndarray, g: np.ndarray, kernel, stride, pad, dilation
     return _cropped(dx, x.shape[-2:], pad)
 
 
+def _fused_max_pool2d_grad(x: np.ndarray, g: np.ndarray, *extras: np.ndarray, kernel, stride, pad, dilation,
+                           ceil_mode, post: str) -> np.ndarray:
+    return fused(_max_pool2d_grad(x, g, kernel, stride, pad, dilation, ceil_mode), *extras, expr=post)
+
+
 def _cropped(dx: np.ndarray, plane: tuple[int, int], pad) -> np.ndarray:
     return dx[..., pad[0]:pad[0] + plane[0], pad[1]:pad[1] + plane[1]]
 
@@ -229,6 +247,11 @@ def _cotangent_flops(out: TensorType, *operands: TensorType, kernel, **attrs) ->
     return operands[-1].numel * math.prod(kernel) * scans
 
 
+def _fused_grad_flops(out: TensorType, x: TensorType, g: TensorType, *extras: TensorType, kernel, post: str,
+                      **attrs) -> int:
+    return _cotangent_flops(out, x, g, kernel=kernel) + fused_flops(out, *extras, expr=post)
+
+
 def _max_vjp(g, y, x, **attrs):
     return (api.apply("max_pool2d_grad", (x, g), **attrs),)
 
@@ -265,6 +288,10 @@ DEFS = (
     OpDef("max_pool2d_picked", ("x", "v"), OpKind.REDUCTION, _infer_max_picked, _max_pool2d_picked, _window_flops,
           exact=True, vjp=_max_picked_vjp,
           doc="v's element at each window's max_pool2d pick in x (the adjoint of max_pool2d_grad)"),
+    OpDef("fused_max_pool2d_grad", ("x", "g", "extras"), OpKind.REDUCTION, _infer_fused_max_grad,
+          _fused_max_pool2d_grad, _fused_grad_flops, variadic=True, vjp=before_fusion("fused_max_pool2d_grad"),
+          doc="max_pool2d_grad with an elementwise epilogue over its result ($0) and further inputs (a relu's "
+              "mask), which lowering makes"),
     OpDef("avg_pool2d", ("x",), OpKind.REDUCTION, _infer_avg, _avg_pool2d, _window_flops, vjp=_avg_vjp,
           doc="the mean of each window of x's last two axes (torch's avg_pool2d)"),
     OpDef("avg_pool2d_grad", ("g",), OpKind.REDUCTION, _infer_avg_grad, _avg_pool2d_grad, _cotangent_flops,

@@ -28,18 +28,21 @@ from dataclasses import dataclass
 from tessera_rw.algebra.dtypes import DType
 from tessera_rw.algebra.node import TensorType
 from tessera_rw.algebra.ops import OPS
+from tessera_rw.algebra.ops.fused_expr import parse_expr
 from tessera_rw.algebra.ops.pooling import NO_DILATION, POOL_OPS
 from tessera_rw.codegen.arch import ArchSpec, MathUnit, arch_named  # noqa: F401  (doctest)
 from tessera_rw.codegen.compile import KernelSource
 from tessera_rw.codegen.kernel_op import KernelOp
 from tessera_rw.codegen.numerics import Numerics
 from tessera_rw.codegen.templates.base import Resources, Schedule, Template, grid_space
-from tessera_rw.codegen.templates.cuda_scalar import STORAGE, ctype, kernel_name, literal, load, store
+from tessera_rw.codegen.templates.cuda_scalar import (STORAGE, SUPPORTED, broadcast_strides, ctype, emit_tree,
+                                                      expr_ops, kernel_name, literal, load, offset_expr, store)
 
 MAX_INDEX = 2**31         # index math is 32-bit
 GRID_WAVES = 4            # blocks in flight per SM, at most, before the grid-stride loop takes over
 GRID_THREADS = (64, 128, 256, 512, 1024)
 VALUE_DTYPES = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64})
+RELU_MASK = "where(gt($1,0.0:bfloat16),$0,0.0:bfloat16)"      # a relu's mask, in the epilogue of its pool's gradient
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,13 @@ class _Window:
     def of(cls, op: KernelOp) -> _Window:
         a = op.attr_map
         x = op.result if op.op.endswith("_grad") else op.operands[0]
-        pooled = (op.operands[-1] if op.op.endswith("_grad") else op.result).shape[-2:]
+        pooled = (op.operands[_cotangent(op)] if op.op.endswith("_grad") else op.result).shape[-2:]
         return cls(x.shape[-2:], pooled, a["kernel"], a["stride"], a["pad"], a.get("dilation", NO_DILATION))
+
+
+def _cotangent(op: KernelOp) -> int:
+    """Which operand of a pool's gradient is the cotangent it spreads."""
+    return 0 if op.op == "avg_pool2d_grad" else 1
 
 
 class PoolTemplate(Template):
@@ -72,10 +80,14 @@ class PoolTemplate(Template):
     ops = POOL_OPS
 
     def accepts(self, op: KernelOp) -> bool:
-        return (op.op in self.ops and all(t.dtype in VALUE_DTYPES for t in (*op.operands, op.result))
-                and op.result.numel > 0 and all(t.numel < MAX_INDEX for t in (*op.operands, op.result)))
+        pooled = (*op.operands[:2], op.result) if op.op == "fused_max_pool2d_grad" else (*op.operands, op.result)
+        return (op.op in self.ops and all(t.dtype in VALUE_DTYPES for t in pooled)
+                and all(t.dtype in SUPPORTED for t in op.operands) and op.result.numel > 0
+                and all(t.numel < MAX_INDEX for t in (*op.operands, op.result)))
 
     def fused(self, op: KernelOp) -> tuple[str, ...]:
+        if op.op == "fused_max_pool2d_grad":
+            return ("max_pool2d_grad", *expr_ops(parse_expr(op.attr_map["post"])))
         return (op.op,)
 
     def schedules(self, op: KernelOp, arch: ArchSpec) -> tuple[PoolSchedule, ...]:
@@ -95,7 +107,8 @@ class PoolTemplate(Template):
         wide = any(t.dtype is DType.float64 for t in (*op.operands, op.result))
         regs = (REG_BASE + (REG_SM90 if arch.compute_capability >= (9, 0) else 0)
                 + {"max_pool2d_grad": REG_SCAN, "avg_pool2d": REG_DIVISOR, "avg_pool2d_grad": REG_DIVISOR,
-                   "max_pool2d_picked": REG_PICK}.get(op.op, 0))
+                   "max_pool2d_picked": REG_PICK, "fused_max_pool2d_grad": REG_SCAN}.get(op.op, 0)
+                + REG_PER_EPILOGUE_INPUT * len(op.operands[2:] if op.op == "fused_max_pool2d_grad" else ()))
         # each operand streamed once (overlapping windows re-read from cache), the result written once
         return Resources(threads=s.threads, blocks=blocks, registers=regs, smem_bytes=0,
                          hbm_bytes=sum(t.nbytes for t in op.operands) + op.result.nbytes,
@@ -136,17 +149,22 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({params},
             pool_op("max_pool2d", TensorType((4, 16, 30, 30), f64), kernel=(2, 3), stride=(1, 2), pad=(0, 1),
                   dilation=(2, 1), ceil_mode=True),
             pool_op("max_pool2d_picked", TensorType((32, 64, 112, 112), bf), **stem, dilation=(1, 1), ceil_mode=False),
+            pool_op("fused_max_pool2d_grad", TensorType((32, 64, 112, 112), bf), extras=(TensorType((32, 64, 112, 112), bf),),
+                    post=RELU_MASK, **stem, dilation=(1, 1), ceil_mode=False),
         )
 
 
-def pool_op(name: str, x: TensorType, **attrs) -> KernelOp:
-    """The KernelOp of pool `name` over x (a gradient: its cotangent's; picked: from x itself)."""
-    forward = name.removesuffix("_grad").removesuffix("_picked")
+def pool_op(name: str, x: TensorType, extras: tuple[TensorType, ...] = (), post: str = "", **attrs) -> KernelOp:
+    """The KernelOp of pool `name` over x (a gradient: its cotangent's; picked: from x itself; a
+    fused gradient: its epilogue `post` over `extras`)."""
+    forward = name.removeprefix("fused_").removesuffix("_grad").removesuffix("_picked")
     pooled = OPS[forward].infer(x, **attrs)
     if name == forward:
         return KernelOp.of(name, (x,), pooled, **attrs)
     if name == "max_pool2d_grad":
         return KernelOp.of(name, (x, pooled), x, **attrs)
+    if name == "fused_max_pool2d_grad":
+        return KernelOp.of(name, (x, pooled, *extras), x, post=post, **attrs)
     if name == "max_pool2d_picked":
         return KernelOp.of(name, (x, x), pooled, **attrs)
     return KernelOp.of(name, (pooled,), x, plane=x.shape[-2:], **attrs)
@@ -212,12 +230,12 @@ def _divisor(op: KernelOp, w: _Window) -> list[str]:
 def _gradient(op: KernelOp, w: _Window) -> list[str]:
     """An element of x's cotangent: the windows covering it visited, each adding its share."""
     (ho, wo), (h, wd), (sh, sw) = w.pooled, w.plane, w.stride
-    g, c = op.operands[-1], ctype(op.result.dtype)
+    g, c = op.operands[_cotangent(op)], ctype(op.result.dtype)
     lines = [f"const int x_w = (int)(e % {wd}u), x_h = (int)(e / {wd}u % {h}u);",
              f"const unsigned plane = e / {h * wd}u;",
-             f"const {STORAGE[g.dtype]}* cot = in{len(op.operands) - 1} + (unsigned long long)plane * {ho * wo}u;",
+             f"const {STORAGE[g.dtype]}* cot = in{_cotangent(op)} + (unsigned long long)plane * {ho * wo}u;",
              f"{c} total = 0;"]
-    if op.op == "max_pool2d_grad":
+    if op.op != "avg_pool2d_grad":
         lines.append(f"const {STORAGE[op.operands[0].dtype]}* src = in0 + (unsigned long long)plane * {h * wd}u;")
     lines += ["#pragma unroll", f"for (int i = 0; i < {w.kernel[0]}; ++i) {{",
              f"    const int t = x_h + {w.pad[0]} - i * {w.dilation[0]};",
@@ -231,7 +249,22 @@ def _gradient(op: KernelOp, w: _Window) -> list[str]:
         inner = _divisor(op, w) + [f"total += {share} / divisor;"]
     else:
         inner = _picked(op, w, first="p") + [f"if (at == x_h * {wd} + x_w) total += {share};"]
-    return lines + [f"        {line}" for line in inner] + ["    }", "}", f"out[e] = {store(op.result.dtype, 'total')};"]
+    return lines + [f"        {line}" for line in inner] + ["    }", "}"] + _stored(op)
+
+
+def _stored(op: KernelOp) -> list[str]:
+    """The element's gradient written, through the epilogue of a fused_max_pool2d_grad: `post` over
+    it ($0) and the epilogue inputs at the element (broadcast to the result)."""
+    if op.op != "fused_max_pool2d_grad":
+        return [f"out[e] = {store(op.result.dtype, 'total')};"]
+    shape, lines = op.result.shape, []
+    leaves = [("total", op.result.dtype)]
+    for i, extra in enumerate(op.operands[2:], 2):
+        at = offset_expr("e", shape, broadcast_strides(shape, extra.shape))
+        lines.append(f"const {ctype(extra.dtype)} e{i} = {load(extra.dtype, f'in{i}[{at}]')};")
+        leaves.append((f"e{i}", extra.dtype))
+    value, _ = emit_tree(parse_expr(op.attr_map["post"]), leaves, lines, prefix="p")
+    return lines + [f"out[e] = {store(op.result.dtype, value)};"]
 
 
 def _indent(lines: list[str], depth: int) -> str:
@@ -244,3 +277,4 @@ REG_SM90 = 4
 REG_DIVISOR = 4           # an average's window bounds clipped to count its divisor
 REG_SCAN = 12             # a max's gradient: the covering window walked again beside the element's
 REG_PICK = 11             # the pick's position beside the max, and v's plane
+REG_PER_EPILOGUE_INPUT = 2    # an epilogue input's address and value
