@@ -148,7 +148,11 @@ def reshaped_broadcast(operand: tuple[int, ...], source: tuple[int, ...], target
     (1, 3, 1, 1, 1, 1)
     >>> reshaped_broadcast((8, 1), (2, 3, 8, 6), (6, 48)) is None
     True
+    >>> reshaped_broadcast((), (), (1,)), reshaped_broadcast((1,), (1,), (1, 1))
+    ((), (1, 1))
     """
+    if math.prod(operand) == 1 and 0 not in target:       # one value (a scalar's): it broadcasts to anything
+        return () if not operand else (1,) * len(target)
     groups = reshape_groups(source, target)
     if groups is None or len(operand) > len(source):
         return None

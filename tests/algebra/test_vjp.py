@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -287,6 +288,20 @@ def test_max_shares_the_cotangent_among_ties():
     graph, _ = vjp_graph("max", (t(2, 3),), dict(axes=(1,), keepdims=False))
     (ct,) = evaluate(graph, {"x0": np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]]), "g": np.array([1.0, 4.0])})
     np.testing.assert_array_equal(ct, [[0.0, 0.5, 0.5], [4.0, 0.0, 0.0]])
+
+
+def test_a_16_bit_max_of_a_computed_value_sends_its_gradient_to_the_maximum():
+    """max(x·s) in bf16: the backward compares x·s, which its kernel computes wide, with the max as
+    stored (rounded): x·s is rounded first, so the maximum is found (not 0/0 for every element)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 8, 6)).astype(ml_dtypes.bfloat16)
+    s = (rng.random((1, 4, 1, 1)) + 0.5).astype(ml_dtypes.bfloat16)
+    from tessera_rw import op as ops
+    dx = np.asarray(ops.grad(lambda x, s: ops.max(x * s))(x, s), np.float64)
+    product = (x.astype(np.float32) * s.astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float64)
+    hit = product == product.max()
+    want = np.where(hit, np.broadcast_to(s.astype(np.float64), x.shape), 0) / hit.sum()
+    np.testing.assert_allclose(dx, want, rtol=1e-2)
 
 
 def test_relu_and_abs_pass_nothing_at_zero():

@@ -67,8 +67,11 @@ def _mean_vjp(g, y, x, axes, keepdims):
 
 
 def _extremum_vjp(g, y, x, axes, keepdims):
-    """The cotangent goes to the elements that attained the max (or min), shared equally by ties."""
-    hit = api.cast(api.equal(x, expand_reduced(y, x.shape, axes)), g.dtype)
+    """The cotangent goes to the elements that attained the max (or min), shared equally by ties.
+    A 16-bit x is compared as stored, rounded to its dtype: a fused kernel computes it wide (x·s in
+    float32), where the max it is compared with was rounded as it was written."""
+    stored = api.cast(api.cast(x, "float32"), x.dtype.value) if x.dtype.is_low_precision and x.dtype.is_float else x
+    hit = api.cast(api.equal(stored, expand_reduced(y, x.shape, axes)), g.dtype)
     ties = expand_reduced(api.sum(hit, axis=axes, keepdims=True), x.shape, axes)
     return (unbroadcast(expand_reduced(g, x.shape, axes) * hit / ties, x),)
 

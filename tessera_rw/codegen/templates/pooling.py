@@ -76,7 +76,7 @@ def _cotangent(op: KernelOp) -> int:
 class PoolTemplate(Template):
     """max_pool2d, avg_pool2d and their gradients over float32, float16, bfloat16 and float64."""
 
-    kind = "pool"
+    kind = "reduction"        # a window's max or sum
     ops = POOL_OPS
 
     def accepts(self, op: KernelOp) -> bool:

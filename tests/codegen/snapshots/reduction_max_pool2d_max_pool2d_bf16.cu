@@ -1,8 +1,8 @@
 // max_pool2d(bf16[32,64,112,112], dilation=(1, 1), kernel=(3, 3), pad=(1, 1), stride=(2, 2)) -> bf16[32,64,56,56]
 // pool (max_pool2d: windows (3, 3) stride (2, 2) padding (1, 1) dilation (1, 1) over planes
 // (112, 112) pooled to (56, 56)), schedule threads=256.
-// launch: pool_max_pool2d_adab8a6a<<<4224, 256>>>(in0, out)
-extern "C" __global__ void __launch_bounds__(256) pool_max_pool2d_adab8a6a(const bf16_t* __restrict__ in0,
+// launch: reduction_max_pool2d_adab8a6a<<<4224, 256>>>(in0, out)
+extern "C" __global__ void __launch_bounds__(256) reduction_max_pool2d_adab8a6a(const bf16_t* __restrict__ in0,
         bf16_t* __restrict__ out) {
     const unsigned step = gridDim.x * blockDim.x;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < 6422528u; e += step) {
