@@ -304,6 +304,15 @@ def test_a_16_bit_max_of_a_computed_value_sends_its_gradient_to_the_maximum():
     np.testing.assert_allclose(dx, want, rtol=1e-2)
 
 
+def test_no_gradient_flows_through_stop_gradient_and_no_kernel_computes_it():
+    from tessera_rw import op as ops
+    x = np.array([1.0, -2.0, 3.0])
+    np.testing.assert_array_equal(ops.grad(lambda x: ops.sum(x * ops.stop_gradient(x)))(x), x)
+    np.testing.assert_array_equal(ops.stop_gradient(x), x)
+    plan = ops.kernel(lambda x: ops.stop_gradient(x) * 2.0).program(x).plan
+    assert [s.op for s in plan.steps] == ["mul"]
+
+
 def test_relu_and_abs_pass_nothing_at_zero():
     for op, want in (("relu", [0.0, 0.0, 1.0]), ("abs", [-1.0, 0.0, 1.0])):
         graph, _ = vjp_graph(op, (t(3),), {})

@@ -7,7 +7,8 @@ from tessera_rw.algebra.api.dispatch import apply, tracing
 from tessera_rw.algebra.api.elementwise import (
     abs, add, cast, complex_mul, cos, divide, equal, erf, exp, gelu, greater, greater_equal, less,
     less_equal, log, logical_and, logical_not, logical_or, maximum, minimum, multiply, negative,
-    not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, subtract, tanh, where)
+    not_equal, power, reciprocal, relu, rsqrt, sigmoid, silu, sin, sqrt, stop_gradient, subtract, tanh,
+    where)
 from tessera_rw.algebra.api.gather import take, take_along_axis
 from tessera_rw.algebra.api.layers import batch_norm, flatten, linear
 from tessera_rw.algebra.api.layout import (
@@ -24,8 +25,9 @@ __all__ = [
     "ifft", "irfft", "layernorm", "less", "less_equal", "linear", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logsumexp", "matmul", "max", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply",
     "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu", "reshape", "rfft", "rmsnorm", "rsqrt",
-    "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square", "squeeze", "stack", "std", "subtract", "sum",
-    "swapaxes", "take", "take_along_axis", "tanh", "tracing", "transpose", "tril", "triu", "var", "where", "zeros",
+    "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square", "squeeze", "stack", "std", "stop_gradient",
+    "subtract", "sum", "swapaxes", "take", "take_along_axis", "tanh", "tracing", "transpose", "tril", "triu", "var",
+    "where", "zeros",
 ]
 
 

@@ -55,6 +55,7 @@ def erf(x): return apply("erf", (x,))
 def sigmoid(x): return apply("sigmoid", (x,))
 def relu(x): return apply("relu", (x,))
 def silu(x): return apply("silu", (x,))
+def stop_gradient(x): return apply("stop_gradient", (x,))  # x, through which no gradient flows (jax's name)
 
 
 # what each one-line function above computes, for help(): numpy's meaning, broadcasting included

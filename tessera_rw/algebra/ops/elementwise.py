@@ -319,6 +319,9 @@ SELECT = (
     # the cotangent is converted back to x's dtype (a real x of a complex cast takes the real part)
     OpDef("cast", ("x",), OpKind.ELEMENTWISE, _infer_cast, lambda x, dtype: x, exact=True,
           vjp=lambda g, y, x, dtype: (unbroadcast(g, x),)),
+    # x itself, through which no gradient flows (a value the result does not depend on, however it
+    # is computed: a batch norm's shift); the rewrites drop it
+    OpDef("stop_gradient", ("x",), OpKind.ELEMENTWISE, lambda x: x, lambda x: x, exact=True, vjp=no_cotangents),
 )
 
 DEFS = ARITHMETIC + COMPARISONS + LOGIC + UNARY + SELECT
