@@ -63,7 +63,8 @@ def test_average_pools_are_torchs_with_their_gradients(kwargs):
     x = RNG.standard_normal((2, 3, 10, 9))
     pair = (lambda v: (v, v) if isinstance(v, int) else v)
     window = (pair(kwargs["kernel_size"]), pair(kwargs["stride"]), pair(kwargs["padding"]),
-              kwargs.get("ceil_mode", False), kwargs.get("count_include_pad", True), kwargs.get("divisor_override") or 0)
+              kwargs.get("ceil_mode", False), kwargs.get("count_include_pad", True),
+              kwargs.get("divisor_override") or 0)
     want = torch_avg_pool(x, *window)
     np.testing.assert_allclose(op.avg_pool2d(x, **kwargs), want, rtol=1e-12)
     pooled = op.kernel(lambda x: op.avg_pool2d(x, **kwargs))

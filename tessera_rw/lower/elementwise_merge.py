@@ -196,7 +196,7 @@ class _Producers:
     returned: set[Node]         # ...of them, those the caller reads too: rounded to their dtype when computed again
     dissolving: set[Node]       # ...of them, those every reader may compute (none is left to write them)
     reshaped: set[Node]         # reshapes of absorbable producers over operands of their shape, read by one kernel
-    tiny: set[Node]             # values of at most TINY bytes (per-channel, per-row, scalars): every reader computes them
+    tiny: set[Node]             # values of at most TINY bytes (per channel, per row, scalars), which readers compute
 
 
 def _merged(node: Node, rebuilt: Node, producers: _Producers) -> Node:

@@ -79,7 +79,8 @@ def test_avg_pool_and_its_gradient_are_torchs(window, count_include_pad, divisor
 @pytest.mark.parametrize("attrs, says", [
     (dict(kernel=(3, 3), stride=(2, 2), pad=(2, 1), dilation=(1, 1), ceil_mode=False), "more than half the window"),
     (dict(kernel=(3, 3), stride=(1, 1), pad=(2, 0), dilation=(2, 2), ceil_mode=False), "more than half the window"),
-    (dict(kernel=(3, 2), stride=(1, 1), pad=(0, 0), dilation=(4, 1), ceil_mode=False), r"dilated by \(4, 1\) to \(9, 2\)"),
+    (dict(kernel=(3, 2), stride=(1, 1), pad=(0, 0), dilation=(4, 1), ceil_mode=False),
+     r"dilated by \(4, 1\) to \(9, 2\)"),
     (dict(kernel=(9, 2), stride=(1, 1), pad=(0, 0), dilation=(1, 1), ceil_mode=False), "larger than x's plane"),
     (dict(kernel=(0, 2), stride=(1, 1), pad=(0, 0), dilation=(1, 1), ceil_mode=False), "pairs of ints >= 1"),
 ])

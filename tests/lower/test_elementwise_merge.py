@@ -314,5 +314,6 @@ def test_tiny_values_are_computed_again_by_every_kernel_that_spreads_them():
         np.testing.assert_allclose(got, want, rtol=1e-6)
     row, small = make_input("row", (8,), F32), make_input("s", (4, 8), F32)
     scaled = fused(row, expr="exp($0)")
-    narrow = Graph("g", (small, row), (fused(small, scaled, expr="mul($0,$1)"), fused(small, scaled, expr="add($0,$1)")))
+    readers = (fused(small, scaled, expr="mul($0,$1)"), fused(small, scaled, expr="add($0,$1)"))
+    narrow = Graph("g", (small, row), readers)
     assert scaled in merge_elementwise(narrow).nodes

@@ -15,7 +15,8 @@ from tessera_rw.algebra.ops import (attention, attention_backward, conv, creatio
 OPS: dict[str, OpDef] = {d.name: d for m in (creation, elementwise, reduction, layout, indexing, linalg, conv, spectral,
                                               attention, attention_backward, norm_backward, strided,
                                               strided_attention, strided_attention_backward, fused_gemm, fused_expr,
-                                              fused_reduction, fused_norm, reduced_norm, fused_conv, multi_output, pooling)
+                                              fused_reduction, fused_norm, reduced_norm, fused_conv, multi_output,
+                                              pooling)
                       for d in m.DEFS}
 BUILTIN_OPS: frozenset[str] = frozenset(OPS)    # the ops tessera_rw declares itself; plugins add others
 

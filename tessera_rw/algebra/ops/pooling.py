@@ -64,7 +64,8 @@ def _check_window(x: TensorType, kernel, stride, pad, dilation, ceil_mode) -> tu
         raise ShapeError(f"pools the last two axes of x (C, H, W) or (N, C, H, W), got {fmt_shape(x.shape)}",
                          hint="add a channel axis: op.expand_dims(x, 0)")
     if not x.dtype.is_float:
-        raise DTypeError(f"pools floating-point values, got {x.dtype.value}", hint="cast x first: op.cast(x, 'float32')")
+        raise DTypeError(f"pools floating-point values, got {x.dtype.value}",
+                         hint="cast x first: op.cast(x, 'float32')")
     pairs = {"kernel": kernel, "stride": stride, "pad": pad, "dilation": dilation}
     if any(len(p) != 2 for p in pairs.values()) or min(kernel + stride + dilation) < 1 or min(pad) < 0:
         raise AttributeValueError(f"kernel, stride and dilation are pairs of ints >= 1 and pad a pair >= 0, "

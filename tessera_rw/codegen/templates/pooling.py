@@ -10,6 +10,8 @@ each window position, the one output whose window holds the element there, if th
 it) and adds their cotangents: an average's divided by the window's divisor, a max's where that
 window picked this element, found by walking the window again as the forward did. No thread
 writes another's element: nothing is accumulated in memory, and every run adds in the same order.
+A fused_max_pool2d_grad applies its epilogue (a relu's mask, from the element of x it reads again)
+to each element's sum as it writes it.
 
 >>> from tessera_rw.algebra.dtypes import DType
 >>> x = TensorType((32, 64, 112, 112), DType.bfloat16)
@@ -149,8 +151,9 @@ extern "C" __global__ void __launch_bounds__({s.threads}) {name}({params},
             pool_op("max_pool2d", TensorType((4, 16, 30, 30), f64), kernel=(2, 3), stride=(1, 2), pad=(0, 1),
                   dilation=(2, 1), ceil_mode=True),
             pool_op("max_pool2d_picked", TensorType((32, 64, 112, 112), bf), **stem, dilation=(1, 1), ceil_mode=False),
-            pool_op("fused_max_pool2d_grad", TensorType((32, 64, 112, 112), bf), extras=(TensorType((32, 64, 112, 112), bf),),
-                    post=RELU_MASK, **stem, dilation=(1, 1), ceil_mode=False),
+            pool_op("fused_max_pool2d_grad", TensorType((32, 64, 112, 112), bf),
+                    extras=(TensorType((32, 64, 112, 112), bf),), post=RELU_MASK, **stem, dilation=(1, 1),
+                    ceil_mode=False),
         )
 
 
@@ -185,7 +188,8 @@ def _forward(op: KernelOp, w: _Window) -> list[str]:
                                         "if (v > best || v != v) best = v;      // v != v: a NaN, which replaces any"])
         return lines + [f"out[e] = {store(op.result.dtype, 'best')};"]
     if op.op == "max_pool2d_picked":
-        return lines + _picked(op, w) + [f"out[e] = at < 0 ? {STORAGE[op.result.dtype]}() : in1[plane + at];   // a dilated window may miss x"]
+        # a dilated window may miss x: it picks nothing
+        return lines + _picked(op, w) + [f"out[e] = at < 0 ? {STORAGE[op.result.dtype]}() : in1[plane + at];"]
     lines += [f"{c} total = 0;"]
     lines += _walk(w, lambda r, q: [f"total += {load(x.dtype, f'src[{r} * {wd} + {q}]')};"])
     return lines + _divisor(op, w) + [f"out[e] = {store(op.result.dtype, 'total / divisor')};"]
