@@ -1,6 +1,6 @@
 """A strided convolution's input gradient by phases (ops/conv.py _phased_input_cotangent): one
-stride-1 correlation per phase of the input, with the kernel's taps of that phase, then one kernel
-weaving them; the plan does the forward's multiply-adds (not the stride² times as many of
+stride-1 correlation per phase of the input, with the kernel's taps of that phase read where they
+lie, then one kernel weaving them; the plan does the forward's multiply-adds (not the stride² times as many of
 correlating a zero-spread g) and copies no g; on the numpy executor and in the CPU emulator
 against a float64 transposed convolution written out tap by tap."""
 
@@ -42,6 +42,9 @@ def test_the_input_gradient_does_the_forward_s_multiply_adds_and_copies_no_cotan
                 for s in convolutions)
     assert flops == forward
     assert not [s.op for s in plan.steps if s.op in ("pad", "concatenate")]
+    # each phase reads its taps of the kernel where they lie (every other one: the kernel stays in L2)
+    assert not [s.op for s in plan.steps if s.op in ("slice", "flip", "transpose")]
+    assert [s.op for s in plan.steps].count("strided_conv") >= 4
     g_sized = [s.op for s in plan.steps if s.node.type.numel == 32 * 128 * 28 * 28 and s.op != "fused_elementwise"]
     assert not g_sized                                       # no copy of g (nor of the product with t)
 

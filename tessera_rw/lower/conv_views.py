@@ -12,7 +12,8 @@ weight gradient's (C, O, KH, KW)), it writes the result so and the transpose is 
 A flip is a view too, of negative strides: dx's transposed convolution reads the kernel reversed
 and its channel axes swapped where the weights lie. A view is read in place where its innermost axis
 is contiguous, forwards or backwards (the threads gathering one k column read neighbouring positions:
-coalesced), the convolution is not depthwise (the sliding-window
+coalesced), or, for the kernel, where its storage is small enough to stay in L2 (a strided
+convolution's input gradient reads every other tap of it, a phase's), the convolution is not depthwise (the sliding-window
 kernel stages dense planes) and the storage holds fewer than 2^31 elements (the kernel's in-view
 offsets are 32-bit).
 
@@ -36,6 +37,7 @@ from tessera_rw.lower.view_reads import LAYOUT_OPS
 
 CONVOLUTIONS = frozenset({"conv1d", "conv2d", "fused_conv"})
 _MAX_ELEMENTS = 2**31
+CACHED_KERNEL = 1 << 22     # bytes of a kernel's storage that stay in L2 while the convolution reads it
 
 
 def read_conv_views_in_place(graph: Graph) -> Graph:
@@ -47,7 +49,8 @@ def read_conv_views_in_place(graph: Graph) -> Graph:
     for node in graph.nodes:
         rebuilt = node.replace(args=tuple(new[a] for a in node.args))
         if node.op in CONVOLUTIONS and not _depthwise(node):
-            reads = [_read_in_place(arg, node, users[arg], arg in outputs, views) for arg in node.args[:2]]
+            reads = [_read_in_place(arg, node, users[arg], arg in outputs, views, i == 1)
+                     for i, arg in enumerate(node.args[:2])]
             if any(reads):
                 rebuilt = _strided(rebuilt, [r and StridedView(new[r.root], r.shape, r.strides, r.offset, r.copies)
                                              for r in reads])
@@ -78,12 +81,14 @@ def _depthwise(node: Node) -> bool:
 
 
 def _read_in_place(arg: Node, reader: Node, readers: tuple[Node, ...], is_output: bool,
-                   views: dict[Node, StridedView]) -> StridedView | None:
+                   views: dict[Node, StridedView], kernel: bool) -> StridedView | None:
     if is_output or readers != (reader,) or arg.op not in LAYOUT_OPS | {"flip"}:
         return None
     view = _flipped(arg, views) if arg.op == "flip" else strided_view(arg, views)
     if view.root is arg or not view.copies or view.root.type.numel >= _MAX_ELEMENTS:
         return None
+    if kernel and view.root.type.nbytes <= CACHED_KERNEL:      # gathered from L2 whatever its strides
+        return view
     return view if view.shape[-1] == 1 or abs(view.strides[-1]) == 1 else None
 
 
