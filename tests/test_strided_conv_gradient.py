@@ -77,3 +77,23 @@ def test_the_phased_gradient_plan_runs_its_kernels_in_the_emulator(dtype):
     want = transposed_conv(t.astype(np.float64), w.astype(np.float64), x_shape, stride, padding)
     tol = 1e-5 if dtype is np.float32 else 3e-2
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_the_weight_gradient_computes_the_kernel_s_taps_alone():
+    """A stride-2 7×7 convolution over 224 (padding 3) leaves the padded input's last column unread:
+    its weight gradient's correlation is trimmed to 7 taps, not computed at 8 and cut (no copy)."""
+    grad = op.grad(lambda x, w, t: op.sum(op.conv2d(x, w, stride=2, padding=3) * t), argnums=1)
+    plan = grad.program(op.tensor((8, 3, 224, 224), "bf16"), op.tensor((64, 3, 7, 7), "bf16"),
+                        op.tensor((8, 64, 112, 112), "bf16")).plan
+    assert [s.op for s in plan.steps] == ["strided_conv"], plan
+    rng = np.random.default_rng(16)
+    x, w = rng.standard_normal((2, 3, 15, 14)), rng.standard_normal((4, 3, 7, 7))
+    t = rng.standard_normal(np.asarray(op.conv2d(x, w, stride=2, padding=3)).shape)
+    want = np.zeros_like(w)
+    padded = np.pad(x, ((0, 0), (0, 0), (3, 3), (3, 3)))
+    for i in range(7):
+        for j in range(7):
+            patch = padded[:, :, i:i + 2 * t.shape[2]:2, j:j + 2 * t.shape[3]:2]
+            want[:, :, i, j] = np.einsum("nopq,ncpq->oc", t, patch)
+    np.testing.assert_allclose(op.grad(lambda x, w, t: op.sum(op.conv2d(x, w, stride=2, padding=3) * t),
+                                       argnums=1)(x, w, t), want, rtol=1e-10, atol=1e-10)

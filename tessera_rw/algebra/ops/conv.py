@@ -214,10 +214,17 @@ def _weight_cotangent(g, x, w, stride, padding, dilation, groups):
     xs = api.reshape(api.transpose(xs, (2, 1, 0) + rest), (c // groups, groups * n) + x.shape[2:])
     gs = api.reshape(g, (n, groups, o // groups) + g.shape[2:])
     gs = api.reshape(api.transpose(gs, (1, 2, 0) + rest), (o, n) + g.shape[2:])
-    dw = _conv(xs, gs, stride=dilation, padding=padding, dilation=stride, groups=groups)
+    # the padding past the last tap's reach trimmed (a strided forward whose windows leave the
+    # padded input's end unread would otherwise give more taps, computed and then cut off)
+    trimmed = []
+    for i, k in enumerate(w.shape[2:]):
+        taps = conv_output_size(x.shape[2 + i], g.shape[2 + i], dilation[i], padding[i], stride[i])
+        lo, hi = padding[i]
+        trimmed.append((lo, hi - min(hi, (taps - k) * dilation[i])))
+    dw = _conv(xs, gs, stride=dilation, padding=tuple(trimmed), dilation=stride, groups=groups)
     dw = api.transpose(dw, (1, 0) + tuple(range(2, 2 + spatial)))      # (o, c/groups, *reach)
     for i, k in enumerate(w.shape[2:]):
-        dw = crop(dw, 2 + i, 0, k)
+        dw = crop(dw, 2 + i, 0, k) if dw.shape[2 + i] > k else dw
     return dw
 
 
