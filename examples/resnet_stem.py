@@ -77,10 +77,11 @@ def directional_error(params, images, target, grads, rng: np.random.Generator) -
     worst = 0.0
     for name in PARAMETERS:
         noise = rng.standard_normal(wide[name].shape)
-        d = grads[name] / np.linalg.norm(grads[name]) + noise / np.linalg.norm(noise)
+        d = grads[name] / max(np.linalg.norm(grads[name]), 1e-30) + noise / np.linalg.norm(noise)
         losses = [stem_loss_reference({**wide, name: wide[name] + h * d}, images, target) for h in (1e-6, -1e-6)]
         along = float(np.vdot(grads[name], d))
-        worst = max(worst, abs((losses[0] - losses[1]) / 2e-6 - along) / abs(along))
+        error = abs((losses[0] - losses[1]) / 2e-6 - along) / abs(along) if along else np.inf
+        worst = max(worst, error)
     return worst
 
 

@@ -10,12 +10,12 @@ too, so where a transpose swapping the result's two leading axes is its only rea
 weight gradient's (C, O, KH, KW)), it writes the result so and the transpose is gone as well.
 
 A flip is a view too, of negative strides: dx's transposed convolution reads the kernel reversed
-and its channel axes swapped where the weights lie. A view is read in place where its innermost axis
-is contiguous, forwards or backwards (the threads gathering one k column read neighbouring positions:
-coalesced), or, for the kernel, where its storage is small enough to stay in L2 (a strided
-convolution's input gradient reads every other tap of it, a phase's), the convolution is not depthwise (the sliding-window
-kernel stages dense planes) and the storage holds fewer than 2^31 elements (the kernel's in-view
-offsets are 32-bit).
+and its channel axes swapped where the weights lie. A view is read in place where the convolution
+is not depthwise (the sliding-window kernel stages dense planes), the storage holds fewer than 2^31
+elements (the kernel's in-view offsets are 32-bit), and either its innermost axis is contiguous,
+forwards or backwards (the threads gathering one k column read neighbouring positions: coalesced),
+or it is the kernel's and its storage small enough to stay in L2 (a strided convolution's input
+gradient reads every other tap of it, a phase's).
 
 >>> from tessera_rw.algebra.builder import make, make_input
 >>> from tessera_rw.algebra.dtypes import DType

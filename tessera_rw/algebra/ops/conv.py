@@ -218,6 +218,7 @@ def _weight_cotangent(g, x, w, stride, padding, dilation, groups):
     # padded input's end unread would otherwise give more taps, computed and then cut off)
     trimmed = []
     for i, k in enumerate(w.shape[2:]):
+        # the correlation's own output size: stride and dilation trade places in it, as below
         taps = conv_output_size(x.shape[2 + i], g.shape[2 + i], dilation[i], padding[i], stride[i])
         lo, hi = padding[i]
         trimmed.append((lo, hi - min(hi, (taps - k) * dilation[i])))
