@@ -14,7 +14,8 @@ from tessera_rw import op
 from tessera_rw.algebra.errors import TesseraError
 from tessera_rw.codegen import emulator
 from tessera_rw.codegen.emulator_plan import run_plan_emulated
-from tests.torch_pools import torch_avg_pool, torch_avg_pool_grad, torch_max_pool, torch_max_pool_grad
+from tests.torch_pools import (torch_adaptive_avg_pool, torch_avg_pool, torch_avg_pool_grad, torch_max_pool,
+                               torch_max_pool_grad)
 
 RNG = np.random.default_rng(43)
 needs_emulator = pytest.mark.skipif(not emulator.available(), reason="the CPU emulator needs a C++17 compiler")
@@ -124,7 +125,6 @@ def test_the_stem_s_gradient_plan_runs_its_kernels_in_the_emulator(dtype):
     (lambda x: op.avg_pool2d(x, 2, divisor_override=0), "divisor_override must be an int >= 1"),
     (lambda x: op.avg_pool2d(x, (2, 2, 2)), "kernel_size must be an int or a pair"),
     (lambda x: op.max_pool2d(op.cast(x, "int32"), 2), "pools floating-point values"),
-    (lambda x: op.adaptive_avg_pool2d(x, 5), "multiples of the output size"),
     (lambda x: op.adaptive_avg_pool2d(x[0, 0], 2), r"\(C, H, W\) or \(N, C, H, W\)"),
     (lambda x: op.avg_pool2d(x, 0), "kernel_size must be an int or a pair of ints >= 1"),
     (lambda x: op.avg_pool2d(x, (2, 0)), "kernel_size must be an int or a pair of ints >= 1"),
@@ -140,3 +140,21 @@ def test_window_sizes_take_numpy_ints_and_an_empty_stride_as_torch_does():
     x = RNG.standard_normal((2, 3, 8, 6))
     np.testing.assert_array_equal(op.max_pool2d(x, np.int64(2), stride=()), op.max_pool2d(x, 2))
     np.testing.assert_array_equal(op.avg_pool2d(x, (np.int32(2), 3), stride=[]), op.avg_pool2d(x, (2, 3)))
+
+
+@pytest.mark.parametrize("out", [(3, 4), (5, 5), (7, 2), (11, 9)])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (ml_dtypes.bfloat16, 1e-2)], ids=["f64", "bf16"])
+def test_adaptive_average_pools_of_unequal_windows_are_torchs(out, dtype, tol):
+    """Output sizes that do not divide the plane (or exceed it): torch's overlapping windows."""
+    x = RNG.standard_normal((2, 3, 8, 6)).astype(dtype)
+    want = torch_adaptive_avg_pool(x.astype(np.float64), out)
+    pooled = op.kernel(lambda x: op.adaptive_avg_pool2d(x, out))
+    for got in (op.adaptive_avg_pool2d(x, out), pooled(x)):
+        assert got.dtype == x.dtype
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+    g = RNG.standard_normal(want.shape)
+    grad = op.grad(lambda x: op.sum(op.adaptive_avg_pool2d(x, out) * g))(x.astype(np.float64))
+    d = RNG.standard_normal(x.shape)                      # the gradient along d, by central differences
+    bumped = [x.astype(np.float64) + e * d for e in (1e-6, -1e-6)]
+    numeric = np.sum(g * (torch_adaptive_avg_pool(bumped[0], out) - torch_adaptive_avg_pool(bumped[1], out))) / 2e-6
+    assert abs(np.vdot(grad, d) - numeric) < 1e-6 * max(1.0, abs(numeric))

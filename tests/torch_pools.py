@@ -84,3 +84,17 @@ def torch_avg_pool_grad(g, h, w, k, s, p, ceil_mode, count_include_pad, divisor)
     for i, j, rows, cols, div in _avg_windows(h, w, k, s, p, ceil_mode, count_include_pad, divisor):
         dx[:, rows.start:rows.stop, cols.start:cols.stop] += gs[:, i, j, None, None] / div
     return dx.reshape(*lead, h, w)
+
+
+def torch_adaptive_avg_pool(x, out):
+    """torch's adaptive_avg_pool2d: output (i, j) averages rows floor(i·H/oh) .. ceil((i+1)·H/oh) - 1
+    and the columns alike."""
+    *lead, h, w = x.shape
+    oh, ow = out
+    y = np.zeros((*lead, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            rows = slice(i * h // oh, -(-(i + 1) * h // oh))
+            cols = slice(j * w // ow, -(-(j + 1) * w // ow))
+            y[..., i, j] = x[..., rows, cols].mean(axis=(-2, -1))
+    return y

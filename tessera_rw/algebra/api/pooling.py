@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from tessera_rw.algebra.api.dispatch import apply, op_context, tensor_operand, type_of
+from tessera_rw.algebra.api.elementwise import cast
 from tessera_rw.algebra.api.layout import reshape
 from tessera_rw.algebra.api.reduction import mean
 from tessera_rw.algebra.errors import AttributeValueError, DTypeError, ShapeError
@@ -66,8 +69,11 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, 
 
 
 def adaptive_avg_pool2d(x, output_size):
-    """x (N, C, H, W) averaged down to output_size (an int or a pair), as torch's
-    F.adaptive_avg_pool2d, where it divides H and W evenly (1: a global average pool)."""
+    """x (N, C, H, W) or (C, H, W) averaged down to output_size (an int or a pair), as torch's
+    F.adaptive_avg_pool2d: output position i along an axis of n averages positions
+    floor(i·n/out) to ceil((i + 1)·n/out). Where out divides n (1: a global average pool) the
+    windows tile the plane (a mean over a reshape); else they are unequal, and the pool is two
+    products with the averaging matrices (float32 for 16-bit x)."""
     x = tensor_operand(x)
     with op_context("adaptive_avg_pool2d", (x,), ("x",)):
         shape = type_of(x).shape
@@ -75,11 +81,29 @@ def adaptive_avg_pool2d(x, output_size):
         if len(shape) < 3:
             raise ShapeError(f"adaptive_avg_pool2d pools the last two axes of x (C, H, W) or (N, C, H, W), got "
                              f"{shape}", hint="add a channel axis: op.expand_dims(x, 0)")
-        if shape[-2] % oh or shape[-1] % ow:
-            raise ShapeError(f"adaptive_avg_pool2d takes x (N, C, H, W) with H and W multiples of the output "
-                             f"size {(oh, ow)}, got {shape}",
-                             hint="windows of unequal sizes are not supported: pad x to a multiple first")
-    return avg_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
+        xt = type_of(x)
+        if not xt.dtype.is_float:
+            raise DTypeError(f"pools floating-point values, got {xt.dtype.value}",
+                             hint="cast x first: op.cast(x, 'float32')")
+    if shape[-2] % oh == 0 and shape[-1] % ow == 0:
+        return avg_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
+    from tessera_rw.algebra.api.compute import matmul
+    narrow = xt.dtype.is_low_precision
+    wide = cast(x, "float32") if narrow else x
+    compute = "float32" if narrow else xt.dtype.value
+    rows, cols = (_averaging(n, out, compute) for n, out in ((shape[-2], oh), (shape[-1], ow)))
+    pooled = matmul(rows.T, matmul(wide, cols))                  # (oh, H) @ (…, H, W) @ (W, ow)
+    return cast(pooled, xt.dtype.value) if narrow else pooled
+
+
+def _averaging(n: int, out: int, dtype: str) -> np.ndarray:
+    """(n, out): column i averages positions floor(i·n/out) to ceil((i + 1)·n/out), as torch's
+    adaptive pools window an axis of n."""
+    weights = np.zeros((n, out))
+    for i in range(out):
+        start, stop = (i * n) // out, -((-(i + 1) * n) // out)
+        weights[start:stop, i] = 1.0 / (stop - start)
+    return weights.astype(np.dtype(dtype))
 
 
 def _pair(value, name: str, least: int = 0) -> tuple[int, int]:
