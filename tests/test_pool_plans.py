@@ -158,3 +158,21 @@ def test_adaptive_average_pools_of_unequal_windows_are_torchs(out, dtype, tol):
     bumped = [x.astype(np.float64) + e * d for e in (1e-6, -1e-6)]
     numeric = np.sum(g * (torch_adaptive_avg_pool(bumped[0], out) - torch_adaptive_avg_pool(bumped[1], out))) / 2e-6
     assert abs(np.vdot(grad, d) - numeric) < 1e-6 * max(1.0, abs(numeric))
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=(2,), ceil_mode=True),
+                                    dict(kernel_size=3, stride=1, padding=1, dilation=2)])
+def test_1d_pools_are_torchs_along_the_last_axis(kwargs):
+    x = RNG.standard_normal((2, 3, 17))
+    single = (lambda v: v[0] if isinstance(v, tuple) else v)
+    k, s = single(kwargs["kernel_size"]), single(kwargs.get("stride") or kwargs["kernel_size"])
+    p, d, ceil = kwargs.get("padding", 0), kwargs.get("dilation", 1), kwargs.get("ceil_mode", False)
+    want, _ = torch_max_pool(x[:, :, None, :], (1, k), (1, s), (0, p), (1, d), ceil)
+    np.testing.assert_array_equal(op.max_pool1d(x, **kwargs), want[:, :, 0])
+    np.testing.assert_array_equal(op.kernel(lambda x: op.max_pool1d(x, **kwargs))(x), want[:, :, 0])
+    if d == 1:
+        averaged = torch_avg_pool(x[:, :, None, :], (1, k), (1, s), (0, p), ceil, True, 0)[:, :, 0]
+        plain = {key: v for key, v in kwargs.items() if key != "dilation"}
+        np.testing.assert_allclose(op.avg_pool1d(x[0], **plain), averaged[0], rtol=1e-12)     # (C, L) too
+    with pytest.raises(TesseraError, match="kernel_size must be an int or a 1-tuple"):
+        op.max_pool1d(x, (2, 2))

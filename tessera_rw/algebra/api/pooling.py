@@ -1,4 +1,5 @@
-"""Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d.
+"""Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d, and the 1-d
+max_pool1d and avg_pool1d (a 2-d pool of a plane one row high).
 
 A pool whose windows tile the plane (stride = window, no padding, H and W multiples of it) is an
 average over a reshape, a reduction kernel the rewrites fuse with what x is computed from; any other
@@ -66,6 +67,48 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, 
     h, w = shape[-2:]
     return mean(reshape(x, shape[:-2] + (h // kernel[0], kernel[0], w // kernel[1], kernel[1])),
                 axis=(-3, -1))
+
+
+def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
+    """max_pool2d along the last axis of x (N, C, L) or (C, L), as torch's F.max_pool1d."""
+    x = tensor_operand(x)
+    with op_context("max_pool1d", (x,), ("x",)):
+        window = [_single(v, name) for v, name in ((kernel_size, "kernel_size"), (stride, "stride"),
+                                                  (padding, "padding"), (dilation, "dilation"))]
+    kernel, step, pad, spread = window
+    return _along_a_row(x, lambda rows: max_pool2d(rows, (1, kernel), None if step is None else (1, step), (0, pad),
+                                                   (1, spread), ceil_mode))
+
+
+def avg_pool1d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
+    """avg_pool2d along the last axis of x (N, C, L) or (C, L), as torch's F.avg_pool1d."""
+    x = tensor_operand(x)
+    with op_context("avg_pool1d", (x,), ("x",)):
+        kernel, step, pad = (_single(v, name) for v, name in ((kernel_size, "kernel_size"), (stride, "stride"),
+                                                              (padding, "padding")))
+    return _along_a_row(x, lambda rows: avg_pool2d(rows, (1, kernel), None if step is None else (1, step), (0, pad),
+                                                   ceil_mode, count_include_pad))
+
+
+def _along_a_row(x, pool):
+    """`pool` (a 2-d pool) of x with a plane of one row, that row."""
+    shape = type_of(x).shape
+    if len(shape) < 2:
+        raise ShapeError(f"a 1-d pool takes x (C, L) or (N, C, L), got {shape}", hint="add a channel axis")
+    pooled = pool(reshape(x, shape[:-1] + (1, shape[-1])))
+    out = type_of(pooled).shape
+    return reshape(pooled, out[:-2] + out[-1:])
+
+
+def _single(value, name: str) -> int | None:
+    """A 1-d pool's size: an int or a 1-tuple (None stays None: the stride's default)."""
+    if value is None or (isinstance(value, (tuple, list)) and not value):
+        return None
+    if isinstance(value, (tuple, list)) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise AttributeValueError(f"{name} must be an int or a 1-tuple of one, got {value!r}")
+    return int(value)
 
 
 def adaptive_avg_pool2d(x, output_size):
