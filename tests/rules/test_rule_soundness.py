@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -83,3 +84,16 @@ def test_a_rule_whose_rewrite_adds_nothing_to_evaluate_is_unchecked_not_sound():
                 example=lambda rng: (lambda x: op.exp(x), {"x": rng.standard_normal(3).astype(np.float32)}))
     result = check_rule(same, Ruleset("authored", (same,)), np.random.default_rng(0))
     assert result.verdict.value == "unchecked" and "right-hand side went unchecked" in result.detail, result
+
+
+def test_16_bit_inputs_are_nudged_too_in_measuring_a_cancelling_result_s_scale():
+    """bfloat16 operands (ml_dtypes: numpy kind 'V') move the result as float32 ones do: the
+    attention check whose two terms cancel to 1% of themselves is judged against the terms."""
+    from tessera_rw.rules.soundness import _scales
+    spec = op.tensor((3,), "bfloat16")
+    dot = op.kernel(lambda x, y: op.sum(op.cast(x, "float32") * op.cast(y, "float32"), axis=0)).trace(spec, spec)
+    terms = {"x": np.array([1e3, 1e3, 1.0], ml_dtypes.bfloat16), "y": np.array([1.0, -1.0, 1.0], ml_dtypes.bfloat16)}
+    assert _scales(dot, terms)[0] >= 1e3
+    attention = next(rs for rs in BUILTIN_RULESETS if rs.name == "attention")
+    rule = next(r for r in attention.rules if r.name == "flash-attention-upcast-scores-where-masked-float32-result")
+    assert check_rule(rule, attention, np.random.default_rng(66095121)).ok          # a draw whose terms cancel
