@@ -1,10 +1,11 @@
 """Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d, and the 1-d
 max_pool1d and avg_pool1d (a 2-d pool of a plane one row high).
 
-A pool whose windows tile the plane (stride = window, no padding, H and W multiples of it) is an
-average over a reshape, a reduction kernel the rewrites fuse with what x is computed from; any other
-window (a ResNet stem's 3×3 max pool, stride 2, padding 1) is the pooling op of that name
-(ops/pooling.py), one kernel walking each window in cache, and its gradient one more.
+An average pool whose windows tile the plane (stride = window, no padding, H and W multiples of it)
+is a mean over a reshape, a reduction kernel that computes what x is computed from as it reads it;
+any other pool (every max pool: its gradient goes to one of a window's equal elements, as torch's;
+a ResNet stem's 3×3 max pool, stride 2, padding 1) is the pooling op of that name (ops/pooling.py),
+one kernel walking each window in cache, and its gradient one more.
 
 >>> import numpy as np
 >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
