@@ -176,3 +176,12 @@ def test_1d_pools_are_torchs_along_the_last_axis(kwargs):
         np.testing.assert_allclose(op.avg_pool1d(x[0], **plain), averaged[0], rtol=1e-12)     # (C, L) too
     with pytest.raises(TesseraError, match="kernel_size must be an int or a 1-tuple"):
         op.max_pool1d(x, (2, 2))
+
+
+def test_adaptive_max_pools_of_windows_that_tile_are_max_pools():
+    x = RNG.standard_normal((2, 3, 8, 6))
+    want, _ = torch_max_pool(x, (4, 3), (4, 3), (0, 0), (1, 1), False)
+    np.testing.assert_array_equal(op.adaptive_max_pool2d(x, (2, 2)), want)
+    assert [s.op for s in op.kernel(lambda x: op.adaptive_max_pool2d(x, 1)).program(x).plan.steps] == ["max_pool2d"]
+    with pytest.raises(TesseraError, match="output sizes that divide the plane"):
+        op.adaptive_max_pool2d(x, (3, 4))

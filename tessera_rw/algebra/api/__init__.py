@@ -15,19 +15,20 @@ from tessera_rw.algebra.api.layout import (
     broadcast_to, concatenate, expand_dims, flip, getitem, reshape, squeeze, swapaxes, transpose)
 from tessera_rw.algebra.api.losses import cross_entropy
 from tessera_rw.algebra.api.padding import pad
-from tessera_rw.algebra.api.pooling import adaptive_avg_pool2d, avg_pool1d, avg_pool2d, max_pool1d, max_pool2d
+from tessera_rw.algebra.api.pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool1d, avg_pool2d,
+                                            max_pool1d, max_pool2d)
 from tessera_rw.algebra.api.reduction import layernorm, log_softmax, max, mean, min, rmsnorm, softmax, sum
 
 __all__ = [
-    "abs", "adaptive_avg_pool2d", "add", "apply", "arange", "avg_pool1d", "avg_pool2d", "batch_norm", "broadcast_to",
-    "cast", "clip", "complex_mul", "concatenate", "conv1d", "conv2d", "cos", "cross_entropy", "divide", "equal",
-    "erf", "exp", "expand_dims", "fft", "flash_attention", "flatten", "flip", "full", "gelu", "getitem", "greater",
-    "greater_equal", "ifft", "irfft", "layernorm", "less", "less_equal", "linear", "log", "log_softmax",
-    "logical_and", "logical_not", "logical_or", "logsumexp", "matmul", "max", "max_pool1d", "max_pool2d", "maximum",
-    "mean", "min", "minimum", "multiply", "negative", "not_equal", "ones", "pad", "power", "reciprocal", "relu",
-    "reshape", "rfft", "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax", "split", "sqrt", "square", "squeeze",
-    "stack", "std", "stop_gradient", "subtract", "sum", "swapaxes", "take", "take_along_axis", "tanh", "tracing",
-    "transpose", "tril", "triu", "var", "where", "zeros",
+    "abs", "adaptive_avg_pool2d", "adaptive_max_pool2d", "add", "apply", "arange", "avg_pool1d", "avg_pool2d",
+    "batch_norm", "broadcast_to", "cast", "clip", "complex_mul", "concatenate", "conv1d", "conv2d", "cos",
+    "cross_entropy", "divide", "equal", "erf", "exp", "expand_dims", "fft", "flash_attention", "flatten", "flip",
+    "full", "gelu", "getitem", "greater", "greater_equal", "ifft", "irfft", "layernorm", "less", "less_equal",
+    "linear", "log", "log_softmax", "logical_and", "logical_not", "logical_or", "logsumexp", "matmul", "max",
+    "max_pool1d", "max_pool2d", "maximum", "mean", "min", "minimum", "multiply", "negative", "not_equal", "ones",
+    "pad", "power", "reciprocal", "relu", "reshape", "rfft", "rmsnorm", "rsqrt", "sigmoid", "silu", "sin", "softmax",
+    "split", "sqrt", "square", "squeeze", "stack", "std", "stop_gradient", "subtract", "sum", "swapaxes", "take",
+    "take_along_axis", "tanh", "tracing", "transpose", "tril", "triu", "var", "where", "zeros",
 ]
 
 

@@ -1,5 +1,6 @@
-"""Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d, and the 1-d
-max_pool1d and avg_pool1d (a 2-d pool of a plane one row high).
+"""Pools in torch.nn.functional's names: max_pool2d, avg_pool2d, adaptive_avg_pool2d,
+adaptive_max_pool2d (output sizes dividing the plane), and the 1-d max_pool1d and avg_pool1d (a
+2-d pool of a plane one row high).
 
 An average pool whose windows tile the plane (stride = window, no padding, H and W multiples of it)
 is a mean over a reshape, a reduction kernel that computes what x is computed from as it reads it;
@@ -138,6 +139,23 @@ def adaptive_avg_pool2d(x, output_size):
     rows, cols = (_averaging(n, out, compute) for n, out in ((shape[-2], oh), (shape[-1], ow)))
     pooled = matmul(rows.T, matmul(wide, cols))                  # (oh, H) @ (…, H, W) @ (W, ow)
     return cast(pooled, xt.dtype.value) if narrow else pooled
+
+
+def adaptive_max_pool2d(x, output_size):
+    """x (N, C, H, W) or (C, H, W) max-pooled down to output_size (an int or a pair), as torch's
+    F.adaptive_max_pool2d, where the output size divides the plane (windows that tile it: a max
+    pool, its gradient to the first of equals)."""
+    x = tensor_operand(x)
+    with op_context("adaptive_max_pool2d", (x,), ("x",)):
+        shape = type_of(x).shape
+        oh, ow = _pair(output_size, "output_size", least=1)
+        if len(shape) < 3:
+            raise ShapeError(f"adaptive_max_pool2d pools the last two axes of x (C, H, W) or (N, C, H, W), got "
+                             f"{shape}", hint="add a channel axis: op.expand_dims(x, 0)")
+        if shape[-2] % oh or shape[-1] % ow:
+            raise ShapeError(f"adaptive_max_pool2d takes output sizes that divide the plane {shape[-2:]}, got "
+                             f"{(oh, ow)}", hint="windows of unequal sizes are not supported: pad x to a multiple")
+    return max_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
 
 
 def _averaging(n: int, out: int, dtype: str) -> np.ndarray:
