@@ -47,7 +47,7 @@ from tessera_rw.algebra.node import Node, TensorType
 from tessera_rw.algebra.ops.fused_expr import (MAX_FUSED_OPS, Scalar, count_ops, expression_name, parse_expr,
                                                 respelled, spell_expr)
 from tessera_rw.lower.expression_spelling import (EXPANSION, Spelling, TooBig, expression_tree, is_elementwise,
-                                                  regrouped, spreads_to, values_of)
+                                                  reads_reshaped, spreads_to, values_of)
 
 MERGED_INPUTS = 8       # distinct tensors one merged kernel reads (each a pointer and a load per element)
 MERGE_ROUNDS = 3        # passes over a program, each taking in what the last left with one reader
@@ -127,8 +127,7 @@ def _reshapes_alone(node: Node, rebuilt: Node, users, outputs: set[Node], absorb
     operands reshaped to match (views), as a mean over windows of relu(x·s + b) reads x, s and b."""
     if node.op != "reshape" or len(users[node]) != 1 or node in outputs or rebuilt.args[0] not in absorbable:
         return False
-    producer = rebuilt.args[0]
-    return all(Scalar.of(a) is not None or regrouped(a, producer, node.shape) is not None for a in producer.args)
+    return reads_reshaped(rebuilt.args[0], node.shape)
 
 
 def _takes_in(user: Node, value: Node) -> bool:

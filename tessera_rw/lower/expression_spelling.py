@@ -61,13 +61,19 @@ def reshaped_operand(operand: Node, producer: Node, shape: tuple[int, ...]) -> N
     """`operand` of `producer` as the producer reshaped to `shape` reads it (a view; a constant as it is)."""
     if Scalar.of(operand) is not None:
         return operand
-    view = regrouped(operand, producer, shape)
+    view = _regrouped(operand, producer, shape)
     return operand if view == operand.shape else make("reshape", operand, shape=view)
 
 
-def regrouped(operand: Node, producer: Node, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+def _regrouped(operand: Node, producer: Node, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The shape `operand` of `producer` takes where the producer is read reshaped to `shape`."""
     return reshaped_broadcast(operand.shape, producer.shape, shape)
+
+
+def reads_reshaped(producer: Node, shape: tuple[int, ...]) -> bool:
+    """Whether each operand of `producer` spans the runs of axes a reshape to `shape` regroups whole
+    or not at all (a constant always), so the producer can be computed over them reshaped."""
+    return all(Scalar.of(a) is not None or _regrouped(a, producer, shape) is not None for a in producer.args)
 
 
 class TooBig(Exception):
@@ -112,9 +118,7 @@ class Spelling:
         if source not in self.tiny or not spreads_to(arg.shape, self.shape) \
                 or arg.type.numel * EXPANSION > math.prod(self.shape):
             return None
-        if any(Scalar.of(a) is None and regrouped(a, source, arg.shape) is None for a in source.args):
-            return None
-        return source
+        return source if reads_reshaped(source, arg.shape) else None
 
     def _over_views(self, producer: Node, shape: tuple[int, ...]):
         """`producer`'s expression over its operands reshaped as `producer` reshaped to `shape`

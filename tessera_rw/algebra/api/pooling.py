@@ -57,10 +57,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, 
                       ceil_mode=_flag(ceil_mode, "ceil_mode"),
                       count_include_pad=_flag(count_include_pad, "count_include_pad"),
                       divisor=_divisor(divisor_override))
-        xt = type_of(x)
-        if not xt.dtype.is_float:
-            raise DTypeError(f"pools floating-point values, got {xt.dtype.value}",
-                             hint="cast x first: op.cast(x, 'float32')")
+        xt = _floating(x)
         shape = xt.shape
     tiles = (len(shape) >= 3 and window["stride"] == kernel and window["pad"] == (0, 0)
              and not window["divisor"] and shape[-2] % kernel[0] == 0 and shape[-1] % kernel[1] == 0)
@@ -121,15 +118,8 @@ def adaptive_avg_pool2d(x, output_size):
     products with the averaging matrices (float32 for 16-bit x)."""
     x = tensor_operand(x)
     with op_context("adaptive_avg_pool2d", (x,), ("x",)):
-        shape = type_of(x).shape
-        oh, ow = _pair(output_size, "output_size", least=1)
-        if len(shape) < 3:
-            raise ShapeError(f"adaptive_avg_pool2d pools the last two axes of x (C, H, W) or (N, C, H, W), got "
-                             f"{shape}", hint="add a channel axis: op.expand_dims(x, 0)")
-        xt = type_of(x)
-        if not xt.dtype.is_float:
-            raise DTypeError(f"pools floating-point values, got {xt.dtype.value}",
-                             hint="cast x first: op.cast(x, 'float32')")
+        shape, (oh, ow) = _adaptive(x, output_size, "adaptive_avg_pool2d")
+        xt = _floating(x)
     if shape[-2] % oh == 0 and shape[-1] % ow == 0:
         return avg_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
     from tessera_rw.algebra.api.compute import matmul
@@ -147,15 +137,30 @@ def adaptive_max_pool2d(x, output_size):
     pool, its gradient to the first of equals)."""
     x = tensor_operand(x)
     with op_context("adaptive_max_pool2d", (x,), ("x",)):
-        shape = type_of(x).shape
-        oh, ow = _pair(output_size, "output_size", least=1)
-        if len(shape) < 3:
-            raise ShapeError(f"adaptive_max_pool2d pools the last two axes of x (C, H, W) or (N, C, H, W), got "
-                             f"{shape}", hint="add a channel axis: op.expand_dims(x, 0)")
+        shape, (oh, ow) = _adaptive(x, output_size, "adaptive_max_pool2d")
         if shape[-2] % oh or shape[-1] % ow:
             raise ShapeError(f"adaptive_max_pool2d takes output sizes that divide the plane {shape[-2:]}, got "
                              f"{(oh, ow)}", hint="windows of unequal sizes are not supported: pad x to a multiple")
     return max_pool2d(x, (shape[-2] // oh, shape[-1] // ow))
+
+
+def _adaptive(x, output_size, name: str) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """(x's shape, the output size as a pair) of an adaptive pool, or the error naming its rank."""
+    shape = type_of(x).shape
+    out = _pair(output_size, "output_size", least=1)
+    if len(shape) < 3:
+        raise ShapeError(f"{name} pools the last two axes of x (C, H, W) or (N, C, H, W), got {shape}",
+                         hint="add a channel axis: op.expand_dims(x, 0)")
+    return shape, out
+
+
+def _floating(x):
+    """x's type, or the error saying a pool takes floating-point values."""
+    xt = type_of(x)
+    if not xt.dtype.is_float:
+        raise DTypeError(f"pools floating-point values, got {xt.dtype.value}",
+                         hint="cast x first: op.cast(x, 'float32')")
+    return xt
 
 
 def _averaging(n: int, out: int, dtype: str) -> np.ndarray:

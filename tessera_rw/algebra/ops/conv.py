@@ -163,13 +163,13 @@ def _phased_input_cotangent(g, x, w, stride, padding, groups):
     spatial = x.ndim - 2
     kernel, wt = w.shape[2:], _transposed_kernel(w, groups)
     rows = [-(-x.shape[2 + i] // stride[i]) for i in range(spatial)]        # positions of a phase, rounded up
-    phases = []
+    phases = {}
     for phase in itertools.product(*(range(s) for s in stride)):
         first = [(phase[i] + padding[i][0]) % stride[i] for i in range(spatial)]         # the phase's first tap
         skip = [(phase[i] + padding[i][0]) // stride[i] for i in range(spatial)]         # ... and g's first row
         taps = [len(range(first[i], kernel[i], stride[i])) for i in range(spatial)]
         if 0 in taps:
-            phases.append(api.zeros((x.shape[0], x.shape[1], *rows), g.dtype))
+            phases[phase] = api.zeros((x.shape[0], x.shape[1], *rows), g.dtype)
             continue
         sub = api.getitem(wt, (slice(None), slice(None)) + tuple(slice(k, None, s) for k, s in zip(first, stride)))
         part, pads = g, []
@@ -181,22 +181,23 @@ def _phased_input_cotangent(g, x, w, stride, padding, groups):
         part = _conv(part, api.flip(sub, axis=tuple(range(2, 2 + spatial))), padding=tuple(pads), groups=groups)
         for i in range(spatial):
             part = crop(part, 2 + i, 0, rows[i]) if part.shape[2 + i] > rows[i] else part
-        phases.append(part)
+        phases[phase] = part
     return _woven(phases, x.shape, stride, rows)
 
 
-def _woven(phases: list, shape: tuple[int, ...], stride, rows: list[int]):
-    """The phases' results (in phase order, each (N, C, *rows)) as one tensor of `shape`: position
+def _woven(phases: dict, shape: tuple[int, ...], stride, rows: list[int]):
+    """The phases' results (by phase, each (N, C, *rows)) as one tensor of `shape`: position
     q·s + r along each axis from phase r's position q, selected per position (a NaN or inf in one
     phase stays where it is)."""
     spatial = len(stride)
     split = shape[:2] + tuple(v for i in range(spatial) for v in (rows[i], stride[i]))
     spread = shape[:2] + tuple(v for i in range(spatial) for v in (rows[i], 1))
-    woven = api.reshape(phases[-1], spread)
-    for index, phase in reversed(list(enumerate(itertools.product(*(range(s) for s in stride))))[:-1]):
+    *others, last = phases.items()
+    woven = api.reshape(last[1], spread)
+    for phase, part in reversed(others):
         mask = np.zeros((1, 1) + tuple(v for i in range(spatial) for v in (1, stride[i])), bool)
         mask[(0, 0) + tuple(v for i in range(spatial) for v in (0, phase[i]))] = True
-        woven = api.where(mask, api.reshape(phases[index], spread), woven)
+        woven = api.where(mask, api.reshape(part, spread), woven)
     woven = api.reshape(api.broadcast_to(woven, split), shape[:2] + tuple(r * s for r, s in zip(rows, stride)))
     for i in range(spatial):
         woven = crop(woven, 2 + i, 0, shape[2 + i]) if woven.shape[2 + i] > shape[2 + i] else woven

@@ -58,6 +58,11 @@ def pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ce
     return out
 
 
+def _pooled_plane(plane: tuple[int, ...], kernel, stride, pad, dilation, ceil_mode) -> tuple[int, int]:
+    """The output's (Ho, Wo) over x's plane (H, W)."""
+    return tuple(pooled_size(plane[a], kernel[a], stride[a], pad[a], dilation[a], ceil_mode) for a in range(2))
+
+
 def _check_window(x: TensorType, kernel, stride, pad, dilation, ceil_mode) -> tuple[int, int]:
     """The output's (Ho, Wo) for x, or the error saying what is wrong with the window."""
     if x.ndim < 3:
@@ -73,8 +78,7 @@ def _check_window(x: TensorType, kernel, stride, pad, dilation, ceil_mode) -> tu
     if any(2 * pad[axis] > kernel[axis] for axis in range(2)):
         raise AttributeValueError(f"pad {pad} is more than half the window {kernel}, as torch refuses too",
                                   hint="pad x with op.pad first")
-    out = tuple(pooled_size(x.shape[-2 + a], kernel[a], stride[a], pad[a], dilation[a], ceil_mode)
-                for a in range(2))
+    out = _pooled_plane(x.shape[-2:], kernel, stride, pad, dilation, ceil_mode)
     if min(out) < 1:
         spans = tuple(dilation[a] * (kernel[a] - 1) + 1 for a in range(2))
         window = f"{kernel} dilated by {dilation} to {spans}" if dilation != NO_DILATION else f"{kernel}"
@@ -131,42 +135,36 @@ def _infer_avg_grad(g: TensorType, plane, kernel, stride, pad, ceil_mode, count_
     return x
 
 
-def _offsets(kernel, dilation):
-    """Each window position (i, j) in row-major order, with its offset from the window's corner."""
-    return [((i, j), (i * dilation[0], j * dilation[1])) for i in range(kernel[0]) for j in range(kernel[1])]
-
-
 def _taps(plane: tuple[int, int], out: tuple[int, int], kernel, stride, pad, dilation):
-    """For each window position: its (i, j) and the slices of x's plane padded by `pad` (and on
-    the high side by whatever ceil_mode's last windows reach) that it reads for every window."""
+    """For each window position, in row-major window order, the (rows, cols) slices of x's plane
+    padded by `pad` (and on the high side by whatever ceil_mode's last windows reach) that it reads
+    for every window; and those paddings."""
     reach = [(out[a] - 1) * stride[a] + dilation[a] * (kernel[a] - 1) + 1 for a in range(2)]
     high = [max(0, reach[a] - plane[a] - pad[a]) for a in range(2)]
-    taps = []
-    for ij, (di, dj) in _offsets(kernel, dilation):
-        taps.append((ij, (slice(di, di + (out[0] - 1) * stride[0] + 1, stride[0]),
-                          slice(dj, dj + (out[1] - 1) * stride[1] + 1, stride[1]))))
-    return taps, [(pad[0], high[0]), (pad[1], high[1])]
+    along = [[slice(i * dilation[a], i * dilation[a] + (out[a] - 1) * stride[a] + 1, stride[a])
+              for i in range(kernel[a])] for a in range(2)]
+    return [(rows, cols) for rows in along[0] for cols in along[1]], [(pad[0], high[0]), (pad[1], high[1])]
 
 
 def _padded(x: np.ndarray, widths, value) -> np.ndarray:
     return np.pad(x, [(0, 0)] * (x.ndim - 2) + widths, constant_values=value)
 
 
-def _argmax(x: np.ndarray, kernel, stride, pad, dilation, ceil_mode) -> tuple[np.ndarray, np.ndarray]:
-    """(each window's max, the index of its window position picked): the first of equals in
-    window order among the positions inside x, a NaN replacing any (the last of several NaNs)."""
-    out = tuple(pooled_size(x.shape[-2 + a], kernel[a], stride[a], pad[a], dilation[a], ceil_mode)
-                for a in range(2))
+def _argmax(x: np.ndarray, kernel, stride, pad, dilation, ceil_mode):
+    """(each window's max, the index of its window position picked, the taps and paddings of
+    _taps): the first of equals in window order among the positions inside x, a NaN replacing any
+    (the last of several NaNs)."""
+    out = _pooled_plane(x.shape[-2:], kernel, stride, pad, dilation, ceil_mode)
     taps, widths = _taps(x.shape[-2:], out, kernel, stride, pad, dilation)
     values = _padded(x, widths, np.nan)
     inside = _padded(np.ones(x.shape[-2:], bool), widths, False)
     best = np.full(x.shape[:-2] + out, -np.inf, x.dtype)
     picked = np.full(best.shape, -1, np.int64)
-    for k, (_, (rows, cols)) in enumerate(taps):
+    for k, (rows, cols) in enumerate(taps):
         v, held = values[..., rows, cols], inside[rows, cols]
         take = held & ((v > best) | np.isnan(v) | (picked < 0))
         best, picked = np.where(take, v, best), np.where(take, k, picked)
-    return best, picked
+    return best, picked, taps, widths
 
 
 def _max_pool2d(x: np.ndarray, kernel, stride, pad, dilation, ceil_mode) -> np.ndarray:
@@ -174,20 +172,18 @@ def _max_pool2d(x: np.ndarray, kernel, stride, pad, dilation, ceil_mode) -> np.n
 
 
 def _max_pool2d_picked(x: np.ndarray, v: np.ndarray, kernel, stride, pad, dilation, ceil_mode) -> np.ndarray:
-    _, picked = _argmax(x, kernel, stride, pad, dilation, ceil_mode)
-    taps, widths = _taps(x.shape[-2:], picked.shape[-2:], kernel, stride, pad, dilation)
+    _, picked, taps, widths = _argmax(x, kernel, stride, pad, dilation, ceil_mode)
     values = _padded(v, widths, 0)
     out = np.zeros(picked.shape, v.dtype)
-    for k, (_, (rows, cols)) in enumerate(taps):
+    for k, (rows, cols) in enumerate(taps):
         out = np.where(picked == k, values[..., rows, cols], out)
     return out
 
 
 def _max_pool2d_grad(x: np.ndarray, g: np.ndarray, kernel, stride, pad, dilation, ceil_mode) -> np.ndarray:
-    _, picked = _argmax(x, kernel, stride, pad, dilation, ceil_mode)
-    taps, widths = _taps(x.shape[-2:], g.shape[-2:], kernel, stride, pad, dilation)
+    _, picked, taps, widths = _argmax(x, kernel, stride, pad, dilation, ceil_mode)
     dx = _padded(np.zeros(x.shape, g.dtype), widths, 0)
-    for k, (_, (rows, cols)) in enumerate(taps):
+    for k, (rows, cols) in enumerate(taps):
         dx[..., rows, cols] += np.where(picked == k, g, 0)     # one window per element of a strided view
     return _cropped(dx, x.shape[-2:], pad)
 
@@ -215,11 +211,11 @@ def window_divisors(plane: tuple[int, int], out: tuple[int, int], kernel, stride
 
 
 def _avg_pool2d(x: np.ndarray, kernel, stride, pad, ceil_mode, count_include_pad, divisor) -> np.ndarray:
-    out = tuple(pooled_size(x.shape[-2 + a], kernel[a], stride[a], pad[a], 1, ceil_mode) for a in range(2))
+    out = _pooled_plane(x.shape[-2:], kernel, stride, pad, NO_DILATION, ceil_mode)
     taps, widths = _taps(x.shape[-2:], out, kernel, stride, pad, NO_DILATION)
     values = _padded(x, widths, 0)
     total = np.zeros(x.shape[:-2] + out, x.dtype)
-    for _, (rows, cols) in taps:
+    for rows, cols in taps:
         total += values[..., rows, cols]
     divisors = window_divisors(x.shape[-2:], out, kernel, stride, pad, count_include_pad, divisor)
     return (total / divisors.astype(x.dtype)).astype(x.dtype)
@@ -231,7 +227,7 @@ def _avg_pool2d_grad(g: np.ndarray, plane, kernel, stride, pad, ceil_mode, count
     shared = g / window_divisors(plane, g.shape[-2:], kernel, stride, pad, count_include_pad,
                                  divisor).astype(g.dtype)
     dx = _padded(np.zeros(g.shape[:-2] + plane, g.dtype), widths, 0)
-    for _, (rows, cols) in taps:
+    for rows, cols in taps:
         dx[..., rows, cols] += shared
     return _cropped(dx, plane, pad)
 
